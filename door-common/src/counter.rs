@@ -1,0 +1,108 @@
+//! The XDP program's packet counters: one `u64` per [`Counter`] in a per-CPU array
+//! ([`crate::MAP_COUNTERS`]), so that no two CPUs ever write the same slot. The daemon sums the
+//! per-CPU values.
+
+/// What the XDP program did with a packet.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Verdict {
+    /// `XDP_PASS`: handed to the kernel's stack.
+    Pass,
+    /// `XDP_DROP`: discarded at the driver.
+    Drop,
+}
+
+impl Verdict {
+    /// `"pass"` or `"drop"`, as exported in metrics and `/status`.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Verdict::Pass => "pass",
+            Verdict::Drop => "drop",
+        }
+    }
+}
+
+/// One packet counter: a verdict and the reason for it. The discriminant is the index in the
+/// per-CPU array [`crate::MAP_COUNTERS`]; every packet the program sees increments exactly one.
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Counter {
+    /// Passed: not IPv4 or IPv6 (ARP, LLDP, other EtherTypes).
+    PassNotIp = 0,
+    /// Passed: IP but not TCP (UDP, ICMP, …).
+    PassNotTcp = 1,
+    /// Passed: TCP without the SYN-only flag pattern (ACK, SYN-ACK, RST, data).
+    PassNotSyn = 2,
+    /// Passed: a SYN (SYN set, ACK clear), counted against its source prefix.
+    PassSyn = 3,
+    /// Passed: the packet ended before a header the program needed (fail-open).
+    PassTruncated = 4,
+    /// Passed: a SYN whose prefix could not be recorded (map update failed; fail-open).
+    PassMapFull = 5,
+    /// Passed: a header had impossible contents (wrong IP version, IPv4 IHL below 5, TCP data
+    /// offset below 5; fail-open).
+    PassMalformed = 6,
+    /// Passed: an IPv4 or IPv6 fragment other than the first (carries no TCP header).
+    PassFragment = 7,
+}
+
+/// Number of counters, the length of the per-CPU array [`crate::MAP_COUNTERS`].
+pub const COUNTER_COUNT: u32 = 8;
+
+impl Counter {
+    /// Every counter, in index order.
+    pub const ALL: [Counter; COUNTER_COUNT as usize] = [
+        Counter::PassNotIp,
+        Counter::PassNotTcp,
+        Counter::PassNotSyn,
+        Counter::PassSyn,
+        Counter::PassTruncated,
+        Counter::PassMapFull,
+        Counter::PassMalformed,
+        Counter::PassFragment,
+    ];
+
+    /// The index of this counter in [`crate::MAP_COUNTERS`].
+    pub const fn index(self) -> u32 {
+        self as u32
+    }
+
+    /// The verdict this counter records.
+    pub const fn verdict(self) -> Verdict {
+        match self {
+            Counter::PassNotIp
+            | Counter::PassNotTcp
+            | Counter::PassNotSyn
+            | Counter::PassSyn
+            | Counter::PassTruncated
+            | Counter::PassMapFull
+            | Counter::PassMalformed
+            | Counter::PassFragment => Verdict::Pass,
+        }
+    }
+
+    /// The reason, as exported in metrics and `/status` (`snake_case`).
+    pub const fn reason(self) -> &'static str {
+        match self {
+            Counter::PassNotIp => "not_ip",
+            Counter::PassNotTcp => "not_tcp",
+            Counter::PassNotSyn => "not_syn",
+            Counter::PassSyn => "syn",
+            Counter::PassTruncated => "truncated",
+            Counter::PassMapFull => "map_full",
+            Counter::PassMalformed => "malformed",
+            Counter::PassFragment => "fragment",
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn indices_are_dense_and_in_order() {
+        for (i, c) in Counter::ALL.iter().enumerate() {
+            assert_eq!(c.index() as usize, i, "{c:?}");
+        }
+    }
+}

@@ -1,0 +1,64 @@
+//! Types shared by door's XDP program (`door-ebpf`) and its daemon (`door-daemon`).
+//!
+//! Everything here is `#![no_std]` and allocation-free so that the eBPF program can use it: the
+//! names of the BPF maps, the `#[repr(C)]` layouts of their keys and values (sizes asserted at
+//! compile time, no implicit padding), and the prefix math that both layers key on
+//! (../shared/DESIGN.md, "Client key" and "Flood shield": IPv4 /32, IPv6 /64, NAT64 as its IPv4).
+//!
+//! With the `user` feature the map types implement `aya::Pod` so the daemon can read and write them.
+#![no_std]
+
+pub mod counter;
+pub mod prefix;
+
+pub use counter::{COUNTER_COUNT, Counter, Verdict};
+pub use prefix::PrefixKey;
+
+/// Name of the XDP program inside the eBPF object (the function marked `#[xdp]`).
+pub const PROGRAM_NAME: &str = "door_xdp";
+
+/// Name of the LRU hash map from source prefix ([`PrefixKey`]) to its SYN state ([`PrefixState`]).
+pub const MAP_PREFIXES: &str = "DOOR_PREFIXES";
+
+/// Name of the per-CPU array of `u64` packet counters, indexed by [`Counter`].
+pub const MAP_COUNTERS: &str = "DOOR_COUNTERS";
+
+/// Number of source prefixes the LRU map [`MAP_PREFIXES`] tracks before it evicts the least
+/// recently used one (entries; each costs `size_of::<PrefixKey>() + size_of::<PrefixState>()`
+/// bytes of map value plus the kernel's per-element overhead).
+pub const PREFIX_MAP_CAPACITY: u32 = 65_536;
+
+/// Per-prefix state kept by the XDP program in [`MAP_PREFIXES`].
+///
+/// All fields are written by the XDP program and only read by the daemon. Counts are totals since
+/// the entry was created (an LRU eviction forgets them).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PrefixState {
+    /// TCP SYNs (SYN set, ACK clear) seen from this prefix.
+    pub syns: u64,
+    /// SYNs from this prefix that the program dropped (`XDP_DROP`).
+    pub drops: u64,
+    /// `bpf_ktime_get_ns()` (CLOCK_MONOTONIC, nanoseconds) of the first SYN seen.
+    pub first_ns: u64,
+    /// `bpf_ktime_get_ns()` (CLOCK_MONOTONIC, nanoseconds) of the latest SYN seen.
+    pub last_ns: u64,
+}
+
+const _: () = assert!(size_of::<PrefixState>() == 32);
+const _: () = assert!(align_of::<PrefixState>() == 8);
+
+#[cfg(feature = "user")]
+mod pod {
+    #![expect(
+        unsafe_code,
+        reason = "aya::Pod is an unsafe marker trait; the types below are plain old data"
+    )]
+
+    // SAFETY: `PrefixKey` is `#[repr(C)]`, 16 bytes of `u8` with no padding (size asserted in
+    // `prefix`), and every bit pattern is a valid value.
+    unsafe impl aya::Pod for super::PrefixKey {}
+    // SAFETY: `PrefixState` is `#[repr(C)]`, four `u64` with no padding (size asserted above), and
+    // every bit pattern is a valid value.
+    unsafe impl aya::Pod for super::PrefixState {}
+}

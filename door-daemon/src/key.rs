@@ -1,0 +1,1 @@
+//! The client key (../shared/DESIGN.md, "Client key").

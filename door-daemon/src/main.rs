@@ -1,0 +1,3 @@
+//! The `door` binary.
+
+fn main() {}

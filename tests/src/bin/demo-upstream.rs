@@ -1,0 +1,3 @@
+//! A small demo upstream for door.
+
+fn main() {}

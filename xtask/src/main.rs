@@ -1,0 +1,3 @@
+//! `cargo xtask`: door's task runner.
+
+fn main() {}
