@@ -1,8 +1,13 @@
 //! door: a front door for one HTTP application (../shared/DESIGN.md).
 //!
-//! One concern per module: [`clock`] (injected time), [`limit`] (the layer-7 limiter),
-//! [`key`] (the client key).
+//! One concern per module: [`config`] (file, flags, env, validation), [`route`] (which group a
+//! request belongs to), [`clock`] (injected time), [`limit`] (the layer-7 limiter), [`key`] (the
+//! client key), [`proxy`] (forwarding to the upstream), [`server`] (listeners and the request
+//! path), [`status`] (the admin endpoint), [`xdp`] (loading and reading the flood shield).
 
 pub mod clock;
+pub mod config;
 pub mod key;
 pub mod limit;
+pub mod route;
+pub mod xdp;

@@ -1,0 +1,318 @@
+//! Route matching: which limit group, if any, a request belongs to (../shared/DESIGN.md,
+//! "Configuration", `[[route]]`). First match wins; no match means unlimited pass-through.
+//!
+//! Paths are compared segment by segment after normalisation, so that a client cannot step around
+//! a limited route with a spelling the application treats as the same path: empty segments
+//! (`//`, a trailing `/`) and `.` are ignored, `..` removes the previous segment (RFC 3986
+//! §5.2.4), and percent-encoded unreserved characters are decoded (RFC 3986 §6.2.2.2). A `GET`
+//! route also matches `HEAD` (RFC 9110 §9.3.2: HEAD is GET without the body).
+
+use http::Method;
+use thiserror::Error;
+
+/// A `[[route]]` entry that cannot be used.
+#[derive(Debug, Error, PartialEq, Eq)]
+pub enum RouteError {
+    /// The path does not start with `/`.
+    #[error("route.path = {0:?}: must start with '/'")]
+    NotAbsolute(String),
+    /// A segment mixes a `{name}` wildcard with other text, or the name is empty.
+    #[error("route.path = {path:?}: segment {segment:?} must be literal text or a whole {{name}}")]
+    BadWildcard {
+        /// The offending path.
+        path: String,
+        /// The offending segment.
+        segment: String,
+    },
+    /// A method name is not an HTTP token.
+    #[error("route.methods = {0:?}: not an HTTP method")]
+    BadMethod(String),
+}
+
+/// One segment of a path pattern.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Segment {
+    /// Must equal this text (already normalised).
+    Literal(String),
+    /// `{name}`: matches any one non-empty segment.
+    Wildcard,
+}
+
+/// A path pattern: an exact path, or segments with `{name}` wildcards (`/l/session/{id}`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PathPattern {
+    source: String,
+    segments: Vec<Segment>,
+}
+
+impl PathPattern {
+    /// Parses `/a/{name}/b`.
+    ///
+    /// # Errors
+    /// [`RouteError::NotAbsolute`] without a leading `/`; [`RouteError::BadWildcard`] for a
+    /// segment like `x{id}` or `{}`.
+    pub fn parse(path: &str) -> Result<Self, RouteError> {
+        if !path.starts_with('/') {
+            return Err(RouteError::NotAbsolute(path.to_owned()));
+        }
+        let mut segments = Vec::new();
+        for segment in normalise(path) {
+            if segment.contains(['{', '}']) {
+                let name = segment
+                    .strip_prefix('{')
+                    .and_then(|rest| rest.strip_suffix('}'));
+                match name {
+                    Some(name) if !name.is_empty() && !name.contains(['{', '}']) => {
+                        segments.push(Segment::Wildcard);
+                    }
+                    _ => {
+                        return Err(RouteError::BadWildcard {
+                            path: path.to_owned(),
+                            segment,
+                        });
+                    }
+                }
+            } else {
+                segments.push(Segment::Literal(segment));
+            }
+        }
+        Ok(Self {
+            source: path.to_owned(),
+            segments,
+        })
+    }
+
+    /// Whether the request path (without query) matches.
+    pub fn matches(&self, path: &str) -> bool {
+        let mut want = self.segments.iter();
+        for got in normalise(path) {
+            match want.next() {
+                Some(Segment::Literal(lit)) if *lit == got => {}
+                Some(Segment::Wildcard) => {}
+                _ => return false,
+            }
+        }
+        want.next().is_none()
+    }
+
+    /// The pattern as written in the configuration.
+    pub fn as_str(&self) -> &str {
+        &self.source
+    }
+}
+
+/// A route: methods (empty = any) and a path pattern, mapped to a limit group.
+#[derive(Debug, Clone)]
+pub struct Route {
+    /// The group's name (`webhook`, `link`, `health` or a configured one).
+    pub group: String,
+    /// Methods this route applies to; empty means every method.
+    pub methods: Vec<Method>,
+    /// The path pattern.
+    pub path: PathPattern,
+}
+
+impl Route {
+    /// Builds a route from configuration values.
+    ///
+    /// # Errors
+    /// [`RouteError`] for a bad path or method name.
+    pub fn new(group: &str, methods: &[String], path: &str) -> Result<Self, RouteError> {
+        let methods = methods
+            .iter()
+            .map(|m| {
+                Method::from_bytes(m.to_ascii_uppercase().as_bytes())
+                    .map_err(|_| RouteError::BadMethod(m.clone()))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(Self {
+            group: group.to_owned(),
+            methods,
+            path: PathPattern::parse(path)?,
+        })
+    }
+
+    fn method_matches(&self, method: &Method) -> bool {
+        self.methods.is_empty()
+            || self.methods.contains(method)
+            || (*method == Method::HEAD && self.methods.contains(&Method::GET))
+    }
+}
+
+/// The ordered route table.
+#[derive(Debug, Clone, Default)]
+pub struct Router {
+    routes: Vec<Route>,
+}
+
+impl Router {
+    /// A router over `routes`, tried in order.
+    pub fn new(routes: Vec<Route>) -> Self {
+        Self { routes }
+    }
+
+    /// The group of the first route matching `method` and `path`, or `None` (pass-through).
+    pub fn group_for(&self, method: &Method, path: &str) -> Option<&str> {
+        self.routes
+            .iter()
+            .find(|r| r.method_matches(method) && r.path.matches(path))
+            .map(|r| r.group.as_str())
+    }
+
+    /// The routes, in order.
+    pub fn routes(&self) -> &[Route] {
+        &self.routes
+    }
+}
+
+/// Splits a path into normalised segments (see the module docs).
+fn normalise(path: &str) -> Vec<String> {
+    let mut out: Vec<String> = Vec::new();
+    for raw in path.split('/') {
+        let segment = decode_unreserved(raw);
+        match segment.as_str() {
+            "" | "." => {}
+            ".." => {
+                out.pop();
+            }
+            _ => out.push(segment),
+        }
+    }
+    out
+}
+
+/// Decodes `%XX` escapes of unreserved characters (ALPHA / DIGIT / `-` `.` `_` `~`), which
+/// RFC 3986 §6.2.2.2 says are equivalent to the character; other escapes stay as written, with
+/// their hex digits upper-cased (§6.2.2.1).
+fn decode_unreserved(segment: &str) -> String {
+    let bytes = segment.as_bytes();
+    let mut out = String::with_capacity(segment.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if let (Some(b'%'), Some(&hi), Some(&lo)) =
+            (bytes.get(i), bytes.get(i + 1), bytes.get(i + 2))
+            && let (Some(h), Some(l)) = (hex(hi), hex(lo))
+        {
+            let c = char::from(h * 16 + l);
+            if c.is_ascii_alphanumeric() || matches!(c, '-' | '.' | '_' | '~') {
+                out.push(c);
+            } else {
+                out.push('%');
+                out.push(char::from(hi).to_ascii_uppercase());
+                out.push(char::from(lo).to_ascii_uppercase());
+            }
+            i += 3;
+            continue;
+        }
+        // Not an escape: copy one UTF-8 character.
+        let Some(c) = segment.get(i..).and_then(|rest| rest.chars().next()) else {
+            break;
+        };
+        out.push(c);
+        i += c.len_utf8();
+    }
+    out
+}
+
+fn hex(b: u8) -> Option<u8> {
+    char::from(b)
+        .to_digit(16)
+        .and_then(|d| u8::try_from(d).ok())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn router() -> Router {
+        Router::new(vec![
+            Route::new("webhook", &["POST".into()], "/webhooks/github").unwrap(),
+            Route::new("link", &["GET".into()], "/l/session/{id}").unwrap(),
+            Route::new("health", &[], "/healthz").unwrap(),
+            Route::new("link", &[], "/l/{a}/x/{b}").unwrap(),
+        ])
+    }
+
+    #[test]
+    fn exact_paths_and_methods() {
+        let r = router();
+        assert_eq!(r.group_for(&Method::POST, "/webhooks/github"), Some("webhook"));
+        assert_eq!(r.group_for(&Method::GET, "/webhooks/github"), None);
+        assert_eq!(r.group_for(&Method::POST, "/webhooks/gitlab"), None);
+        assert_eq!(r.group_for(&Method::GET, "/healthz"), Some("health"));
+        assert_eq!(r.group_for(&Method::DELETE, "/healthz"), Some("health"));
+        assert_eq!(r.group_for(&Method::GET, "/"), None);
+    }
+
+    #[test]
+    fn wildcards_match_exactly_one_segment() {
+        let r = router();
+        assert_eq!(r.group_for(&Method::GET, "/l/session/abc"), Some("link"));
+        assert_eq!(r.group_for(&Method::GET, "/l/session"), None);
+        assert_eq!(r.group_for(&Method::GET, "/l/session/abc/more"), None);
+        assert_eq!(r.group_for(&Method::POST, "/l/1/x/2"), Some("link"));
+        assert_eq!(r.group_for(&Method::POST, "/l/1/y/2"), None);
+    }
+
+    #[test]
+    fn first_match_wins() {
+        let r = Router::new(vec![
+            Route::new("health", &[], "/l/session/special").unwrap(),
+            Route::new("link", &[], "/l/session/{id}").unwrap(),
+        ]);
+        assert_eq!(r.group_for(&Method::GET, "/l/session/special"), Some("health"));
+        assert_eq!(r.group_for(&Method::GET, "/l/session/other"), Some("link"));
+    }
+
+    #[test]
+    fn head_follows_get() {
+        assert_eq!(router().group_for(&Method::HEAD, "/l/session/abc"), Some("link"));
+        assert_eq!(router().group_for(&Method::HEAD, "/webhooks/github"), None);
+    }
+
+    #[test]
+    fn path_spellings_cannot_step_around_a_limited_route() {
+        let r = router();
+        for path in [
+            "/webhooks/github/",
+            "//webhooks//github",
+            "/webhooks/./github",
+            "/webhooks/x/../github",
+            "/%77ebhooks/github",
+            "/webhooks/%67ithub",
+        ] {
+            assert_eq!(r.group_for(&Method::POST, path), Some("webhook"), "{path}");
+        }
+        // A reserved character stays escaped: it is a different path.
+        assert_eq!(r.group_for(&Method::POST, "/webhooks%2Fgithub"), None);
+    }
+
+    #[test]
+    fn bad_patterns_are_refused() {
+        assert_eq!(
+            PathPattern::parse("healthz"),
+            Err(RouteError::NotAbsolute("healthz".into()))
+        );
+        assert!(matches!(
+            PathPattern::parse("/l/x{id}"),
+            Err(RouteError::BadWildcard { .. })
+        ));
+        assert!(matches!(
+            PathPattern::parse("/l/{}"),
+            Err(RouteError::BadWildcard { .. })
+        ));
+        assert_eq!(
+            Route::new("link", &["GE T".into()], "/x").unwrap_err(),
+            RouteError::BadMethod("GE T".into())
+        );
+    }
+
+    #[test]
+    fn non_ascii_and_broken_escapes_do_not_panic() {
+        let r = router();
+        for path in ["/%", "/%z", "/%e2%82", "/héllo/%ff", "/l/session/%"] {
+            let _ = r.group_for(&Method::GET, path);
+        }
+        assert_eq!(r.group_for(&Method::GET, "/l/session/%"), Some("link"));
+    }
+}

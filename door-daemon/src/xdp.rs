@@ -1,0 +1,261 @@
+//! The daemon's side of the flood shield (../shared/DESIGN.md, "Flood shield"): loads the XDP
+//! program that `build.rs` embedded, attaches it in the configured mode, reads its per-CPU
+//! counters and its per-prefix SYN map, and detaches it on drop (fail-open).
+
+use std::{fmt, time::Duration};
+
+use aya::{
+    Ebpf, EbpfError,
+    maps::{HashMap, MapError, PerCpuArray},
+    programs::{ProgramError, TestRun, TestRunOptions, Xdp, XdpMode as AyaXdpMode, xdp::XdpLinkId},
+};
+use door_common::{COUNTER_COUNT, Counter, MAP_COUNTERS, MAP_PREFIXES, PROGRAM_NAME, PrefixKey, PrefixState};
+use thiserror::Error;
+
+use crate::config::XdpMode;
+
+/// The XDP object built by `build.rs` from `door-ebpf` (empty when built with `AYA_BUILD_SKIP=1`).
+pub static PROGRAM: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/door-xdp"));
+
+/// Why the shield could not be loaded, attached or read.
+#[derive(Debug, Error)]
+pub enum ShieldError {
+    /// This binary was built with `AYA_BUILD_SKIP=1` and carries no XDP program.
+    #[error("this door binary was built without its XDP program (AYA_BUILD_SKIP=1)")]
+    NoProgram,
+    /// The object could not be parsed or its maps created (missing CAP_BPF, old kernel, …).
+    #[error("loading the XDP object: {0}")]
+    Load(#[from] EbpfError),
+    /// The program is missing from the object or the verifier refused it (the message carries
+    /// the verifier's log).
+    #[error("loading the XDP program: {0}")]
+    Program(#[from] ProgramError),
+    /// A map is missing or has an unexpected type.
+    #[error("reading the map {name}: {source}")]
+    Map {
+        /// The map's name.
+        name: &'static str,
+        /// aya's error.
+        source: MapError,
+    },
+    /// Attaching failed in every mode that was tried.
+    #[error("attaching to {interface} failed: {attempts}")]
+    Attach {
+        /// The interface.
+        interface: String,
+        /// What each attempted mode answered.
+        attempts: String,
+    },
+}
+
+/// How the program ended up attached.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AttachedMode {
+    /// Native, in the driver.
+    Driver,
+    /// Generic, in the kernel's stack.
+    Skb,
+}
+
+impl AttachedMode {
+    /// `driver` or `skb`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Driver => "driver",
+            Self::Skb => "skb",
+        }
+    }
+}
+
+impl fmt::Display for AttachedMode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// One counter's total over all CPUs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CounterValue {
+    /// The counter (verdict and reason).
+    pub counter: Counter,
+    /// Packets, summed over CPUs.
+    pub packets: u64,
+}
+
+/// The loaded XDP program and its maps.
+pub struct Shield {
+    ebpf: Ebpf,
+    attached: Option<(String, AttachedMode, XdpLinkId)>,
+}
+
+impl fmt::Debug for Shield {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Shield").field("attached", &self.attached()).finish_non_exhaustive()
+    }
+}
+
+impl Shield {
+    /// Loads the embedded program into the kernel (creating its maps) without attaching it.
+    ///
+    /// # Errors
+    /// [`ShieldError::NoProgram`] for a binary built without it; [`ShieldError::Load`] or
+    /// [`ShieldError::Program`] when the kernel refuses (privileges, verifier).
+    pub fn load() -> Result<Self, ShieldError> {
+        Self::load_object(PROGRAM)
+    }
+
+    /// Loads `object` (an eBPF ELF with door's program and maps), for tests and benchmarks.
+    ///
+    /// # Errors
+    /// As [`Shield::load`].
+    pub fn load_object(object: &[u8]) -> Result<Self, ShieldError> {
+        if object.is_empty() {
+            return Err(ShieldError::NoProgram);
+        }
+        let mut ebpf = Ebpf::load(object)?;
+        program_mut(&mut ebpf)?.load()?;
+        Ok(Self { ebpf, attached: None })
+    }
+
+    /// Attaches to `interface` in `mode` (`Auto` tries driver, then skb). Detaches a previous
+    /// attachment first.
+    ///
+    /// # Errors
+    /// [`ShieldError::Attach`] listing what each attempted mode answered; `mode` `Off` attaches
+    /// nothing and returns that error too.
+    pub fn attach(&mut self, interface: &str, mode: XdpMode) -> Result<AttachedMode, ShieldError> {
+        self.detach();
+        let attempts: &[AttachedMode] = match mode {
+            XdpMode::Auto => &[AttachedMode::Driver, AttachedMode::Skb],
+            XdpMode::Driver => &[AttachedMode::Driver],
+            XdpMode::Skb => &[AttachedMode::Skb],
+            XdpMode::Off => &[],
+        };
+        let mut failures = Vec::new();
+        let program = program_mut(&mut self.ebpf)?;
+        for &attempt in attempts {
+            let aya_mode = match attempt {
+                AttachedMode::Driver => AyaXdpMode::Driver,
+                AttachedMode::Skb => AyaXdpMode::Skb,
+            };
+            match program.attach(interface, aya_mode) {
+                Ok(link) => {
+                    self.attached = Some((interface.to_owned(), attempt, link));
+                    return Ok(attempt);
+                }
+                Err(e) => failures.push(format!("{attempt} mode: {e}")),
+            }
+        }
+        if failures.is_empty() {
+            failures.push("mode is off".to_owned());
+        }
+        Err(ShieldError::Attach {
+            interface: interface.to_owned(),
+            attempts: failures.join("; "),
+        })
+    }
+
+    /// Detaches the program if attached (packets then pass untouched: fail-open).
+    pub fn detach(&mut self) {
+        if let Some((interface, mode, link)) = self.attached.take() {
+            match program_mut(&mut self.ebpf).map(|p| p.detach(link)) {
+                Ok(Ok(())) => tracing::info!(%interface, %mode, "XDP program detached"),
+                Ok(Err(e)) => tracing::warn!(%interface, error = %e, "detaching the XDP program failed"),
+                Err(e) => tracing::warn!(%interface, error = %e, "detaching the XDP program failed"),
+            }
+        }
+    }
+
+    /// The interface and mode the program is attached with, if it is.
+    pub fn attached(&self) -> Option<(&str, AttachedMode)> {
+        self.attached.as_ref().map(|(i, m, _)| (i.as_str(), *m))
+    }
+
+    /// Every counter, summed over CPUs, in [`Counter::ALL`] order.
+    ///
+    /// # Errors
+    /// [`ShieldError::Map`] if the counter map cannot be read.
+    pub fn counters(&self) -> Result<Vec<CounterValue>, ShieldError> {
+        let map_err = |source| ShieldError::Map { name: MAP_COUNTERS, source };
+        let map = self.ebpf.map(MAP_COUNTERS).ok_or(map_err(MapError::InvalidName {
+            name: MAP_COUNTERS.to_owned(),
+        }))?;
+        let array = PerCpuArray::<_, u64>::try_from(map).map_err(map_err)?;
+        let mut out = Vec::with_capacity(COUNTER_COUNT as usize);
+        for counter in Counter::ALL {
+            let per_cpu = array.get(&counter.index(), 0).map_err(map_err)?;
+            out.push(CounterValue {
+                counter,
+                packets: per_cpu.iter().sum(),
+            });
+        }
+        Ok(out)
+    }
+
+    /// The state of one source prefix, if the program has an entry for it.
+    ///
+    /// # Errors
+    /// [`ShieldError::Map`] if the prefix map cannot be read.
+    pub fn prefix(&self, key: &PrefixKey) -> Result<Option<PrefixState>, ShieldError> {
+        let map = self.prefixes()?;
+        match map.get(key, 0) {
+            Ok(state) => Ok(Some(state)),
+            Err(MapError::KeyNotFound) => Ok(None),
+            Err(source) => Err(ShieldError::Map { name: MAP_PREFIXES, source }),
+        }
+    }
+
+    /// The `n` prefixes with the most SYNs, most first (reads the whole map: up to
+    /// [`door_common::PREFIX_MAP_CAPACITY`] entries).
+    ///
+    /// # Errors
+    /// [`ShieldError::Map`] if the prefix map cannot be read.
+    pub fn top_prefixes(&self, n: usize) -> Result<Vec<(PrefixKey, PrefixState)>, ShieldError> {
+        let map = self.prefixes()?;
+        // Entries that vanish mid-walk (LRU eviction) are skipped, not errors.
+        let mut all: Vec<(PrefixKey, PrefixState)> = map.iter().filter_map(Result::ok).collect();
+        all.sort_unstable_by(|a, b| b.1.syns.cmp(&a.1.syns).then(a.0.cmp(&b.0)));
+        all.truncate(n);
+        Ok(all)
+    }
+
+    /// Runs the loaded program once per `repeat` on `packet` with `BPF_PROG_TEST_RUN`, returning
+    /// the XDP action (`XDP_DROP` = 1, `XDP_PASS` = 2) and the kernel's mean time per run.
+    ///
+    /// # Errors
+    /// [`ShieldError::Program`] if the kernel refuses the test run.
+    pub fn test_run(&self, packet: &[u8], repeat: u32) -> Result<(u32, Duration), ShieldError> {
+        let program: &Xdp = self
+            .ebpf
+            .program(PROGRAM_NAME)
+            .ok_or(ProgramError::InvalidName { name: PROGRAM_NAME.to_owned() })?
+            .try_into()?;
+        let result = program.test_run(TestRunOptions {
+            data_in: Some(packet),
+            repeat,
+            ..TestRunOptions::default()
+        })?;
+        Ok((result.return_value, result.duration))
+    }
+
+    fn prefixes(&self) -> Result<HashMap<&aya::maps::MapData, PrefixKey, PrefixState>, ShieldError> {
+        let map_err = |source| ShieldError::Map { name: MAP_PREFIXES, source };
+        let map = self.ebpf.map(MAP_PREFIXES).ok_or(map_err(MapError::InvalidName {
+            name: MAP_PREFIXES.to_owned(),
+        }))?;
+        HashMap::try_from(map).map_err(map_err)
+    }
+}
+
+impl Drop for Shield {
+    fn drop(&mut self) {
+        self.detach();
+    }
+}
+
+fn program_mut(ebpf: &mut Ebpf) -> Result<&mut Xdp, ShieldError> {
+    Ok(ebpf
+        .program_mut(PROGRAM_NAME)
+        .ok_or(ProgramError::InvalidName { name: PROGRAM_NAME.to_owned() })?
+        .try_into()?)
+}
