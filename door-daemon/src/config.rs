@@ -75,7 +75,11 @@ pub enum ConfigError {
     },
 }
 
-fn invalid(key: impl Into<String>, value: impl fmt::Display, reason: impl Into<String>) -> ConfigError {
+fn invalid(
+    key: impl Into<String>,
+    value: impl fmt::Display,
+    reason: impl Into<String>,
+) -> ConfigError {
     ConfigError::Invalid {
         key: key.into(),
         value: value.to_string(),
@@ -108,7 +112,11 @@ impl XdpMode {
             "driver" => Ok(Self::Driver),
             "skb" => Ok(Self::Skb),
             "off" => Ok(Self::Off),
-            _ => Err(invalid("xdp.mode", format!("{s:?}"), "must be auto, driver, skb or off")),
+            _ => Err(invalid(
+                "xdp.mode",
+                format!("{s:?}"),
+                "must be auto, driver, skb or off",
+            )),
         }
     }
 
@@ -170,11 +178,17 @@ impl Upstream {
     pub fn parse(s: &str) -> Result<Self, ConfigError> {
         let bad = |reason: &str| invalid("upstream", format!("{s:?}"), reason);
         let uri: Uri = s.parse().map_err(|e| bad(&format!("not a URL ({e})")))?;
-        let scheme = uri.scheme().cloned().ok_or_else(|| bad("needs a scheme: http://host:port"))?;
+        let scheme = uri
+            .scheme()
+            .cloned()
+            .ok_or_else(|| bad("needs a scheme: http://host:port"))?;
         if scheme != Scheme::HTTP {
             return Err(bad("only http:// upstreams are supported"));
         }
-        let authority = uri.authority().cloned().ok_or_else(|| bad("needs a host"))?;
+        let authority = uri
+            .authority()
+            .cloned()
+            .ok_or_else(|| bad("needs a host"))?;
         if authority.as_str().contains('@') {
             return Err(bad("must not carry credentials"));
         }
@@ -315,7 +329,11 @@ impl Config {
         for (i, raw) in listen_raw.iter().flat_map(|s| s.split(',')).enumerate() {
             let raw = raw.trim();
             listen.push(raw.parse::<SocketAddr>().map_err(|_| {
-                invalid(format!("listen[{i}]"), format!("{raw:?}"), "not a socket address (ip:port, [v6]:port)")
+                invalid(
+                    format!("listen[{i}]"),
+                    format!("{raw:?}"),
+                    "not a socket address (ip:port, [v6]:port)",
+                )
             })?);
         }
         if listen.is_empty() {
@@ -338,11 +356,19 @@ impl Config {
             None
         } else {
             Some(admin_raw.parse::<SocketAddr>().map_err(|_| {
-                invalid("admin_listen", format!("{admin_raw:?}"), "not a socket address (or \"off\")")
+                invalid(
+                    "admin_listen",
+                    format!("{admin_raw:?}"),
+                    "not a socket address (or \"off\")",
+                )
             })?)
         };
 
-        let trusted_raw = o.trusted_proxies.clone().or(file.trusted_proxies).unwrap_or_default();
+        let trusted_raw = o
+            .trusted_proxies
+            .clone()
+            .or(file.trusted_proxies)
+            .unwrap_or_default();
         let trusted_proxies = parse_trusted(&trusted_raw)?;
 
         let disable_anon_route_limits = o
@@ -363,7 +389,11 @@ impl Config {
                 ));
             }
             let route = Route::new(&r.group, &r.methods, &r.path).map_err(|e| {
-                invalid(format!("route[{i}]"), format!("{:?}", r.path), e.to_string())
+                invalid(
+                    format!("route[{i}]"),
+                    format!("{:?}", r.path),
+                    e.to_string(),
+                )
             })?;
             routes.push(route);
         }
@@ -387,13 +417,28 @@ impl Config {
 /// /32 or /128.
 fn parse_trusted(raw: &[String]) -> Result<Vec<IpNet>, ConfigError> {
     let mut nets = Vec::new();
-    for entry in raw.iter().flat_map(|s| s.split(',')).map(str::trim).filter(|s| !s.is_empty()) {
+    for entry in raw
+        .iter()
+        .flat_map(|s| s.split(','))
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+    {
         let net = entry
             .parse::<IpNet>()
             .or_else(|_| entry.parse::<std::net::IpAddr>().map(IpNet::from))
-            .map_err(|_| invalid("trusted_proxies", format!("{entry:?}"), "not a CIDR (192.0.2.10/32, 2001:db8::/64)"))?;
+            .map_err(|_| {
+                invalid(
+                    "trusted_proxies",
+                    format!("{entry:?}"),
+                    "not a CIDR (192.0.2.10/32, 2001:db8::/64)",
+                )
+            })?;
         if net.prefix_len() == 0 {
-            return Err(invalid("trusted_proxies", format!("{entry:?}"), "a /0 would trust every client's headers"));
+            return Err(invalid(
+                "trusted_proxies",
+                format!("{entry:?}"),
+                "a /0 would trust every client's headers",
+            ));
         }
         if net.trunc() != net {
             return Err(invalid(
@@ -433,7 +478,9 @@ fn default_groups() -> BTreeMap<String, GroupConfig> {
     ])
 }
 
-fn build_groups(files: BTreeMap<String, GroupFile>) -> Result<BTreeMap<String, GroupConfig>, ConfigError> {
+fn build_groups(
+    files: BTreeMap<String, GroupFile>,
+) -> Result<BTreeMap<String, GroupConfig>, ConfigError> {
     let mut groups = default_groups();
     for (name, g) in files {
         let key = |k: &str| format!("group.{name}.{k}");
@@ -463,7 +510,11 @@ fn build_groups(files: BTreeMap<String, GroupFile>) -> Result<BTreeMap<String, G
         let b = &mut cfg.budget;
         if let Some(rate) = g.rate {
             if !(rate.is_finite() && rate > 0.0) {
-                return Err(invalid(key("rate"), rate, "must be a positive number of tokens per second"));
+                return Err(invalid(
+                    key("rate"),
+                    rate,
+                    "must be a positive number of tokens per second",
+                ));
             }
             b.rate = rate;
         }
@@ -484,14 +535,23 @@ fn build_groups(files: BTreeMap<String, GroupFile>) -> Result<BTreeMap<String, G
             b.charge = match c.as_str() {
                 "always" => Charge::Always,
                 "on_failure" => Charge::OnFailure,
-                _ => return Err(invalid(key("charge"), format!("{c:?}"), "must be \"always\" or \"on_failure\"")),
+                _ => {
+                    return Err(invalid(
+                        key("charge"),
+                        format!("{c:?}"),
+                        "must be \"always\" or \"on_failure\"",
+                    ));
+                }
             };
         }
         if b.per_client > b.inflight {
             return Err(invalid(
                 key("per_client"),
                 b.per_client,
-                format!("exceeds the group cap group.{name}.inflight = {}", b.inflight),
+                format!(
+                    "exceeds the group cap group.{name}.inflight = {}",
+                    b.inflight
+                ),
             ));
         }
         if let Some(t) = &g.read_timeout {
@@ -511,8 +571,13 @@ fn positive_u32(key: &str, v: i64) -> Result<u32, ConfigError> {
 
 /// Parses a duration such as `"30s"`, `"1500ms"` or `"2m"` (humantime syntax); zero is refused.
 fn parse_duration(key: &str, s: &str) -> Result<Duration, ConfigError> {
-    let d = humantime::parse_duration(s)
-        .map_err(|e| invalid(key, format!("{s:?}"), format!("not a duration like \"30s\" ({e})")))?;
+    let d = humantime::parse_duration(s).map_err(|e| {
+        invalid(
+            key,
+            format!("{s:?}"),
+            format!("not a duration like \"30s\" ({e})"),
+        )
+    })?;
     if d.is_zero() {
         return Err(invalid(key, format!("{s:?}"), "must be longer than zero"));
     }
@@ -530,16 +595,30 @@ fn build_xdp(file: Option<XdpFile>, o: &Overrides) -> Result<XdpConfig, ConfigEr
     let interface = o.xdp_interface.clone().or(f.interface);
     if mode != XdpMode::Off {
         match &interface {
-            None => return Err(invalid("xdp.interface", "(none)", format!("required with xdp.mode = {:?}", mode.as_str()))),
+            None => {
+                return Err(invalid(
+                    "xdp.interface",
+                    "(none)",
+                    format!("required with xdp.mode = {:?}", mode.as_str()),
+                ));
+            }
             Some(i) if i.is_empty() || i.len() >= 16 || i.contains(['/', ' ', '\0']) => {
-                return Err(invalid("xdp.interface", format!("{i:?}"), "not an interface name"));
+                return Err(invalid(
+                    "xdp.interface",
+                    format!("{i:?}"),
+                    "not an interface name",
+                ));
             }
             Some(_) => {}
         }
     }
     let syn_rate = f.syn_rate.unwrap_or(DEFAULT_SYN_RATE);
     if !(syn_rate.is_finite() && syn_rate > 0.0) {
-        return Err(invalid("xdp.syn_rate", syn_rate, "must be a positive number of SYNs per second"));
+        return Err(invalid(
+            "xdp.syn_rate",
+            syn_rate,
+            "must be a positive number of SYNs per second",
+        ));
     }
     let syn_burst = match f.syn_burst {
         Some(v) => positive_u32("xdp.syn_burst", v)?,
@@ -550,10 +629,9 @@ fn build_xdp(file: Option<XdpFile>, o: &Overrides) -> Result<XdpConfig, ConfigEr
             .into_iter()
             .enumerate()
             .map(|(i, p)| {
-                u16::try_from(p)
-                    .ok()
-                    .filter(|p| *p > 0)
-                    .ok_or_else(|| invalid(format!("xdp.ports[{i}]"), p, "not a TCP port (1-65535)"))
+                u16::try_from(p).ok().filter(|p| *p > 0).ok_or_else(|| {
+                    invalid(format!("xdp.ports[{i}]"), p, "not a TCP port (1-65535)")
+                })
             })
             .collect::<Result<Vec<_>, _>>()?,
         None => DEFAULT_PORTS.to_vec(),
@@ -572,7 +650,9 @@ mod tests {
     use super::*;
 
     fn err(text: &str) -> String {
-        Config::from_toml("door.toml", text).unwrap_err().to_string()
+        Config::from_toml("door.toml", text)
+            .unwrap_err()
+            .to_string()
     }
 
     const EXAMPLE: &str = r#"
@@ -613,7 +693,10 @@ ports = [8443]
         let link = &c.groups["link"];
         assert!((link.budget.rate - 2.5).abs() < f64::EPSILON);
         assert_eq!(link.budget.burst, 5);
-        assert_eq!(link.budget.per_client, 2, "unset keys keep the group's default");
+        assert_eq!(
+            link.budget.per_client, 2,
+            "unset keys keep the group's default"
+        );
         assert_eq!(link.read_timeout, Duration::from_secs(15));
         assert_eq!(c.groups["webhook"].budget, Budget::webhook());
         assert_eq!(c.groups["webhook"].read_timeout, Duration::from_secs(10));
@@ -625,7 +708,10 @@ ports = [8443]
     #[test]
     fn defaults_without_a_file() {
         let c = Config::load(None, &Overrides::default()).unwrap();
-        assert_eq!(c.listen, vec![DEFAULT_LISTEN.parse::<SocketAddr>().unwrap()]);
+        assert_eq!(
+            c.listen,
+            vec![DEFAULT_LISTEN.parse::<SocketAddr>().unwrap()]
+        );
         assert_eq!(c.admin_listen, Some(DEFAULT_ADMIN_LISTEN.parse().unwrap()));
         assert_eq!(c.xdp.mode, XdpMode::Off);
         assert!(c.routes.is_empty());
@@ -664,8 +750,13 @@ ports = [8443]
 
     #[test]
     fn bad_addresses_are_named() {
-        assert_eq!(err("listen = [\"8443\"]"), "listen[0] = \"8443\": not a socket address (ip:port, [v6]:port)");
-        assert!(err("admin_listen = \"localhost:1\"").starts_with("admin_listen = \"localhost:1\""));
+        assert_eq!(
+            err("listen = [\"8443\"]"),
+            "listen[0] = \"8443\": not a socket address (ip:port, [v6]:port)"
+        );
+        assert!(
+            err("admin_listen = \"localhost:1\"").starts_with("admin_listen = \"localhost:1\"")
+        );
         assert!(err("upstream = \"https://x:1\"").starts_with("upstream = \"https://x:1\""));
         assert!(err("upstream = \"http://x:1/app\"").contains("path"));
         assert!(err("upstream = \"127.0.0.1:3000\"").starts_with("upstream = \"127.0.0.1:3000\""));
@@ -673,11 +764,21 @@ ports = [8443]
 
     #[test]
     fn bad_cidrs_are_named() {
-        assert!(err("trusted_proxies = [\"0.0.0.0/0\"]").starts_with("trusted_proxies = \"0.0.0.0/0\": a /0"));
+        assert!(
+            err("trusted_proxies = [\"0.0.0.0/0\"]")
+                .starts_with("trusted_proxies = \"0.0.0.0/0\": a /0")
+        );
         assert!(err("trusted_proxies = [\"::/0\"]").contains("/0"));
-        assert!(err("trusted_proxies = [\"192.0.2.1/24\"]").contains("host bits set (did you mean 192.0.2.0/24?)"));
-        assert!(err("trusted_proxies = [\"192.0.2.300/32\"]").starts_with("trusted_proxies = \"192.0.2.300/32\": not a CIDR"));
-        let c = Config::from_toml("t", "trusted_proxies = [\"192.0.2.10, 2001:db8::/64\"]").unwrap();
+        assert!(
+            err("trusted_proxies = [\"192.0.2.1/24\"]")
+                .contains("host bits set (did you mean 192.0.2.0/24?)")
+        );
+        assert!(
+            err("trusted_proxies = [\"192.0.2.300/32\"]")
+                .starts_with("trusted_proxies = \"192.0.2.300/32\": not a CIDR")
+        );
+        let c =
+            Config::from_toml("t", "trusted_proxies = [\"192.0.2.10, 2001:db8::/64\"]").unwrap();
         assert_eq!(c.trusted_proxies.len(), 2);
         assert_eq!(c.trusted_proxies[0].prefix_len(), 32);
     }
@@ -685,24 +786,40 @@ ports = [8443]
     #[test]
     fn unknown_groups_are_named() {
         let e = err("[[route]]\ngroup = \"linkk\"\npath = \"/x\"");
-        assert_eq!(e, "route[0].group = \"linkk\": unknown group (known: health, link, webhook)");
+        assert_eq!(
+            e,
+            "route[0].group = \"linkk\": unknown group (known: health, link, webhook)"
+        );
     }
 
     #[test]
     fn bad_durations_are_named() {
-        assert!(err("[group.link]\nread_timeout = \"30 parsecs\"").starts_with("group.link.read_timeout = \"30 parsecs\": not a duration"));
+        assert!(
+            err("[group.link]\nread_timeout = \"30 parsecs\"")
+                .starts_with("group.link.read_timeout = \"30 parsecs\": not a duration")
+        );
         assert!(err("[group.link]\nread_timeout = \"0s\"").contains("longer than zero"));
     }
 
     #[test]
     fn bad_budgets_are_named() {
-        assert!(err("[group.link]\nrate = -1.0").starts_with("group.link.rate = -1: must be a positive"));
+        assert!(
+            err("[group.link]\nrate = -1.0")
+                .starts_with("group.link.rate = -1: must be a positive")
+        );
         assert!(err("[group.link]\nrate = 0.0").starts_with("group.link.rate = 0"));
         assert!(err("[group.link]\nburst = 0").starts_with("group.link.burst = 0"));
         assert!(err("[group.link]\ninflight = 0").starts_with("group.link.inflight = 0"));
-        assert!(err("[group.link]\nper_client = 5").starts_with("group.link.per_client = 5: exceeds the group cap group.link.inflight = 4"));
-        assert!(err("[group.link]\ncharge = \"sometimes\"").starts_with("group.link.charge = \"sometimes\""));
-        assert!(err("[group.api]\nrate = 1.0").contains("new group must give at least rate and burst"));
+        assert!(err("[group.link]\nper_client = 5").starts_with(
+            "group.link.per_client = 5: exceeds the group cap group.link.inflight = 4"
+        ));
+        assert!(
+            err("[group.link]\ncharge = \"sometimes\"")
+                .starts_with("group.link.charge = \"sometimes\"")
+        );
+        assert!(
+            err("[group.api]\nrate = 1.0").contains("new group must give at least rate and burst")
+        );
         let c = Config::from_toml("t", "[group.api]\nrate = 3.0\nburst = 7").unwrap();
         assert_eq!(c.groups["api"].budget.burst, 7);
     }
@@ -710,8 +827,12 @@ ports = [8443]
     #[test]
     fn bad_xdp_settings_are_named() {
         assert!(err("[xdp]\nmode = \"auto\"").starts_with("xdp.interface = (none): required"));
-        assert!(err("[xdp]\ninterface = \"lo\"\nmode = \"turbo\"").starts_with("xdp.mode = \"turbo\""));
-        assert!(err("[xdp]\ninterface = \"lo\"\nports = [70000]").starts_with("xdp.ports[0] = 70000"));
+        assert!(
+            err("[xdp]\ninterface = \"lo\"\nmode = \"turbo\"").starts_with("xdp.mode = \"turbo\"")
+        );
+        assert!(
+            err("[xdp]\ninterface = \"lo\"\nports = [70000]").starts_with("xdp.ports[0] = 70000")
+        );
         assert!(err("[xdp]\ninterface = \"lo\"\nsyn_rate = -5.0").starts_with("xdp.syn_rate = -5"));
         let c = Config::from_toml("t", "[xdp]\nmode = \"off\"").unwrap();
         assert_eq!(c.xdp.mode, XdpMode::Off);

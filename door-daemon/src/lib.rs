@@ -9,5 +9,8 @@ pub mod clock;
 pub mod config;
 pub mod key;
 pub mod limit;
+pub mod proxy;
 pub mod route;
+pub mod server;
+pub mod status;
 pub mod xdp;

@@ -149,7 +149,10 @@ impl GroupLimiter {
 
     /// Number of client keys with state.
     pub fn tracked_clients(&self) -> usize {
-        self.tat.lock().unwrap_or_else(PoisonError::into_inner).len()
+        self.tat
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .len()
     }
 
     /// Admits or refuses a request from `key` (GCRA: a theoretical arrival time per key).

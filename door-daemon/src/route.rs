@@ -236,7 +236,10 @@ mod tests {
     #[test]
     fn exact_paths_and_methods() {
         let r = router();
-        assert_eq!(r.group_for(&Method::POST, "/webhooks/github"), Some("webhook"));
+        assert_eq!(
+            r.group_for(&Method::POST, "/webhooks/github"),
+            Some("webhook")
+        );
         assert_eq!(r.group_for(&Method::GET, "/webhooks/github"), None);
         assert_eq!(r.group_for(&Method::POST, "/webhooks/gitlab"), None);
         assert_eq!(r.group_for(&Method::GET, "/healthz"), Some("health"));
@@ -260,13 +263,19 @@ mod tests {
             Route::new("health", &[], "/l/session/special").unwrap(),
             Route::new("link", &[], "/l/session/{id}").unwrap(),
         ]);
-        assert_eq!(r.group_for(&Method::GET, "/l/session/special"), Some("health"));
+        assert_eq!(
+            r.group_for(&Method::GET, "/l/session/special"),
+            Some("health")
+        );
         assert_eq!(r.group_for(&Method::GET, "/l/session/other"), Some("link"));
     }
 
     #[test]
     fn head_follows_get() {
-        assert_eq!(router().group_for(&Method::HEAD, "/l/session/abc"), Some("link"));
+        assert_eq!(
+            router().group_for(&Method::HEAD, "/l/session/abc"),
+            Some("link")
+        );
         assert_eq!(router().group_for(&Method::HEAD, "/webhooks/github"), None);
     }
 

@@ -9,7 +9,9 @@ use aya::{
     maps::{HashMap, MapError, PerCpuArray},
     programs::{ProgramError, TestRun, TestRunOptions, Xdp, XdpMode as AyaXdpMode, xdp::XdpLinkId},
 };
-use door_common::{COUNTER_COUNT, Counter, MAP_COUNTERS, MAP_PREFIXES, PROGRAM_NAME, PrefixKey, PrefixState};
+use door_common::{
+    COUNTER_COUNT, Counter, MAP_COUNTERS, MAP_PREFIXES, PROGRAM_NAME, PrefixKey, PrefixState,
+};
 use thiserror::Error;
 
 use crate::config::XdpMode;
@@ -90,7 +92,9 @@ pub struct Shield {
 
 impl fmt::Debug for Shield {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Shield").field("attached", &self.attached()).finish_non_exhaustive()
+        f.debug_struct("Shield")
+            .field("attached", &self.attached())
+            .finish_non_exhaustive()
     }
 }
 
@@ -114,7 +118,10 @@ impl Shield {
         }
         let mut ebpf = Ebpf::load(object)?;
         program_mut(&mut ebpf)?.load()?;
-        Ok(Self { ebpf, attached: None })
+        Ok(Self {
+            ebpf,
+            attached: None,
+        })
     }
 
     /// Attaches to `interface` in `mode` (`Auto` tries driver, then skb). Detaches a previous
@@ -160,8 +167,12 @@ impl Shield {
         if let Some((interface, mode, link)) = self.attached.take() {
             match program_mut(&mut self.ebpf).map(|p| p.detach(link)) {
                 Ok(Ok(())) => tracing::info!(%interface, %mode, "XDP program detached"),
-                Ok(Err(e)) => tracing::warn!(%interface, error = %e, "detaching the XDP program failed"),
-                Err(e) => tracing::warn!(%interface, error = %e, "detaching the XDP program failed"),
+                Ok(Err(e)) => {
+                    tracing::warn!(%interface, error = %e, "detaching the XDP program failed")
+                }
+                Err(e) => {
+                    tracing::warn!(%interface, error = %e, "detaching the XDP program failed")
+                }
             }
         }
     }
@@ -176,10 +187,16 @@ impl Shield {
     /// # Errors
     /// [`ShieldError::Map`] if the counter map cannot be read.
     pub fn counters(&self) -> Result<Vec<CounterValue>, ShieldError> {
-        let map_err = |source| ShieldError::Map { name: MAP_COUNTERS, source };
-        let map = self.ebpf.map(MAP_COUNTERS).ok_or(map_err(MapError::InvalidName {
-            name: MAP_COUNTERS.to_owned(),
-        }))?;
+        let map_err = |source| ShieldError::Map {
+            name: MAP_COUNTERS,
+            source,
+        };
+        let map = self
+            .ebpf
+            .map(MAP_COUNTERS)
+            .ok_or(map_err(MapError::InvalidName {
+                name: MAP_COUNTERS.to_owned(),
+            }))?;
         let array = PerCpuArray::<_, u64>::try_from(map).map_err(map_err)?;
         let mut out = Vec::with_capacity(COUNTER_COUNT as usize);
         for counter in Counter::ALL {
@@ -201,7 +218,10 @@ impl Shield {
         match map.get(key, 0) {
             Ok(state) => Ok(Some(state)),
             Err(MapError::KeyNotFound) => Ok(None),
-            Err(source) => Err(ShieldError::Map { name: MAP_PREFIXES, source }),
+            Err(source) => Err(ShieldError::Map {
+                name: MAP_PREFIXES,
+                source,
+            }),
         }
     }
 
@@ -228,7 +248,9 @@ impl Shield {
         let program: &Xdp = self
             .ebpf
             .program(PROGRAM_NAME)
-            .ok_or(ProgramError::InvalidName { name: PROGRAM_NAME.to_owned() })?
+            .ok_or(ProgramError::InvalidName {
+                name: PROGRAM_NAME.to_owned(),
+            })?
             .try_into()?;
         let result = program.test_run(TestRunOptions {
             data_in: Some(packet),
@@ -238,11 +260,19 @@ impl Shield {
         Ok((result.return_value, result.duration))
     }
 
-    fn prefixes(&self) -> Result<HashMap<&aya::maps::MapData, PrefixKey, PrefixState>, ShieldError> {
-        let map_err = |source| ShieldError::Map { name: MAP_PREFIXES, source };
-        let map = self.ebpf.map(MAP_PREFIXES).ok_or(map_err(MapError::InvalidName {
-            name: MAP_PREFIXES.to_owned(),
-        }))?;
+    fn prefixes(
+        &self,
+    ) -> Result<HashMap<&aya::maps::MapData, PrefixKey, PrefixState>, ShieldError> {
+        let map_err = |source| ShieldError::Map {
+            name: MAP_PREFIXES,
+            source,
+        };
+        let map = self
+            .ebpf
+            .map(MAP_PREFIXES)
+            .ok_or(map_err(MapError::InvalidName {
+                name: MAP_PREFIXES.to_owned(),
+            }))?;
         HashMap::try_from(map).map_err(map_err)
     }
 }
@@ -256,6 +286,8 @@ impl Drop for Shield {
 fn program_mut(ebpf: &mut Ebpf) -> Result<&mut Xdp, ShieldError> {
     Ok(ebpf
         .program_mut(PROGRAM_NAME)
-        .ok_or(ProgramError::InvalidName { name: PROGRAM_NAME.to_owned() })?
+        .ok_or(ProgramError::InvalidName {
+            name: PROGRAM_NAME.to_owned(),
+        })?
         .try_into()?)
 }

@@ -19,18 +19,36 @@ pub struct Flags {
 
 impl Flags {
     /// SYN only: a connection opening.
-    pub const SYN: Self = Self { syn: true, ack: false, rst: false };
+    pub const SYN: Self = Self {
+        syn: true,
+        ack: false,
+        rst: false,
+    };
     /// SYN and ACK: the answer to a SYN.
-    pub const SYN_ACK: Self = Self { syn: true, ack: true, rst: false };
+    pub const SYN_ACK: Self = Self {
+        syn: true,
+        ack: true,
+        rst: false,
+    };
     /// ACK only.
-    pub const ACK: Self = Self { syn: false, ack: true, rst: false };
+    pub const ACK: Self = Self {
+        syn: false,
+        ack: true,
+        rst: false,
+    };
     /// RST only.
-    pub const RST: Self = Self { syn: false, ack: false, rst: true };
+    pub const RST: Self = Self {
+        syn: false,
+        ack: false,
+        rst: true,
+    };
 }
 
 /// An Ethernet/IPv4/TCP frame from `src` to `dst`:`dport`.
 pub fn tcp4(src: [u8; 4], dst: [u8; 4], dport: u16, flags: Flags) -> Vec<u8> {
-    let mut b = PacketBuilder::ethernet2(SRC_MAC, DST_MAC).ipv4(src, dst, 64).tcp(40_000, dport, 1, 64_240);
+    let mut b = PacketBuilder::ethernet2(SRC_MAC, DST_MAC)
+        .ipv4(src, dst, 64)
+        .tcp(40_000, dport, 1, 64_240);
     if flags.syn {
         b = b.syn();
     }
@@ -40,12 +58,16 @@ pub fn tcp4(src: [u8; 4], dst: [u8; 4], dport: u16, flags: Flags) -> Vec<u8> {
     if flags.rst {
         b = b.rst();
     }
-    write(b.size(0), |out| b.write(out, &[]).map_err(|e| e.to_string()))
+    write(b.size(0), |out| {
+        b.write(out, &[]).map_err(|e| e.to_string())
+    })
 }
 
 /// An Ethernet/IPv6/TCP frame from `src` to `dst`:`dport`.
 pub fn tcp6(src: [u8; 16], dst: [u8; 16], dport: u16, flags: Flags) -> Vec<u8> {
-    let mut b = PacketBuilder::ethernet2(SRC_MAC, DST_MAC).ipv6(src, dst, 64).tcp(40_000, dport, 1, 64_240);
+    let mut b = PacketBuilder::ethernet2(SRC_MAC, DST_MAC)
+        .ipv6(src, dst, 64)
+        .tcp(40_000, dport, 1, 64_240);
     if flags.syn {
         b = b.syn();
     }
@@ -55,13 +77,19 @@ pub fn tcp6(src: [u8; 16], dst: [u8; 16], dport: u16, flags: Flags) -> Vec<u8> {
     if flags.rst {
         b = b.rst();
     }
-    write(b.size(0), |out| b.write(out, &[]).map_err(|e| e.to_string()))
+    write(b.size(0), |out| {
+        b.write(out, &[]).map_err(|e| e.to_string())
+    })
 }
 
 /// An Ethernet/IPv4/UDP frame.
 pub fn udp4(src: [u8; 4], dst: [u8; 4], dport: u16) -> Vec<u8> {
-    let b = PacketBuilder::ethernet2(SRC_MAC, DST_MAC).ipv4(src, dst, 64).udp(40_000, dport);
-    write(b.size(4), |out| b.write(out, b"ping").map_err(|e| e.to_string()))
+    let b = PacketBuilder::ethernet2(SRC_MAC, DST_MAC)
+        .ipv4(src, dst, 64)
+        .udp(40_000, dport);
+    write(b.size(4), |out| {
+        b.write(out, b"ping").map_err(|e| e.to_string())
+    })
 }
 
 /// An ARP request frame (EtherType 0x0806) asking for `target` from `sender`.

@@ -11,7 +11,9 @@ use door_tests::{
 const XDP_PASS: u32 = 2;
 const CLIENT4: [u8; 4] = [192, 0, 2, 7];
 const SERVER4: [u8; 4] = [198, 51, 100, 1];
-const CLIENT6: [u8; 16] = [0x20, 0x01, 0x0d, 0xb8, 0, 1, 0, 2, 0, 0, 0, 0, 0, 0, 0, 0x42];
+const CLIENT6: [u8; 16] = [
+    0x20, 0x01, 0x0d, 0xb8, 0, 1, 0, 2, 0, 0, 0, 0, 0, 0, 0, 0x42,
+];
 const SERVER6: [u8; 16] = [0x20, 0x01, 0x0d, 0xb8, 0, 9, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1];
 
 fn shield() -> Option<Shield> {
@@ -41,12 +43,20 @@ fn ipv4_syn_increments_exactly_its_slash_32() {
     let key = PrefixKey::from_ipv4(CLIENT4);
     let neighbour = PrefixKey::from_ipv4([192, 0, 2, 8]);
     assert_eq!(syns(&shield, key), None);
-    let (action, _) = shield.test_run(&tcp4(CLIENT4, SERVER4, 443, Flags::SYN), 1).unwrap();
+    let (action, _) = shield
+        .test_run(&tcp4(CLIENT4, SERVER4, 443, Flags::SYN), 1)
+        .unwrap();
     assert_eq!(action, XDP_PASS);
     assert_eq!(syns(&shield, key), Some(1));
-    let (action, _) = shield.test_run(&tcp4(CLIENT4, SERVER4, 443, Flags::SYN), 3).unwrap();
+    let (action, _) = shield
+        .test_run(&tcp4(CLIENT4, SERVER4, 443, Flags::SYN), 3)
+        .unwrap();
     assert_eq!(action, XDP_PASS);
-    assert_eq!(syns(&shield, key), Some(4), "repeat=3 runs the program three times");
+    assert_eq!(
+        syns(&shield, key),
+        Some(4),
+        "repeat=3 runs the program three times"
+    );
     assert_eq!(syns(&shield, neighbour), None);
     assert_eq!(counter(&shield, Counter::PassSyn), 4);
 }
@@ -60,10 +70,18 @@ fn ipv6_syn_increments_exactly_its_slash_64() {
     same_64[9] = 0xaa;
     let mut other_64 = CLIENT6;
     other_64[7] = 3;
-    shield.test_run(&tcp6(CLIENT6, SERVER6, 443, Flags::SYN), 1).unwrap();
-    let (action, _) = shield.test_run(&tcp6(same_64, SERVER6, 443, Flags::SYN), 1).unwrap();
+    shield
+        .test_run(&tcp6(CLIENT6, SERVER6, 443, Flags::SYN), 1)
+        .unwrap();
+    let (action, _) = shield
+        .test_run(&tcp6(same_64, SERVER6, 443, Flags::SYN), 1)
+        .unwrap();
     assert_eq!(action, XDP_PASS);
-    assert_eq!(syns(&shield, key), Some(2), "two addresses of one /64 share an entry");
+    assert_eq!(
+        syns(&shield, key),
+        Some(2),
+        "two addresses of one /64 share an entry"
+    );
     assert_eq!(syns(&shield, PrefixKey::from_ipv6(other_64)), None);
     assert_eq!(key.to_string(), "2001:db8:1:2::/64");
 }
@@ -78,10 +96,26 @@ fn non_syn_traffic_is_passed_and_not_counted_as_syn() {
         p
     };
     let cases: [(&str, Vec<u8>, Counter); 7] = [
-        ("SYN-ACK", tcp4(CLIENT4, SERVER4, 443, Flags::SYN_ACK), Counter::PassNotSyn),
-        ("ACK", tcp4(CLIENT4, SERVER4, 443, Flags::ACK), Counter::PassNotSyn),
-        ("RST", tcp4(CLIENT4, SERVER4, 443, Flags::RST), Counter::PassNotSyn),
-        ("IPv6 SYN-ACK", tcp6(CLIENT6, SERVER6, 443, Flags::SYN_ACK), Counter::PassNotSyn),
+        (
+            "SYN-ACK",
+            tcp4(CLIENT4, SERVER4, 443, Flags::SYN_ACK),
+            Counter::PassNotSyn,
+        ),
+        (
+            "ACK",
+            tcp4(CLIENT4, SERVER4, 443, Flags::ACK),
+            Counter::PassNotSyn,
+        ),
+        (
+            "RST",
+            tcp4(CLIENT4, SERVER4, 443, Flags::RST),
+            Counter::PassNotSyn,
+        ),
+        (
+            "IPv6 SYN-ACK",
+            tcp6(CLIENT6, SERVER6, 443, Flags::SYN_ACK),
+            Counter::PassNotSyn,
+        ),
         ("UDP", udp4(CLIENT4, SERVER4, 443), Counter::PassNotTcp),
         ("ARP", arp(CLIENT4, SERVER4), Counter::PassNotIp),
         ("truncated TCP", truncated, Counter::PassTruncated),
@@ -90,7 +124,11 @@ fn non_syn_traffic_is_passed_and_not_counted_as_syn() {
         let before = counter(&shield, expected);
         let (action, _) = shield.test_run(&packet, 1).unwrap();
         assert_eq!(action, XDP_PASS, "{name}");
-        assert_eq!(counter(&shield, expected), before + 1, "{name} counted as {expected:?}");
+        assert_eq!(
+            counter(&shield, expected),
+            before + 1,
+            "{name} counted as {expected:?}"
+        );
     }
     assert_eq!(syns(&shield, key), None, "no SYN was counted");
     assert_eq!(syns(&shield, PrefixKey::from_ipv6(CLIENT6)), None);

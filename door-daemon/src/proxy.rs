@@ -1,0 +1,295 @@
+//! Forwarding to the upstream: hyper-util's pooled client, bodies streamed both ways (never
+//! buffered), hop-by-hop headers removed (RFC 9110 §7.6.1), the original `Host` kept, and the
+//! forwarding headers rewritten so the application can trust exactly one hop, door
+//! (../shared/DESIGN.md, "Client key", last paragraph).
+
+use std::net::IpAddr;
+
+use http::{
+    HeaderMap, HeaderName, HeaderValue, Request, Response, Uri, Version,
+    header::{
+        CONNECTION, HOST, PROXY_AUTHENTICATE, PROXY_AUTHORIZATION, TE, TRAILER, TRANSFER_ENCODING,
+        UPGRADE,
+    },
+    uri::PathAndQuery,
+};
+use hyper::body::Incoming;
+use hyper_util::{
+    client::legacy::{Client, connect::HttpConnector},
+    rt::TokioExecutor,
+};
+use thiserror::Error;
+
+use crate::config::Upstream;
+
+/// `X-Forwarded-For` (de facto standard; RFC 7239 §1 describes it).
+pub static X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
+/// `X-Forwarded-Proto`.
+pub static X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
+/// `Forwarded` (RFC 7239).
+pub static FORWARDED: HeaderName = HeaderName::from_static("forwarded");
+static KEEP_ALIVE: HeaderName = HeaderName::from_static("keep-alive");
+static PROXY_CONNECTION: HeaderName = HeaderName::from_static("proxy-connection");
+
+/// The upstream could not be reached or failed mid-response.
+#[derive(Debug, Error)]
+#[error("upstream {upstream}: {source}")]
+pub struct ProxyError {
+    upstream: String,
+    #[source]
+    source: hyper_util::client::legacy::Error,
+}
+
+impl ProxyError {
+    /// Whether the upstream refused or could not be connected to (as opposed to failing later).
+    pub fn is_connect(&self) -> bool {
+        self.source.is_connect()
+    }
+}
+
+/// Where the request came from, as far as the forwarding headers are concerned.
+#[derive(Debug, Clone, Copy)]
+pub struct Origin {
+    /// The TCP peer (canonical form: IPv4-mapped unmapped).
+    pub peer: IpAddr,
+    /// Whether the peer is a trusted proxy (its forwarding headers are kept and appended to).
+    pub peer_trusted: bool,
+    /// Whether door received the request over TLS.
+    pub tls: bool,
+}
+
+/// The upstream client.
+#[derive(Debug, Clone)]
+pub struct Proxy {
+    client: Client<HttpConnector, Incoming>,
+    upstream: Upstream,
+}
+
+impl Proxy {
+    /// A pooled HTTP/1.1 client for `upstream`.
+    pub fn new(upstream: Upstream) -> Self {
+        let mut connector = HttpConnector::new();
+        connector.set_nodelay(true);
+        let client = Client::builder(TokioExecutor::new()).build(connector);
+        Self { client, upstream }
+    }
+
+    /// Sends `req` (already prepared with [`prepare`]) upstream and returns its response head;
+    /// the body streams as the upstream sends it.
+    ///
+    /// # Errors
+    /// [`ProxyError`] when the upstream cannot be connected to or fails before its head.
+    pub async fn forward(&self, req: Request<Incoming>) -> Result<Response<Incoming>, ProxyError> {
+        let mut res = self
+            .client
+            .request(req)
+            .await
+            .map_err(|source| ProxyError {
+                upstream: self.upstream.to_string(),
+                source,
+            })?;
+        strip_hop_by_hop(res.headers_mut());
+        Ok(res)
+    }
+
+    /// The upstream this proxy sends to.
+    pub fn upstream(&self) -> &Upstream {
+        &self.upstream
+    }
+}
+
+/// Rewrites a client's request for the upstream: absolute URI on the upstream, HTTP/1.1, original
+/// `Host` kept (taken from the HTTP/2 `:authority` when there is no `Host`), hop-by-hop headers
+/// removed, forwarding headers rewritten per `origin`.
+pub fn prepare(
+    mut req: Request<Incoming>,
+    upstream: &Upstream,
+    origin: Origin,
+) -> Request<Incoming> {
+    if !req.headers().contains_key(HOST)
+        && let Some(authority) = req.uri().authority()
+        && let Ok(host) = HeaderValue::from_str(authority.as_str())
+    {
+        req.headers_mut().insert(HOST, host);
+    }
+    let path = req
+        .uri()
+        .path_and_query()
+        .cloned()
+        .unwrap_or_else(|| PathAndQuery::from_static("/"));
+    let mut parts = http::uri::Parts::default();
+    parts.scheme = Some(upstream.scheme.clone());
+    parts.authority = Some(upstream.authority.clone());
+    parts.path_and_query = Some(path);
+    if let Ok(uri) = Uri::from_parts(parts) {
+        *req.uri_mut() = uri;
+    }
+    *req.version_mut() = Version::HTTP_11;
+    let headers = req.headers_mut();
+    strip_hop_by_hop(headers);
+    rewrite_forwarding(headers, origin);
+    req
+}
+
+/// Removes the hop-by-hop fields: those named in `Connection`, and the fixed list of RFC 9110
+/// §7.6.1 (plus the legacy `Keep-Alive` and `Proxy-Connection`).
+pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
+    let named: Vec<HeaderName> = headers
+        .get_all(CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .filter_map(|name| HeaderName::from_bytes(name.trim().as_bytes()).ok())
+        .collect();
+    for name in named {
+        headers.remove(name);
+    }
+    for name in [
+        &CONNECTION,
+        &KEEP_ALIVE,
+        &PROXY_CONNECTION,
+        &PROXY_AUTHENTICATE,
+        &PROXY_AUTHORIZATION,
+        &TE,
+        &TRAILER,
+        &TRANSFER_ENCODING,
+        &UPGRADE,
+    ] {
+        headers.remove(name);
+    }
+}
+
+/// From an untrusted peer, client-sent `X-Forwarded-For` and `Forwarded` are dropped and replaced
+/// by the peer; from a trusted proxy the chains are kept and the peer appended. `X-Forwarded-Proto`
+/// always says what door received.
+pub fn rewrite_forwarding(headers: &mut HeaderMap, origin: Origin) {
+    let peer = origin.peer.to_string();
+    let forwarded_for = match origin.peer {
+        IpAddr::V4(_) => format!("for={peer}"),
+        IpAddr::V6(_) => format!("for=\"[{peer}]\""),
+    };
+    let prior_xff = join_lines(headers, &X_FORWARDED_FOR);
+    let prior_forwarded = join_lines(headers, &FORWARDED);
+    headers.remove(&X_FORWARDED_FOR);
+    headers.remove(&FORWARDED);
+    let (xff, forwarded) = match (origin.peer_trusted, prior_xff, prior_forwarded) {
+        (true, xff, fwd) => (
+            xff.map_or_else(|| peer.clone(), |x| format!("{x}, {peer}")),
+            fwd.map(|f| format!("{f}, {forwarded_for}")),
+        ),
+        (false, _, fwd) => (peer.clone(), fwd.map(|_| forwarded_for.clone())),
+    };
+    if let Ok(v) = HeaderValue::from_str(&xff) {
+        headers.insert(&X_FORWARDED_FOR, v);
+    }
+    if let Some(f) = forwarded
+        && let Ok(v) = HeaderValue::from_str(&f)
+    {
+        headers.insert(&FORWARDED, v);
+    }
+    headers.insert(
+        &X_FORWARDED_PROTO,
+        HeaderValue::from_static(if origin.tls { "https" } else { "http" }),
+    );
+}
+
+/// All lines of `name` joined with `", "` in wire order (RFC 9110 §5.3), or `None` when absent.
+/// Lines that are not visible ASCII are dropped.
+fn join_lines(headers: &HeaderMap, name: &HeaderName) -> Option<String> {
+    let lines: Vec<&str> = headers
+        .get_all(name)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .collect();
+    if lines.is_empty() {
+        None
+    } else {
+        Some(lines.join(", "))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn origin(peer: &str, trusted: bool) -> Origin {
+        Origin {
+            peer: peer.parse().unwrap(),
+            peer_trusted: trusted,
+            tls: false,
+        }
+    }
+
+    fn headers(pairs: &[(&str, &str)]) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        for (k, v) in pairs {
+            h.append(
+                HeaderName::from_bytes(k.as_bytes()).unwrap(),
+                HeaderValue::from_str(v).unwrap(),
+            );
+        }
+        h
+    }
+
+    #[test]
+    fn untrusted_peers_cannot_inject_forwarding_headers() {
+        let mut h = headers(&[
+            ("x-forwarded-for", "203.0.113.66"),
+            ("x-forwarded-for", "198.51.100.1"),
+            ("forwarded", "for=203.0.113.66"),
+            ("x-forwarded-proto", "https"),
+        ]);
+        rewrite_forwarding(&mut h, origin("192.0.2.7", false));
+        assert_eq!(
+            h.get_all("x-forwarded-for").iter().collect::<Vec<_>>(),
+            ["192.0.2.7"]
+        );
+        assert_eq!(h["forwarded"], "for=192.0.2.7");
+        assert_eq!(h["x-forwarded-proto"], "http");
+    }
+
+    #[test]
+    fn untrusted_peer_without_headers_gets_only_xff() {
+        let mut h = HeaderMap::new();
+        rewrite_forwarding(&mut h, origin("2001:db8::7", false));
+        assert_eq!(h["x-forwarded-for"], "2001:db8::7");
+        assert!(h.get("forwarded").is_none());
+    }
+
+    #[test]
+    fn trusted_proxies_get_the_peer_appended_to_every_line() {
+        let mut h = headers(&[
+            ("x-forwarded-for", "203.0.113.9"),
+            ("x-forwarded-for", "198.51.100.3"),
+            ("forwarded", "for=203.0.113.9;proto=https"),
+        ]);
+        rewrite_forwarding(&mut h, origin("2001:db8::10", true));
+        assert_eq!(
+            h["x-forwarded-for"],
+            "203.0.113.9, 198.51.100.3, 2001:db8::10"
+        );
+        assert_eq!(
+            h["forwarded"],
+            "for=203.0.113.9;proto=https, for=\"[2001:db8::10]\""
+        );
+        let mut h = HeaderMap::new();
+        rewrite_forwarding(&mut h, origin("192.0.2.10", true));
+        assert_eq!(h["x-forwarded-for"], "192.0.2.10");
+    }
+
+    #[test]
+    fn hop_by_hop_headers_are_removed() {
+        let mut h = headers(&[
+            ("connection", "keep-alive, x-secret"),
+            ("x-secret", "1"),
+            ("keep-alive", "timeout=5"),
+            ("te", "trailers"),
+            ("upgrade", "h2c"),
+            ("transfer-encoding", "chunked"),
+            ("x-kept", "yes"),
+        ]);
+        strip_hop_by_hop(&mut h);
+        assert_eq!(h.len(), 1, "{h:?}");
+        assert_eq!(h["x-kept"], "yes");
+    }
+}

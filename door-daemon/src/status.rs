@@ -1,0 +1,184 @@
+//! The admin endpoint (`admin_listen`, loopback by default): `GET /status` answers JSON with the
+//! groups and their budgets, tracked clients, request outcome counts, whether the XDP program is
+//! attached and how, its counters, and the top source prefixes by SYN count.
+
+use std::{
+    collections::BTreeMap,
+    convert::Infallible,
+    net::SocketAddr,
+    sync::{Arc, Mutex, PoisonError},
+};
+
+use bytes::Bytes;
+use http::{Method, Request, Response, StatusCode, header::CONTENT_TYPE};
+use http_body_util::Full;
+use hyper::body::Incoming;
+use serde_json::{Value, json};
+use tokio::net::TcpListener;
+
+use crate::{limit::GroupLimiter, xdp::Shield};
+
+/// How many source prefixes `/status` lists.
+pub const TOP_PREFIXES: usize = 10;
+
+/// Request outcome counts per group, for `/status` (the OTLP metrics carry the same numbers).
+#[derive(Debug, Default)]
+pub struct OutcomeCounts {
+    counts: Mutex<BTreeMap<(String, &'static str), u64>>,
+}
+
+impl OutcomeCounts {
+    /// Adds one request of `group` with `outcome` (`ok`, `client_error`, `rate_limited`, …).
+    pub fn record(&self, group: &str, outcome: &'static str) {
+        let mut counts = self.counts.lock().unwrap_or_else(PoisonError::into_inner);
+        *counts.entry((group.to_owned(), outcome)).or_default() += 1;
+    }
+
+    /// `{group: {outcome: count}}`.
+    pub fn to_json(&self) -> Value {
+        let counts = self.counts.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut out = serde_json::Map::new();
+        for ((group, outcome), n) in counts.iter() {
+            let entry = out.entry(group.clone()).or_insert_with(|| json!({}));
+            if let Some(obj) = entry.as_object_mut() {
+                obj.insert((*outcome).to_owned(), json!(n));
+            }
+        }
+        Value::Object(out)
+    }
+}
+
+/// What `/status` reads.
+#[derive(Debug, Clone)]
+pub struct StatusSource {
+    /// The limit groups.
+    pub limiters: Vec<Arc<GroupLimiter>>,
+    /// Outcome counts.
+    pub outcomes: Arc<OutcomeCounts>,
+    /// The flood shield, when loaded.
+    pub shield: Option<Arc<Mutex<Shield>>>,
+    /// The configured XDP mode (`off`, `auto`, …), shown when the program is not attached.
+    pub xdp_mode: &'static str,
+}
+
+impl StatusSource {
+    /// The `/status` document.
+    pub fn snapshot(&self) -> Value {
+        let groups: Vec<Value> = self
+            .limiters
+            .iter()
+            .map(|l| {
+                let b = l.budget();
+                json!({
+                    "name": l.group(),
+                    "rate_per_s": b.rate,
+                    "burst": b.burst,
+                    "per_client": b.per_client,
+                    "inflight_cap": b.inflight,
+                    "max_clients": b.max_clients,
+                    "tracked_clients": l.tracked_clients(),
+                })
+            })
+            .collect();
+        json!({
+            "groups": groups,
+            "requests": self.outcomes.to_json(),
+            "xdp": self.xdp_json(),
+        })
+    }
+
+    fn xdp_json(&self) -> Value {
+        let Some(shield) = &self.shield else {
+            return json!({ "attached": false, "configured_mode": self.xdp_mode });
+        };
+        let shield = shield.lock().unwrap_or_else(PoisonError::into_inner);
+        let attached = shield.attached();
+        let counters = match shield.counters() {
+            Ok(values) => {
+                let mut m = serde_json::Map::new();
+                for v in values {
+                    m.insert(
+                        format!("{}/{}", v.counter.verdict().as_str(), v.counter.reason()),
+                        json!(v.packets),
+                    );
+                }
+                Value::Object(m)
+            }
+            Err(e) => json!({ "error": e.to_string() }),
+        };
+        let top = match shield.top_prefixes(TOP_PREFIXES) {
+            Ok(top) => Value::Array(
+                top.into_iter()
+                    .map(|(k, s)| json!({ "prefix": k.to_string(), "syns": s.syns, "drops": s.drops }))
+                    .collect(),
+            ),
+            Err(e) => json!({ "error": e.to_string() }),
+        };
+        json!({
+            "attached": attached.is_some(),
+            "configured_mode": self.xdp_mode,
+            "interface": attached.map(|(i, _)| i),
+            "mode": attached.map(|(_, m)| m.as_str()),
+            "counters": counters,
+            "top_prefixes": top,
+        })
+    }
+}
+
+/// Serves `GET /status` on `listener` until the task is dropped.
+pub async fn serve(listener: TcpListener, source: Arc<StatusSource>) {
+    loop {
+        let Ok((stream, _)) = listener.accept().await else {
+            continue;
+        };
+        let source = Arc::clone(&source);
+        tokio::spawn(async move {
+            let service = hyper::service::service_fn(move |req| handle(req, Arc::clone(&source)));
+            let io = hyper_util::rt::TokioIo::new(stream);
+            if let Err(e) = hyper::server::conn::http1::Builder::new()
+                .serve_connection(io, service)
+                .await
+            {
+                tracing::debug!(error = %e, "admin connection ended with an error");
+            }
+        });
+    }
+}
+
+async fn handle(
+    req: Request<Incoming>,
+    source: Arc<StatusSource>,
+) -> Result<Response<Full<Bytes>>, Infallible> {
+    let (status, body) = if req.uri().path() != "/status" {
+        (
+            StatusCode::NOT_FOUND,
+            json!({ "code": "not-found", "message": "try GET /status" }),
+        )
+    } else if req.method() != Method::GET {
+        (
+            StatusCode::METHOD_NOT_ALLOWED,
+            json!({ "code": "method-not-allowed", "message": "GET only" }),
+        )
+    } else {
+        // Reading the maps is a few thousand syscalls at most: keep it off the async workers.
+        match tokio::task::spawn_blocking(move || source.snapshot()).await {
+            Ok(v) => (StatusCode::OK, v),
+            Err(e) => (
+                StatusCode::INTERNAL_SERVER_ERROR,
+                json!({ "code": "internal", "message": e.to_string() }),
+            ),
+        }
+    };
+    let mut res = Response::new(Full::new(Bytes::from(format!("{body:#}\n"))));
+    *res.status_mut() = status;
+    res.headers_mut().insert(
+        CONTENT_TYPE,
+        http::HeaderValue::from_static("application/json"),
+    );
+    Ok(res)
+}
+
+/// The address `/status` is served on, for log lines.
+pub fn url(addr: SocketAddr) -> String {
+    format!("http://{addr}/status")
+}
