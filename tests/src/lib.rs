@@ -1,6 +1,7 @@
 //! Support for door's privileged integration suites (`tests/tests/`): packet builders for
 //! BPF_PROG_TEST_RUN, network namespaces for end-to-end runs, and the privilege gate.
 
+pub mod netns;
 pub mod packets;
 
 /// Whether this process may run the privileged suites (root, hence CAP_BPF and CAP_NET_ADMIN).

@@ -1,0 +1,239 @@
+//! Network namespaces for end-to-end runs: a client namespace and a door namespace joined by a
+//! veth pair, with addresses from the documentation ranges (RFC 5737, RFC 3849). Everything is
+//! removed on drop, also when the test fails; names are unique per process and per topology.
+
+use std::{
+    io::{BufRead, BufReader},
+    path::{Path, PathBuf},
+    process::{Child, Command, Output, Stdio},
+    sync::{
+        atomic::{AtomicU32, Ordering},
+        mpsc,
+    },
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context as _, bail};
+
+static NEXT: AtomicU32 = AtomicU32::new(0);
+
+/// The door side's address on the veth.
+pub const DOOR_ADDR: &str = "192.0.2.1";
+/// The first client's address.
+pub const CLIENT_ADDR: &str = "192.0.2.2";
+/// A second client address on the same link (another /32).
+pub const CLIENT2_ADDR: &str = "192.0.2.3";
+/// The door side's IPv6 address.
+pub const DOOR_ADDR6: &str = "2001:db8:d00::1";
+/// The client's IPv6 address.
+pub const CLIENT_ADDR6: &str = "2001:db8:c1::2";
+
+/// Runs `ip` with `args`, failing with its stderr.
+///
+/// # Errors
+/// When `ip` cannot be run or exits non-zero.
+pub fn ip(args: &[&str]) -> anyhow::Result<()> {
+    let out = Command::new("ip").args(args).output().context("running ip (iproute2)")?;
+    if !out.status.success() {
+        bail!("ip {}: {}", args.join(" "), String::from_utf8_lossy(&out.stderr).trim());
+    }
+    Ok(())
+}
+
+/// A client namespace and a door namespace joined by a veth pair.
+#[derive(Debug)]
+pub struct Topology {
+    /// The client's namespace.
+    pub client_ns: String,
+    /// door's namespace.
+    pub door_ns: String,
+    /// The veth end inside door's namespace (where XDP attaches).
+    pub door_if: String,
+    children: Vec<Child>,
+}
+
+impl Topology {
+    /// Creates both namespaces, the veth pair, addresses (IPv4 /24 and IPv6 with routes), and
+    /// brings every link (and each namespace's loopback) up.
+    ///
+    /// # Errors
+    /// When any `ip` command fails (not root, no veth support).
+    pub fn new() -> anyhow::Result<Self> {
+        let id = format!("{}x{}", std::process::id(), NEXT.fetch_add(1, Ordering::Relaxed));
+        let topo = Self {
+            client_ns: format!("doorc{id}"),
+            door_ns: format!("doord{id}"),
+            door_if: "veth-door".to_owned(),
+            children: Vec::new(),
+        };
+        // From here on, Drop removes whatever was created.
+        ip(&["netns", "add", &topo.client_ns])?;
+        ip(&["netns", "add", &topo.door_ns])?;
+        ip(&[
+            "link", "add", "veth-door", "netns", &topo.door_ns, "type", "veth", "peer", "name", "veth-client",
+            "netns", &topo.client_ns,
+        ])?;
+        let (c, d) = (topo.client_ns.as_str(), topo.door_ns.as_str());
+        for (ns, cmd) in [
+            (d, vec!["addr", "add", "192.0.2.1/24", "dev", "veth-door"]),
+            (d, vec!["-6", "addr", "add", "2001:db8:d00::1/64", "dev", "veth-door", "nodad"]),
+            (d, vec!["link", "set", "veth-door", "up"]),
+            (d, vec!["link", "set", "lo", "up"]),
+            (d, vec!["-6", "route", "add", "2001:db8:c1::/64", "dev", "veth-door"]),
+            (c, vec!["addr", "add", "192.0.2.2/24", "dev", "veth-client"]),
+            (c, vec!["addr", "add", "192.0.2.3/24", "dev", "veth-client"]),
+            (c, vec!["-6", "addr", "add", "2001:db8:c1::2/64", "dev", "veth-client", "nodad"]),
+            (c, vec!["link", "set", "veth-client", "up"]),
+            (c, vec!["link", "set", "lo", "up"]),
+            (c, vec!["-6", "route", "add", "2001:db8:d00::/64", "dev", "veth-client"]),
+        ] {
+            let mut args = vec!["-n", ns];
+            args.extend(cmd);
+            ip(&args)?;
+        }
+        Ok(topo)
+    }
+
+    /// A command that runs `program` inside `ns`.
+    pub fn command(ns: &str, program: impl AsRef<Path>) -> Command {
+        let mut cmd = Command::new("ip");
+        cmd.args(["netns", "exec", ns]).arg(program.as_ref());
+        cmd
+    }
+
+    /// Runs `program args` in `ns` to completion, with a 30 s bound.
+    ///
+    /// # Errors
+    /// When it cannot be started or runs longer than 30 s.
+    pub fn run(ns: &str, program: &str, args: &[&str]) -> anyhow::Result<Output> {
+        let child = Self::command(ns, program)
+            .args(args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .with_context(|| format!("running {program} in {ns}"))?;
+        wait_bounded(child, Duration::from_secs(30)).with_context(|| format!("{program} {}", args.join(" ")))
+    }
+
+    /// Starts `program args` in `ns`, kept until the topology drops, and waits (at most
+    /// `deadline`) for a line of its stdout or stderr containing `ready`.
+    ///
+    /// # Errors
+    /// When it cannot start, exits, or does not print `ready` in time (its output is included).
+    pub fn spawn_until(&mut self, ns: &str, program: &Path, args: &[&str], ready: &str, deadline: Duration) -> anyhow::Result<()> {
+        let mut child = Self::command(ns, program)
+            .args(args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .with_context(|| format!("starting {}", program.display()))?;
+        let (tx, rx) = mpsc::channel::<String>();
+        for stream in [
+            child.stdout.take().map(|s| Box::new(s) as Box<dyn std::io::Read + Send>),
+            child.stderr.take().map(|s| Box::new(s) as Box<dyn std::io::Read + Send>),
+        ]
+        .into_iter()
+        .flatten()
+        {
+            let tx = tx.clone();
+            std::thread::spawn(move || {
+                for line in BufReader::new(stream).lines().map_while(Result::ok) {
+                    eprintln!("    | {line}");
+                    if tx.send(line).is_err() {
+                        // Nobody listens any more; keep draining so the child never blocks.
+                    }
+                }
+            });
+        }
+        self.children.push(child);
+        let start = Instant::now();
+        let mut seen = Vec::new();
+        while let Some(left) = deadline.checked_sub(start.elapsed()) {
+            match rx.recv_timeout(left) {
+                Ok(line) if line.contains(ready) => return Ok(()),
+                Ok(line) => seen.push(line),
+                Err(mpsc::RecvTimeoutError::Timeout) => break,
+                Err(mpsc::RecvTimeoutError::Disconnected) => bail!(
+                    "{} exited before printing {ready:?}:\n{}",
+                    program.display(),
+                    seen.join("\n")
+                ),
+            }
+        }
+        bail!("{} did not print {ready:?} within {deadline:?}:\n{}", program.display(), seen.join("\n"))
+    }
+
+    /// Sends SIGTERM to every started process and waits (bounded) for them.
+    pub fn stop_all(&mut self) {
+        for child in &mut self.children {
+            if let Ok(pid) = i32::try_from(child.id()) {
+                // SAFETY: kill with a pid we spawned and still own (not yet waited for).
+                #[expect(unsafe_code, reason = "kill(2) via libc")]
+                unsafe {
+                    libc::kill(pid, libc::SIGTERM);
+                }
+            }
+        }
+        let start = Instant::now();
+        for child in &mut self.children {
+            while start.elapsed() < Duration::from_secs(15) {
+                if let Ok(Some(_)) = child.try_wait() {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        self.children.clear();
+    }
+}
+
+impl Drop for Topology {
+    fn drop(&mut self) {
+        self.stop_all();
+        // Deleting a namespace deletes the veth end inside it, and so the pair.
+        let _ = ip(&["netns", "del", &self.client_ns]);
+        let _ = ip(&["netns", "del", &self.door_ns]);
+    }
+}
+
+/// Waits for `child` at most `limit`, killing it after that.
+///
+/// # Errors
+/// When it had to be killed, or waiting failed.
+pub fn wait_bounded(mut child: Child, limit: Duration) -> anyhow::Result<Output> {
+    let start = Instant::now();
+    loop {
+        if child.try_wait()?.is_some() {
+            return Ok(child.wait_with_output()?);
+        }
+        if start.elapsed() > limit {
+            let _ = child.kill();
+            let _ = child.wait();
+            bail!("timed out after {limit:?}");
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// The `door` binary of this build: `$DOOR_BIN`, or `door` next to the test executable's
+/// `deps/` directory (`target/<profile>/door`, built by `cargo test --workspace`).
+///
+/// # Errors
+/// When neither exists.
+pub fn door_bin() -> anyhow::Result<PathBuf> {
+    if let Some(p) = std::env::var_os("DOOR_BIN") {
+        return Ok(PathBuf::from(p));
+    }
+    let exe = std::env::current_exe()?;
+    let candidate = exe
+        .parent()
+        .and_then(Path::parent)
+        .map(|dir| dir.join("door"))
+        .context("locating target/<profile>")?;
+    if !candidate.exists() {
+        bail!("{} not found: build it (cargo build -p door-daemon) or set DOOR_BIN", candidate.display());
+    }
+    Ok(candidate)
+}
