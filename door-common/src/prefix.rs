@@ -41,16 +41,31 @@ impl PrefixKey {
     /// IPv4 /32 for NAT64 (64:ff9b::/96) and IPv4-mapped (::ffff:0:0/96) addresses, otherwise
     /// the /64 prefix.
     pub const fn from_ipv6(octets: [u8; 16]) -> Self {
-        if starts_with_12(&octets, &NAT64_PREFIX) || starts_with_12(&octets, &MAPPED_PREFIX) {
-            return Self::from_ipv4([octets[12], octets[13], octets[14], octets[15]]);
+        let [
+            a0,
+            a1,
+            a2,
+            a3,
+            a4,
+            a5,
+            a6,
+            a7,
+            a8,
+            a9,
+            a10,
+            a11,
+            a12,
+            a13,
+            a14,
+            a15,
+        ] = octets;
+        let head = [a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11];
+        if eq_12(&head, &NAT64_PREFIX) || eq_12(&head, &MAPPED_PREFIX) {
+            return Self::from_ipv4([a12, a13, a14, a15]);
         }
-        let mut addr = [0u8; 16];
-        let mut i = 0;
-        while i < 8 {
-            addr[i] = octets[i];
-            i += 1;
+        Self {
+            addr: [a0, a1, a2, a3, a4, a5, a6, a7, 0, 0, 0, 0, 0, 0, 0, 0],
         }
-        Self { addr }
     }
 
     /// The key of an address (see [`PrefixKey::from_ipv4`] and [`PrefixKey::from_ipv6`]).
@@ -63,13 +78,29 @@ impl PrefixKey {
 
     /// The embedded IPv4 address when this is an IPv4 /32 key.
     pub const fn ipv4(&self) -> Option<Ipv4Addr> {
-        if starts_with_12(&self.addr, &MAPPED_PREFIX) {
-            Some(Ipv4Addr::new(
-                self.addr[12],
-                self.addr[13],
-                self.addr[14],
-                self.addr[15],
-            ))
+        let [
+            a0,
+            a1,
+            a2,
+            a3,
+            a4,
+            a5,
+            a6,
+            a7,
+            a8,
+            a9,
+            a10,
+            a11,
+            a12,
+            a13,
+            a14,
+            a15,
+        ] = self.addr;
+        if eq_12(
+            &[a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11],
+            &MAPPED_PREFIX,
+        ) {
+            Some(Ipv4Addr::new(a12, a13, a14, a15))
         } else {
             None
         }
@@ -90,15 +121,13 @@ impl PrefixKey {
     }
 }
 
-const fn starts_with_12(octets: &[u8; 16], prefix: &[u8; 12]) -> bool {
-    let mut i = 0;
-    while i < 12 {
-        if octets[i] != prefix[i] {
-            return false;
-        }
-        i += 1;
-    }
-    true
+const fn eq_12(a: &[u8; 12], b: &[u8; 12]) -> bool {
+    u128::from_be_bytes(pad_12(a)) == u128::from_be_bytes(pad_12(b))
+}
+
+const fn pad_12(a: &[u8; 12]) -> [u8; 16] {
+    let [a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11] = *a;
+    [a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11, 0, 0, 0, 0]
 }
 
 impl core::fmt::Display for PrefixKey {
@@ -116,6 +145,9 @@ impl core::fmt::Debug for PrefixKey {
 
 #[cfg(test)]
 mod tests {
+    extern crate std;
+    use std::string::ToString as _;
+
     use super::*;
 
     fn key(s: &str) -> PrefixKey {

@@ -484,9 +484,10 @@ fn build_groups(
     let mut groups = default_groups();
     for (name, g) in files {
         let key = |k: &str| format!("group.{name}.{k}");
-        let mut cfg = match groups.get(&name) {
-            Some(existing) => existing.clone(),
-            None => {
+        let mut cfg = if let Some(existing) = groups.get(&name) {
+            existing.clone()
+        } else {
+            {
                 let (Some(rate), Some(_)) = (g.rate, g.burst) else {
                     return Err(invalid(
                         format!("group.{name}"),

@@ -125,6 +125,7 @@ impl GroupLimiter {
         #[expect(
             clippy::cast_possible_truncation,
             clippy::cast_sign_loss,
+            clippy::cast_precision_loss,
             reason = "rate is validated positive; the interval fits u64 for any rate above 1e-10/s"
         )]
         let interval_ns = (NANOS_PER_SEC as f64 / budget.rate).ceil() as u64;

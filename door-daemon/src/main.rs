@@ -81,7 +81,7 @@ fn main() -> ExitCode {
         )
         .with_writer(std::io::stderr)
         .init();
-    match run(cli) {
+    match run(&cli) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("door: {e:#}");
@@ -90,7 +90,7 @@ fn main() -> ExitCode {
     }
 }
 
-fn run(cli: Cli) -> anyhow::Result<()> {
+fn run(cli: &Cli) -> anyhow::Result<()> {
     let config = Config::load(cli.settings.config.as_deref(), &cli.settings.overrides())
         .context("invalid configuration")?;
     match cli.command {

@@ -160,9 +160,9 @@ impl App {
             }
             Err(e) => {
                 tracing::warn!(error = %e, refused = e.is_connect(), "upstream request failed");
-                if let Some((group, permit)) = limited {
+                // The permit (if any) is dropped here unsettled: its slot is freed.
+                if let Some((group, _permit)) = limited {
                     self.outcomes.record(group, "server_error");
-                    drop(permit);
                 }
                 json_response(
                     StatusCode::BAD_GATEWAY,

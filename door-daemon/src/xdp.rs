@@ -168,10 +168,10 @@ impl Shield {
             match program_mut(&mut self.ebpf).map(|p| p.detach(link)) {
                 Ok(Ok(())) => tracing::info!(%interface, %mode, "XDP program detached"),
                 Ok(Err(e)) => {
-                    tracing::warn!(%interface, error = %e, "detaching the XDP program failed")
+                    tracing::warn!(%interface, error = %e, "detaching the XDP program failed");
                 }
                 Err(e) => {
-                    tracing::warn!(%interface, error = %e, "detaching the XDP program failed")
+                    tracing::warn!(%interface, error = %e, "detaching the XDP program failed");
                 }
             }
         }

@@ -79,7 +79,7 @@ impl<T> MapValue<T> {
     /// inside `T`.
     #[inline(always)]
     fn field(&self, offset: usize) -> Option<*mut u64> {
-        if offset % align_of::<u64>() != 0 || offset + size_of::<u64>() > size_of::<T>() {
+        if !offset.is_multiple_of(align_of::<u64>()) || offset + size_of::<u64>() > size_of::<T>() {
             return None;
         }
         Some(self.ptr.as_ptr().wrapping_byte_add(offset).cast::<u64>())

@@ -8,6 +8,13 @@ pub mod packets;
 ///
 /// When it may not, the suites fail loudly rather than pass vacuously, unless the caller sets
 /// `DOOR_SKIP_PRIVILEGED=1`, in which case they print that they were skipped.
+///
+/// # Panics
+/// When not root and `DOOR_SKIP_PRIVILEGED` is not `1`.
+#[expect(
+    clippy::panic,
+    reason = "test support: a missing privilege fails the suite loudly"
+)]
 pub fn privileged_or_skip(suite: &str) -> bool {
     // SAFETY: geteuid has no preconditions and cannot fail.
     #[expect(unsafe_code, reason = "geteuid is a libc call")]
@@ -19,7 +26,7 @@ pub fn privileged_or_skip(suite: &str) -> bool {
         eprintln!("SKIPPED {suite}: needs root (DOOR_SKIP_PRIVILEGED=1)");
         return false;
     }
-    std::panic::panic_any(format!(
+    panic!(
         "{suite} needs root (CAP_BPF, CAP_NET_ADMIN); run `cargo xtask test` as root, or set DOOR_SKIP_PRIVILEGED=1 to skip it"
-    ));
+    );
 }

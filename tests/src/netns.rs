@@ -33,9 +33,16 @@ pub const CLIENT_ADDR6: &str = "2001:db8:c1::2";
 /// # Errors
 /// When `ip` cannot be run or exits non-zero.
 pub fn ip(args: &[&str]) -> anyhow::Result<()> {
-    let out = Command::new("ip").args(args).output().context("running ip (iproute2)")?;
+    let out = Command::new("ip")
+        .args(args)
+        .output()
+        .context("running ip (iproute2)")?;
     if !out.status.success() {
-        bail!("ip {}: {}", args.join(" "), String::from_utf8_lossy(&out.stderr).trim());
+        bail!(
+            "ip {}: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
     }
     Ok(())
 }
@@ -59,7 +66,11 @@ impl Topology {
     /// # Errors
     /// When any `ip` command fails (not root, no veth support).
     pub fn new() -> anyhow::Result<Self> {
-        let id = format!("{}x{}", std::process::id(), NEXT.fetch_add(1, Ordering::Relaxed));
+        let id = format!(
+            "{}x{}",
+            std::process::id(),
+            NEXT.fetch_add(1, Ordering::Relaxed)
+        );
         let topo = Self {
             client_ns: format!("doorc{id}"),
             door_ns: format!("doord{id}"),
@@ -70,22 +81,67 @@ impl Topology {
         ip(&["netns", "add", &topo.client_ns])?;
         ip(&["netns", "add", &topo.door_ns])?;
         ip(&[
-            "link", "add", "veth-door", "netns", &topo.door_ns, "type", "veth", "peer", "name", "veth-client",
-            "netns", &topo.client_ns,
+            "link",
+            "add",
+            "veth-door",
+            "netns",
+            &topo.door_ns,
+            "type",
+            "veth",
+            "peer",
+            "name",
+            "veth-client",
+            "netns",
+            &topo.client_ns,
         ])?;
         let (c, d) = (topo.client_ns.as_str(), topo.door_ns.as_str());
         for (ns, cmd) in [
             (d, vec!["addr", "add", "192.0.2.1/24", "dev", "veth-door"]),
-            (d, vec!["-6", "addr", "add", "2001:db8:d00::1/64", "dev", "veth-door", "nodad"]),
+            (
+                d,
+                vec![
+                    "-6",
+                    "addr",
+                    "add",
+                    "2001:db8:d00::1/64",
+                    "dev",
+                    "veth-door",
+                    "nodad",
+                ],
+            ),
             (d, vec!["link", "set", "veth-door", "up"]),
             (d, vec!["link", "set", "lo", "up"]),
-            (d, vec!["-6", "route", "add", "2001:db8:c1::/64", "dev", "veth-door"]),
+            (
+                d,
+                vec!["-6", "route", "add", "2001:db8:c1::/64", "dev", "veth-door"],
+            ),
             (c, vec!["addr", "add", "192.0.2.2/24", "dev", "veth-client"]),
             (c, vec!["addr", "add", "192.0.2.3/24", "dev", "veth-client"]),
-            (c, vec!["-6", "addr", "add", "2001:db8:c1::2/64", "dev", "veth-client", "nodad"]),
+            (
+                c,
+                vec![
+                    "-6",
+                    "addr",
+                    "add",
+                    "2001:db8:c1::2/64",
+                    "dev",
+                    "veth-client",
+                    "nodad",
+                ],
+            ),
             (c, vec!["link", "set", "veth-client", "up"]),
             (c, vec!["link", "set", "lo", "up"]),
-            (c, vec!["-6", "route", "add", "2001:db8:d00::/64", "dev", "veth-client"]),
+            (
+                c,
+                vec![
+                    "-6",
+                    "route",
+                    "add",
+                    "2001:db8:d00::/64",
+                    "dev",
+                    "veth-client",
+                ],
+            ),
         ] {
             let mut args = vec!["-n", ns];
             args.extend(cmd);
@@ -112,7 +168,8 @@ impl Topology {
             .stderr(Stdio::piped())
             .spawn()
             .with_context(|| format!("running {program} in {ns}"))?;
-        wait_bounded(child, Duration::from_secs(30)).with_context(|| format!("{program} {}", args.join(" ")))
+        wait_bounded(child, Duration::from_secs(30))
+            .with_context(|| format!("{program} {}", args.join(" ")))
     }
 
     /// Starts `program args` in `ns`, kept until the topology drops, and waits (at most
@@ -120,7 +177,14 @@ impl Topology {
     ///
     /// # Errors
     /// When it cannot start, exits, or does not print `ready` in time (its output is included).
-    pub fn spawn_until(&mut self, ns: &str, program: &Path, args: &[&str], ready: &str, deadline: Duration) -> anyhow::Result<()> {
+    pub fn spawn_until(
+        &mut self,
+        ns: &str,
+        program: &Path,
+        args: &[&str],
+        ready: &str,
+        deadline: Duration,
+    ) -> anyhow::Result<()> {
         let mut child = Self::command(ns, program)
             .args(args)
             .stdout(Stdio::piped())
@@ -129,8 +193,14 @@ impl Topology {
             .with_context(|| format!("starting {}", program.display()))?;
         let (tx, rx) = mpsc::channel::<String>();
         for stream in [
-            child.stdout.take().map(|s| Box::new(s) as Box<dyn std::io::Read + Send>),
-            child.stderr.take().map(|s| Box::new(s) as Box<dyn std::io::Read + Send>),
+            child
+                .stdout
+                .take()
+                .map(|s| Box::new(s) as Box<dyn std::io::Read + Send>),
+            child
+                .stderr
+                .take()
+                .map(|s| Box::new(s) as Box<dyn std::io::Read + Send>),
         ]
         .into_iter()
         .flatten()
@@ -160,7 +230,11 @@ impl Topology {
                 ),
             }
         }
-        bail!("{} did not print {ready:?} within {deadline:?}:\n{}", program.display(), seen.join("\n"))
+        bail!(
+            "{} did not print {ready:?} within {deadline:?}:\n{}",
+            program.display(),
+            seen.join("\n")
+        )
     }
 
     /// Sends SIGTERM to every started process and waits (bounded) for them.
@@ -233,7 +307,10 @@ pub fn door_bin() -> anyhow::Result<PathBuf> {
         .map(|dir| dir.join("door"))
         .context("locating target/<profile>")?;
     if !candidate.exists() {
-        bail!("{} not found: build it (cargo build -p door-daemon) or set DOOR_BIN", candidate.display());
+        bail!(
+            "{} not found: build it (cargo build -p door-daemon) or set DOOR_BIN",
+            candidate.display()
+        );
     }
     Ok(candidate)
 }

@@ -1,5 +1,10 @@
 //! BPF_PROG_TEST_RUN suite: door's XDP program, loaded into this kernel, run on packets built
 //! with etherparse. Needs root (CAP_BPF); run with `--test-threads=1` (`cargo xtask test` does).
+#![expect(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "test helpers: a failed step fails the test"
+)]
 
 use door_common::{Counter, PrefixKey};
 use door_daemon::xdp::Shield;

@@ -2,6 +2,11 @@
 //! veth pair (192.0.2.0/24, 2001:db8::/32), XDP attached to door's end in driver mode, door and
 //! the demo upstream in door's namespace, curl in the client's. Namespaces are removed on drop,
 //! also when an assertion fails.
+#![expect(
+    clippy::unwrap_used,
+    clippy::indexing_slicing,
+    reason = "test helpers: a failed step fails the test"
+)]
 
 use std::time::Duration;
 
@@ -49,7 +54,16 @@ ports = [8443]
 
 /// One request on a fresh connection from `ns`, bound to `source`: (status, headers+body).
 fn curl(ns: &str, source: &str, args: &[&str]) -> (u16, String) {
-    let mut all = vec!["-s", "-i", "--max-time", "10", "--interface", source, "-w", "\n%{http_code}"];
+    let mut all = vec![
+        "-s",
+        "-i",
+        "--max-time",
+        "10",
+        "--interface",
+        source,
+        "-w",
+        "\n%{http_code}",
+    ];
     all.extend_from_slice(args);
     let out = Topology::run(ns, "curl", &all).unwrap();
     let text = String::from_utf8_lossy(&out.stdout).into_owned();
@@ -58,7 +72,12 @@ fn curl(ns: &str, source: &str, args: &[&str]) -> (u16, String) {
 }
 
 fn status(topo: &Topology) -> Value {
-    let out = Topology::run(&topo.door_ns, "curl", &["-s", "--max-time", "10", "http://127.0.0.1:9901/status"]).unwrap();
+    let out = Topology::run(
+        &topo.door_ns,
+        "curl",
+        &["-s", "--max-time", "10", "http://127.0.0.1:9901/status"],
+    )
+    .unwrap();
     serde_json::from_slice(&out.stdout).unwrap()
 }
 
@@ -80,8 +99,14 @@ fn link_burst_then_429_per_client_with_xdp_counting_syns() {
     let mut topo = Topology::new().unwrap();
     let upstream = std::path::PathBuf::from(env!("CARGO_BIN_EXE_demo-upstream"));
     let deadline = Duration::from_secs(30);
-    topo.spawn_until(&topo.door_ns.clone(), &upstream, &["--listen", "127.0.0.1:3000"], "listening", deadline)
-        .unwrap();
+    topo.spawn_until(
+        &topo.door_ns.clone(),
+        &upstream,
+        &["--listen", "127.0.0.1:3000"],
+        "listening",
+        deadline,
+    )
+    .unwrap();
     let cfg = config(&topo, &dir);
     topo.spawn_until(
         &topo.door_ns.clone(),
@@ -120,16 +145,32 @@ fn link_burst_then_429_per_client_with_xdp_counting_syns() {
 
     // A webhook POST from the limited client passes: groups are independent.
     let hook = format!("http://{DOOR_ADDR}:8443/webhooks/github");
-    let (code, body) = curl(&client, CLIENT_ADDR, &["-X", "POST", "--data", "{\"zen\":\"hi\"}", &hook]);
+    let (code, body) = curl(
+        &client,
+        CLIENT_ADDR,
+        &["-X", "POST", "--data", "{\"zen\":\"hi\"}", &hook],
+    );
     assert_eq!(code, 200, "{body}");
 
     // Every curl above opened one connection: one SYN each, counted at XDP per /32.
     let st = status(&topo);
     let client1_connections = (LINK_BURST + 1 + 1) as u64;
-    assert_eq!(syns_of(&st, &format!("{CLIENT_ADDR}/32")), Some(client1_connections), "{st:#}");
-    assert_eq!(syns_of(&st, &format!("{CLIENT2_ADDR}/32")), Some(1), "{st:#}");
-    assert!(st["xdp"]["counters"]["pass/syn"].as_u64().unwrap() >= client1_connections + 1);
-    assert_eq!(st["requests"]["link"]["ok"], (LINK_BURST + 1) as u64, "{st:#}");
+    assert_eq!(
+        syns_of(&st, &format!("{CLIENT_ADDR}/32")),
+        Some(client1_connections),
+        "{st:#}"
+    );
+    assert_eq!(
+        syns_of(&st, &format!("{CLIENT2_ADDR}/32")),
+        Some(1),
+        "{st:#}"
+    );
+    assert!(st["xdp"]["counters"]["pass/syn"].as_u64().unwrap() > client1_connections);
+    assert_eq!(
+        st["requests"]["link"]["ok"],
+        (LINK_BURST + 1) as u64,
+        "{st:#}"
+    );
     assert_eq!(st["requests"]["link"]["rate_limited"], 1, "{st:#}");
 
     drop(topo);
@@ -146,11 +187,23 @@ fn ipv6_client_is_keyed_and_counted_on_its_slash_64() {
     let mut topo = Topology::new().unwrap();
     let upstream = std::path::PathBuf::from(env!("CARGO_BIN_EXE_demo-upstream"));
     let deadline = Duration::from_secs(30);
-    topo.spawn_until(&topo.door_ns.clone(), &upstream, &["--listen", "127.0.0.1:3000"], "listening", deadline)
-        .unwrap();
+    topo.spawn_until(
+        &topo.door_ns.clone(),
+        &upstream,
+        &["--listen", "127.0.0.1:3000"],
+        "listening",
+        deadline,
+    )
+    .unwrap();
     let cfg = config(&topo, &dir);
-    topo.spawn_until(&topo.door_ns.clone(), &door_bin().unwrap(), &["--config", cfg.to_str().unwrap()], "admin status", deadline)
-        .unwrap();
+    topo.spawn_until(
+        &topo.door_ns.clone(),
+        &door_bin().unwrap(),
+        &["--config", cfg.to_str().unwrap()],
+        "admin status",
+        deadline,
+    )
+    .unwrap();
     let client = topo.client_ns.clone();
     let url = "http://[2001:db8:d00::1]:8443/l/session/six";
     for _ in 0..LINK_BURST {
@@ -159,7 +212,11 @@ fn ipv6_client_is_keyed_and_counted_on_its_slash_64() {
     let (code, body) = curl(&client, "2001:db8:c1::2", &["-g", url]);
     assert_eq!(code, 429, "{body}");
     let st = status(&topo);
-    assert_eq!(syns_of(&st, "2001:db8:c1::/64"), Some((LINK_BURST + 1) as u64), "{st:#}");
+    assert_eq!(
+        syns_of(&st, "2001:db8:c1::/64"),
+        Some((LINK_BURST + 1) as u64),
+        "{st:#}"
+    );
     drop(topo);
     let _ = std::fs::remove_dir_all(&dir);
 }

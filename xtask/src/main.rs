@@ -1,3 +1,136 @@
-//! `cargo xtask`: door's task runner.
+//! `cargo xtask`: door's task runner. Orchestration only: it installs what a fresh machine lacks,
+//! builds, runs the demo and runs every test suite. The eBPF object itself is built by
+//! `door-daemon/build.rs`.
+//!
+//! - `cargo xtask setup`: nightly `rust-src`, `bpf-linker` 0.10.0, and the Debian packages the
+//!   tests use (idempotent: only what is missing is installed).
+//! - `cargo xtask run [-- ARGS]`: builds, starts the demo upstream and `door --config
+//!   examples/door.toml ARGS`.
+//! - `cargo xtask test`: format and lint checks, unit and property tests, then the privileged
+//!   suites (BPF_PROG_TEST_RUN, netns/veth) one test at a time; ends with `N passed, N failed`.
 
-fn main() {}
+mod setup;
+mod test;
+
+use std::{
+    path::{Path, PathBuf},
+    process::{Command, Stdio},
+};
+
+use anyhow::{Context as _, bail};
+use clap::{Parser, Subcommand};
+
+/// door's task runner.
+#[derive(Debug, Parser)]
+#[command(name = "cargo xtask")]
+struct Cli {
+    #[command(subcommand)]
+    command: Task,
+}
+
+#[derive(Debug, Subcommand)]
+enum Task {
+    /// Install what a fresh machine lacks (nightly rust-src, bpf-linker, Debian packages).
+    Setup,
+    /// Build door and run it in front of the demo upstream (examples/door.toml).
+    Run {
+        /// Arguments passed to door (after `--`).
+        #[arg(last = true)]
+        args: Vec<String>,
+    },
+    /// Run every test: lints, unit and property tests, and the privileged suites.
+    Test,
+}
+
+fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    let root = workspace_root()?;
+    std::env::set_current_dir(&root).with_context(|| format!("entering {}", root.display()))?;
+    match cli.command {
+        Task::Setup => setup::all(),
+        Task::Run { args } => run(&args),
+        Task::Test => test::all(),
+    }
+}
+
+fn workspace_root() -> anyhow::Result<PathBuf> {
+    let manifest = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    manifest
+        .parent()
+        .map(Path::to_path_buf)
+        .context("xtask lives one level below the workspace root")
+}
+
+/// Prints a step banner.
+fn step(what: &str) {
+    eprintln!("\n==> {what}");
+}
+
+/// Runs `cmd` with inherited stdio, failing when it exits non-zero.
+fn sh(cmd: &mut Command) -> anyhow::Result<()> {
+    eprintln!("    $ {}", display(cmd));
+    let status = cmd
+        .status()
+        .with_context(|| format!("starting {}", display(cmd)))?;
+    if !status.success() {
+        bail!("{} failed ({status})", display(cmd));
+    }
+    Ok(())
+}
+
+fn display(cmd: &Command) -> String {
+    let mut s = cmd.get_program().to_string_lossy().into_owned();
+    for a in cmd.get_args() {
+        s.push(' ');
+        s.push_str(&a.to_string_lossy());
+    }
+    s
+}
+
+fn cargo() -> Command {
+    Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()))
+}
+
+fn run(args: &[String]) -> anyhow::Result<()> {
+    setup::toolchain()?;
+    step("building door and the demo upstream");
+    sh(cargo().args([
+        "build",
+        "--package",
+        "door-daemon",
+        "--package",
+        "door-tests",
+        "--bin",
+        "door",
+        "--bin",
+        "demo-upstream",
+    ]))?;
+    let bin = PathBuf::from("target/debug");
+    step("starting the demo upstream on 127.0.0.1:3000");
+    let mut upstream = Command::new(bin.join("demo-upstream"))
+        .args(["--listen", "127.0.0.1:3000"])
+        .stdin(Stdio::null())
+        .spawn()
+        .context("starting the demo upstream")?;
+    step("starting door --config examples/door.toml");
+    eprintln!(
+        "    door serves http://127.0.0.1:8443 (and [::1]:8443); try:\n\
+         \x20     curl -i http://127.0.0.1:8443/l/session/demo      # link: 20 x 200, then 429\n\
+         \x20     curl -i -X POST -d '{{}}' http://127.0.0.1:8443/webhooks/github\n\
+         \x20     curl -s http://127.0.0.1:9901/status               # groups, outcomes, XDP counters\n\
+         \x20   XDP attaches to lo when run as root (CAP_BPF, CAP_NET_ADMIN); otherwise door says so\n\
+         \x20   and serves with layer-7 limits only. Ctrl-C stops both."
+    );
+    let status = Command::new(bin.join("door"))
+        .args(["--config", "examples/door.toml"])
+        .args(args)
+        .status()
+        .context("starting door");
+    let _ = upstream.kill();
+    let _ = upstream.wait();
+    let status = status?;
+    if !status.success() {
+        bail!("door exited with {status}");
+    }
+    Ok(())
+}

@@ -95,8 +95,7 @@ async fn handle(req: Request<Incoming>) -> Result<Response<Full<Bytes>>, Infalli
             .into_body()
             .collect()
             .await
-            .map(|b| b.to_bytes().len())
-            .unwrap_or(0);
+            .map_or(0, |b| b.to_bytes().len());
         (
             "application/json",
             json!({ "received_bytes": n }).to_string(),

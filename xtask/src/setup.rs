@@ -1,0 +1,101 @@
+//! Installs what a fresh machine of this kind lacks, idempotently (../shared/TOOLCHAIN.md).
+
+use std::process::Command;
+
+use anyhow::{Context as _, bail};
+
+use crate::{cargo, sh, step};
+
+/// The bpf-linker release that uses the nightly toolchain's own LLVM (newer ones want a system
+/// LLVM this machine does not have).
+const BPF_LINKER_VERSION: &str = "0.10.0";
+
+/// Debian packages the test suites and the demo use: `ip` (netns, veth), curl (the e2e client).
+pub(crate) const DEBIAN_PACKAGES: &[&str] = &["iproute2", "curl"];
+
+/// Everything: toolchain pieces, then Debian packages.
+pub(crate) fn all() -> anyhow::Result<()> {
+    toolchain()?;
+    debian_packages(DEBIAN_PACKAGES)
+}
+
+/// The nightly toolchain's `rust-src` and `bpf-linker`, needed to build the XDP program.
+pub(crate) fn toolchain() -> anyhow::Result<()> {
+    step("checking the eBPF toolchain (nightly rust-src, bpf-linker)");
+    let installed = output(Command::new("rustup").args([
+        "component",
+        "list",
+        "--toolchain",
+        "nightly",
+        "--installed",
+    ]))
+    .context("rustup is needed to build the XDP program with the nightly toolchain")?;
+    if installed.lines().any(|l| l.starts_with("rust-src")) {
+        eprintln!("    nightly rust-src: present");
+    } else {
+        eprintln!("    nightly rust-src: installing (a few seconds)");
+        sh(Command::new("rustup").args([
+            "component",
+            "add",
+            "rust-src",
+            "--toolchain",
+            "nightly",
+        ]))?;
+    }
+    let version = output(Command::new("bpf-linker").arg("--version")).unwrap_or_default();
+    if version.contains(BPF_LINKER_VERSION) {
+        eprintln!("    bpf-linker {BPF_LINKER_VERSION}: present");
+    } else {
+        eprintln!(
+            "    bpf-linker {BPF_LINKER_VERSION}: installing with cargo install (about 5 minutes, once per machine; cargo shows its progress)"
+        );
+        sh(cargo().args([
+            "install",
+            &format!("bpf-linker@{BPF_LINKER_VERSION}"),
+            "--locked",
+        ]))?;
+    }
+    Ok(())
+}
+
+/// Installs the missing ones of `packages` with apt-get (root only; otherwise says what to run).
+pub(crate) fn debian_packages(packages: &[&str]) -> anyhow::Result<()> {
+    step("checking Debian packages");
+    let missing: Vec<&str> = packages
+        .iter()
+        .copied()
+        .filter(|p| {
+            !output(Command::new("dpkg-query").args(["-W", "-f=${Status}", p]))
+                .is_ok_and(|s| s.contains("install ok installed"))
+        })
+        .collect();
+    if missing.is_empty() {
+        eprintln!("    present: {}", packages.join(" "));
+        return Ok(());
+    }
+    if !is_root() {
+        bail!(
+            "missing Debian packages: {0}; install them as root: apt-get install -y {0}",
+            missing.join(" ")
+        );
+    }
+    eprintln!("    installing: {}", missing.join(" "));
+    sh(Command::new("apt-get").arg("update").arg("-q"))?;
+    sh(Command::new("apt-get")
+        .args(["install", "-y", "-q", "--no-install-recommends"])
+        .args(&missing)
+        .env("DEBIAN_FRONTEND", "noninteractive"))
+}
+
+/// Whether this process runs as root (`id -u` is 0).
+pub(crate) fn is_root() -> bool {
+    output(Command::new("id").arg("-u")).is_ok_and(|s| s.trim() == "0")
+}
+
+fn output(cmd: &mut Command) -> anyhow::Result<String> {
+    let out = cmd.output()?;
+    if !out.status.success() {
+        bail!("exit status {}", out.status);
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}

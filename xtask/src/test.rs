@@ -1,0 +1,175 @@
+//! `cargo xtask test`: every check and suite, in order, each said before it runs; the run goes on
+//! after a failure so one report shows everything, and ends with the totals.
+
+use std::{
+    io::{BufRead as _, BufReader},
+    process::{Command, Stdio},
+};
+
+use anyhow::{Context as _, bail};
+
+use crate::{cargo, display, setup, step};
+
+/// Totals over every `cargo test` run (from libtest's `test result:` lines) and every check.
+#[derive(Debug, Default)]
+struct Tally {
+    passed: u64,
+    failed: u64,
+    failures: Vec<String>,
+}
+
+impl Tally {
+    /// Runs a check (fmt, clippy): one pass or one failure.
+    fn check(&mut self, name: &str, cmd: &mut Command) {
+        step(name);
+        eprintln!("    $ {}", display(cmd));
+        match cmd.status() {
+            Ok(s) if s.success() => self.passed += 1,
+            Ok(s) => self.fail(format!("{name} ({s})")),
+            Err(e) => self.fail(format!("{name}: {e}")),
+        }
+    }
+
+    /// Runs `cargo test …`, echoing its output and adding up its `test result:` lines.
+    fn suite(&mut self, name: &str, cmd: &mut Command) -> anyhow::Result<()> {
+        step(name);
+        eprintln!("    $ {}", display(cmd));
+        let mut child = cmd
+            .stdout(Stdio::piped())
+            .spawn()
+            .with_context(|| display(cmd))?;
+        let stdout = child.stdout.take().context("piped stdout")?;
+        let mut saw_result = false;
+        for line in BufReader::new(stdout).lines() {
+            let line = line?;
+            println!("{line}");
+            if let Some((passed, failed)) = parse_result(&line) {
+                saw_result = true;
+                self.passed += passed;
+                self.failed += failed;
+            }
+        }
+        let status = child.wait()?;
+        if !status.success() {
+            // A build failure or a crash: count it even if no `test result:` line said so.
+            self.failures.push(format!("{name} ({status})"));
+            if !saw_result {
+                self.failed += 1;
+            }
+        }
+        Ok(())
+    }
+
+    fn fail(&mut self, what: String) {
+        self.failed += 1;
+        self.failures.push(what);
+    }
+}
+
+/// Parses libtest's `test result: ok. 12 passed; 0 failed; …` into (passed, failed).
+fn parse_result(line: &str) -> Option<(u64, u64)> {
+    let rest = line.trim().strip_prefix("test result: ")?;
+    let mut passed = None;
+    let mut failed = None;
+    for part in rest.split([';', '.']) {
+        let mut words = part.split_whitespace();
+        if let (Some(n), Some(what)) = (words.next(), words.next()) {
+            match what {
+                "passed" => passed = n.parse().ok(),
+                "failed" => failed = n.parse().ok(),
+                _ => {}
+            }
+        }
+    }
+    Some((passed?, failed?))
+}
+
+/// Runs everything.
+pub(crate) fn all() -> anyhow::Result<()> {
+    setup::all()?;
+    let mut t = Tally::default();
+    t.check(
+        "formatting (cargo fmt --check)",
+        cargo().args(["fmt", "--all", "--check"]),
+    );
+    t.check(
+        "lints (cargo clippy, warnings are errors)",
+        cargo().args([
+            "clippy",
+            "--workspace",
+            "--all-targets",
+            "--",
+            "-D",
+            "warnings",
+        ]),
+    );
+    t.check(
+        "lints of the XDP program for the bpf target (nightly clippy)",
+        Command::new("rustup")
+            .args([
+                "run",
+                "nightly",
+                "cargo",
+                "clippy",
+                "--package",
+                "door-ebpf",
+                "--release",
+            ])
+            .args([
+                "--target",
+                "bpfel-unknown-none",
+                "-Z",
+                "build-std=core",
+                "--target-dir",
+                "target/ebpf-clippy",
+            ])
+            .args(["--", "-D", "warnings"]),
+    );
+    t.suite(
+        "unit, property and daemon tests",
+        cargo().args(["test", "--workspace", "--exclude", "door-tests"]),
+    )?;
+    let mut privileged = cargo();
+    privileged.args(["test", "--package", "door-tests", "--", "--test-threads=1"]);
+    if setup::is_root() {
+        t.suite(
+            "privileged suites: BPF_PROG_TEST_RUN and netns/veth (root)",
+            &mut privileged,
+        )?;
+    } else {
+        eprintln!("\n==> privileged suites SKIPPED: not root (CI runs them as root)");
+        privileged.env("DOOR_SKIP_PRIVILEGED", "1");
+        t.suite("privileged suites (skipping without root)", &mut privileged)?;
+    }
+    eprintln!();
+    for f in &t.failures {
+        eprintln!("FAILED: {f}");
+    }
+    println!("xtask: {} passed, {} failed", t.passed, t.failed);
+    if t.failed > 0 || !t.failures.is_empty() {
+        bail!("{} failed", t.failures.len().max(1));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_result;
+
+    #[test]
+    fn parses_libtest_summaries() {
+        assert_eq!(
+            parse_result(
+                "test result: ok. 12 passed; 0 failed; 1 ignored; 0 measured; 0 filtered out; finished in 0.01s"
+            ),
+            Some((12, 0))
+        );
+        assert_eq!(
+            parse_result(
+                "test result: FAILED. 3 passed; 2 failed; 0 ignored; 0 measured; 0 filtered out"
+            ),
+            Some((3, 2))
+        );
+        assert_eq!(parse_result("running 3 tests"), None);
+    }
+}
