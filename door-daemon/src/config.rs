@@ -36,6 +36,14 @@ pub const DEFAULT_SYN_RATE: f64 = 100.0;
 pub const DEFAULT_SYN_BURST: u32 = 200;
 /// Default `[xdp] ports`: HTTPS.
 pub const DEFAULT_PORTS: [u16; 1] = [443];
+/// Default `[xdp] new_prefix_rate`, new prefixes per second.
+pub const DEFAULT_NEW_PREFIX_RATE: f64 = 1_000.0;
+/// Default `[xdp] new_prefix_burst`, new prefixes.
+pub const DEFAULT_NEW_PREFIX_BURST: u32 = 10_000;
+/// Default `[xdp] escalate_window`.
+pub const DEFAULT_ESCALATE_WINDOW: Duration = Duration::from_secs(10);
+/// Default `[xdp] block_for`.
+pub const DEFAULT_BLOCK_FOR: Duration = Duration::from_mins(1);
 
 /// `per_client` of a group that is not one of the defaults, when the file does not give it.
 pub const NEW_GROUP_PER_CLIENT: u32 = 16;
@@ -144,6 +152,21 @@ pub struct XdpConfig {
     pub syn_burst: u32,
     /// Protected destination ports; empty means all. Default `[443]`.
     pub ports: Vec<u16>,
+    /// Churn guard: new source prefixes per second that get their own entry; above it, new
+    /// prefixes share one overflow bucket. 0 turns the guard off. Default 1000.
+    pub new_prefix_rate: f64,
+    /// Churn guard burst, new prefixes. Default 10,000.
+    pub new_prefix_burst: u32,
+    /// Operator allowlist: CIDRs the shield never sheds (trusted proxies are always exempt too).
+    /// Default none.
+    pub allow: Vec<IpNet>,
+    /// 429s from one TCP-peer key within `escalate_window` that put it on the XDP blocklist;
+    /// 0 (the default) turns escalation off.
+    pub escalate_after: u32,
+    /// Window for `escalate_after`. Default 10 s.
+    pub escalate_window: Duration,
+    /// How long an escalated key's SYNs are dropped. Default 60 s.
+    pub block_for: Duration,
 }
 
 /// One limit group: its budget and its body read timeout.
@@ -283,6 +306,12 @@ struct XdpFile {
     syn_rate: Option<f64>,
     syn_burst: Option<i64>,
     ports: Option<Vec<i64>>,
+    new_prefix_rate: Option<f64>,
+    new_prefix_burst: Option<i64>,
+    allow: Option<Vec<String>>,
+    escalate_after: Option<i64>,
+    escalate_window: Option<String>,
+    block_for: Option<String>,
 }
 
 impl Config {
@@ -416,6 +445,12 @@ impl Config {
 /// Parses trusted proxy CIDRs (each entry may itself be comma-separated). A bare address is a
 /// /32 or /128.
 fn parse_trusted(raw: &[String]) -> Result<Vec<IpNet>, ConfigError> {
+    parse_cidrs("trusted_proxies", raw)
+}
+
+/// Parses a CIDR list for `key` (each entry may itself be comma-separated; a bare address is a
+/// /32 or /128): a /0 or host bits set are errors.
+fn parse_cidrs(key: &str, raw: &[String]) -> Result<Vec<IpNet>, ConfigError> {
     let mut nets = Vec::new();
     for entry in raw
         .iter()
@@ -428,21 +463,21 @@ fn parse_trusted(raw: &[String]) -> Result<Vec<IpNet>, ConfigError> {
             .or_else(|_| entry.parse::<std::net::IpAddr>().map(IpNet::from))
             .map_err(|_| {
                 invalid(
-                    "trusted_proxies",
+                    key,
                     format!("{entry:?}"),
                     "not a CIDR (192.0.2.10/32, 2001:db8::/64)",
                 )
             })?;
         if net.prefix_len() == 0 {
             return Err(invalid(
-                "trusted_proxies",
+                key,
                 format!("{entry:?}"),
-                "a /0 would trust every client's headers",
+                "a /0 would cover every client",
             ));
         }
         if net.trunc() != net {
             return Err(invalid(
-                "trusted_proxies",
+                key,
                 format!("{entry:?}"),
                 format!("host bits set (did you mean {}?)", net.trunc()),
             ));
@@ -637,12 +672,43 @@ fn build_xdp(file: Option<XdpFile>, o: &Overrides) -> Result<XdpConfig, ConfigEr
             .collect::<Result<Vec<_>, _>>()?,
         None => DEFAULT_PORTS.to_vec(),
     };
+    let new_prefix_rate = f.new_prefix_rate.unwrap_or(DEFAULT_NEW_PREFIX_RATE);
+    if !(new_prefix_rate.is_finite() && new_prefix_rate >= 0.0) {
+        return Err(invalid(
+            "xdp.new_prefix_rate",
+            new_prefix_rate,
+            "must be a number of new prefixes per second, 0 to turn the guard off",
+        ));
+    }
+    let new_prefix_burst = match f.new_prefix_burst {
+        Some(v) => positive_u32("xdp.new_prefix_burst", v)?,
+        None => DEFAULT_NEW_PREFIX_BURST,
+    };
+    let allow = parse_cidrs("xdp.allow", &f.allow.unwrap_or_default())?;
+    let escalate_after = match f.escalate_after {
+        Some(0) | None => 0,
+        Some(v) => positive_u32("xdp.escalate_after", v)?,
+    };
+    let escalate_window = match &f.escalate_window {
+        Some(s) => parse_duration("xdp.escalate_window", s)?,
+        None => DEFAULT_ESCALATE_WINDOW,
+    };
+    let block_for = match &f.block_for {
+        Some(s) => parse_duration("xdp.block_for", s)?,
+        None => DEFAULT_BLOCK_FOR,
+    };
     Ok(XdpConfig {
         interface,
         mode,
         syn_rate,
         syn_burst,
         ports,
+        new_prefix_rate,
+        new_prefix_burst,
+        allow,
+        escalate_after,
+        escalate_window,
+        block_for,
     })
 }
 

@@ -7,6 +7,7 @@
 
 pub mod clock;
 pub mod config;
+pub mod escalate;
 pub mod key;
 pub mod limit;
 pub mod proxy;

@@ -28,6 +28,7 @@ use tokio::{net::TcpListener, task::JoinSet};
 use crate::{
     clock::{Clock, MonotonicClock},
     config::{Config, XdpMode},
+    escalate::{Blocklist, Escalator, KeySource},
     limit::{GroupLimiter, Permit, Rejection},
     proxy::{Origin, Proxy, prepare},
     route::Router,
@@ -70,11 +71,17 @@ pub struct App {
     proxy: Proxy,
     trusted: Vec<IpNet>,
     outcomes: Arc<OutcomeCounts>,
+    escalator: Option<Escalator>,
 }
 
 impl App {
-    /// Builds the request path from a validated configuration, reading time from `clock`.
-    pub fn new(config: &Config, clock: &Arc<dyn Clock>) -> Self {
+    /// Builds the request path from a validated configuration, reading time from `clock`;
+    /// `blocklist` receives escalated keys when `[xdp] escalate_after` is set.
+    pub fn new(
+        config: &Config,
+        clock: &Arc<dyn Clock>,
+        blocklist: Option<Arc<dyn Blocklist>>,
+    ) -> Self {
         let limiters = config
             .groups
             .iter()
@@ -91,6 +98,17 @@ impl App {
             proxy: Proxy::new(config.upstream.clone()),
             trusted: config.trusted_proxies.clone(),
             outcomes: Arc::new(OutcomeCounts::default()),
+            escalator: blocklist
+                .filter(|_| config.xdp.escalate_after > 0)
+                .map(|b| {
+                    Escalator::new(
+                        config.xdp.escalate_after,
+                        config.xdp.escalate_window,
+                        config.xdp.block_for,
+                        Arc::clone(clock),
+                        b,
+                    )
+                }),
         }
     }
 
@@ -137,6 +155,16 @@ impl App {
             }
             Err(rejection) => {
                 self.outcomes.record(limiter.group(), "rate_limited");
+                if rejection.status == StatusCode::TOO_MANY_REQUESTS
+                    && let Some(e) = &self.escalator
+                {
+                    let source = if origin.peer_trusted {
+                        KeySource::ThroughProxy
+                    } else {
+                        KeySource::Peer
+                    };
+                    e.on_rejection(key, source);
+                }
                 rejected(limiter.group(), &rejection)
             }
         }
@@ -351,7 +379,10 @@ pub async fn run(config: Config) -> Result<(), ServeError> {
     };
 
     let clock: Arc<dyn Clock> = Arc::new(MonotonicClock::new());
-    let app = Arc::new(App::new(&config, &clock));
+    let blocklist = shield
+        .clone()
+        .map(|s| Arc::new(ShieldBlocklist(s)) as Arc<dyn Blocklist>);
+    let app = Arc::new(App::new(&config, &clock, blocklist));
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let connections = Arc::new(Mutex::new(JoinSet::new()));
     let mut loops = JoinSet::new();
@@ -415,7 +446,12 @@ fn start_shield(config: &Config) -> Result<Option<Arc<Mutex<Shield>>>, ServeErro
         return Ok(None);
     }
     let interface = config.xdp.interface.clone().unwrap_or_default();
-    let attached = Shield::load().and_then(|mut s| s.attach(&interface, mode).map(|m| (s, m)));
+    let mut exempt = config.trusted_proxies.clone();
+    exempt.extend(config.xdp.allow.iter().copied());
+    let attached = Shield::load().and_then(|mut s| {
+        s.configure(&config.xdp, &exempt)?;
+        s.attach(&interface, mode).map(|m| (s, m))
+    });
     match attached {
         Ok((shield, m)) => {
             tracing::info!(%interface, mode = %m, "XDP flood shield attached");
@@ -432,6 +468,23 @@ fn start_shield(config: &Config) -> Result<Option<Arc<Mutex<Shield>>>, ServeErro
             mode: mode.as_str(),
             source,
         }),
+    }
+}
+
+/// The XDP blocklist as the escalator's [`Blocklist`].
+#[derive(Debug)]
+struct ShieldBlocklist(Arc<Mutex<Shield>>);
+
+impl Blocklist for ShieldBlocklist {
+    fn block(&self, key: door_common::PrefixKey, duration: Duration) {
+        let result = self
+            .0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .block(key, duration);
+        if let Err(e) = result {
+            tracing::warn!(%key, error = %e, "could not add to the XDP blocklist");
+        }
     }
 }
 

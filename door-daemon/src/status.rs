@@ -114,8 +114,34 @@ impl StatusSource {
             ),
             Err(e) => json!({ "error": e.to_string() }),
         };
+        let blocked = match shield.blocked() {
+            Ok(list) => {
+                let now = crate::xdp::monotonic_ns();
+                Value::Array(
+                    list.into_iter()
+                        .filter(|(_, deadline)| *deadline > now)
+                        .map(|(k, deadline)| {
+                            json!({ "prefix": k.to_string(), "seconds_left": (deadline - now).div_ceil(1_000_000_000) })
+                        })
+                        .collect(),
+                )
+            }
+            Err(e) => json!({ "error": e.to_string() }),
+        };
+        let guard = match shield.guard() {
+            Ok(g) => {
+                json!({ "overflow_syns": g.overflow.syns, "overflow_drops": g.overflow.drops })
+            }
+            Err(e) => json!({ "error": e.to_string() }),
+        };
+        let tracked = shield
+            .tracked_prefixes()
+            .map_or_else(|e| json!(e.to_string()), |n| json!(n));
         json!({
             "attached": attached.is_some(),
+            "tracked_prefixes": tracked,
+            "blocked": blocked,
+            "churn_guard": guard,
             "configured_mode": self.xdp_mode,
             "interface": attached.map(|(i, _)| i),
             "mode": attached.map(|(_, m)| m.as_str()),
