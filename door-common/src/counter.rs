@@ -26,7 +26,7 @@ impl Verdict {
 #[repr(u32)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Counter {
-    /// Passed: not IPv4 or IPv6 (ARP, LLDP, other EtherTypes).
+    /// Passed: not IPv4 or IPv6 (ARP, LLDP, other `EtherType`s).
     PassNotIp = 0,
     /// Passed: IP but not TCP (UDP, ICMP, …).
     PassNotTcp = 1,

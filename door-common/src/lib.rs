@@ -39,9 +39,9 @@ pub struct PrefixState {
     pub syns: u64,
     /// SYNs from this prefix that the program dropped (`XDP_DROP`).
     pub drops: u64,
-    /// `bpf_ktime_get_ns()` (CLOCK_MONOTONIC, nanoseconds) of the first SYN seen.
+    /// `bpf_ktime_get_ns()` (`CLOCK_MONOTONIC`, nanoseconds) of the first SYN seen.
     pub first_ns: u64,
-    /// `bpf_ktime_get_ns()` (CLOCK_MONOTONIC, nanoseconds) of the latest SYN seen.
+    /// `bpf_ktime_get_ns()` (`CLOCK_MONOTONIC`, nanoseconds) of the latest SYN seen.
     pub last_ns: u64,
 }
 

@@ -1,5 +1,5 @@
-//! The source prefix both layers key on: IPv4 /32, IPv6 /64, NAT64 (64:ff9b::/96) and
-//! IPv4-mapped IPv6 (::ffff:0:0/96) as their embedded IPv4 /32 (../shared/DESIGN.md, "Client key").
+//! The source prefix both layers key on: IPv4 /32, IPv6 /64, NAT64 (`64:ff9b::/96`) and
+//! IPv4-mapped IPv6 (`::ffff:0:0/96`) as their embedded IPv4 /32 (../shared/DESIGN.md, "Client key").
 
 use core::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
@@ -19,9 +19,9 @@ pub struct PrefixKey {
 const _: () = assert!(size_of::<PrefixKey>() == 16);
 const _: () = assert!(align_of::<PrefixKey>() == 1);
 
-/// The NAT64 well-known prefix 64:ff9b::/96 (RFC 6052 §2.1), first 12 bytes.
+/// The NAT64 well-known prefix `64:ff9b::/96` (RFC 6052 §2.1), first 12 bytes.
 const NAT64_PREFIX: [u8; 12] = [0x00, 0x64, 0xff, 0x9b, 0, 0, 0, 0, 0, 0, 0, 0];
-/// The IPv4-mapped prefix ::ffff:0:0/96 (RFC 4291 §2.5.5.2), first 12 bytes.
+/// The IPv4-mapped prefix `::ffff:0:0/96` (RFC 4291 §2.5.5.2), first 12 bytes.
 const MAPPED_PREFIX: [u8; 12] = [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff];
 
 impl PrefixKey {
@@ -38,8 +38,12 @@ impl PrefixKey {
     }
 
     /// The key of an IPv6 address given as its sixteen octets in network order: the embedded
-    /// IPv4 /32 for NAT64 (64:ff9b::/96) and IPv4-mapped (::ffff:0:0/96) addresses, otherwise
+    /// IPv4 /32 for NAT64 (`64:ff9b::/96`) and IPv4-mapped (`::ffff:0:0/96`) addresses, otherwise
     /// the /64 prefix.
+    #[expect(
+        clippy::indexing_slicing,
+        reason = "const fn on fixed-size arrays: every index is a literal below 16 or a loop counter below 8"
+    )]
     pub const fn from_ipv6(octets: [u8; 16]) -> Self {
         if starts_with_12(&octets, &NAT64_PREFIX) || starts_with_12(&octets, &MAPPED_PREFIX) {
             return Self::from_ipv4([octets[12], octets[13], octets[14], octets[15]]);
@@ -90,6 +94,10 @@ impl PrefixKey {
     }
 }
 
+#[expect(
+    clippy::indexing_slicing,
+    reason = "const fn on fixed-size arrays: the loop counter stays below 12"
+)]
 const fn starts_with_12(octets: &[u8; 16], prefix: &[u8; 12]) -> bool {
     let mut i = 0;
     while i < 12 {
