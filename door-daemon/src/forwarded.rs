@@ -39,7 +39,10 @@ pub(crate) enum Entry<'a> {
 fn trim_ows(bytes: &[u8]) -> &[u8] {
     let is_ows = |b: &u8| *b == b' ' || *b == b'\t';
     let start = bytes.iter().position(|b| !is_ows(b)).unwrap_or(bytes.len());
-    let end = bytes.iter().rposition(|b| !is_ows(b)).map_or(start, |i| i + 1);
+    let end = bytes
+        .iter()
+        .rposition(|b| !is_ows(b))
+        .map_or(start, |i| i + 1);
     bytes.get(start..end).unwrap_or_default()
 }
 
@@ -369,7 +372,10 @@ mod tests {
     fn forwarded_elements_right_to_left() {
         let headers = map(&[
             (&FORWARDED_HEADER, b"for=a;proto=https, For=\"[b]:1\";by=x"),
-            (&FORWARDED_HEADER, b" , proto=http;FOR=c ; host=\"h,;\" ,for=d"),
+            (
+                &FORWARDED_HEADER,
+                b" , proto=http;FOR=c ; host=\"h,;\" ,for=d",
+            ),
         ]);
         let got: Vec<_> = forwarded_entries(&headers).collect();
         let want: Vec<_> = ["d", "c", "[b]:1", "a"]

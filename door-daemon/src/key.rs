@@ -367,7 +367,11 @@ impl KeyDecision {
 impl fmt::Display for KeyDecision {
     /// `key 192.0.2.7/32 (client 192.0.2.7): <rule>`.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "key {} (client {}): {}", self.key, self.client, self.rule)
+        write!(
+            f,
+            "key {} (client {}): {}",
+            self.key, self.client, self.rule
+        )
     }
 }
 
