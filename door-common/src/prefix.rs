@@ -130,7 +130,10 @@ mod tests {
 
     #[test]
     fn ipv6_is_masked_to_slash_64() {
-        assert_eq!(key("2001:db8:1:2::1"), key("2001:db8:1:2:ffff:ffff:ffff:ffff"));
+        assert_eq!(
+            key("2001:db8:1:2::1"),
+            key("2001:db8:1:2:ffff:ffff:ffff:ffff")
+        );
         assert_ne!(key("2001:db8:1:2::1"), key("2001:db8:1:3::1"));
         assert_eq!(key("2001:db8:1:2:abcd::1").to_string(), "2001:db8:1:2::/64");
     }

@@ -72,7 +72,11 @@ fn record_syn(src: &PrefixKey) -> Counter {
         last_ns: now,
     };
     // BPF_NOEXIST: if another CPU created the entry since our lookup, count on that one.
-    if DOOR_PREFIXES.insert(src, &fresh, u64::from(BPF_NOEXIST)).is_ok() || bump(src, now) {
+    if DOOR_PREFIXES
+        .insert(src, &fresh, u64::from(BPF_NOEXIST))
+        .is_ok()
+        || bump(src, now)
+    {
         Counter::PassSyn
     } else {
         Counter::PassMapFull
