@@ -197,11 +197,19 @@ impl Default for Metrics {
 }
 
 /// [`Metrics`] bound to one group: recording allocates nothing.
-#[derive(Clone, Debug)]
+#[derive(Clone)]
 pub struct GroupMetrics {
     metrics: Metrics,
     outcome_attrs: [[KeyValue; 2]; Outcome::ALL.len()],
     group_attrs: [KeyValue; 1],
+}
+
+impl core::fmt::Debug for GroupMetrics {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("GroupMetrics")
+            .field("group", &self.group_attrs[0].value)
+            .finish_non_exhaustive()
+    }
 }
 
 impl GroupMetrics {
