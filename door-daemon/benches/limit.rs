@@ -29,7 +29,8 @@ fn keys() -> Vec<PrefixKey> {
             let mut octets = [0u8; 16];
             octets[0] = 0x20;
             octets[1] = 0x01;
-            octets[2..10].copy_from_slice(&(i.wrapping_mul(0x9E37_79B9_7F4A_7C15)).to_be_bytes());
+            // A /64 key keeps octets 0..8: the index goes in octets 2..8.
+            octets[2..8].copy_from_slice(&i.to_be_bytes()[2..]);
             octets[15] = 1;
             PrefixKey::from_ipv6(octets)
         })

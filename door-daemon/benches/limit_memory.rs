@@ -32,7 +32,8 @@ fn v6(i: u64) -> PrefixKey {
     let mut octets = [0u8; 16];
     octets[0] = 0x20;
     octets[1] = 0x01;
-    octets[2..10].copy_from_slice(&i.to_be_bytes());
+    // A /64 key keeps octets 0..8: the index goes in octets 2..8.
+    octets[2..8].copy_from_slice(&i.to_be_bytes()[2..]);
     PrefixKey::from_ipv6(octets)
 }
 

@@ -636,57 +636,65 @@ impl GroupLimiter {
                 change,
             );
         }
+        // Hit: one lookup (which also refreshes the entry).
+        if let Some(row) = state.table.get_mut(&key) {
+            let decision = self.take(row, RowId::Key(key), &mut state.inflight, now);
+            return (decision, change);
+        }
         let id = Self::find_row(&mut state.table, key, now, &mut change);
         let row = match id {
             RowId::Key(k) => state.table.peek_mut(&k),
             RowId::Shared => Some(&mut state.shared),
         };
         let Some(row) = row else {
-            // find_row only names keys it just found or inserted; unreachable, and harmless: the
-            // request is refused rather than admitted without accounting.
+            // find_row only names keys it just inserted; unreachable, and harmless: the request
+            // is refused rather than admitted without accounting.
             return (
                 Err(Rejection::cap(RejectReason::ClientConcurrency, id.scope())),
                 change,
             );
         };
+        (self.take(row, id, &mut state.inflight, now), change)
+    }
+
+    /// The per-client cap and the bucket on `row`; on admission takes the slot (and the token,
+    /// or holds one under charge on failure).
+    fn take(
+        &self,
+        row: &mut Row,
+        id: RowId,
+        group_inflight: &mut u32,
+        now: u64,
+    ) -> Result<RowId, Rejection> {
         if row.inflight >= self.budget.per_client {
-            return (
-                Err(Rejection::cap(RejectReason::ClientConcurrency, id.scope())),
-                change,
-            );
+            return Err(Rejection::cap(RejectReason::ClientConcurrency, id.scope()));
         }
         let need = 1 + u64::from(row.held);
         if !self.bucket.has(row, need, now) {
             let wait = self.bucket.wait_ns(row, need, now);
-            return (
-                Err(Rejection {
-                    reason: RejectReason::Rate,
-                    scope: id.scope(),
-                    retry_after_s: wait.div_ceil(NS_PER_S).max(1),
-                    status: StatusCode::TOO_MANY_REQUESTS,
-                }),
-                change,
-            );
+            return Err(Rejection {
+                reason: RejectReason::Rate,
+                scope: id.scope(),
+                retry_after_s: wait.div_ceil(NS_PER_S).max(1),
+                status: StatusCode::TOO_MANY_REQUESTS,
+            });
         }
         match self.budget.charge {
             Charge::Always => self.bucket.spend(row, now),
             Charge::OnFailure => row.held += 1,
         }
         row.inflight += 1;
-        state.inflight += 1;
-        (Ok(id), change)
+        *group_inflight += 1;
+        Ok(id)
     }
 
-    /// The row deciding `key`'s request (seed, "Memory").
+    /// The row deciding the request of `key`, which is not in the table (seed, "Memory").
     fn find_row(
         table: &mut LruCache<PrefixKey, Row>,
         key: PrefixKey,
         now: u64,
         change: &mut TableChange,
     ) -> RowId {
-        if table.get(&key).is_some() {
-            return RowId::Key(key);
-        }
         if table.len() < table.cap().get() {
             table.put(key, Row::full(now));
             change.inserted = true;

@@ -32,7 +32,8 @@ fn peer(i: u32) -> PrefixKey {
 fn v6(i: u64) -> PrefixKey {
     let mut octets = [0u8; 16];
     octets[..2].copy_from_slice(&[0x20, 0x01]);
-    octets[2..10].copy_from_slice(&i.to_be_bytes());
+    // A /64 key keeps octets 0..8: the index goes in octets 2..8.
+    octets[2..8].copy_from_slice(&i.to_be_bytes()[2..]);
     PrefixKey::from_ipv6(octets)
 }
 
@@ -255,7 +256,10 @@ fn door_limits_bounded() {
     }
     assert_eq!(lim.tracked_clients(), 2);
 
-    // 100 rotating peers share one bucket: exactly 10 admissions, then 429 on the shared row.
+    // 100 rotating peers (distinct /64s) share one bucket: exactly 10 admissions, then 429 on
+    // the shared row.
+    let rotating: std::collections::HashSet<_> = (0..100).map(v6).collect();
+    assert_eq!(rotating.len(), 100);
     let mut admitted = 0;
     for i in 0..100 {
         match lim.admit(v6(i)) {
