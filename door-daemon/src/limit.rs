@@ -726,7 +726,6 @@ impl GroupLimiter {
     fn release(&self, id: RowId, status: Option<StatusCode>) {
         {
             let mut state = self.lock();
-            let now = self.clock.now_ns();
             let state = &mut *state;
             let row = match id {
                 RowId::Key(k) => state.table.peek_mut(&k),
@@ -737,7 +736,8 @@ impl GroupLimiter {
                 if self.budget.charge == Charge::OnFailure {
                     row.held = row.held.saturating_sub(1);
                     if status.is_some_and(|s| s.is_client_error()) {
-                        self.bucket.spend(row, now);
+                        // The clock is read only when a token is spent.
+                        self.bucket.spend(row, self.clock.now_ns());
                     }
                 }
             }
