@@ -29,26 +29,24 @@ use crate::forwarded::{
 /// Each message names the offending value so that `door` can exit before binding anything with a
 /// message an operator can act on (../shared/DESIGN.md, "Operating contract").
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+/// Messages describe the fault only; callers prefix the key and the value (`trusted_proxies =
+/// "0.0.0.0/0": a /0 covers …`), which each variant carries.
 pub enum KeyError {
     /// The text is neither an IP address nor `address/length` with a length that fits the family.
-    #[error(
-        "trusted proxy {value:?} is not an IP address or CIDR (expected e.g. 10.0.0.0/8, 192.0.2.7 or 2001:db8::/48)"
-    )]
+    #[error("not an IP address or CIDR (expected e.g. 10.0.0.0/8, 192.0.2.7 or 2001:db8::/48)")]
     BadCidr {
         /// The offending text, trimmed.
         value: String,
     },
     /// A `/0` would trust every address of its family, letting any client choose its own key.
-    #[error(
-        "trusted proxy {value:?} is a /0: it would trust every address, so any client could choose its own key"
-    )]
+    #[error("a /0 covers every address (as a trusted proxy, any client could choose its own key)")]
     ZeroPrefix {
         /// The offending text (or network, for [`TrustedProxies::from_nets`]).
         value: String,
     },
     /// Bits below the prefix length are set (`192.0.2.1/24`); probably a typo for a host or for
     /// the network.
-    #[error("trusted proxy {value:?} has host bits set (did you mean {network}?)")]
+    #[error("host bits set (did you mean {network}?)")]
     HostBitsSet {
         /// The offending text (or network, for [`TrustedProxies::from_nets`]).
         value: String,

@@ -13,6 +13,7 @@ pub mod escalate;
 mod forwarded;
 pub mod key;
 pub mod limit;
+pub mod metrics;
 pub mod proxy;
 pub mod route;
 pub mod server;
