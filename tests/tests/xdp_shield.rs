@@ -51,7 +51,7 @@ fn settings(syn_burst: u32) -> XdpConfig {
         allow: Vec::new(),
         escalate_after: 0,
         escalate_window: Duration::from_secs(10),
-        block_for: Duration::from_secs(60),
+        block_for: Duration::from_mins(1),
     }
 }
 
@@ -100,7 +100,7 @@ fn verdict(shield: &Shield, packet: &[u8]) -> (u32, Counter) {
         1,
         "exactly one counter per packet, got {moved:?}"
     );
-    (action, moved[0])
+    (action, *moved.first().unwrap())
 }
 
 fn syn4() -> Vec<u8> {
@@ -374,7 +374,7 @@ fn blocklist_drops_until_the_deadline_then_forgets() {
         return;
     };
     let key = PrefixKey::from_ipv4(CLIENT4);
-    s.block(key, Duration::from_secs(3600)).unwrap();
+    s.block(key, Duration::from_hours(1)).unwrap();
     for _ in 0..3 {
         assert_eq!(verdict(&s, &syn4()), (XDP_DROP, Counter::DropBlocked));
     }
@@ -394,7 +394,7 @@ fn blocklist_drops_until_the_deadline_then_forgets() {
     assert!(s.blocked().unwrap().is_empty(), "expired entry forgotten");
     // IPv6: the whole /64 is blocked.
     let key6 = PrefixKey::from_ipv6(CLIENT6);
-    s.block(key6, Duration::from_secs(3600)).unwrap();
+    s.block(key6, Duration::from_hours(1)).unwrap();
     let mut other_host = CLIENT6;
     other_host[15] = 0x77;
     assert_eq!(
@@ -413,7 +413,7 @@ fn exempt_prefixes_are_never_shed() {
         assert_eq!(verdict(&s, &syn6()), (XDP_PASS, Counter::PassExempt));
     }
     // Exempt beats the blocklist too.
-    s.block(PrefixKey::from_ipv4(CLIENT4), Duration::from_secs(3600))
+    s.block(PrefixKey::from_ipv4(CLIENT4), Duration::from_hours(1))
         .unwrap();
     assert_eq!(verdict(&s, &syn4()), (XDP_PASS, Counter::PassExempt));
     // Outside the exempt prefixes, the budget of 1 applies.
