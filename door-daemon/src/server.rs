@@ -366,7 +366,9 @@ pub async fn run(config: Config) -> Result<(), ServeError> {
     let blocklist = shield
         .clone()
         .map(|s| Arc::new(ShieldBlocklist(s)) as Arc<dyn Blocklist>);
-    let metrics = Metrics::new(&opentelemetry::global::meter("door"));
+    let meter = opentelemetry::global::meter("door");
+    let metrics = Metrics::new(&meter);
+    let _shield_instruments = shield.as_ref().map(|s| crate::xdp::observe(&meter, s));
     let app = Arc::new(App::new(&config, &clock, &metrics, blocklist));
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let connections = Arc::new(Mutex::new(JoinSet::new()));

@@ -2,7 +2,11 @@
 //! program that `build.rs` embedded, attaches it in the configured mode, reads its per-CPU
 //! counters and its per-prefix SYN map, and detaches it on drop (fail-open).
 
-use std::{fmt, time::Duration};
+use std::{
+    fmt,
+    sync::{Arc, Mutex, PoisonError},
+    time::Duration,
+};
 
 use aya::{
     Ebpf, EbpfError,
@@ -18,6 +22,10 @@ use door_common::{
     shield::CONFIG_ALL_PORTS,
 };
 use ipnet::IpNet;
+use opentelemetry::{
+    KeyValue,
+    metrics::{Meter, ObservableCounter, ObservableGauge},
+};
 use thiserror::Error;
 
 use crate::config::{XdpConfig, XdpMode};
@@ -402,6 +410,77 @@ impl Shield {
 impl Drop for Shield {
     fn drop(&mut self) {
         self.detach();
+    }
+}
+
+/// The shield's OpenTelemetry instruments; they report for as long as this value lives.
+#[derive(Debug)]
+pub struct ShieldInstruments {
+    _packets: ObservableCounter<u64>,
+    _tracked: ObservableGauge<u64>,
+}
+
+/// Attribute of `door.xdp.packets`: `pass` or `drop`.
+pub const ATTR_VERDICT: &str = "door.xdp.verdict";
+/// Attribute of `door.xdp.packets`: the reason ([`Counter::reason`]: `syn`, `syn_budget`, …).
+pub const ATTR_REASON: &str = "door.xdp.reason";
+
+/// Registers the shield's instruments on `meter`, read from the maps at each collection:
+///
+/// - `door.xdp.packets` (observable counter, `{packet}`): every packet the XDP program saw, by
+///   `door.xdp.verdict` and `door.xdp.reason` (the per-CPU counters, summed);
+/// - `door.xdp.tracked_prefixes` (observable gauge, `{prefix}`): entries in the per-prefix map.
+///
+/// A map that cannot be read is logged and reports nothing for that collection.
+pub fn observe(meter: &Meter, shield: &Arc<Mutex<Shield>>) -> ShieldInstruments {
+    let attrs: Vec<[KeyValue; 2]> = Counter::ALL
+        .iter()
+        .map(|c| {
+            [
+                KeyValue::new(ATTR_VERDICT, c.verdict().as_str()),
+                KeyValue::new(ATTR_REASON, c.reason()),
+            ]
+        })
+        .collect();
+    let for_packets = Arc::clone(shield);
+    let packets = meter
+        .u64_observable_counter("door.xdp.packets")
+        .with_description("Packets seen by the XDP flood shield, by verdict and reason")
+        .with_unit("{packet}")
+        .with_callback(move |observer| {
+            let counters = for_packets
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .counters();
+            match counters {
+                Ok(values) => {
+                    for (value, attrs) in values.iter().zip(&attrs) {
+                        observer.observe(value.packets, attrs);
+                    }
+                }
+                Err(e) => tracing::warn!(error = %e, "reading the XDP counters"),
+            }
+        })
+        .build();
+    let for_tracked = Arc::clone(shield);
+    let tracked = meter
+        .u64_observable_gauge("door.xdp.tracked_prefixes")
+        .with_description("Source prefixes the XDP flood shield tracks in its LRU map")
+        .with_unit("{prefix}")
+        .with_callback(move |observer| {
+            let n = for_tracked
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .tracked_prefixes();
+            match n {
+                Ok(n) => observer.observe(u64::try_from(n).unwrap_or(u64::MAX), &[]),
+                Err(e) => tracing::warn!(error = %e, "reading the XDP prefix map"),
+            }
+        })
+        .build();
+    ShieldInstruments {
+        _packets: packets,
+        _tracked: tracked,
     }
 }
 

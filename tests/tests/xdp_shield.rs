@@ -475,3 +475,71 @@ fn churn_guard_keeps_tracked_prefixes_and_shares_one_overflow_bucket() {
         );
     }
 }
+
+#[test]
+fn counters_are_exported_as_door_xdp_packets() {
+    use std::sync::{Arc, Mutex};
+
+    use opentelemetry::metrics::MeterProvider as _;
+    use opentelemetry_sdk::metrics::{
+        InMemoryMetricExporter, PeriodicReader, SdkMeterProvider,
+        data::{AggregatedMetrics, MetricData},
+    };
+
+    let Some(s) = shield(&settings(1), &[]) else {
+        return;
+    };
+    for _ in 0..3 {
+        s.test_run(&syn4(), 1).unwrap();
+    }
+    s.test_run(&tcp4(CLIENT4, SERVER4, PORT, Flags::ACK), 1)
+        .unwrap();
+    let shield = Arc::new(Mutex::new(s));
+    let exporter = InMemoryMetricExporter::default();
+    let provider = SdkMeterProvider::builder()
+        .with_reader(PeriodicReader::builder(exporter.clone()).build())
+        .build();
+    let _instruments = door_daemon::xdp::observe(&provider.meter("door"), &shield);
+    provider.force_flush().unwrap();
+
+    let mut packets = Vec::new();
+    let mut tracked = None;
+    let all = exporter.get_finished_metrics().unwrap();
+    for scope in all.last().unwrap().scope_metrics() {
+        for metric in scope.metrics() {
+            match (metric.name(), metric.data()) {
+                ("door.xdp.packets", AggregatedMetrics::U64(MetricData::Sum(sum))) => {
+                    for p in sum.data_points() {
+                        let attrs: Vec<(String, String)> = p
+                            .attributes()
+                            .map(|kv| (kv.key.to_string(), kv.value.to_string()))
+                            .collect();
+                        packets.push((attrs, p.value()));
+                    }
+                }
+                ("door.xdp.tracked_prefixes", AggregatedMetrics::U64(MetricData::Gauge(g))) => {
+                    tracked = g.data_points().next().map(|p| p.value());
+                }
+                _ => {}
+            }
+        }
+    }
+    let value = |verdict: &str, reason: &str| {
+        packets
+            .iter()
+            .find(|(a, _)| {
+                a.contains(&("door.xdp.verdict".into(), verdict.into()))
+                    && a.contains(&("door.xdp.reason".into(), reason.into()))
+            })
+            .map(|(a, v)| {
+                assert_eq!(a.len(), 2, "exactly two attributes: {a:?}");
+                *v
+            })
+    };
+    assert_eq!(value("pass", "syn"), Some(1));
+    assert_eq!(value("drop", "syn_budget"), Some(2));
+    assert_eq!(value("pass", "not_syn"), Some(1));
+    assert_eq!(value("drop", "blocked"), Some(0));
+    assert_eq!(packets.len(), Counter::ALL.len(), "one series per counter");
+    assert_eq!(tracked, Some(1));
+}
