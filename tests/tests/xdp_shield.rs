@@ -518,7 +518,10 @@ fn counters_are_exported_as_door_xdp_packets() {
                     }
                 }
                 ("door.xdp.tracked_prefixes", AggregatedMetrics::U64(MetricData::Gauge(g))) => {
-                    tracked = g.data_points().next().map(|p| p.value());
+                    tracked = g
+                        .data_points()
+                        .next()
+                        .map(opentelemetry_sdk::metrics::data::GaugeDataPoint::value);
                 }
                 _ => {}
             }
