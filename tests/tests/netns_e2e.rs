@@ -16,6 +16,8 @@ use serde_json::Value;
 /// Link budget for the run: burst 20 and a refill so slow (one token per 1000 s) that no token
 /// comes back during the test, whatever the machine's speed.
 const LINK_BURST: usize = 20;
+/// Webhook budget for the run (charge on failure), as slow as the link's.
+const WEBHOOK_BURST: usize = 5;
 
 fn config(topo: &Topology) -> String {
     format!(
@@ -36,6 +38,11 @@ path = "/l/session/{{id}}"
 [group.link]
 rate = 0.001
 burst = {LINK_BURST}
+
+[group.webhook]
+rate = 0.001
+burst = {WEBHOOK_BURST}
+per_client = 4
 
 [xdp]
 interface = "{}"
@@ -141,4 +148,59 @@ fn ipv6_client_is_keyed_and_counted_on_its_slash_64() {
         Some((LINK_BURST + 1) as u64),
         "{st:#}"
     );
+}
+
+#[test]
+fn webhook_4xx_answers_drain_the_bucket_2xx_do_not() {
+    if !privileged_or_skip("netns_e2e") {
+        return;
+    }
+    let dir = TempDir::new("webhook").unwrap();
+    let mut topo = Topology::new().unwrap();
+    topo.start_door(&dir.0, &config(&topo)).unwrap();
+    let client = topo.client_ns.clone();
+    let hook = format!("http://{DOOR_ADDR}:8443/webhooks/github");
+    let post = |source: &str, status: &str| {
+        let header = format!("x-demo-status: {status}");
+        curl(
+            &client,
+            source,
+            &["-X", "POST", "-H", &header, "--data", "{}", &hook],
+        )
+    };
+    // Signed deliveries the application accepts never spend a token: far more than the burst pass.
+    for i in 0..3 * WEBHOOK_BURST {
+        assert_eq!(
+            post(CLIENT2_ADDR, "200").0,
+            200,
+            "accepted delivery {}",
+            i + 1
+        );
+    }
+    // Garbage the application rejects spends one token per 4xx answer...
+    for i in 0..WEBHOOK_BURST {
+        assert_eq!(
+            post(CLIENT_ADDR, "400").0,
+            400,
+            "rejected delivery {}",
+            i + 1
+        );
+    }
+    // ...so the next request from that client is refused by door, whatever it carries.
+    let (code, head) = post(CLIENT_ADDR, "200");
+    assert_eq!(code, 429, "{head}");
+    assert!(head.contains(r#""group":"webhook""#), "{head}");
+    // The other client is unaffected.
+    assert_eq!(post(CLIENT2_ADDR, "200").0, 200);
+    let st = status(&topo);
+    assert_eq!(
+        st["requests"]["webhook"]["ok"],
+        (3 * WEBHOOK_BURST + 1) as u64,
+        "{st:#}"
+    );
+    assert_eq!(
+        st["requests"]["webhook"]["client_error"], WEBHOOK_BURST as u64,
+        "{st:#}"
+    );
+    assert_eq!(st["requests"]["webhook"]["rate_limited"], 1, "{st:#}");
 }
