@@ -8,10 +8,6 @@ use aya_ebpf::{bindings::xdp_action, macros::xdp, programs::XdpContext};
 
 /// Passes every packet.
 #[xdp]
-#[expect(
-    clippy::needless_pass_by_value,
-    reason = "#[xdp] hands the context over by value"
-)]
 fn door_xdp(_ctx: XdpContext) -> u32 {
     xdp_action::XDP_PASS
 }
