@@ -303,18 +303,20 @@ pub fn door_bin() -> anyhow::Result<PathBuf> {
     sibling_bin("door")
 }
 
-/// A binary of this workspace's build: `target/<profile>/<name>`, next to the test executable's
-/// `deps/` directory (`cargo test --workspace` builds every binary).
+/// A binary of this workspace's build: `target/<profile>/<name>`, next to the running executable
+/// (or to the `deps/` directory a test executable runs from; `cargo test --workspace` builds every
+/// binary).
 ///
 /// # Errors
 /// When it does not exist.
 pub fn sibling_bin(name: &str) -> anyhow::Result<PathBuf> {
     let exe = std::env::current_exe()?;
-    let candidate = exe
-        .parent()
-        .and_then(Path::parent)
-        .map(|dir| dir.join(name))
-        .context("locating target/<profile>")?;
+    let mut dir = exe.parent().context("locating target/<profile>")?;
+    // Test executables live in target/<profile>/deps; binaries in target/<profile>.
+    if dir.file_name().is_some_and(|n| n == "deps") {
+        dir = dir.parent().context("locating target/<profile>")?;
+    }
+    let candidate = dir.join(name);
     if !candidate.exists() {
         bail!(
             "{} not found: build the workspace's binaries first (cargo build --workspace)",
