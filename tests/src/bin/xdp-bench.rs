@@ -166,24 +166,11 @@ syn_burst = 200
         failed: usize,
     }
 
-    fn run(mode: &'static str, flood: u64) -> anyhow::Result<Outcome> {
-        eprintln!("  veth flood: {mode} ({flood} SYNs from one /64)");
-        let dir = TempDir::new("bench")?;
-        let mut topo = Topology::new()?;
-        let xdp_mode = if mode == "xdp" { "driver" } else { "off" };
-        topo.start_door(&dir.0, &config(&topo, xdp_mode))?;
-        if mode == "nftables" {
-            let rules = dir.0.join("rules.nft");
-            std::fs::write(&rules, NFT_RULES)?;
-            let out = Topology::run(
-                &topo.door_ns,
-                "nft",
-                &["-f", rules.to_str().context("path")?],
-            )?;
-            if !out.status.success() {
-                bail!("nft: {}", String::from_utf8_lossy(&out.stderr));
-            }
-        }
+    /// Starts `synflood` from the client namespace; the thread returns (SYNs sent, seconds).
+    fn spawn_flood(
+        topo: &Topology,
+        flood: u64,
+    ) -> anyhow::Result<std::thread::JoinHandle<anyhow::Result<(u64, f64)>>> {
         let mac = Topology::run(&topo.door_ns, "cat", &["/sys/class/net/veth-door/address"])?;
         let mac = String::from_utf8(mac.stdout)?.trim().to_owned();
         let synflood = sibling_bin("synflood")?;
@@ -223,6 +210,28 @@ syn_burst = 200
                 })?;
             Ok((sent, elapsed))
         });
+        Ok(flooder)
+    }
+
+    fn run(mode: &'static str, flood: u64) -> anyhow::Result<Outcome> {
+        eprintln!("  veth flood: {mode} ({flood} SYNs from one /64)");
+        let dir = TempDir::new("bench")?;
+        let mut topo = Topology::new()?;
+        let xdp_mode = if mode == "xdp" { "driver" } else { "off" };
+        topo.start_door(&dir.0, &config(&topo, xdp_mode))?;
+        if mode == "nftables" {
+            let rules = dir.0.join("rules.nft");
+            std::fs::write(&rules, NFT_RULES)?;
+            let out = Topology::run(
+                &topo.door_ns,
+                "nft",
+                &["-f", rules.to_str().context("path")?],
+            )?;
+            if !out.status.success() {
+                bail!("nft: {}", String::from_utf8_lossy(&out.stderr));
+            }
+        }
+        let flooder = spawn_flood(&topo, flood)?;
         let url = format!("http://{DOOR_ADDR}:8443/l/session/bench");
         let mut latencies = Vec::new();
         let mut failed = 0;
