@@ -8,6 +8,12 @@ pub const CONFIG_WRITTEN: u64 = 1;
 /// [`ShieldConfig::flags`]: every destination port is protected (`ports = []`).
 pub const CONFIG_ALL_PORTS: u64 = 2;
 
+/// [`ShieldConfig::flags`]: the exempt trie has entries (otherwise the program skips the lookup).
+pub const CONFIG_HAS_EXEMPT: u64 = 4;
+/// [`ShieldConfig::flags`]: the blocklist may have entries (set by the daemon before its first
+/// insert; the program skips the lookup while it is clear).
+pub const CONFIG_HAS_BLOCKLIST: u64 = 8;
+
 /// Words of the destination-port bitmap (65,536 bits).
 pub const PORT_WORDS: usize = 1_024;
 
@@ -16,7 +22,7 @@ pub const PORT_WORDS: usize = 1_024;
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ShieldConfig {
-    /// [`CONFIG_WRITTEN`] | [`CONFIG_ALL_PORTS`].
+    /// [`CONFIG_WRITTEN`] | [`CONFIG_ALL_PORTS`] | [`CONFIG_HAS_EXEMPT`] | [`CONFIG_HAS_BLOCKLIST`].
     pub flags: u64,
     /// Nanoseconds between two SYN tokens of a prefix (`[xdp] syn_rate`, see
     /// [`crate::gcra::interval_ns`]).

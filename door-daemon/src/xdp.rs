@@ -19,7 +19,7 @@ use aya::{
 use door_common::{
     COUNTER_COUNT, Counter, ExemptKey, GuardState, MAP_BLOCKED, MAP_CONFIG, MAP_COUNTERS,
     MAP_EXEMPT, MAP_GUARD, MAP_PREFIXES, PROGRAM_NAME, PrefixKey, PrefixState, ShieldConfig, gcra,
-    shield::CONFIG_ALL_PORTS,
+    shield::{CONFIG_ALL_PORTS, CONFIG_HAS_BLOCKLIST, CONFIG_HAS_EXEMPT},
 };
 use ipnet::IpNet;
 use opentelemetry::{
@@ -111,6 +111,8 @@ pub struct CounterValue {
 /// The loaded XDP program and its maps.
 pub struct Shield {
     ebpf: Ebpf,
+    /// The configuration last written to the config map (`None` until [`Shield::configure`]).
+    config: Option<Box<ShieldConfig>>,
     attached: Option<(String, AttachedMode, XdpLinkId)>,
 }
 
@@ -144,6 +146,7 @@ impl Shield {
         program_mut(&mut ebpf)?.load()?;
         Ok(Self {
             ebpf,
+            config: None,
             attached: None,
         })
     }
@@ -305,17 +308,21 @@ impl Shield {
         if xdp.ports.is_empty() {
             cfg.flags |= CONFIG_ALL_PORTS;
         }
+        if !exempt.is_empty() {
+            cfg.flags |= CONFIG_HAS_EXEMPT;
+        }
+        // Once blocklisting has started it stays on: entries outlive reconfigurations.
+        if self
+            .config
+            .as_ref()
+            .is_some_and(|c| c.flags & CONFIG_HAS_BLOCKLIST != 0)
+        {
+            cfg.flags |= CONFIG_HAS_BLOCKLIST;
+        }
         for &port in &xdp.ports {
             cfg.protect(port);
         }
-        let map_err = |source| ShieldError::Map {
-            name: MAP_CONFIG,
-            source,
-        };
-        let mut array: Array<_, ShieldConfig> =
-            Array::try_from(map_mut(&mut self.ebpf, MAP_CONFIG)?).map_err(map_err)?;
-        array.set(0, *cfg, 0).map_err(map_err)?;
-
+        // The trie is filled before the flag that makes the program read it is written.
         let map_err = |source| ShieldError::Map {
             name: MAP_EXEMPT,
             source,
@@ -334,6 +341,18 @@ impl Shield {
         for key in &wanted {
             trie.insert(key, 1, 0).map_err(map_err)?;
         }
+        self.write_config(cfg)
+    }
+
+    fn write_config(&mut self, config: Box<ShieldConfig>) -> Result<(), ShieldError> {
+        let map_err = |source| ShieldError::Map {
+            name: MAP_CONFIG,
+            source,
+        };
+        let mut array: Array<_, ShieldConfig> =
+            Array::try_from(map_mut(&mut self.ebpf, MAP_CONFIG)?).map_err(map_err)?;
+        array.set(0, *config, 0).map_err(map_err)?;
+        self.config = Some(config);
         Ok(())
     }
 
@@ -349,7 +368,9 @@ impl Shield {
     }
 
     /// Puts `key` on the blocklist until `deadline_ns` on the `bpf_ktime_get_ns` clock
-    /// (CLOCK_MONOTONIC). A deadline in the past is accepted: the next SYN forgets it.
+    /// (CLOCK_MONOTONIC). A deadline in the past is accepted: the next SYN forgets it. The
+    /// program only enforces the blocklist once [`Shield::configure`] has run (before that it
+    /// only observes).
     ///
     /// # Errors
     /// As [`Shield::block`].
@@ -360,7 +381,16 @@ impl Shield {
         };
         let mut map: HashMap<_, PrefixKey, u64> =
             HashMap::try_from(map_mut(&mut self.ebpf, MAP_BLOCKED)?).map_err(map_err)?;
-        map.insert(key, deadline_ns, 0).map_err(map_err)
+        map.insert(key, deadline_ns, 0).map_err(map_err)?;
+        // The entry is in place before the flag that makes the program look it up.
+        if let Some(config) = &self.config
+            && config.flags & CONFIG_HAS_BLOCKLIST == 0
+        {
+            let mut config = config.clone();
+            config.flags |= CONFIG_HAS_BLOCKLIST;
+            self.write_config(config)?;
+        }
+        Ok(())
     }
 
     /// The blocklist: prefixes and their deadlines (ns, CLOCK_MONOTONIC). Entries whose deadline

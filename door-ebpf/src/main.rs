@@ -15,7 +15,8 @@
 //!    address-rotation flood cannot make the LRU map evict the prefixes it already tracks.
 //!
 //! Until the daemon writes [`door_common::MAP_CONFIG`], the program only observes: it counts
-//! SYNs per prefix on every port and drops nothing.
+//! SYNs per prefix on every port and drops nothing. The exempt trie and the blocklist are only
+//! looked up when the configuration's flags say they may have entries.
 //!
 //! Concurrency: map values shared between CPUs are updated with plain 8-byte loads and stores
 //! ([`access::MapValue`]). When `k` CPUs judge SYNs of the same prefix at the same instant, each
@@ -45,7 +46,7 @@ use aya_ebpf::{
 use door_common::{
     BLOCKED_CAPACITY, COUNTER_COUNT, Counter, EXEMPT_CAPACITY, ExemptKey, GuardState,
     PREFIX_MAP_CAPACITY, PrefixKey, PrefixState, ShieldConfig, Verdict, gcra,
-    shield::{CONFIG_ALL_PORTS, CONFIG_WRITTEN},
+    shield::{CONFIG_ALL_PORTS, CONFIG_HAS_BLOCKLIST, CONFIG_HAS_EXEMPT, CONFIG_WRITTEN},
 };
 
 use crate::{
@@ -100,6 +101,8 @@ fn door_xdp(ctx: XdpContext) -> u32 {
 /// The shield's settings as the program uses them.
 struct Settings {
     enforce: bool,
+    exempt: bool,
+    blocklist: bool,
     syn_interval: u64,
     syn_tolerance: u64,
     new_prefix_interval: u64,
@@ -112,6 +115,8 @@ struct Settings {
 fn settings(port: u16) -> Option<Settings> {
     let observe = Settings {
         enforce: false,
+        exempt: false,
+        blocklist: false,
         syn_interval: 0,
         syn_tolerance: u64::MAX,
         new_prefix_interval: 0,
@@ -132,6 +137,8 @@ fn settings(port: u16) -> Option<Settings> {
     }
     Some(Settings {
         enforce: true,
+        exempt: flags & CONFIG_HAS_EXEMPT != 0,
+        blocklist: flags & CONFIG_HAS_BLOCKLIST != 0,
         syn_interval: cfg.load(offset_of!(ShieldConfig, syn_interval_ns)),
         syn_tolerance: cfg.load(offset_of!(ShieldConfig, syn_tolerance_ns)),
         new_prefix_interval: cfg.load(offset_of!(ShieldConfig, new_prefix_interval_ns)),
@@ -145,12 +152,14 @@ fn judge_syn(segment: &TcpSegment) -> Counter {
     let Some(settings) = settings(segment.dst_port) else {
         return Counter::PassUnprotectedPort;
     };
-    if DOOR_EXEMPT.get(Key::new(128, segment.addr)).is_some() {
+    if settings.exempt && DOOR_EXEMPT.get(Key::new(128, segment.addr)).is_some() {
         return Counter::PassExempt;
     }
     let now = now_ns();
     let src = segment.prefix();
-    if let Some(deadline) = MapValue::from_lookup(DOOR_BLOCKED.get_ptr_mut(src)) {
+    if settings.blocklist
+        && let Some(deadline) = MapValue::from_lookup(DOOR_BLOCKED.get_ptr_mut(src))
+    {
         if now < deadline.load(0) {
             if let Some(state) = MapValue::from_lookup(DOOR_PREFIXES.get_ptr_mut(src)) {
                 bump(&state, offset_of!(PrefixState, drops));
