@@ -34,7 +34,8 @@ pub enum Counter {
     PassNotSyn = 2,
     /// Passed: a SYN (SYN set, ACK clear) within its prefix's budget, counted against it.
     PassSyn = 3,
-    /// Passed: the packet ended before a header the program needed (fail-open).
+    /// Passed: the packet or its IP datagram ended before a header the program needed
+    /// (fail-open), including a tiny TCP first fragment while the shield only observes.
     PassTruncated = 4,
     /// Passed: a SYN whose prefix could not be recorded (map update failed; fail-open).
     PassMapFull = 5,
@@ -47,8 +48,9 @@ pub enum Counter {
     PassUnprotectedPort = 8,
     /// Passed: a SYN from an exempt address (trusted proxy or allowlist).
     PassExempt = 9,
-    /// Passed: more than two VLAN tags or more IPv6 extension headers than the program walks
-    /// (fail-open).
+    /// Passed: more than two VLAN tags (fail-open), or an IPv6 packet whose extension headers the
+    /// program cannot walk to the end, within its source's SYN budget (see
+    /// [`Counter::DropUnwalkable`]).
     PassTooManyHeaders = 10,
     /// Passed: a SYN from a new prefix while the churn guard is closed, within the shared
     /// overflow bucket's budget.
@@ -60,10 +62,16 @@ pub enum Counter {
     DropOverflow = 13,
     /// Dropped: a SYN from a prefix on the daemon's blocklist, before its deadline.
     DropBlocked = 14,
+    /// Dropped: a TCP first fragment to a protected port too short to hold the TCP header
+    /// (RFC 1858 §3.1: its flags would arrive in a later fragment).
+    DropTinyFragment = 15,
+    /// Dropped: an IPv6 packet whose extension headers the program cannot walk to the end, over
+    /// its source's SYN budget.
+    DropUnwalkable = 16,
 }
 
 /// Number of counters, the length of the per-CPU array [`crate::MAP_COUNTERS`].
-pub const COUNTER_COUNT: u32 = 15;
+pub const COUNTER_COUNT: u32 = 17;
 
 impl Counter {
     /// Every counter, in index order.
@@ -83,6 +91,8 @@ impl Counter {
         Counter::DropSynBudget,
         Counter::DropOverflow,
         Counter::DropBlocked,
+        Counter::DropTinyFragment,
+        Counter::DropUnwalkable,
     ];
 
     /// The index of this counter in [`crate::MAP_COUNTERS`].
@@ -105,7 +115,11 @@ impl Counter {
             | Counter::PassExempt
             | Counter::PassTooManyHeaders
             | Counter::PassOverflowSyn => Verdict::Pass,
-            Counter::DropSynBudget | Counter::DropOverflow | Counter::DropBlocked => Verdict::Drop,
+            Counter::DropSynBudget
+            | Counter::DropOverflow
+            | Counter::DropBlocked
+            | Counter::DropTinyFragment
+            | Counter::DropUnwalkable => Verdict::Drop,
         }
     }
 
@@ -127,6 +141,8 @@ impl Counter {
             Counter::DropSynBudget => "syn_budget",
             Counter::DropOverflow => "overflow",
             Counter::DropBlocked => "blocked",
+            Counter::DropTinyFragment => "tiny_fragment",
+            Counter::DropUnwalkable => "unwalkable",
         }
     }
 }

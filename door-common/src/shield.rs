@@ -10,8 +10,8 @@ pub const CONFIG_ALL_PORTS: u64 = 2;
 
 /// [`ShieldConfig::flags`]: the exempt trie has entries (otherwise the program skips the lookup).
 pub const CONFIG_HAS_EXEMPT: u64 = 4;
-/// [`ShieldConfig::flags`]: the blocklist may have entries (set by the daemon before its first
-/// insert; the program skips the lookup while it is clear).
+/// [`ShieldConfig::flags`]: the blocklist may have entries (set by the daemon right after its
+/// first insert; the program skips the lookup while it is clear).
 pub const CONFIG_HAS_BLOCKLIST: u64 = 8;
 
 /// Words of the destination-port bitmap (65,536 bits).
@@ -34,11 +34,16 @@ pub struct ShieldConfig {
     pub new_prefix_interval_ns: u64,
     /// `new_prefix_burst × new_prefix_interval_ns`, nanoseconds.
     pub new_prefix_tolerance_ns: u64,
+    /// Nanoseconds between two tokens of the overflow bucket shared by new prefixes while the
+    /// churn guard is closed (`[xdp] overflow_syn_rate`).
+    pub overflow_interval_ns: u64,
+    /// `overflow_syn_burst × overflow_interval_ns`, nanoseconds.
+    pub overflow_tolerance_ns: u64,
     /// Protected destination ports, one bit each: port `p` is bit `p % 64` of word `p / 64`.
     pub ports: [u64; PORT_WORDS],
 }
 
-const _: () = assert!(size_of::<ShieldConfig>() == 5 * 8 + PORT_WORDS * 8);
+const _: () = assert!(size_of::<ShieldConfig>() == 7 * 8 + PORT_WORDS * 8);
 
 impl ShieldConfig {
     /// A configuration with no port protected and the guard off (flags: written).
@@ -49,6 +54,8 @@ impl ShieldConfig {
             syn_tolerance_ns,
             new_prefix_interval_ns: 0,
             new_prefix_tolerance_ns: 0,
+            overflow_interval_ns: syn_interval_ns,
+            overflow_tolerance_ns: syn_tolerance_ns,
             ports: [0; PORT_WORDS],
         }
     }

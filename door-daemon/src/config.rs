@@ -37,10 +37,22 @@ pub const DEFAULT_SYN_RATE: f64 = 100.0;
 pub const DEFAULT_SYN_BURST: u32 = 200;
 /// Default `[xdp] ports`: HTTPS.
 pub const DEFAULT_PORTS: [u16; 1] = [443];
-/// Default `[xdp] new_prefix_rate`, new prefixes per second.
-pub const DEFAULT_NEW_PREFIX_RATE: f64 = 1_000.0;
+/// Default `[xdp] new_prefix_rate`, new prefixes per second: with the default `max_prefixes`, a
+/// tracked prefix idle for less than 65,536 / 200 ≈ 5.5 minutes is never evicted by churn.
+pub const DEFAULT_NEW_PREFIX_RATE: f64 = 200.0;
 /// Default `[xdp] new_prefix_burst`, new prefixes.
-pub const DEFAULT_NEW_PREFIX_BURST: u32 = 10_000;
+pub const DEFAULT_NEW_PREFIX_BURST: u32 = 2_000;
+/// Default `[xdp] overflow_syn_rate`, SYNs per second shared by new prefixes while the churn
+/// guard is closed.
+pub const DEFAULT_OVERFLOW_SYN_RATE: f64 = 10_000.0;
+/// Default `[xdp] overflow_syn_burst`, SYNs.
+pub const DEFAULT_OVERFLOW_SYN_BURST: u32 = 20_000;
+/// Default `[xdp] max_prefixes`: entries of the per-prefix LRU map.
+pub const DEFAULT_MAX_PREFIXES: u32 = door_common::PREFIX_MAP_CAPACITY;
+/// Slowest rate accepted for `[xdp]` rates: one per day (as the limiter's `MIN_RATE`).
+const MIN_XDP_RATE: f64 = crate::limit::MIN_RATE;
+/// Fastest rate accepted for `[xdp]` rates: one per nanosecond.
+const MAX_XDP_RATE: f64 = crate::limit::MAX_RATE;
 /// Default `[xdp] escalate_window`.
 pub const DEFAULT_ESCALATE_WINDOW: Duration = Duration::from_secs(10);
 /// Default `[xdp] block_for`.
@@ -154,10 +166,18 @@ pub struct XdpConfig {
     /// Protected destination ports; empty means all. Default `[443]`.
     pub ports: Vec<u16>,
     /// Churn guard: new source prefixes per second that get their own entry; above it, new
-    /// prefixes share one overflow bucket. 0 turns the guard off. Default 1000.
+    /// prefixes share one overflow bucket. 0 turns the guard off. Default 200.
     pub new_prefix_rate: f64,
-    /// Churn guard burst, new prefixes. Default 10,000.
+    /// Churn guard burst, new prefixes. Default 2,000.
     pub new_prefix_burst: u32,
+    /// SYNs per second of the one overflow bucket new prefixes share while the churn guard is
+    /// closed. Default 10,000.
+    pub overflow_syn_rate: f64,
+    /// Burst of the overflow bucket, SYNs. Default 20,000.
+    pub overflow_syn_burst: u32,
+    /// Entries of the per-prefix LRU map (memory: about 100 bytes each in the kernel). Default
+    /// 65,536.
+    pub max_prefixes: u32,
     /// Operator allowlist: CIDRs the shield never sheds (trusted proxies are always exempt too).
     /// Default none.
     pub allow: Vec<IpNet>,
@@ -316,6 +336,9 @@ struct XdpFile {
     ports: Option<Vec<i64>>,
     new_prefix_rate: Option<f64>,
     new_prefix_burst: Option<i64>,
+    overflow_syn_rate: Option<f64>,
+    overflow_syn_burst: Option<i64>,
+    max_prefixes: Option<i64>,
     allow: Option<Vec<String>>,
     escalate_after: Option<i64>,
     escalate_window: Option<String>,
@@ -575,6 +598,21 @@ fn build_groups(
     Ok(groups)
 }
 
+/// An `[xdp]` rate (per second): `default` when absent; finite, from one a day to one a
+/// nanosecond.
+fn xdp_rate(key: &str, value: Option<f64>, default: f64) -> Result<f64, ConfigError> {
+    let rate = value.unwrap_or(default);
+    if rate.is_finite() && (MIN_XDP_RATE..=MAX_XDP_RATE).contains(&rate) {
+        Ok(rate)
+    } else {
+        Err(invalid(
+            key,
+            rate,
+            "must be a number per second from one a day (0.0000116) to 1e9",
+        ))
+    }
+}
+
 fn positive_u32(key: &str, v: i64) -> Result<u32, ConfigError> {
     u32::try_from(v)
         .ok()
@@ -625,14 +663,7 @@ fn build_xdp(file: Option<XdpFile>, o: &Overrides) -> Result<XdpConfig, ConfigEr
             Some(_) => {}
         }
     }
-    let syn_rate = f.syn_rate.unwrap_or(DEFAULT_SYN_RATE);
-    if !(syn_rate.is_finite() && syn_rate > 0.0) {
-        return Err(invalid(
-            "xdp.syn_rate",
-            syn_rate,
-            "must be a positive number of SYNs per second",
-        ));
-    }
+    let syn_rate = xdp_rate("xdp.syn_rate", f.syn_rate, DEFAULT_SYN_RATE)?;
     let syn_burst = match f.syn_burst {
         Some(v) => positive_u32("xdp.syn_burst", v)?,
         None => DEFAULT_SYN_BURST,
@@ -649,17 +680,26 @@ fn build_xdp(file: Option<XdpFile>, o: &Overrides) -> Result<XdpConfig, ConfigEr
             .collect::<Result<Vec<_>, _>>()?,
         None => DEFAULT_PORTS.to_vec(),
     };
-    let new_prefix_rate = f.new_prefix_rate.unwrap_or(DEFAULT_NEW_PREFIX_RATE);
-    if !(new_prefix_rate.is_finite() && new_prefix_rate >= 0.0) {
-        return Err(invalid(
-            "xdp.new_prefix_rate",
-            new_prefix_rate,
-            "must be a number of new prefixes per second, 0 to turn the guard off",
-        ));
-    }
+    let new_prefix_rate = match f.new_prefix_rate {
+        Some(0.0) => 0.0,
+        r => xdp_rate("xdp.new_prefix_rate", r, DEFAULT_NEW_PREFIX_RATE)?,
+    };
     let new_prefix_burst = match f.new_prefix_burst {
         Some(v) => positive_u32("xdp.new_prefix_burst", v)?,
         None => DEFAULT_NEW_PREFIX_BURST,
+    };
+    let overflow_syn_rate = xdp_rate(
+        "xdp.overflow_syn_rate",
+        f.overflow_syn_rate,
+        DEFAULT_OVERFLOW_SYN_RATE,
+    )?;
+    let overflow_syn_burst = match f.overflow_syn_burst {
+        Some(v) => positive_u32("xdp.overflow_syn_burst", v)?,
+        None => DEFAULT_OVERFLOW_SYN_BURST,
+    };
+    let max_prefixes = match f.max_prefixes {
+        Some(v) => positive_u32("xdp.max_prefixes", v)?,
+        None => DEFAULT_MAX_PREFIXES,
     };
     let allow = parse_cidrs("xdp.allow", &f.allow.unwrap_or_default())?
         .nets()
@@ -684,6 +724,9 @@ fn build_xdp(file: Option<XdpFile>, o: &Overrides) -> Result<XdpConfig, ConfigEr
         ports,
         new_prefix_rate,
         new_prefix_burst,
+        overflow_syn_rate,
+        overflow_syn_burst,
+        max_prefixes,
         allow,
         escalate_after,
         escalate_window,

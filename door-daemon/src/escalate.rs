@@ -1,7 +1,10 @@
 //! Escalation from layer 7 to layer 4 (../shared/DESIGN.md, "Flood shield"): a key that was the
-//! TCP peer itself and collected `escalate_after` rejections (429) within `escalate_window` is put
-//! on the XDP blocklist for `block_for`. Keys learned through a trusted proxy, and trusted proxies
-//! themselves, are never escalated: blocking the proxy would block everyone behind it.
+//! TCP peer itself and collected `escalate_after` rejections (429, rate or per-client cap) within
+//! `escalate_window` is put on the XDP blocklist for `block_for`, once (not again while blocked).
+//! Keys learned through a trusted proxy, and trusted proxies themselves, are never escalated:
+//! blocking the proxy would block everyone behind it. Nor are loopback, private, link-local or
+//! unique-local peers, nor peers that sent forwarding headers door ignored: those are most likely
+//! a proxy or tunnel missing from `trusted_proxies`, and blocking it would take the site down.
 //!
 //! Memory is bounded: at most [`TRACKED_KEYS`] keys are counted (least recently rejected
 //! forgotten first). Time comes from the injected [`Clock`].
@@ -12,10 +15,12 @@ use std::{
     time::Duration,
 };
 
+use std::net::IpAddr;
+
 use door_common::PrefixKey;
 use lru::LruCache;
 
-use crate::clock::Clock;
+use crate::{clock::Clock, key::KeyDecision};
 
 /// Keys whose rejections are being counted, at most.
 pub const TRACKED_KEYS: usize = 16_384;
@@ -29,16 +34,48 @@ pub trait Blocklist: Send + Sync + std::fmt::Debug {
 /// Where a rejected request's key came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum KeySource {
-    /// The untrusted TCP peer itself: may be escalated.
+    /// The untrusted TCP peer itself, a public address: may be escalated.
     Peer,
     /// An address learned through a trusted proxy's headers, or the trusted proxy itself: never.
     ThroughProxy,
+    /// An untrusted peer that is local or private, or sent forwarding headers door ignored
+    /// (probably a proxy missing from `trusted_proxies`): never.
+    LocalPeer,
+}
+
+impl KeySource {
+    /// Classifies a client-key decision (see the module docs).
+    pub fn of(decision: &KeyDecision) -> Self {
+        if !decision.is_untrusted_peer() {
+            Self::ThroughProxy
+        } else if decision.ignored_untrusted_xff || is_local(decision.client) {
+            Self::LocalPeer
+        } else {
+            Self::Peer
+        }
+    }
+}
+
+/// Loopback, RFC 1918 private, link-local, unique-local (fc00::/7) or shared (100.64.0.0/10).
+fn is_local(ip: IpAddr) -> bool {
+    match ip {
+        IpAddr::V4(v4) => {
+            let [a, b, ..] = v4.octets();
+            v4.is_loopback()
+                || v4.is_private()
+                || v4.is_link_local()
+                || (a == 100 && (64..128).contains(&b))
+        }
+        IpAddr::V6(v6) => v6.is_loopback() || v6.is_unique_local() || v6.is_unicast_link_local(),
+    }
 }
 
 #[derive(Debug, Clone, Copy)]
 struct Window {
     start_ns: u64,
     rejections: u32,
+    /// Clock time until which the key is blocked (0: not blocked).
+    blocked_until_ns: u64,
 }
 
 /// Counts 429s per key and escalates repeat offenders.
@@ -85,16 +122,28 @@ impl Escalator {
             let w = windows.get_or_insert_mut(key, || Window {
                 start_ns: now,
                 rejections: 0,
+                blocked_until_ns: 0,
             });
+            if now < w.blocked_until_ns {
+                // Already blocked: its SYNs are being dropped; nothing to add.
+                return false;
+            }
             if now.saturating_sub(w.start_ns) > self.window_ns {
                 *w = Window {
                     start_ns: now,
                     rejections: 0,
+                    blocked_until_ns: 0,
                 };
             }
             w.rejections += 1;
             if w.rejections >= self.after {
-                windows.pop(&key);
+                *w = Window {
+                    start_ns: now,
+                    rejections: 0,
+                    blocked_until_ns: now.saturating_add(
+                        u64::try_from(self.block_for.as_nanos()).unwrap_or(u64::MAX),
+                    ),
+                };
                 true
             } else {
                 false
@@ -172,6 +221,69 @@ mod tests {
             assert!(!e.on_rejection(key("203.0.113.9"), KeySource::ThroughProxy));
         }
         assert!(rec.0.lock().unwrap().is_empty());
+    }
+
+    #[test]
+    fn after_the_block_expires_the_count_starts_over() {
+        let (clock, rec, e) = setup();
+        for _ in 0..3 {
+            e.on_rejection(key("192.0.2.7"), KeySource::Peer);
+        }
+        clock.advance(Duration::from_secs(61));
+        assert!(!e.on_rejection(key("192.0.2.7"), KeySource::Peer));
+        assert!(!e.on_rejection(key("192.0.2.7"), KeySource::Peer));
+        assert!(e.on_rejection(key("192.0.2.7"), KeySource::Peer));
+        assert_eq!(rec.0.lock().unwrap().len(), 2);
+    }
+
+    #[test]
+    fn local_peers_are_never_escalated() {
+        let (_, rec, e) = setup();
+        for _ in 0..100 {
+            assert!(!e.on_rejection(key("10.0.0.7"), KeySource::LocalPeer));
+        }
+        assert!(rec.0.lock().unwrap().is_empty());
+    }
+
+    #[test]
+    fn key_source_follows_the_client_key_decision() {
+        use crate::key::{ForwardedSource, TrustedProxies, client_key};
+
+        let trusted = TrustedProxies::parse_list("192.0.2.10/32").unwrap();
+        let source = |peer: &str, xff: Option<&str>| {
+            let mut headers = http::HeaderMap::new();
+            if let Some(x) = xff {
+                headers.insert("x-forwarded-for", x.parse().unwrap());
+            }
+            let d = client_key(
+                peer.parse().unwrap(),
+                &headers,
+                &trusted,
+                ForwardedSource::Xff,
+            );
+            KeySource::of(&d)
+        };
+        // A public peer talking to door directly: its own key, escalatable.
+        assert_eq!(source("203.0.113.9", None), KeySource::Peer);
+        assert_eq!(source("2001:db8::9", None), KeySource::Peer);
+        assert_eq!(source("::ffff:203.0.113.9", None), KeySource::Peer);
+        // A public peer sending XFF that door ignores is still the peer.
+        assert_eq!(source("203.0.113.9", Some("198.51.100.1")), KeySource::Peer);
+        // Behind the trusted proxy, the client learned from XFF is never escalated, and neither is
+        // the proxy itself.
+        assert_eq!(
+            source("192.0.2.10", Some("203.0.113.9")),
+            KeySource::ThroughProxy
+        );
+        assert_eq!(source("192.0.2.10", None), KeySource::ThroughProxy);
+        // A local or private peer (a proxy missing from trusted_proxies?) is never escalated.
+        assert_eq!(source("127.0.0.1", None), KeySource::LocalPeer);
+        assert_eq!(
+            source("10.1.2.3", Some("203.0.113.9")),
+            KeySource::LocalPeer
+        );
+        assert_eq!(source("fd00::1", None), KeySource::LocalPeer);
+        assert_eq!(source("100.64.0.1", None), KeySource::LocalPeer);
     }
 
     #[test]

@@ -163,12 +163,7 @@ impl App {
                 if rejection.status == StatusCode::TOO_MANY_REQUESTS
                     && let Some(e) = &self.escalator
                 {
-                    let source = if decision.is_untrusted_peer() {
-                        KeySource::Peer
-                    } else {
-                        KeySource::ThroughProxy
-                    };
-                    e.on_rejection(decision.key, source);
+                    e.on_rejection(decision.key, KeySource::of(&decision));
                 }
                 rejected(limiter.group(), &rejection)
             }
@@ -365,7 +360,7 @@ pub async fn run(config: Config) -> Result<(), ServeError> {
     let clock: Arc<dyn Clock> = Arc::new(MonotonicClock::new());
     let blocklist = shield
         .clone()
-        .map(|s| Arc::new(ShieldBlocklist(s)) as Arc<dyn Blocklist>);
+        .map(|s| Arc::new(crate::xdp::BlocklistWriter::spawn(s)) as Arc<dyn Blocklist>);
     let meter = opentelemetry::global::meter("door");
     let metrics = Metrics::new(&meter);
     let _shield_instruments = shield.as_ref().map(|s| crate::xdp::observe(&meter, s));
@@ -434,7 +429,7 @@ fn start_shield(config: &Config) -> Result<Option<Arc<Mutex<Shield>>>, ServeErro
     let interface = config.xdp.interface.clone().unwrap_or_default();
     let mut exempt = config.trusted_proxies.nets().to_vec();
     exempt.extend(config.xdp.allow.iter().copied());
-    let attached = Shield::load().and_then(|mut s| {
+    let attached = Shield::load_with_capacity(config.xdp.max_prefixes).and_then(|mut s| {
         s.configure(&config.xdp, &exempt)?;
         s.attach(&interface, mode).map(|m| (s, m))
     });
@@ -454,23 +449,6 @@ fn start_shield(config: &Config) -> Result<Option<Arc<Mutex<Shield>>>, ServeErro
             mode: mode.as_str(),
             source,
         }),
-    }
-}
-
-/// The XDP blocklist as the escalator's [`Blocklist`].
-#[derive(Debug)]
-struct ShieldBlocklist(Arc<Mutex<Shield>>);
-
-impl Blocklist for ShieldBlocklist {
-    fn block(&self, key: door_common::PrefixKey, duration: Duration) {
-        let result = self
-            .0
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .block(key, duration);
-        if let Err(e) = result {
-            tracing::warn!(%key, error = %e, "could not add to the XDP blocklist");
-        }
     }
 }
 

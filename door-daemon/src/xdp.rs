@@ -113,6 +113,8 @@ pub struct Shield {
     ebpf: Ebpf,
     /// The configuration last written to the config map (`None` until [`Shield::configure`]).
     config: Option<Box<ShieldConfig>>,
+    /// Whether anything was ever put on the blocklist (its flag then stays set).
+    blocklist_used: bool,
     attached: Option<(String, AttachedMode, XdpLinkId)>,
 }
 
@@ -134,19 +136,37 @@ impl Shield {
         Self::load_object(PROGRAM)
     }
 
+    /// Loads the embedded program with a per-prefix LRU map of `max_prefixes` entries
+    /// (`[xdp] max_prefixes`) instead of [`door_common::PREFIX_MAP_CAPACITY`].
+    ///
+    /// # Errors
+    /// As [`Shield::load`].
+    pub fn load_with_capacity(max_prefixes: u32) -> Result<Self, ShieldError> {
+        Self::load_inner(PROGRAM, Some(max_prefixes))
+    }
+
     /// Loads `object` (an eBPF ELF with door's program and maps), for tests and benchmarks.
     ///
     /// # Errors
     /// As [`Shield::load`].
     pub fn load_object(object: &[u8]) -> Result<Self, ShieldError> {
+        Self::load_inner(object, None)
+    }
+
+    fn load_inner(object: &[u8], max_prefixes: Option<u32>) -> Result<Self, ShieldError> {
         if object.is_empty() {
             return Err(ShieldError::NoProgram);
         }
-        let mut ebpf = Ebpf::load(object)?;
+        let mut loader = aya::EbpfLoader::new();
+        if let Some(n) = max_prefixes {
+            loader.map_max_entries(MAP_PREFIXES, n);
+        }
+        let mut ebpf = loader.load(object)?;
         program_mut(&mut ebpf)?.load()?;
         Ok(Self {
             ebpf,
             config: None,
+            blocklist_used: false,
             attached: None,
         })
     }
@@ -300,6 +320,9 @@ impl Shield {
             syn_interval,
             gcra::tolerance_ns(syn_interval, xdp.syn_burst),
         ));
+        cfg.overflow_interval_ns = gcra::interval_ns(xdp.overflow_syn_rate);
+        cfg.overflow_tolerance_ns =
+            gcra::tolerance_ns(cfg.overflow_interval_ns, xdp.overflow_syn_burst);
         if xdp.new_prefix_rate > 0.0 {
             cfg.new_prefix_interval_ns = gcra::interval_ns(xdp.new_prefix_rate);
             cfg.new_prefix_tolerance_ns =
@@ -312,11 +335,7 @@ impl Shield {
             cfg.flags |= CONFIG_HAS_EXEMPT;
         }
         // Once blocklisting has started it stays on: entries outlive reconfigurations.
-        if self
-            .config
-            .as_ref()
-            .is_some_and(|c| c.flags & CONFIG_HAS_BLOCKLIST != 0)
-        {
+        if self.blocklist_used {
             cfg.flags |= CONFIG_HAS_BLOCKLIST;
         }
         for &port in &xdp.ports {
@@ -356,19 +375,20 @@ impl Shield {
         Ok(())
     }
 
-    /// Puts `key` on the blocklist for `duration`: the program drops its SYNs until then, and
-    /// deletes the entry at the first SYN after the deadline.
+    /// Puts `key` on the blocklist for `duration`: the program drops its SYNs until then and
+    /// ignores the entry after; expired entries are deleted by the next call (the blocklist is an
+    /// LRU map of [`door_common::BLOCKED_CAPACITY`] entries, so it never fills up either).
     ///
     /// # Errors
-    /// [`ShieldError::Map`] when the blocklist cannot be written (full:
-    /// [`door_common::BLOCKED_CAPACITY`] entries).
+    /// [`ShieldError::Map`] when the blocklist cannot be written.
     pub fn block(&mut self, key: PrefixKey, duration: Duration) -> Result<(), ShieldError> {
         let ns = u64::try_from(duration.as_nanos()).unwrap_or(u64::MAX);
         self.block_until(key, monotonic_ns().saturating_add(ns))
     }
 
     /// Puts `key` on the blocklist until `deadline_ns` on the `bpf_ktime_get_ns` clock
-    /// (CLOCK_MONOTONIC). A deadline in the past is accepted: the next SYN forgets it. The
+    /// (CLOCK_MONOTONIC). A deadline in the past is accepted: SYNs pass, and the next call
+    /// deletes it. The
     /// program only enforces the blocklist once [`Shield::configure`] has run (before that it
     /// only observes).
     ///
@@ -381,8 +401,22 @@ impl Shield {
         };
         let mut map: HashMap<_, PrefixKey, u64> =
             HashMap::try_from(map_mut(&mut self.ebpf, MAP_BLOCKED)?).map_err(map_err)?;
+        // The daemon is the only one that deletes entries (the program ignores expired ones), so a
+        // re-block can never be lost to a concurrent delete.
+        let now = monotonic_ns();
+        let expired: Vec<PrefixKey> = map
+            .iter()
+            .filter_map(Result::ok)
+            .filter(|(k, deadline)| *deadline <= now && *k != key)
+            .map(|(k, _)| k)
+            .collect();
+        for k in &expired {
+            // Already gone (evicted) is fine.
+            let _ = map.remove(k);
+        }
         map.insert(key, deadline_ns, 0).map_err(map_err)?;
         // The entry is in place before the flag that makes the program look it up.
+        self.blocklist_used = true;
         if let Some(config) = &self.config
             && config.flags & CONFIG_HAS_BLOCKLIST == 0
         {
@@ -393,8 +427,8 @@ impl Shield {
         Ok(())
     }
 
-    /// The blocklist: prefixes and their deadlines (ns, CLOCK_MONOTONIC). Entries whose deadline
-    /// passed stay listed until their next SYN.
+    /// The blocklist: prefixes and their deadlines (ns, CLOCK_MONOTONIC), expired entries
+    /// included until the next [`Shield::block`] deletes them.
     ///
     /// # Errors
     /// [`ShieldError::Map`] if the blocklist cannot be read.
@@ -450,6 +484,57 @@ impl Shield {
 impl Drop for Shield {
     fn drop(&mut self) {
         self.detach();
+    }
+}
+
+/// Escalations waiting for the blocklist writer, at most; more are dropped (and logged once).
+pub const BLOCKLIST_QUEUE: usize = 1_024;
+
+/// The escalator's [`Blocklist`](crate::escalate::Blocklist) in production: queues blocks for a
+/// dedicated thread that writes the XDP blocklist, so that the request path never waits for the
+/// shield's lock or for a map walk (`/status`, metrics collection).
+#[derive(Debug)]
+pub struct BlocklistWriter {
+    queue: std::sync::mpsc::SyncSender<(PrefixKey, Duration)>,
+    dropped_warned: std::sync::atomic::AtomicBool,
+}
+
+impl BlocklistWriter {
+    /// Starts the writer thread for `shield`; it ends when the writer is dropped.
+    pub fn spawn(shield: Arc<Mutex<Shield>>) -> Self {
+        let (queue, rx) = std::sync::mpsc::sync_channel::<(PrefixKey, Duration)>(BLOCKLIST_QUEUE);
+        let spawned = std::thread::Builder::new()
+            .name("door-blocklist".to_owned())
+            .spawn(move || {
+                for (key, duration) in rx {
+                    let result = shield
+                        .lock()
+                        .unwrap_or_else(PoisonError::into_inner)
+                        .block(key, duration);
+                    if let Err(e) = result {
+                        tracing::warn!(%key, error = %e, "could not add to the XDP blocklist");
+                    }
+                }
+            });
+        if let Err(e) = spawned {
+            tracing::error!(error = %e, "could not start the blocklist writer: escalation is off");
+        }
+        Self {
+            queue,
+            dropped_warned: std::sync::atomic::AtomicBool::new(false),
+        }
+    }
+}
+
+impl crate::escalate::Blocklist for BlocklistWriter {
+    fn block(&self, key: PrefixKey, duration: Duration) {
+        if self.queue.try_send((key, duration)).is_err()
+            && !self
+                .dropped_warned
+                .swap(true, std::sync::atomic::Ordering::Relaxed)
+        {
+            tracing::warn!(%key, "blocklist writer is behind or gone: escalations are being dropped (warned once)");
+        }
     }
 }
 

@@ -7,12 +7,20 @@
 //!
 //! 1. an address in the exempt LPM trie ([`door_common::MAP_EXEMPT`]) passes;
 //! 2. a prefix on the daemon's blocklist ([`door_common::MAP_BLOCKED`]) is dropped until its
-//!    deadline, after which its entry is deleted;
+//!    deadline, after which the entry is ignored (the daemon deletes it);
 //! 3. a prefix with an entry in the LRU map ([`door_common::MAP_PREFIXES`]) takes a token from
 //!    its GCRA bucket (`syn_rate`, `syn_burst`) or is dropped;
-//! 4. a new prefix gets an entry if the churn guard has a new-prefix token; otherwise it is
-//!    charged to the one shared overflow bucket ([`door_common::MAP_GUARD`]), so that an
-//!    address-rotation flood cannot make the LRU map evict the prefixes it already tracks.
+//! 4. a new prefix gets an entry if the churn guard has a new-prefix token (`new_prefix_rate`,
+//!    `new_prefix_burst`); otherwise it is charged to the one overflow bucket all such prefixes
+//!    share ([`door_common::MAP_GUARD`], `overflow_syn_rate`, `overflow_syn_burst`), so that an
+//!    address-rotation flood cannot make the LRU map evict the prefixes it already tracks. The
+//!    overflow bucket has its own, larger budget so that a small rotation flood cannot shut out
+//!    every new legitimate client; the guard bounds entry creation, so a tracked prefix idle for
+//!    less than `max_prefixes / new_prefix_rate` seconds is never evicted.
+//!
+//! Two shapes that could hide a SYN are judged too (see [`parse`]): a TCP first fragment too short
+//! for the TCP header to a protected port is dropped (RFC 1858 §3.1), and an IPv6 packet whose
+//! extension headers cannot be walked to the end is charged to its source's bucket like a SYN.
 //!
 //! Until the daemon writes [`door_common::MAP_CONFIG`], the program only observes: it counts
 //! SYNs per prefix on every port and drops nothing. The exempt trie and the blocklist are only
@@ -40,7 +48,7 @@ use core::mem::offset_of;
 use aya_ebpf::{
     bindings::{BPF_NOEXIST, xdp_action},
     macros::{map, xdp},
-    maps::{Array, HashMap, LpmTrie, LruHashMap, PerCpuArray, lpm_trie::Key},
+    maps::{Array, LpmTrie, LruHashMap, PerCpuArray, lpm_trie::Key},
     programs::XdpContext,
 };
 use door_common::{
@@ -51,7 +59,7 @@ use door_common::{
 
 use crate::{
     access::{MapValue, Packet, now_ns},
-    parse::{Parsed, TcpSegment, parse},
+    parse::{Parsed, parse},
 };
 
 /// Per-prefix SYN state; name and layout shared with the daemon through `door-common`.
@@ -71,9 +79,10 @@ static DOOR_CONFIG: Array<ShieldConfig> = Array::with_max_entries(1, 0);
 #[map(name = "DOOR_EXEMPT")]
 static DOOR_EXEMPT: LpmTrie<ExemptKey, u32> = LpmTrie::with_max_entries(EXEMPT_CAPACITY, 0);
 
-/// Blocklist: prefix → deadline (ns, `bpf_ktime_get_ns` clock).
+/// Blocklist: prefix → deadline (ns, `bpf_ktime_get_ns` clock). An LRU map, so that it can never
+/// fill up: when full, the least recently used entry (most likely an expired one) makes room.
 #[map(name = "DOOR_BLOCKED")]
-static DOOR_BLOCKED: HashMap<PrefixKey, u64> = HashMap::with_max_entries(BLOCKED_CAPACITY, 0);
+static DOOR_BLOCKED: LruHashMap<PrefixKey, u64> = LruHashMap::with_max_entries(BLOCKED_CAPACITY, 0);
 
 /// The churn guard (one entry).
 #[map(name = "DOOR_GUARD")]
@@ -87,8 +96,12 @@ static DOOR_GUARD: Array<GuardState> = Array::with_max_entries(1, 0);
 )]
 fn door_xdp(ctx: XdpContext) -> u32 {
     let counter = match parse(&Packet::new(&ctx)) {
-        Parsed::Tcp(segment) if segment.is_syn() => judge_syn(&segment),
+        Parsed::Tcp(segment) if segment.is_syn() => {
+            judge(&segment.addr, Some(segment.dst_port), Kind::Syn)
+        }
         Parsed::Tcp(_) => Counter::PassNotSyn,
+        Parsed::TinyFragment { addr, dst_port } => judge(&addr, dst_port, Kind::TinyFragment),
+        Parsed::Unwalkable { addr } => judge(&addr, None, Kind::Unwalkable),
         Parsed::Other(counter) => counter,
     };
     count(counter);
@@ -98,117 +111,170 @@ fn door_xdp(ctx: XdpContext) -> u32 {
     }
 }
 
+/// What is being judged: a SYN, or a packet that may hide one.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    /// A TCP SYN (SYN set, ACK clear).
+    Syn,
+    /// A TCP first fragment too short for the TCP header (RFC 1858 §3.1): no legitimate stack
+    /// sends one, so on a protected port it is dropped outright.
+    TinyFragment,
+    /// An IPv6 packet whose extension headers the program cannot walk to the end: charged to its
+    /// source's bucket like a SYN, so the shape cannot carry a flood past the budget.
+    Unwalkable,
+}
+
+impl Kind {
+    /// The counter when passed within budget (or while only observing).
+    fn pass(self) -> Counter {
+        match self {
+            Kind::Syn => Counter::PassSyn,
+            Kind::TinyFragment => Counter::PassTruncated,
+            Kind::Unwalkable => Counter::PassTooManyHeaders,
+        }
+    }
+
+    /// The counter when dropped over budget.
+    fn drop(self) -> Counter {
+        match self {
+            Kind::Syn => Counter::DropSynBudget,
+            Kind::TinyFragment => Counter::DropTinyFragment,
+            Kind::Unwalkable => Counter::DropUnwalkable,
+        }
+    }
+}
+
 /// The shield's settings as the program uses them.
 struct Settings {
     enforce: bool,
     exempt: bool,
     blocklist: bool,
-    syn_interval: u64,
-    syn_tolerance: u64,
-    new_prefix_interval: u64,
-    new_prefix_tolerance: u64,
+    syn: Bucket,
+    new_prefix: Bucket,
+    overflow: Bucket,
 }
 
-/// Reads the settings, or `None` when `port` is not protected. Without a written configuration:
-/// observe only (every port, nothing dropped).
+/// A GCRA bucket's parameters, nanoseconds.
+#[derive(Clone, Copy)]
+struct Bucket {
+    interval: u64,
+    tolerance: u64,
+}
+
+/// Reads the settings, or `None` when `port` is known and not protected (an unknown port counts
+/// as protected). Without a written configuration: observe only (every port, nothing dropped).
 #[inline(always)]
-fn settings(port: u16) -> Option<Settings> {
+fn settings(port: Option<u16>) -> Option<Settings> {
     let observe = Settings {
         enforce: false,
         exempt: false,
         blocklist: false,
-        syn_interval: 0,
-        syn_tolerance: u64::MAX,
-        new_prefix_interval: 0,
-        new_prefix_tolerance: 0,
+        syn: Bucket {
+            interval: 0,
+            tolerance: u64::MAX,
+        },
+        new_prefix: Bucket {
+            interval: 0,
+            tolerance: 0,
+        },
+        overflow: Bucket {
+            interval: 0,
+            tolerance: u64::MAX,
+        },
     };
-    let Some(cfg) = MapValue::from_lookup(DOOR_CONFIG.get_ptr_mut(0)) else {
+    let Some(cfg) = MapValue::in_array(&DOOR_CONFIG, 0) else {
         return Some(observe);
     };
     let flags = cfg.load(offset_of!(ShieldConfig, flags));
     if flags & CONFIG_WRITTEN == 0 {
         return Some(observe);
     }
-    if flags & CONFIG_ALL_PORTS == 0 {
+    if flags & CONFIG_ALL_PORTS == 0
+        && let Some(port) = port
+    {
         let word = offset_of!(ShieldConfig, ports) + usize::from(port / 64) * 8;
         if cfg.load(word) & (1 << (port % 64)) == 0 {
             return None;
         }
     }
+    let bucket = |interval: usize, tolerance: usize| Bucket {
+        interval: cfg.load(interval),
+        tolerance: cfg.load(tolerance),
+    };
     Some(Settings {
         enforce: true,
         exempt: flags & CONFIG_HAS_EXEMPT != 0,
         blocklist: flags & CONFIG_HAS_BLOCKLIST != 0,
-        syn_interval: cfg.load(offset_of!(ShieldConfig, syn_interval_ns)),
-        syn_tolerance: cfg.load(offset_of!(ShieldConfig, syn_tolerance_ns)),
-        new_prefix_interval: cfg.load(offset_of!(ShieldConfig, new_prefix_interval_ns)),
-        new_prefix_tolerance: cfg.load(offset_of!(ShieldConfig, new_prefix_tolerance_ns)),
+        syn: bucket(
+            offset_of!(ShieldConfig, syn_interval_ns),
+            offset_of!(ShieldConfig, syn_tolerance_ns),
+        ),
+        new_prefix: bucket(
+            offset_of!(ShieldConfig, new_prefix_interval_ns),
+            offset_of!(ShieldConfig, new_prefix_tolerance_ns),
+        ),
+        overflow: bucket(
+            offset_of!(ShieldConfig, overflow_interval_ns),
+            offset_of!(ShieldConfig, overflow_tolerance_ns),
+        ),
     })
 }
 
-/// Judges a SYN (see the crate docs for the order).
+/// Judges a packet from `addr` to `port` (see the crate docs for the order).
 #[inline(always)]
-fn judge_syn(segment: &TcpSegment) -> Counter {
-    let Some(settings) = settings(segment.dst_port) else {
+fn judge(addr: &[u8; 16], port: Option<u16>, kind: Kind) -> Counter {
+    let Some(settings) = settings(port) else {
         return Counter::PassUnprotectedPort;
     };
-    if settings.exempt && DOOR_EXEMPT.get(Key::new(128, segment.addr)).is_some() {
+    if !settings.enforce && kind != Kind::Syn {
+        return kind.pass();
+    }
+    if settings.exempt && DOOR_EXEMPT.get(Key::new(128, *addr)).is_some() {
         return Counter::PassExempt;
     }
     let now = now_ns();
-    let src = segment.prefix();
+    let src = PrefixKey::from_ipv6(*addr);
+    // Expired entries are ignored, never deleted here: the daemon owns the blocklist's entries,
+    // and the LRU map makes room for new ones on its own.
     if settings.blocklist
-        && let Some(deadline) = MapValue::from_lookup(DOOR_BLOCKED.get_ptr_mut(src))
+        && let Some(deadline) = MapValue::in_lru(&DOOR_BLOCKED, &src)
+        && now < deadline.load(0)
     {
-        if now < deadline.load(0) {
-            if let Some(state) = MapValue::from_lookup(DOOR_PREFIXES.get_ptr_mut(src)) {
-                bump(&state, offset_of!(PrefixState, drops));
-            }
-            return Counter::DropBlocked;
+        if let Some(state) = MapValue::in_lru(&DOOR_PREFIXES, &src) {
+            bump(&state, offset_of!(PrefixState, drops));
         }
-        // Expired: forget it. A failed delete only means another CPU deleted it first.
-        let _ = DOOR_BLOCKED.remove(src);
+        return Counter::DropBlocked;
     }
-    if let Some(state) = MapValue::from_lookup(DOOR_PREFIXES.get_ptr_mut(src)) {
-        return charge(
-            &state,
-            now,
-            &settings,
-            Counter::PassSyn,
-            Counter::DropSynBudget,
-        );
+    if kind == Kind::TinyFragment {
+        return kind.drop();
+    }
+    if let Some(state) = MapValue::in_lru(&DOOR_PREFIXES, &src) {
+        return charge(&state, now, settings.syn, settings.enforce, kind);
     }
     if settings.enforce
-        && settings.new_prefix_interval != 0
-        && let Some(guard) = MapValue::from_lookup(DOOR_GUARD.get_ptr_mut(0))
+        && settings.new_prefix.interval != 0
+        && let Some(guard) = MapValue::in_array(&DOOR_GUARD, 0)
     {
         let tat_at = offset_of!(GuardState, new_prefix_tat_ns);
-        match gcra::take(
-            guard.load(tat_at),
-            now,
-            settings.new_prefix_interval,
-            settings.new_prefix_tolerance,
-        ) {
+        let p = settings.new_prefix;
+        match gcra::take(guard.load(tat_at), now, p.interval, p.tolerance) {
             Some(tat) => guard.store(tat_at, tat),
             None => {
                 return match guard.project::<PrefixState>(offset_of!(GuardState, overflow)) {
-                    Some(overflow) => charge(
-                        &overflow,
-                        now,
-                        &settings,
-                        Counter::PassOverflowSyn,
-                        Counter::DropOverflow,
-                    ),
+                    Some(overflow) => match charge(&overflow, now, settings.overflow, true, kind) {
+                        c if c == kind.pass() => Counter::PassOverflowSyn,
+                        _ => Counter::DropOverflow,
+                    },
                     None => Counter::PassMapFull,
                 };
             }
         }
     }
-    // A new prefix: its bucket starts full, and this SYN takes its first token.
+    // A new prefix: its bucket starts full, and this packet takes its first token.
     let fresh = PrefixState {
         syns: 1,
         drops: 0,
-        tat_ns: gcra::take(0, now, settings.syn_interval, settings.syn_tolerance).unwrap_or(now),
+        tat_ns: gcra::take(0, now, settings.syn.interval, settings.syn.tolerance).unwrap_or(now),
         last_ns: now,
     };
     // BPF_NOEXIST: if another CPU created the entry since our lookup, charge that one.
@@ -216,42 +282,36 @@ fn judge_syn(segment: &TcpSegment) -> Counter {
         .insert(src, fresh, u64::from(BPF_NOEXIST))
         .is_ok()
     {
-        return Counter::PassSyn;
+        return kind.pass();
     }
-    match MapValue::from_lookup(DOOR_PREFIXES.get_ptr_mut(src)) {
-        Some(state) => charge(
-            &state,
-            now,
-            &settings,
-            Counter::PassSyn,
-            Counter::DropSynBudget,
-        ),
+    match MapValue::in_lru(&DOOR_PREFIXES, &src) {
+        Some(state) => charge(&state, now, settings.syn, settings.enforce, kind),
         None => Counter::PassMapFull,
     }
 }
 
-/// Counts a SYN on `state` and takes a token from its bucket: `pass` when it had one (or when only
-/// observing), `drop` otherwise.
+/// Counts a SYN on `state` and takes a token from its bucket: `kind.pass()` when it had one (or
+/// when only observing), `kind.drop()` otherwise.
 #[inline(always)]
 fn charge(
     state: &MapValue<PrefixState>,
     now: u64,
-    s: &Settings,
-    pass: Counter,
-    drop: Counter,
+    bucket: Bucket,
+    enforce: bool,
+    kind: Kind,
 ) -> Counter {
     bump(state, offset_of!(PrefixState, syns));
     state.store(offset_of!(PrefixState, last_ns), now);
     let tat_at = offset_of!(PrefixState, tat_ns);
-    match gcra::take(state.load(tat_at), now, s.syn_interval, s.syn_tolerance) {
+    match gcra::take(state.load(tat_at), now, bucket.interval, bucket.tolerance) {
         Some(tat) => {
             state.store(tat_at, tat);
-            pass
+            kind.pass()
         }
-        None if !s.enforce => pass,
+        None if !enforce => kind.pass(),
         None => {
             bump(state, offset_of!(PrefixState, drops));
-            drop
+            kind.drop()
         }
     }
 }
@@ -265,7 +325,7 @@ fn bump<T>(value: &MapValue<T>, offset: usize) {
 /// Increments this CPU's slot of `counter` (per-CPU: no other CPU writes it).
 #[inline(always)]
 fn count(counter: Counter) {
-    if let Some(slot) = MapValue::from_lookup(DOOR_COUNTERS.get_ptr_mut(counter.index())) {
+    if let Some(slot) = MapValue::in_per_cpu_array(&DOOR_COUNTERS, counter.index()) {
         bump(&slot, 0);
     }
 }

@@ -1,14 +1,20 @@
 //! Header parsing: Ethernet, up to two VLAN tags (802.1Q, 802.1ad), IPv4 (honouring IHL) or IPv6
 //! (walking a bounded number of extension headers), then TCP; reading only through the
-//! bounds-checked [`Packet::read`]. Headers are read as byte arrays, so every bit pattern the wire
-//! can carry is a valid value (no enums built from packet bytes).
+//! bounds-checked [`Packet::read`], which yields byte arrays (no enums built from packet bytes).
+//! Reads stop at the end of the IP datagram (its total or payload length), so link-layer padding
+//! is never parsed as a header.
+//!
+//! Two shapes an attacker could use to slip a SYN past a parser are reported rather than passed
+//! as unparsed: a TCP first fragment too short to hold the TCP header (RFC 1858 §3.1: the flags
+//! would arrive in a later fragment, and the kernel reassembles it), and an IPv6 packet whose
+//! extension-header chain is longer than the program walks (the kernel would still deliver it).
 //!
 //! Sources: IEEE 802.3 (Ethernet II), IEEE 802.1Q (C-tag 0x8100, S-tag 0x88a8), RFC 791 (IPv4),
-//! RFC 8200 §4 (IPv6 extension headers), RFC 4302 (AH length), RFC 9293 (TCP).
+//! RFC 8200 §4 (IPv6 extension headers), RFC 4302 (AH length), RFC 9293 (TCP), RFC 1858.
 
 use door_common::{Counter, PrefixKey};
 
-use crate::access::Packet;
+use crate::access::{MAX_OFFSET, Packet};
 
 const ETH_HLEN: usize = 14;
 const VLAN_HLEN: usize = 4;
@@ -49,25 +55,34 @@ impl TcpSegment {
     pub(crate) fn is_syn(&self) -> bool {
         self.flags & TCP_SYN != 0 && self.flags & TCP_ACK == 0
     }
-
-    /// The source's prefix (IPv4 /32, IPv6 /64, NAT64 as its IPv4).
-    pub(crate) fn prefix(&self) -> PrefixKey {
-        PrefixKey::from_ipv6(self.addr)
-    }
 }
 
-/// What the parser found: a TCP segment, or the pass counter that explains why not.
+/// What the parser found.
 pub(crate) enum Parsed {
-    /// A TCP segment whose fixed header is entirely inside the packet.
+    /// A TCP segment whose fixed header is entirely inside the datagram.
     Tcp(TcpSegment),
-    /// Anything else, with the counter it is recorded under.
+    /// A TCP first fragment too short to hold the TCP header: its flags are unknown. The
+    /// destination port, when its first 4 bytes are present.
+    TinyFragment {
+        /// The source address (16-byte form).
+        addr: [u8; 16],
+        /// The destination port, if the fragment carries it.
+        dst_port: Option<u16>,
+    },
+    /// An IPv6 packet whose extension headers go on past [`MAX_EXT_HEADERS`] or [`MAX_OFFSET`]:
+    /// whether it is a SYN is unknown.
+    Unwalkable {
+        /// The source address (16-byte form).
+        addr: [u8; 16],
+    },
+    /// Anything else, with the pass counter it is recorded under.
     Other(Counter),
 }
 
 /// Parses `pkt` down to its TCP header.
 #[inline(always)]
 pub(crate) fn parse(pkt: &Packet) -> Parsed {
-    let Some(eth) = pkt.read::<[u8; ETH_HLEN]>(0) else {
+    let Some(eth) = pkt.read::<ETH_HLEN>(0) else {
         return Parsed::Other(Counter::PassTruncated);
     };
     let mut ethertype = u16::from_be_bytes([eth[12], eth[13]]);
@@ -77,7 +92,7 @@ pub(crate) fn parse(pkt: &Packet) -> Parsed {
             break;
         }
         // TCI (2 bytes), then the encapsulated EtherType.
-        let Some(tag) = pkt.read::<[u8; VLAN_HLEN]>(offset) else {
+        let Some(tag) = pkt.read::<VLAN_HLEN>(offset) else {
             return Parsed::Other(Counter::PassTruncated);
         };
         ethertype = u16::from_be_bytes([tag[2], tag[3]]);
@@ -93,11 +108,12 @@ pub(crate) fn parse(pkt: &Packet) -> Parsed {
 
 #[inline(always)]
 fn ipv4(pkt: &Packet, offset: usize) -> Parsed {
-    let Some(ip) = pkt.read::<[u8; IPV4_MIN_HLEN]>(offset) else {
+    let Some(ip) = pkt.read::<IPV4_MIN_HLEN>(offset) else {
         return Parsed::Other(Counter::PassTruncated);
     };
     let ihl = usize::from(ip[0] & 0x0f) * 4;
-    if ip[0] >> 4 != 4 || ihl < IPV4_MIN_HLEN {
+    let total = usize::from(u16::from_be_bytes([ip[2], ip[3]]));
+    if ip[0] >> 4 != 4 || ihl < IPV4_MIN_HLEN || total < ihl {
         return Parsed::Other(Counter::PassMalformed);
     }
     if ip[9] != IPPROTO_TCP {
@@ -105,33 +121,52 @@ fn ipv4(pkt: &Packet, offset: usize) -> Parsed {
     }
     // Fragment offset (13 bits): non-zero means a later fragment, which has no TCP header. A
     // first fragment (offset 0, more-fragments set) carries the TCP header and is judged.
-    if u16::from_be_bytes([ip[6], ip[7]]) & 0x1fff != 0 {
+    let frag = u16::from_be_bytes([ip[6], ip[7]]);
+    if frag & 0x1fff != 0 {
         return Parsed::Other(Counter::PassFragment);
     }
     let addr = PrefixKey::from_ipv4([ip[12], ip[13], ip[14], ip[15]]).addr;
-    tcp(pkt, offset + ihl, addr)
+    let first_fragment = frag & 0x2000 != 0;
+    tcp(
+        &pkt.limited_to(offset + total),
+        offset + ihl,
+        addr,
+        first_fragment,
+    )
 }
 
 #[inline(always)]
 fn ipv6(pkt: &Packet, offset: usize) -> Parsed {
-    let Some(ip) = pkt.read::<[u8; IPV6_HLEN]>(offset) else {
+    let Some(ip) = pkt.read::<IPV6_HLEN>(offset) else {
         return Parsed::Other(Counter::PassTruncated);
     };
     if ip[0] >> 4 != 6 {
         return Parsed::Other(Counter::PassMalformed);
     }
+    // Payload length 0 means a jumbogram (RFC 2675): no bound from the header.
+    let payload = usize::from(u16::from_be_bytes([ip[4], ip[5]]));
+    let pkt = if payload == 0 {
+        *pkt
+    } else {
+        pkt.limited_to(offset + IPV6_HLEN + payload)
+    };
+    let pkt = &pkt;
     let addr = [
         ip[8], ip[9], ip[10], ip[11], ip[12], ip[13], ip[14], ip[15], ip[16], ip[17], ip[18],
         ip[19], ip[20], ip[21], ip[22], ip[23],
     ];
     let mut next = ip[6];
     let mut offset = offset + IPV6_HLEN;
+    let mut first_fragment = false;
     for _ in 0..MAX_EXT_HEADERS {
+        if offset > MAX_OFFSET {
+            return Parsed::Unwalkable { addr };
+        }
         match next {
-            IPPROTO_TCP => return tcp(pkt, offset, addr),
+            IPPROTO_TCP => return tcp(pkt, offset, addr, first_fragment),
             IPPROTO_HOPOPTS | IPPROTO_ROUTING | IPPROTO_DSTOPTS => {
                 // Next header, length in 8-octet units not counting the first 8 (RFC 8200 §4.3).
-                let Some(h) = pkt.read::<[u8; 2]>(offset) else {
+                let Some(h) = pkt.read::<2>(offset) else {
                     return Parsed::Other(Counter::PassTruncated);
                 };
                 next = h[0];
@@ -139,7 +174,7 @@ fn ipv6(pkt: &Packet, offset: usize) -> Parsed {
             }
             IPPROTO_AH => {
                 // Length in 4-octet units, minus 2 (RFC 4302 §2.2).
-                let Some(h) = pkt.read::<[u8; 2]>(offset) else {
+                let Some(h) = pkt.read::<2>(offset) else {
                     return Parsed::Other(Counter::PassTruncated);
                 };
                 next = h[0];
@@ -147,27 +182,39 @@ fn ipv6(pkt: &Packet, offset: usize) -> Parsed {
             }
             IPPROTO_FRAGMENT => {
                 // 8 bytes; fragment offset in the top 13 bits of bytes 2-3 (RFC 8200 §4.5).
-                let Some(h) = pkt.read::<[u8; 8]>(offset) else {
+                let Some(h) = pkt.read::<8>(offset) else {
                     return Parsed::Other(Counter::PassTruncated);
                 };
-                if u16::from_be_bytes([h[2], h[3]]) >> 3 != 0 {
+                let frag = u16::from_be_bytes([h[2], h[3]]);
+                if frag >> 3 != 0 {
                     return Parsed::Other(Counter::PassFragment);
                 }
+                first_fragment = frag & 1 != 0;
                 next = h[0];
                 offset += 8;
             }
             _ => return Parsed::Other(Counter::PassNotTcp),
         }
     }
-    if next == IPPROTO_TCP {
-        return tcp(pkt, offset, addr);
+    if next == IPPROTO_TCP && offset <= MAX_OFFSET {
+        return tcp(pkt, offset, addr, first_fragment);
     }
-    Parsed::Other(Counter::PassTooManyHeaders)
+    Parsed::Unwalkable { addr }
 }
 
+/// The TCP header at `offset`; `first_fragment` when the datagram is the first of several, in
+/// which case a header cut short is a tiny fragment rather than a truncated packet.
 #[inline(always)]
-fn tcp(pkt: &Packet, offset: usize, addr: [u8; 16]) -> Parsed {
-    let Some(tcp) = pkt.read::<[u8; TCP_MIN_HLEN]>(offset) else {
+fn tcp(pkt: &Packet, offset: usize, addr: [u8; 16], first_fragment: bool) -> Parsed {
+    let Some(tcp) = pkt.read::<TCP_MIN_HLEN>(offset) else {
+        // A datagram that says it ends inside the TCP header is a tiny fragment; a frame cut short
+        // of its datagram is merely truncated (the kernel drops it too).
+        if first_fragment && pkt.datagram_ends_before(offset + TCP_MIN_HLEN) {
+            let dst_port = pkt
+                .read::<4>(offset)
+                .map(|p| u16::from_be_bytes([p[2], p[3]]));
+            return Parsed::TinyFragment { addr, dst_port };
+        }
         return Parsed::Other(Counter::PassTruncated);
     };
     if usize::from(tcp[12] >> 4) * 4 < TCP_MIN_HLEN {

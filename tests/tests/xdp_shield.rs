@@ -48,6 +48,9 @@ fn settings(syn_burst: u32) -> XdpConfig {
         ports: vec![PORT],
         new_prefix_rate: 0.0,
         new_prefix_burst: 1,
+        overflow_syn_rate: FROZEN_RATE,
+        overflow_syn_burst: syn_burst,
+        max_prefixes: door_common::PREFIX_MAP_CAPACITY,
         allow: Vec::new(),
         escalate_after: 0,
         escalate_window: Duration::from_secs(10),
@@ -237,7 +240,9 @@ fn ipv6_extension_headers_are_walked() {
         &[Ext::HopByHop],
     );
     assert_eq!(verdict(&s, &synack), (XDP_PASS, Counter::PassNotSyn));
-    assert_eq!(syns(&s, key), Some(chains.len() as u64));
+    // The chains above, plus the too-long one, charged like a SYN (see
+    // `unwalkable_ipv6_chains_are_charged_to_their_source`).
+    assert_eq!(syns(&s, key), Some(chains.len() as u64 + 1));
 }
 
 #[test]
@@ -388,10 +393,24 @@ fn blocklist_drops_until_the_deadline_then_forgets() {
         (XDP_PASS, Counter::PassNotSyn)
     );
     assert_eq!(s.blocked().unwrap().len(), 1);
-    // A deadline in the past: the next SYN passes and the entry is deleted.
+    // A deadline in the past: SYNs pass again, and the daemon deletes the entry at its next block.
     s.block_until(key, 1).unwrap();
     assert_eq!(verdict(&s, &syn4()), (XDP_PASS, Counter::PassSyn));
-    assert!(s.blocked().unwrap().is_empty(), "expired entry forgotten");
+    assert_eq!(verdict(&s, &syn4()), (XDP_PASS, Counter::PassSyn));
+    s.block(
+        PrefixKey::from_ipv4([192, 0, 2, 99]),
+        Duration::from_hours(1),
+    )
+    .unwrap();
+    let listed: Vec<PrefixKey> = s.blocked().unwrap().into_iter().map(|(k, _)| k).collect();
+    assert_eq!(
+        listed,
+        vec![PrefixKey::from_ipv4([192, 0, 2, 99])],
+        "expired entry forgotten"
+    );
+    // Re-blocking a key whose entry expired blocks it again.
+    s.block(key, Duration::from_hours(1)).unwrap();
+    assert_eq!(verdict(&s, &syn4()), (XDP_DROP, Counter::DropBlocked));
     // IPv6: the whole /64 is blocked.
     let key6 = PrefixKey::from_ipv6(CLIENT6);
     s.block(key6, Duration::from_hours(1)).unwrap();
@@ -433,6 +452,8 @@ fn churn_guard_keeps_tracked_prefixes_and_shares_one_overflow_bucket() {
     let mut cfg = settings(SYN_BURST);
     cfg.new_prefix_rate = FROZEN_RATE;
     cfg.new_prefix_burst = NEW_PREFIX_BURST;
+    // The overflow bucket has its own budget; here as small as a prefix's to see it run out.
+    cfg.overflow_syn_burst = SYN_BURST;
     let Some(s) = shield(&cfg, &[]) else { return };
     let tracked: Vec<[u8; 4]> = (1..=3).map(|i| [192, 0, 2, i]).collect();
     for src in &tracked {
@@ -545,4 +566,107 @@ fn counters_are_exported_as_door_xdp_packets() {
     assert_eq!(value("drop", "blocked"), Some(0));
     assert_eq!(packets.len(), Counter::ALL.len(), "one series per counter");
     assert_eq!(tracked, Some(1));
+}
+
+#[test]
+fn tiny_first_fragments_are_dropped_on_protected_ports() {
+    let Some(s) = shield(&settings(1000), &[]) else {
+        return;
+    };
+    // An IPv4 first fragment whose datagram holds only 8 bytes of TCP: ports, no flags.
+    let mut tiny4 = ipv4_fragment(&syn4(), 0, true);
+    tiny4[ETH_HLEN + 2..ETH_HLEN + 4].copy_from_slice(&28u16.to_be_bytes());
+    assert_eq!(verdict(&s, &tiny4), (XDP_DROP, Counter::DropTinyFragment));
+    // The same to an unprotected port passes.
+    let mut tiny4_22 = ipv4_fragment(&tcp4(CLIENT4, SERVER4, 22, Flags::SYN), 0, true);
+    tiny4_22[ETH_HLEN + 2..ETH_HLEN + 4].copy_from_slice(&28u16.to_be_bytes());
+    assert_eq!(
+        verdict(&s, &tiny4_22),
+        (XDP_PASS, Counter::PassUnprotectedPort)
+    );
+    // IPv6: a first fragment (offset 0, M set) cut after 8 bytes of TCP.
+    let frag6 = with_ipv6_extensions(
+        &syn6(),
+        &[Ext::Fragment {
+            offset: 0,
+            more: true,
+        }],
+    );
+    let mut tiny6 = frag6[..ETH_HLEN + 40 + 8 + 8].to_vec();
+    tiny6[ETH_HLEN + 4..ETH_HLEN + 6].copy_from_slice(&16u16.to_be_bytes());
+    assert_eq!(verdict(&s, &tiny6), (XDP_DROP, Counter::DropTinyFragment));
+    // Exempt sources are never shed, tiny fragments included.
+    let Some(exempt) = shield(&settings(1000), &["198.51.100.0/24"]) else {
+        return;
+    };
+    assert_eq!(verdict(&exempt, &tiny4), (XDP_PASS, Counter::PassExempt));
+    // While only observing (no configuration written), nothing is dropped.
+    let observing = Shield::load().unwrap();
+    assert_eq!(
+        verdict(&observing, &tiny4),
+        (XDP_PASS, Counter::PassTruncated)
+    );
+}
+
+#[test]
+fn ethernet_padding_is_not_parsed_as_tcp() {
+    let Some(s) = shield(&settings(1000), &[]) else {
+        return;
+    };
+    // A frame whose IPv4 datagram ends 8 bytes into the TCP header; the rest of the frame (a SYN's
+    // flags included) is link-layer padding and must not be read as TCP.
+    let mut short = syn4();
+    short[ETH_HLEN + 2..ETH_HLEN + 4].copy_from_slice(&28u16.to_be_bytes());
+    assert_eq!(verdict(&s, &short), (XDP_PASS, Counter::PassTruncated));
+    let mut short6 = syn6();
+    short6[ETH_HLEN + 4..ETH_HLEN + 6].copy_from_slice(&8u16.to_be_bytes());
+    assert_eq!(verdict(&s, &short6), (XDP_PASS, Counter::PassTruncated));
+    assert_eq!(syns(&s, PrefixKey::from_ipv4(CLIENT4)), None);
+    // A total length shorter than the IPv4 header itself is impossible.
+    let mut bad = syn4();
+    bad[ETH_HLEN + 2..ETH_HLEN + 4].copy_from_slice(&10u16.to_be_bytes());
+    assert_eq!(verdict(&s, &bad), (XDP_PASS, Counter::PassMalformed));
+}
+
+#[test]
+fn unwalkable_ipv6_chains_are_charged_to_their_source() {
+    let Some(s) = shield(&settings(2), &[]) else {
+        return;
+    };
+    let key = PrefixKey::from_ipv6(CLIENT6);
+    let seven = with_ipv6_extensions(&syn6(), &[Ext::DestOpts { extra: 0 }; 7]);
+    // One destination-options header longer than the walk allows (126 × 8 bytes of padding).
+    let long = with_ipv6_extensions(&syn6(), &[Ext::DestOpts { extra: 126 }]);
+    assert_eq!(verdict(&s, &seven), (XDP_PASS, Counter::PassTooManyHeaders));
+    assert_eq!(verdict(&s, &long), (XDP_PASS, Counter::PassTooManyHeaders));
+    assert_eq!(verdict(&s, &seven), (XDP_DROP, Counter::DropUnwalkable));
+    assert_eq!(verdict(&s, &long), (XDP_DROP, Counter::DropUnwalkable));
+    assert_eq!(syns(&s, key), Some(4));
+    // A plain SYN from that /64 finds its budget spent.
+    assert_eq!(verdict(&s, &syn6()), (XDP_DROP, Counter::DropSynBudget));
+}
+
+#[test]
+fn observing_never_drops() {
+    if !privileged_or_skip("xdp_shield") {
+        return;
+    }
+    // Loaded but never configured, as before the daemon writes its settings.
+    let mut s = Shield::load().unwrap();
+    let (action, _) = s.test_run(&syn4(), 5_000).unwrap();
+    assert_eq!(action, XDP_PASS);
+    assert_eq!(syns(&s, PrefixKey::from_ipv4(CLIENT4)), Some(5_000));
+    // Blocklist entries are not enforced until configured either.
+    s.block(PrefixKey::from_ipv4(CLIENT4), Duration::from_hours(1))
+        .unwrap();
+    assert_eq!(verdict(&s, &syn4()), (XDP_PASS, Counter::PassSyn));
+    let seven = with_ipv6_extensions(&syn6(), &[Ext::DestOpts { extra: 0 }; 7]);
+    assert_eq!(verdict(&s, &seven), (XDP_PASS, Counter::PassTooManyHeaders));
+    assert_eq!(
+        counter(&s, Counter::DropSynBudget) + counter(&s, Counter::DropBlocked),
+        0
+    );
+    // Once configured, the earlier block takes effect.
+    s.configure(&settings(1_000_000), &[]).unwrap();
+    assert_eq!(verdict(&s, &syn4()), (XDP_DROP, Counter::DropBlocked));
 }

@@ -37,24 +37,24 @@ static REF_PREFIXES: LruHashMap<PrefixKey, u64> =
 )]
 fn door_xdp(ctx: XdpContext) -> u32 {
     let pkt = Packet::new(&ctx);
-    let Some(eth) = pkt.read::<[u8; 14]>(0) else {
+    let Some(eth) = pkt.read::<14>(0) else {
         return xdp_action::XDP_PASS;
     };
     if eth[12] != 0x08 || eth[13] != 0x00 {
         return xdp_action::XDP_PASS;
     }
-    let Some(ip) = pkt.read::<[u8; 20]>(14) else {
+    let Some(ip) = pkt.read::<20>(14) else {
         return xdp_action::XDP_PASS;
     };
     if ip[9] != 6 {
         return xdp_action::XDP_PASS;
     }
     let ihl = usize::from(ip[0] & 0x0f) * 4;
-    if pkt.read::<[u8; 20]>(14 + ihl).is_none() {
+    if pkt.read::<20>(14 + ihl).is_none() {
         return xdp_action::XDP_PASS;
     }
     let key = PrefixKey::from_ipv4([ip[12], ip[13], ip[14], ip[15]]);
-    match MapValue::from_lookup(REF_PREFIXES.get_ptr_mut(key)) {
+    match MapValue::in_lru(&REF_PREFIXES, &key) {
         Some(count) => count.store(0, count.load(0) + 1),
         None => {
             let _ = REF_PREFIXES.insert(key, 1, 0);
