@@ -246,8 +246,13 @@ impl Upstream {
 /// The validated, effective configuration.
 #[derive(Debug, Clone)]
 pub struct Config {
-    /// Addresses to serve on. Default `[::]:8443`.
+    /// Addresses to serve on. Default `[::]:8443`. In the file, each entry is an address string or
+    /// a table `{ addr = "[::]:8443", proxy_protocol = true }`.
     pub listen: Vec<SocketAddr>,
+    /// The entries of `listen` given with `proxy_protocol = true` (or `--listen-proxy-protocol`):
+    /// every connection on them must start with a PROXY protocol v1/v2 header from a trusted proxy
+    /// ([`crate::proxy_protocol`]). Default: none.
+    pub proxy_protocol_listen: Vec<SocketAddr>,
     /// The application behind door. Default `http://127.0.0.1:3000`.
     pub upstream: Upstream,
     /// Where `GET /status` is served; `None` disables it. Default `127.0.0.1:9901`.
@@ -271,8 +276,12 @@ pub struct Config {
 /// Settings given as flags or environment variables; each beats the file.
 #[derive(Debug, Clone, Default)]
 pub struct Overrides {
-    /// `--listen` / `DOOR_LISTEN`.
+    /// `--listen` / `DOOR_LISTEN`. With `listen_proxy_protocol`, flags replace the file's whole
+    /// `listen` list.
     pub listen: Option<Vec<String>>,
+    /// `--listen-proxy-protocol` / `DOOR_LISTEN_PROXY_PROTOCOL`: listeners that require a PROXY
+    /// protocol header.
+    pub listen_proxy_protocol: Option<Vec<String>>,
     /// `--upstream` / `DOOR_UPSTREAM`.
     pub upstream: Option<String>,
     /// `--admin-listen` / `DOOR_ADMIN_LISTEN` (`off` disables it).
@@ -292,7 +301,7 @@ pub struct Overrides {
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct File {
-    listen: Option<Vec<String>>,
+    listen: Option<Vec<toml::Value>>,
     upstream: Option<String>,
     trusted_proxies: Option<Vec<String>>,
     forwarded_header: Option<String>,
@@ -380,25 +389,8 @@ impl Config {
     }
 
     fn build(file: File, o: &Overrides) -> Result<Self, ConfigError> {
-        let listen_raw = o
-            .listen
-            .clone()
-            .or(file.listen)
-            .unwrap_or_else(|| vec![DEFAULT_LISTEN.to_owned()]);
-        let mut listen = Vec::new();
-        for (i, raw) in listen_raw.iter().flat_map(|s| s.split(',')).enumerate() {
-            let raw = raw.trim();
-            listen.push(raw.parse::<SocketAddr>().map_err(|_| {
-                invalid(
-                    format!("listen[{i}]"),
-                    format!("{raw:?}"),
-                    "not a socket address (ip:port, [v6]:port)",
-                )
-            })?);
-        }
-        if listen.is_empty() {
-            return Err(invalid("listen", "[]", "needs at least one address"));
-        }
+        let listeners = build_listen(file.listen, o)?;
+        let listen: Vec<SocketAddr> = listeners.iter().map(|l| l.addr).collect();
 
         let upstream = Upstream::parse(
             o.upstream
@@ -430,6 +422,18 @@ impl Config {
             .or(file.trusted_proxies)
             .unwrap_or_default();
         let trusted_proxies = parse_cidrs("trusted_proxies", &trusted_raw)?;
+        let mut proxy_protocol_listen = Vec::new();
+        for l in listeners.iter().filter(|l| l.proxy_protocol) {
+            if trusted_proxies.is_empty() {
+                return Err(invalid(
+                    format!("{}.proxy_protocol", l.key),
+                    "true",
+                    "needs trusted_proxies: the PROXY protocol header is accepted only from a \
+                     trusted proxy, so every connection would be refused",
+                ));
+            }
+            proxy_protocol_listen.push(l.addr);
+        }
         let forwarded_raw = o.forwarded_header.clone().or(file.forwarded_header);
         let forwarded_header = match forwarded_raw {
             Some(h) => h.parse::<ForwardedSource>().map_err(|_| {
@@ -473,6 +477,7 @@ impl Config {
 
         Ok(Self {
             listen,
+            proxy_protocol_listen,
             upstream,
             admin_listen,
             trusted_proxies,
@@ -482,6 +487,115 @@ impl Config {
             groups,
             xdp,
         })
+    }
+}
+
+impl Config {
+    /// Whether connections on the listener bound to `addr` (an entry of [`Config::listen`]) must
+    /// start with a PROXY protocol header.
+    pub fn requires_proxy_protocol(&self, addr: SocketAddr) -> bool {
+        self.proxy_protocol_listen.contains(&addr)
+    }
+}
+
+/// One validated `listen` entry.
+struct ListenEntry {
+    /// `listen[i]`, for later errors.
+    key: String,
+    addr: SocketAddr,
+    proxy_protocol: bool,
+}
+
+/// `listen` from the flags (which replace the file's list when either flag is given: the
+/// `--listen` addresses, then the `--listen-proxy-protocol` ones, each possibly comma-separated),
+/// else from the file, else the default. File entries are `"ip:port"` or
+/// `{ addr = "ip:port", proxy_protocol = bool }`.
+fn build_listen(
+    file: Option<Vec<toml::Value>>,
+    o: &Overrides,
+) -> Result<Vec<ListenEntry>, ConfigError> {
+    let mut raw: Vec<(String, String, bool)> = Vec::new();
+    let key = |i: usize| format!("listen[{i}]");
+    if o.listen.is_some() || o.listen_proxy_protocol.is_some() {
+        let plain = o.listen.iter().flatten().map(|s| (s, false));
+        let proxied = o.listen_proxy_protocol.iter().flatten().map(|s| (s, true));
+        for (s, proxy_protocol) in plain.chain(proxied) {
+            for part in s.split(',') {
+                raw.push((key(raw.len()), part.trim().to_owned(), proxy_protocol));
+            }
+        }
+    } else if let Some(values) = file {
+        for (i, value) in values.into_iter().enumerate() {
+            raw.push(listen_entry(&key(i), value)?);
+        }
+    } else {
+        raw.push((key(0), DEFAULT_LISTEN.to_owned(), false));
+    }
+    if raw.is_empty() {
+        return Err(invalid("listen", "[]", "needs at least one address"));
+    }
+    raw.into_iter()
+        .map(|(key, text, proxy_protocol)| {
+            let addr = text.parse::<SocketAddr>().map_err(|_| {
+                invalid(
+                    key.clone(),
+                    format!("{text:?}"),
+                    "not a socket address (ip:port, [v6]:port)",
+                )
+            })?;
+            // Table entries report the address as `listen[i].addr`; the entry is `listen[i]`.
+            let key = key.strip_suffix(".addr").map_or(key.clone(), str::to_owned);
+            Ok(ListenEntry {
+                key,
+                addr,
+                proxy_protocol,
+            })
+        })
+        .collect()
+}
+
+/// One file entry of `listen` as (key, address text, proxy_protocol).
+fn listen_entry(key: &str, value: toml::Value) -> Result<(String, String, bool), ConfigError> {
+    const SHAPE: &str = "must be an address string (\"[::]:8443\") or a table \
+                         { addr = \"[::]:8443\", proxy_protocol = true }";
+    match value {
+        toml::Value::String(text) => Ok((key.to_owned(), text, false)),
+        toml::Value::Table(table) => {
+            let mut addr = None;
+            let mut proxy_protocol = false;
+            for (name, v) in &table {
+                match (name.as_str(), v) {
+                    ("addr", toml::Value::String(text)) => addr = Some(text.clone()),
+                    ("proxy_protocol", toml::Value::Boolean(b)) => proxy_protocol = *b,
+                    ("addr", other) => {
+                        return Err(invalid(format!("{key}.addr"), other, "must be a string"));
+                    }
+                    ("proxy_protocol", other) => {
+                        return Err(invalid(
+                            format!("{key}.proxy_protocol"),
+                            other,
+                            "must be true or false",
+                        ));
+                    }
+                    (other, v) => {
+                        return Err(invalid(
+                            format!("{key}.{other}"),
+                            v,
+                            "unknown key (expected addr, proxy_protocol)",
+                        ));
+                    }
+                }
+            }
+            let addr = addr.ok_or_else(|| {
+                invalid(
+                    key,
+                    toml::Value::Table(table.clone()),
+                    "needs addr = \"ip:port\"",
+                )
+            })?;
+            Ok((format!("{key}.addr"), addr, proxy_protocol))
+        }
+        other => Err(invalid(key, other, SHAPE)),
     }
 }
 
@@ -849,6 +963,103 @@ ports = [8443]
         assert!(err("upstream = \"https://x:1\"").starts_with("upstream = \"https://x:1\""));
         assert!(err("upstream = \"http://x:1/app\"").contains("path"));
         assert!(err("upstream = \"127.0.0.1:3000\"").starts_with("upstream = \"127.0.0.1:3000\""));
+    }
+
+    #[test]
+    fn listen_entries_may_be_tables_with_proxy_protocol() {
+        let c = Config::from_toml(
+            "t",
+            r#"
+listen = ["127.0.0.1:8080", { addr = "[::]:8443", proxy_protocol = true }, { addr = "127.0.0.1:8081" }]
+trusted_proxies = ["192.0.2.10"]
+"#,
+        )
+        .unwrap();
+        let addrs: Vec<SocketAddr> = ["127.0.0.1:8080", "[::]:8443", "127.0.0.1:8081"]
+            .iter()
+            .map(|a| a.parse().unwrap())
+            .collect();
+        assert_eq!(c.listen, addrs);
+        assert_eq!(c.proxy_protocol_listen, vec![addrs[1]]);
+        assert!(!c.requires_proxy_protocol(addrs[0]));
+        assert!(c.requires_proxy_protocol(addrs[1]));
+        assert!(!c.requires_proxy_protocol(addrs[2]));
+        let c = Config::from_toml("t", "listen = [\"127.0.0.1:1\"]").unwrap();
+        assert!(c.proxy_protocol_listen.is_empty());
+    }
+
+    #[test]
+    fn bad_listen_tables_are_named() {
+        assert_eq!(
+            err(
+                "listen = [\"127.0.0.1:1\", { addr = \"8443\", proxy_protocol = true }]\ntrusted_proxies = [\"192.0.2.10\"]"
+            ),
+            "listen[1].addr = \"8443\": not a socket address (ip:port, [v6]:port)"
+        );
+        assert_eq!(
+            err("listen = [{ addr = \"[::]:1\", proxy_protocol = \"yes\" }]"),
+            "listen[0].proxy_protocol = \"yes\": must be true or false"
+        );
+        assert_eq!(
+            err("listen = [{ addr = \"[::]:1\", proxy = true }]"),
+            "listen[0].proxy = true: unknown key (expected addr, proxy_protocol)"
+        );
+        assert!(
+            err("listen = [{ proxy_protocol = true }]")
+                .starts_with("listen[0] = { proxy_protocol = true }: needs addr"),
+            "{}",
+            err("listen = [{ proxy_protocol = true }]")
+        );
+        assert!(err("listen = [8443]").starts_with("listen[0] = 8443: must be an address string"));
+        assert_eq!(
+            err("listen = []"),
+            "listen = []: needs at least one address"
+        );
+    }
+
+    #[test]
+    fn a_proxy_protocol_listener_needs_trusted_proxies() {
+        assert_eq!(
+            err("listen = [{ addr = \"[::]:1\", proxy_protocol = true }]"),
+            "listen[0].proxy_protocol = true: needs trusted_proxies: the PROXY protocol header is \
+             accepted only from a trusted proxy, so every connection would be refused"
+        );
+    }
+
+    #[test]
+    fn listen_flags_replace_the_file_list() {
+        let dir = std::env::temp_dir().join(format!("door-config-pp-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("door.toml");
+        std::fs::write(
+            &path,
+            "listen = [{ addr = \"127.0.0.1:9\", proxy_protocol = true }]\ntrusted_proxies = [\"192.0.2.10\"]",
+        )
+        .unwrap();
+        let o = Overrides {
+            listen: Some(vec!["127.0.0.1:1".into()]),
+            listen_proxy_protocol: Some(vec!["127.0.0.1:2,127.0.0.1:3".into()]),
+            ..Overrides::default()
+        };
+        let c = Config::load(Some(&path), &o).unwrap();
+        assert_eq!(c.listen.len(), 3);
+        assert_eq!(
+            c.proxy_protocol_listen,
+            vec![
+                "127.0.0.1:2".parse::<SocketAddr>().unwrap(),
+                "127.0.0.1:3".parse().unwrap()
+            ]
+        );
+        let o = Overrides {
+            listen_proxy_protocol: Some(vec!["nope".into()]),
+            ..Overrides::default()
+        };
+        let e = Config::load(Some(&path), &o).unwrap_err().to_string();
+        assert_eq!(
+            e,
+            "listen[0] = \"nope\": not a socket address (ip:port, [v6]:port)"
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

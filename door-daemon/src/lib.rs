@@ -3,7 +3,7 @@
 //! One concern per module: [`config`] (file, flags, env, validation), [`route`] (which group a
 //! request belongs to), [`clock`] (injected time), [`limit`] (the layer-7 limiter), [`metrics`]
 //! (its instruments), [`key`] (the client key; `forwarded` parses the wire syntax of
-//! `X-Forwarded-For` and RFC 7239 `Forwarded` for it), [`proxy`] (forwarding to the upstream),
+//! `X-Forwarded-For` and RFC 7239 `Forwarded` for it), [`proxy`] (forwarding to the upstream), [`proxy_protocol`] (PROXY protocol v1/v2 on a listener),
 //! [`server`] (listeners and the request path), [`status`] (the admin endpoint), [`xdp`] (loading
 //! and reading the flood shield), [`escalate`] (layer-7 rejections to the XDP blocklist).
 
@@ -15,6 +15,7 @@ pub mod key;
 pub mod limit;
 pub mod metrics;
 pub mod proxy;
+pub mod proxy_protocol;
 pub mod route;
 pub mod server;
 pub mod status;

@@ -44,6 +44,15 @@ struct Settings {
     /// Address to serve on (repeatable or comma-separated). Default [::]:8443.
     #[arg(long, env = "DOOR_LISTEN", value_delimiter = ',', global = true)]
     listen: Vec<String>,
+    /// Address to serve on whose connections must start with a PROXY protocol v1/v2 header from a
+    /// trusted proxy (repeatable or comma-separated; with --listen, replaces the file's listen).
+    #[arg(
+        long,
+        env = "DOOR_LISTEN_PROXY_PROTOCOL",
+        value_delimiter = ',',
+        global = true
+    )]
+    listen_proxy_protocol: Vec<String>,
     /// The application: http://host:port. Default http://127.0.0.1:3000.
     #[arg(long, env = "DOOR_UPSTREAM", global = true)]
     upstream: Option<String>,
@@ -77,6 +86,7 @@ impl Settings {
         let non_empty = |v: &Vec<String>| (!v.is_empty()).then(|| v.clone());
         Overrides {
             listen: non_empty(&self.listen),
+            listen_proxy_protocol: non_empty(&self.listen_proxy_protocol),
             upstream: self.upstream.clone(),
             admin_listen: self.admin_listen.clone(),
             trusted_proxies: non_empty(&self.trusted_proxies),

@@ -21,6 +21,8 @@ use opentelemetry::{
 pub const ATTR_GROUP: &str = "door.group";
 /// The attribute naming a request's [`Outcome`].
 pub const ATTR_OUTCOME: &str = "door.outcome";
+/// The attribute naming why a connection was dropped (`door.proxy_protocol_rejected`).
+pub const ATTR_REASON: &str = "door.reason";
 
 /// What happened to one request of a limited group: the value of `door.outcome` on
 /// `door.requests` (DESIGN.md, "Observability").
@@ -123,6 +125,9 @@ impl core::fmt::Display for Outcome {
 ///   `door.group`.
 /// - `door.untrusted_xff` (counter, `{request}`): forwarding headers ignored because an untrusted
 ///   loopback or private peer sent them (DESIGN.md, "Client key").
+/// - `door.proxy_protocol_rejected` (counter, `{connection}`): connections dropped on a PROXY
+///   protocol listener, per `door.reason` ([`crate::proxy_protocol::ProxyProtocolError::reason`]:
+///   a fixed set of seven values).
 #[derive(Clone, Debug)]
 pub struct Metrics {
     requests: Counter<u64>,
@@ -130,6 +135,7 @@ pub struct Metrics {
     clients: UpDownCounter<i64>,
     evictions: Counter<u64>,
     untrusted_xff: Counter<u64>,
+    proxy_protocol_rejected: Counter<u64>,
 }
 
 /// An [`InstrumentProvider`] whose every instrument is the API's no-op.
@@ -171,12 +177,27 @@ impl Metrics {
                 )
                 .with_unit("{request}")
                 .build(),
+            proxy_protocol_rejected: meter
+                .u64_counter("door.proxy_protocol_rejected")
+                .with_description(
+                    "Connections dropped on a PROXY protocol listener (untrusted sender, missing, \
+                     slow or malformed header), by reason",
+                )
+                .with_unit("{connection}")
+                .build(),
         }
     }
 
     /// Counts one request on `door.untrusted_xff` (no attributes).
     pub fn untrusted_xff(&self) {
         self.untrusted_xff.add(1, &[]);
+    }
+
+    /// Counts one connection on `door.proxy_protocol_rejected`, with `door.reason` = `reason`
+    /// (one of [`crate::proxy_protocol::ProxyProtocolError::reason`]'s fixed names).
+    pub fn proxy_protocol_rejected(&self, reason: &'static str) {
+        self.proxy_protocol_rejected
+            .add(1, &[KeyValue::new(ATTR_REASON, reason)]);
     }
 
     /// Instruments that record nothing (no exporter configured; benchmarks).

@@ -292,13 +292,14 @@ async fn accept_loop(
     app: Arc<App>,
     mut shutdown: tokio::sync::watch::Receiver<bool>,
     connections: Arc<Mutex<JoinSet<()>>>,
+    proxy_protocol: bool,
 ) {
     loop {
         let accepted = tokio::select! {
             a = listener.accept() => a,
             _ = shutdown.changed() => return,
         };
-        let (stream, peer) = match accepted {
+        let (mut stream, peer) = match accepted {
             Ok(a) => a,
             Err(e) => {
                 tracing::warn!(error = %e, "accept failed");
@@ -309,6 +310,19 @@ async fn accept_loop(
         let app = Arc::clone(&app);
         let mut shutdown = shutdown.clone();
         let task = async move {
+            // PROXY protocol listener (issue 4): the header's source address is the peer.
+            let peer = if proxy_protocol {
+                let pp = crate::proxy_protocol::accept_or_reject(
+                    &mut stream,
+                    peer,
+                    &app.trusted,
+                    &app.metrics,
+                );
+                let Some(peer) = pp.await else { return };
+                peer
+            } else {
+                peer
+            };
             let service = hyper::service::service_fn(move |req| {
                 let app = Arc::clone(&app);
                 async move { Ok::<_, Infallible>(app.handle(peer, req).await) }
@@ -346,7 +360,7 @@ pub async fn run(config: Config) -> Result<(), ServeError> {
                 addr: *addr,
                 source,
             })?;
-        listeners.push(l);
+        listeners.push((l, config.requires_proxy_protocol(*addr)));
     }
     let admin = match config.admin_listen {
         Some(addr) => Some(
@@ -368,15 +382,16 @@ pub async fn run(config: Config) -> Result<(), ServeError> {
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let connections = Arc::new(Mutex::new(JoinSet::new()));
     let mut loops = JoinSet::new();
-    for l in listeners {
+    for (l, proxy_protocol) in listeners {
         if let Ok(addr) = l.local_addr() {
-            tracing::info!(%addr, upstream = %config.upstream, "listening (HTTP/1.1 and h2c)");
+            tracing::info!(%addr, upstream = %config.upstream, proxy_protocol, "listening (HTTP/1.1 and h2c)");
         }
         loops.spawn(accept_loop(
             l,
             Arc::clone(&app),
             stop_rx.clone(),
             Arc::clone(&connections),
+            proxy_protocol,
         ));
     }
     let admin_task = admin.map(|l| {

@@ -10,8 +10,9 @@ use crate::{cargo, sh, step};
 /// LLVM this machine does not have).
 const BPF_LINKER_VERSION: &str = "0.10.0";
 
-/// Debian packages the test suites and the demo use: `ip` (netns, veth), curl (the e2e client).
-pub(crate) const DEBIAN_PACKAGES: &[&str] = &["iproute2", "curl"];
+/// Debian packages the test suites and the demo use: `ip` (netns, veth), curl (the e2e client),
+/// nginx and HAProxy (the real proxies door runs behind in `tests/tests/proxies_e2e.rs`).
+pub(crate) const DEBIAN_PACKAGES: &[&str] = &["iproute2", "curl", "nginx-light", "haproxy"];
 
 /// Everything: toolchain pieces, then Debian packages.
 pub(crate) fn all() -> anyhow::Result<()> {

@@ -8,7 +8,7 @@ use std::{
 
 use anyhow::{Context as _, bail};
 
-use crate::{cargo, display, setup, step};
+use crate::{cargo, display, setup, sh, step};
 
 /// Totals over every `cargo test` run (from libtest's `test result:` lines) and every check.
 #[derive(Debug, Default)]
@@ -129,6 +129,7 @@ pub(crate) fn all() -> anyhow::Result<()> {
         "unit, property and daemon tests",
         cargo().args(["test", "--workspace", "--exclude", "door-tests"]),
     )?;
+    fuzz(&mut t);
     let mut privileged = cargo();
     privileged.args(["test", "--package", "door-tests", "--", "--test-threads=1"]);
     if setup::is_root() {
@@ -150,6 +151,40 @@ pub(crate) fn all() -> anyhow::Result<()> {
         bail!("{} failed", t.failures.len().max(1));
     }
     Ok(())
+}
+
+/// The cargo-fuzz targets (`fuzz/`), each run briefly.
+const FUZZ_TARGETS: &[&str] = &["client_key", "proxy_protocol"];
+/// Seconds each fuzz target runs (libFuzzer's `-max_total_time`).
+const FUZZ_SECONDS: u32 = 20;
+
+/// Runs every fuzz target for [`FUZZ_SECONDS`] with the nightly toolchain, installing cargo-fuzz
+/// first when it is missing. `AYA_BUILD_SKIP=1`: the targets do not need the XDP program.
+fn fuzz(t: &mut Tally) {
+    let present = Command::new("rustup")
+        .args(["run", "nightly", "cargo", "fuzz", "--version"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    if !present {
+        step(
+            "installing cargo-fuzz (cargo install cargo-fuzz --locked; a few minutes, once per machine)",
+        );
+        if let Err(e) = sh(cargo().args(["install", "cargo-fuzz", "--locked"])) {
+            t.fail(format!("installing cargo-fuzz: {e:#}"));
+            return;
+        }
+    }
+    for target in FUZZ_TARGETS {
+        t.check(
+            &format!("fuzzing {target} for {FUZZ_SECONDS} s (cargo +nightly fuzz run)"),
+            Command::new("rustup")
+                .args(["run", "nightly", "cargo", "fuzz", "run", target, "--"])
+                .arg(format!("-max_total_time={FUZZ_SECONDS}"))
+                .env("AYA_BUILD_SKIP", "1"),
+        );
+    }
 }
 
 #[cfg(test)]
