@@ -340,9 +340,11 @@ impl App {
         req: Request<Incoming>,
     ) -> Response<ResponseBody> {
         let guard = ActiveGuard::new(&self, &conn);
-        let http1 = req.version() < Version::HTTP_2;
+        // Decided when the request starts, like the health answer, so that a response to a
+        // request that began before the drain never closes the connection under its client.
+        let close = req.version() < Version::HTTP_2 && self.draining();
         let mut res = self.route(&conn, req).await;
-        if http1 && self.draining() {
+        if close {
             res.headers_mut()
                 .insert(header::CONNECTION, HeaderValue::from_static("close"));
         }
