@@ -19,7 +19,7 @@ use opentelemetry_sdk::{
 };
 use thiserror::Error;
 
-use crate::config::OtlpConfig;
+use crate::config::{DEFAULT_OTLP_INTERVAL, OtlpConfig};
 
 /// The instrumentation scope door's instruments are created under.
 pub const SCOPE: &str = "door";
@@ -67,8 +67,11 @@ impl Telemetry {
         }
         let exporter = builder.build()?;
         let mut reader = PeriodicReader::builder(exporter);
-        if let Some(interval) = cfg.interval {
-            reader = reader.with_interval(interval);
+        let sdk_env = std::env::var("OTEL_METRIC_EXPORT_INTERVAL").is_ok();
+        match cfg.interval {
+            Some(interval) => reader = reader.with_interval(interval),
+            None if !sdk_env => reader = reader.with_interval(DEFAULT_OTLP_INTERVAL),
+            None => {}
         }
         let provider = SdkMeterProvider::builder()
             .with_reader(reader.build())
