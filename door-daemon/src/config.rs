@@ -58,6 +58,17 @@ pub const DEFAULT_ESCALATE_WINDOW: Duration = Duration::from_secs(10);
 /// Default `[xdp] block_for`.
 pub const DEFAULT_BLOCK_FOR: Duration = Duration::from_mins(1);
 
+/// Default `header_read_timeout`: a request head (line and fields) must arrive within 10 s.
+pub const DEFAULT_HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
+/// Default `idle_timeout`: a connection with no request in flight for 60 s is closed.
+pub const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_mins(1);
+/// Default `drain_grace`: in-flight requests get 10 s after SIGTERM.
+pub const DEFAULT_DRAIN_GRACE: Duration = Duration::from_secs(10);
+/// Default `upstream_timeout`: the upstream must answer (its response head) within 30 s.
+pub const DEFAULT_UPSTREAM_TIMEOUT: Duration = Duration::from_secs(30);
+/// Default `[otlp] interval`: metrics are exported every 10 s.
+pub const DEFAULT_OTLP_INTERVAL: Duration = Duration::from_secs(10);
+
 /// `per_client` of a group that is not one of the defaults, when the file does not give it.
 pub const NEW_GROUP_PER_CLIENT: u32 = 16;
 /// `inflight` (group cap) of a group that is not one of the defaults, when the file does not
@@ -190,6 +201,51 @@ pub struct XdpConfig {
     pub block_for: Duration,
 }
 
+/// The lowest TLS protocol version door accepts (`[tls] min_version`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TlsVersion {
+    /// TLS 1.2 (RFC 5246) and 1.3: the default.
+    Tls12,
+    /// TLS 1.3 (RFC 8446) only.
+    Tls13,
+}
+
+impl TlsVersion {
+    /// `"1.2"` or `"1.3"`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Tls12 => "1.2",
+            Self::Tls13 => "1.3",
+        }
+    }
+}
+
+/// TLS termination (`[tls]`): ALPN `h2` and `http/1.1`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TlsConfig {
+    /// PEM certificate chain, leaf first (`tls.cert`; `--tls-cert` / `DOOR_TLS_CERT`).
+    pub cert: PathBuf,
+    /// PEM private key: PKCS#8, PKCS#1 or SEC1 (`tls.key`; `--tls-key` / `DOOR_TLS_KEY`).
+    pub key: PathBuf,
+    /// Lowest protocol version (`tls.min_version = "1.2" | "1.3"`; `--tls-min-version` /
+    /// `DOOR_TLS_MIN_VERSION`). Default `"1.2"`.
+    pub min_version: TlsVersion,
+}
+
+/// OTLP metrics export (`[otlp]`). The exporter runs when `endpoint` is set here or when one of
+/// the standard `OTEL_EXPORTER_OTLP_ENDPOINT` / `OTEL_EXPORTER_OTLP_METRICS_ENDPOINT` variables
+/// is set; otherwise the global meter stays a no-op.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OtlpConfig {
+    /// Collector base URL for OTLP/HTTP protobuf, e.g. `http://127.0.0.1:4318` (`/v1/metrics` is
+    /// appended) (`otlp.endpoint`; `--otlp-endpoint` / `DOOR_OTLP_ENDPOINT`). Default: none (the
+    /// `OTEL_EXPORTER_OTLP_*` variables decide).
+    pub endpoint: Option<String>,
+    /// Export interval (`otlp.interval`; `--otlp-interval` / `DOOR_OTLP_INTERVAL`). Default 10 s,
+    /// or `OTEL_METRIC_EXPORT_INTERVAL` (milliseconds) when set and this key is not.
+    pub interval: Option<Duration>,
+}
+
 /// One limit group: its budget and its body read timeout.
 #[derive(Debug, Clone, PartialEq)]
 pub struct GroupConfig {
@@ -271,6 +327,27 @@ pub struct Config {
     pub groups: BTreeMap<String, GroupConfig>,
     /// The flood shield.
     pub xdp: XdpConfig,
+    /// TLS termination on every `listen` address; `None` serves cleartext HTTP/1.1 and h2c.
+    pub tls: Option<TlsConfig>,
+    /// Time allowed for a request head (request line and header fields) to arrive, from the
+    /// moment door waits for it (`header_read_timeout`; `--header-read-timeout` /
+    /// `DOOR_HEADER_READ_TIMEOUT`). HTTP/1.1 only (hyper's timer); the connection is closed.
+    /// Default 10 s.
+    pub header_read_timeout: Duration,
+    /// A connection with no request in flight for this long is closed (`idle_timeout`;
+    /// `--idle-timeout` / `DOOR_IDLE_TIMEOUT`): HTTP/2 gets a GOAWAY. Default 60 s.
+    pub idle_timeout: Duration,
+    /// After SIGTERM, how long in-flight requests get before door exits anyway (`drain_grace`;
+    /// `--drain-grace` / `DOOR_DRAIN_GRACE`). Default 10 s.
+    pub drain_grace: Duration,
+    /// How long the upstream has to send its response head; past it door answers 504
+    /// (`upstream_timeout`; `--upstream-timeout` / `DOOR_UPSTREAM_TIMEOUT`). Default 30 s.
+    pub upstream_timeout: Duration,
+    /// Whether limited routes' responses carry the `RateLimit-Policy` and `RateLimit` fields
+    /// (`ratelimit_headers`; `--ratelimit-headers` / `DOOR_RATELIMIT_HEADERS`). Default `true`.
+    pub ratelimit_headers: bool,
+    /// OTLP metrics export.
+    pub otlp: OtlpConfig,
 }
 
 /// Settings given as flags or environment variables; each beats the file.
@@ -296,6 +373,26 @@ pub struct Overrides {
     pub xdp_interface: Option<String>,
     /// `--xdp-mode` / `DOOR_XDP_MODE`.
     pub xdp_mode: Option<String>,
+    /// `--tls-cert` / `DOOR_TLS_CERT`.
+    pub tls_cert: Option<String>,
+    /// `--tls-key` / `DOOR_TLS_KEY`.
+    pub tls_key: Option<String>,
+    /// `--tls-min-version` / `DOOR_TLS_MIN_VERSION`.
+    pub tls_min_version: Option<String>,
+    /// `--header-read-timeout` / `DOOR_HEADER_READ_TIMEOUT`.
+    pub header_read_timeout: Option<String>,
+    /// `--idle-timeout` / `DOOR_IDLE_TIMEOUT`.
+    pub idle_timeout: Option<String>,
+    /// `--drain-grace` / `DOOR_DRAIN_GRACE`.
+    pub drain_grace: Option<String>,
+    /// `--upstream-timeout` / `DOOR_UPSTREAM_TIMEOUT`.
+    pub upstream_timeout: Option<String>,
+    /// `--ratelimit-headers` / `DOOR_RATELIMIT_HEADERS`.
+    pub ratelimit_headers: Option<bool>,
+    /// `--otlp-endpoint` / `DOOR_OTLP_ENDPOINT`.
+    pub otlp_endpoint: Option<String>,
+    /// `--otlp-interval` / `DOOR_OTLP_INTERVAL`.
+    pub otlp_interval: Option<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -312,6 +409,28 @@ struct File {
     #[serde(default)]
     group: BTreeMap<String, GroupFile>,
     xdp: Option<XdpFile>,
+    tls: Option<TlsFile>,
+    header_read_timeout: Option<String>,
+    idle_timeout: Option<String>,
+    drain_grace: Option<String>,
+    upstream_timeout: Option<String>,
+    ratelimit_headers: Option<bool>,
+    otlp: Option<OtlpFile>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct TlsFile {
+    cert: Option<String>,
+    key: Option<String>,
+    min_version: Option<String>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct OtlpFile {
+    endpoint: Option<String>,
+    interval: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -453,27 +572,21 @@ impl Config {
 
         let groups = build_groups(file.group)?;
 
-        let mut routes = Vec::new();
-        for (i, r) in file.route.into_iter().enumerate() {
-            if !groups.contains_key(&r.group) {
-                let known: Vec<&str> = groups.keys().map(String::as_str).collect();
-                return Err(invalid(
-                    format!("route[{i}].group"),
-                    format!("{:?}", r.group),
-                    format!("unknown group (known: {})", known.join(", ")),
-                ));
-            }
-            let route = Route::new(&r.group, &r.methods, &r.path).map_err(|e| {
-                invalid(
-                    format!("route[{i}]"),
-                    format!("{:?}", r.path),
-                    e.to_string(),
-                )
-            })?;
-            routes.push(route);
-        }
+        let routes = build_routes(file.route, &groups)?;
 
         let xdp = build_xdp(file.xdp, o)?;
+        let tls = build_tls(file.tls, o)?;
+        let front = build_front(
+            [
+                file.header_read_timeout,
+                file.idle_timeout,
+                file.drain_grace,
+                file.upstream_timeout,
+            ],
+            file.ratelimit_headers,
+            o,
+        )?;
+        let otlp = build_otlp(file.otlp, o)?;
 
         Ok(Self {
             listen,
@@ -486,6 +599,13 @@ impl Config {
             routes,
             groups,
             xdp,
+            tls,
+            header_read_timeout: front.header_read_timeout,
+            idle_timeout: front.idle_timeout,
+            drain_grace: front.drain_grace,
+            upstream_timeout: front.upstream_timeout,
+            ratelimit_headers: front.ratelimit_headers,
+            otlp,
         })
     }
 }
@@ -747,6 +867,141 @@ fn parse_duration(key: &str, s: &str) -> Result<Duration, ConfigError> {
         return Err(invalid(key, format!("{s:?}"), "must be longer than zero"));
     }
     Ok(d)
+}
+
+fn build_routes(
+    files: Vec<RouteFile>,
+    groups: &BTreeMap<String, GroupConfig>,
+) -> Result<Vec<Route>, ConfigError> {
+    let mut routes = Vec::new();
+    for (i, r) in files.into_iter().enumerate() {
+        if !groups.contains_key(&r.group) {
+            let known: Vec<&str> = groups.keys().map(String::as_str).collect();
+            return Err(invalid(
+                format!("route[{i}].group"),
+                format!("{:?}", r.group),
+                format!("unknown group (known: {})", known.join(", ")),
+            ));
+        }
+        let route = Route::new(&r.group, &r.methods, &r.path).map_err(|e| {
+            invalid(
+                format!("route[{i}]"),
+                format!("{:?}", r.path),
+                e.to_string(),
+            )
+        })?;
+        routes.push(route);
+    }
+    Ok(routes)
+}
+
+/// The connection-level settings, before they are copied into [`Config`].
+struct Front {
+    header_read_timeout: Duration,
+    idle_timeout: Duration,
+    drain_grace: Duration,
+    upstream_timeout: Duration,
+    ratelimit_headers: bool,
+}
+
+/// `header_read_timeout`, `idle_timeout`, `drain_grace`, `upstream_timeout` (file values in that
+/// order) and `ratelimit_headers`, each flag or env beating the file.
+fn build_front(
+    file: [Option<String>; 4],
+    ratelimit_headers: Option<bool>,
+    o: &Overrides,
+) -> Result<Front, ConfigError> {
+    let [header_read, idle, drain, upstream] = file;
+    let duration = |key: &str, flag: &Option<String>, file: Option<String>, default| match flag
+        .clone()
+        .or(file)
+    {
+        Some(s) => parse_duration(key, &s),
+        None => Ok(default),
+    };
+    Ok(Front {
+        header_read_timeout: duration(
+            "header_read_timeout",
+            &o.header_read_timeout,
+            header_read,
+            DEFAULT_HEADER_READ_TIMEOUT,
+        )?,
+        idle_timeout: duration("idle_timeout", &o.idle_timeout, idle, DEFAULT_IDLE_TIMEOUT)?,
+        drain_grace: duration("drain_grace", &o.drain_grace, drain, DEFAULT_DRAIN_GRACE)?,
+        upstream_timeout: duration(
+            "upstream_timeout",
+            &o.upstream_timeout,
+            upstream,
+            DEFAULT_UPSTREAM_TIMEOUT,
+        )?,
+        ratelimit_headers: o.ratelimit_headers.or(ratelimit_headers).unwrap_or(true),
+    })
+}
+
+fn build_tls(file: Option<TlsFile>, o: &Overrides) -> Result<Option<TlsConfig>, ConfigError> {
+    let f = file.unwrap_or_default();
+    let cert = o.tls_cert.clone().or(f.cert);
+    let key = o.tls_key.clone().or(f.key);
+    let min_raw = o.tls_min_version.clone().or(f.min_version);
+    let (cert, key) = match (cert, key) {
+        (None, None) => {
+            if let Some(v) = min_raw {
+                return Err(invalid(
+                    "tls.min_version",
+                    format!("{v:?}"),
+                    "needs tls.cert and tls.key",
+                ));
+            }
+            return Ok(None);
+        }
+        (Some(_), None) => return Err(invalid("tls.key", "(none)", "required with tls.cert")),
+        (None, Some(_)) => return Err(invalid("tls.cert", "(none)", "required with tls.key")),
+        (Some(c), Some(k)) => (c, k),
+    };
+    for (k, v) in [("tls.cert", &cert), ("tls.key", &key)] {
+        if v.is_empty() {
+            return Err(invalid(k, "\"\"", "must be a file path"));
+        }
+    }
+    let min_version = match min_raw.as_deref() {
+        None | Some("1.2") => TlsVersion::Tls12,
+        Some("1.3") => TlsVersion::Tls13,
+        Some(v) => {
+            return Err(invalid(
+                "tls.min_version",
+                format!("{v:?}"),
+                "must be \"1.2\" or \"1.3\"",
+            ));
+        }
+    };
+    Ok(Some(TlsConfig {
+        cert: PathBuf::from(cert),
+        key: PathBuf::from(key),
+        min_version,
+    }))
+}
+
+fn build_otlp(file: Option<OtlpFile>, o: &Overrides) -> Result<OtlpConfig, ConfigError> {
+    let f = file.unwrap_or_default();
+    let endpoint = o.otlp_endpoint.clone().or(f.endpoint);
+    if let Some(e) = &endpoint {
+        let ok = e.parse::<Uri>().ok().is_some_and(|u| {
+            (u.scheme() == Some(&Scheme::HTTP) || u.scheme() == Some(&Scheme::HTTPS))
+                && u.authority().is_some()
+        });
+        if !ok {
+            return Err(invalid(
+                "otlp.endpoint",
+                format!("{e:?}"),
+                "not an http:// or https:// URL",
+            ));
+        }
+    }
+    let interval = match o.otlp_interval.clone().or(f.interval) {
+        Some(s) => Some(parse_duration("otlp.interval", &s)?),
+        None => None,
+    };
+    Ok(OtlpConfig { endpoint, interval })
 }
 
 fn build_xdp(file: Option<XdpFile>, o: &Overrides) -> Result<XdpConfig, ConfigError> {
@@ -1085,6 +1340,67 @@ trusted_proxies = ["192.0.2.10"]
             c.trusted_proxies
                 .contains("::ffff:192.0.2.10".parse().unwrap())
         );
+    }
+
+    #[test]
+    fn front_defaults() {
+        let c = Config::from_toml("t", "").unwrap();
+        assert_eq!(c.tls, None);
+        assert_eq!(c.header_read_timeout, DEFAULT_HEADER_READ_TIMEOUT);
+        assert_eq!(c.idle_timeout, DEFAULT_IDLE_TIMEOUT);
+        assert_eq!(c.drain_grace, DEFAULT_DRAIN_GRACE);
+        assert_eq!(c.upstream_timeout, DEFAULT_UPSTREAM_TIMEOUT);
+        assert!(c.ratelimit_headers);
+        assert_eq!(
+            c.otlp,
+            OtlpConfig {
+                endpoint: None,
+                interval: None
+            }
+        );
+    }
+
+    #[test]
+    fn front_keys_parse() {
+        let c = Config::from_toml(
+            "t",
+            "header_read_timeout = \"5s\"\nidle_timeout = \"2m\"\ndrain_grace = \"3s\"\n\
+             upstream_timeout = \"1s\"\nratelimit_headers = false\n\
+             [tls]\ncert = \"/c.pem\"\nkey = \"/k.pem\"\nmin_version = \"1.3\"\n\
+             [otlp]\nendpoint = \"http://127.0.0.1:4318\"\ninterval = \"500ms\"",
+        )
+        .unwrap();
+        assert_eq!(c.header_read_timeout, Duration::from_secs(5));
+        assert_eq!(c.idle_timeout, Duration::from_mins(2));
+        assert_eq!(c.drain_grace, Duration::from_secs(3));
+        assert_eq!(c.upstream_timeout, Duration::from_secs(1));
+        assert!(!c.ratelimit_headers);
+        let tls = c.tls.unwrap();
+        assert_eq!(tls.cert, PathBuf::from("/c.pem"));
+        assert_eq!(tls.min_version, TlsVersion::Tls13);
+        assert_eq!(c.otlp.endpoint.as_deref(), Some("http://127.0.0.1:4318"));
+        assert_eq!(c.otlp.interval, Some(Duration::from_millis(500)));
+    }
+
+    #[test]
+    fn bad_front_keys_are_named() {
+        assert_eq!(
+            err("[tls]\ncert = \"/c.pem\""),
+            "tls.key = (none): required with tls.cert"
+        );
+        assert_eq!(
+            err("[tls]\ncert = \"/c\"\nkey = \"/k\"\nmin_version = \"1.1\""),
+            "tls.min_version = \"1.1\": must be \"1.2\" or \"1.3\""
+        );
+        assert!(err("header_read_timeout = \"0s\"").starts_with("header_read_timeout = \"0s\""));
+        assert!(err("idle_timeout = \"x\"").starts_with("idle_timeout = \"x\""));
+        assert!(err("drain_grace = \"-1s\"").starts_with("drain_grace = \"-1s\""));
+        assert!(err("upstream_timeout = \"0ms\"").starts_with("upstream_timeout = \"0ms\""));
+        assert!(
+            err("[otlp]\nendpoint = \"127.0.0.1:4318\"")
+                .starts_with("otlp.endpoint = \"127.0.0.1:4318\"")
+        );
+        assert!(err("[otlp]\ninterval = \"0s\"").starts_with("otlp.interval = \"0s\""));
     }
 
     #[test]

@@ -5,12 +5,15 @@
 //! (its instruments), [`key`] (the client key; `forwarded` parses the wire syntax of
 //! `X-Forwarded-For` and RFC 7239 `Forwarded` for it), [`proxy`] (forwarding to the upstream), [`proxy_protocol`] (PROXY protocol v1/v2 on a listener),
 //! [`server`] (listeners and the request path), [`status`] (the admin endpoint), [`xdp`] (loading
-//! and reading the flood shield), [`escalate`] (layer-7 rejections to the XDP blocklist).
+//! and reading the flood shield), [`escalate`] (layer-7 rejections to the XDP blocklist),
+//! [`health`] (cached health for over-budget probes), [`tls`] (rustls termination),
+//! [`telemetry`] (OTLP export).
 
 pub mod clock;
 pub mod config;
 pub mod escalate;
 mod forwarded;
+pub mod health;
 pub mod key;
 pub mod limit;
 pub mod metrics;
@@ -19,4 +22,6 @@ pub mod proxy_protocol;
 pub mod route;
 pub mod server;
 pub mod status;
+pub mod telemetry;
+pub mod tls;
 pub mod xdp;

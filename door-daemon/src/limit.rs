@@ -440,9 +440,33 @@ impl Bucket {
         row.full_at <= now
     }
 
+    /// The quota view of `row` at `now`: whole tokens available beyond those held, and whole
+    /// seconds (rounded up) until the bucket is full again.
+    fn quota(self, row: &Row, now: u64) -> Quota {
+        let deficit = Self::deficit(row, now);
+        let missing = deficit.div_ceil(self.interval);
+        let tokens = u64::from(self.burst).saturating_sub(missing);
+        let remaining = tokens.saturating_sub(u64::from(row.held));
+        Quota {
+            remaining: u32::try_from(remaining).unwrap_or(u32::MAX),
+            reset_s: deficit.div_ceil(NS_PER_S),
+        }
+    }
+
     fn spend(self, row: &mut Row, now: u64) {
         row.full_at = row.full_at.max(now).saturating_add(self.interval);
     }
+}
+
+/// What a client's bucket holds right now, for the `RateLimit` response field
+/// (draft-ietf-httpapi-ratelimit-headers-10, its `r` and `t` parameters). Read with [`GroupLimiter::quota`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Quota {
+    /// Whole tokens the row could spend now: `floor(tokens(now))` minus the tokens held by its
+    /// unsettled requests (charge on failure), never below 0.
+    pub remaining: u32,
+    /// Whole seconds, rounded up, until the row's bucket is full again (0 when it is full).
+    pub reset_s: u64,
 }
 
 /// Which row a permit holds its slot on.
@@ -561,6 +585,41 @@ impl GroupLimiter {
     /// [`GroupMetrics::totals`]).
     pub fn outcome_totals(&self) -> Vec<(Outcome, u64)> {
         self.metrics.totals()
+    }
+
+    /// Counts one request of this group with `outcome` decided outside the limiter (the HTTP
+    /// layer's `cached` health answers), on `door.requests` and in [`GroupLimiter::outcome_totals`].
+    /// Allocates nothing; touches no limiter state.
+    pub fn record(&self, outcome: Outcome) {
+        self.metrics.record(outcome);
+    }
+
+    /// The quota of client `key` now, read-only: its table entry if it has one (not refreshed in
+    /// the LRU order), else a new full bucket if the table has room, else the shared row (which
+    /// is where [`GroupLimiter::admit`] would decide it). Changes nothing; takes the group's lock
+    /// once.
+    pub fn quota(&self, key: &PrefixKey) -> Quota {
+        let (row, now) = {
+            let state = self.lock();
+            let now = self.clock.now_ns();
+            let row = match state.table.peek(key) {
+                Some(row) => *row,
+                None if state.table.len() < state.table.cap().get() => Row::full(now),
+                None => state.shared,
+            };
+            (row, now)
+        };
+        self.bucket.quota(&row, now)
+    }
+
+    /// The policy window in whole seconds (rounded up): the time an empty bucket takes to
+    /// refill its `burst` tokens, the `w` of the `RateLimit-Policy` field
+    /// (draft-ietf-httpapi-ratelimit-headers-10).
+    pub fn window_s(&self) -> u64 {
+        u64::from(self.bucket.burst)
+            .saturating_mul(self.bucket.interval)
+            .div_ceil(NS_PER_S)
+            .max(1)
     }
 
     /// Whether `key` has a table entry, without refreshing it.
@@ -915,6 +974,88 @@ mod tests {
         assert_eq!(lim.admit(key(1)).unwrap_err().retry_after_s, 1);
         clock.advance(Duration::from_millis(1));
         lim.admit(key(1)).unwrap().settle(StatusCode::OK);
+    }
+
+    #[test]
+    fn quota_reads_without_changing_anything() {
+        let clock = Arc::new(ManualClock::at(0));
+        let lim = Arc::new(GroupLimiter::new(
+            "link",
+            Budget {
+                max_clients: 1,
+                ..Budget::link()
+            },
+            true,
+            clock.clone(),
+            Metrics::noop(),
+        ));
+        assert_eq!(lim.window_s(), 20);
+        let full = Quota {
+            remaining: 20,
+            reset_s: 0,
+        };
+        assert_eq!(lim.quota(&key(1)), full, "an unknown key with room is full");
+        assert!(!lim.is_tracked(&key(1)), "reading does not insert");
+        for _ in 0..3 {
+            lim.admit(key(1)).unwrap().settle(StatusCode::OK);
+        }
+        assert_eq!(
+            lim.quota(&key(1)),
+            Quota {
+                remaining: 17,
+                reset_s: 3
+            }
+        );
+        clock.advance(Duration::from_millis(1500));
+        assert_eq!(
+            lim.quota(&key(1)),
+            Quota {
+                remaining: 18,
+                reset_s: 2
+            },
+            "1.5 s refilled one whole token; 1.5 s left rounds up to 2"
+        );
+        // The table (1 entry) is full and key(1) is not idle-full: key(2) is on the shared row.
+        assert_eq!(lim.quota(&key(2)), full);
+        for _ in 0..20 {
+            if let Ok(p) = lim.admit(key(1)) {
+                p.settle(StatusCode::OK);
+            }
+        }
+        let q = lim.quota(&key(1));
+        assert_eq!(q.remaining, 0);
+        assert_eq!(lim.admit(key(1)).unwrap_err().retry_after_s, 1);
+        assert!(q.reset_s >= 19);
+        lim.check_invariants().unwrap();
+    }
+
+    #[test]
+    fn quota_subtracts_held_tokens() {
+        let clock = Arc::new(ManualClock::at(0));
+        let lim = Arc::new(GroupLimiter::new(
+            "webhook",
+            Budget {
+                burst: 4,
+                per_client: 4,
+                ..Budget::webhook()
+            },
+            true,
+            clock,
+            Metrics::noop(),
+        ));
+        let a = lim.admit(key(1)).unwrap();
+        let b = lim.admit(key(1)).unwrap();
+        assert_eq!(lim.quota(&key(1)).remaining, 2);
+        a.settle(StatusCode::BAD_REQUEST);
+        assert_eq!(
+            lim.quota(&key(1)),
+            Quota {
+                remaining: 2,
+                reset_s: 1
+            }
+        );
+        drop(b);
+        assert_eq!(lim.quota(&key(1)).remaining, 3);
     }
 
     #[derive(Debug, Clone)]

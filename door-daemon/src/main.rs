@@ -79,6 +79,36 @@ struct Settings {
     /// XDP attach mode: auto, driver, skb or off.
     #[arg(long, env = "DOOR_XDP_MODE", global = true)]
     xdp_mode: Option<String>,
+    /// TLS certificate chain (PEM); needs --tls-key.
+    #[arg(long, env = "DOOR_TLS_CERT", global = true)]
+    tls_cert: Option<String>,
+    /// TLS private key (PEM: PKCS#8, PKCS#1 or SEC1); needs --tls-cert.
+    #[arg(long, env = "DOOR_TLS_KEY", global = true)]
+    tls_key: Option<String>,
+    /// Lowest TLS version: 1.2 or 1.3. Default 1.2.
+    #[arg(long, env = "DOOR_TLS_MIN_VERSION", global = true)]
+    tls_min_version: Option<String>,
+    /// Time for a request head to arrive (e.g. 10s). Default 10s.
+    #[arg(long, env = "DOOR_HEADER_READ_TIMEOUT", global = true)]
+    header_read_timeout: Option<String>,
+    /// Close connections with no request in flight for this long. Default 60s.
+    #[arg(long, env = "DOOR_IDLE_TIMEOUT", global = true)]
+    idle_timeout: Option<String>,
+    /// Grace period for in-flight requests after SIGTERM. Default 10s.
+    #[arg(long, env = "DOOR_DRAIN_GRACE", global = true)]
+    drain_grace: Option<String>,
+    /// Time for the upstream's response head before a 504. Default 30s.
+    #[arg(long, env = "DOOR_UPSTREAM_TIMEOUT", global = true)]
+    upstream_timeout: Option<String>,
+    /// Send RateLimit-Policy and RateLimit fields on limited routes. Default true.
+    #[arg(long, env = "DOOR_RATELIMIT_HEADERS", global = true, num_args = 0..=1, default_missing_value = "true")]
+    ratelimit_headers: Option<bool>,
+    /// OTLP/HTTP collector base URL (e.g. http://127.0.0.1:4318); OTEL_EXPORTER_OTLP_* also work.
+    #[arg(long, env = "DOOR_OTLP_ENDPOINT", global = true)]
+    otlp_endpoint: Option<String>,
+    /// OTLP export interval (e.g. 10s). Default 10s.
+    #[arg(long, env = "DOOR_OTLP_INTERVAL", global = true)]
+    otlp_interval: Option<String>,
 }
 
 impl Settings {
@@ -94,6 +124,16 @@ impl Settings {
             disable_anon_route_limits: self.disable_anon_route_limits,
             xdp_interface: self.xdp_interface.clone(),
             xdp_mode: self.xdp_mode.clone(),
+            tls_cert: self.tls_cert.clone(),
+            tls_key: self.tls_key.clone(),
+            tls_min_version: self.tls_min_version.clone(),
+            header_read_timeout: self.header_read_timeout.clone(),
+            idle_timeout: self.idle_timeout.clone(),
+            drain_grace: self.drain_grace.clone(),
+            upstream_timeout: self.upstream_timeout.clone(),
+            ratelimit_headers: self.ratelimit_headers,
+            otlp_endpoint: self.otlp_endpoint.clone(),
+            otlp_interval: self.otlp_interval.clone(),
         }
     }
 }
@@ -160,8 +200,16 @@ fn run(cli: &Cli) -> anyhow::Result<()> {
                     "this binary was built with AYA_BUILD_SKIP=1: it has no XDP program"
                 );
             }
+            let telemetry = door_daemon::telemetry::Telemetry::init(&config.otlp)?;
+            if telemetry.exporting() {
+                tracing::info!("exporting metrics over OTLP/HTTP");
+            }
+            let metrics = door_daemon::metrics::Metrics::new(&telemetry.meter());
             let runtime = tokio::runtime::Runtime::new().context("starting the tokio runtime")?;
-            runtime.block_on(door_daemon::server::run(config))?;
+            let served = runtime.block_on(door_daemon::server::run(config, metrics));
+            drop(runtime);
+            telemetry.shutdown(std::time::Duration::from_secs(5));
+            served?;
             Ok(())
         }
     }

@@ -3,7 +3,17 @@
 //! forwarding headers rewritten so the application can trust exactly one hop, door
 //! (../shared/DESIGN.md, "Client key", last paragraph).
 
-use std::net::IpAddr;
+use std::{
+    future::Future,
+    net::IpAddr,
+    pin::Pin,
+    task::{Context, Poll},
+    time::Duration,
+};
+
+use bytes::Bytes;
+use http_body::{Body, Frame, SizeHint};
+use tokio::{sync::oneshot, time::Sleep};
 
 use http::{
     HeaderMap, HeaderName, HeaderValue, Request, Response, Uri, Version,
@@ -30,6 +40,114 @@ pub static X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-
 pub static FORWARDED: HeaderName = HeaderName::from_static("forwarded");
 static KEEP_ALIVE: HeaderName = HeaderName::from_static("keep-alive");
 static PROXY_CONNECTION: HeaderName = HeaderName::from_static("proxy-connection");
+
+/// The request body door sends upstream: the client's body streamed through, optionally under a
+/// read deadline (a limited route's `read_timeout`, ../shared/DESIGN.md "Limits").
+///
+/// It reports once, on the receiver [`UpstreamBody::new`] returns, whether the body ended or
+/// missed its deadline. On a missed deadline the body also yields
+/// [`UpstreamBodyError::TimedOut`], which makes the upstream client abort the request, so that
+/// the request path can answer 408 (RFC 9110 §15.5.9).
+#[derive(Debug)]
+pub struct UpstreamBody {
+    inner: Incoming,
+    deadline: Option<Pin<Box<Sleep>>>,
+    events: Option<oneshot::Sender<BodyEvent>>,
+}
+
+/// What happened to a request body, reported once by [`UpstreamBody`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BodyEvent {
+    /// The body was read to its end.
+    Ended,
+    /// The read deadline passed first.
+    TimedOut,
+}
+
+/// Why the body door sends upstream failed.
+#[derive(Debug, Error)]
+pub enum UpstreamBodyError {
+    /// The read deadline passed before the body ended.
+    #[error("the request body did not arrive within its read timeout")]
+    TimedOut,
+    /// Reading the client's body failed (client gone, protocol error).
+    #[error("reading the client's request body: {0}")]
+    Client(#[from] hyper::Error),
+}
+
+impl UpstreamBody {
+    /// The client's body, which must end within `deadline` from now when one is given (routes in
+    /// no group have none). A body that is already complete (no body, `Content-Length: 0`) gets
+    /// neither timer nor receiver; otherwise the receiver resolves with the [`BodyEvent`] (or is
+    /// dropped when the client's body fails).
+    pub fn new(
+        inner: Incoming,
+        deadline: Option<Duration>,
+    ) -> (Self, Option<oneshot::Receiver<BodyEvent>>) {
+        if inner.is_end_stream() {
+            let body = Self {
+                inner,
+                deadline: None,
+                events: None,
+            };
+            return (body, None);
+        }
+        let (tx, rx) = oneshot::channel();
+        let body = Self {
+            inner,
+            deadline: deadline.map(|d| Box::pin(tokio::time::sleep(d))),
+            events: Some(tx),
+        };
+        (body, Some(rx))
+    }
+
+    fn report(&mut self, event: BodyEvent) {
+        self.deadline = None;
+        if let Some(tx) = self.events.take() {
+            let _ = tx.send(event);
+        }
+    }
+}
+
+impl Body for UpstreamBody {
+    type Data = Bytes;
+    type Error = UpstreamBodyError;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+        let this = &mut *self;
+        let poll = Pin::new(&mut this.inner).poll_frame(cx);
+        if let Poll::Ready(frame) = poll {
+            match &frame {
+                None => this.report(BodyEvent::Ended),
+                Some(Ok(_)) if this.inner.is_end_stream() => this.report(BodyEvent::Ended),
+                Some(Err(_)) => {
+                    this.deadline = None;
+                    this.events = None;
+                }
+                Some(Ok(_)) => {}
+            }
+            return Poll::Ready(frame.map(|f| f.map_err(UpstreamBodyError::Client)));
+        }
+        if let Some(d) = &mut this.deadline
+            && d.as_mut().poll(cx).is_ready()
+        {
+            this.report(BodyEvent::TimedOut);
+            return Poll::Ready(Some(Err(UpstreamBodyError::TimedOut)));
+        }
+        Poll::Pending
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
 
 /// The upstream could not be reached or failed mid-response.
 #[derive(Debug, Error)]
@@ -61,7 +179,7 @@ pub struct Origin {
 /// The upstream client.
 #[derive(Debug, Clone)]
 pub struct Proxy {
-    client: Client<HttpConnector, Incoming>,
+    client: Client<HttpConnector, UpstreamBody>,
     upstream: Upstream,
 }
 
@@ -79,7 +197,10 @@ impl Proxy {
     ///
     /// # Errors
     /// [`ProxyError`] when the upstream cannot be connected to or fails before its head.
-    pub async fn forward(&self, req: Request<Incoming>) -> Result<Response<Incoming>, ProxyError> {
+    pub async fn forward(
+        &self,
+        req: Request<UpstreamBody>,
+    ) -> Result<Response<Incoming>, ProxyError> {
         let mut res = self
             .client
             .request(req)
@@ -101,11 +222,7 @@ impl Proxy {
 /// Rewrites a client's request for the upstream: absolute URI on the upstream, HTTP/1.1, original
 /// `Host` kept (taken from the HTTP/2 `:authority` when there is no `Host`), hop-by-hop headers
 /// removed, forwarding headers rewritten per `origin`.
-pub fn prepare(
-    mut req: Request<Incoming>,
-    upstream: &Upstream,
-    origin: Origin,
-) -> Request<Incoming> {
+pub fn prepare<B>(mut req: Request<B>, upstream: &Upstream, origin: Origin) -> Request<B> {
     if !req.headers().contains_key(HOST)
         && let Some(authority) = req.uri().authority()
         && let Ok(host) = HeaderValue::from_str(authority.as_str())

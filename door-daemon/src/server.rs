@@ -1,6 +1,21 @@
-//! The request path and the daemon's lifecycle: listeners serving HTTP/1.1 and h2c, route
-//! matching, admission by the group's limiter, forwarding, and the 429/503 answers
-//! (../shared/DESIGN.md, "Limits"); start-up (XDP, then listeners) and shutdown on SIGTERM/SIGINT.
+//! The request path and the daemon's lifecycle (../shared/DESIGN.md, "Limits" and "Operating
+//! contract"): listeners serving HTTP/1.1 and HTTP/2 (h2c on cleartext listeners, ALPN `h2` /
+//! `http/1.1` under TLS), route matching, admission by the group's limiter, forwarding with the
+//! body read deadline and the upstream timeout, the 408/429/431/502/503/504 answers, the
+//! `RateLimit-Policy` / `RateLimit` fields, cached health, and the SIGTERM drain.
+//!
+//! Connection limits (RFC 9110 §15.5.20 / RFC 6585 §5 for 431; RFC 9113 §6.5.2 for
+//! `SETTINGS_MAX_HEADER_LIST_SIZE`):
+//!
+//! - HTTP/1.1: hyper reads the request head into a buffer of at most [`MAX_HEADER_BYTES`]
+//!   (request line, fields and their CRLFs); a head that does not fit, or has more than
+//!   [`MAX_HEADER_FIELDS`] fields, gets 431 and the connection is closed.
+//! - HTTP/2: door advertises `SETTINGS_MAX_HEADER_LIST_SIZE = MAX_HEADER_BYTES`. h2 sums the
+//!   decoded fields as RFC 9113 §6.5.2 does (name + value + 32 octets each, pseudo-fields
+//!   included); a list of `MAX_HEADER_BYTES` or more gets a 431 on that stream (the connection
+//!   lives on); past four times the limit h2 stops decoding and ends the connection with GOAWAY
+//!   `ENHANCE_YOUR_CALM`. A field literal longer than the HPACK decoder's buffer is a
+//!   `COMPRESSION_ERROR` (RFC 7541 §4.2).
 
 use std::{
     collections::HashMap,
@@ -9,42 +24,67 @@ use std::{
     pin::Pin,
     sync::{
         Arc, Mutex,
-        atomic::{AtomicBool, Ordering},
+        atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering},
     },
     task::{Context, Poll},
     time::Duration,
 };
 
 use bytes::Bytes;
-use http::{HeaderValue, Request, Response, StatusCode, header};
+use http::{HeaderName, HeaderValue, Request, Response, StatusCode, Version, header};
 use http_body::{Body, Frame, SizeHint};
-use http_body_util::{BodyExt, Full, combinators::BoxBody};
 use hyper::body::Incoming;
 use hyper_util::{
-    rt::{TokioExecutor, TokioIo},
+    rt::{TokioExecutor, TokioIo, TokioTimer},
     server::conn::auto,
 };
 use thiserror::Error;
-use tokio::{net::TcpListener, task::JoinSet};
+use tokio::{
+    io::{AsyncRead, AsyncWrite},
+    net::{TcpListener, TcpStream},
+    sync::{Notify, oneshot, watch},
+    task::JoinSet,
+    time::Instant,
+};
+use tokio_rustls::TlsAcceptor;
 
 use crate::{
     clock::{Clock, MonotonicClock},
     config::{Config, XdpMode},
     escalate::{Blocklist, Escalator, KeySource},
+    health::{CachedHealth, HEALTH_TTL},
     key::{self, ForwardedSource, TrustedProxies},
     limit::{GroupLimiter, Permit, Rejection},
-    metrics::Metrics,
-    proxy::{Origin, Proxy, prepare},
+    metrics::{Metrics, Outcome},
+    proxy::{BodyEvent, Origin, Proxy, UpstreamBody, prepare},
     route::Router,
     status::StatusSource,
+    tls::TlsError,
     xdp::{Shield, ShieldError},
 };
 
-/// The response body type: upstream bodies streamed through, or door's own small bodies.
-pub type ResponseBody = BoxBody<Bytes, hyper::Error>;
+/// The request-head bound, bytes: 64 KiB on both protocols (DESIGN.md, "Limits"; the seed's
+/// `MaxHeaderBytes = 64 << 10`).
+pub const MAX_HEADER_BYTES: usize = 64 << 10;
 
-/// How long in-flight requests get to finish after SIGTERM before door exits anyway.
-pub const DRAIN_GRACE: Duration = Duration::from_secs(10);
+/// HTTP/1.1 request fields door parses at most (hyper's default is 100). Raised so that the byte
+/// bound, not the count, is what binds for requests whose fields average 64 bytes or more; hyper
+/// allocates 64 bytes of parse state per allowed field for each request head.
+pub const MAX_HEADER_FIELDS: usize = 1024;
+
+/// HTTP/2 streams a client may have open at once (`SETTINGS_MAX_CONCURRENT_STREAMS`, RFC 9113
+/// §6.5.2), as the seed's Go server.
+pub const MAX_CONCURRENT_STREAMS: u32 = 250;
+
+/// The name of the group whose over-budget requests are answered from the health cache.
+pub const HEALTH_GROUP: &str = "health";
+
+/// `RateLimit-Policy` (draft-ietf-httpapi-ratelimit-headers-10).
+pub static RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
+/// `RateLimit` (draft-ietf-httpapi-ratelimit-headers-10).
+pub static RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
+/// `Cache-Status` (RFC 9211), set on health answers served from the cache.
+pub static CACHE_STATUS: HeaderName = HeaderName::from_static("cache-status");
 
 /// Start-up failures.
 #[derive(Debug, Error)]
@@ -65,19 +105,122 @@ pub enum ServeError {
         /// Why.
         source: ShieldError,
     },
+    /// The TLS certificate or key cannot be used (checked before anything is bound).
+    #[error(transparent)]
+    Tls(#[from] TlsError),
+}
+
+/// One limited group on the request path.
+#[derive(Debug)]
+struct Limited {
+    limiter: Arc<GroupLimiter>,
+    read_timeout: Duration,
+    /// The precomputed `RateLimit-Policy` value; `None` when the fields are off (or the group
+    /// name cannot be a structured-field string).
+    policy: Option<HeaderValue>,
+    /// The group name as a structured-field string (`"link"`), for `RateLimit`.
+    sf_name: String,
+    health: bool,
+}
+
+/// Requests door is answering, door-wide: the drain waits for this to reach zero.
+#[derive(Debug, Default)]
+struct Active {
+    count: AtomicUsize,
+    zero: Notify,
+}
+
+/// Per-connection state: where it comes from and when it last had a request in flight.
+#[derive(Debug)]
+pub struct ConnInfo {
+    peer: SocketAddr,
+    tls: bool,
+    origin: Instant,
+    active: AtomicUsize,
+    /// Nanoseconds after `origin` of the last request start or end.
+    last_ns: AtomicU64,
+}
+
+impl ConnInfo {
+    /// A connection from `peer`; `tls` when door terminated TLS on it.
+    pub fn new(peer: SocketAddr, tls: bool) -> Self {
+        Self {
+            peer,
+            tls,
+            origin: Instant::now(),
+            active: AtomicUsize::new(0),
+            last_ns: AtomicU64::new(0),
+        }
+    }
+
+    fn touch(&self) {
+        let ns = u64::try_from(self.origin.elapsed().as_nanos()).unwrap_or(u64::MAX);
+        self.last_ns.store(ns, Ordering::Release);
+    }
+
+    /// When the connection becomes idle-expired if nothing happens: `None` while a request is in
+    /// flight.
+    fn idle_deadline(&self, idle: Duration) -> Option<Instant> {
+        if self.active.load(Ordering::Acquire) > 0 {
+            return None;
+        }
+        let last = Duration::from_nanos(self.last_ns.load(Ordering::Acquire));
+        Some(self.origin + last + idle)
+    }
+}
+
+/// Counts one request on the door-wide and per-connection in-flight counts until dropped.
+#[derive(Debug)]
+struct ActiveGuard {
+    app: Arc<App>,
+    conn: Arc<ConnInfo>,
+}
+
+impl ActiveGuard {
+    fn new(app: &Arc<App>, conn: &Arc<ConnInfo>) -> Self {
+        app.active.count.fetch_add(1, Ordering::AcqRel);
+        conn.active.fetch_add(1, Ordering::AcqRel);
+        conn.touch();
+        Self {
+            app: Arc::clone(app),
+            conn: Arc::clone(conn),
+        }
+    }
+}
+
+impl Drop for ActiveGuard {
+    fn drop(&mut self) {
+        self.conn.touch();
+        self.conn.active.fetch_sub(1, Ordering::AcqRel);
+        if self.app.active.count.fetch_sub(1, Ordering::AcqRel) == 1 {
+            self.app.active.zero.notify_waiters();
+        }
+    }
 }
 
 /// Everything the request path needs, shared by all connections.
 #[derive(Debug)]
 pub struct App {
     router: Router,
-    limiters: HashMap<String, Arc<GroupLimiter>>,
+    limited: HashMap<String, Limited>,
     proxy: Proxy,
     trusted: TrustedProxies,
     forwarded_header: ForwardedSource,
     metrics: Metrics,
     warned_untrusted_xff: AtomicBool,
     escalator: Option<Escalator>,
+    upstream_timeout: Duration,
+    health: CachedHealth,
+    draining: Arc<AtomicBool>,
+    active: Active,
+}
+
+/// Why door answered instead of the upstream.
+#[derive(Debug)]
+enum Failure {
+    BodyTimeout,
+    UpstreamTimeout,
+    Upstream(crate::proxy::ProxyError),
 }
 
 impl App {
@@ -91,18 +234,43 @@ impl App {
         blocklist: Option<Arc<dyn Blocklist>>,
     ) -> Self {
         let enforce = !config.disable_anon_route_limits;
-        let limiters = config
+        let limited = config
             .groups
             .iter()
             .map(|(name, g)| {
-                let limiter =
-                    GroupLimiter::new(name, g.budget, enforce, Arc::clone(clock), metrics.clone());
-                (name.clone(), Arc::new(limiter))
+                let limiter = Arc::new(GroupLimiter::new(
+                    name,
+                    g.budget,
+                    enforce,
+                    Arc::clone(clock),
+                    metrics.clone(),
+                ));
+                let sf_name = sf_string(name);
+                let policy = config
+                    .ratelimit_headers
+                    .then(|| {
+                        HeaderValue::try_from(format!(
+                            "{sf_name};q={};w={}",
+                            g.budget.burst,
+                            limiter.window_s()
+                        ))
+                        .ok()
+                    })
+                    .flatten();
+                let l = Limited {
+                    limiter,
+                    read_timeout: g.read_timeout,
+                    policy,
+                    sf_name,
+                    health: name == HEALTH_GROUP,
+                };
+                (name.clone(), l)
             })
             .collect();
+        let draining = Arc::new(AtomicBool::new(false));
         Self {
             router: Router::new(config.routes.clone()),
-            limiters,
+            limited,
             proxy: Proxy::new(config.upstream.clone()),
             trusted: config.trusted_proxies.clone(),
             forwarded_header: config.forwarded_header,
@@ -119,32 +287,93 @@ impl App {
                         b,
                     )
                 }),
+            upstream_timeout: config.upstream_timeout,
+            health: CachedHealth::new(Arc::clone(clock), HEALTH_TTL, Arc::clone(&draining)),
+            draining,
+            active: Active::default(),
         }
     }
 
     /// The groups' limiters, sorted by name.
     pub fn limiters(&self) -> Vec<Arc<GroupLimiter>> {
-        let mut v: Vec<_> = self.limiters.values().cloned().collect();
+        let mut v: Vec<_> = self.limited.values().map(|l| l.limiter.clone()).collect();
         v.sort_by(|a, b| a.group().cmp(b.group()));
         v
     }
 
-    /// Handles one request from `peer`.
+    /// Starts draining: from now on health answers 503 (cache bypassed) and HTTP/1.1 responses
+    /// carry `Connection: close`.
+    pub fn begin_drain(&self) {
+        self.draining.store(true, Ordering::Release);
+    }
+
+    /// Whether door is draining.
+    pub fn draining(&self) -> bool {
+        self.draining.load(Ordering::Acquire)
+    }
+
+    /// Requests door is answering now (until their response body has been sent or dropped).
+    pub fn requests_in_flight(&self) -> usize {
+        self.active.count.load(Ordering::Acquire)
+    }
+
+    /// Waits until no request is in flight, at most `grace`; `true` when none is left.
+    pub async fn wait_idle(&self, grace: Duration) -> bool {
+        let wait = async {
+            loop {
+                let zero = self.active.zero.notified();
+                tokio::pin!(zero);
+                zero.as_mut().enable();
+                if self.requests_in_flight() == 0 {
+                    return;
+                }
+                zero.await;
+            }
+        };
+        tokio::time::timeout(grace, wait).await.is_ok()
+    }
+
+    /// Handles one request on connection `conn`.
     pub async fn handle(
         self: Arc<Self>,
-        peer: SocketAddr,
+        conn: Arc<ConnInfo>,
         req: Request<Incoming>,
     ) -> Response<ResponseBody> {
-        let peer_ip = key::canonical(peer.ip());
+        let guard = ActiveGuard::new(&self, &conn);
+        // Decided when the request starts, like the health answer, so that a response to a
+        // request that began before the drain never closes the connection under its client.
+        let close = req.version() < Version::HTTP_2 && self.draining();
+        let mut res = self.route(&conn, req).await;
+        if close {
+            res.headers_mut()
+                .insert(header::CONNECTION, HeaderValue::from_static("close"));
+        }
+        res.body_mut().active = Some(guard);
+        res
+    }
+
+    async fn route(&self, conn: &ConnInfo, req: Request<Incoming>) -> Response<ResponseBody> {
+        let peer_ip = key::canonical(conn.peer.ip());
         let origin = Origin {
             peer: peer_ip,
             peer_trusted: self.trusted.contains(peer_ip),
-            tls: false,
+            tls: conn.tls,
         };
         let group = self.router.group_for(req.method(), req.uri().path());
-        let Some(limiter) = group.and_then(|g| self.limiters.get(g)).cloned() else {
-            return self.forward(req, origin, None).await;
+        let Some(limited) = group.and_then(|g| self.limited.get(g)) else {
+            let (parts, body) = req.into_parts();
+            let (body, events) = UpstreamBody::new(body, None);
+            return match self
+                .call(Request::from_parts(parts, body), origin, events)
+                .await
+            {
+                Ok(res) => res.map(ResponseBody::upstream),
+                Err(f) => failure_response(&f),
+            };
         };
+        if limited.health && self.draining() {
+            return health_response(StatusCode::SERVICE_UNAVAILABLE, "draining");
+        }
         let decision =
             key::client_key(peer_ip, req.headers(), &self.trusted, self.forwarded_header);
         if decision.ignored_untrusted_xff {
@@ -157,49 +386,201 @@ impl App {
                 );
             }
         }
-        match limiter.admit(decision.key) {
-            Ok(permit) => self.forward(req, origin, Some(permit)).await,
+        let mut res = match limited.limiter.admit(decision.key) {
+            Ok(permit) => self.forward_limited(req, origin, permit, limited).await,
             Err(rejection) => {
                 if rejection.status == StatusCode::TOO_MANY_REQUESTS
                     && let Some(e) = &self.escalator
                 {
                     e.on_rejection(decision.key, KeySource::of(&decision));
                 }
-                rejected(limiter.group(), &rejection)
+                if limited.health {
+                    self.cached_health(&limited.limiter, req, origin).await
+                } else {
+                    rejected(limited.limiter.group(), &rejection)
+                }
+            }
+        };
+        if let Some(policy) = &limited.policy {
+            let q = limited.limiter.quota(&decision.key);
+            let headers = res.headers_mut();
+            headers.insert(&RATELIMIT_POLICY, policy.clone());
+            if let Ok(v) = HeaderValue::try_from(format!(
+                "{};r={};t={}",
+                limited.sf_name, q.remaining, q.reset_s
+            )) {
+                headers.insert(&RATELIMIT, v);
+            }
+        }
+        res
+    }
+
+    /// An admitted request of a limited group: the body must arrive within the group's read
+    /// timeout (else 408, upstream aborted); the permit settles when the response body ends.
+    async fn forward_limited(
+        &self,
+        req: Request<Incoming>,
+        origin: Origin,
+        permit: Permit,
+        limited: &Limited,
+    ) -> Response<ResponseBody> {
+        let (parts, body) = req.into_parts();
+        let (body, events) = UpstreamBody::new(body, Some(limited.read_timeout));
+        let req = Request::from_parts(parts, body);
+        match self.call(req, origin, events).await {
+            Ok(res) => {
+                let status = res.status();
+                if limited.health {
+                    self.health.record(status);
+                }
+                res.map(|b| ResponseBody::settling(b, permit, status))
+            }
+            Err(Failure::BodyTimeout) => {
+                // The client's fault: settled as 408 (client_error; under charge on failure the
+                // held token is spent).
+                permit.settle(StatusCode::REQUEST_TIMEOUT);
+                failure_response(&Failure::BodyTimeout)
+            }
+            Err(f) => {
+                // Dropped unsettled: slot freed, nothing spent, counted as server_error.
+                drop(permit);
+                let res = failure_response(&f);
+                if limited.health {
+                    self.health.record(res.status());
+                }
+                res
             }
         }
     }
 
-    async fn forward(
+    /// Sends `req` upstream. While the request body is still arriving, only its read deadline
+    /// applies (`events` says when it ended or missed the deadline); once it has been sent in
+    /// full (at once for a request without a body), the upstream has `upstream_timeout` to
+    /// answer with its response head.
+    async fn call(
         &self,
-        req: Request<Incoming>,
+        req: Request<UpstreamBody>,
         origin: Origin,
-        permit: Option<Permit>,
-    ) -> Response<ResponseBody> {
+        events: Option<oneshot::Receiver<BodyEvent>>,
+    ) -> Result<Response<Incoming>, Failure> {
         let req = prepare(req, self.proxy.upstream(), origin);
-        match self.proxy.forward(req).await {
-            Ok(res) => {
-                let status = res.status();
-                match permit {
-                    Some(permit) => res.map(|body| Settling::new(body, permit, status).boxed()),
-                    None => res.map(BodyExt::boxed),
+        let upstream = self.proxy.forward(req);
+        tokio::pin!(upstream);
+        if let Some(events) = events {
+            tokio::select! {
+                biased;
+                ev = events => {
+                    if matches!(ev, Ok(BodyEvent::TimedOut)) {
+                        return Err(Failure::BodyTimeout);
+                    }
+                    // Ended, or the body failed (the upstream call fails with it).
                 }
-            }
-            Err(e) => {
-                tracing::warn!(error = %e, refused = e.is_connect(), "upstream request failed");
-                // The permit (if any) is dropped here unsettled: its slot is freed, nothing is
-                // spent, and it counts as server_error.
-                drop(permit);
-                json_response(
-                    StatusCode::BAD_GATEWAY,
-                    &serde_json::json!({
-                        "code": "bad-gateway",
-                        "message": "the application behind door did not answer",
-                    }),
-                )
+                r = upstream.as_mut() => return r.map_err(Failure::Upstream),
             }
         }
+        match tokio::time::timeout(self.upstream_timeout, upstream).await {
+            Ok(r) => r.map_err(Failure::Upstream),
+            Err(_) => Err(Failure::UpstreamTimeout),
+        }
     }
+
+    /// Seed L3: an over-budget health probe gets the last upstream status (cached
+    /// [`HEALTH_TTL`], refreshed single-flight by forwarding this probe), counted as `cached`.
+    async fn cached_health(
+        &self,
+        limiter: &GroupLimiter,
+        req: Request<Incoming>,
+        origin: Origin,
+    ) -> Response<ResponseBody> {
+        let status = self
+            .health
+            .status(|| async move {
+                let (parts, body) = req.into_parts();
+                let (body, events) = UpstreamBody::new(body, None);
+                match self
+                    .call(Request::from_parts(parts, body), origin, events)
+                    .await
+                {
+                    Ok(res) => res.status(),
+                    Err(f) => failure_status(&f),
+                }
+            })
+            .await;
+        limiter.record(Outcome::Cached);
+        health_response(status, "door; hit")
+    }
+}
+
+/// A structured-field string (RFC 8941 §3.3.3) of `s`: quoted, `"` and `\` escaped; characters
+/// outside printable ASCII replaced by `?`.
+fn sf_string(s: &str) -> String {
+    let mut out = String::with_capacity(s.len() + 2);
+    out.push('"');
+    for c in s.chars() {
+        match c {
+            '"' | '\\' => {
+                out.push('\\');
+                out.push(c);
+            }
+            ' '..='~' => out.push(c),
+            _ => out.push('?'),
+        }
+    }
+    out.push('"');
+    out
+}
+
+fn failure_status(f: &Failure) -> StatusCode {
+    match f {
+        Failure::BodyTimeout => StatusCode::REQUEST_TIMEOUT,
+        Failure::UpstreamTimeout => StatusCode::GATEWAY_TIMEOUT,
+        Failure::Upstream(_) => StatusCode::BAD_GATEWAY,
+    }
+}
+
+fn failure_response(f: &Failure) -> Response<ResponseBody> {
+    let (code, message) = match f {
+        Failure::BodyTimeout => (
+            "request-timeout",
+            "the request body did not arrive in time".to_owned(),
+        ),
+        Failure::UpstreamTimeout => (
+            "gateway-timeout",
+            "the application behind door did not answer in time".to_owned(),
+        ),
+        Failure::Upstream(e) => {
+            tracing::warn!(error = %e, refused = e.is_connect(), "upstream request failed");
+            (
+                "bad-gateway",
+                "the application behind door did not answer".to_owned(),
+            )
+        }
+    };
+    let mut res = json_response(
+        failure_status(f),
+        &serde_json::json!({ "code": code, "message": message }),
+    );
+    if matches!(f, Failure::BodyTimeout) {
+        // The rest of the body is never read: the connection cannot be reused.
+        res.headers_mut()
+            .insert(header::CONNECTION, HeaderValue::from_static("close"));
+    }
+    res
+}
+
+fn health_response(status: StatusCode, cache_status: &'static str) -> Response<ResponseBody> {
+    let mut res = Response::new(ResponseBody::full(Bytes::from_static(
+        status.canonical_reason().unwrap_or("unknown").as_bytes(),
+    )));
+    *res.status_mut() = status;
+    let h = res.headers_mut();
+    h.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; charset=utf-8"),
+    );
+    h.insert(&CACHE_STATUS, HeaderValue::from_static(cache_status));
+    h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    res
 }
 
 /// The 429/503 answer of ../shared/DESIGN.md ("Limits"): `Retry-After` in whole seconds and the
@@ -221,8 +602,7 @@ pub fn rejected(group: &str, r: &Rejection) -> Response<ResponseBody> {
 }
 
 fn json_response(status: StatusCode, body: &serde_json::Value) -> Response<ResponseBody> {
-    let full = Full::new(Bytes::from(body.to_string())).map_err(|never: Infallible| match never {});
-    let mut res = Response::new(full.boxed());
+    let mut res = Response::new(ResponseBody::full(Bytes::from(body.to_string())));
     *res.status_mut() = status;
     res.headers_mut().insert(
         header::CONTENT_TYPE,
@@ -231,126 +611,355 @@ fn json_response(status: StatusCode, body: &serde_json::Value) -> Response<Respo
     res
 }
 
-/// A response body that settles its request's permit when the body ends or is dropped (client
-/// gone), so the request counts as in flight until its response has been sent.
-struct Settling<B> {
-    inner: B,
-    permit: Option<Permit>,
-    status: StatusCode,
+/// The response body: an upstream body streamed through frame by frame (never buffered, so an
+/// upstream's flush reaches the client at once), or door's own small body. It settles the
+/// request's limiter permit when the body ends, fails or is dropped (client gone), and counts
+/// the request as in flight until then.
+#[derive(Debug)]
+pub struct ResponseBody {
+    kind: Kind,
+    permit: Option<(Permit, StatusCode)>,
+    active: Option<ActiveGuard>,
 }
 
-impl<B> Settling<B> {
-    fn new(inner: B, permit: Permit, status: StatusCode) -> Self {
+#[derive(Debug)]
+enum Kind {
+    Upstream(Incoming),
+    Full(Option<Bytes>),
+}
+
+impl ResponseBody {
+    fn upstream(body: Incoming) -> Self {
         Self {
-            inner,
-            permit: Some(permit),
-            status,
+            kind: Kind::Upstream(body),
+            permit: None,
+            active: None,
         }
     }
 
-    fn settle(&mut self) {
-        if let Some(permit) = self.permit.take() {
-            permit.settle(self.status);
+    fn settling(body: Incoming, permit: Permit, status: StatusCode) -> Self {
+        Self {
+            kind: Kind::Upstream(body),
+            permit: Some((permit, status)),
+            active: None,
         }
+    }
+
+    fn full(bytes: Bytes) -> Self {
+        Self {
+            kind: Kind::Full(Some(bytes)),
+            permit: None,
+            active: None,
+        }
+    }
+
+    fn finish(&mut self) {
+        if let Some((permit, status)) = self.permit.take() {
+            permit.settle(status);
+        }
+        self.active = None;
     }
 }
 
-impl<B: Body + Unpin> Body for Settling<B> {
-    type Data = B::Data;
-    type Error = B::Error;
+impl Body for ResponseBody {
+    type Data = Bytes;
+    type Error = hyper::Error;
 
     fn poll_frame(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Self::Data>, Self::Error>>> {
-        let poll = Pin::new(&mut self.inner).poll_frame(cx);
-        if matches!(poll, Poll::Ready(None | Some(Err(_)))) {
-            self.settle();
+    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+        let this = &mut *self;
+        let poll = match &mut this.kind {
+            Kind::Upstream(b) => Pin::new(b).poll_frame(cx),
+            Kind::Full(b) => Poll::Ready(b.take().map(|b| Ok(Frame::data(b)))),
+        };
+        match &poll {
+            Poll::Ready(None | Some(Err(_))) => this.finish(),
+            Poll::Ready(Some(Ok(_))) if this.is_end_stream() => this.finish(),
+            _ => {}
         }
         poll
     }
 
     fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
+        match &self.kind {
+            Kind::Upstream(b) => b.is_end_stream(),
+            Kind::Full(b) => b.is_none(),
+        }
     }
 
     fn size_hint(&self) -> SizeHint {
-        self.inner.size_hint()
+        match &self.kind {
+            Kind::Upstream(b) => b.size_hint(),
+            Kind::Full(Some(b)) => SizeHint::with_exact(b.len() as u64),
+            Kind::Full(None) => SizeHint::with_exact(0),
+        }
     }
 }
 
-impl<B> Drop for Settling<B> {
+impl Drop for ResponseBody {
     fn drop(&mut self) {
-        self.settle();
+        self.finish();
     }
 }
 
-/// Serves HTTP/1.1 and h2c (prior knowledge) on `listener` until `shutdown` fires; connections
-/// in progress are tracked in `connections`.
+/// Connection settings shared by every listener.
+#[derive(Debug, Clone, Copy)]
+pub struct ConnSettings {
+    /// Request head timeout (HTTP/1.1, and the TLS handshake).
+    pub header_read_timeout: Duration,
+    /// A connection with no request in flight for this long is closed.
+    pub idle_timeout: Duration,
+}
+
+impl ConnSettings {
+    /// The settings of `config`.
+    pub fn from_config(config: &Config) -> Self {
+        Self {
+            header_read_timeout: config.header_read_timeout,
+            idle_timeout: config.idle_timeout,
+        }
+    }
+
+    fn builder(self) -> auto::Builder<TokioExecutor> {
+        let mut b = auto::Builder::new(TokioExecutor::new());
+        b.http1()
+            .timer(TokioTimer::new())
+            .header_read_timeout(self.header_read_timeout)
+            .max_buf_size(MAX_HEADER_BYTES)
+            .max_headers(MAX_HEADER_FIELDS);
+        b.http2()
+            .timer(TokioTimer::new())
+            .max_header_list_size(u32::try_from(MAX_HEADER_BYTES).unwrap_or(u32::MAX))
+            .max_concurrent_streams(MAX_CONCURRENT_STREAMS);
+        b
+    }
+}
+
+/// door's listeners and their connections: serves, and drains on request.
+pub struct Front {
+    app: Arc<App>,
+    settings: ConnSettings,
+    builder: Arc<auto::Builder<TokioExecutor>>,
+    tls: Option<TlsAcceptor>,
+    stop: watch::Sender<bool>,
+    loops: Mutex<JoinSet<()>>,
+    connections: Arc<Mutex<JoinSet<()>>>,
+}
+
+impl Front {
+    /// A front for `app`; `tls` (from [`crate::tls::load`]) terminates TLS on every listener.
+    pub fn new(
+        app: Arc<App>,
+        settings: ConnSettings,
+        tls: Option<Arc<rustls::ServerConfig>>,
+    ) -> Self {
+        Self {
+            app,
+            settings,
+            builder: Arc::new(settings.builder()),
+            tls: tls.map(TlsAcceptor::from),
+            stop: watch::channel(false).0,
+            loops: Mutex::new(JoinSet::new()),
+            connections: Arc::new(Mutex::new(JoinSet::new())),
+        }
+    }
+
+    /// The request path.
+    pub fn app(&self) -> &Arc<App> {
+        &self.app
+    }
+
+    /// Serves `listener` until [`Front::drain`]; with `proxy_protocol`, every connection must
+    /// start with a PROXY protocol header from a trusted proxy.
+    pub fn serve(&self, listener: TcpListener, proxy_protocol: bool) {
+        let task = accept_loop(
+            listener,
+            Arc::clone(&self.app),
+            self.settings,
+            Arc::clone(&self.builder),
+            self.tls.clone(),
+            self.stop.subscribe(),
+            Arc::clone(&self.connections),
+            proxy_protocol,
+        );
+        lock(&self.loops).spawn(task);
+    }
+
+    /// Drains (DESIGN.md, "Operating contract"): health turns 503 at once, the listeners are
+    /// closed (new connections are refused), in-flight requests get `grace` to finish, then every
+    /// connection is shut down gracefully (HTTP/2 GOAWAY; HTTP/1.1 closed once idle) and, after
+    /// at most the rest of the grace period, dropped. `true` when everything finished in time.
+    pub async fn drain(&self, grace: Duration) -> bool {
+        let start = Instant::now();
+        self.app.begin_drain();
+        let mut loops = std::mem::take(&mut *lock(&self.loops));
+        loops.abort_all();
+        while loops.join_next().await.is_some() {}
+        let finished = self.app.wait_idle(grace).await;
+        let _ = self.stop.send(true);
+        let mut conns = std::mem::take(&mut *lock(&self.connections));
+        let left = grace
+            .saturating_sub(start.elapsed())
+            .max(Duration::from_millis(100));
+        let closed =
+            tokio::time::timeout(left, async { while conns.join_next().await.is_some() {} })
+                .await
+                .is_ok();
+        conns.abort_all();
+        finished && closed
+    }
+}
+
+impl std::fmt::Debug for Front {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Front")
+            .field("settings", &self.settings)
+            .field("tls", &self.tls.is_some())
+            .finish_non_exhaustive()
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
 async fn accept_loop(
     listener: TcpListener,
     app: Arc<App>,
-    mut shutdown: tokio::sync::watch::Receiver<bool>,
+    settings: ConnSettings,
+    builder: Arc<auto::Builder<TokioExecutor>>,
+    tls: Option<TlsAcceptor>,
+    stop: watch::Receiver<bool>,
     connections: Arc<Mutex<JoinSet<()>>>,
     proxy_protocol: bool,
 ) {
     loop {
-        let accepted = tokio::select! {
-            a = listener.accept() => a,
-            _ = shutdown.changed() => return,
-        };
-        let (mut stream, peer) = match accepted {
+        let (stream, peer) = match listener.accept().await {
             Ok(a) => a,
             Err(e) => {
                 tracing::warn!(error = %e, "accept failed");
+                // EMFILE and friends: back off instead of spinning.
+                tokio::time::sleep(Duration::from_millis(10)).await;
                 continue;
             }
         };
         let _ = stream.set_nodelay(true);
-        let app = Arc::clone(&app);
-        let mut shutdown = shutdown.clone();
-        let task = async move {
-            // PROXY protocol listener (issue 4): the header's source address is the peer.
-            let peer = if proxy_protocol {
-                let pp = crate::proxy_protocol::accept_or_reject(
-                    &mut stream,
-                    peer,
-                    &app.trusted,
-                    &app.metrics,
-                );
-                let Some(peer) = pp.await else { return };
-                peer
-            } else {
-                peer
-            };
-            let service = hyper::service::service_fn(move |req| {
-                let app = Arc::clone(&app);
-                async move { Ok::<_, Infallible>(app.handle(peer, req).await) }
-            });
-            let builder = auto::Builder::new(TokioExecutor::new());
-            let conn = builder.serve_connection(TokioIo::new(stream), service);
-            tokio::pin!(conn);
-            tokio::select! {
-                r = conn.as_mut() => if let Err(e) = r { tracing::debug!(%peer, error = %e, "connection ended with an error") },
-                _ = shutdown.changed() => {
-                    conn.as_mut().graceful_shutdown();
-                    let _ = conn.await;
-                }
-            }
-        };
-        connections
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .spawn(task);
+        let task = connection(
+            stream,
+            peer,
+            proxy_protocol,
+            Arc::clone(&app),
+            settings,
+            Arc::clone(&builder),
+            tls.clone(),
+            stop.clone(),
+        );
+        let mut set = lock(&connections);
+        // Reap finished connections so the set does not grow with every connection ever served.
+        while set.try_join_next().is_some() {}
+        set.spawn(task);
     }
 }
 
-/// Runs door with `config` until SIGTERM or SIGINT: attaches the XDP program (per `xdp.mode`),
-/// binds every listener (nothing is served until all are bound), serves, then drains and detaches.
+#[expect(
+    clippy::too_many_arguments,
+    reason = "one connection's inputs, passed once from the accept loop"
+)]
+async fn connection(
+    mut stream: TcpStream,
+    peer: SocketAddr,
+    proxy_protocol: bool,
+    app: Arc<App>,
+    settings: ConnSettings,
+    builder: Arc<auto::Builder<TokioExecutor>>,
+    tls: Option<TlsAcceptor>,
+    stop: watch::Receiver<bool>,
+) {
+    // PROXY protocol listener (issue 4): the header, read before any TLS, names the peer.
+    let peer = if proxy_protocol {
+        let accepted =
+            crate::proxy_protocol::accept_or_reject(&mut stream, peer, &app.trusted, &app.metrics);
+        let Some(peer) = accepted.await else {
+            return;
+        };
+        peer
+    } else {
+        peer
+    };
+    match tls {
+        None => {
+            let info = Arc::new(ConnInfo::new(peer, false));
+            serve_io(stream, info, app, settings, &builder, stop).await;
+        }
+        Some(acceptor) => {
+            let handshake =
+                tokio::time::timeout(settings.header_read_timeout, acceptor.accept(stream)).await;
+            match handshake {
+                Ok(Ok(tls_stream)) => {
+                    let info = Arc::new(ConnInfo::new(peer, true));
+                    serve_io(tls_stream, info, app, settings, &builder, stop).await;
+                }
+                Ok(Err(e)) => tracing::debug!(%peer, error = %e, "TLS handshake failed"),
+                Err(_) => tracing::debug!(%peer, "TLS handshake timed out"),
+            }
+        }
+    }
+}
+
+async fn serve_io<I>(
+    io: I,
+    info: Arc<ConnInfo>,
+    app: Arc<App>,
+    settings: ConnSettings,
+    builder: &auto::Builder<TokioExecutor>,
+    mut stop: watch::Receiver<bool>,
+) where
+    I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let peer = info.peer;
+    let conn_info = Arc::clone(&info);
+    let service = hyper::service::service_fn(move |req| {
+        let app = Arc::clone(&app);
+        let info = Arc::clone(&conn_info);
+        async move { Ok::<_, Infallible>(app.handle(info, req).await) }
+    });
+    let conn = builder.serve_connection(TokioIo::new(io), service);
+    tokio::pin!(conn);
+    loop {
+        let idle_at = info
+            .idle_deadline(settings.idle_timeout)
+            .unwrap_or_else(|| Instant::now() + settings.idle_timeout);
+        tokio::select! {
+            r = conn.as_mut() => {
+                if let Err(e) = r {
+                    tracing::debug!(%peer, error = %e, "connection ended with an error");
+                }
+                return;
+            }
+            _ = stop.changed() => break,
+            () = tokio::time::sleep_until(idle_at) => {
+                if info.idle_deadline(settings.idle_timeout).is_some_and(|d| d <= Instant::now()) {
+                    tracing::debug!(%peer, "closing an idle connection");
+                    break;
+                }
+            }
+        }
+    }
+    conn.as_mut().graceful_shutdown();
+    let _ = conn.await;
+}
+
+/// Runs door with `config` until SIGTERM or SIGINT: checks the TLS key pair, attaches the XDP
+/// program (per `xdp.mode`), binds every listener (nothing is served until all are bound),
+/// serves, then drains within `drain_grace` and detaches the XDP program.
 ///
 /// # Errors
-/// [`ServeError`] when a listener cannot be bound or a strict XDP mode cannot attach.
-pub async fn run(config: Config) -> Result<(), ServeError> {
+/// [`ServeError`] when the TLS pair is unusable, a listener cannot be bound or a strict XDP mode
+/// cannot attach.
+pub async fn run(config: Config, metrics: Metrics) -> Result<(), ServeError> {
+    let tls = config.tls.as_ref().map(crate::tls::load).transpose()?;
     let shield = start_shield(&config)?;
     let mut listeners = Vec::new();
     for addr in &config.listen {
@@ -375,24 +984,21 @@ pub async fn run(config: Config) -> Result<(), ServeError> {
     let blocklist = shield
         .clone()
         .map(|s| Arc::new(crate::xdp::BlocklistWriter::spawn(s)) as Arc<dyn Blocklist>);
-    let meter = opentelemetry::global::meter("door");
-    let metrics = Metrics::new(&meter);
-    let _shield_instruments = shield.as_ref().map(|s| crate::xdp::observe(&meter, s));
+    let _shield_instruments = shield
+        .as_ref()
+        .map(|s| crate::xdp::observe(&opentelemetry::global::meter("door"), s));
     let app = Arc::new(App::new(&config, &clock, &metrics, blocklist));
-    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-    let connections = Arc::new(Mutex::new(JoinSet::new()));
-    let mut loops = JoinSet::new();
+    let front = Front::new(Arc::clone(&app), ConnSettings::from_config(&config), tls);
+    let proto = if config.tls.is_some() {
+        "TLS: h2 and http/1.1 by ALPN"
+    } else {
+        "HTTP/1.1 and h2c"
+    };
     for (l, proxy_protocol) in listeners {
         if let Ok(addr) = l.local_addr() {
-            tracing::info!(%addr, upstream = %config.upstream, proxy_protocol, "listening (HTTP/1.1 and h2c)");
+            tracing::info!(%addr, upstream = %config.upstream, proxy_protocol, "listening ({proto})");
         }
-        loops.spawn(accept_loop(
-            l,
-            Arc::clone(&app),
-            stop_rx.clone(),
-            Arc::clone(&connections),
-            proxy_protocol,
-        ));
+        front.serve(l, proxy_protocol);
     }
     let admin_task = admin.map(|l| {
         if let Ok(addr) = l.local_addr() {
@@ -407,21 +1013,9 @@ pub async fn run(config: Config) -> Result<(), ServeError> {
     });
 
     wait_for_signal().await;
-    tracing::info!("shutting down: closing listeners, draining in-flight requests");
-    let _ = stop_tx.send(true);
-    while loops.join_next().await.is_some() {}
-    let mut conns = std::mem::take(
-        &mut *connections
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner),
-    );
-    if tokio::time::timeout(DRAIN_GRACE, async {
-        while conns.join_next().await.is_some() {}
-    })
-    .await
-    .is_err()
-    {
-        tracing::warn!(grace = ?DRAIN_GRACE, "in-flight requests did not finish within the grace period");
+    tracing::info!(grace = ?config.drain_grace, "draining: health is 503, listeners closed");
+    if !front.drain(config.drain_grace).await {
+        tracing::warn!(grace = ?config.drain_grace, "in-flight requests did not finish within the grace period");
     }
     if let Some(t) = admin_task {
         t.abort();
@@ -431,6 +1025,7 @@ pub async fn run(config: Config) -> Result<(), ServeError> {
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .detach();
+        tracing::info!("XDP flood shield detached");
     }
     Ok(())
 }

@@ -6,9 +6,11 @@
 //!   tests use (idempotent: only what is missing is installed).
 //! - `cargo xtask run [-- ARGS]`: builds, starts the demo upstream and `door --config
 //!   examples/door.toml ARGS`.
+//! - `cargo xtask bench proxy`: door against nginx on loopback (see `bench.rs`).
 //! - `cargo xtask test`: format and lint checks, unit and property tests, then the privileged
 //!   suites (BPF_PROG_TEST_RUN, netns/veth) one test at a time; ends with `N passed, N failed`.
 
+mod bench;
 mod setup;
 mod test;
 
@@ -40,6 +42,11 @@ enum Task {
     },
     /// Run every test: lints, unit and property tests, and the privileged suites.
     Test,
+    /// Benchmarks: `proxy` compares door with nginx on loopback (wrk, h2load).
+    Bench {
+        /// What to benchmark: `proxy`.
+        target: String,
+    },
 }
 
 fn main() -> anyhow::Result<()> {
@@ -50,6 +57,10 @@ fn main() -> anyhow::Result<()> {
         Task::Setup => setup::all(),
         Task::Run { args } => run(&args),
         Task::Test => test::all(),
+        Task::Bench { target } => match target.as_str() {
+            "proxy" => bench::proxy(),
+            other => bail!("unknown bench target {other:?} (known: proxy)"),
+        },
     }
 }
 

@@ -1,0 +1,205 @@
+//! Cached health (seed network-door-limits.txt, L3 and Open Question 2 B; ../shared/DESIGN.md,
+//! "Limits"): a probe of the `health` group that is over budget is never refused; it gets the last
+//! status the upstream gave for health, cached for [`HEALTH_TTL`], refreshed single-flight when
+//! there is none. While door drains the cache is bypassed and health answers 503 at once.
+//!
+//! Time comes only from the injected [`Clock`]; tests never sleep.
+
+use std::{
+    future::Future,
+    sync::{
+        Arc, Mutex, PoisonError,
+        atomic::{AtomicBool, Ordering},
+    },
+    time::Duration,
+};
+
+use http::StatusCode;
+
+use crate::clock::Clock;
+
+/// How long an upstream health status is served to over-budget probes: 1 s (seed, L3).
+pub const HEALTH_TTL: Duration = Duration::from_secs(1);
+
+/// The last upstream health status and the clock reading when it was taken.
+#[derive(Debug, Clone, Copy)]
+struct Entry {
+    status: StatusCode,
+    at_ns: u64,
+}
+
+/// The health cache of one door (seed L3 `newCachedHealth`).
+///
+/// `Send + Sync`. The cached entry sits behind a `std::sync::Mutex` held only to copy it in or
+/// out; the single-flight refresh is a `tokio::sync::Mutex` whose guard is held across the
+/// refresh (that is its purpose: one refresh at a time, the others wait for its result).
+#[derive(Debug)]
+pub struct CachedHealth {
+    clock: Arc<dyn Clock>,
+    ttl_ns: u64,
+    draining: Arc<AtomicBool>,
+    last: Mutex<Option<Entry>>,
+    flight: tokio::sync::Mutex<()>,
+}
+
+impl CachedHealth {
+    /// A cache whose entries live `ttl` (normally [`HEALTH_TTL`]), reading time from `clock`, and
+    /// answering 503 whenever `draining` is set.
+    pub fn new(clock: Arc<dyn Clock>, ttl: Duration, draining: Arc<AtomicBool>) -> Self {
+        Self {
+            clock,
+            ttl_ns: u64::try_from(ttl.as_nanos()).unwrap_or(u64::MAX),
+            draining,
+            last: Mutex::new(None),
+            flight: tokio::sync::Mutex::new(()),
+        }
+    }
+
+    /// Whether door is draining (health is NOT_SERVING).
+    pub fn draining(&self) -> bool {
+        self.draining.load(Ordering::Acquire)
+    }
+
+    /// Records a status the upstream just gave for health (every admitted probe does).
+    pub fn record(&self, status: StatusCode) {
+        let entry = Entry {
+            status,
+            at_ns: self.clock.now_ns(),
+        };
+        *self.last.lock().unwrap_or_else(PoisonError::into_inner) = Some(entry);
+    }
+
+    /// The cached status if it is younger than the ttl; `None` otherwise or while draining.
+    pub fn fresh(&self) -> Option<StatusCode> {
+        if self.draining() {
+            return None;
+        }
+        let entry = *self.last.lock().unwrap_or_else(PoisonError::into_inner);
+        let now = self.clock.now_ns();
+        entry
+            .filter(|e| now.saturating_sub(e.at_ns) < self.ttl_ns)
+            .map(|e| e.status)
+    }
+
+    /// The status for an over-budget probe: 503 while draining; else the fresh cached status;
+    /// else one caller runs `refresh` (asks the upstream) and every concurrent caller gets its
+    /// result, which is cached. Never a 429 and never door's own 503 (an upstream's 503 is passed
+    /// on).
+    pub async fn status<F, Fut>(&self, refresh: F) -> StatusCode
+    where
+        F: FnOnce() -> Fut,
+        Fut: Future<Output = StatusCode>,
+    {
+        if self.draining() {
+            return StatusCode::SERVICE_UNAVAILABLE;
+        }
+        if let Some(s) = self.fresh() {
+            return s;
+        }
+        let _flight = self.flight.lock().await;
+        // Whoever held the flight before us may have refreshed it.
+        if let Some(s) = self.fresh() {
+            return s;
+        }
+        if self.draining() {
+            return StatusCode::SERVICE_UNAVAILABLE;
+        }
+        let status = refresh().await;
+        self.record(status);
+        status
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::AtomicUsize;
+
+    use super::*;
+    use crate::clock::ManualClock;
+
+    fn cache() -> (Arc<ManualClock>, Arc<AtomicBool>, Arc<CachedHealth>) {
+        let clock = Arc::new(ManualClock::at(1));
+        let draining = Arc::new(AtomicBool::new(false));
+        let c = Arc::new(CachedHealth::new(
+            Arc::clone(&clock) as Arc<dyn Clock>,
+            HEALTH_TTL,
+            Arc::clone(&draining),
+        ));
+        (clock, draining, c)
+    }
+
+    /// Seed L3 TestCachedHealth: the inner checker runs once per ttl; a drain shows at once.
+    #[tokio::test]
+    async fn inner_checker_runs_once_per_ttl_and_a_drain_shows_at_once() {
+        let (clock, draining, c) = cache();
+        let runs = Arc::new(AtomicUsize::new(0));
+        let check = || {
+            let runs = Arc::clone(&runs);
+            move || async move {
+                runs.fetch_add(1, Ordering::SeqCst);
+                StatusCode::OK
+            }
+        };
+        for _ in 0..10 {
+            assert_eq!(c.status(check()).await, StatusCode::OK);
+        }
+        assert_eq!(runs.load(Ordering::SeqCst), 1);
+        clock.advance(HEALTH_TTL.checked_sub(Duration::from_nanos(1)).unwrap());
+        assert_eq!(c.status(check()).await, StatusCode::OK);
+        assert_eq!(
+            runs.load(Ordering::SeqCst),
+            1,
+            "still fresh 1 ns before the ttl"
+        );
+        clock.advance(Duration::from_nanos(1));
+        assert_eq!(c.status(check()).await, StatusCode::OK);
+        assert_eq!(runs.load(Ordering::SeqCst), 2, "refreshed at the ttl");
+        draining.store(true, Ordering::Release);
+        assert_eq!(c.status(check()).await, StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(c.fresh(), None);
+        assert_eq!(
+            runs.load(Ordering::SeqCst),
+            2,
+            "a drain never asks the upstream"
+        );
+    }
+
+    #[tokio::test]
+    async fn concurrent_misses_refresh_once() {
+        let (_clock, _draining, c) = cache();
+        let runs = Arc::new(AtomicUsize::new(0));
+        let (release_tx, release_rx) = tokio::sync::watch::channel(false);
+        let mut tasks = Vec::new();
+        for _ in 0..8 {
+            let c = Arc::clone(&c);
+            let runs = Arc::clone(&runs);
+            let mut rx = release_rx.clone();
+            tasks.push(tokio::spawn(async move {
+                c.status(|| async move {
+                    runs.fetch_add(1, Ordering::SeqCst);
+                    let _ = rx.wait_for(|r| *r).await;
+                    StatusCode::NO_CONTENT
+                })
+                .await
+            }));
+        }
+        tokio::task::yield_now().await;
+        let _ = release_tx.send(true);
+        for t in tasks {
+            assert_eq!(t.await.unwrap(), StatusCode::NO_CONTENT);
+        }
+        assert_eq!(runs.load(Ordering::SeqCst), 1);
+    }
+
+    #[tokio::test]
+    async fn recorded_statuses_are_served_including_upstream_failures() {
+        let (_clock, _draining, c) = cache();
+        c.record(StatusCode::SERVICE_UNAVAILABLE);
+        let s = c.status(|| async { StatusCode::OK }).await;
+        assert_eq!(
+            s,
+            StatusCode::SERVICE_UNAVAILABLE,
+            "the upstream's own 503 is its health"
+        );
+    }
+}

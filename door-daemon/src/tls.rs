@@ -1,0 +1,96 @@
+//! TLS termination (`[tls]`, ../shared/DESIGN.md "Configuration"): rustls with the `ring`
+//! provider, ALPN `h2` then `http/1.1` (RFC 7301; RFC 9113 §3.2), TLS 1.2 (RFC 5246) and 1.3
+//! (RFC 8446) or 1.3 only.
+//!
+//! [`load`] reads and checks the certificate chain and key before anything is bound, so a bad
+//! or missing pair stops start-up with an error naming the file.
+
+use std::{path::PathBuf, sync::Arc};
+
+use rustls::{
+    ServerConfig,
+    pki_types::{CertificateDer, PrivateKeyDer, pem::PemObject},
+    sign::CertifiedKey,
+};
+use thiserror::Error;
+
+use crate::config::{TlsConfig, TlsVersion};
+
+/// The ALPN protocols door offers, most preferred first.
+pub const ALPN: [&[u8]; 2] = [b"h2", b"http/1.1"];
+
+/// Why the TLS configuration cannot be used; every variant names the file.
+#[derive(Debug, Error)]
+pub enum TlsError {
+    /// `tls.cert` could not be read or holds no PEM certificate.
+    #[error("tls.cert = {path:?}: {reason}")]
+    Cert {
+        /// The certificate file.
+        path: PathBuf,
+        /// What is wrong.
+        reason: String,
+    },
+    /// `tls.key` could not be read or holds no usable PEM private key.
+    #[error("tls.key = {path:?}: {reason}")]
+    Key {
+        /// The key file.
+        path: PathBuf,
+        /// What is wrong.
+        reason: String,
+    },
+    /// The key does not belong to the certificate, or rustls refused the pair.
+    #[error("tls.key = {key:?} does not fit tls.cert = {cert:?}: {reason}")]
+    Mismatch {
+        /// The certificate file.
+        cert: PathBuf,
+        /// The key file.
+        key: PathBuf,
+        /// rustls' reason.
+        reason: String,
+    },
+}
+
+/// Builds the rustls server configuration of `cfg`: reads the PEM chain and key, checks that the
+/// key signs for the leaf certificate, restricts the protocol versions and offers ALPN
+/// [`ALPN`].
+///
+/// # Errors
+/// [`TlsError`] naming the certificate or key file.
+pub fn load(cfg: &TlsConfig) -> Result<Arc<ServerConfig>, TlsError> {
+    let cert_err = |reason: String| TlsError::Cert {
+        path: cfg.cert.clone(),
+        reason,
+    };
+    let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(&cfg.cert)
+        .map_err(|e| cert_err(e.to_string()))?
+        .collect::<Result<_, _>>()
+        .map_err(|e| cert_err(e.to_string()))?;
+    if certs.is_empty() {
+        return Err(cert_err("no PEM CERTIFICATE block".to_owned()));
+    }
+    let key = PrivateKeyDer::from_pem_file(&cfg.key).map_err(|e| TlsError::Key {
+        path: cfg.key.clone(),
+        reason: e.to_string(),
+    })?;
+    let mismatch = |reason: String| TlsError::Mismatch {
+        cert: cfg.cert.clone(),
+        key: cfg.key.clone(),
+        reason,
+    };
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    // Checks that the key parses and that its public key is the leaf certificate's.
+    CertifiedKey::from_der(certs.clone(), key.clone_key(), &provider)
+        .map_err(|e| mismatch(e.to_string()))?;
+    let versions: &[&rustls::SupportedProtocolVersion] = match cfg.min_version {
+        TlsVersion::Tls12 => &[&rustls::version::TLS13, &rustls::version::TLS12],
+        TlsVersion::Tls13 => &[&rustls::version::TLS13],
+    };
+    let mut config = ServerConfig::builder_with_provider(Arc::clone(&provider))
+        .with_protocol_versions(versions)
+        .map_err(|e| mismatch(e.to_string()))?
+        .with_no_client_auth()
+        .with_single_cert(certs, key)
+        .map_err(|e| mismatch(e.to_string()))?;
+    config.alpn_protocols = ALPN.iter().map(|p| p.to_vec()).collect();
+    Ok(Arc::new(config))
+}

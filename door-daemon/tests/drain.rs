@@ -1,0 +1,295 @@
+//! End to end with the `door` binary: SIGTERM drains (health 503 at once, new connections
+//! refused, the in-flight request completes, exit 0), and the metrics reach an OTLP/HTTP receiver
+//! built on the official protobuf definitions (`opentelemetry-proto`), configured only through
+//! the standard `OTEL_EXPORTER_OTLP_ENDPOINT` variable.
+
+#![expect(
+    clippy::unwrap_used,
+    clippy::panic,
+    reason = "test helpers outside #[test] functions fail loudly by design"
+)]
+
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    convert::Infallible,
+    net::SocketAddr,
+    process::{Command, Stdio},
+    sync::{Arc, Mutex},
+    time::Duration,
+};
+
+use bytes::Bytes;
+use http::{Request, Response, StatusCode};
+use http_body_util::{BodyExt, Empty, Full};
+use hyper::body::Incoming;
+use hyper_util::{
+    rt::{TokioExecutor, TokioIo},
+    server::conn::auto,
+};
+use opentelemetry_proto::tonic::{
+    collector::metrics::v1::ExportMetricsServiceRequest, common::v1::any_value::Value,
+    metrics::v1::metric::Data,
+};
+use prost::Message as _;
+use tokio::{
+    net::{TcpListener, TcpStream},
+    sync::{mpsc, watch},
+};
+
+async fn serve<F, Fut>(l: TcpListener, f: F)
+where
+    F: Fn(Request<Incoming>) -> Fut + Clone + Send + Sync + 'static,
+    Fut: Future<Output = Response<Full<Bytes>>> + Send + 'static,
+{
+    loop {
+        let Ok((s, _)) = l.accept().await else { return };
+        let f = f.clone();
+        tokio::spawn(async move {
+            let svc = hyper::service::service_fn(move |req| {
+                let f = f.clone();
+                async move { Ok::<_, Infallible>(f(req).await) }
+            });
+            let _ = auto::Builder::new(TokioExecutor::new())
+                .serve_connection(TokioIo::new(s), svc)
+                .await;
+        });
+    }
+}
+
+/// `door.requests` points seen by the receiver: attribute map → value (the latest export wins,
+/// the temporality is cumulative).
+type Points = Arc<Mutex<BTreeMap<BTreeMap<String, String>, u64>>>;
+
+async fn otlp_receiver(points: Points) -> SocketAddr {
+    let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    tokio::spawn(serve(l, move |req: Request<Incoming>| {
+        let points = Arc::clone(&points);
+        async move {
+            assert_eq!(req.uri().path(), "/v1/metrics");
+            let body = req.into_body().collect().await.unwrap().to_bytes();
+            let export = ExportMetricsServiceRequest::decode(body).unwrap();
+            for rm in export.resource_metrics {
+                for sm in rm.scope_metrics {
+                    for m in sm.metrics {
+                        if m.name != "door.requests" {
+                            continue;
+                        }
+                        let Some(Data::Sum(sum)) = m.data else {
+                            panic!("door.requests is not a sum")
+                        };
+                        for p in sum.data_points {
+                            let attrs: BTreeMap<String, String> = p
+                                .attributes
+                                .iter()
+                                .map(|kv| {
+                                    let v = match kv.value.as_ref().and_then(|v| v.value.clone()) {
+                                        Some(Value::StringValue(s)) => s,
+                                        other => format!("{other:?}"),
+                                    };
+                                    (kv.key.clone(), v)
+                                })
+                                .collect();
+                            let v = match p.value {
+                                Some(
+                                    opentelemetry_proto::tonic::metrics::v1::number_data_point::Value::AsInt(i),
+                                ) => u64::try_from(i).unwrap(),
+                                other => panic!("not an integer: {other:?}"),
+                            };
+                            points.lock().unwrap().insert(attrs, v);
+                        }
+                    }
+                }
+            }
+            Response::new(Full::new(Bytes::new()))
+        }
+    }));
+    addr
+}
+
+/// The upstream: `/l/session/slow` answers when the test says so (and says when it got the
+/// request); everything else answers 200 at once.
+async fn app(started: mpsc::Sender<()>, release: watch::Receiver<bool>) -> SocketAddr {
+    let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    tokio::spawn(serve(l, move |req: Request<Incoming>| {
+        let started = started.clone();
+        let mut release = release.clone();
+        async move {
+            if req.uri().path() == "/l/session/slow" {
+                started.send(()).await.unwrap();
+                let _ = release.wait_for(|r| *r).await;
+                return Response::new(Full::new(Bytes::from_static(b"slow done")));
+            }
+            Response::new(Full::new(Bytes::from_static(b"ok")))
+        }
+    }));
+    addr
+}
+
+async fn h1(addr: SocketAddr) -> Option<hyper::client::conn::http1::SendRequest<Empty<Bytes>>> {
+    let s = TcpStream::connect(addr).await.ok()?;
+    let (send, conn) = hyper::client::conn::http1::handshake(TokioIo::new(s))
+        .await
+        .ok()?;
+    tokio::spawn(conn);
+    Some(send)
+}
+
+fn get(path: &str) -> Request<Empty<Bytes>> {
+    Request::get(path)
+        .header("host", "door.test")
+        .body(Empty::new())
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_drains_in_flight_requests_then_exits_0_and_exports_metrics() {
+    let points: Points = Arc::default();
+    let otlp = otlp_receiver(Arc::clone(&points)).await;
+    let (started_tx, mut started_rx) = mpsc::channel(1);
+    let (release_tx, release_rx) = watch::channel(false);
+    let upstream = app(started_tx, release_rx).await;
+    let port = TcpListener::bind("127.0.0.1:0")
+        .await
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let door_addr = SocketAddr::from(([127, 0, 0, 1], port));
+    let dir = std::env::temp_dir().join(format!("door-drain-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut door = spawn_door(&dir, door_addr, upstream, otlp);
+
+    // Wait for door to listen.
+    let mut probe = None;
+    for _ in 0..200 {
+        if let Some(c) = h1(door_addr).await {
+            probe = Some(c);
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    let mut probe = probe.expect("door never listened");
+    let res = probe.send_request(get("/healthz")).await.unwrap();
+    assert_eq!(res.status(), StatusCode::OK);
+    res.into_body().collect().await.unwrap();
+
+    // One request held in flight at the slow upstream.
+    let mut slow = h1(door_addr).await.unwrap();
+    let in_flight = tokio::spawn(async move {
+        let res = slow.send_request(get("/l/session/slow")).await.unwrap();
+        let status = res.status();
+        let body = res.into_body().collect().await.unwrap().to_bytes();
+        (status, body)
+    });
+    started_rx.recv().await.unwrap();
+
+    let killed = Command::new("kill")
+        .args(["-TERM", &door.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(killed.success());
+
+    // Health turns 503 at once on the kept-alive connection.
+    let mut status = StatusCode::OK;
+    let mut healthy = 1;
+    for _ in 0..100 {
+        let res = probe.send_request(get("/healthz")).await.unwrap();
+        status = res.status();
+        if status == StatusCode::OK {
+            // Forwarded before door saw the signal.
+            healthy += 1;
+        }
+        res.into_body().collect().await.unwrap();
+        if status == StatusCode::SERVICE_UNAVAILABLE {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+
+    // New connections are refused.
+    let mut refused = false;
+    for _ in 0..100 {
+        if TcpStream::connect(door_addr).await.is_err() {
+            refused = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(refused, "door still accepts connections while draining");
+    assert!(
+        door.try_wait().unwrap().is_none(),
+        "door exited with a request in flight"
+    );
+
+    // The in-flight request completes, then door exits 0.
+    release_tx.send(true).unwrap();
+    let (status, body) = in_flight.await.unwrap();
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(&body[..], b"slow done");
+    let mut exit = None;
+    for _ in 0..500 {
+        if let Some(s) = door.try_wait().unwrap() {
+            exit = Some(s);
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let exit = exit.expect("door did not exit after its in-flight request ended");
+    assert_eq!(exit.code(), Some(0));
+
+    check_exported(&points, healthy);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// The shutdown flush exported `door.requests` with exactly `door.group` and `door.outcome`.
+fn check_exported(points: &Points, healthy: u64) {
+    let points = points.lock().unwrap().clone();
+    assert!(!points.is_empty(), "no door.requests point exported");
+    for attrs in points.keys() {
+        let keys: BTreeSet<&str> = attrs.keys().map(String::as_str).collect();
+        assert_eq!(keys, BTreeSet::from(["door.group", "door.outcome"]));
+    }
+    let value = |g: &str, o: &str| {
+        points
+            .get(&BTreeMap::from([
+                ("door.group".to_owned(), g.to_owned()),
+                ("door.outcome".to_owned(), o.to_owned()),
+            ]))
+            .copied()
+    };
+    assert_eq!(value("health", "ok"), Some(healthy), "{points:?}");
+    assert_eq!(value("link", "ok"), Some(1), "{points:?}");
+}
+
+/// Starts the `door` binary on `addr` in front of `upstream`, exporting to `otlp` through the
+/// standard variable only.
+fn spawn_door(
+    dir: &std::path::Path,
+    door_addr: SocketAddr,
+    upstream: SocketAddr,
+    otlp: SocketAddr,
+) -> std::process::Child {
+    let config = dir.join("door.toml");
+    std::fs::write(
+        &config,
+        "drain_grace = \"20s\"\n\
+         [[route]]\ngroup = \"link\"\nmethods = [\"GET\"]\npath = \"/l/session/{id}\"\n\
+         [[route]]\ngroup = \"health\"\npath = \"/healthz\"\n",
+    )
+    .unwrap();
+    Command::new(env!("CARGO_BIN_EXE_door"))
+        .arg("--config")
+        .arg(&config)
+        .args(["--listen", &door_addr.to_string()])
+        .args(["--upstream", &format!("http://{upstream}")])
+        .args(["--admin-listen", "off", "--xdp-mode", "off"])
+        .env("OTEL_EXPORTER_OTLP_ENDPOINT", format!("http://{otlp}"))
+        .env_remove("DOOR_OTLP_ENDPOINT")
+        .env("RUST_LOG", "warn")
+        .stdin(Stdio::null())
+        .spawn()
+        .unwrap()
+}

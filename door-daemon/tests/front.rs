@@ -1,0 +1,914 @@
+//! The HTTP front (issue 5), in-process on 127.0.0.1: door's [`Front`] in front of a test
+//! upstream. Time-driven tests run on tokio's paused clock; none sleeps for time to pass.
+
+#![expect(
+    clippy::unwrap_used,
+    clippy::panic,
+    reason = "test helpers outside #[test] functions fail loudly by design"
+)]
+
+use std::{
+    convert::Infallible,
+    fmt::Write as _,
+    future::Future,
+    net::SocketAddr,
+    pin::Pin,
+    sync::{
+        Arc, Mutex,
+        atomic::{AtomicUsize, Ordering},
+    },
+    time::Duration,
+};
+
+use bytes::Bytes;
+use door_daemon::{
+    clock::{Clock, ManualClock, MonotonicClock},
+    config::Config,
+    metrics::{Metrics, Outcome},
+    server::{App, ConnSettings, Front, MAX_HEADER_BYTES},
+};
+use http::{Request, Response, StatusCode};
+use http_body_util::{BodyExt, Empty, Full, StreamBody, combinators::BoxBody};
+use hyper::body::{Frame, Incoming};
+use hyper_util::{
+    rt::{TokioExecutor, TokioIo},
+    server::conn::auto,
+};
+use tokio::{
+    io::{AsyncReadExt, AsyncWriteExt},
+    net::{TcpListener, TcpStream},
+    sync::mpsc,
+};
+
+type UBody = BoxBody<Bytes, Infallible>;
+type Handler = Arc<
+    dyn Fn(Request<Incoming>) -> Pin<Box<dyn Future<Output = Response<UBody>> + Send>>
+        + Send
+        + Sync,
+>;
+
+fn full(s: impl Into<Bytes>) -> UBody {
+    Full::new(s.into()).boxed()
+}
+
+/// A test upstream on 127.0.0.1 answering with `handler`.
+async fn upstream(handler: Handler) -> SocketAddr {
+    let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    tokio::spawn(async move {
+        loop {
+            let Ok((s, _)) = l.accept().await else { return };
+            let h = Arc::clone(&handler);
+            tokio::spawn(async move {
+                let svc = hyper::service::service_fn(move |req| {
+                    let h = Arc::clone(&h);
+                    async move { Ok::<_, Infallible>(h(req).await) }
+                });
+                let mut b = auto::Builder::new(TokioExecutor::new());
+                // The upstream must not be what bounds the header tests.
+                b.http1().max_headers(4096);
+                b.http2().max_header_list_size(1 << 20);
+                let _ = b.serve_connection(TokioIo::new(s), svc).await;
+            });
+        }
+    });
+    addr
+}
+
+/// Echoes `METHOD PATH xfp=<X-Forwarded-Proto> len=<body bytes>`, after reading the whole body.
+fn echo() -> Handler {
+    Arc::new(|req: Request<Incoming>| {
+        Box::pin(async move {
+            let line = format!(
+                "{} {} xfp={}",
+                req.method(),
+                req.uri().path(),
+                req.headers()
+                    .get("x-forwarded-proto")
+                    .and_then(|v| v.to_str().ok())
+                    .unwrap_or("-")
+            );
+            let len = match req.into_body().collect().await {
+                Ok(b) => b.to_bytes().len().to_string(),
+                Err(_) => "error".to_owned(),
+            };
+            Response::new(full(format!("{line} len={len}")))
+        })
+    })
+}
+
+fn config(upstream: SocketAddr, top: &str, tables: &str) -> Config {
+    let text = format!(
+        r#"
+listen = ["127.0.0.1:0"]
+upstream = "http://{upstream}"
+admin_listen = "off"
+{top}
+[[route]]
+group = "webhook"
+methods = ["POST"]
+path = "/webhooks/github"
+[[route]]
+group = "link"
+methods = ["GET"]
+path = "/l/session/{{id}}"
+[[route]]
+group = "health"
+path = "/healthz"
+[[route]]
+group = "api"
+path = "/api/{{x}}"
+[group.api]
+rate = 1000.0
+burst = 100000
+per_client = 1000
+inflight = 1000
+{tables}
+"#
+    );
+    Config::from_toml("front.toml", &text).unwrap()
+}
+
+struct Door {
+    addr: SocketAddr,
+    front: Front,
+}
+
+impl Door {
+    fn app(&self) -> &Arc<App> {
+        self.front.app()
+    }
+
+    fn inflight(&self, group: &str) -> u32 {
+        self.app()
+            .limiters()
+            .iter()
+            .find(|l| l.group() == group)
+            .unwrap()
+            .inflight()
+    }
+
+    fn count(&self, group: &str, outcome: Outcome) -> u64 {
+        let l = self.app().limiters();
+        let l = l.iter().find(|l| l.group() == group).unwrap();
+        l.outcome_totals()
+            .into_iter()
+            .find(|(o, _)| *o == outcome)
+            .unwrap()
+            .1
+    }
+
+    /// Waits (yielding, bounded) until `f` holds: for counts that settle on another task.
+    async fn eventually(&self, what: &str, f: impl Fn(&Self) -> bool) {
+        for _ in 0..500 {
+            if f(self) {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        panic!("never: {what}");
+    }
+}
+
+async fn door_with(
+    cfg: &Config,
+    clock: Arc<dyn Clock>,
+    tls: Option<Arc<rustls::ServerConfig>>,
+) -> Door {
+    let app = Arc::new(App::new(cfg, &clock, &Metrics::noop(), None));
+    let front = Front::new(app, ConnSettings::from_config(cfg), tls);
+    let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    front.serve(l, false);
+    Door { addr, front }
+}
+
+async fn door(cfg: &Config) -> Door {
+    door_with(cfg, Arc::new(MonotonicClock::new()), None).await
+}
+
+/// Writes `bytes` and reads until the server closes the connection.
+async fn raw(addr: SocketAddr, bytes: &[u8]) -> String {
+    let mut s = TcpStream::connect(addr).await.unwrap();
+    s.write_all(bytes).await.unwrap();
+    let mut out = Vec::new();
+    let _ = s.read_to_end(&mut out).await;
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// An HTTP/1.1 client connection.
+async fn h1(addr: SocketAddr) -> hyper::client::conn::http1::SendRequest<UBody> {
+    let s = TcpStream::connect(addr).await.unwrap();
+    let (send, conn) = hyper::client::conn::http1::handshake(TokioIo::new(s))
+        .await
+        .unwrap();
+    tokio::spawn(conn);
+    send
+}
+
+fn get(path: &str) -> Request<UBody> {
+    Request::get(path)
+        .header("host", "door.test")
+        .body(Empty::new().boxed())
+        .unwrap()
+}
+
+async fn body_string(res: Response<Incoming>) -> String {
+    String::from_utf8_lossy(&res.into_body().collect().await.unwrap().to_bytes()).into_owned()
+}
+
+// ---------------------------------------------------------------- 1. TLS
+
+fn tls_pair(dir: &std::path::Path) -> (std::path::PathBuf, std::path::PathBuf, rcgen::Certificate) {
+    let ck = rcgen::generate_simple_self_signed(vec!["door.test".to_owned()]).unwrap();
+    let cert = dir.join("cert.pem");
+    let key = dir.join("key.pem");
+    std::fs::write(&cert, ck.cert.pem()).unwrap();
+    std::fs::write(&key, ck.signing_key.serialize_pem()).unwrap();
+    (cert, key, ck.cert)
+}
+
+fn tempdir(name: &str) -> std::path::PathBuf {
+    let d = std::env::temp_dir().join(format!("door-front-{name}-{}", std::process::id()));
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+fn tls_client(cert: &rcgen::Certificate, alpn: &[u8]) -> tokio_rustls::TlsConnector {
+    let mut roots = rustls::RootCertStore::empty();
+    roots.add(cert.der().clone()).unwrap();
+    let mut cfg = rustls::ClientConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .unwrap()
+    .with_root_certificates(roots)
+    .with_no_client_auth();
+    cfg.alpn_protocols = vec![alpn.to_vec()];
+    tokio_rustls::TlsConnector::from(Arc::new(cfg))
+}
+
+#[tokio::test]
+async fn tls_negotiates_h2_and_http11_by_alpn_and_says_https_upstream() {
+    let dir = tempdir("tls");
+    let (cert, key, c) = tls_pair(&dir);
+    let up = upstream(echo()).await;
+    let cfg = config(
+        up,
+        "",
+        &format!("[tls]\ncert = {cert:?}\nkey = {key:?}\nmin_version = \"1.2\""),
+    );
+    let tls = door_daemon::tls::load(cfg.tls.as_ref().unwrap()).unwrap();
+    let d = door_with(&cfg, Arc::new(MonotonicClock::new()), Some(tls)).await;
+    let name = rustls::pki_types::ServerName::try_from("door.test").unwrap();
+
+    // h2 by ALPN.
+    let s = TcpStream::connect(d.addr).await.unwrap();
+    let s = tls_client(&c, b"h2")
+        .connect(name.clone(), s)
+        .await
+        .unwrap();
+    assert_eq!(s.get_ref().1.alpn_protocol(), Some(&b"h2"[..]));
+    let (mut h2c, conn) = h2::client::handshake(s).await.unwrap();
+    tokio::spawn(conn);
+    let req = Request::get("https://door.test/anything").body(()).unwrap();
+    let (res, _) = h2c.send_request(req, true).unwrap();
+    let res = res.await.unwrap();
+    assert_eq!(res.status(), StatusCode::OK);
+    let mut body = res.into_body();
+    let mut got = Vec::new();
+    while let Some(chunk) = body.data().await {
+        got.extend_from_slice(&chunk.unwrap());
+    }
+    assert_eq!(
+        String::from_utf8_lossy(&got),
+        "GET /anything xfp=https len=0"
+    );
+
+    // http/1.1 by ALPN.
+    let s = TcpStream::connect(d.addr).await.unwrap();
+    let mut s = tls_client(&c, b"http/1.1").connect(name, s).await.unwrap();
+    assert_eq!(s.get_ref().1.alpn_protocol(), Some(&b"http/1.1"[..]));
+    s.write_all(b"GET /x HTTP/1.1\r\nHost: door.test\r\nConnection: close\r\n\r\n")
+        .await
+        .unwrap();
+    let mut out = Vec::new();
+    let _ = s.read_to_end(&mut out).await;
+    let out = String::from_utf8_lossy(&out);
+    assert!(out.starts_with("HTTP/1.1 200"), "{out}");
+    assert!(out.ends_with("GET /x xfp=https len=0"), "{out}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[tokio::test]
+async fn tls_min_version_13_refuses_a_tls12_client() {
+    let dir = tempdir("tls13");
+    let (cert, key, c) = tls_pair(&dir);
+    let up = upstream(echo()).await;
+    let cfg = config(
+        up,
+        "",
+        &format!("[tls]\ncert = {cert:?}\nkey = {key:?}\nmin_version = \"1.3\""),
+    );
+    let tls = door_daemon::tls::load(cfg.tls.as_ref().unwrap()).unwrap();
+    let d = door_with(&cfg, Arc::new(MonotonicClock::new()), Some(tls)).await;
+    let mut roots = rustls::RootCertStore::empty();
+    roots.add(c.der().clone()).unwrap();
+    let client12 = rustls::ClientConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_protocol_versions(&[&rustls::version::TLS12])
+    .unwrap()
+    .with_root_certificates(roots)
+    .with_no_client_auth();
+    let s = TcpStream::connect(d.addr).await.unwrap();
+    let r = tokio_rustls::TlsConnector::from(Arc::new(client12))
+        .connect(
+            rustls::pki_types::ServerName::try_from("door.test").unwrap(),
+            s,
+        )
+        .await;
+    assert!(r.is_err(), "a TLS 1.2 client must be refused");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[tokio::test]
+async fn a_bad_key_pair_fails_start_up_before_binding_naming_the_file() {
+    let dir = tempdir("badtls");
+    let (cert, _key, _) = tls_pair(&dir);
+    let other = rcgen::KeyPair::generate().unwrap();
+    let wrong = dir.join("wrong-key.pem");
+    std::fs::write(&wrong, other.serialize_pem()).unwrap();
+    let missing = dir.join("missing.pem");
+    // Port to prove nothing was bound: take one, free it, give it to door.
+    let port = TcpListener::bind("127.0.0.1:0")
+        .await
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    for (key, needle) in [(&missing, "missing.pem"), (&wrong, "wrong-key.pem")] {
+        let mut cfg = config(
+            "127.0.0.1:9".parse().unwrap(),
+            "",
+            &format!("[tls]\ncert = {cert:?}\nkey = {key:?}"),
+        );
+        cfg.listen = vec![SocketAddr::from(([127, 0, 0, 1], port))];
+        let e = door_daemon::server::run(cfg, Metrics::noop())
+            .await
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains(needle), "{e}");
+        assert!(e.starts_with("tls.key"), "{e}");
+        // The port is still free.
+        drop(TcpListener::bind(("127.0.0.1", port)).await.unwrap());
+    }
+    let cfg = config(
+        "127.0.0.1:9".parse().unwrap(),
+        "",
+        &format!("[tls]\ncert = {missing:?}\nkey = {wrong:?}"),
+    );
+    let e = door_daemon::tls::load(cfg.tls.as_ref().unwrap())
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.starts_with("tls.cert") && e.contains("missing.pem"),
+        "{e}"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+// ---------------------------------------------------------------- 2. header bound
+
+#[tokio::test]
+async fn http1_headers_are_bounded_at_64_kib_not_at_100_fields() {
+    let up = upstream(echo()).await;
+    let d = door(&config(up, "", "")).await;
+    let req = |fields: usize, size: usize| {
+        let mut r = String::from("GET /h HTTP/1.1\r\nHost: door.test\r\nConnection: close\r\n");
+        for i in 0..fields {
+            let _ = write!(r, "x-f{i}: {}\r\n", "a".repeat(size));
+        }
+        r.push_str("\r\n");
+        r
+    };
+    // 32 KiB in 320 fields: more than hyper's default 100 fields, well under 64 KiB.
+    let ok = raw(d.addr, req(320, 100).as_bytes()).await;
+    assert!(ok.starts_with("HTTP/1.1 200"), "{ok}");
+    // 128 KiB: 431.
+    let big = raw(d.addr, req(32, 4096).as_bytes()).await;
+    assert!(big.starts_with("HTTP/1.1 431"), "{big}");
+    // Just under and just over the bound, in one field.
+    let head = "GET /h HTTP/1.1\r\nHost: door.test\r\nConnection: close\r\nx-big: \r\n\r\n".len();
+    let under = raw(d.addr, req(1, MAX_HEADER_BYTES - head - 4096).as_bytes()).await;
+    assert!(
+        under.starts_with("HTTP/1.1 200"),
+        "{}",
+        &under[..40.min(under.len())]
+    );
+    let over = raw(d.addr, req(1, MAX_HEADER_BYTES).as_bytes()).await;
+    assert!(over.starts_with("HTTP/1.1 431"), "{over}");
+}
+
+/// An HTTP/2 connection driven frame by frame with h2's codec (RFC 9113 framing, RFC 7541
+/// HPACK; h2's `unstable` API, dev-only): the client preface, then an empty SETTINGS.
+async fn h2_raw(addr: SocketAddr) -> h2::Codec<TcpStream, Bytes> {
+    use futures_util::SinkExt as _;
+    let mut s = TcpStream::connect(addr).await.unwrap();
+    s.write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n")
+        .await
+        .unwrap();
+    let mut c = h2::Codec::new(s);
+    c.send(h2::frame::Frame::Settings(h2::frame::Settings::default()))
+        .await
+        .unwrap();
+    c
+}
+
+/// A GET on `stream` with `n` copies of one 3,000-octet field. h2's HPACK encoder puts the field
+/// in the dynamic table once (it is under 3/4 of the 4,096-octet table) and then references it
+/// by index, so the whole block is about 2 KB, one HEADERS frame far below the 16 KiB frame
+/// limit, while its decoded size (RFC 9113 §6.5.2: name + value + 32 per field) is n × 3,037
+/// octets plus the pseudo-fields.
+fn big_request(stream: u32, n: usize) -> h2::frame::Frame<Bytes> {
+    let uri: http::Uri = "http://door.test/big".parse().unwrap();
+    let pseudo = h2::frame::Pseudo::request(http::Method::GET, uri, None);
+    let value = http::HeaderValue::from_str(&"a".repeat(3000)).unwrap();
+    let mut fields = http::HeaderMap::new();
+    for _ in 0..n {
+        fields.append("x-big", value.clone());
+    }
+    let mut h = h2::frame::Headers::new(h2::frame::StreamId::from(stream), pseudo, fields);
+    h.set_end_stream();
+    h2::frame::Frame::Headers(h)
+}
+
+/// Reads frames until the response HEADERS of `stream`, acknowledging SETTINGS and noting the
+/// server's SETTINGS_MAX_HEADER_LIST_SIZE; `None` on GOAWAY or end of stream.
+async fn read_status(
+    c: &mut h2::Codec<TcpStream, Bytes>,
+    stream: u32,
+    list_size: &mut Option<u32>,
+) -> Option<u16> {
+    use futures_util::{SinkExt as _, StreamExt as _};
+    while let Some(f) = c.next().await {
+        match f.unwrap() {
+            h2::frame::Frame::Settings(s) if !s.is_ack() => {
+                *list_size = s.max_header_list_size();
+                c.send(h2::frame::Frame::Settings(h2::frame::Settings::ack()))
+                    .await
+                    .unwrap();
+            }
+            h2::frame::Frame::Headers(h) if h.stream_id() == h2::frame::StreamId::from(stream) => {
+                return h.into_parts().0.status.map(|s| s.as_u16());
+            }
+            h2::frame::Frame::GoAway(_) => return None,
+            _ => {}
+        }
+    }
+    None
+}
+
+#[tokio::test]
+async fn http2_advertises_64_kib_and_answers_431_past_the_list_limit_in_one_frame() {
+    use futures_util::SinkExt as _;
+    let up = upstream(echo()).await;
+    let d = door(&config(up, "", "")).await;
+    let mut c = h2_raw(d.addr).await;
+    let mut list = None;
+    // 22 fields: 66,814 octets of fields alone, over 65,536.
+    c.send(big_request(1, 22)).await.unwrap();
+    assert_eq!(read_status(&mut c, 1, &mut list).await, Some(431));
+    assert_eq!(list, Some(u32::try_from(MAX_HEADER_BYTES).unwrap()));
+    // The connection lives on, and 21 fields (63,777 + pseudo-fields < 65,536) pass.
+    c.send(big_request(3, 21)).await.unwrap();
+    assert_eq!(read_status(&mut c, 3, &mut list).await, Some(200));
+    // Past four times the limit h2 stops decoding: GOAWAY.
+    c.send(big_request(5, 90)).await.unwrap();
+    assert_eq!(read_status(&mut c, 5, &mut list).await, None);
+}
+
+#[tokio::test]
+async fn http2_client_over_the_list_limit_gets_431() {
+    let up = upstream(echo()).await;
+    let d = door(&config(up, "", "")).await;
+    let s = TcpStream::connect(d.addr).await.unwrap();
+    let (c, conn) = h2::client::handshake(s).await.unwrap();
+    tokio::spawn(conn);
+    let mut req = Request::get("http://door.test/h2").body(()).unwrap();
+    for i in 0..32 {
+        req.headers_mut().insert(
+            http::HeaderName::try_from(format!("x-f{i}")).unwrap(),
+            http::HeaderValue::from_str(&"a".repeat(4096)).unwrap(),
+        );
+    }
+    let (res, _) = c
+        .clone()
+        .ready()
+        .await
+        .unwrap()
+        .send_request(req, true)
+        .unwrap();
+    assert_eq!(
+        res.await.unwrap().status(),
+        StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE
+    );
+    let mut req = Request::get("http://door.test/h2").body(()).unwrap();
+    req.headers_mut().insert(
+        "x-ok",
+        http::HeaderValue::from_str(&"a".repeat(32 << 10)).unwrap(),
+    );
+    let (res, _) = c.ready().await.unwrap().send_request(req, true).unwrap();
+    assert_eq!(res.await.unwrap().status(), StatusCode::OK);
+}
+
+// ---------------------------------------------------------------- 3. deadlines
+
+fn aborted_upstream(seen: Arc<Mutex<Vec<String>>>) -> Handler {
+    Arc::new(move |req: Request<Incoming>| {
+        let seen = Arc::clone(&seen);
+        Box::pin(async move {
+            let r = req.into_body().collect().await;
+            seen.lock().unwrap().push(match r {
+                Ok(b) => format!("body {}", b.to_bytes().len()),
+                Err(_) => "aborted".to_owned(),
+            });
+            Response::new(full("ok"))
+        })
+    })
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_body_still_arriving_at_the_read_timeout_gets_408_and_frees_the_slot() {
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let up = upstream(aborted_upstream(Arc::clone(&seen))).await;
+    let d = door(&config(up, "", "")).await;
+    let start = tokio::time::Instant::now();
+    let mut s = TcpStream::connect(d.addr).await.unwrap();
+    s.write_all(
+        b"POST /webhooks/github HTTP/1.1\r\nHost: door.test\r\nContent-Length: 100\r\n\r\n0123456789",
+    )
+    .await
+    .unwrap();
+    let mut out = Vec::new();
+    let _ = s.read_to_end(&mut out).await;
+    let out = String::from_utf8_lossy(&out);
+    assert!(out.starts_with("HTTP/1.1 408"), "{out}");
+    assert!(out.contains("request-timeout"), "{out}");
+    let waited = start.elapsed();
+    assert!(
+        waited >= Duration::from_secs(10) && waited < Duration::from_secs(11),
+        "webhook read_timeout is 10 s: {waited:?}"
+    );
+    d.eventually("the upstream saw the abort", |_| {
+        seen.lock().unwrap().iter().any(|s| s == "aborted")
+    })
+    .await;
+    assert_eq!(d.inflight("webhook"), 0);
+    assert_eq!(d.count("webhook", Outcome::ClientError), 1);
+    assert_eq!(d.app().requests_in_flight(), 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn streaming_routes_have_no_body_deadline() {
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let up = upstream(aborted_upstream(Arc::clone(&seen))).await;
+    let d = door(&config(up, "", "")).await;
+    let mut s = TcpStream::connect(d.addr).await.unwrap();
+    s.write_all(b"POST /stream HTTP/1.1\r\nHost: door.test\r\nConnection: close\r\nContent-Length: 20\r\n\r\n0123456789")
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_mins(5)).await;
+    s.write_all(b"0123456789").await.unwrap();
+    let mut out = Vec::new();
+    let _ = s.read_to_end(&mut out).await;
+    let out = String::from_utf8_lossy(&out);
+    assert!(out.starts_with("HTTP/1.1 200"), "{out}");
+    assert_eq!(seen.lock().unwrap().as_slice(), ["body 20"]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn slowloris_headers_are_closed_at_the_header_timeout() {
+    let up = upstream(echo()).await;
+    let d = door(&config(up, "", "")).await;
+    let start = tokio::time::Instant::now();
+    let mut s = TcpStream::connect(d.addr).await.unwrap();
+    s.write_all(b"GET / HTTP/1.1\r\nHost: door.test\r\nX-Slow: a")
+        .await
+        .unwrap();
+    let mut out = Vec::new();
+    let _ = s.read_to_end(&mut out).await;
+    let waited = start.elapsed();
+    assert!(
+        waited >= Duration::from_secs(10) && waited < Duration::from_secs(11),
+        "header_read_timeout is 10 s: {waited:?}"
+    );
+    assert!(!String::from_utf8_lossy(&out).contains("200"));
+}
+
+#[tokio::test(start_paused = true)]
+async fn idle_http2_connections_are_closed_at_the_idle_timeout() {
+    let up = upstream(echo()).await;
+    let d = door(&config(up, "idle_timeout = \"30s\"", "")).await;
+    let start = tokio::time::Instant::now();
+    let s = TcpStream::connect(d.addr).await.unwrap();
+    let (c, conn) = h2::client::handshake(s).await.unwrap();
+    let conn = tokio::spawn(conn);
+    let req = Request::get("http://door.test/x").body(()).unwrap();
+    let mut c = c.ready().await.unwrap();
+    let (res, _) = c.send_request(req, true).unwrap();
+    assert_eq!(res.await.unwrap().status(), StatusCode::OK);
+    // The client keeps its handle: only door can end the connection.
+    let _ = conn.await;
+    drop(c);
+    let waited = start.elapsed();
+    assert!(
+        waited >= Duration::from_secs(30) && waited < Duration::from_secs(31),
+        "{waited:?}"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn upstream_timeout_is_504_and_refused_is_502_both_settled_as_server_error() {
+    let hang: Handler = Arc::new(|_req| {
+        Box::pin(async {
+            std::future::pending::<()>().await;
+            Response::new(full(""))
+        })
+    });
+    let up = upstream(hang).await;
+    let d = door(&config(up, "upstream_timeout = \"2s\"", "")).await;
+    let start = tokio::time::Instant::now();
+    let res = h1(d.addr)
+        .await
+        .send_request(get("/api/slow"))
+        .await
+        .unwrap();
+    assert_eq!(res.status(), StatusCode::GATEWAY_TIMEOUT);
+    assert!(start.elapsed() >= Duration::from_secs(2));
+    assert_eq!(d.inflight("api"), 0);
+    assert_eq!(d.count("api", Outcome::ServerError), 1);
+
+    let closed = TcpListener::bind("127.0.0.1:0")
+        .await
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    let d = door(&config(closed, "", "")).await;
+    let res = h1(d.addr).await.send_request(get("/api/x")).await.unwrap();
+    assert_eq!(res.status(), StatusCode::BAD_GATEWAY);
+    assert_eq!(d.inflight("api"), 0);
+    assert_eq!(d.count("api", Outcome::ServerError), 1);
+}
+
+// ---------------------------------------------------------------- 4. streaming
+
+/// Seed TestDoorLimitsWriter: an upstream flush reaches the client before the upstream finishes.
+#[tokio::test]
+async fn an_upstream_flush_reaches_the_client_before_the_upstream_finishes() {
+    type Tx = mpsc::Sender<Result<Frame<Bytes>, Infallible>>;
+    let slot: Arc<Mutex<Option<Tx>>> = Arc::new(Mutex::new(None));
+    let s2 = Arc::clone(&slot);
+    let handler: Handler = Arc::new(move |_req| {
+        let (tx, rx) = mpsc::channel(4);
+        let first = tx.clone();
+        *s2.lock().unwrap() = Some(tx);
+        Box::pin(async move {
+            first
+                .send(Ok(Frame::data(Bytes::from_static(b"first"))))
+                .await
+                .unwrap();
+            let stream = futures_util::stream::unfold(rx, |mut rx| async move {
+                rx.recv().await.map(|f| (f, rx))
+            });
+            Response::new(StreamBody::new(stream).boxed())
+        })
+    });
+    let up = upstream(handler).await;
+    let d = door(&config(up, "", "")).await;
+    for path in ["/l/session/1", "/unlimited"] {
+        let res = h1(d.addr).await.send_request(get(path)).await.unwrap();
+        assert_eq!(res.status(), StatusCode::OK);
+        let mut body = res.into_body();
+        let f = body.frame().await.unwrap().unwrap().into_data().unwrap();
+        assert_eq!(&f[..], b"first", "{path}");
+        // Only now does the upstream finish.
+        let tx = slot.lock().unwrap().take().unwrap();
+        tx.send(Ok(Frame::data(Bytes::from_static(b"rest"))))
+            .await
+            .unwrap();
+        drop(tx);
+        let rest = body.collect().await.unwrap().to_bytes();
+        assert_eq!(&rest[..], b"rest");
+    }
+    d.eventually("settled", |d| d.inflight("link") == 0).await;
+}
+
+// ---------------------------------------------------------------- 5. cached health
+
+fn counting(n: Arc<AtomicUsize>) -> Handler {
+    Arc::new(move |_req| {
+        n.fetch_add(1, Ordering::SeqCst);
+        Box::pin(async { Response::new(full("ok")) })
+    })
+}
+
+/// Seed L3 TestNetworkDoorHealthOverflow: burst+1 probes all succeed; the extra one is cached.
+#[tokio::test]
+async fn health_over_budget_is_served_from_the_cache_and_counted_as_cached() {
+    let hits = Arc::new(AtomicUsize::new(0));
+    let up = upstream(counting(Arc::clone(&hits))).await;
+    let clock = Arc::new(ManualClock::at(1));
+    // Rate 0.01/s: nothing refills within the test.
+    let cfg = config(up, "", "[group.health]\nburst = 3\nrate = 0.01");
+    let d = door_with(&cfg, clock.clone(), None).await;
+    let mut c = h1(d.addr).await;
+    for i in 0..4 {
+        let res = c.send_request(get("/healthz")).await.unwrap();
+        assert_eq!(res.status(), StatusCode::OK, "probe {i}");
+        let cached = res.headers().get("cache-status").is_some();
+        assert_eq!(cached, i == 3, "probe {i}");
+        assert!(res.headers().contains_key("ratelimit"), "probe {i}");
+        body_string(res).await;
+    }
+    assert_eq!(
+        hits.load(Ordering::SeqCst),
+        3,
+        "the cached probe did not reach the upstream"
+    );
+    assert_eq!(d.count("health", Outcome::Cached), 1);
+    assert_eq!(d.count("health", Outcome::Ok), 3);
+    // Past the ttl with no fresh status: one refresh, still 200, still cached.
+    clock.advance(Duration::from_secs(1));
+    let res = c.send_request(get("/healthz")).await.unwrap();
+    assert_eq!(res.status(), StatusCode::OK);
+    body_string(res).await;
+    assert_eq!(hits.load(Ordering::SeqCst), 4);
+    assert_eq!(d.count("health", Outcome::Cached), 2);
+    // Draining: 503 at once, cache bypassed, upstream not asked.
+    d.app().begin_drain();
+    let res = c.send_request(get("/healthz")).await.unwrap();
+    assert_eq!(res.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(hits.load(Ordering::SeqCst), 4);
+}
+
+// ---------------------------------------------------------------- 6. RateLimit fields
+
+#[tokio::test]
+async fn ratelimit_fields_on_every_limited_response() {
+    let up = upstream(echo()).await;
+    let clock = Arc::new(ManualClock::at(1));
+    let d = door_with(&config(up, "", ""), clock, None).await;
+    let mut c = h1(d.addr).await;
+    let res = c.send_request(get("/l/session/a")).await.unwrap();
+    assert_eq!(res.status(), StatusCode::OK);
+    assert_eq!(res.headers()["ratelimit-policy"], "\"link\";q=20;w=20");
+    assert_eq!(res.headers()["ratelimit"], "\"link\";r=19;t=1");
+    body_string(res).await;
+    for _ in 0..19 {
+        body_string(c.send_request(get("/l/session/a")).await.unwrap()).await;
+    }
+    let res = c.send_request(get("/l/session/a")).await.unwrap();
+    assert_eq!(res.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(res.headers()["retry-after"], "1");
+    assert_eq!(res.headers()["ratelimit-policy"], "\"link\";q=20;w=20");
+    assert_eq!(res.headers()["ratelimit"], "\"link\";r=0;t=20");
+    let body: serde_json::Value = serde_json::from_str(&body_string(res).await).unwrap();
+    assert_eq!(body["code"], "rate-limited");
+    assert_eq!(body["details"]["group"], "link");
+    assert_eq!(body["details"]["scope"], "client");
+    assert_eq!(body["details"]["retry_after_s"], 1);
+    let res = c.send_request(get("/unlimited")).await.unwrap();
+    assert!(!res.headers().contains_key("ratelimit"));
+    assert!(!res.headers().contains_key("ratelimit-policy"));
+}
+
+#[tokio::test]
+async fn ratelimit_fields_can_be_turned_off() {
+    let up = upstream(echo()).await;
+    let d = door(&config(up, "ratelimit_headers = false", "")).await;
+    let res = h1(d.addr)
+        .await
+        .send_request(get("/l/session/a"))
+        .await
+        .unwrap();
+    assert_eq!(res.status(), StatusCode::OK);
+    assert!(!res.headers().contains_key("ratelimit"));
+    assert!(!res.headers().contains_key("ratelimit-policy"));
+}
+
+// ---------------------------------------------------------------- robustness
+
+#[tokio::test]
+async fn http2_rapid_reset_leaves_door_responsive_and_the_limiter_clean() {
+    let handler: Handler = Arc::new(|req: Request<Incoming>| {
+        Box::pin(async move {
+            if req.uri().path() == "/api/reset" {
+                std::future::pending::<()>().await;
+            }
+            Response::new(full("ok"))
+        })
+    });
+    let up = upstream(handler).await;
+    let d = door(&config(up, "", "")).await;
+    let s = TcpStream::connect(d.addr).await.unwrap();
+    let (c, conn) = h2::client::handshake(s).await.unwrap();
+    let conn = tokio::spawn(conn);
+    let mut c = c.ready().await.unwrap();
+    let mut sent = 0;
+    for _ in 0..1000 {
+        let req = Request::post("http://door.test/api/reset")
+            .body(())
+            .unwrap();
+        let Ok((res, mut body)) = c.send_request(req, false) else {
+            break;
+        };
+        body.send_reset(h2::Reason::CANCEL);
+        drop(res);
+        sent += 1;
+        let Ok(ready) = c.ready().await else { break };
+        c = ready;
+    }
+    assert!(sent >= 100, "only {sent} streams opened");
+    // A second client is served at once.
+    let res = h1(d.addr).await.send_request(get("/api/ok")).await.unwrap();
+    assert_eq!(res.status(), StatusCode::OK);
+    d.eventually("every reset stream settled", |d| d.inflight("api") == 0)
+        .await;
+    d.eventually("nothing in flight", |d| d.app().requests_in_flight() == 0)
+        .await;
+    conn.abort();
+}
+
+#[tokio::test]
+async fn a_client_gone_mid_body_frees_its_slot() {
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let up = upstream(aborted_upstream(Arc::clone(&seen))).await;
+    let d = door(&config(up, "", "")).await;
+    let mut s = TcpStream::connect(d.addr).await.unwrap();
+    s.write_all(
+        b"POST /webhooks/github HTTP/1.1\r\nHost: door.test\r\nContent-Length: 1000\r\n\r\n0123456789",
+    )
+    .await
+    .unwrap();
+    d.eventually("admitted", |d| d.inflight("webhook") == 1)
+        .await;
+    drop(s);
+    d.eventually("slot freed", |d| d.inflight("webhook") == 0)
+        .await;
+    d.eventually("nothing in flight", |d| d.app().requests_in_flight() == 0)
+        .await;
+    assert_eq!(d.count("webhook", Outcome::ServerError), 1);
+}
+
+#[tokio::test]
+async fn http1_pipelined_requests_are_answered_in_order() {
+    let up = upstream(echo()).await;
+    let d = door(&config(up, "", "")).await;
+    let out = raw(
+        d.addr,
+        b"GET /p/1 HTTP/1.1\r\nHost: d\r\n\r\nGET /l/session/2 HTTP/1.1\r\nHost: d\r\n\r\n\
+          POST /webhooks/github HTTP/1.1\r\nHost: d\r\nContent-Length: 3\r\n\r\nabc\
+          GET /p/4 HTTP/1.1\r\nHost: d\r\nConnection: close\r\n\r\n",
+    )
+    .await;
+    let order: Vec<usize> = [
+        "GET /p/1 ",
+        "GET /l/session/2 ",
+        "POST /webhooks/github xfp=http len=3",
+        "GET /p/4 ",
+    ]
+    .iter()
+    .map(|n| {
+        out.find(n)
+            .unwrap_or_else(|| panic!("{n} missing in {out}"))
+    })
+    .collect();
+    assert!(order.windows(2).all(|w| w[0] < w[1]), "{out}");
+    assert_eq!(out.matches("HTTP/1.1 200").count(), 4);
+}
+
+#[tokio::test]
+async fn expect_100_continue_on_a_webhook() {
+    let up = upstream(echo()).await;
+    let d = door(&config(up, "", "")).await;
+    let mut s = TcpStream::connect(d.addr).await.unwrap();
+    s.write_all(
+        b"POST /webhooks/github HTTP/1.1\r\nHost: d\r\nExpect: 100-continue\r\nContent-Length: 5\r\nConnection: close\r\n\r\n",
+    )
+    .await
+    .unwrap();
+    let mut buf = [0u8; 25];
+    s.read_exact(&mut buf).await.unwrap();
+    assert_eq!(&buf, b"HTTP/1.1 100 Continue\r\n\r\n");
+    s.write_all(b"hello").await.unwrap();
+    let mut out = Vec::new();
+    let _ = s.read_to_end(&mut out).await;
+    let out = String::from_utf8_lossy(&out);
+    assert!(out.starts_with("HTTP/1.1 200"), "{out}");
+    assert!(
+        out.ends_with("POST /webhooks/github xfp=http len=5"),
+        "{out}"
+    );
+    assert_eq!(d.inflight("webhook"), 0);
+}
