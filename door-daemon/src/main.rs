@@ -9,7 +9,7 @@ use door_daemon::config::{Config, Overrides};
 
 /// door: a front door for one HTTP application.
 #[derive(Debug, Parser)]
-#[command(version, about)]
+#[command(name = "door", version, about)]
 struct Cli {
     #[command(subcommand)]
     command: Option<Command>,

@@ -8,7 +8,11 @@
 //!   examples/door.toml ARGS`.
 //! - `cargo xtask test`: format and lint checks, unit and property tests, then the privileged
 //!   suites (BPF_PROG_TEST_RUN, netns/veth) one test at a time; ends with `N passed, N failed`.
+//! - `cargo xtask deb [--install-test]`: the Debian package (cargo-deb, installed if missing);
+//!   with `--install-test`, also `dpkg -i` it, check it and purge it.
 
+mod deb;
+mod service;
 mod setup;
 mod test;
 
@@ -40,6 +44,12 @@ enum Task {
     },
     /// Run every test: lints, unit and property tests, and the privileged suites.
     Test,
+    /// Build the Debian package (cargo-deb; release build): prints the .deb's path.
+    Deb {
+        /// Also install it (dpkg -i, root), check it and purge it, as `cargo xtask test` does.
+        #[arg(long)]
+        install_test: bool,
+    },
 }
 
 fn main() -> anyhow::Result<()> {
@@ -50,6 +60,10 @@ fn main() -> anyhow::Result<()> {
         Task::Setup => setup::all(),
         Task::Run { args } => run(&args),
         Task::Test => test::all(),
+        Task::Deb { install_test: true } => deb::install_test(),
+        Task::Deb {
+            install_test: false,
+        } => deb::build().map(|deb| println!("{}", deb.display())),
     }
 }
 
