@@ -300,7 +300,7 @@ impl Upstream {
 }
 
 /// The validated, effective configuration.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct Config {
     /// Addresses to serve on. Default `[::]:8443`. In the file, each entry is an address string or
     /// a table `{ addr = "[::]:8443", proxy_protocol = true }`.
@@ -674,6 +674,9 @@ fn build_listen(
         .collect()
 }
 
+/// The keys of a `listen` entry written as a table (parsed by [`listen_entry`]).
+const LISTEN_TABLE_KEYS: [&str; 2] = ["addr", "proxy_protocol"];
+
 /// One file entry of `listen` as (key, address text, proxy_protocol).
 fn listen_entry(key: &str, value: toml::Value) -> Result<(String, String, bool), ConfigError> {
     const SHAPE: &str = "must be an address string (\"[::]:8443\") or a table \
@@ -717,6 +720,69 @@ fn listen_entry(key: &str, value: toml::Value) -> Result<(String, String, bool),
         }
         other => Err(invalid(key, other, SHAPE)),
     }
+}
+
+/// Every key the configuration file accepts, as a dotted path: `listen`, `route[].path`,
+/// `group.NAME.rate`, `xdp.mode`. Read from the file's serde structs (the names they pass to
+/// serde), so it is exactly the set the parser accepts; `docs/configuration.md` is checked
+/// against it.
+pub fn known_keys() -> Vec<String> {
+    let mut keys = Vec::new();
+    for top in struct_fields::<File>() {
+        let (prefix, fields) = match *top {
+            "route" => ("route[].", struct_fields::<RouteFile>()),
+            "group" => ("group.NAME.", struct_fields::<GroupFile>()),
+            "xdp" => ("xdp.", struct_fields::<XdpFile>()),
+            "tls" => ("tls.", struct_fields::<TlsFile>()),
+            "otlp" => ("otlp.", struct_fields::<OtlpFile>()),
+            "listen" => {
+                keys.push("listen".to_owned());
+                keys.extend(LISTEN_TABLE_KEYS.iter().map(|k| format!("listen[].{k}")));
+                continue;
+            }
+            key => {
+                keys.push(key.to_owned());
+                continue;
+            }
+        };
+        keys.extend(fields.iter().map(|f| format!("{prefix}{f}")));
+    }
+    keys
+}
+
+/// The field names a `#[derive(Deserialize)]` struct hands to `deserialize_struct`.
+fn struct_fields<T: serde::de::DeserializeOwned>() -> &'static [&'static str] {
+    use serde::de::{self, value::Error};
+
+    struct Probe<'a>(&'a mut &'static [&'static str]);
+
+    impl<'de> de::Deserializer<'de> for Probe<'_> {
+        type Error = Error;
+
+        fn deserialize_any<V: de::Visitor<'de>>(self, _: V) -> Result<V::Value, Error> {
+            Err(de::Error::custom("not a struct"))
+        }
+
+        fn deserialize_struct<V: de::Visitor<'de>>(
+            self,
+            _name: &'static str,
+            fields: &'static [&'static str],
+            _visitor: V,
+        ) -> Result<V::Value, Error> {
+            *self.0 = fields;
+            Err(de::Error::custom("probed"))
+        }
+
+        serde::forward_to_deserialize_any! {
+            bool i8 i16 i32 i64 i128 u8 u16 u32 u64 u128 f32 f64 char str string bytes
+            byte_buf option unit unit_struct newtype_struct seq tuple tuple_struct map enum
+            identifier ignored_any
+        }
+    }
+
+    let mut fields: &'static [&'static str] = &[];
+    let _ = T::deserialize(Probe(&mut fields));
+    fields
 }
 
 /// Parses a CIDR list for `key` (each entry may itself be comma-separated; a bare address is a

@@ -9,7 +9,7 @@ use door_daemon::config::{Config, Overrides};
 
 /// door: a front door for one HTTP application.
 #[derive(Debug, Parser)]
-#[command(version, about)]
+#[command(name = "door", version, about)]
 struct Cli {
     #[command(subcommand)]
     command: Option<Command>,
@@ -19,7 +19,8 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
-    /// Validate the configuration and print the effective settings.
+    /// Validate the configuration and print the effective settings as TOML (defaults filled in,
+    /// secrets elided); exit 2 naming the offending key and value if it is invalid.
     CheckConfig,
     /// Print the client key a request would get, and which rule chose it (for debugging proxies).
     Key {
@@ -140,13 +141,7 @@ impl Settings {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-        )
-        .with_writer(std::io::stderr)
-        .init();
+    door_daemon::logging::init();
     match run(&cli) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
@@ -156,13 +151,20 @@ fn main() -> ExitCode {
     }
 }
 
+/// `door check-config`: the effective configuration as TOML door accepts back (defaults filled
+/// in, secrets elided), then a comment saying it is valid.
+fn print_effective_config(config: &Config) {
+    println!("# door: effective configuration (flags, DOOR_* variables, file, defaults)");
+    print!("{}", config.to_toml());
+    println!("\n# configuration OK");
+}
+
 fn run(cli: &Cli) -> anyhow::Result<()> {
     let config = Config::load(cli.settings.config.as_deref(), &cli.settings.overrides())
         .context("invalid configuration")?;
     match &cli.command {
         Some(Command::CheckConfig) => {
-            println!("{config:#?}");
-            println!("configuration OK");
+            print_effective_config(&config);
             Ok(())
         }
         Some(Command::Key {

@@ -102,7 +102,7 @@ impl PathPattern {
 }
 
 /// A route: methods (empty = any) and a path pattern, mapped to a limit group.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Route {
     /// The group's name (`webhook`, `link`, `health` or a configured one).
     pub group: String,

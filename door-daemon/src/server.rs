@@ -825,6 +825,10 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
+#[expect(
+    clippy::too_many_arguments,
+    reason = "the listener's inputs, passed once from Front::serve"
+)]
 async fn accept_loop(
     listener: TcpListener,
     app: Arc<App>,

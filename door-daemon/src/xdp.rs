@@ -28,7 +28,10 @@ use opentelemetry::{
 };
 use thiserror::Error;
 
-use crate::config::{XdpConfig, XdpMode};
+use crate::{
+    config::{XdpConfig, XdpMode},
+    logging::RateLimitedWarn,
+};
 
 /// The XDP object built by `build.rs` from `door-ebpf` (empty when built with `AYA_BUILD_SKIP=1`).
 pub static PROGRAM: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/door-xdp"));
@@ -550,13 +553,19 @@ pub const ATTR_VERDICT: &str = "door.xdp.verdict";
 /// Attribute of `door.xdp.packets`: the reason ([`Counter::reason`]: `syn`, `syn_budget`, …).
 pub const ATTR_REASON: &str = "door.xdp.reason";
 
+/// An unreadable map fails at every collection: one warning line per 10 minutes, with the count.
+static COUNTERS_UNREADABLE: RateLimitedWarn = RateLimitedWarn::new(Duration::from_mins(10));
+/// As [`COUNTERS_UNREADABLE`], for the prefix map.
+static PREFIXES_UNREADABLE: RateLimitedWarn = RateLimitedWarn::new(Duration::from_mins(10));
+
 /// Registers the shield's instruments on `meter`, read from the maps at each collection:
 ///
 /// - `door.xdp.packets` (observable counter, `{packet}`): every packet the XDP program saw, by
 ///   `door.xdp.verdict` and `door.xdp.reason` (the per-CPU counters, summed);
 /// - `door.xdp.tracked_prefixes` (observable gauge, `{prefix}`): entries in the per-prefix map.
 ///
-/// A map that cannot be read is logged and reports nothing for that collection.
+/// A map that cannot be read is logged (at most once per 10 minutes) and reports nothing for that
+/// collection.
 pub fn observe(meter: &Meter, shield: &Arc<Mutex<Shield>>) -> ShieldInstruments {
     let attrs: Vec<[KeyValue; 2]> = Counter::ALL
         .iter()
@@ -583,7 +592,11 @@ pub fn observe(meter: &Meter, shield: &Arc<Mutex<Shield>>) -> ShieldInstruments 
                         observer.observe(value.packets, attrs);
                     }
                 }
-                Err(e) => tracing::warn!(error = %e, "reading the XDP counters"),
+                Err(e) => {
+                    if let Some(suppressed) = COUNTERS_UNREADABLE.due() {
+                        tracing::warn!(error = %e, suppressed, "reading the XDP counters (at most one line per 10 min)");
+                    }
+                }
             }
         })
         .build();
@@ -599,7 +612,11 @@ pub fn observe(meter: &Meter, shield: &Arc<Mutex<Shield>>) -> ShieldInstruments 
                 .tracked_prefixes();
             match n {
                 Ok(n) => observer.observe(u64::try_from(n).unwrap_or(u64::MAX), &[]),
-                Err(e) => tracing::warn!(error = %e, "reading the XDP prefix map"),
+                Err(e) => {
+                    if let Some(suppressed) = PREFIXES_UNREADABLE.due() {
+                        tracing::warn!(error = %e, suppressed, "reading the XDP prefix map (at most one line per 10 min)");
+                    }
+                }
             }
         })
         .build();

@@ -9,8 +9,12 @@
 //! - `cargo xtask bench proxy`: door against nginx on loopback (see `bench.rs`).
 //! - `cargo xtask test`: format and lint checks, unit and property tests, then the privileged
 //!   suites (BPF_PROG_TEST_RUN, netns/veth) one test at a time; ends with `N passed, N failed`.
+//! - `cargo xtask deb [--install-test]`: the Debian package (cargo-deb, installed if missing);
+//!   with `--install-test`, also `dpkg -i` it, check it and purge it.
 
 mod bench;
+mod deb;
+mod service;
 mod setup;
 mod test;
 
@@ -47,6 +51,12 @@ enum Task {
         /// What to benchmark: `proxy`.
         target: String,
     },
+    /// Build the Debian package (cargo-deb; release build): prints the .deb's path.
+    Deb {
+        /// Also install it (dpkg -i, root), check it and purge it, as `cargo xtask test` does.
+        #[arg(long)]
+        install_test: bool,
+    },
 }
 
 fn main() -> anyhow::Result<()> {
@@ -61,6 +71,10 @@ fn main() -> anyhow::Result<()> {
             "proxy" => bench::proxy(),
             other => bail!("unknown bench target {other:?} (known: proxy)"),
         },
+        Task::Deb { install_test: true } => deb::install_test(),
+        Task::Deb {
+            install_test: false,
+        } => deb::build().map(|deb| println!("{}", deb.display())),
     }
 }
 

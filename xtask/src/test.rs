@@ -8,7 +8,7 @@ use std::{
 
 use anyhow::{Context as _, bail};
 
-use crate::{cargo, display, setup, sh, step};
+use crate::{cargo, deb, display, service, setup, sh, step};
 
 /// Totals over every `cargo test` run (from libtest's `test result:` lines) and every check.
 #[derive(Debug, Default)]
@@ -58,6 +58,16 @@ impl Tally {
             }
         }
         Ok(())
+    }
+
+    /// Runs a check written in Rust (systemd unit, Debian package): one pass or one failure.
+    fn task(&mut self, name: &str, f: impl FnOnce() -> anyhow::Result<()>) {
+        if let Err(e) = f() {
+            eprintln!("    FAILED: {e:#}");
+            self.fail(format!("{name}: {e:#}"));
+        } else {
+            self.passed += 1;
+        }
     }
 
     fn fail(&mut self, what: String) {
@@ -141,6 +151,12 @@ pub(crate) fn all() -> anyhow::Result<()> {
         eprintln!("\n==> privileged suites SKIPPED: not root (CI runs them as root)");
         privileged.env("DOOR_SKIP_PRIVILEGED", "1");
         t.suite("privileged suites (skipping without root)", &mut privileged)?;
+    }
+    t.task("systemd unit", service::check);
+    if setup::is_root() {
+        t.task("Debian package", deb::install_test);
+    } else {
+        eprintln!("\n==> Debian package install test SKIPPED: not root (dpkg -i needs it)");
     }
     eprintln!();
     for f in &t.failures {

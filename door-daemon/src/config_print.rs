@@ -1,0 +1,387 @@
+//! `door check-config`'s output: a validated [`Config`] printed back as TOML, every default
+//! filled in, that door itself accepts (printing, parsing and printing again gives the same text,
+//! and the same [`Config`]).
+//!
+//! Secrets never print. Every field is written by name through [`TomlWriter`], and each must
+//! choose: [`TomlWriter::clear`] shows its value, [`TomlWriter::secret`] prints `"<elided>"`
+//! without ever seeing the value. The printer destructures every configuration struct
+//! exhaustively, so a field added to [`Config`] (or [`XdpConfig`], [`GroupConfig`]) does not
+//! compile until it is added here, with that choice made. A key that names a file holding a
+//! secret (`tls.key`) is not itself a secret and prints in clear; a key whose value *is* a secret
+//! (a password, a token) must use `secret`, and then the output no longer parses back to the
+//! same [`Config`] (an operator fills the secret in again).
+
+use std::{fmt::Write as _, time::Duration};
+
+use toml::Value;
+
+use crate::{
+    config::{Config, GroupConfig, XdpConfig},
+    limit::Budget,
+};
+
+/// What a secret value prints as.
+pub const ELIDED: &str = "<elided>";
+
+impl Config {
+    /// The effective configuration as TOML that door accepts back: every key with its value,
+    /// defaults filled in, secrets as `"<elided>"`. Top-level keys first, then `[tls]`, `[otlp]`
+    /// (when set), `[[route]]` in order, `[group.NAME]` by name, and `[xdp]`.
+    pub fn to_toml(&self) -> String {
+        let Config {
+            listen,
+            proxy_protocol_listen,
+            upstream,
+            admin_listen,
+            trusted_proxies,
+            forwarded_header,
+            disable_anon_route_limits,
+            routes,
+            groups,
+            xdp,
+            tls,
+            header_read_timeout,
+            idle_timeout,
+            drain_grace,
+            upstream_timeout,
+            ratelimit_headers,
+            otlp,
+        } = self;
+        let mut w = TomlWriter::default();
+        let listen: Vec<Value> = listen
+            .iter()
+            .map(|addr| {
+                if proxy_protocol_listen.contains(addr) {
+                    let mut t = toml::map::Map::new();
+                    t.insert("addr".to_owned(), Value::from(addr.to_string()));
+                    t.insert("proxy_protocol".to_owned(), Value::from(true));
+                    Value::Table(t)
+                } else {
+                    Value::from(addr.to_string())
+                }
+            })
+            .collect();
+        w.clear("listen", listen);
+        w.clear("upstream", upstream.to_string());
+        w.clear(
+            "admin_listen",
+            admin_listen.map_or_else(|| "off".to_owned(), |a| a.to_string()),
+        );
+        w.clear("trusted_proxies", strings(trusted_proxies.nets()));
+        w.clear(
+            "forwarded_header",
+            forwarded_header.to_string().to_ascii_lowercase(),
+        );
+        w.clear("disable_anon_route_limits", *disable_anon_route_limits);
+        w.clear("header_read_timeout", duration(*header_read_timeout));
+        w.clear("idle_timeout", duration(*idle_timeout));
+        w.clear("drain_grace", duration(*drain_grace));
+        w.clear("upstream_timeout", duration(*upstream_timeout));
+        w.clear("ratelimit_headers", *ratelimit_headers);
+        if let Some(tls) = tls {
+            let crate::config::TlsConfig {
+                cert,
+                key,
+                min_version,
+            } = tls;
+            w.table("tls");
+            w.clear("cert", cert.display().to_string());
+            // The key file's path, not the key: not a secret.
+            w.clear("key", key.display().to_string());
+            w.clear("min_version", min_version.as_str());
+        }
+        let crate::config::OtlpConfig { endpoint, interval } = otlp;
+        if endpoint.is_some() || interval.is_some() {
+            w.table("otlp");
+            if let Some(endpoint) = endpoint {
+                w.clear("endpoint", endpoint.clone());
+            }
+            if let Some(interval) = interval {
+                w.clear("interval", duration(*interval));
+            }
+        }
+        for route in routes {
+            w.array_table("route");
+            w.clear("group", route.group.clone());
+            w.clear(
+                "methods",
+                route
+                    .methods
+                    .iter()
+                    .map(|m| Value::from(m.as_str()))
+                    .collect::<Vec<_>>(),
+            );
+            w.clear("path", route.path.as_str());
+        }
+        for (name, group) in groups {
+            w.table(&format!("group.{}", key_repr(name)));
+            write_group(&mut w, group);
+        }
+        w.table("xdp");
+        write_xdp(&mut w, xdp);
+        w.out
+    }
+}
+
+fn write_group(w: &mut TomlWriter, g: &GroupConfig) {
+    let GroupConfig {
+        budget,
+        read_timeout,
+    } = g;
+    let Budget {
+        rate,
+        burst,
+        per_client,
+        inflight,
+        max_clients,
+        charge,
+    } = budget;
+    w.clear("rate", *rate);
+    w.clear("burst", i64::from(*burst));
+    w.clear("per_client", i64::from(*per_client));
+    w.clear("inflight", i64::from(*inflight));
+    w.clear(
+        "max_clients",
+        i64::try_from(*max_clients).unwrap_or(i64::MAX),
+    );
+    w.clear("read_timeout", duration(*read_timeout));
+    w.clear("charge", charge.as_str());
+}
+
+fn write_xdp(w: &mut TomlWriter, x: &XdpConfig) {
+    let XdpConfig {
+        interface,
+        mode,
+        syn_rate,
+        syn_burst,
+        ports,
+        new_prefix_rate,
+        new_prefix_burst,
+        overflow_syn_rate,
+        overflow_syn_burst,
+        max_prefixes,
+        allow,
+        escalate_after,
+        escalate_window,
+        block_for,
+    } = x;
+    // No interface (mode "off") is the key's absence: TOML has no null.
+    if let Some(interface) = interface {
+        w.clear("interface", interface.clone());
+    }
+    w.clear("mode", mode.as_str());
+    w.clear("syn_rate", *syn_rate);
+    w.clear("syn_burst", i64::from(*syn_burst));
+    w.clear(
+        "ports",
+        ports
+            .iter()
+            .map(|p| Value::from(i64::from(*p)))
+            .collect::<Vec<_>>(),
+    );
+    w.clear("new_prefix_rate", *new_prefix_rate);
+    w.clear("new_prefix_burst", i64::from(*new_prefix_burst));
+    w.clear("overflow_syn_rate", *overflow_syn_rate);
+    w.clear("overflow_syn_burst", i64::from(*overflow_syn_burst));
+    w.clear("max_prefixes", i64::from(*max_prefixes));
+    w.clear("allow", strings(allow));
+    w.clear("escalate_after", i64::from(*escalate_after));
+    w.clear("escalate_window", duration(*escalate_window));
+    w.clear("block_for", duration(*block_for));
+}
+
+/// Writes TOML one key at a time; every value goes through [`TomlWriter::clear`] or
+/// [`TomlWriter::secret`].
+#[derive(Debug, Default)]
+pub struct TomlWriter {
+    out: String,
+}
+
+impl TomlWriter {
+    /// Starts `[name]` (`name` already a valid dotted key).
+    pub fn table(&mut self, name: &str) {
+        let _ = write!(self.out, "\n[{name}]\n");
+    }
+
+    /// Starts one `[[name]]` element.
+    pub fn array_table(&mut self, name: &str) {
+        let _ = write!(self.out, "\n[[{name}]]\n");
+    }
+
+    /// `key = value`, shown in clear: for settings that are not secrets.
+    pub fn clear(&mut self, key: &str, value: impl Into<Value>) {
+        let _ = writeln!(self.out, "{} = {}", key_repr(key), value.into());
+    }
+
+    /// `key = "<elided>"`: for a setting whose value is a secret. Takes no value, so the secret
+    /// cannot reach the output by mistake.
+    pub fn secret(&mut self, key: &str) {
+        self.clear(key, ELIDED);
+    }
+
+    /// The text written so far.
+    pub fn as_str(&self) -> &str {
+        &self.out
+    }
+}
+
+/// A key as TOML spells it: bare if it only has `A-Za-z0-9_-`, quoted otherwise.
+fn key_repr(key: &str) -> String {
+    if !key.is_empty()
+        && key
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+    {
+        key.to_owned()
+    } else {
+        Value::from(key).to_string()
+    }
+}
+
+/// A duration as the configuration writes it (`"30s"`, `"1m"`, `"1s 500ms"`: humantime).
+fn duration(d: Duration) -> String {
+    humantime::format_duration(d).to_string()
+}
+
+fn strings<T: ToString>(items: &[T]) -> Vec<Value> {
+    items.iter().map(|i| Value::from(i.to_string())).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every key given a non-default value, a new group with an awkward name, two routes.
+    const FULL: &str = r#"
+listen = ["127.0.0.1:8443", "[::1]:8443"]
+upstream = "http://[::1]:3001"
+admin_listen = "off"
+trusted_proxies = ["192.0.2.10", "2001:db8::/64"]
+forwarded_header = "forwarded"
+disable_anon_route_limits = true
+
+[[route]]
+group = "webhook"
+methods = ["post", "PUT"]
+path = "/webhooks/github"
+[[route]]
+group = "my api"
+path = "/api/{version}/items"
+
+[group.link]
+rate = 0.25
+burst = 3
+per_client = 1
+inflight = 2
+max_clients = 100
+read_timeout = "1500ms"
+charge = "on_failure"
+
+[group."my api"]
+rate = 1e-3
+burst = 7
+
+[xdp]
+interface = "eth0"
+mode = "driver"
+syn_rate = 12.5
+syn_burst = 25
+ports = []
+new_prefix_rate = 0.0
+new_prefix_burst = 5
+allow = ["198.51.100.0/24"]
+escalate_after = 5
+escalate_window = "2m"
+block_for = "1h 30m"
+"#;
+
+    fn round_trip(text: &str) {
+        let first = Config::from_toml("door.toml", text).unwrap();
+        let printed = first.to_toml();
+        let second = Config::from_toml("printed", &printed)
+            .unwrap_or_else(|e| panic!("the printed configuration does not parse: {e}\n{printed}"));
+        assert_eq!(first, second, "{printed}");
+        assert_eq!(printed, second.to_toml(), "printing is stable");
+    }
+
+    #[test]
+    fn defaults_round_trip() {
+        round_trip("");
+    }
+
+    #[test]
+    fn every_key_round_trips() {
+        round_trip(FULL);
+    }
+
+    #[test]
+    fn the_example_round_trips() {
+        round_trip(include_str!("../../examples/door.toml"));
+    }
+
+    #[test]
+    fn defaults_are_filled_in() {
+        let printed = Config::from_toml("t", "").unwrap().to_toml();
+        for line in [
+            "listen = [\"[::]:8443\"]",
+            "upstream = \"http://127.0.0.1:3000\"",
+            "admin_listen = \"127.0.0.1:9901\"",
+            "trusted_proxies = []",
+            "forwarded_header = \"x-forwarded-for\"",
+            "disable_anon_route_limits = false",
+            "[group.webhook]",
+            "charge = \"on_failure\"",
+            "read_timeout = \"10s\"",
+            "[xdp]",
+            "mode = \"off\"",
+            "ports = [443]",
+            "block_for = \"1m\"",
+        ] {
+            assert!(
+                printed.lines().any(|l| l == line),
+                "{line:?} missing:\n{printed}"
+            );
+        }
+        assert!(
+            !printed.contains("interface"),
+            "no interface without one: {printed}"
+        );
+    }
+
+    #[test]
+    fn unusual_values_are_spelled_back_exactly() {
+        let printed = Config::from_toml("t", FULL).unwrap().to_toml();
+        assert!(printed.contains("\n[group.\"my api\"]\n"), "{printed}");
+        assert!(
+            printed.contains("methods = [\"POST\", \"PUT\"]"),
+            "{printed}"
+        );
+        assert!(printed.contains("read_timeout = \"1s 500ms\""), "{printed}");
+        assert!(printed.contains("block_for = \"1h 30m\""), "{printed}");
+        assert!(printed.contains("admin_listen = \"off\""), "{printed}");
+        assert!(
+            printed.contains("trusted_proxies = [\"192.0.2.10/32\", \"2001:db8::/64\"]"),
+            "{printed}"
+        );
+    }
+
+    #[test]
+    fn secrets_print_elided() {
+        let mut w = TomlWriter::default();
+        w.clear("cert", "/etc/door/cert.pem");
+        w.secret("password");
+        assert_eq!(
+            w.as_str(),
+            "cert = \"/etc/door/cert.pem\"\npassword = \"<elided>\"\n"
+        );
+    }
+
+    #[test]
+    fn keys_are_quoted_when_needed() {
+        assert_eq!(key_repr("link"), "link");
+        assert_eq!(key_repr("a-b_c9"), "a-b_c9");
+        assert_eq!(key_repr("my api"), "\"my api\"");
+        assert_eq!(key_repr("a.b"), "\"a.b\"");
+        assert_eq!(key_repr(""), "\"\"");
+    }
+}
