@@ -208,7 +208,11 @@ fn run(cli: &Cli) -> anyhow::Result<()> {
             }
             let metrics = door_daemon::metrics::Metrics::new(&telemetry.meter());
             let runtime = tokio::runtime::Runtime::new().context("starting the tokio runtime")?;
-            let served = runtime.block_on(door_daemon::server::run(config, metrics));
+            let path = cli.settings.config.clone();
+            let overrides = cli.settings.overrides();
+            let reload: door_daemon::server::Reloader =
+                Box::new(move || Config::load(path.as_deref(), &overrides));
+            let served = runtime.block_on(door_daemon::server::run(config, metrics, reload));
             drop(runtime);
             telemetry.shutdown(std::time::Duration::from_secs(5));
             served?;

@@ -55,6 +55,7 @@ use crate::{
     health::{CachedHealth, HEALTH_TTL},
     key::{self, ForwardedSource, TrustedProxies},
     limit::{GroupLimiter, Permit, Rejection},
+    logging::RateLimitedWarn,
     metrics::{Metrics, Outcome},
     proxy::{BodyEvent, Origin, Proxy, UpstreamBody, prepare},
     route::Router,
@@ -198,53 +199,65 @@ impl Drop for ActiveGuard {
     }
 }
 
+/// What a reload (SIGHUP) replaces as a whole: routes, limit groups, trusted proxies and the
+/// escalation settings. Requests take a snapshot when they start, so a reload never changes the
+/// rules under a request in flight.
+#[derive(Debug)]
+struct Policy {
+    router: Router,
+    limited: HashMap<String, Limited>,
+    trusted: TrustedProxies,
+    forwarded_header: ForwardedSource,
+    escalator: Option<Arc<Escalator>>,
+    /// `(escalate_after, escalate_window, block_for)` the escalator was built with.
+    escalation: (u32, Duration, Duration),
+}
+
 /// Everything the request path needs, shared by all connections.
 #[derive(Debug)]
 pub struct App {
-    router: Router,
-    limited: HashMap<String, Limited>,
+    policy: std::sync::RwLock<Arc<Policy>>,
+    clock: Arc<dyn Clock>,
+    blocklist: Option<Arc<dyn Blocklist>>,
     proxy: Proxy,
-    trusted: TrustedProxies,
-    forwarded_header: ForwardedSource,
     metrics: Metrics,
     warned_untrusted_xff: AtomicBool,
-    escalator: Option<Escalator>,
     upstream_timeout: Duration,
     health: CachedHealth,
     draining: Arc<AtomicBool>,
     active: Active,
 }
 
-/// Why door answered instead of the upstream.
-#[derive(Debug)]
-enum Failure {
-    BodyTimeout,
-    UpstreamTimeout,
-    Upstream(crate::proxy::ProxyError),
-}
-
-impl App {
-    /// Builds the request path from a validated configuration, reading time from `clock` and
-    /// recording into `metrics`; `blocklist` receives escalated keys when `[xdp] escalate_after`
-    /// is set.
-    pub fn new(
+impl Policy {
+    /// The rules of `config`; with `previous`, limiters of groups whose budget and shadow mode
+    /// did not change are kept (buckets carry over), and so is the escalator if its settings did
+    /// not change (its counts carry over).
+    fn build(
         config: &Config,
         clock: &Arc<dyn Clock>,
         metrics: &Metrics,
-        blocklist: Option<Arc<dyn Blocklist>>,
+        blocklist: Option<&Arc<dyn Blocklist>>,
+        previous: Option<&Policy>,
     ) -> Self {
         let enforce = !config.disable_anon_route_limits;
         let limited = config
             .groups
             .iter()
             .map(|(name, g)| {
-                let limiter = Arc::new(GroupLimiter::new(
-                    name,
-                    g.budget,
-                    enforce,
-                    Arc::clone(clock),
-                    metrics.clone(),
-                ));
+                let kept = previous
+                    .and_then(|p| p.limited.get(name))
+                    .map(|l| &l.limiter)
+                    .filter(|l| *l.budget() == g.budget && l.enforcing() == enforce);
+                let limiter = match kept {
+                    Some(l) => Arc::clone(l),
+                    None => Arc::new(GroupLimiter::new(
+                        name,
+                        g.budget,
+                        enforce,
+                        Arc::clone(clock),
+                        metrics.clone(),
+                    )),
+                };
                 let sf_name = sf_string(name);
                 let policy = config
                     .ratelimit_headers
@@ -267,26 +280,94 @@ impl App {
                 (name.clone(), l)
             })
             .collect();
-        let draining = Arc::new(AtomicBool::new(false));
+        let x = &config.xdp;
+        let escalation = (x.escalate_after, x.escalate_window, x.block_for);
+        let escalator = match previous {
+            Some(p) if p.escalation == escalation => p.escalator.clone(),
+            _ => blocklist.filter(|_| x.escalate_after > 0).map(|b| {
+                Arc::new(Escalator::new(
+                    x.escalate_after,
+                    x.escalate_window,
+                    x.block_for,
+                    Arc::clone(clock),
+                    Arc::clone(b),
+                ))
+            }),
+        };
         Self {
             router: Router::new(config.routes.clone()),
             limited,
-            proxy: Proxy::new(config.upstream.clone()),
             trusted: config.trusted_proxies.clone(),
             forwarded_header: config.forwarded_header,
+            escalator,
+            escalation,
+        }
+    }
+}
+
+/// The settings read only at start that differ between `old` and `new` (a reload cannot apply
+/// them; a restart does).
+fn restart_only_changes(old: &Config, new: &Config) -> Vec<&'static str> {
+    let mut changed = Vec::new();
+    let mut check = |name: &'static str, differs: bool| {
+        if differs {
+            changed.push(name);
+        }
+    };
+    check(
+        "listen",
+        old.listen != new.listen || old.proxy_protocol_listen != new.proxy_protocol_listen,
+    );
+    check("upstream", old.upstream != new.upstream);
+    check("admin_listen", old.admin_listen != new.admin_listen);
+    check("tls", old.tls != new.tls);
+    check(
+        "header_read_timeout",
+        old.header_read_timeout != new.header_read_timeout,
+    );
+    check("idle_timeout", old.idle_timeout != new.idle_timeout);
+    check(
+        "upstream_timeout",
+        old.upstream_timeout != new.upstream_timeout,
+    );
+    check("drain_grace", old.drain_grace != new.drain_grace);
+    check("otlp", old.otlp != new.otlp);
+    check("xdp.interface", old.xdp.interface != new.xdp.interface);
+    check("xdp.mode", old.xdp.mode != new.xdp.mode);
+    check(
+        "xdp.max_prefixes",
+        old.xdp.max_prefixes != new.xdp.max_prefixes,
+    );
+    changed
+}
+
+/// Why door answered instead of the upstream.
+#[derive(Debug)]
+enum Failure {
+    BodyTimeout,
+    UpstreamTimeout,
+    Upstream(crate::proxy::ProxyError),
+}
+
+impl App {
+    /// Builds the request path from a validated configuration, reading time from `clock` and
+    /// recording into `metrics`; `blocklist` receives escalated keys when `[xdp] escalate_after`
+    /// is set.
+    pub fn new(
+        config: &Config,
+        clock: &Arc<dyn Clock>,
+        metrics: &Metrics,
+        blocklist: Option<Arc<dyn Blocklist>>,
+    ) -> Self {
+        let policy = Policy::build(config, clock, metrics, blocklist.as_ref(), None);
+        let draining = Arc::new(AtomicBool::new(false));
+        Self {
+            policy: std::sync::RwLock::new(Arc::new(policy)),
+            clock: Arc::clone(clock),
+            blocklist,
+            proxy: Proxy::new(config.upstream.clone()),
             metrics: metrics.clone(),
             warned_untrusted_xff: AtomicBool::new(false),
-            escalator: blocklist
-                .filter(|_| config.xdp.escalate_after > 0)
-                .map(|b| {
-                    Escalator::new(
-                        config.xdp.escalate_after,
-                        config.xdp.escalate_window,
-                        config.xdp.block_for,
-                        Arc::clone(clock),
-                        b,
-                    )
-                }),
             upstream_timeout: config.upstream_timeout,
             health: CachedHealth::new(Arc::clone(clock), HEALTH_TTL, Arc::clone(&draining)),
             draining,
@@ -294,9 +375,42 @@ impl App {
         }
     }
 
+    /// The rules in force now (a snapshot: a reload swaps in a new one).
+    fn policy(&self) -> Arc<Policy> {
+        Arc::clone(
+            &self
+                .policy
+                .read()
+                .unwrap_or_else(std::sync::PoisonError::into_inner),
+        )
+    }
+
+    /// Applies a reloaded configuration (SIGHUP) without touching connections: routes, groups,
+    /// trusted proxies, the authoritative forwarding header and the escalation settings. A group
+    /// whose budget (and shadow mode) did not change keeps its limiter, so its clients' buckets
+    /// and in-flight counts carry over; a changed or new group starts fresh. Settings read only at
+    /// start (listen, upstream, TLS, timeouts, XDP interface and mode) need a restart: the list of
+    /// those that changed is returned so the caller can say so.
+    pub fn reload(&self, new: &Config, old: &Config) -> Vec<&'static str> {
+        let current = self.policy();
+        let policy = Policy::build(
+            new,
+            &self.clock,
+            &self.metrics,
+            self.blocklist.as_ref(),
+            Some(&current),
+        );
+        *self
+            .policy
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = Arc::new(policy);
+        restart_only_changes(old, new)
+    }
+
     /// The groups' limiters, sorted by name.
     pub fn limiters(&self) -> Vec<Arc<GroupLimiter>> {
-        let mut v: Vec<_> = self.limited.values().map(|l| l.limiter.clone()).collect();
+        let policy = self.policy();
+        let mut v: Vec<_> = policy.limited.values().map(|l| l.limiter.clone()).collect();
         v.sort_by(|a, b| a.group().cmp(b.group()));
         v
     }
@@ -353,14 +467,15 @@ impl App {
     }
 
     async fn route(&self, conn: &ConnInfo, req: Request<Incoming>) -> Response<ResponseBody> {
+        let policy = self.policy();
         let peer_ip = key::canonical(conn.peer.ip());
         let origin = Origin {
             peer: peer_ip,
-            peer_trusted: self.trusted.contains(peer_ip),
+            peer_trusted: policy.trusted.contains(peer_ip),
             tls: conn.tls,
         };
-        let group = self.router.group_for(req.method(), req.uri().path());
-        let Some(limited) = group.and_then(|g| self.limited.get(g)) else {
+        let group = policy.router.group_for(req.method(), req.uri().path());
+        let Some(limited) = group.and_then(|g| policy.limited.get(g)) else {
             let (parts, body) = req.into_parts();
             let (body, events) = UpstreamBody::new(body, None);
             return match self
@@ -374,8 +489,12 @@ impl App {
         if limited.health && self.draining() {
             return health_response(StatusCode::SERVICE_UNAVAILABLE, "draining");
         }
-        let decision =
-            key::client_key(peer_ip, req.headers(), &self.trusted, self.forwarded_header);
+        let decision = key::client_key(
+            peer_ip,
+            req.headers(),
+            &policy.trusted,
+            policy.forwarded_header,
+        );
         if decision.ignored_untrusted_xff {
             self.metrics.untrusted_xff();
             if !self.warned_untrusted_xff.swap(true, Ordering::Relaxed) {
@@ -390,7 +509,7 @@ impl App {
             Ok(permit) => self.forward_limited(req, origin, permit, limited).await,
             Err(rejection) => {
                 if rejection.status == StatusCode::TOO_MANY_REQUESTS
-                    && let Some(e) = &self.escalator
+                    && let Some(e) = &policy.escalator
                 {
                     e.on_rejection(decision.key, KeySource::of(&decision));
                 }
@@ -549,7 +668,11 @@ fn failure_response(f: &Failure) -> Response<ResponseBody> {
             "the application behind door did not answer in time".to_owned(),
         ),
         Failure::Upstream(e) => {
-            tracing::warn!(error = %e, refused = e.is_connect(), "upstream request failed");
+            // An upstream down fails every request: one line a minute, with the count skipped.
+            static UPSTREAM_FAILED: RateLimitedWarn = RateLimitedWarn::new(Duration::from_mins(1));
+            if let Some(suppressed) = UPSTREAM_FAILED.due() {
+                tracing::warn!(error = %e, refused = e.is_connect(), suppressed, "upstream request failed (at most one line a minute)");
+            }
             (
                 "bad-gateway",
                 "the application behind door did not answer".to_owned(),
@@ -746,9 +869,21 @@ pub struct Front {
     stop: watch::Sender<bool>,
     loops: Mutex<JoinSet<()>>,
     connections: Arc<Mutex<JoinSet<()>>>,
+    /// Set when an accept loop ended before the drain (its listener is gone).
+    loop_died: AtomicBool,
 }
 
 impl Front {
+    /// Whether every accept loop is still running. An accept loop only ends at the drain, so one
+    /// that ended before means a listener stopped serving (and the watchdog should notice).
+    pub fn accepting(&self) -> bool {
+        let mut loops = lock(&self.loops);
+        while loops.try_join_next().is_some() {
+            self.loop_died.store(true, Ordering::Release);
+        }
+        !self.loop_died.load(Ordering::Acquire) && !loops.is_empty()
+    }
+
     /// A front for `app`; `tls` (from [`crate::tls::load`]) terminates TLS on every listener.
     pub fn new(
         app: Arc<App>,
@@ -763,6 +898,7 @@ impl Front {
             stop: watch::channel(false).0,
             loops: Mutex::new(JoinSet::new()),
             connections: Arc::new(Mutex::new(JoinSet::new())),
+            loop_died: AtomicBool::new(false),
         }
     }
 
@@ -843,7 +979,12 @@ async fn accept_loop(
         let (stream, peer) = match listener.accept().await {
             Ok(a) => a,
             Err(e) => {
-                tracing::warn!(error = %e, "accept failed");
+                // Out of file descriptors repeats on every accept: one line per 10 s.
+                static ACCEPT_FAILED: RateLimitedWarn =
+                    RateLimitedWarn::new(Duration::from_secs(10));
+                if let Some(suppressed) = ACCEPT_FAILED.due() {
+                    tracing::warn!(error = %e, suppressed, "accept failed (at most one line per 10 s)");
+                }
                 // EMFILE and friends: back off instead of spinning.
                 tokio::time::sleep(Duration::from_millis(10)).await;
                 continue;
@@ -883,8 +1024,13 @@ async fn connection(
 ) {
     // PROXY protocol listener (issue 4): the header, read before any TLS, names the peer.
     let peer = if proxy_protocol {
-        let accepted =
-            crate::proxy_protocol::accept_or_reject(&mut stream, peer, &app.trusted, &app.metrics);
+        let policy = app.policy();
+        let accepted = crate::proxy_protocol::accept_or_reject(
+            &mut stream,
+            peer,
+            &policy.trusted,
+            &app.metrics,
+        );
         let Some(peer) = accepted.await else {
             return;
         };
@@ -955,14 +1101,22 @@ async fn serve_io<I>(
     let _ = conn.await;
 }
 
+/// Re-reads the configuration for a reload (flags, environment and the file, as at start).
+pub type Reloader = Box<dyn Fn() -> Result<Config, crate::config::ConfigError> + Send>;
+
 /// Runs door with `config` until SIGTERM or SIGINT: checks the TLS key pair, attaches the XDP
 /// program (per `xdp.mode`), binds every listener (nothing is served until all are bound),
-/// serves, then drains within `drain_grace` and detaches the XDP program.
+/// tells systemd it is ready (`READY=1`), serves, then drains within `drain_grace`
+/// (`STOPPING=1`) and detaches the XDP program. SIGHUP reloads the configuration with `reload`
+/// (see [`App::reload`]; the XDP settings and exempt prefixes are updated in place); a
+/// configuration that does not validate is logged and the running one kept. Under systemd's
+/// watchdog (`WATCHDOG_USEC`), `WATCHDOG=1` is sent from this serving loop, and only while every
+/// accept loop is alive, so a wedged runtime or a dead listener stops the pings.
 ///
 /// # Errors
 /// [`ServeError`] when the TLS pair is unusable, a listener cannot be bound or a strict XDP mode
 /// cannot attach.
-pub async fn run(config: Config, metrics: Metrics) -> Result<(), ServeError> {
+pub async fn run(config: Config, metrics: Metrics, reload: Reloader) -> Result<(), ServeError> {
     let tls = config.tls.as_ref().map(crate::tls::load).transpose()?;
     let shield = start_shield(&config)?;
     let mut listeners = Vec::new();
@@ -1008,30 +1162,125 @@ pub async fn run(config: Config, metrics: Metrics) -> Result<(), ServeError> {
         if let Ok(addr) = l.local_addr() {
             tracing::info!(url = %crate::status::url(addr), "admin status");
         }
+        let for_status = Arc::clone(&app);
         let source = Arc::new(StatusSource {
-            limiters: app.limiters(),
+            limiters: Arc::new(move || for_status.limiters()),
             shield: shield.clone(),
             xdp_mode: config.xdp.mode.as_str(),
         });
         tokio::spawn(crate::status::serve(l, source))
     });
 
-    wait_for_signal().await;
-    tracing::info!(grace = ?config.drain_grace, "draining: health is 503, listeners closed");
-    if !front.drain(config.drain_grace).await {
-        tracing::warn!(grace = ?config.drain_grace, "in-flight requests did not finish within the grace period");
+    let xdp_state = match &shield {
+        Some(s) => match lock(s).attached() {
+            Some((interface, mode)) => format!("XDP on {interface} ({mode})"),
+            None => "XDP not attached".to_owned(),
+        },
+        None => "XDP off".to_owned(),
+    };
+    notify(&[
+        sd_notify::NotifyState::Ready,
+        sd_notify::NotifyState::Status(&format!(
+            "serving on {} listener(s); {xdp_state}",
+            config.listen.len()
+        )),
+    ]);
+    let config = serve_until_term(&front, &app, shield.as_ref(), config, &reload).await;
+
+    notify(&[
+        sd_notify::NotifyState::Stopping,
+        sd_notify::NotifyState::Status("draining"),
+    ]);
+    let grace = config.drain_grace;
+    tracing::info!(?grace, "draining: health is 503, listeners closed");
+    if !front.drain(grace).await {
+        tracing::warn!(
+            ?grace,
+            "in-flight requests did not finish within the grace period"
+        );
     }
     if let Some(t) = admin_task {
         t.abort();
     }
     if let Some(shield) = shield {
-        shield
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .detach();
+        lock(&shield).detach();
         tracing::info!("XDP flood shield detached");
     }
     Ok(())
+}
+
+/// Sends `states` to systemd when it is listening (`NOTIFY_SOCKET`); failures are logged, never
+/// fatal.
+fn notify(states: &[sd_notify::NotifyState<'_>]) {
+    if let Err(e) = sd_notify::notify(false, states) {
+        tracing::debug!(error = %e, "sd_notify failed");
+    }
+}
+
+/// Serves until SIGTERM or SIGINT, reloading on SIGHUP and pinging the watchdog; returns the
+/// configuration in force at the end.
+async fn serve_until_term(
+    front: &Front,
+    app: &App,
+    shield: Option<&Arc<Mutex<Shield>>>,
+    mut config: Config,
+    reload: &Reloader,
+) -> Config {
+    use tokio::signal::unix::{SignalKind, signal};
+
+    let (Ok(mut term), Ok(mut hup)) = (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::hangup()),
+    ) else {
+        tracing::error!("cannot install signal handlers; stopping on Ctrl-C only");
+        let _ = tokio::signal::ctrl_c().await;
+        return config;
+    };
+    let mut usec = 0;
+    let watchdog = sd_notify::watchdog_enabled(false, &mut usec);
+    let period = Duration::from_micros(usec / 2).max(Duration::from_millis(100));
+    let mut tick = tokio::time::interval(period);
+    loop {
+        tokio::select! {
+            _ = term.recv() => return config,
+            _ = tokio::signal::ctrl_c() => return config,
+            _ = hup.recv() => {
+                notify(&[sd_notify::NotifyState::Reloading]);
+                match reload() {
+                    Ok(new) => {
+                        let restart = app.reload(&new, &config);
+                        reconfigure_shield(shield, &new);
+                        if restart.is_empty() {
+                            tracing::info!("configuration reloaded");
+                        } else {
+                            tracing::warn!(needs_restart = ?restart, "configuration reloaded; these settings only change on restart");
+                        }
+                        config = new;
+                    }
+                    Err(e) => tracing::error!(error = %e, "reload refused: invalid configuration, keeping the running one"),
+                }
+                notify(&[sd_notify::NotifyState::Ready, sd_notify::NotifyState::Status("serving (reloaded)")]);
+            }
+            _ = tick.tick(), if watchdog => {
+                if front.accepting() {
+                    notify(&[sd_notify::NotifyState::Watchdog]);
+                } else {
+                    tracing::error!("an accept loop has stopped: no longer pinging the watchdog");
+                }
+            }
+        }
+    }
+}
+
+/// Writes a reloaded configuration's XDP settings and exempt prefixes (trusted proxies and
+/// `xdp.allow`) into the attached program's maps, in place.
+fn reconfigure_shield(shield: Option<&Arc<Mutex<Shield>>>, config: &Config) {
+    let Some(shield) = shield else { return };
+    let mut exempt = config.trusted_proxies.nets().to_vec();
+    exempt.extend(config.xdp.allow.iter().copied());
+    if let Err(e) = lock(shield).configure(&config.xdp, &exempt) {
+        tracing::error!(error = %e, "reload: could not update the XDP maps; the shield keeps its previous settings where they were not written");
+    }
 }
 
 fn start_shield(config: &Config) -> Result<Option<Arc<Mutex<Shield>>>, ServeError> {
@@ -1063,20 +1312,5 @@ fn start_shield(config: &Config) -> Result<Option<Arc<Mutex<Shield>>>, ServeErro
             mode: mode.as_str(),
             source,
         }),
-    }
-}
-
-async fn wait_for_signal() {
-    let term = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
-            }
-            Err(_) => std::future::pending::<()>().await,
-        }
-    };
-    tokio::select! {
-        () = term => {}
-        _ = tokio::signal::ctrl_c() => {}
     }
 }

@@ -20,22 +20,34 @@ use crate::{limit::GroupLimiter, xdp::Shield};
 /// How many source prefixes `/status` lists.
 pub const TOP_PREFIXES: usize = 10;
 
+/// The limit groups in force, read at each `/status` (a reload replaces them).
+pub type LimiterSource = Arc<dyn Fn() -> Vec<Arc<GroupLimiter>> + Send + Sync>;
+
 /// What `/status` reads.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct StatusSource {
-    /// The limit groups.
-    pub limiters: Vec<Arc<GroupLimiter>>,
+    /// The limit groups in force.
+    pub limiters: LimiterSource,
     /// The flood shield, when loaded.
     pub shield: Option<Arc<Mutex<Shield>>>,
     /// The configured XDP mode (`off`, `auto`, …), shown when the program is not attached.
     pub xdp_mode: &'static str,
 }
 
+impl std::fmt::Debug for StatusSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StatusSource")
+            .field("shield", &self.shield)
+            .field("xdp_mode", &self.xdp_mode)
+            .finish_non_exhaustive()
+    }
+}
+
 impl StatusSource {
     /// The `/status` document.
     pub fn snapshot(&self) -> Value {
-        let groups: Vec<Value> = self
-            .limiters
+        let limiters = (self.limiters)();
+        let groups: Vec<Value> = limiters
             .iter()
             .map(|l| {
                 let b = l.budget();
@@ -55,24 +67,9 @@ impl StatusSource {
             .collect();
         json!({
             "groups": groups,
-            "requests": self.requests_json(),
+            "requests": requests_json(&limiters),
             "xdp": self.xdp_json(),
         })
-    }
-
-    /// `{group: {outcome: count}}`, outcomes with a zero count left out.
-    fn requests_json(&self) -> Value {
-        let mut out = serde_json::Map::new();
-        for l in &self.limiters {
-            let counts: serde_json::Map<String, Value> = l
-                .outcome_totals()
-                .into_iter()
-                .filter(|(_, n)| *n > 0)
-                .map(|(o, n)| (o.as_str().to_owned(), json!(n)))
-                .collect();
-            out.insert(l.group().to_owned(), Value::Object(counts));
-        }
-        Value::Object(out)
     }
 
     fn xdp_json(&self) -> Value {
@@ -137,6 +134,21 @@ impl StatusSource {
             "top_prefixes": top,
         })
     }
+}
+
+/// `{group: {outcome: count}}`, outcomes with a zero count left out.
+fn requests_json(limiters: &[Arc<GroupLimiter>]) -> Value {
+    let mut out = serde_json::Map::new();
+    for l in limiters {
+        let counts: serde_json::Map<String, Value> = l
+            .outcome_totals()
+            .into_iter()
+            .filter(|(_, n)| *n > 0)
+            .map(|(o, n)| (o.as_str().to_owned(), json!(n)))
+            .collect();
+        out.insert(l.group().to_owned(), Value::Object(counts));
+    }
+    Value::Object(out)
 }
 
 /// Serves `GET /status` on `listener` until the task is dropped.

@@ -515,7 +515,11 @@ impl BlocklistWriter {
                         .unwrap_or_else(PoisonError::into_inner)
                         .block(key, duration);
                     if let Err(e) = result {
-                        tracing::warn!(%key, error = %e, "could not add to the XDP blocklist");
+                        static BLOCK_FAILED: RateLimitedWarn =
+                            RateLimitedWarn::new(Duration::from_mins(1));
+                        if let Some(suppressed) = BLOCK_FAILED.due() {
+                            tracing::warn!(%key, error = %e, suppressed, "could not add to the XDP blocklist (at most one line a minute)");
+                        }
                     }
                 }
             });

@@ -354,7 +354,9 @@ async fn a_bad_key_pair_fails_start_up_before_binding_naming_the_file() {
             &format!("[tls]\ncert = {cert:?}\nkey = {key:?}"),
         );
         cfg.listen = vec![SocketAddr::from(([127, 0, 0, 1], port))];
-        let e = door_daemon::server::run(cfg, Metrics::noop())
+        let reload_same = cfg.clone();
+        let reload: door_daemon::server::Reloader = Box::new(move || Ok(reload_same.clone()));
+        let e = door_daemon::server::run(cfg, Metrics::noop(), reload)
             .await
             .unwrap_err()
             .to_string();

@@ -1,0 +1,296 @@
+//! door as a systemd service: readiness, watchdog and stopping over a `NOTIFY_SOCKET` this test
+//! owns, and SIGHUP reloads end to end (the `door` binary on loopback, XDP off, a tiny upstream
+//! in the test). Waiting is for messages door sends, each with a bounded deadline.
+#![expect(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::indexing_slicing,
+    reason = "test code: a failed step fails the test"
+)]
+
+use std::{
+    io::{Read as _, Write as _},
+    net::{SocketAddr, TcpListener, TcpStream},
+    os::unix::net::UnixDatagram,
+    path::{Path, PathBuf},
+    process::{Child, Command, Stdio},
+    time::{Duration, Instant},
+};
+
+/// A temp directory removed on drop.
+struct Dir(PathBuf);
+
+impl Dir {
+    fn new(tag: &str) -> Self {
+        static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let dir = std::env::temp_dir().join(format!("door-{tag}-{}-{n}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        Self(dir)
+    }
+}
+
+impl Drop for Dir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// The `door` process, killed on drop if still running.
+struct Door(Child);
+
+impl Drop for Door {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+impl Door {
+    fn signal(&self, sig: &str) {
+        let status = Command::new("kill")
+            .args([sig, &self.0.id().to_string()])
+            .status()
+            .unwrap();
+        assert!(status.success());
+    }
+
+    /// Waits (bounded) for the process to exit; its exit code.
+    fn wait(&mut self, limit: Duration) -> Option<i32> {
+        let start = Instant::now();
+        while start.elapsed() < limit {
+            if let Some(status) = self.0.try_wait().unwrap() {
+                return status.code();
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        panic!("door did not exit within {limit:?}");
+    }
+}
+
+/// A free loopback port (bound, then released).
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// A minimal HTTP/1.1 upstream answering `200 ok` to every request, for as long as the test runs.
+fn upstream() -> SocketAddr {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    std::thread::spawn(move || {
+        for stream in listener.incoming() {
+            let Ok(mut stream) = stream else { continue };
+            std::thread::spawn(move || {
+                let mut buf = Vec::new();
+                let mut chunk = [0u8; 1024];
+                while !buf.windows(4).any(|w| w == b"\r\n\r\n") {
+                    match stream.read(&mut chunk) {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                    }
+                }
+                let _ = stream.write_all(
+                    b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\nconnection: close\r\n\r\nok",
+                );
+            });
+        }
+    });
+    addr
+}
+
+/// One GET on a fresh connection; the status code.
+fn get(port: u16, path: &str, xff: Option<&str>) -> u16 {
+    let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let xff = xff
+        .map(|x| format!("x-forwarded-for: {x}\r\n"))
+        .unwrap_or_default();
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nhost: door.test\r\n{xff}connection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut response = String::new();
+    let _ = s.read_to_string(&mut response);
+    response
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or_else(|| panic!("no status line in {response:?}"))
+}
+
+/// The systemd side of `NOTIFY_SOCKET`.
+struct Notify {
+    socket: UnixDatagram,
+    path: PathBuf,
+}
+
+impl Notify {
+    fn bind(dir: &Path) -> Self {
+        let path = dir.join("notify.sock");
+        let socket = UnixDatagram::bind(&path).unwrap();
+        socket
+            .set_read_timeout(Some(Duration::from_secs(20)))
+            .unwrap();
+        Self { socket, path }
+    }
+
+    /// The next datagram (20 s at most).
+    fn next(&self) -> String {
+        let mut buf = [0u8; 4096];
+        let n = self
+            .socket
+            .recv(&mut buf)
+            .expect("a notification from door within 20 s");
+        String::from_utf8_lossy(&buf[..n]).into_owned()
+    }
+
+    /// Reads datagrams until one contains `state` (at most 50), returning those before it too.
+    fn until(&self, state: &str) -> Vec<String> {
+        let mut seen = Vec::new();
+        for _ in 0..50 {
+            let msg = self.next();
+            let done = msg.lines().any(|l| l == state);
+            seen.push(msg);
+            if done {
+                return seen;
+            }
+        }
+        panic!("no {state} in {seen:?}");
+    }
+}
+
+fn config(
+    port: u16,
+    upstream: SocketAddr,
+    link_burst: u32,
+    trusted: &str,
+    link_rate: &str,
+) -> String {
+    format!(
+        r#"
+listen = ["127.0.0.1:{port}"]
+upstream = "http://{upstream}"
+admin_listen = "off"
+trusted_proxies = [{trusted}]
+
+[[route]]
+group = "link"
+path = "/l/{{id}}"
+
+[group.link]
+rate = {link_rate}
+burst = {link_burst}
+"#
+    )
+}
+
+fn start(dir: &Dir, notify: &Notify, cfg: &str, watchdog_usec: Option<u64>) -> Door {
+    let file = dir.0.join("door.toml");
+    std::fs::write(&file, cfg).unwrap();
+    // Through `sh -c 'exec …'` so that, as systemd does, WATCHDOG_PID names door's own pid ($$
+    // survives the exec).
+    let mut cmd = Command::new("sh");
+    cmd.arg("-c")
+        .arg(r#"WATCHDOG_PID=$$ exec "$0" --config "$1""#)
+        .arg(env!("CARGO_BIN_EXE_door"))
+        .arg(&file)
+        .env("NOTIFY_SOCKET", &notify.path)
+        .env("RUST_LOG", "warn")
+        .stdin(Stdio::null());
+    if let Some(usec) = watchdog_usec {
+        cmd.env("WATCHDOG_USEC", usec.to_string());
+    }
+    Door(cmd.spawn().unwrap())
+}
+
+#[test]
+fn ready_only_once_listening_then_watchdog_reloading_and_stopping() {
+    let dir = Dir::new("notify");
+    let notify = Notify::bind(&dir.0);
+    let port = free_port();
+    let mut door = start(
+        &dir,
+        &notify,
+        &config(port, upstream(), 20, "", "1.0"),
+        Some(200_000),
+    );
+
+    let before_ready = notify.until("READY=1");
+    assert!(
+        before_ready
+            .last()
+            .unwrap()
+            .contains("STATUS=serving on 1 listener(s); XDP off"),
+        "{before_ready:?}"
+    );
+    // READY=1 came after the listener was bound: connecting now works at once.
+    assert_eq!(get(port, "/l/x", None), 200);
+    // The watchdog is pinged from the serving loop (every WATCHDOG_USEC / 2).
+    notify.until("WATCHDOG=1");
+    notify.until("WATCHDOG=1");
+
+    door.signal("-HUP");
+    notify.until("RELOADING=1");
+    notify.until("READY=1");
+
+    door.signal("-TERM");
+    notify.until("STOPPING=1");
+    assert_eq!(door.wait(Duration::from_secs(20)), Some(0));
+}
+
+#[test]
+fn reload_keeps_drained_buckets_and_applies_new_trusted_proxies_at_once() {
+    let dir = Dir::new("reload");
+    let notify = Notify::bind(&dir.0);
+    let port = free_port();
+    let up = upstream();
+    let file = dir.0.join("door.toml");
+    let mut door = start(&dir, &notify, &config(port, up, 3, "", "0.001"), None);
+    notify.until("READY=1");
+    let reload = |cfg: &str| {
+        std::fs::write(&file, cfg).unwrap();
+        door.signal("-HUP");
+        notify.until("RELOADING=1");
+        notify.until("READY=1");
+    };
+
+    for _ in 0..3 {
+        assert_eq!(get(port, "/l/a", None), 200);
+    }
+    assert_eq!(get(port, "/l/a", None), 429, "drained");
+
+    // A reload that leaves the link budget alone keeps its buckets: still drained.
+    reload(&(config(port, up, 3, "", "0.001") + "\n[group.webhook]\nburst = 7\nper_client = 4\n"));
+    assert_eq!(
+        get(port, "/l/a", None),
+        429,
+        "a reload must not refill a drained bucket"
+    );
+
+    // A new trusted proxy takes effect at once: behind 127.0.0.1, the XFF client is the key.
+    reload(&config(port, up, 3, "\"127.0.0.1/32\"", "0.001"));
+    assert_eq!(get(port, "/l/a", Some("203.0.113.5")), 200);
+    // ...and the proxy's own key (no XFF) is the one that was drained before.
+    assert_eq!(get(port, "/l/a", None), 429);
+
+    // An invalid configuration is refused and the running one kept.
+    reload(&config(port, up, 3, "\"127.0.0.1/32\"", "-1.0"));
+    assert_eq!(
+        get(port, "/l/a", Some("203.0.113.5")),
+        200,
+        "still behind the trusted proxy"
+    );
+
+    // A changed budget starts the group afresh.
+    reload(&config(port, up, 5, "\"127.0.0.1/32\"", "0.001"));
+    assert_eq!(get(port, "/l/a", None), 200);
+
+    door.signal("-TERM");
+    assert_eq!(door.wait(Duration::from_secs(20)), Some(0));
+}
