@@ -314,3 +314,10 @@ pub fn door_bin() -> anyhow::Result<PathBuf> {
     }
     Ok(candidate)
 }
+
+/// The demo upstream: `$DEMO_UPSTREAM_BIN`, or `built` (the suite passes its
+/// `CARGO_BIN_EXE_demo-upstream`, a path that exists only on the machine that built it; a test VM
+/// sets the variable).
+pub fn upstream_bin(built: &str) -> PathBuf {
+    std::env::var_os("DEMO_UPSTREAM_BIN").map_or_else(|| PathBuf::from(built), PathBuf::from)
+}

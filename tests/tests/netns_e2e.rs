@@ -11,7 +11,7 @@
 use std::time::Duration;
 
 use door_tests::{
-    netns::{CLIENT_ADDR, CLIENT2_ADDR, DOOR_ADDR, Topology, door_bin},
+    netns::{CLIENT_ADDR, CLIENT2_ADDR, DOOR_ADDR, Topology, door_bin, upstream_bin},
     privileged_or_skip,
 };
 use serde_json::Value;
@@ -97,7 +97,7 @@ fn link_burst_then_429_per_client_with_xdp_counting_syns() {
     let dir = std::env::temp_dir().join(format!("door-netns-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let mut topo = Topology::new().unwrap();
-    let upstream = std::path::PathBuf::from(env!("CARGO_BIN_EXE_demo-upstream"));
+    let upstream = upstream_bin(env!("CARGO_BIN_EXE_demo-upstream"));
     let deadline = Duration::from_secs(30);
     topo.spawn_until(
         &topo.door_ns.clone(),
@@ -185,7 +185,7 @@ fn ipv6_client_is_keyed_and_counted_on_its_slash_64() {
     let dir = std::env::temp_dir().join(format!("door-netns6-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let mut topo = Topology::new().unwrap();
-    let upstream = std::path::PathBuf::from(env!("CARGO_BIN_EXE_demo-upstream"));
+    let upstream = upstream_bin(env!("CARGO_BIN_EXE_demo-upstream"));
     let deadline = Duration::from_secs(30);
     topo.spawn_until(
         &topo.door_ns.clone(),

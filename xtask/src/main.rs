@@ -6,11 +6,17 @@
 //!   tests use (idempotent: only what is missing is installed).
 //! - `cargo xtask run [-- ARGS]`: builds, starts the demo upstream and `door --config
 //!   examples/door.toml ARGS`.
+//! - `cargo xtask run --vm KERNEL`: the same demo inside a guest booting Debian's KERNEL (`6.1`,
+//!   `6.12`) under qemu, with a scripted client (see [`vm`]).
 //! - `cargo xtask test`: format and lint checks, unit and property tests, then the privileged
-//!   suites (BPF_PROG_TEST_RUN, netns/veth) one test at a time; ends with `N passed, N failed`.
+//!   suites (BPF_PROG_TEST_RUN, netns/veth) one test at a time on this machine's kernel, then the
+//!   same suites inside guests booting Debian's 6.1 and 6.12 kernels; ends with
+//!   `N passed, N failed`. `--vm` runs only the guests, `--no-vm` skips them, `--kernel 6.1,6.12`
+//!   chooses them.
 
 mod setup;
 mod test;
+mod vm;
 
 use std::{
     path::{Path, PathBuf},
@@ -34,12 +40,27 @@ enum Task {
     Setup,
     /// Build door and run it in front of the demo upstream (examples/door.toml).
     Run {
+        /// Run the demo inside a qemu guest booting Debian's kernel KERNEL (`6.1`, `6.12`), with
+        /// a scripted client (legitimate requests, a burst, a SYN flood) instead of on this host.
+        #[arg(long, value_name = "KERNEL")]
+        vm: Option<String>,
         /// Arguments passed to door (after `--`).
         #[arg(last = true)]
         args: Vec<String>,
     },
-    /// Run every test: lints, unit and property tests, and the privileged suites.
-    Test,
+    /// Run every test: lints, unit and property tests, the privileged suites on this kernel and
+    /// inside qemu guests booting Debian's kernels.
+    Test {
+        /// Run only the privileged suites inside the qemu guests.
+        #[arg(long, conflicts_with = "no_vm")]
+        vm: bool,
+        /// Skip the qemu guests.
+        #[arg(long)]
+        no_vm: bool,
+        /// The Debian kernel series to boot, comma-separated.
+        #[arg(long, value_delimiter = ',', default_values_t = vm::DEFAULT_KERNELS.map(String::from))]
+        kernel: Vec<String>,
+    },
 }
 
 fn main() -> anyhow::Result<()> {
@@ -48,8 +69,20 @@ fn main() -> anyhow::Result<()> {
     std::env::set_current_dir(&root).with_context(|| format!("entering {}", root.display()))?;
     match cli.command {
         Task::Setup => setup::all(),
-        Task::Run { args } => run(&args),
-        Task::Test => test::all(),
+        Task::Run {
+            vm: Some(kernel),
+            args,
+        } => {
+            if !args.is_empty() {
+                bail!("`run --vm` takes no door arguments: the guest's config is scripted");
+            }
+            vm::run(&kernel)
+        }
+        Task::Run { vm: None, args } => run(&args),
+        Task::Test {
+            vm: true, kernel, ..
+        } => test::vm_only(&kernel),
+        Task::Test { no_vm, kernel, .. } => test::all((!no_vm).then_some(kernel.as_slice())),
     }
 }
 
