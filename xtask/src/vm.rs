@@ -734,7 +734,7 @@ fn make_executable(path: &Path) -> anyhow::Result<()> {
 const INIT_PRELUDE: &str = r#"#!/bin/busybox sh
 /bin/busybox --install -s /bin
 export PATH=/usr/local/bin:/bin
-export HOME=/root TMPDIR=/tmp
+export HOME=/root TMPDIR=/tmp NO_COLOR=1
 mount -t proc proc /proc
 mount -t sysfs sys /sys
 mount -t devtmpfs dev /dev
@@ -780,16 +780,18 @@ finish $status
 const DEMO_SCRIPT: &str = r#"
 set -u
 fail() { echo "door-vm: demo step failed: $*"; finish 1; }
-C="ip netns exec client"; D="ip netns exec door"
-ip netns add client && ip netns add door || fail "ip netns add"
-ip link add veth-door netns door type veth peer name veth-client netns client || fail "veth"
-$D ip addr add 192.0.2.1/24 dev veth-door
-$D ip link set veth-door up
-$D ip link set lo up
-$C ip addr add 192.0.2.2/24 dev veth-client
-$C ip addr add 192.0.2.3/24 dev veth-client
-$C ip link set veth-client up
-$C ip link set lo up
+# Debian's busybox runs its own applets before PATH: Debian's ip and curl by full path.
+ip=/usr/local/bin/ip curl=/usr/local/bin/curl
+C="$ip netns exec client"; D="$ip netns exec door"
+$ip netns add client && $ip netns add door || fail "ip netns add"
+$ip link add veth-door netns door type veth peer name veth-client netns client || fail "veth"
+$D $ip addr add 192.0.2.1/24 dev veth-door
+$D $ip link set veth-door up
+$D $ip link set lo up
+$C $ip addr add 192.0.2.2/24 dev veth-client
+$C $ip addr add 192.0.2.3/24 dev veth-client
+$C $ip link set veth-client up
+$C $ip link set lo up
 cat > /tmp/door.toml <<'EOF'
 listen = ["192.0.2.1:8443"]
 upstream = "http://127.0.0.1:3000"
@@ -819,7 +821,7 @@ echo "== door's config (/tmp/door.toml): link budget 1/s burst 20; XDP in driver
 $D /bin/demo-upstream --listen 127.0.0.1:3000 > /tmp/upstream.log 2>&1 &
 $D /bin/door --config /tmp/door.toml > /tmp/door.log 2>&1 &
 i=0
-until $D curl -s -o /dev/null --max-time 2 http://127.0.0.1:9901/status; do
+until $D $curl -s -o /dev/null --max-time 2 http://127.0.0.1:9901/status; do
     i=$((i + 1))
     [ $i -lt 60 ] || { cat /tmp/door.log; fail "door did not answer on its admin port"; }
     sleep 1
@@ -828,21 +830,21 @@ sed 's/^/door| /' /tmp/door.log
 codes() { sort | uniq -c | while read n c; do printf ' %s x %s' "$n" "$c"; done; echo; }
 echo "== 1. a legitimate client (192.0.2.2): 5 GET /l/session/demo, one per second"
 for i in 1 2 3 4 5; do
-    $C curl -s -o /dev/null --max-time 10 --interface 192.0.2.2 -w '%{http_code}\n' http://192.0.2.1:8443/l/session/demo
+    $C $curl -s -o /dev/null --max-time 10 --interface 192.0.2.2 -w '%{http_code}\n' http://192.0.2.1:8443/l/session/demo
     sleep 1
 done | codes
 echo "== 2. a burst over the link budget (192.0.2.3): 30 GET /l/session/demo at once"
 for i in $(seq 30); do
-    $C curl -s -o /dev/null --max-time 10 --interface 192.0.2.3 -w '%{http_code}\n' http://192.0.2.1:8443/l/session/demo
+    $C $curl -s -o /dev/null --max-time 10 --interface 192.0.2.3 -w '%{http_code}\n' http://192.0.2.1:8443/l/session/demo
 done | codes
-echo "   (expected: 20 x 200 then 429: burst 20, 1 token/s)"
+echo "   (expected: 20 x 200, plus one per second the burst takes, then 429: burst 20, 1 token/s)"
 echo "== 3. a one-address SYN flood (192.0.2.66 -> 192.0.2.1:8443): at most 2000 SYNs in 10 s"
 $C /bin/syn-flood --source 192.0.2.66 --target 192.0.2.1:8443 --count 2000 --seconds 10 || fail "syn-flood"
 sleep 1
 echo "== 4. the legitimate client again, after the flood"
-$C curl -s -o /dev/null --max-time 10 --interface 192.0.2.2 -w '%{http_code}\n' http://192.0.2.1:8443/l/session/demo | codes
+$C $curl -s -o /dev/null --max-time 10 --interface 192.0.2.2 -w '%{http_code}\n' http://192.0.2.1:8443/l/session/demo | codes
 echo "== door's GET /status (admin port 9901): requests, XDP attach mode, counters, top prefixes"
-$D curl -s --max-time 10 http://127.0.0.1:9901/status || fail "GET /status"
+$D $curl -s --max-time 10 http://127.0.0.1:9901/status || fail "GET /status"
 echo
 finish 0
 "#;
