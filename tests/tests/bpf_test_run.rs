@@ -2,7 +2,6 @@
 //! with etherparse. Needs root (CAP_BPF); run with `--test-threads=1` (`cargo xtask test` does).
 #![expect(
     clippy::unwrap_used,
-    clippy::expect_used,
     clippy::panic,
     reason = "test helpers: a failed step fails the test"
 )]

@@ -34,10 +34,10 @@ const MUSL: &str = "x86_64-unknown-linux-musl";
 
 /// Bound on one guest's whole test run (boot, both suites) under emulation; a run takes about a
 /// minute, so this only ends hangs.
-const TEST_TIMEOUT: Duration = Duration::from_secs(360);
+const TEST_TIMEOUT: Duration = Duration::from_mins(6);
 
 /// Bound on the `run --vm` demo.
-const RUN_TIMEOUT: Duration = Duration::from_secs(240);
+const RUN_TIMEOUT: Duration = Duration::from_mins(4);
 
 /// Lines of the guest's log shown again when it crashed or hung.
 const TAIL_LINES: usize = 40;
@@ -583,17 +583,18 @@ fn cargo_executables(cmd: &mut Command, kind: &str) -> anyhow::Result<BTreeMap<S
         let Ok(msg) = serde_json::from_str::<serde_json::Value>(&line) else {
             continue;
         };
-        if msg["reason"] != "compiler-artifact" {
+        let field = |pointer: &str| msg.pointer(pointer).and_then(serde_json::Value::as_str);
+        if field("/reason") != Some("compiler-artifact") {
             continue;
         }
-        let (Some(exe), Some(name)) = (msg["executable"].as_str(), msg["target"]["name"].as_str())
-        else {
+        let (Some(exe), Some(name)) = (field("/executable"), field("/target/name")) else {
             continue;
         };
         // A `cargo test` build also links the package's binaries (and its unit-test harness);
         // keep only the kind asked for.
-        if msg["target"]["kind"]
-            .as_array()
+        if msg
+            .pointer("/target/kind")
+            .and_then(serde_json::Value::as_array)
             .is_some_and(|k| k.iter().any(|k| k == kind))
         {
             found.insert(name.to_owned(), PathBuf::from(exe));
