@@ -1071,3 +1071,90 @@ fn output(cmd: &mut Command) -> anyhow::Result<String> {
     }
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
+
+#[cfg(test)]
+mod tests {
+    use std::{path::PathBuf, time::Duration};
+
+    use super::{Boot, Kernel, judge_tests};
+
+    fn kernel() -> Kernel {
+        Kernel {
+            short: "6.1".to_owned(),
+            release: "6.1.0-41-amd64".to_owned(),
+            vmlinux: PathBuf::new(),
+            veth: PathBuf::new(),
+        }
+    }
+
+    fn boot(exit: Option<i32>, timed_out: bool, lines: &[&str]) -> Boot {
+        Boot {
+            exit,
+            timed_out,
+            lines: lines.iter().map(|l| (*l).to_owned()).collect(),
+            elapsed: Duration::from_secs(1),
+        }
+    }
+
+    const PASSING: &[&str] = &[
+        "door-vm: begin bpf_test_run",
+        "test result: ok. 4 passed; 0 failed; 0 ignored; 0 measured; 0 filtered out",
+        "door-vm: end bpf_test_run rc=0",
+        "door-vm: begin netns_e2e",
+        "test result: ok. 2 passed; 0 failed; 0 ignored; 0 measured; 0 filtered out",
+        "door-vm: end netns_e2e rc=0",
+        "door-vm: done status=0",
+    ];
+
+    #[test]
+    fn a_clean_run_passes() {
+        let r = judge_tests(&kernel(), &boot(Some(1), false, PASSING));
+        assert_eq!((r.passed, r.failed), (6, 0));
+        assert!(r.failures.is_empty(), "{:?}", r.failures);
+    }
+
+    #[test]
+    fn a_failed_test_is_counted_once() {
+        let lines = [
+            "door-vm: begin bpf_test_run",
+            "test result: FAILED. 3 passed; 1 failed; 0 ignored; 0 measured; 0 filtered out",
+            "door-vm: end bpf_test_run rc=101",
+            "door-vm: done status=1",
+        ];
+        let r = judge_tests(&kernel(), &boot(Some(3), false, &lines));
+        assert_eq!((r.passed, r.failed), (3, 1));
+    }
+
+    #[test]
+    fn a_suite_that_crashes_without_a_result_line_fails() {
+        let lines = [
+            "door-vm: begin netns_e2e",
+            "door-vm: end netns_e2e rc=139",
+            "door-vm: done status=1",
+        ];
+        let r = judge_tests(&kernel(), &boot(Some(3), false, &lines));
+        assert_eq!((r.passed, r.failed), (0, 1));
+    }
+
+    #[test]
+    fn a_kernel_panic_after_passing_tests_is_a_failure() {
+        // qemu exits 0 when the guest reboots (panic=-1 with -no-reboot) instead of writing 0xf4.
+        let r = judge_tests(&kernel(), &boot(Some(0), false, &PASSING[..6]));
+        assert_eq!((r.passed, r.failed), (6, 1));
+        assert!(r.failures.iter().any(|f| f.contains("without reporting")));
+    }
+
+    #[test]
+    fn a_hang_is_a_failure() {
+        let r = judge_tests(&kernel(), &boot(None, true, &PASSING[..4]));
+        assert_eq!((r.passed, r.failed), (4, 1), "{:?}", r.failures);
+        assert!(r.failures.iter().any(|f| f.contains("never finished")));
+        assert!(r.failures.iter().any(|f| f.contains("did not finish")));
+    }
+
+    #[test]
+    fn a_guest_that_runs_nothing_fails() {
+        let r = judge_tests(&kernel(), &boot(Some(1), false, &["door-vm: done status=0"]));
+        assert_eq!(r.failed, 1);
+    }
+}
