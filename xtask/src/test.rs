@@ -129,6 +129,12 @@ pub(crate) fn all(kernels: Option<&[String]>) -> anyhow::Result<()> {
         "unit, property and daemon tests",
         cargo().args(["test", "--workspace", "--exclude", "door-tests"]),
     )?;
+    // The netns suite starts the `door` binary next to its own executable: build it, since
+    // `cargo test` builds a package's binaries only for that package's own integration tests.
+    t.check(
+        "building door for the netns suite",
+        cargo().args(["build", "--package", "door-daemon", "--bin", "door"]),
+    );
     let mut privileged = cargo();
     privileged.args(["test", "--package", "door-tests", "--", "--test-threads=1"]);
     if setup::is_root() {

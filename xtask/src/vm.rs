@@ -1154,7 +1154,10 @@ mod tests {
 
     #[test]
     fn a_guest_that_runs_nothing_fails() {
-        let r = judge_tests(&kernel(), &boot(Some(1), false, &["door-vm: done status=0"]));
+        let r = judge_tests(
+            &kernel(),
+            &boot(Some(1), false, &["door-vm: done status=0"]),
+        );
         assert_eq!(r.failed, 1);
     }
 }
