@@ -495,26 +495,25 @@ fn pipe(tool: &[&str], input: &[u8]) -> anyhow::Result<(Vec<u8>, bool)> {
 // ---------------------------------------------------------------------------------------------
 // Guest binaries
 
-/// The static binaries that go into a guest.
+/// The static binaries that go into a guest, laid out there like `target/<profile>/`: binaries
+/// in `/door/`, test executables in `/door/deps/`, so the suites find `door` and their helper
+/// binaries next to themselves as they do on the host.
 #[derive(Debug)]
 struct GuestBinaries {
     /// Integration-test executables of `door-tests` by target name (`bpf_test_run`, …).
     tests: BTreeMap<String, PathBuf>,
-    /// The `door` daemon.
-    door: PathBuf,
-    /// The demo upstream.
-    upstream: PathBuf,
-    /// The bounded SYN flood of the demo.
-    syn_flood: PathBuf,
+    /// Every binary of `door-daemon` and `door-tests` by name (`door`, `demo-upstream`, …).
+    bins: BTreeMap<String, PathBuf>,
 }
 
-/// Builds `door`, the demo upstream, the SYN flood tool and (with `tests`) the privileged suites
-/// for the musl target in release mode (a debug aya load takes seconds under emulation).
+/// Builds every binary of `door-daemon` and `door-tests` (door, the demo upstream, the SYN flood
+/// tool, …) and (with `want_tests`) the privileged suites for the musl target in release mode (a
+/// debug aya load takes seconds under emulation).
 fn build_guest_binaries(want_tests: bool) -> anyhow::Result<GuestBinaries> {
     step(&format!(
         "building the guest binaries (release, static {MUSL}; cargo shows its progress)"
     ));
-    let mut bins = cargo_executables(
+    let bins = cargo_executables(
         cargo().args([
             "build",
             "--release",
@@ -522,22 +521,17 @@ fn build_guest_binaries(want_tests: bool) -> anyhow::Result<GuestBinaries> {
             MUSL,
             "--package",
             "door-daemon",
-            "--bin",
-            "door",
             "--package",
             "door-tests",
-            "--bin",
-            "demo-upstream",
-            "--bin",
-            "syn-flood",
+            "--bins",
         ]),
         "bin",
     )?;
-    let mut take = |name: &str| {
-        bins.remove(name)
-            .with_context(|| format!("cargo built no {name} executable"))
-    };
-    let (door, upstream, syn_flood) = (take("door")?, take("demo-upstream")?, take("syn-flood")?);
+    for needed in ["door", "demo-upstream", "syn-flood"] {
+        if !bins.contains_key(needed) {
+            bail!("cargo built no {needed} executable");
+        }
+    }
     let tests = if want_tests {
         cargo_executables(
             cargo().args([
@@ -558,12 +552,7 @@ fn build_guest_binaries(want_tests: bool) -> anyhow::Result<GuestBinaries> {
     if want_tests && tests.is_empty() {
         bail!("cargo built no integration-test executables");
     }
-    Ok(GuestBinaries {
-        tests,
-        door,
-        upstream,
-        syn_flood,
-    })
+    Ok(GuestBinaries { tests, bins })
 }
 
 /// Runs a cargo build with `--message-format=json` and returns the executables of targets of
@@ -650,7 +639,7 @@ fn pack_initramfs(kernel: &Kernel, bins: &GuestBinaries, mode: &Mode) -> anyhow:
         "run",
         "etc",
         "root",
-        "tests",
+        "door/deps",
         "usr/local/bin",
         "lib/modules",
     ] {
@@ -670,12 +659,12 @@ fn pack_initramfs(kernel: &Kernel, bins: &GuestBinaries, mode: &Mode) -> anyhow:
             }
         }
     }
-    copy_exec(&bins.door, &root.join("bin/door"))?;
-    copy_exec(&bins.upstream, &root.join("bin/demo-upstream"))?;
-    copy_exec(&bins.syn_flood, &root.join("bin/syn-flood"))?;
+    for (name, exe) in &bins.bins {
+        copy_exec(exe, &root.join("door").join(name))?;
+    }
     if matches!(mode, Mode::Test) {
         for (name, exe) in &bins.tests {
-            copy_exec(exe, &root.join("tests").join(name))?;
+            copy_exec(exe, &root.join("door/deps").join(name))?;
         }
     }
     fs::copy(&kernel.veth, root.join("lib/modules/veth.ko"))?;
@@ -759,9 +748,10 @@ fn init_script(mode: &Mode) -> String {
     let mut s = INIT_PRELUDE.to_owned();
     match mode {
         Mode::Test => s.push_str(
-            r#"export DOOR_BIN=/bin/door DEMO_UPSTREAM_BIN=/bin/demo-upstream
+            r#"export DOOR_BIN=/door/door DEMO_UPSTREAM_BIN=/door/demo-upstream
+cd /tmp
 status=0
-for t in /tests/*; do
+for t in /door/deps/*; do
     name=${t##*/}
     echo "door-vm: begin $name"
     "$t" --test-threads=1
@@ -819,8 +809,8 @@ syn_rate = 10.0
 syn_burst = 50
 EOF
 echo "== door's config (/tmp/door.toml): link budget 1/s burst 20; XDP in driver mode on veth-door, SYN budget 10/s burst 50 per prefix"
-$D /bin/demo-upstream --listen 127.0.0.1:3000 > /tmp/upstream.log 2>&1 &
-$D /bin/door --config /tmp/door.toml > /tmp/door.log 2>&1 &
+$D /door/demo-upstream --listen 127.0.0.1:3000 > /tmp/upstream.log 2>&1 &
+$D /door/door --config /tmp/door.toml > /tmp/door.log 2>&1 &
 i=0
 until $D $curl -s -o /dev/null --max-time 2 http://127.0.0.1:9901/status; do
     i=$((i + 1))
@@ -840,7 +830,7 @@ for i in $(seq 30); do
 done | codes
 echo "   (expected: 20 x 200, plus one per second the burst takes, then 429: burst 20, 1 token/s)"
 echo "== 3. a one-address SYN flood (192.0.2.66 -> 192.0.2.1:8443): at most 2000 SYNs in 10 s"
-$C /bin/syn-flood --source 192.0.2.66 --target 192.0.2.1:8443 --count 2000 --seconds 10 || fail "syn-flood"
+$C /door/syn-flood --source 192.0.2.66 --target 192.0.2.1:8443 --count 2000 --seconds 10 || fail "syn-flood"
 sleep 1
 echo "== 4. the legitimate client again, after the flood"
 $C $curl -s -o /dev/null --max-time 10 --interface 192.0.2.2 -w '%{http_code}\n' http://192.0.2.1:8443/l/session/demo | codes
