@@ -23,9 +23,12 @@ fn main() -> anyhow::Result<()> {
         aya_build::Toolchain::Nightly,
     )
     .context("building the XDP program (needs the nightly toolchain with rust-src and bpf-linker; `cargo xtask setup` installs them, AYA_BUILD_SKIP=1 builds without it)")?;
-    let object = PathBuf::from(std::env::var("OUT_DIR")?).join("door-xdp");
-    if !object.exists() {
-        fs::write(&object, []).with_context(|| format!("writing {}", object.display()))?;
+    let out = PathBuf::from(std::env::var("OUT_DIR")?);
+    for name in ["door-xdp", "door-xdp-ref-empty", "door-xdp-ref-minimal"] {
+        let object = out.join(name);
+        if !object.exists() {
+            fs::write(&object, []).with_context(|| format!("writing {}", object.display()))?;
+        }
     }
     Ok(())
 }

@@ -28,11 +28,11 @@ impl Verdict {
 pub enum Counter {
     /// Passed: not IPv4 or IPv6 (ARP, LLDP, other EtherTypes).
     PassNotIp = 0,
-    /// Passed: IP but not TCP (UDP, ICMP, …).
+    /// Passed: IP but not TCP (UDP, ICMP, ESP, …).
     PassNotTcp = 1,
     /// Passed: TCP without the SYN-only flag pattern (ACK, SYN-ACK, RST, data).
     PassNotSyn = 2,
-    /// Passed: a SYN (SYN set, ACK clear), counted against its source prefix.
+    /// Passed: a SYN (SYN set, ACK clear) within its prefix's budget, counted against it.
     PassSyn = 3,
     /// Passed: the packet ended before a header the program needed (fail-open).
     PassTruncated = 4,
@@ -43,10 +43,27 @@ pub enum Counter {
     PassMalformed = 6,
     /// Passed: an IPv4 or IPv6 fragment other than the first (carries no TCP header).
     PassFragment = 7,
+    /// Passed: a SYN to a destination port not in `[xdp] ports`.
+    PassUnprotectedPort = 8,
+    /// Passed: a SYN from an exempt address (trusted proxy or allowlist).
+    PassExempt = 9,
+    /// Passed: more than two VLAN tags or more IPv6 extension headers than the program walks
+    /// (fail-open).
+    PassTooManyHeaders = 10,
+    /// Passed: a SYN from a new prefix while the churn guard is closed, within the shared
+    /// overflow bucket's budget.
+    PassOverflowSyn = 11,
+    /// Dropped: a SYN over its prefix's budget (`syn_rate`, `syn_burst`).
+    DropSynBudget = 12,
+    /// Dropped: a SYN from a new prefix while the churn guard is closed, over the shared overflow
+    /// bucket's budget.
+    DropOverflow = 13,
+    /// Dropped: a SYN from a prefix on the daemon's blocklist, before its deadline.
+    DropBlocked = 14,
 }
 
 /// Number of counters, the length of the per-CPU array [`crate::MAP_COUNTERS`].
-pub const COUNTER_COUNT: u32 = 8;
+pub const COUNTER_COUNT: u32 = 15;
 
 impl Counter {
     /// Every counter, in index order.
@@ -59,6 +76,13 @@ impl Counter {
         Counter::PassMapFull,
         Counter::PassMalformed,
         Counter::PassFragment,
+        Counter::PassUnprotectedPort,
+        Counter::PassExempt,
+        Counter::PassTooManyHeaders,
+        Counter::PassOverflowSyn,
+        Counter::DropSynBudget,
+        Counter::DropOverflow,
+        Counter::DropBlocked,
     ];
 
     /// The index of this counter in [`crate::MAP_COUNTERS`].
@@ -76,7 +100,12 @@ impl Counter {
             | Counter::PassTruncated
             | Counter::PassMapFull
             | Counter::PassMalformed
-            | Counter::PassFragment => Verdict::Pass,
+            | Counter::PassFragment
+            | Counter::PassUnprotectedPort
+            | Counter::PassExempt
+            | Counter::PassTooManyHeaders
+            | Counter::PassOverflowSyn => Verdict::Pass,
+            Counter::DropSynBudget | Counter::DropOverflow | Counter::DropBlocked => Verdict::Drop,
         }
     }
 
@@ -91,6 +120,13 @@ impl Counter {
             Counter::PassMapFull => "map_full",
             Counter::PassMalformed => "malformed",
             Counter::PassFragment => "fragment",
+            Counter::PassUnprotectedPort => "unprotected_port",
+            Counter::PassExempt => "exempt",
+            Counter::PassTooManyHeaders => "too_many_headers",
+            Counter::PassOverflowSyn => "overflow_syn",
+            Counter::DropSynBudget => "syn_budget",
+            Counter::DropOverflow => "overflow",
+            Counter::DropBlocked => "blocked",
         }
     }
 }

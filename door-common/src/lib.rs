@@ -9,10 +9,13 @@
 #![no_std]
 
 pub mod counter;
+pub mod gcra;
 pub mod prefix;
+pub mod shield;
 
 pub use counter::{COUNTER_COUNT, Counter, Verdict};
 pub use prefix::PrefixKey;
+pub use shield::{ExemptKey, GuardState, ShieldConfig};
 
 /// Name of the XDP program inside the eBPF object (the function marked `#[xdp]`).
 pub const PROGRAM_NAME: &str = "door_xdp";
@@ -22,6 +25,27 @@ pub const MAP_PREFIXES: &str = "DOOR_PREFIXES";
 
 /// Name of the per-CPU array of `u64` packet counters, indexed by [`Counter`].
 pub const MAP_COUNTERS: &str = "DOOR_COUNTERS";
+
+/// Name of the one-entry array holding the [`ShieldConfig`] the daemon writes.
+pub const MAP_CONFIG: &str = "DOOR_CONFIG";
+
+/// Name of the LPM trie of exempt addresses ([`ExemptKey`] → `u32`, 1 = exempt): trusted proxies
+/// and the operator's allowlist, never shed.
+pub const MAP_EXEMPT: &str = "DOOR_EXEMPT";
+
+/// Name of the hash map blocklist: [`PrefixKey`] → `u64` deadline (`bpf_ktime_get_ns` clock,
+/// nanoseconds). SYNs from a listed prefix are dropped until the deadline, then the entry is
+/// deleted.
+pub const MAP_BLOCKED: &str = "DOOR_BLOCKED";
+
+/// Name of the one-entry array holding the churn guard's [`GuardState`].
+pub const MAP_GUARD: &str = "DOOR_GUARD";
+
+/// Entries of [`MAP_EXEMPT`].
+pub const EXEMPT_CAPACITY: u32 = 4_096;
+
+/// Entries of [`MAP_BLOCKED`].
+pub const BLOCKED_CAPACITY: u32 = 65_536;
 
 /// Number of source prefixes the LRU map [`MAP_PREFIXES`] tracks before it evicts the least
 /// recently used one (entries; each costs `size_of::<PrefixKey>() + size_of::<PrefixState>()`
@@ -39,8 +63,8 @@ pub struct PrefixState {
     pub syns: u64,
     /// SYNs from this prefix that the program dropped (`XDP_DROP`).
     pub drops: u64,
-    /// `bpf_ktime_get_ns()` (CLOCK_MONOTONIC, nanoseconds) of the first SYN seen.
-    pub first_ns: u64,
+    /// The SYN bucket's theoretical arrival time ([`gcra`]), `bpf_ktime_get_ns` clock, ns.
+    pub tat_ns: u64,
     /// `bpf_ktime_get_ns()` (CLOCK_MONOTONIC, nanoseconds) of the latest SYN seen.
     pub last_ns: u64,
 }
@@ -61,4 +85,10 @@ mod pod {
     // SAFETY: `PrefixState` is `#[repr(C)]`, four `u64` with no padding (size asserted above), and
     // every bit pattern is a valid value.
     unsafe impl aya::Pod for super::PrefixState {}
+    // SAFETY: `ShieldConfig` is `#[repr(C)]`, only `u64` fields and a `u64` array, no padding
+    // (size asserted in `shield`); every bit pattern is valid.
+    unsafe impl aya::Pod for super::ShieldConfig {}
+    // SAFETY: `GuardState` is `#[repr(C)]`, a `u64` and a `PrefixState`, no padding (size
+    // asserted in `shield`); every bit pattern is valid.
+    unsafe impl aya::Pod for super::GuardState {}
 }

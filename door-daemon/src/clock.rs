@@ -13,7 +13,7 @@ pub trait Clock: Send + Sync + Debug + 'static {
     fn now_ns(&self) -> u64;
 }
 
-/// The production clock: `std::time::Instant` (CLOCK_MONOTONIC on Linux) measured from the moment
+/// The production clock: `std::time::Instant` (`CLOCK_MONOTONIC` on Linux) measured from the moment
 /// the clock was created.
 #[derive(Debug, Clone, Copy)]
 pub struct MonotonicClock {

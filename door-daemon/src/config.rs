@@ -20,6 +20,7 @@ use serde::Deserialize;
 use thiserror::Error;
 
 use crate::{
+    key::{ForwardedSource, TrustedProxies},
     limit::{Budget, Charge},
     route::Route,
 };
@@ -36,6 +37,14 @@ pub const DEFAULT_SYN_RATE: f64 = 100.0;
 pub const DEFAULT_SYN_BURST: u32 = 200;
 /// Default `[xdp] ports`: HTTPS.
 pub const DEFAULT_PORTS: [u16; 1] = [443];
+/// Default `[xdp] new_prefix_rate`, new prefixes per second.
+pub const DEFAULT_NEW_PREFIX_RATE: f64 = 1_000.0;
+/// Default `[xdp] new_prefix_burst`, new prefixes.
+pub const DEFAULT_NEW_PREFIX_BURST: u32 = 10_000;
+/// Default `[xdp] escalate_window`.
+pub const DEFAULT_ESCALATE_WINDOW: Duration = Duration::from_secs(10);
+/// Default `[xdp] block_for`.
+pub const DEFAULT_BLOCK_FOR: Duration = Duration::from_mins(1);
 
 /// `per_client` of a group that is not one of the defaults, when the file does not give it.
 pub const NEW_GROUP_PER_CLIENT: u32 = 16;
@@ -144,6 +153,21 @@ pub struct XdpConfig {
     pub syn_burst: u32,
     /// Protected destination ports; empty means all. Default `[443]`.
     pub ports: Vec<u16>,
+    /// Churn guard: new source prefixes per second that get their own entry; above it, new
+    /// prefixes share one overflow bucket. 0 turns the guard off. Default 1000.
+    pub new_prefix_rate: f64,
+    /// Churn guard burst, new prefixes. Default 10,000.
+    pub new_prefix_burst: u32,
+    /// Operator allowlist: CIDRs the shield never sheds (trusted proxies are always exempt too).
+    /// Default none.
+    pub allow: Vec<IpNet>,
+    /// 429s from one TCP-peer key within `escalate_window` that put it on the XDP blocklist;
+    /// 0 (the default) turns escalation off.
+    pub escalate_after: u32,
+    /// Window for `escalate_after`. Default 10 s.
+    pub escalate_window: Duration,
+    /// How long an escalated key's SYNs are dropped. Default 60 s.
+    pub block_for: Duration,
 }
 
 /// One limit group: its budget and its body read timeout.
@@ -209,7 +233,11 @@ pub struct Config {
     /// Where `GET /status` is served; `None` disables it. Default `127.0.0.1:9901`.
     pub admin_listen: Option<SocketAddr>,
     /// Proxies whose forwarding headers are believed. Default: none.
-    pub trusted_proxies: Vec<IpNet>,
+    pub trusted_proxies: TrustedProxies,
+    /// Which header is authoritative when a trusted proxy sends both `X-Forwarded-For` and
+    /// `Forwarded` (`forwarded_header = "x-forwarded-for" | "forwarded"`). Default
+    /// `x-forwarded-for`, as the seed.
+    pub forwarded_header: ForwardedSource,
     /// Shadow mode: admit everything, count what would have been refused. Default `false`.
     pub disable_anon_route_limits: bool,
     /// Route table, first match wins.
@@ -231,6 +259,8 @@ pub struct Overrides {
     pub admin_listen: Option<String>,
     /// `--trusted-proxy` / `DOOR_TRUSTED_PROXIES`.
     pub trusted_proxies: Option<Vec<String>>,
+    /// `--forwarded-header` / `DOOR_FORWARDED_HEADER`.
+    pub forwarded_header: Option<String>,
     /// `--disable-anon-route-limits` / `DOOR_DISABLE_ANON_ROUTE_LIMITS`.
     pub disable_anon_route_limits: Option<bool>,
     /// `--xdp-interface` / `DOOR_XDP_INTERFACE`.
@@ -245,6 +275,7 @@ struct File {
     listen: Option<Vec<String>>,
     upstream: Option<String>,
     trusted_proxies: Option<Vec<String>>,
+    forwarded_header: Option<String>,
     disable_anon_route_limits: Option<bool>,
     admin_listen: Option<String>,
     #[serde(default)]
@@ -283,6 +314,12 @@ struct XdpFile {
     syn_rate: Option<f64>,
     syn_burst: Option<i64>,
     ports: Option<Vec<i64>>,
+    new_prefix_rate: Option<f64>,
+    new_prefix_burst: Option<i64>,
+    allow: Option<Vec<String>>,
+    escalate_after: Option<i64>,
+    escalate_window: Option<String>,
+    block_for: Option<String>,
 }
 
 impl Config {
@@ -369,7 +406,18 @@ impl Config {
             .clone()
             .or(file.trusted_proxies)
             .unwrap_or_default();
-        let trusted_proxies = parse_trusted(&trusted_raw)?;
+        let trusted_proxies = parse_cidrs("trusted_proxies", &trusted_raw)?;
+        let forwarded_raw = o.forwarded_header.clone().or(file.forwarded_header);
+        let forwarded_header = match forwarded_raw {
+            Some(h) => h.parse::<ForwardedSource>().map_err(|_| {
+                invalid(
+                    "forwarded_header",
+                    format!("{h:?}"),
+                    "must be \"x-forwarded-for\" or \"forwarded\"",
+                )
+            })?,
+            None => ForwardedSource::default(),
+        };
 
         let disable_anon_route_limits = o
             .disable_anon_route_limits
@@ -405,6 +453,7 @@ impl Config {
             upstream,
             admin_listen,
             trusted_proxies,
+            forwarded_header,
             disable_anon_route_limits,
             routes,
             groups,
@@ -413,43 +462,18 @@ impl Config {
     }
 }
 
-/// Parses trusted proxy CIDRs (each entry may itself be comma-separated). A bare address is a
-/// /32 or /128.
-fn parse_trusted(raw: &[String]) -> Result<Vec<IpNet>, ConfigError> {
-    let mut nets = Vec::new();
-    for entry in raw
-        .iter()
-        .flat_map(|s| s.split(','))
-        .map(str::trim)
-        .filter(|s| !s.is_empty())
-    {
-        let net = entry
-            .parse::<IpNet>()
-            .or_else(|_| entry.parse::<std::net::IpAddr>().map(IpNet::from))
-            .map_err(|_| {
-                invalid(
-                    "trusted_proxies",
-                    format!("{entry:?}"),
-                    "not a CIDR (192.0.2.10/32, 2001:db8::/64)",
-                )
-            })?;
-        if net.prefix_len() == 0 {
-            return Err(invalid(
-                "trusted_proxies",
-                format!("{entry:?}"),
-                "a /0 would trust every client's headers",
-            ));
-        }
-        if net.trunc() != net {
-            return Err(invalid(
-                "trusted_proxies",
-                format!("{entry:?}"),
-                format!("host bits set (did you mean {}?)", net.trunc()),
-            ));
-        }
-        nets.push(net);
-    }
-    Ok(nets)
+/// Parses a CIDR list for `key` (each entry may itself be comma-separated; a bare address is a
+/// /32 or /128) with [`TrustedProxies::parse_list`]'s checks: a /0 or host bits set are errors.
+fn parse_cidrs(key: &str, raw: &[String]) -> Result<TrustedProxies, ConfigError> {
+    TrustedProxies::parse_list(&raw.join(",")).map_err(|e| {
+        let value = match &e {
+            crate::key::KeyError::BadCidr { value }
+            | crate::key::KeyError::ZeroPrefix { value }
+            | crate::key::KeyError::HostBitsSet { value, .. }
+            | crate::key::KeyError::BadSource { value } => value.clone(),
+        };
+        invalid(key, format!("{value:?}"), e.to_string())
+    })
 }
 
 fn default_groups() -> BTreeMap<String, GroupConfig> {
@@ -510,13 +534,6 @@ fn build_groups(
         };
         let b = &mut cfg.budget;
         if let Some(rate) = g.rate {
-            if !(rate.is_finite() && rate > 0.0) {
-                return Err(invalid(
-                    key("rate"),
-                    rate,
-                    "must be a positive number of tokens per second",
-                ));
-            }
             b.rate = rate;
         }
         if let Some(v) = g.burst {
@@ -545,16 +562,11 @@ fn build_groups(
                 }
             };
         }
-        if b.per_client > b.inflight {
-            return Err(invalid(
-                key("per_client"),
-                b.per_client,
-                format!(
-                    "exceeds the group cap group.{name}.inflight = {}",
-                    b.inflight
-                ),
-            ));
-        }
+        b.validate(&name).map_err(|e| ConfigError::Invalid {
+            key: e.key,
+            value: e.value,
+            reason: e.reason,
+        })?;
         if let Some(t) = &g.read_timeout {
             cfg.read_timeout = parse_duration(&key("read_timeout"), t)?;
         }
@@ -637,12 +649,45 @@ fn build_xdp(file: Option<XdpFile>, o: &Overrides) -> Result<XdpConfig, ConfigEr
             .collect::<Result<Vec<_>, _>>()?,
         None => DEFAULT_PORTS.to_vec(),
     };
+    let new_prefix_rate = f.new_prefix_rate.unwrap_or(DEFAULT_NEW_PREFIX_RATE);
+    if !(new_prefix_rate.is_finite() && new_prefix_rate >= 0.0) {
+        return Err(invalid(
+            "xdp.new_prefix_rate",
+            new_prefix_rate,
+            "must be a number of new prefixes per second, 0 to turn the guard off",
+        ));
+    }
+    let new_prefix_burst = match f.new_prefix_burst {
+        Some(v) => positive_u32("xdp.new_prefix_burst", v)?,
+        None => DEFAULT_NEW_PREFIX_BURST,
+    };
+    let allow = parse_cidrs("xdp.allow", &f.allow.unwrap_or_default())?
+        .nets()
+        .to_vec();
+    let escalate_after = match f.escalate_after {
+        Some(0) | None => 0,
+        Some(v) => positive_u32("xdp.escalate_after", v)?,
+    };
+    let escalate_window = match &f.escalate_window {
+        Some(s) => parse_duration("xdp.escalate_window", s)?,
+        None => DEFAULT_ESCALATE_WINDOW,
+    };
+    let block_for = match &f.block_for {
+        Some(s) => parse_duration("xdp.block_for", s)?,
+        None => DEFAULT_BLOCK_FOR,
+    };
     Ok(XdpConfig {
         interface,
         mode,
         syn_rate,
         syn_burst,
         ports,
+        new_prefix_rate,
+        new_prefix_burst,
+        allow,
+        escalate_after,
+        escalate_window,
+        block_for,
     })
 }
 
@@ -767,7 +812,7 @@ ports = [8443]
     fn bad_cidrs_are_named() {
         assert!(
             err("trusted_proxies = [\"0.0.0.0/0\"]")
-                .starts_with("trusted_proxies = \"0.0.0.0/0\": a /0")
+                .starts_with("trusted_proxies = \"0.0.0.0/0\": a /0 covers every address")
         );
         assert!(err("trusted_proxies = [\"::/0\"]").contains("/0"));
         assert!(
@@ -776,12 +821,16 @@ ports = [8443]
         );
         assert!(
             err("trusted_proxies = [\"192.0.2.300/32\"]")
-                .starts_with("trusted_proxies = \"192.0.2.300/32\": not a CIDR")
+                .starts_with("trusted_proxies = \"192.0.2.300/32\": not an IP address or CIDR")
         );
         let c =
             Config::from_toml("t", "trusted_proxies = [\"192.0.2.10, 2001:db8::/64\"]").unwrap();
-        assert_eq!(c.trusted_proxies.len(), 2);
-        assert_eq!(c.trusted_proxies[0].prefix_len(), 32);
+        assert_eq!(c.trusted_proxies.nets().len(), 2);
+        assert_eq!(c.trusted_proxies.nets()[0].prefix_len(), 32);
+        assert!(
+            c.trusted_proxies
+                .contains("::ffff:192.0.2.10".parse().unwrap())
+        );
     }
 
     #[test]
@@ -811,9 +860,10 @@ ports = [8443]
         assert!(err("[group.link]\nrate = 0.0").starts_with("group.link.rate = 0"));
         assert!(err("[group.link]\nburst = 0").starts_with("group.link.burst = 0"));
         assert!(err("[group.link]\ninflight = 0").starts_with("group.link.inflight = 0"));
-        assert!(err("[group.link]\nper_client = 5").starts_with(
-            "group.link.per_client = 5: exceeds the group cap group.link.inflight = 4"
-        ));
+        assert!(
+            err("[group.link]\nper_client = 5")
+                .starts_with("group.link.per_client = 5: exceeds group.link.inflight = 4")
+        );
         assert!(
             err("[group.link]\ncharge = \"sometimes\"")
                 .starts_with("group.link.charge = \"sometimes\"")

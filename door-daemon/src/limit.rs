@@ -1,182 +1,1073 @@
-//! The per-group layer-7 limiter (../shared/seeds/network-door-limits.txt, "Approach" and L1).
+//! The per-group layer-7 limiter (../shared/seeds/network-door-limits.txt, "Approach", "Memory"
+//! and L1; ../shared/DESIGN.md, "Limits").
 //!
-//! First version: one token bucket per client key per group, in integer nanoseconds, with the
-//! clock injected. The bounded table, shared row, in-flight caps and charge-on-failure replace it.
+//! A [`GroupLimiter`] guards one route group (`webhook`, `link`, `health`, ...). Under one mutex it
+//! holds a bounded LRU table of per-client rows (a token bucket, the tokens held by unsettled
+//! requests, the requests in flight) and one *shared row* for the clients the table cannot hold.
+//! [`GroupLimiter::admit`] checks, in order, the group's in-flight cap (503), the row's in-flight
+//! cap (429) and the row's bucket (429), and hands out a [`Permit`]: an RAII guard that frees the
+//! slot however the request ends, and under [`Charge::OnFailure`] spends a token only when the
+//! upstream answered 4xx.
+//!
+//! # Token arithmetic
+//!
+//! Integer nanoseconds, no floats after construction. The rate is converted once to an emission
+//! interval `T = ceil(1e9 / rate)` ns (rounding up makes the effective rate never exceed the
+//! configured one). A bucket is one timestamp, `full_at`: the instant (clock ns) at which it is, or
+//! was, full. At `now` its *deficit* is `full_at - now` (0 if past), and it holds
+//! `burst - deficit / T` tokens. So:
+//!
+//! - `n` tokens are available iff `deficit ≤ (burst - n) · T`;
+//! - spending one sets `full_at = max(full_at, now) + T`;
+//! - the wait for `n` tokens is exactly `deficit - (burst - n) · T` ns, and `Retry-After` is that,
+//!   rounded up to whole seconds, at least 1. Waiting `Retry-After` seconds therefore always makes
+//!   `n` tokens available if nothing else happened (nothing else was admitted or settled).
+//!
+//! The invariant `deficit + held · T ≤ burst · T` holds for every row at every instant: tokens
+//! never go negative and held tokens are always backed.
 
 use std::{
-    collections::HashMap,
-    sync::{Arc, Mutex, PoisonError},
+    num::NonZeroUsize,
+    sync::{Arc, Mutex, MutexGuard, PoisonError},
 };
 
-use door_common::PrefixKey;
+use door_common::prefix::PrefixKey;
 use http::StatusCode;
+use lru::LruCache;
 
-use crate::clock::Clock;
+use crate::{
+    clock::Clock,
+    metrics::{GroupMetrics, Metrics, Outcome},
+};
 
-const NANOS_PER_SEC: u64 = 1_000_000_000;
+/// How many of the oldest table entries a miss on a full table probes for a full, idle entry to
+/// replace (seed, "Memory": `evictProbe = 8`).
+pub const EVICT_PROBE: usize = 8;
 
-/// When a group spends a token.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// The default size of a group's client table, in entries (seed, "Memory"; DESIGN.md, "Limits").
+pub const DEFAULT_MAX_CLIENTS: usize = 16_384;
+
+/// The slowest accepted rate, in tokens per second: one token a day. Anything slower is refused by
+/// [`Budget::validate`].
+pub const MIN_RATE: f64 = 1.0 / 86_400.0;
+
+/// The fastest accepted rate, in tokens per second: one token per nanosecond.
+pub const MAX_RATE: f64 = 1e9;
+
+/// The `Retry-After`, in seconds, of a rejection by an in-flight cap (the wait depends on other
+/// requests finishing, so it cannot be exact; one second is the smallest legal value).
+pub const CAP_RETRY_AFTER_S: u64 = 1;
+
+const NS_PER_S: u64 = 1_000_000_000;
+
+/// When a request's token is spent (seed, "Algorithm" table, column "Token spent"; DESIGN.md,
+/// "Limits").
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Charge {
-    /// Every admitted request spends one token.
+    /// Every admitted request spends one token at admission (`link`, `health`).
     Always,
-    /// Only requests the upstream answered 4xx spend a token.
+    /// Charge-on-failure (`webhook`, seed Open Question 1 A): an admitted request *holds* a token
+    /// until it settles, and spends it only if the upstream answered 4xx. Admission needs
+    /// `tokens(now) ≥ 1 + held`.
     OnFailure,
 }
 
-/// A group's budget (../shared/DESIGN.md, "Limits").
-#[derive(Debug, Clone, PartialEq)]
+impl Charge {
+    /// The configuration spelling: `always` or `on_failure` (DESIGN.md, "Configuration").
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Charge::Always => "always",
+            Charge::OnFailure => "on_failure",
+        }
+    }
+}
+
+impl core::str::FromStr for Charge {
+    type Err = BudgetError;
+
+    /// Parses `always` or `on_failure`; anything else is a [`BudgetError`] naming the key `charge`.
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "always" => Ok(Charge::Always),
+            "on_failure" => Ok(Charge::OnFailure),
+            other => Err(BudgetError {
+                key: "charge".to_owned(),
+                value: format!("{other:?}"),
+                reason: "must be \"always\" or \"on_failure\"".to_owned(),
+            }),
+        }
+    }
+}
+
+/// One group's limits (seed, "Algorithm" table; DESIGN.md, "Limits" and `[group.NAME]`).
+///
+/// The defaults are [`Budget::webhook`], [`Budget::link`] and [`Budget::health`]. Check a budget
+/// built from configuration with [`Budget::validate`] before handing it to [`GroupLimiter::new`].
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Budget {
-    /// Refill rate, tokens per second.
+    /// Refill rate, tokens per second (`group.NAME.rate`). Finite, in [`MIN_RATE`]..=[`MAX_RATE`].
     pub rate: f64,
-    /// Bucket capacity, tokens.
+    /// Bucket capacity, tokens (`group.NAME.burst`); a new client starts with a full bucket. ≥ 1.
     pub burst: u32,
-    /// In-flight requests per client.
+    /// Requests one client (or the shared row) may have in flight (`group.NAME.per_client`).
+    /// 1..=`inflight`; under [`Charge::OnFailure`] also ≤ `burst`.
     pub per_client: u32,
-    /// In-flight requests for the whole group.
+    /// Requests the whole group may have in flight (`group.NAME.inflight`), ≥ 1.
     pub inflight: u32,
-    /// Client entries the group's table holds.
+    /// Entries in the client table (`group.NAME.max_clients`), ≥ 1.
     pub max_clients: usize,
-    /// When a token is spent.
+    /// When a token is spent (`group.NAME.charge`).
     pub charge: Charge,
 }
 
 impl Budget {
-    /// webhook: 50/s, burst 500, 16 per client, 64 per group, charged on 4xx.
-    pub fn webhook() -> Self {
-        Self::of(50.0, 500, 16, 64, Charge::OnFailure)
-    }
-    /// link: 1/s, burst 20, 2 per client, 4 per group, always charged.
-    pub fn link() -> Self {
-        Self::of(1.0, 20, 2, 4, Charge::Always)
-    }
-    /// health: 5/s, burst 20, 4 per client, 32 per group, always charged.
-    pub fn health() -> Self {
-        Self::of(5.0, 20, 4, 32, Charge::Always)
-    }
-    fn of(rate: f64, burst: u32, per_client: u32, inflight: u32, charge: Charge) -> Self {
+    /// `webhook`: 50 tokens/s, burst 500, 16 per client, 64 in the group, charge on failure,
+    /// 16,384 clients (seed table; DESIGN.md, "Limits").
+    pub const fn webhook() -> Self {
         Self {
-            rate,
-            burst,
-            per_client,
-            inflight,
-            max_clients: 16_384,
-            charge,
+            rate: 50.0,
+            burst: 500,
+            per_client: 16,
+            inflight: 64,
+            max_clients: DEFAULT_MAX_CLIENTS,
+            charge: Charge::OnFailure,
+        }
+    }
+
+    /// `link`: 1 token/s, burst 20, 2 per client, 4 in the group, charge always, 16,384 clients.
+    pub const fn link() -> Self {
+        Self {
+            rate: 1.0,
+            burst: 20,
+            per_client: 2,
+            inflight: 4,
+            max_clients: DEFAULT_MAX_CLIENTS,
+            charge: Charge::Always,
+        }
+    }
+
+    /// `health`: 5 tokens/s, burst 20, 4 per client, 32 in the group, charge always, 16,384
+    /// clients.
+    pub const fn health() -> Self {
+        Self {
+            rate: 5.0,
+            burst: 20,
+            per_client: 4,
+            inflight: 32,
+            max_clients: DEFAULT_MAX_CLIENTS,
+            charge: Charge::Always,
+        }
+    }
+
+    /// The built-in budget of a group name (`webhook`, `link`, `health`), if it has one.
+    pub fn default_for(group: &str) -> Option<Self> {
+        match group {
+            "webhook" => Some(Self::webhook()),
+            "link" => Some(Self::link()),
+            "health" => Some(Self::health()),
+            _ => None,
+        }
+    }
+
+    /// Checks the budget of group `group`.
+    ///
+    /// # Errors
+    ///
+    /// A [`BudgetError`] naming the first offending key (`group.<group>.<field>`) and its value
+    /// when: `rate` is not finite, ≤ 0, below [`MIN_RATE`] or above [`MAX_RATE`]; `burst`,
+    /// `per_client`, `inflight` or `max_clients` is 0; `per_client > inflight`; or, under
+    /// [`Charge::OnFailure`], `per_client > burst` (a client's held tokens could then exceed the
+    /// bucket and its `Retry-After` could not be exact).
+    pub fn validate(&self, group: &str) -> Result<(), BudgetError> {
+        let err = |field: &str, value: String, reason: String| BudgetError {
+            key: format!("group.{group}.{field}"),
+            value,
+            reason,
+        };
+        if !self.rate.is_finite() || self.rate <= 0.0 {
+            return Err(err(
+                "rate",
+                self.rate.to_string(),
+                "must be a positive, finite number of tokens per second".to_owned(),
+            ));
+        }
+        if self.rate < MIN_RATE {
+            return Err(err(
+                "rate",
+                self.rate.to_string(),
+                "is slower than one token a day".to_owned(),
+            ));
+        }
+        if self.rate > MAX_RATE {
+            return Err(err(
+                "rate",
+                self.rate.to_string(),
+                "is faster than one token per nanosecond".to_owned(),
+            ));
+        }
+        for (field, value) in [
+            ("burst", self.burst),
+            ("per_client", self.per_client),
+            ("inflight", self.inflight),
+        ] {
+            if value == 0 {
+                return Err(err(
+                    field,
+                    value.to_string(),
+                    "must be at least 1".to_owned(),
+                ));
+            }
+        }
+        if self.max_clients == 0 {
+            return Err(err(
+                "max_clients",
+                "0".to_owned(),
+                "must be at least 1".to_owned(),
+            ));
+        }
+        if self.per_client > self.inflight {
+            return Err(err(
+                "per_client",
+                self.per_client.to_string(),
+                format!(
+                    "exceeds group.{group}.inflight = {}: one client could take more than the group",
+                    self.inflight
+                ),
+            ));
+        }
+        if self.charge == Charge::OnFailure && self.per_client > self.burst {
+            return Err(err(
+                "per_client",
+                self.per_client.to_string(),
+                format!(
+                    "exceeds group.{group}.burst = {} with charge = \"on_failure\": each request in \
+                     flight holds a token",
+                    self.burst
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    /// The emission interval in nanoseconds: `ceil(1e9 / rate)`, clamped to
+    /// `1..=ceil(1e9 / MIN_RATE)` (an unvalidated rate is clamped, never trusted).
+    pub fn interval_ns(&self) -> u64 {
+        let rate = if self.rate.is_finite() {
+            self.rate.clamp(MIN_RATE, MAX_RATE)
+        } else {
+            MIN_RATE
+        };
+        #[expect(
+            clippy::cast_possible_truncation,
+            clippy::cast_sign_loss,
+            reason = "the rate is clamped, so the value is in 1..=8.64e13 and exact in u64"
+        )]
+        let ns = (1e9 / rate).ceil() as u64;
+        ns.max(1)
+    }
+}
+
+/// An invalid [`Budget`] value (DESIGN.md, "Operating contract": bad configuration names the
+/// offending key and value). Displays as `group.link.rate = -1: must be a positive, ...`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{key} = {value}: {reason}")]
+pub struct BudgetError {
+    /// The configuration key, e.g. `group.link.rate`.
+    pub key: String,
+    /// The offending value as written in the error.
+    pub value: String,
+    /// Why it is refused.
+    pub reason: String,
+}
+
+/// Why a request was (or, in shadow mode, would have been) rejected.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum RejectReason {
+    /// The row's bucket had fewer than `1 + held` tokens: 429.
+    Rate,
+    /// The row had `per_client` requests in flight: 429.
+    ClientConcurrency,
+    /// The group had `inflight` requests in flight: 503.
+    GroupConcurrency,
+}
+
+impl RejectReason {
+    /// The `door.outcome` of this rejection when enforced.
+    pub const fn outcome(self) -> Outcome {
+        match self {
+            RejectReason::Rate => Outcome::RateLimited,
+            RejectReason::ClientConcurrency => Outcome::ClientConcurrency,
+            RejectReason::GroupConcurrency => Outcome::GroupConcurrency,
+        }
+    }
+
+    /// The `door.outcome` of this rejection in shadow mode (`would_*`).
+    pub const fn shadow_outcome(self) -> Outcome {
+        match self {
+            RejectReason::Rate => Outcome::WouldRateLimited,
+            RejectReason::ClientConcurrency => Outcome::WouldClientConcurrency,
+            RejectReason::GroupConcurrency => Outcome::WouldGroupConcurrency,
+        }
+    }
+
+    /// The HTTP status door answers with: 503 for the group cap, 429 otherwise.
+    pub const fn status(self) -> StatusCode {
+        match self {
+            RejectReason::GroupConcurrency => StatusCode::SERVICE_UNAVAILABLE,
+            RejectReason::Rate | RejectReason::ClientConcurrency => StatusCode::TOO_MANY_REQUESTS,
         }
     }
 }
 
-/// Why a request was refused.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum RejectReason {
-    /// The bucket is empty.
-    Rate,
-}
-
-/// Which bucket or cap refused a request.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Scope {
-    /// The client's own row.
-    Client,
-}
-
-impl Scope {
-    /// `"client"`, as in the 429 body.
-    pub fn as_str(self) -> &'static str {
-        "client"
+impl core::fmt::Display for RejectReason {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.write_str(self.outcome().as_str())
     }
 }
 
-/// A refusal, with what the client is told.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// Whose budget a decision was made on: the `scope` of the 429/503 body (DESIGN.md, "Limits").
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Scope {
+    /// The client's own table row.
+    Client,
+    /// The group's shared row (the client was not in the table and could not get an entry).
+    Shared,
+    /// The whole group (its in-flight cap).
+    Group,
+}
+
+impl Scope {
+    /// `client`, `shared` or `group`.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Scope::Client => "client",
+            Scope::Shared => "shared",
+            Scope::Group => "group",
+        }
+    }
+}
+
+impl core::fmt::Display for Scope {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A rejected request (enforcing mode only): what door answers instead of calling the upstream.
+/// A rejection spends and holds nothing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("{reason} ({scope}), retry after {retry_after_s} s")]
 pub struct Rejection {
-    /// Why.
+    /// Which check failed.
     pub reason: RejectReason,
-    /// Which bucket.
+    /// Whose budget: `Client` or `Shared` for 429s, `Group` for 503s.
     pub scope: Scope,
-    /// Seconds until a retry succeeds, rounded up, at least 1.
+    /// The `Retry-After` value in whole seconds, ≥ 1. For [`RejectReason::Rate`] it is exact: the
+    /// wait until the row holds `1 + held` tokens, rounded up, so a retry after that long is
+    /// admitted if nothing else happened. For the caps it is [`CAP_RETRY_AFTER_S`].
     pub retry_after_s: u64,
-    /// 429.
+    /// 429 (rate, client cap) or 503 (group cap).
     pub status: StatusCode,
 }
 
-/// An admitted request.
-#[derive(Debug)]
-pub struct Permit;
-
-impl Permit {
-    /// Reports the upstream's status.
-    pub fn settle(self, _status: StatusCode) {}
+impl Rejection {
+    fn cap(reason: RejectReason, scope: Scope) -> Self {
+        Self {
+            reason,
+            scope,
+            retry_after_s: CAP_RETRY_AFTER_S,
+            status: reason.status(),
+        }
+    }
 }
 
-/// A group's limiter.
+/// One token bucket with its in-flight and held counts: a table entry or the shared row.
+/// 16 bytes.
+#[derive(Debug, Clone, Copy)]
+struct Row {
+    /// Clock ns at which the bucket is (or was) full.
+    full_at: u64,
+    /// Tokens held by unsettled requests (charge on failure only; 0 under `Charge::Always`).
+    held: u32,
+    /// Requests admitted on this row and not yet settled.
+    inflight: u32,
+}
+
+impl Row {
+    const fn full(now: u64) -> Self {
+        Self {
+            full_at: now,
+            held: 0,
+            inflight: 0,
+        }
+    }
+}
+
+/// The bucket parameters in integer form.
+#[derive(Debug, Clone, Copy)]
+struct Bucket {
+    /// Emission interval, ns per token.
+    interval: u64,
+    burst: u32,
+}
+
+impl Bucket {
+    fn deficit(row: &Row, now: u64) -> u64 {
+        row.full_at.saturating_sub(now)
+    }
+
+    /// `(burst - n) · T` ns, saturating; `None` if `n > burst`.
+    fn slack(self, n: u64) -> Option<u64> {
+        u64::from(self.burst)
+            .checked_sub(n)
+            .map(|k| k.saturating_mul(self.interval))
+    }
+
+    /// Whether `n` tokens are available at `now`.
+    fn has(self, row: &Row, n: u64, now: u64) -> bool {
+        self.slack(n)
+            .is_some_and(|slack| Self::deficit(row, now) <= slack)
+    }
+
+    /// Nanoseconds until `n` tokens are available (0 if they are); `u64::MAX` if never.
+    fn wait_ns(self, row: &Row, n: u64, now: u64) -> u64 {
+        self.slack(n).map_or(u64::MAX, |slack| {
+            Self::deficit(row, now).saturating_sub(slack)
+        })
+    }
+
+    fn is_full(row: &Row, now: u64) -> bool {
+        row.full_at <= now
+    }
+
+    fn spend(self, row: &mut Row, now: u64) {
+        row.full_at = row.full_at.max(now).saturating_add(self.interval);
+    }
+}
+
+/// Which row a permit holds its slot on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum RowId {
+    Key(PrefixKey),
+    Shared,
+}
+
+impl RowId {
+    const fn scope(self) -> Scope {
+        match self {
+            RowId::Key(_) => Scope::Client,
+            RowId::Shared => Scope::Shared,
+        }
+    }
+}
+
+/// Everything the group's mutex guards.
+#[derive(Debug)]
+struct State {
+    table: LruCache<PrefixKey, Row>,
+    shared: Row,
+    /// Requests holding a slot in the whole group.
+    inflight: u32,
+}
+
+/// Table changes made by one admission, reported to metrics after the lock is released.
+#[derive(Debug, Default, Clone, Copy)]
+struct TableChange {
+    inserted: bool,
+    evicted: bool,
+}
+
+/// The limiter of one route group (seed, L1 `doorLimits` per group; DESIGN.md, "Limits").
+///
+/// `Send + Sync`; share it as `Arc<GroupLimiter>`. One `std::sync::Mutex` guards the table, the
+/// shared row and the group's in-flight count; it is held only inside [`GroupLimiter::admit`],
+/// [`Permit::settle`] / `Drop` and the accessors, never across an await.
 #[derive(Debug)]
 pub struct GroupLimiter {
     group: String,
     budget: Budget,
+    bucket: Bucket,
+    enforce: bool,
     clock: Arc<dyn Clock>,
-    interval_ns: u64,
-    tat: Mutex<HashMap<PrefixKey, u64>>,
+    metrics: GroupMetrics,
+    state: Mutex<State>,
 }
 
 impl GroupLimiter {
-    /// A limiter for `group` with `budget`, reading time from `clock`.
-    pub fn new(group: &str, budget: Budget, clock: Arc<dyn Clock>) -> Self {
-        #[expect(
-            clippy::cast_possible_truncation,
-            clippy::cast_sign_loss,
-            clippy::cast_precision_loss,
-            reason = "rate is validated positive; the interval fits u64 for any rate above 1e-10/s"
-        )]
-        let interval_ns = (NANOS_PER_SEC as f64 / budget.rate).ceil() as u64;
+    /// A limiter for group `group` with `budget` (check it with [`Budget::validate`] first; an
+    /// invalid budget is clamped: zero counts act as 1, the rate as in [`Budget::interval_ns`]).
+    /// `enforce = false` is shadow mode (`disable_anon_route_limits`): every request is admitted
+    /// and would-be rejections are counted as `would_*`. Time comes only from `clock`.
+    pub fn new(
+        group: &str,
+        budget: Budget,
+        enforce: bool,
+        clock: Arc<dyn Clock>,
+        metrics: Metrics,
+    ) -> Self {
+        let budget = Budget {
+            burst: budget.burst.max(1),
+            per_client: budget.per_client.max(1),
+            inflight: budget.inflight.max(1),
+            max_clients: budget.max_clients.max(1),
+            ..budget
+        };
+        let cap = NonZeroUsize::new(budget.max_clients).unwrap_or(NonZeroUsize::MIN);
+        let now = clock.now_ns();
         Self {
             group: group.to_owned(),
+            bucket: Bucket {
+                interval: budget.interval_ns(),
+                burst: budget.burst,
+            },
             budget,
+            enforce,
             clock,
-            interval_ns,
-            tat: Mutex::new(HashMap::new()),
+            metrics: metrics.for_group(group),
+            state: Mutex::new(State {
+                table: LruCache::new(cap),
+                shared: Row::full(now),
+                inflight: 0,
+            }),
         }
     }
 
-    /// The group's name.
+    /// The group's name (`door.group`).
     pub fn group(&self) -> &str {
         &self.group
     }
 
-    /// The group's budget.
+    /// The budget in force (after clamping, see [`GroupLimiter::new`]).
     pub fn budget(&self) -> &Budget {
         &self.budget
     }
 
-    /// Number of client keys with state.
-    pub fn tracked_clients(&self) -> usize {
-        self.tat
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .len()
+    /// `false` in shadow mode.
+    pub fn enforcing(&self) -> bool {
+        self.enforce
     }
 
-    /// Admits or refuses a request from `key` (GCRA: a theoretical arrival time per key).
+    /// Entries in the client table (for `/status` and `door.clients`); at most `max_clients`.
+    pub fn tracked_clients(&self) -> usize {
+        self.lock().table.len()
+    }
+
+    /// Requests holding a slot in the group (≤ `inflight` when enforcing).
+    pub fn inflight(&self) -> u32 {
+        self.lock().inflight
+    }
+
+    /// Requests of this group counted per `door.requests` outcome since start (see
+    /// [`GroupMetrics::totals`]).
+    pub fn outcome_totals(&self) -> Vec<(Outcome, u64)> {
+        self.metrics.totals()
+    }
+
+    /// Whether `key` has a table entry, without refreshing it.
+    pub fn is_tracked(&self, key: &PrefixKey) -> bool {
+        self.lock().table.contains(key)
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        // Nothing panics while the lock is held, but a poisoned lock must not take the door down.
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Admits a request from client `key`, or rejects it (seed, L1 `admit`; DESIGN.md, "Limits").
+    ///
+    /// Under the group's lock: the group cap (503, scope `group`), then the per-client cap of the
+    /// client's row (429, scope `client` or `shared`), then its bucket (429): under
+    /// [`Charge::Always`] a token is spent now; under [`Charge::OnFailure`] admission needs
+    /// `1 + held` tokens and the request holds one until it settles.
+    ///
+    /// A client not in the table gets a new, full entry if the table has room; otherwise the
+    /// [`EVICT_PROBE`] oldest entries are probed, each ineligible one is refreshed, and the first
+    /// that is full and idle is replaced by a new, full entry; if none is, the request is decided
+    /// on the shared row.
     ///
     /// # Errors
-    /// A [`Rejection`] when the key's bucket is empty.
+    ///
+    /// A [`Rejection`] when enforcing and a check fails; it spends and holds nothing. In shadow
+    /// mode this never fails: the permit says what would have happened
+    /// ([`Permit::shadow_rejection`]) and holds nothing either.
     pub fn admit(self: &Arc<Self>, key: PrefixKey) -> Result<Permit, Rejection> {
-        let now = self.clock.now_ns();
-        let tolerance = self.interval_ns * u64::from(self.budget.burst);
-        let mut table = self.tat.lock().unwrap_or_else(PoisonError::into_inner);
-        let tat = table.entry(key).or_insert(0);
-        let start = (*tat).max(now);
-        let next = start + self.interval_ns;
-        if next > now + tolerance {
-            let wait = next - (now + tolerance);
+        let (decision, change) = {
+            let mut state = self.lock();
+            let now = self.clock.now_ns();
+            self.decide(&mut state, key, now)
+        };
+        if change.inserted {
+            self.metrics.clients_add(1);
+        }
+        if change.evicted {
+            self.metrics.evicted();
+        }
+        match decision {
+            Ok(row) => {
+                self.metrics.inflight_add(1);
+                Ok(Permit {
+                    limiter: Arc::clone(self),
+                    slot: Some(row),
+                    scope: row.scope(),
+                    shadow: None,
+                })
+            }
+            Err(rejection) if self.enforce => {
+                self.metrics.record(rejection.reason.outcome());
+                Err(rejection)
+            }
+            Err(rejection) => {
+                self.metrics.record(rejection.reason.shadow_outcome());
+                Ok(Permit {
+                    limiter: Arc::clone(self),
+                    slot: None,
+                    scope: rejection.scope,
+                    shadow: Some(rejection.reason),
+                })
+            }
+        }
+    }
+
+    /// The decision, identical in both modes; on admission the slot (and token) is taken.
+    fn decide(
+        &self,
+        state: &mut State,
+        key: PrefixKey,
+        now: u64,
+    ) -> (Result<RowId, Rejection>, TableChange) {
+        let mut change = TableChange::default();
+        if state.inflight >= self.budget.inflight {
+            return (
+                Err(Rejection::cap(RejectReason::GroupConcurrency, Scope::Group)),
+                change,
+            );
+        }
+        // Hit: one lookup (which also refreshes the entry).
+        if let Some(row) = state.table.get_mut(&key) {
+            let decision = self.take(row, RowId::Key(key), &mut state.inflight, now);
+            return (decision, change);
+        }
+        let id = Self::find_row(&mut state.table, key, now, &mut change);
+        let row = match id {
+            RowId::Key(k) => state.table.peek_mut(&k),
+            RowId::Shared => Some(&mut state.shared),
+        };
+        let Some(row) = row else {
+            // find_row only names keys it just inserted; unreachable, and harmless: the request
+            // is refused rather than admitted without accounting.
+            return (
+                Err(Rejection::cap(RejectReason::ClientConcurrency, id.scope())),
+                change,
+            );
+        };
+        (self.take(row, id, &mut state.inflight, now), change)
+    }
+
+    /// The per-client cap and the bucket on `row`; on admission takes the slot (and the token,
+    /// or holds one under charge on failure).
+    fn take(
+        &self,
+        row: &mut Row,
+        id: RowId,
+        group_inflight: &mut u32,
+        now: u64,
+    ) -> Result<RowId, Rejection> {
+        if row.inflight >= self.budget.per_client {
+            return Err(Rejection::cap(RejectReason::ClientConcurrency, id.scope()));
+        }
+        let need = 1 + u64::from(row.held);
+        if !self.bucket.has(row, need, now) {
+            let wait = self.bucket.wait_ns(row, need, now);
             return Err(Rejection {
                 reason: RejectReason::Rate,
-                scope: Scope::Client,
-                retry_after_s: wait.div_ceil(NANOS_PER_SEC).max(1),
+                scope: id.scope(),
+                retry_after_s: wait.div_ceil(NS_PER_S).max(1),
                 status: StatusCode::TOO_MANY_REQUESTS,
             });
         }
-        *tat = next;
-        Ok(Permit)
+        match self.budget.charge {
+            Charge::Always => self.bucket.spend(row, now),
+            Charge::OnFailure => row.held += 1,
+        }
+        row.inflight += 1;
+        *group_inflight += 1;
+        Ok(id)
+    }
+
+    /// The row deciding the request of `key`, which is not in the table (seed, "Memory").
+    fn find_row(
+        table: &mut LruCache<PrefixKey, Row>,
+        key: PrefixKey,
+        now: u64,
+        change: &mut TableChange,
+    ) -> RowId {
+        if table.len() < table.cap().get() {
+            table.put(key, Row::full(now));
+            change.inserted = true;
+            return RowId::Key(key);
+        }
+        let mut oldest = [PrefixKey::default(); EVICT_PROBE];
+        let mut probed = 0;
+        for (slot, (k, _)) in oldest.iter_mut().zip(table.iter().rev()) {
+            *slot = *k;
+            probed += 1;
+        }
+        for k in oldest.iter().take(probed) {
+            let eligible = table
+                .peek(k)
+                .is_some_and(|row| row.inflight == 0 && Bucket::is_full(row, now));
+            if eligible {
+                // Make it the least recently used, so that push replaces it in place.
+                table.demote(k);
+                table.push(key, Row::full(now));
+                change.evicted = true;
+                return RowId::Key(key);
+            }
+            table.promote(k);
+        }
+        RowId::Shared
+    }
+
+    /// Frees a slot taken by [`GroupLimiter::decide`]; spends the held token on a 4xx.
+    fn release(&self, id: RowId, status: Option<StatusCode>) {
+        {
+            let mut state = self.lock();
+            let state = &mut *state;
+            let row = match id {
+                RowId::Key(k) => state.table.peek_mut(&k),
+                RowId::Shared => Some(&mut state.shared),
+            };
+            if let Some(row) = row {
+                row.inflight = row.inflight.saturating_sub(1);
+                if self.budget.charge == Charge::OnFailure {
+                    row.held = row.held.saturating_sub(1);
+                    if status.is_some_and(|s| s.is_client_error()) {
+                        // The clock is read only when a token is spent.
+                        self.bucket.spend(row, self.clock.now_ns());
+                    }
+                }
+            }
+            state.inflight = state.inflight.saturating_sub(1);
+        }
+        self.metrics.inflight_add(-1);
+        self.metrics
+            .record(status.map_or(Outcome::ServerError, Outcome::from_status));
+    }
+}
+
+/// An admitted request's slot (seed, L1 "settle, deferred"; DESIGN.md, "Settle always runs").
+///
+/// Call [`Permit::settle`] with the upstream's status when it answers. Dropping a permit without
+/// settling it (upstream error, client gone, panic, cancelled future) frees the slot, releases
+/// the held token without spending it, and counts the request as `server_error` (the upstream
+/// gave no answer door could pass on).
+///
+/// A shadow-mode permit for a request enforcement would have rejected
+/// ([`Permit::shadow_rejection`] is `Some`) holds no slot and no token, so that later decisions
+/// stay exactly those enforcement would have made; the request was counted once, as its
+/// `would_*` outcome, at admission, and settling or dropping it records nothing more.
+#[derive(Debug)]
+#[must_use = "dropping a permit at once ends the request as server_error"]
+pub struct Permit {
+    limiter: Arc<GroupLimiter>,
+    slot: Option<RowId>,
+    scope: Scope,
+    shadow: Option<RejectReason>,
+}
+
+impl Permit {
+    /// Ends the request with the upstream's `status`: frees the slot, and under
+    /// [`Charge::OnFailure`] spends the held token if `status` is 4xx. Counts `ok` (1xx–3xx),
+    /// `client_error` (4xx) or `server_error` (5xx and above).
+    pub fn settle(mut self, status: StatusCode) {
+        if let Some(id) = self.slot.take() {
+            self.limiter.release(id, Some(status));
+        }
+    }
+
+    /// In shadow mode, the rejection enforcement would have made; `None` when enforcing or when
+    /// the request would have been admitted.
+    pub fn shadow_rejection(&self) -> Option<RejectReason> {
+        self.shadow
+    }
+
+    /// The row the request was decided on: `Client` (its own table entry) or `Shared`; for a
+    /// shadow rejection, the rejection's scope (which may be `Group`).
+    pub fn scope(&self) -> Scope {
+        self.scope
+    }
+
+    /// The group's limiter.
+    pub fn limiter(&self) -> &Arc<GroupLimiter> {
+        &self.limiter
+    }
+}
+
+impl Drop for Permit {
+    fn drop(&mut self) {
+        if let Some(id) = self.slot.take() {
+            self.limiter.release(id, None);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::{collections::HashMap, time::Duration};
+
+    use proptest::prelude::*;
+
+    use super::*;
+    use crate::clock::ManualClock;
+
+    fn key(i: u32) -> PrefixKey {
+        PrefixKey::from_ipv4(i.to_be_bytes())
+    }
+
+    impl GroupLimiter {
+        /// Checks every invariant of the state; returns a description of the first violation.
+        fn check_invariants(&self) -> Result<(), String> {
+            let state = self.lock();
+            let now = self.clock.now_ns();
+            let b = self.budget;
+            if state.table.len() > b.max_clients {
+                return Err(format!(
+                    "table {} > max {}",
+                    state.table.len(),
+                    b.max_clients
+                ));
+            }
+            if self.enforce && state.inflight > b.inflight {
+                return Err(format!("group inflight {} > cap", state.inflight));
+            }
+            let mut sum = 0u32;
+            let rows = state
+                .table
+                .iter()
+                .map(|(k, r)| (Some(*k), r))
+                .chain(core::iter::once((None, &state.shared)));
+            for (k, row) in rows {
+                sum += row.inflight;
+                if self.enforce && row.inflight > b.per_client {
+                    return Err(format!("{k:?} inflight {} > per_client", row.inflight));
+                }
+                let expect_held = match b.charge {
+                    Charge::Always => 0,
+                    Charge::OnFailure => row.inflight,
+                };
+                if row.held != expect_held {
+                    return Err(format!("{k:?} held {} != {expect_held}", row.held));
+                }
+                let debt = Bucket::deficit(row, now) + u64::from(row.held) * self.bucket.interval;
+                if debt > u64::from(b.burst) * self.bucket.interval {
+                    return Err(format!("{k:?} owes more than its burst: {debt} ns"));
+                }
+            }
+            if sum != state.inflight {
+                return Err(format!("rows hold {sum}, group counts {}", state.inflight));
+            }
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn interval_rounds_up() {
+        let b = |rate| {
+            Budget {
+                rate,
+                ..Budget::link()
+            }
+            .interval_ns()
+        };
+        assert_eq!(b(1.0), 1_000_000_000);
+        assert_eq!(b(3.0), 333_333_334);
+        assert_eq!(b(50.0), 20_000_000);
+        assert_eq!(b(1e9), 1);
+        assert_eq!(b(f64::NAN), 86_400_000_000_000);
+    }
+
+    #[test]
+    fn retry_after_is_rounded_up_not_down() {
+        // 0.4 tokens/s: one token every 2.5 s. After the burst, Retry-After is 3 (2.5 rounded
+        // up); 2 s is not enough, 2.5 s is.
+        let clock = Arc::new(ManualClock::at(0));
+        let budget = Budget {
+            rate: 0.4,
+            burst: 1,
+            per_client: 1,
+            inflight: 1,
+            max_clients: 4,
+            charge: Charge::Always,
+        };
+        let lim = Arc::new(GroupLimiter::new(
+            "t",
+            budget,
+            true,
+            clock.clone(),
+            Metrics::noop(),
+        ));
+        lim.admit(key(1)).unwrap().settle(StatusCode::OK);
+        let r = lim.admit(key(1)).unwrap_err();
+        assert_eq!(r.retry_after_s, 3);
+        clock.advance(Duration::from_secs(2));
+        assert_eq!(lim.admit(key(1)).unwrap_err().retry_after_s, 1);
+        clock.advance(Duration::from_millis(499));
+        assert_eq!(lim.admit(key(1)).unwrap_err().retry_after_s, 1);
+        clock.advance(Duration::from_millis(1));
+        lim.admit(key(1)).unwrap().settle(StatusCode::OK);
+    }
+
+    #[derive(Debug, Clone)]
+    enum Op {
+        Admit(u32),
+        Settle(usize, u16),
+        Drop(usize),
+        Advance(u64),
+    }
+
+    fn op() -> impl Strategy<Value = Op> {
+        prop_oneof![
+            4 => (0u32..6).prop_map(Op::Admit),
+            2 => (any::<usize>(), prop_oneof![Just(200u16), Just(404), Just(500)])
+                .prop_map(|(i, s)| Op::Settle(i, s)),
+            1 => any::<usize>().prop_map(Op::Drop),
+            2 => (0u64..3_000_000_000).prop_map(Op::Advance),
+        ]
+    }
+
+    fn budget() -> impl Strategy<Value = Budget> {
+        (
+            prop_oneof![Just(0.3), Just(1.0), Just(3.0), Just(7.5), Just(50.0)],
+            1u32..6,
+            1u32..4,
+            0u32..4,
+            1usize..8,
+            any::<bool>(),
+        )
+            .prop_map(
+                |(rate, burst, per_client, extra, max_clients, on_failure)| {
+                    let charge = if on_failure {
+                        Charge::OnFailure
+                    } else {
+                        Charge::Always
+                    };
+                    let per_client = if on_failure {
+                        per_client.min(burst)
+                    } else {
+                        per_client
+                    };
+                    Budget {
+                        rate,
+                        burst,
+                        per_client,
+                        inflight: per_client + extra,
+                        max_clients,
+                        charge,
+                    }
+                },
+            )
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 512, ..ProptestConfig::default() })]
+
+        /// Random request/settle/clock sequences keep every invariant; Retry-After is exact; a
+        /// client alone in its row never gets more than burst + rate × elapsed tokens; everything
+        /// returns to zero when all permits are gone.
+        #[test]
+        fn limiter_invariants(
+            budget in budget(),
+            enforce in prop::bool::weighted(0.8),
+            ops in prop::collection::vec(op(), 1..120),
+        ) {
+            prop_assert!(budget.validate("p").is_ok());
+            let clock = Arc::new(ManualClock::at(1_000));
+            let lim = Arc::new(GroupLimiter::new("p", budget, enforce, clock.clone(), Metrics::noop()));
+            let mut permits: Vec<(u32, Permit)> = Vec::new();
+            // Per key: first-seen time and tokens spent while on its own row.
+            let mut first: HashMap<u32, u64> = HashMap::new();
+            let mut spent: HashMap<u32, u64> = HashMap::new();
+            // Keys that ever used the shared row or lost their entry are excluded from the bound.
+            let own_rows_only = budget.max_clients >= 6;
+            for op in ops {
+                match op {
+                    Op::Admit(k) => {
+                        first.entry(k).or_insert_with(|| clock.now_ns());
+                        match lim.admit(key(k)) {
+                            Ok(p) => {
+                                if enforce {
+                                    prop_assert!(p.shadow_rejection().is_none());
+                                }
+                                if p.shadow_rejection().is_none() && budget.charge == Charge::Always {
+                                    *spent.entry(k).or_default() += 1;
+                                }
+                                permits.push((k, p));
+                            }
+                            Err(r) => {
+                                prop_assert!(enforce);
+                                prop_assert!(r.retry_after_s >= 1);
+                                if r.reason == RejectReason::Rate {
+                                    // Waiting Retry-After out readmits, nothing else happening.
+                                    clock.advance(Duration::from_secs(r.retry_after_s));
+                                    let p = lim.admit(key(k));
+                                    prop_assert!(p.is_ok(), "retry after {} s: {:?}", r.retry_after_s, p.err());
+                                    if let Ok(p) = p {
+                                        if budget.charge == Charge::Always {
+                                            *spent.entry(k).or_default() += 1;
+                                        }
+                                        permits.push((k, p));
+                                    }
+                                } else {
+                                    prop_assert_eq!(r.retry_after_s, CAP_RETRY_AFTER_S);
+                                }
+                            }
+                        }
+                    }
+                    Op::Settle(i, status) => {
+                        if !permits.is_empty() {
+                            let (k, p) = permits.swap_remove(i % permits.len());
+                            let counts = p.shadow_rejection().is_none();
+                            p.settle(StatusCode::from_u16(status).unwrap());
+                            if counts && budget.charge == Charge::OnFailure && status == 404 {
+                                *spent.entry(k).or_default() += 1;
+                            }
+                        }
+                    }
+                    Op::Drop(i) => {
+                        if !permits.is_empty() {
+                            drop(permits.swap_remove(i % permits.len()));
+                        }
+                    }
+                    Op::Advance(ns) => clock.advance(Duration::from_nanos(ns)),
+                }
+                if let Err(e) = lim.check_invariants() {
+                    prop_assert!(false, "{}", e);
+                }
+                prop_assert!(lim.tracked_clients() <= budget.max_clients);
+                if own_rows_only {
+                    let interval = budget.interval_ns();
+                    for (k, n) in &spent {
+                        let elapsed = clock.now_ns() - first[k];
+                        let bound = u64::from(budget.burst) + elapsed / interval;
+                        prop_assert!(*n <= bound, "key {} spent {} > {}", k, n, bound);
+                        // And the real-valued bound burst + rate × elapsed.
+                        #[expect(clippy::cast_precision_loss, reason = "test magnitudes are small")]
+                        let real = f64::from(budget.burst) + budget.rate * (elapsed as f64) / 1e9;
+                        #[expect(clippy::cast_precision_loss, reason = "test magnitudes are small")]
+                        let n_f = *n as f64;
+                        prop_assert!(n_f <= real + 1e-9);
+                    }
+                }
+            }
+            permits.clear();
+            prop_assert_eq!(lim.inflight(), 0);
+            if let Err(e) = lim.check_invariants() {
+                prop_assert!(false, "{}", e);
+            }
+            let state = lim.lock();
+            prop_assert!(state.table.iter().all(|(_, r)| r.inflight == 0 && r.held == 0));
+            prop_assert_eq!(state.shared.inflight, 0);
+            prop_assert_eq!(state.shared.held, 0);
+        }
     }
 }

@@ -21,6 +21,18 @@ struct Cli {
 enum Command {
     /// Validate the configuration and print the effective settings.
     CheckConfig,
+    /// Print the client key a request would get, and which rule chose it (for debugging proxies).
+    Key {
+        /// The TCP peer's address (the proxy's, behind one).
+        #[arg(long)]
+        peer: std::net::IpAddr,
+        /// An X-Forwarded-For header line, as received (repeatable, in wire order).
+        #[arg(long = "xff")]
+        xff: Vec<String>,
+        /// A Forwarded (RFC 7239) header line, as received (repeatable, in wire order).
+        #[arg(long = "forwarded")]
+        forwarded: Vec<String>,
+    },
 }
 
 /// Settings: flag, then environment variable, then configuration file, then default.
@@ -46,6 +58,9 @@ struct Settings {
         global = true
     )]
     trusted_proxies: Vec<String>,
+    /// Authoritative header when a trusted proxy sends both: x-forwarded-for or forwarded.
+    #[arg(long, env = "DOOR_FORWARDED_HEADER", global = true)]
+    forwarded_header: Option<String>,
     /// Shadow mode: admit everything, count what would have been refused.
     #[arg(long, env = "DOOR_DISABLE_ANON_ROUTE_LIMITS", global = true, num_args = 0..=1, default_missing_value = "true")]
     disable_anon_route_limits: Option<bool>,
@@ -65,6 +80,7 @@ impl Settings {
             upstream: self.upstream.clone(),
             admin_listen: self.admin_listen.clone(),
             trusted_proxies: non_empty(&self.trusted_proxies),
+            forwarded_header: self.forwarded_header.clone(),
             disable_anon_route_limits: self.disable_anon_route_limits,
             xdp_interface: self.xdp_interface.clone(),
             xdp_mode: self.xdp_mode.clone(),
@@ -93,10 +109,39 @@ fn main() -> ExitCode {
 fn run(cli: &Cli) -> anyhow::Result<()> {
     let config = Config::load(cli.settings.config.as_deref(), &cli.settings.overrides())
         .context("invalid configuration")?;
-    match cli.command {
+    match &cli.command {
         Some(Command::CheckConfig) => {
             println!("{config:#?}");
             println!("configuration OK");
+            Ok(())
+        }
+        Some(Command::Key {
+            peer,
+            xff,
+            forwarded,
+        }) => {
+            let mut headers = http::HeaderMap::new();
+            for (name, lines) in [("x-forwarded-for", xff), ("forwarded", forwarded)] {
+                for line in lines {
+                    let value = http::HeaderValue::from_str(line).with_context(|| {
+                        format!("--{name} {line:?} is not a valid header value")
+                    })?;
+                    headers.append(name, value);
+                }
+            }
+            let d = door_daemon::key::client_key(
+                *peer,
+                &headers,
+                &config.trusted_proxies,
+                config.forwarded_header,
+            );
+            println!("{}", d.key);
+            println!("{d}");
+            if d.ignored_untrusted_xff {
+                println!(
+                    "note: the peer is a local or private address that is not in trusted_proxies; its forwarding headers were ignored"
+                );
+            }
             Ok(())
         }
         None => {

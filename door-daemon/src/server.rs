@@ -5,9 +5,12 @@
 use std::{
     collections::HashMap,
     convert::Infallible,
-    net::{IpAddr, SocketAddr},
+    net::SocketAddr,
     pin::Pin,
-    sync::{Arc, Mutex},
+    sync::{
+        Arc, Mutex,
+        atomic::{AtomicBool, Ordering},
+    },
     task::{Context, Poll},
     time::Duration,
 };
@@ -21,17 +24,19 @@ use hyper_util::{
     rt::{TokioExecutor, TokioIo},
     server::conn::auto,
 };
-use ipnet::IpNet;
 use thiserror::Error;
 use tokio::{net::TcpListener, task::JoinSet};
 
 use crate::{
     clock::{Clock, MonotonicClock},
     config::{Config, XdpMode},
+    escalate::{Blocklist, Escalator, KeySource},
+    key::{self, ForwardedSource, TrustedProxies},
     limit::{GroupLimiter, Permit, Rejection},
+    metrics::Metrics,
     proxy::{Origin, Proxy, prepare},
     route::Router,
-    status::{OutcomeCounts, StatusSource},
+    status::StatusSource,
     xdp::{Shield, ShieldError},
 };
 
@@ -68,21 +73,31 @@ pub struct App {
     router: Router,
     limiters: HashMap<String, Arc<GroupLimiter>>,
     proxy: Proxy,
-    trusted: Vec<IpNet>,
-    outcomes: Arc<OutcomeCounts>,
+    trusted: TrustedProxies,
+    forwarded_header: ForwardedSource,
+    metrics: Metrics,
+    warned_untrusted_xff: AtomicBool,
+    escalator: Option<Escalator>,
 }
 
 impl App {
-    /// Builds the request path from a validated configuration, reading time from `clock`.
-    pub fn new(config: &Config, clock: &Arc<dyn Clock>) -> Self {
+    /// Builds the request path from a validated configuration, reading time from `clock` and
+    /// recording into `metrics`; `blocklist` receives escalated keys when `[xdp] escalate_after`
+    /// is set.
+    pub fn new(
+        config: &Config,
+        clock: &Arc<dyn Clock>,
+        metrics: &Metrics,
+        blocklist: Option<Arc<dyn Blocklist>>,
+    ) -> Self {
+        let enforce = !config.disable_anon_route_limits;
         let limiters = config
             .groups
             .iter()
             .map(|(name, g)| {
-                (
-                    name.clone(),
-                    Arc::new(GroupLimiter::new(name, g.budget.clone(), Arc::clone(clock))),
-                )
+                let limiter =
+                    GroupLimiter::new(name, g.budget, enforce, Arc::clone(clock), metrics.clone());
+                (name.clone(), Arc::new(limiter))
             })
             .collect();
         Self {
@@ -90,7 +105,20 @@ impl App {
             limiters,
             proxy: Proxy::new(config.upstream.clone()),
             trusted: config.trusted_proxies.clone(),
-            outcomes: Arc::new(OutcomeCounts::default()),
+            forwarded_header: config.forwarded_header,
+            metrics: metrics.clone(),
+            warned_untrusted_xff: AtomicBool::new(false),
+            escalator: blocklist
+                .filter(|_| config.xdp.escalate_after > 0)
+                .map(|b| {
+                    Escalator::new(
+                        config.xdp.escalate_after,
+                        config.xdp.escalate_window,
+                        config.xdp.block_for,
+                        Arc::clone(clock),
+                        b,
+                    )
+                }),
         }
     }
 
@@ -101,42 +129,47 @@ impl App {
         v
     }
 
-    /// The outcome counts `/status` shows.
-    pub fn outcomes(&self) -> Arc<OutcomeCounts> {
-        Arc::clone(&self.outcomes)
-    }
-
-    fn is_trusted(&self, ip: IpAddr) -> bool {
-        self.trusted.iter().any(|n| n.contains(&ip))
-    }
-
     /// Handles one request from `peer`.
     pub async fn handle(
         self: Arc<Self>,
         peer: SocketAddr,
         req: Request<Incoming>,
     ) -> Response<ResponseBody> {
-        let peer_ip = canonical(peer.ip());
+        let peer_ip = key::canonical(peer.ip());
         let origin = Origin {
             peer: peer_ip,
-            peer_trusted: self.is_trusted(peer_ip),
+            peer_trusted: self.trusted.contains(peer_ip),
             tls: false,
         };
-        let group = self
-            .router
-            .group_for(req.method(), req.uri().path())
-            .map(str::to_owned);
-        let Some(limiter) = group.as_deref().and_then(|g| self.limiters.get(g)) else {
+        let group = self.router.group_for(req.method(), req.uri().path());
+        let Some(limiter) = group.and_then(|g| self.limiters.get(g)).cloned() else {
             return self.forward(req, origin, None).await;
         };
-        let key = door_common::PrefixKey::from_ip(peer_ip);
-        match limiter.admit(key) {
-            Ok(permit) => {
-                self.forward(req, origin, Some((limiter.group(), permit)))
-                    .await
+        let decision =
+            key::client_key(peer_ip, req.headers(), &self.trusted, self.forwarded_header);
+        if decision.ignored_untrusted_xff {
+            self.metrics.untrusted_xff();
+            if !self.warned_untrusted_xff.swap(true, Ordering::Relaxed) {
+                tracing::warn!(
+                    %peer_ip,
+                    "ignoring X-Forwarded-For/Forwarded from an untrusted local peer: if it is a \
+                     proxy, add it to trusted_proxies (counted in door.untrusted_xff; warned once)"
+                );
             }
+        }
+        match limiter.admit(decision.key) {
+            Ok(permit) => self.forward(req, origin, Some(permit)).await,
             Err(rejection) => {
-                self.outcomes.record(limiter.group(), "rate_limited");
+                if rejection.status == StatusCode::TOO_MANY_REQUESTS
+                    && let Some(e) = &self.escalator
+                {
+                    let source = if decision.is_untrusted_peer() {
+                        KeySource::Peer
+                    } else {
+                        KeySource::ThroughProxy
+                    };
+                    e.on_rejection(decision.key, source);
+                }
                 rejected(limiter.group(), &rejection)
             }
         }
@@ -146,24 +179,22 @@ impl App {
         &self,
         req: Request<Incoming>,
         origin: Origin,
-        limited: Option<(&str, Permit)>,
+        permit: Option<Permit>,
     ) -> Response<ResponseBody> {
         let req = prepare(req, self.proxy.upstream(), origin);
         match self.proxy.forward(req).await {
             Ok(res) => {
                 let status = res.status();
-                let Some((group, permit)) = limited else {
-                    return res.map(BodyExt::boxed);
-                };
-                self.outcomes.record(group, outcome_of(status));
-                res.map(|body| Settling::new(body, permit, status).boxed())
+                match permit {
+                    Some(permit) => res.map(|body| Settling::new(body, permit, status).boxed()),
+                    None => res.map(BodyExt::boxed),
+                }
             }
             Err(e) => {
                 tracing::warn!(error = %e, refused = e.is_connect(), "upstream request failed");
-                // The permit (if any) is dropped here unsettled: its slot is freed.
-                if let Some((group, _permit)) = limited {
-                    self.outcomes.record(group, "server_error");
-                }
+                // The permit (if any) is dropped here unsettled: its slot is freed, nothing is
+                // spent, and it counts as server_error.
+                drop(permit);
                 json_response(
                     StatusCode::BAD_GATEWAY,
                     &serde_json::json!({
@@ -173,25 +204,6 @@ impl App {
                 )
             }
         }
-    }
-}
-
-/// `ok` for 1xx-3xx, `client_error` for 4xx, `server_error` for 5xx.
-fn outcome_of(status: StatusCode) -> &'static str {
-    if status.is_client_error() {
-        "client_error"
-    } else if status.is_server_error() {
-        "server_error"
-    } else {
-        "ok"
-    }
-}
-
-/// IPv4-mapped IPv6 peers (`::ffff:a.b.c.d`, as a dual-stack socket reports them) as IPv4.
-fn canonical(ip: IpAddr) -> IpAddr {
-    match ip {
-        IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(ip, IpAddr::V4),
-        IpAddr::V4(_) => ip,
     }
 }
 
@@ -351,7 +363,13 @@ pub async fn run(config: Config) -> Result<(), ServeError> {
     };
 
     let clock: Arc<dyn Clock> = Arc::new(MonotonicClock::new());
-    let app = Arc::new(App::new(&config, &clock));
+    let blocklist = shield
+        .clone()
+        .map(|s| Arc::new(ShieldBlocklist(s)) as Arc<dyn Blocklist>);
+    let meter = opentelemetry::global::meter("door");
+    let metrics = Metrics::new(&meter);
+    let _shield_instruments = shield.as_ref().map(|s| crate::xdp::observe(&meter, s));
+    let app = Arc::new(App::new(&config, &clock, &metrics, blocklist));
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let connections = Arc::new(Mutex::new(JoinSet::new()));
     let mut loops = JoinSet::new();
@@ -372,7 +390,6 @@ pub async fn run(config: Config) -> Result<(), ServeError> {
         }
         let source = Arc::new(StatusSource {
             limiters: app.limiters(),
-            outcomes: app.outcomes(),
             shield: shield.clone(),
             xdp_mode: config.xdp.mode.as_str(),
         });
@@ -415,7 +432,12 @@ fn start_shield(config: &Config) -> Result<Option<Arc<Mutex<Shield>>>, ServeErro
         return Ok(None);
     }
     let interface = config.xdp.interface.clone().unwrap_or_default();
-    let attached = Shield::load().and_then(|mut s| s.attach(&interface, mode).map(|m| (s, m)));
+    let mut exempt = config.trusted_proxies.nets().to_vec();
+    exempt.extend(config.xdp.allow.iter().copied());
+    let attached = Shield::load().and_then(|mut s| {
+        s.configure(&config.xdp, &exempt)?;
+        s.attach(&interface, mode).map(|m| (s, m))
+    });
     match attached {
         Ok((shield, m)) => {
             tracing::info!(%interface, mode = %m, "XDP flood shield attached");
@@ -432,6 +454,23 @@ fn start_shield(config: &Config) -> Result<Option<Arc<Mutex<Shield>>>, ServeErro
             mode: mode.as_str(),
             source,
         }),
+    }
+}
+
+/// The XDP blocklist as the escalator's [`Blocklist`].
+#[derive(Debug)]
+struct ShieldBlocklist(Arc<Mutex<Shield>>);
+
+impl Blocklist for ShieldBlocklist {
+    fn block(&self, key: door_common::PrefixKey, duration: Duration) {
+        let result = self
+            .0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .block(key, duration);
+        if let Err(e) = result {
+            tracing::warn!(%key, error = %e, "could not add to the XDP blocklist");
+        }
     }
 }
 

@@ -3,7 +3,6 @@
 //! attached and how, its counters, and the top source prefixes by SYN count.
 
 use std::{
-    collections::BTreeMap,
     convert::Infallible,
     net::SocketAddr,
     sync::{Arc, Mutex, PoisonError},
@@ -21,40 +20,11 @@ use crate::{limit::GroupLimiter, xdp::Shield};
 /// How many source prefixes `/status` lists.
 pub const TOP_PREFIXES: usize = 10;
 
-/// Request outcome counts per group, for `/status` (the OTLP metrics carry the same numbers).
-#[derive(Debug, Default)]
-pub struct OutcomeCounts {
-    counts: Mutex<BTreeMap<(String, &'static str), u64>>,
-}
-
-impl OutcomeCounts {
-    /// Adds one request of `group` with `outcome` (`ok`, `client_error`, `rate_limited`, …).
-    pub fn record(&self, group: &str, outcome: &'static str) {
-        let mut counts = self.counts.lock().unwrap_or_else(PoisonError::into_inner);
-        *counts.entry((group.to_owned(), outcome)).or_default() += 1;
-    }
-
-    /// `{group: {outcome: count}}`.
-    pub fn to_json(&self) -> Value {
-        let counts = self.counts.lock().unwrap_or_else(PoisonError::into_inner);
-        let mut out = serde_json::Map::new();
-        for ((group, outcome), n) in counts.iter() {
-            let entry = out.entry(group.clone()).or_insert_with(|| json!({}));
-            if let Some(obj) = entry.as_object_mut() {
-                obj.insert((*outcome).to_owned(), json!(n));
-            }
-        }
-        Value::Object(out)
-    }
-}
-
 /// What `/status` reads.
 #[derive(Debug, Clone)]
 pub struct StatusSource {
     /// The limit groups.
     pub limiters: Vec<Arc<GroupLimiter>>,
-    /// Outcome counts.
-    pub outcomes: Arc<OutcomeCounts>,
     /// The flood shield, when loaded.
     pub shield: Option<Arc<Mutex<Shield>>>,
     /// The configured XDP mode (`off`, `auto`, …), shown when the program is not attached.
@@ -76,15 +46,33 @@ impl StatusSource {
                     "per_client": b.per_client,
                     "inflight_cap": b.inflight,
                     "max_clients": b.max_clients,
+                    "charge": b.charge.as_str(),
+                    "enforcing": l.enforcing(),
                     "tracked_clients": l.tracked_clients(),
+                    "inflight": l.inflight(),
                 })
             })
             .collect();
         json!({
             "groups": groups,
-            "requests": self.outcomes.to_json(),
+            "requests": self.requests_json(),
             "xdp": self.xdp_json(),
         })
+    }
+
+    /// `{group: {outcome: count}}`, outcomes with a zero count left out.
+    fn requests_json(&self) -> Value {
+        let mut out = serde_json::Map::new();
+        for l in &self.limiters {
+            let counts: serde_json::Map<String, Value> = l
+                .outcome_totals()
+                .into_iter()
+                .filter(|(_, n)| *n > 0)
+                .map(|(o, n)| (o.as_str().to_owned(), json!(n)))
+                .collect();
+            out.insert(l.group().to_owned(), Value::Object(counts));
+        }
+        Value::Object(out)
     }
 
     fn xdp_json(&self) -> Value {
@@ -114,8 +102,34 @@ impl StatusSource {
             ),
             Err(e) => json!({ "error": e.to_string() }),
         };
+        let blocked = match shield.blocked() {
+            Ok(list) => {
+                let now = crate::xdp::monotonic_ns();
+                Value::Array(
+                    list.into_iter()
+                        .filter(|(_, deadline)| *deadline > now)
+                        .map(|(k, deadline)| {
+                            json!({ "prefix": k.to_string(), "seconds_left": (deadline - now).div_ceil(1_000_000_000) })
+                        })
+                        .collect(),
+                )
+            }
+            Err(e) => json!({ "error": e.to_string() }),
+        };
+        let guard = match shield.guard() {
+            Ok(g) => {
+                json!({ "overflow_syns": g.overflow.syns, "overflow_drops": g.overflow.drops })
+            }
+            Err(e) => json!({ "error": e.to_string() }),
+        };
+        let tracked = shield
+            .tracked_prefixes()
+            .map_or_else(|e| json!(e.to_string()), |n| json!(n));
         json!({
             "attached": attached.is_some(),
+            "tracked_prefixes": tracked,
+            "blocked": blocked,
+            "churn_guard": guard,
             "configured_mode": self.xdp_mode,
             "interface": attached.map(|(i, _)| i),
             "mode": attached.map(|(_, m)| m.as_str()),

@@ -2,22 +2,46 @@
 //! program that `build.rs` embedded, attaches it in the configured mode, reads its per-CPU
 //! counters and its per-prefix SYN map, and detaches it on drop (fail-open).
 
-use std::{fmt, time::Duration};
+use std::{
+    fmt,
+    sync::{Arc, Mutex, PoisonError},
+    time::Duration,
+};
 
 use aya::{
     Ebpf, EbpfError,
-    maps::{HashMap, MapError, PerCpuArray},
+    maps::{
+        Array, HashMap, MapError, PerCpuArray,
+        lpm_trie::{Key, LpmTrie},
+    },
     programs::{ProgramError, TestRun, TestRunOptions, Xdp, XdpMode as AyaXdpMode, xdp::XdpLinkId},
 };
 use door_common::{
-    COUNTER_COUNT, Counter, MAP_COUNTERS, MAP_PREFIXES, PROGRAM_NAME, PrefixKey, PrefixState,
+    COUNTER_COUNT, Counter, ExemptKey, GuardState, MAP_BLOCKED, MAP_CONFIG, MAP_COUNTERS,
+    MAP_EXEMPT, MAP_GUARD, MAP_PREFIXES, PROGRAM_NAME, PrefixKey, PrefixState, ShieldConfig, gcra,
+    shield::{CONFIG_ALL_PORTS, CONFIG_HAS_BLOCKLIST, CONFIG_HAS_EXEMPT},
+};
+use ipnet::IpNet;
+use opentelemetry::{
+    KeyValue,
+    metrics::{Meter, ObservableCounter, ObservableGauge},
 };
 use thiserror::Error;
 
-use crate::config::XdpMode;
+use crate::config::{XdpConfig, XdpMode};
 
 /// The XDP object built by `build.rs` from `door-ebpf` (empty when built with `AYA_BUILD_SKIP=1`).
 pub static PROGRAM: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/door-xdp"));
+
+/// Benchmark reference: the empty XDP program (the floor), built from `door-ebpf`'s
+/// `ref_empty.rs`. Load with [`Shield::load_object`]; only [`Shield::test_run`] applies.
+pub static REFERENCE_EMPTY: &[u8] =
+    aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/door-xdp-ref-empty"));
+
+/// Benchmark reference: parse Ethernet/IPv4/TCP and one LRU-hash update keyed by the source
+/// prefix (`door-ebpf`'s `ref_minimal.rs`). Load with [`Shield::load_object`].
+pub static REFERENCE_MINIMAL: &[u8] =
+    aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/door-xdp-ref-minimal"));
 
 /// Why the shield could not be loaded, attached or read.
 #[derive(Debug, Error)]
@@ -87,6 +111,8 @@ pub struct CounterValue {
 /// The loaded XDP program and its maps.
 pub struct Shield {
     ebpf: Ebpf,
+    /// The configuration last written to the config map (`None` until [`Shield::configure`]).
+    config: Option<Box<ShieldConfig>>,
     attached: Option<(String, AttachedMode, XdpLinkId)>,
 }
 
@@ -120,6 +146,7 @@ impl Shield {
         program_mut(&mut ebpf)?.load()?;
         Ok(Self {
             ebpf,
+            config: None,
             attached: None,
         })
     }
@@ -260,6 +287,149 @@ impl Shield {
         Ok((result.return_value, result.duration))
     }
 
+    /// Writes the shield's settings (SYN budget, churn guard, protected ports) into the config map
+    /// and replaces the exempt trie's contents with `exempt`. Takes effect for the next packet;
+    /// the program is not reattached. Until this is called the program only observes.
+    ///
+    /// # Errors
+    /// [`ShieldError::Map`] when a map cannot be written (the exempt trie holds
+    /// [`door_common::EXEMPT_CAPACITY`] entries).
+    pub fn configure(&mut self, xdp: &XdpConfig, exempt: &[IpNet]) -> Result<(), ShieldError> {
+        let syn_interval = gcra::interval_ns(xdp.syn_rate);
+        let mut cfg = Box::new(ShieldConfig::new(
+            syn_interval,
+            gcra::tolerance_ns(syn_interval, xdp.syn_burst),
+        ));
+        if xdp.new_prefix_rate > 0.0 {
+            cfg.new_prefix_interval_ns = gcra::interval_ns(xdp.new_prefix_rate);
+            cfg.new_prefix_tolerance_ns =
+                gcra::tolerance_ns(cfg.new_prefix_interval_ns, xdp.new_prefix_burst);
+        }
+        if xdp.ports.is_empty() {
+            cfg.flags |= CONFIG_ALL_PORTS;
+        }
+        if !exempt.is_empty() {
+            cfg.flags |= CONFIG_HAS_EXEMPT;
+        }
+        // Once blocklisting has started it stays on: entries outlive reconfigurations.
+        if self
+            .config
+            .as_ref()
+            .is_some_and(|c| c.flags & CONFIG_HAS_BLOCKLIST != 0)
+        {
+            cfg.flags |= CONFIG_HAS_BLOCKLIST;
+        }
+        for &port in &xdp.ports {
+            cfg.protect(port);
+        }
+        // The trie is filled before the flag that makes the program read it is written.
+        let map_err = |source| ShieldError::Map {
+            name: MAP_EXEMPT,
+            source,
+        };
+        let mut trie: LpmTrie<_, ExemptKey, u32> =
+            LpmTrie::try_from(map_mut(&mut self.ebpf, MAP_EXEMPT)?).map_err(map_err)?;
+        let wanted: Vec<Key<ExemptKey>> = exempt.iter().map(|n| exempt_key(*n)).collect();
+        let stale: Vec<Key<ExemptKey>> = trie
+            .keys()
+            .filter_map(Result::ok)
+            .filter(|k| !wanted.iter().any(|w| same_key(w, k)))
+            .collect();
+        for key in &stale {
+            trie.remove(key).map_err(map_err)?;
+        }
+        for key in &wanted {
+            trie.insert(key, 1, 0).map_err(map_err)?;
+        }
+        self.write_config(cfg)
+    }
+
+    fn write_config(&mut self, config: Box<ShieldConfig>) -> Result<(), ShieldError> {
+        let map_err = |source| ShieldError::Map {
+            name: MAP_CONFIG,
+            source,
+        };
+        let mut array: Array<_, ShieldConfig> =
+            Array::try_from(map_mut(&mut self.ebpf, MAP_CONFIG)?).map_err(map_err)?;
+        array.set(0, *config, 0).map_err(map_err)?;
+        self.config = Some(config);
+        Ok(())
+    }
+
+    /// Puts `key` on the blocklist for `duration`: the program drops its SYNs until then, and
+    /// deletes the entry at the first SYN after the deadline.
+    ///
+    /// # Errors
+    /// [`ShieldError::Map`] when the blocklist cannot be written (full:
+    /// [`door_common::BLOCKED_CAPACITY`] entries).
+    pub fn block(&mut self, key: PrefixKey, duration: Duration) -> Result<(), ShieldError> {
+        let ns = u64::try_from(duration.as_nanos()).unwrap_or(u64::MAX);
+        self.block_until(key, monotonic_ns().saturating_add(ns))
+    }
+
+    /// Puts `key` on the blocklist until `deadline_ns` on the `bpf_ktime_get_ns` clock
+    /// (CLOCK_MONOTONIC). A deadline in the past is accepted: the next SYN forgets it. The
+    /// program only enforces the blocklist once [`Shield::configure`] has run (before that it
+    /// only observes).
+    ///
+    /// # Errors
+    /// As [`Shield::block`].
+    pub fn block_until(&mut self, key: PrefixKey, deadline_ns: u64) -> Result<(), ShieldError> {
+        let map_err = |source| ShieldError::Map {
+            name: MAP_BLOCKED,
+            source,
+        };
+        let mut map: HashMap<_, PrefixKey, u64> =
+            HashMap::try_from(map_mut(&mut self.ebpf, MAP_BLOCKED)?).map_err(map_err)?;
+        map.insert(key, deadline_ns, 0).map_err(map_err)?;
+        // The entry is in place before the flag that makes the program look it up.
+        if let Some(config) = &self.config
+            && config.flags & CONFIG_HAS_BLOCKLIST == 0
+        {
+            let mut config = config.clone();
+            config.flags |= CONFIG_HAS_BLOCKLIST;
+            self.write_config(config)?;
+        }
+        Ok(())
+    }
+
+    /// The blocklist: prefixes and their deadlines (ns, CLOCK_MONOTONIC). Entries whose deadline
+    /// passed stay listed until their next SYN.
+    ///
+    /// # Errors
+    /// [`ShieldError::Map`] if the blocklist cannot be read.
+    pub fn blocked(&self) -> Result<Vec<(PrefixKey, u64)>, ShieldError> {
+        let map_err = |source| ShieldError::Map {
+            name: MAP_BLOCKED,
+            source,
+        };
+        let map: HashMap<_, PrefixKey, u64> =
+            HashMap::try_from(map_ref(&self.ebpf, MAP_BLOCKED)?).map_err(map_err)?;
+        Ok(map.iter().filter_map(Result::ok).collect())
+    }
+
+    /// The churn guard: its new-prefix bucket and the shared overflow bucket's counts.
+    ///
+    /// # Errors
+    /// [`ShieldError::Map`] if the guard map cannot be read.
+    pub fn guard(&self) -> Result<GuardState, ShieldError> {
+        let map_err = |source| ShieldError::Map {
+            name: MAP_GUARD,
+            source,
+        };
+        let array: Array<_, GuardState> =
+            Array::try_from(map_ref(&self.ebpf, MAP_GUARD)?).map_err(map_err)?;
+        array.get(&0, 0).map_err(map_err)
+    }
+
+    /// Number of prefixes the LRU map currently holds (walks the keys).
+    ///
+    /// # Errors
+    /// [`ShieldError::Map`] if the prefix map cannot be read.
+    pub fn tracked_prefixes(&self) -> Result<usize, ShieldError> {
+        Ok(self.prefixes()?.keys().flatten().count())
+    }
+
     fn prefixes(
         &self,
     ) -> Result<HashMap<&aya::maps::MapData, PrefixKey, PrefixState>, ShieldError> {
@@ -281,6 +451,122 @@ impl Drop for Shield {
     fn drop(&mut self) {
         self.detach();
     }
+}
+
+/// The shield's OpenTelemetry instruments; they report for as long as this value lives.
+#[derive(Debug)]
+pub struct ShieldInstruments {
+    _packets: ObservableCounter<u64>,
+    _tracked: ObservableGauge<u64>,
+}
+
+/// Attribute of `door.xdp.packets`: `pass` or `drop`.
+pub const ATTR_VERDICT: &str = "door.xdp.verdict";
+/// Attribute of `door.xdp.packets`: the reason ([`Counter::reason`]: `syn`, `syn_budget`, …).
+pub const ATTR_REASON: &str = "door.xdp.reason";
+
+/// Registers the shield's instruments on `meter`, read from the maps at each collection:
+///
+/// - `door.xdp.packets` (observable counter, `{packet}`): every packet the XDP program saw, by
+///   `door.xdp.verdict` and `door.xdp.reason` (the per-CPU counters, summed);
+/// - `door.xdp.tracked_prefixes` (observable gauge, `{prefix}`): entries in the per-prefix map.
+///
+/// A map that cannot be read is logged and reports nothing for that collection.
+pub fn observe(meter: &Meter, shield: &Arc<Mutex<Shield>>) -> ShieldInstruments {
+    let attrs: Vec<[KeyValue; 2]> = Counter::ALL
+        .iter()
+        .map(|c| {
+            [
+                KeyValue::new(ATTR_VERDICT, c.verdict().as_str()),
+                KeyValue::new(ATTR_REASON, c.reason()),
+            ]
+        })
+        .collect();
+    let for_packets = Arc::clone(shield);
+    let packets = meter
+        .u64_observable_counter("door.xdp.packets")
+        .with_description("Packets seen by the XDP flood shield, by verdict and reason")
+        .with_unit("{packet}")
+        .with_callback(move |observer| {
+            let counters = for_packets
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .counters();
+            match counters {
+                Ok(values) => {
+                    for (value, attrs) in values.iter().zip(&attrs) {
+                        observer.observe(value.packets, attrs);
+                    }
+                }
+                Err(e) => tracing::warn!(error = %e, "reading the XDP counters"),
+            }
+        })
+        .build();
+    let for_tracked = Arc::clone(shield);
+    let tracked = meter
+        .u64_observable_gauge("door.xdp.tracked_prefixes")
+        .with_description("Source prefixes the XDP flood shield tracks in its LRU map")
+        .with_unit("{prefix}")
+        .with_callback(move |observer| {
+            let n = for_tracked
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .tracked_prefixes();
+            match n {
+                Ok(n) => observer.observe(u64::try_from(n).unwrap_or(u64::MAX), &[]),
+                Err(e) => tracing::warn!(error = %e, "reading the XDP prefix map"),
+            }
+        })
+        .build();
+    ShieldInstruments {
+        _packets: packets,
+        _tracked: tracked,
+    }
+}
+
+/// The exempt trie's key for `net`: IPv4 in its mapped 16-byte form with prefix length 96 + n.
+fn exempt_key(net: IpNet) -> Key<ExemptKey> {
+    match net {
+        IpNet::V4(v4) => Key::new(
+            96 + u32::from(v4.prefix_len()),
+            v4.network().to_ipv6_mapped().octets(),
+        ),
+        IpNet::V6(v6) => Key::new(u32::from(v6.prefix_len()), v6.network().octets()),
+    }
+}
+
+fn same_key(a: &Key<ExemptKey>, b: &Key<ExemptKey>) -> bool {
+    a.prefix_len() == b.prefix_len() && a.data() == b.data()
+}
+
+/// CLOCK_MONOTONIC in nanoseconds: the clock `bpf_ktime_get_ns` reads.
+pub fn monotonic_ns() -> u64 {
+    let t = rustix::time::clock_gettime(rustix::time::ClockId::Monotonic);
+    u64::try_from(t.tv_sec)
+        .unwrap_or(0)
+        .saturating_mul(1_000_000_000)
+        .saturating_add(u64::try_from(t.tv_nsec).unwrap_or(0))
+}
+
+fn map_ref<'a>(ebpf: &'a Ebpf, name: &'static str) -> Result<&'a aya::maps::Map, ShieldError> {
+    ebpf.map(name).ok_or(ShieldError::Map {
+        name,
+        source: MapError::InvalidName {
+            name: name.to_owned(),
+        },
+    })
+}
+
+fn map_mut<'a>(
+    ebpf: &'a mut Ebpf,
+    name: &'static str,
+) -> Result<&'a mut aya::maps::Map, ShieldError> {
+    ebpf.map_mut(name).ok_or(ShieldError::Map {
+        name,
+        source: MapError::InvalidName {
+            name: name.to_owned(),
+        },
+    })
 }
 
 fn program_mut(ebpf: &mut Ebpf) -> Result<&mut Xdp, ShieldError> {

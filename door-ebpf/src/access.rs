@@ -74,6 +74,17 @@ impl<T> MapValue<T> {
         NonNull::new(ptr?).map(|ptr| Self { ptr })
     }
 
+    /// The `U` embedded at byte `offset` of this value (pass `core::mem::offset_of!(T, field)`),
+    /// or `None` if it would not lie inside `T` or would be misaligned.
+    #[inline(always)]
+    pub(crate) fn project<U>(&self, offset: usize) -> Option<MapValue<U>> {
+        if !offset.is_multiple_of(align_of::<U>()) || offset + size_of::<U>() > size_of::<T>() {
+            return None;
+        }
+        NonNull::new(self.ptr.as_ptr().wrapping_byte_add(offset).cast::<U>())
+            .map(|ptr| MapValue { ptr })
+    }
+
     /// Pointer to the `u64` field at byte `offset` of the value (pass
     /// `core::mem::offset_of!(T, field)`), or `None` if `offset` does not name an aligned `u64`
     /// inside `T`.

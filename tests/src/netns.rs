@@ -300,24 +300,132 @@ pub fn door_bin() -> anyhow::Result<PathBuf> {
     if let Some(p) = std::env::var_os("DOOR_BIN") {
         return Ok(PathBuf::from(p));
     }
+    sibling_bin("door")
+}
+
+/// A binary of this workspace's build: `target/<profile>/<name>`, next to the running executable
+/// (or to the `deps/` directory a test executable runs from; `cargo test --workspace` builds every
+/// binary).
+///
+/// # Errors
+/// When it does not exist.
+pub fn sibling_bin(name: &str) -> anyhow::Result<PathBuf> {
     let exe = std::env::current_exe()?;
-    let candidate = exe
-        .parent()
-        .and_then(Path::parent)
-        .map(|dir| dir.join("door"))
-        .context("locating target/<profile>")?;
+    let mut dir = exe.parent().context("locating target/<profile>")?;
+    // Test executables live in target/<profile>/deps; binaries in target/<profile>.
+    if dir.file_name().is_some_and(|n| n == "deps") {
+        dir = dir.parent().context("locating target/<profile>")?;
+    }
+    let candidate = dir.join(name);
     if !candidate.exists() {
         bail!(
-            "{} not found: build it (cargo build -p door-daemon) or set DOOR_BIN",
+            "{} not found: build the workspace's binaries first (cargo build --workspace)",
             candidate.display()
         );
     }
     Ok(candidate)
 }
 
-/// The demo upstream: `$DEMO_UPSTREAM_BIN`, or `built` (the suite passes its
-/// `CARGO_BIN_EXE_demo-upstream`, a path that exists only on the machine that built it; a test VM
-/// sets the variable).
-pub fn upstream_bin(built: &str) -> PathBuf {
-    std::env::var_os("DEMO_UPSTREAM_BIN").map_or_else(|| PathBuf::from(built), PathBuf::from)
+/// One HTTP request with curl from namespace `ns`, bound to `source`, on a fresh connection:
+/// (status code, response head and body). `args` are curl arguments (URL, `-X`, …).
+///
+/// # Errors
+/// When curl cannot be run or runs longer than 30 s.
+pub fn curl(ns: &str, source: &str, args: &[&str]) -> anyhow::Result<(u16, String)> {
+    let mut all = vec![
+        "-s",
+        "-i",
+        "--max-time",
+        "10",
+        "--interface",
+        source,
+        "-w",
+        "\n%{http_code}",
+    ];
+    all.extend_from_slice(args);
+    let out = Topology::run(ns, "curl", &all)?;
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let (body, code) = text.rsplit_once('\n').unwrap_or(("", "0"));
+    Ok((code.trim().parse().unwrap_or(0), body.to_owned()))
+}
+
+/// door's `GET /status` document, fetched from inside `door_ns` on the admin port 9901.
+///
+/// # Errors
+/// When curl fails or the answer is not JSON.
+pub fn status(door_ns: &str) -> anyhow::Result<serde_json::Value> {
+    let out = Topology::run(
+        door_ns,
+        "curl",
+        &["-s", "--max-time", "10", "http://127.0.0.1:9901/status"],
+    )?;
+    serde_json::from_slice(&out.stdout).context("/status is not JSON")
+}
+
+/// The SYN count `/status` lists for `prefix` (`192.0.2.2/32`, `2001:db8:c1::/64`) among the top
+/// prefixes.
+pub fn syns_of(status: &serde_json::Value, prefix: &str) -> Option<u64> {
+    status
+        .pointer("/xdp/top_prefixes")?
+        .as_array()?
+        .iter()
+        .find(|p| p.get("prefix").and_then(serde_json::Value::as_str) == Some(prefix))
+        .and_then(|p| p.get("syns")?.as_u64())
+}
+
+impl Topology {
+    /// Starts the demo upstream on 127.0.0.1:3000 and door with the configuration `config_toml`
+    /// (written to `dir`), both in the door namespace, and waits (30 s at most) until each says
+    /// it is ready.
+    ///
+    /// # Errors
+    /// When either fails to start (their output is included).
+    pub fn start_door(&mut self, dir: &Path, config_toml: &str) -> anyhow::Result<()> {
+        let deadline = Duration::from_secs(30);
+        let ns = self.door_ns.clone();
+        self.spawn_until(
+            &ns,
+            &sibling_bin("demo-upstream")?,
+            &["--listen", "127.0.0.1:3000"],
+            "listening",
+            deadline,
+        )?;
+        let path = dir.join("door.toml");
+        std::fs::write(&path, config_toml)
+            .with_context(|| format!("writing {}", path.display()))?;
+        let path = path.to_str().context("temp path is not UTF-8")?.to_owned();
+        self.spawn_until(
+            &ns,
+            &door_bin()?,
+            &["--config", &path],
+            "admin status",
+            deadline,
+        )
+    }
+}
+
+/// A fresh temporary directory, removed on drop.
+#[derive(Debug)]
+pub struct TempDir(pub PathBuf);
+
+impl TempDir {
+    /// Creates `$TMPDIR/door-<tag>-<pid>-<n>`.
+    ///
+    /// # Errors
+    /// When it cannot be created.
+    pub fn new(tag: &str) -> anyhow::Result<Self> {
+        let dir = std::env::temp_dir().join(format!(
+            "door-{tag}-{}-{}",
+            std::process::id(),
+            NEXT.fetch_add(1, Ordering::Relaxed)
+        ));
+        std::fs::create_dir_all(&dir)?;
+        Ok(Self(dir))
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
 }

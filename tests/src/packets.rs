@@ -1,5 +1,11 @@
 //! Packets for BPF_PROG_TEST_RUN, built with `etherparse` (so the tests do not share the
-//! program's parsing assumptions).
+//! program's parsing assumptions), and the header surgery etherparse does not offer (three VLAN
+//! tags, IPv4 options, IPv6 extension header chains). Indexing here works on frames this module
+//! built, whose layout is known.
+#![expect(
+    clippy::indexing_slicing,
+    reason = "test support: offsets into frames built here"
+)]
 
 use etherparse::PacketBuilder;
 
@@ -117,5 +123,125 @@ fn write(size: usize, f: impl FnOnce(&mut Vec<u8>) -> Result<(), String>) -> Vec
         // Building a packet from fixed, valid inputs cannot fail; a failure is a bug in the test.
         panic!("building a test packet: {e}");
     }
+    out
+}
+
+/// Byte offset of the IP header in a frame without VLAN tags.
+pub const ETH_HLEN: usize = 14;
+
+/// `frame` with VLAN tags inserted after the MAC addresses, outermost first: each tag is its
+/// TPID (0x8100 for 802.1Q, 0x88a8 for 802.1ad) and a TCI carrying VLAN id 100 + its index.
+pub fn with_vlans(frame: &[u8], tpids: &[u16]) -> Vec<u8> {
+    let (macs, rest) = frame.split_at(12);
+    let mut out = macs.to_vec();
+    for (i, tpid) in (0u16..).zip(tpids) {
+        out.extend_from_slice(&tpid.to_be_bytes());
+        out.extend_from_slice(&(100 + i).to_be_bytes());
+    }
+    out.extend_from_slice(rest);
+    out
+}
+
+/// An IPv4 frame (from [`tcp4`] or [`udp4`]) with `words` 4-byte words of IPv4 options (NOPs)
+/// inserted, IHL and total length updated: `words = 10` gives IHL 15, the maximum.
+pub fn with_ipv4_options(frame: &[u8], words: u8) -> Vec<u8> {
+    let ip = ETH_HLEN;
+    let mut out = frame[..ip + 20].to_vec();
+    out.extend(std::iter::repeat_n(1u8, usize::from(words) * 4));
+    out.extend_from_slice(&frame[ip + 20..]);
+    out[ip] = 0x40 | (5 + words);
+    let total = u16::from_be_bytes([out[ip + 2], out[ip + 3]]) + u16::from(words) * 4;
+    out[ip + 2..ip + 4].copy_from_slice(&total.to_be_bytes());
+    out
+}
+
+/// An IPv4 frame marked as a fragment: `offset_units` in 8-byte units, and the more-fragments
+/// flag.
+pub fn ipv4_fragment(frame: &[u8], offset_units: u16, more: bool) -> Vec<u8> {
+    let mut out = frame.to_vec();
+    let v = (offset_units & 0x1fff) | if more { 0x2000 } else { 0 };
+    out[ETH_HLEN + 6..ETH_HLEN + 8].copy_from_slice(&v.to_be_bytes());
+    out
+}
+
+/// An IPv6 extension header to insert with [`with_ipv6_extensions`].
+#[derive(Debug, Clone, Copy)]
+pub enum Ext {
+    /// Hop-by-hop options (next header 0), 8 bytes of padding options.
+    HopByHop,
+    /// Routing (43), type 0 with no segments left, 8 bytes.
+    Routing,
+    /// Destination options (60), 8 bytes; `extra` more 8-byte units of padding.
+    DestOpts {
+        /// Additional 8-octet units.
+        extra: u8,
+    },
+    /// Fragment (44): offset in 8-byte units and the more-fragments flag.
+    Fragment {
+        /// Fragment offset, 8-byte units.
+        offset: u16,
+        /// More fragments follow.
+        more: bool,
+    },
+    /// Authentication header (51), 12 bytes (payload length 1).
+    Ah,
+    /// ESP (50): the program cannot look past it.
+    Esp,
+}
+
+impl Ext {
+    fn proto(self) -> u8 {
+        match self {
+            Ext::HopByHop => 0,
+            Ext::Routing => 43,
+            Ext::DestOpts { .. } => 60,
+            Ext::Fragment { .. } => 44,
+            Ext::Ah => 51,
+            Ext::Esp => 50,
+        }
+    }
+
+    fn bytes(self, next: u8) -> Vec<u8> {
+        match self {
+            // PadN option covering the 6 bytes after next-header and length.
+            Ext::HopByHop => vec![next, 0, 1, 4, 0, 0, 0, 0],
+            Ext::Routing => vec![next, 0, 0, 0, 0, 0, 0, 0],
+            Ext::DestOpts { extra } => {
+                let mut v = vec![next, extra, 1, 4, 0, 0, 0, 0];
+                for _ in 0..extra {
+                    v.extend_from_slice(&[1, 6, 0, 0, 0, 0, 0, 0]);
+                }
+                v
+            }
+            Ext::Fragment { offset, more } => {
+                let v = (offset << 3) | u16::from(more);
+                let [a, b] = v.to_be_bytes();
+                vec![next, 0, a, b, 0, 0, 0, 42]
+            }
+            Ext::Ah => vec![next, 1, 0, 0, 0, 0, 0, 1, 0, 0, 0, 1],
+            Ext::Esp => vec![0, 0, 0, 1, 0, 0, 0, 1],
+        }
+    }
+}
+
+/// An IPv6 frame (from [`tcp6`]) with `exts` inserted between the IPv6 header and the TCP
+/// header, in order, chained through their next-header fields; payload length updated.
+pub fn with_ipv6_extensions(frame: &[u8], exts: &[Ext]) -> Vec<u8> {
+    let ip = ETH_HLEN;
+    let transport = frame[ip + 6];
+    let mut chain = Vec::new();
+    for (i, ext) in exts.iter().enumerate() {
+        let next = exts.get(i + 1).map_or(transport, |e| e.proto());
+        chain.extend(ext.bytes(next));
+    }
+    let mut out = frame[..ip + 40].to_vec();
+    if let Some(first) = exts.first() {
+        out[ip + 6] = first.proto();
+    }
+    out.extend_from_slice(&chain);
+    out.extend_from_slice(&frame[ip + 40..]);
+    let len =
+        u16::from_be_bytes([out[ip + 4], out[ip + 5]]) + u16::try_from(chain.len()).unwrap_or(0);
+    out[ip + 4..ip + 6].copy_from_slice(&len.to_be_bytes());
     out
 }

@@ -4,14 +4,11 @@
 //! also when an assertion fails.
 #![expect(
     clippy::unwrap_used,
-    clippy::indexing_slicing,
     reason = "test helpers: a failed step fails the test"
 )]
 
-use std::time::Duration;
-
 use door_tests::{
-    netns::{CLIENT_ADDR, CLIENT2_ADDR, DOOR_ADDR, Topology, door_bin, upstream_bin},
+    netns::{self, CLIENT_ADDR, CLIENT2_ADDR, DOOR_ADDR, TempDir, Topology, syns_of},
     privileged_or_skip,
 };
 use serde_json::Value;
@@ -19,10 +16,11 @@ use serde_json::Value;
 /// Link budget for the run: burst 20 and a refill so slow (one token per 1000 s) that no token
 /// comes back during the test, whatever the machine's speed.
 const LINK_BURST: usize = 20;
+/// Webhook budget for the run (charge on failure), as slow as the link's.
+const WEBHOOK_BURST: usize = 5;
 
-fn config(topo: &Topology, dir: &std::path::Path) -> std::path::PathBuf {
-    let path = dir.join("door.toml");
-    let text = format!(
+fn config(topo: &Topology) -> String {
+    format!(
         r#"
 listen = ["{DOOR_ADDR}:8443", "[2001:db8:d00::1]:8443"]
 upstream = "http://127.0.0.1:3000"
@@ -41,52 +39,26 @@ path = "/l/session/{{id}}"
 rate = 0.001
 burst = {LINK_BURST}
 
+[group.webhook]
+rate = 0.001
+burst = {WEBHOOK_BURST}
+per_client = 4
+
 [xdp]
 interface = "{}"
 mode = "driver"
 ports = [8443]
 "#,
         topo.door_if
-    );
-    std::fs::write(&path, text).unwrap();
-    path
+    )
 }
 
-/// One request on a fresh connection from `ns`, bound to `source`: (status, headers+body).
 fn curl(ns: &str, source: &str, args: &[&str]) -> (u16, String) {
-    let mut all = vec![
-        "-s",
-        "-i",
-        "--max-time",
-        "10",
-        "--interface",
-        source,
-        "-w",
-        "\n%{http_code}",
-    ];
-    all.extend_from_slice(args);
-    let out = Topology::run(ns, "curl", &all).unwrap();
-    let text = String::from_utf8_lossy(&out.stdout).into_owned();
-    let (body, code) = text.rsplit_once('\n').unwrap_or(("", "0"));
-    (code.trim().parse().unwrap_or(0), body.to_owned())
+    netns::curl(ns, source, args).unwrap()
 }
 
 fn status(topo: &Topology) -> Value {
-    let out = Topology::run(
-        &topo.door_ns,
-        "curl",
-        &["-s", "--max-time", "10", "http://127.0.0.1:9901/status"],
-    )
-    .unwrap();
-    serde_json::from_slice(&out.stdout).unwrap()
-}
-
-fn syns_of(status: &Value, prefix: &str) -> Option<u64> {
-    status["xdp"]["top_prefixes"]
-        .as_array()?
-        .iter()
-        .find(|p| p["prefix"] == prefix)
-        .and_then(|p| p["syns"].as_u64())
+    netns::status(&topo.door_ns).unwrap()
 }
 
 #[test]
@@ -94,28 +66,9 @@ fn link_burst_then_429_per_client_with_xdp_counting_syns() {
     if !privileged_or_skip("netns_e2e") {
         return;
     }
-    let dir = std::env::temp_dir().join(format!("door-netns-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = TempDir::new("netns").unwrap();
     let mut topo = Topology::new().unwrap();
-    let upstream = upstream_bin(env!("CARGO_BIN_EXE_demo-upstream"));
-    let deadline = Duration::from_secs(30);
-    topo.spawn_until(
-        &topo.door_ns.clone(),
-        &upstream,
-        &["--listen", "127.0.0.1:3000"],
-        "listening",
-        deadline,
-    )
-    .unwrap();
-    let cfg = config(&topo, &dir);
-    topo.spawn_until(
-        &topo.door_ns.clone(),
-        &door_bin().unwrap(),
-        &["--config", cfg.to_str().unwrap()],
-        "admin status",
-        deadline,
-    )
-    .unwrap();
+    topo.start_door(&dir.0, &config(&topo)).unwrap();
 
     let st = status(&topo);
     assert_eq!(st["xdp"]["attached"], true, "{st:#}");
@@ -172,9 +125,6 @@ fn link_burst_then_429_per_client_with_xdp_counting_syns() {
         "{st:#}"
     );
     assert_eq!(st["requests"]["link"]["rate_limited"], 1, "{st:#}");
-
-    drop(topo);
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[test]
@@ -182,28 +132,9 @@ fn ipv6_client_is_keyed_and_counted_on_its_slash_64() {
     if !privileged_or_skip("netns_e2e") {
         return;
     }
-    let dir = std::env::temp_dir().join(format!("door-netns6-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = TempDir::new("netns6").unwrap();
     let mut topo = Topology::new().unwrap();
-    let upstream = upstream_bin(env!("CARGO_BIN_EXE_demo-upstream"));
-    let deadline = Duration::from_secs(30);
-    topo.spawn_until(
-        &topo.door_ns.clone(),
-        &upstream,
-        &["--listen", "127.0.0.1:3000"],
-        "listening",
-        deadline,
-    )
-    .unwrap();
-    let cfg = config(&topo, &dir);
-    topo.spawn_until(
-        &topo.door_ns.clone(),
-        &door_bin().unwrap(),
-        &["--config", cfg.to_str().unwrap()],
-        "admin status",
-        deadline,
-    )
-    .unwrap();
+    topo.start_door(&dir.0, &config(&topo)).unwrap();
     let client = topo.client_ns.clone();
     let url = "http://[2001:db8:d00::1]:8443/l/session/six";
     for _ in 0..LINK_BURST {
@@ -217,6 +148,59 @@ fn ipv6_client_is_keyed_and_counted_on_its_slash_64() {
         Some((LINK_BURST + 1) as u64),
         "{st:#}"
     );
-    drop(topo);
-    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn webhook_4xx_answers_drain_the_bucket_2xx_do_not() {
+    if !privileged_or_skip("netns_e2e") {
+        return;
+    }
+    let dir = TempDir::new("webhook").unwrap();
+    let mut topo = Topology::new().unwrap();
+    topo.start_door(&dir.0, &config(&topo)).unwrap();
+    let client = topo.client_ns.clone();
+    let hook = format!("http://{DOOR_ADDR}:8443/webhooks/github");
+    let post = |source: &str, status: &str| {
+        let header = format!("x-demo-status: {status}");
+        curl(
+            &client,
+            source,
+            &["-X", "POST", "-H", &header, "--data", "{}", &hook],
+        )
+    };
+    // Signed deliveries the application accepts never spend a token: far more than the burst pass.
+    for i in 0..3 * WEBHOOK_BURST {
+        assert_eq!(
+            post(CLIENT2_ADDR, "200").0,
+            200,
+            "accepted delivery {}",
+            i + 1
+        );
+    }
+    // Garbage the application rejects spends one token per 4xx answer...
+    for i in 0..WEBHOOK_BURST {
+        assert_eq!(
+            post(CLIENT_ADDR, "400").0,
+            400,
+            "rejected delivery {}",
+            i + 1
+        );
+    }
+    // ...so the next request from that client is refused by door, whatever it carries.
+    let (code, head) = post(CLIENT_ADDR, "200");
+    assert_eq!(code, 429, "{head}");
+    assert!(head.contains(r#""group":"webhook""#), "{head}");
+    // The other client is unaffected.
+    assert_eq!(post(CLIENT2_ADDR, "200").0, 200);
+    let st = status(&topo);
+    assert_eq!(
+        st["requests"]["webhook"]["ok"],
+        (3 * WEBHOOK_BURST + 1) as u64,
+        "{st:#}"
+    );
+    assert_eq!(
+        st["requests"]["webhook"]["client_error"], WEBHOOK_BURST as u64,
+        "{st:#}"
+    );
+    assert_eq!(st["requests"]["webhook"]["rate_limited"], 1, "{st:#}");
 }

@@ -1,0 +1,90 @@
+//! The generic cell rate algorithm (GCRA, ITU-T I.371; the "virtual scheduling" form), in integer
+//! nanoseconds: the token bucket both the XDP program (per-prefix SYN budget, churn guard) and the
+//! daemon's configuration share. A bucket is one number, its theoretical arrival time (TAT).
+
+/// The nanoseconds between two tokens for `rate` tokens per second, rounded up (so the bucket
+/// never refills faster than configured), at least 1. Rates at or below zero (or NaN) give
+/// `u64::MAX`, with which [`take`] never grants a token.
+pub fn interval_ns(rate_per_s: f64) -> u64 {
+    if rate_per_s.is_nan() || rate_per_s <= 0.0 {
+        return u64::MAX;
+    }
+    let exact = 1e9 / rate_per_s;
+    // `f64::ceil` needs std: truncate (the cast saturates) and round up by hand.
+    #[expect(
+        clippy::cast_possible_truncation,
+        clippy::cast_sign_loss,
+        clippy::cast_precision_loss,
+        reason = "exact is positive; `as` saturates at u64::MAX; the comparison only detects a fraction"
+    )]
+    let ns = {
+        let t = exact as u64;
+        if (t as f64) < exact {
+            t.saturating_add(1)
+        } else {
+            t
+        }
+    };
+    ns.max(1)
+}
+
+/// The tolerance of a bucket of `burst` tokens refilled every `interval_ns`: `burst × interval`,
+/// saturating.
+pub const fn tolerance_ns(interval_ns: u64, burst: u32) -> u64 {
+    interval_ns.saturating_mul(burst as u64)
+}
+
+/// Takes one token at `now`: `Some(new_tat)` to store when the bucket had one, `None` when it was
+/// empty (the state is then unchanged).
+///
+/// A fresh bucket (TAT 0, or any TAT in the past) is full: exactly `burst` calls at the same
+/// instant succeed, the next one fails, and one more succeeds every `interval_ns` after that.
+/// Arithmetic that would overflow `u64` refuses the token instead of wrapping.
+pub const fn take(tat_ns: u64, now_ns: u64, interval_ns: u64, tolerance_ns: u64) -> Option<u64> {
+    let start = if tat_ns > now_ns { tat_ns } else { now_ns };
+    let Some(next) = start.checked_add(interval_ns) else {
+        return None;
+    };
+    if next - now_ns > tolerance_ns {
+        None
+    } else {
+        Some(next)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn exactly_burst_at_one_instant_then_one_per_interval() {
+        let interval = interval_ns(10.0);
+        assert_eq!(interval, 100_000_000);
+        let tol = tolerance_ns(interval, 5);
+        let now = 7_000_000_000;
+        let mut tat = 0;
+        for i in 0..5 {
+            tat = take(tat, now, interval, tol).unwrap_or_else(|| panic!("token {i}"));
+        }
+        assert_eq!(take(tat, now, interval, tol), None);
+        assert_eq!(take(tat, now + interval - 1, interval, tol), None);
+        let tat = take(tat, now + interval, interval, tol).unwrap();
+        assert_eq!(take(tat, now + interval, interval, tol), None);
+    }
+
+    #[test]
+    fn degenerate_rates_never_refill_and_never_overflow() {
+        assert_eq!(interval_ns(0.0), u64::MAX);
+        assert_eq!(interval_ns(-1.0), u64::MAX);
+        assert_eq!(interval_ns(f64::NAN), u64::MAX);
+        assert_eq!(interval_ns(1e12), 1);
+        let tol = tolerance_ns(u64::MAX, 3);
+        assert_eq!(tol, u64::MAX);
+        assert_eq!(
+            take(0, 5, u64::MAX, tol),
+            None,
+            "a zero rate grants nothing"
+        );
+        assert_eq!(take(u64::MAX - 1, 5, 10, u64::MAX), None, "no wrap-around");
+    }
+}

@@ -1,0 +1,107 @@
+//! Layouts of the shield's configuration and guard maps (../shared/DESIGN.md, "Flood shield").
+
+use crate::PrefixState;
+
+/// [`ShieldConfig::flags`]: the daemon has written this configuration. Without it the program only
+/// observes (counts SYNs per prefix on every port, drops nothing).
+pub const CONFIG_WRITTEN: u64 = 1;
+/// [`ShieldConfig::flags`]: every destination port is protected (`ports = []`).
+pub const CONFIG_ALL_PORTS: u64 = 2;
+
+/// [`ShieldConfig::flags`]: the exempt trie has entries (otherwise the program skips the lookup).
+pub const CONFIG_HAS_EXEMPT: u64 = 4;
+/// [`ShieldConfig::flags`]: the blocklist may have entries (set by the daemon before its first
+/// insert; the program skips the lookup while it is clear).
+pub const CONFIG_HAS_BLOCKLIST: u64 = 8;
+
+/// Words of the destination-port bitmap (65,536 bits).
+pub const PORT_WORDS: usize = 1_024;
+
+/// The shield's settings, written by the daemon into [`crate::MAP_CONFIG`] at start (and on
+/// reload); read by the program on every SYN.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ShieldConfig {
+    /// [`CONFIG_WRITTEN`] | [`CONFIG_ALL_PORTS`] | [`CONFIG_HAS_EXEMPT`] | [`CONFIG_HAS_BLOCKLIST`].
+    pub flags: u64,
+    /// Nanoseconds between two SYN tokens of a prefix (`[xdp] syn_rate`, see
+    /// [`crate::gcra::interval_ns`]).
+    pub syn_interval_ns: u64,
+    /// `syn_burst × syn_interval_ns`, nanoseconds.
+    pub syn_tolerance_ns: u64,
+    /// Nanoseconds between two new-prefix tokens of the churn guard (`[xdp] new_prefix_rate`);
+    /// 0 disables the guard.
+    pub new_prefix_interval_ns: u64,
+    /// `new_prefix_burst × new_prefix_interval_ns`, nanoseconds.
+    pub new_prefix_tolerance_ns: u64,
+    /// Protected destination ports, one bit each: port `p` is bit `p % 64` of word `p / 64`.
+    pub ports: [u64; PORT_WORDS],
+}
+
+const _: () = assert!(size_of::<ShieldConfig>() == 5 * 8 + PORT_WORDS * 8);
+
+impl ShieldConfig {
+    /// A configuration with no port protected and the guard off (flags: written).
+    pub const fn new(syn_interval_ns: u64, syn_tolerance_ns: u64) -> Self {
+        Self {
+            flags: CONFIG_WRITTEN,
+            syn_interval_ns,
+            syn_tolerance_ns,
+            new_prefix_interval_ns: 0,
+            new_prefix_tolerance_ns: 0,
+            ports: [0; PORT_WORDS],
+        }
+    }
+
+    /// Marks `port` protected.
+    pub fn protect(&mut self, port: u16) {
+        if let Some(word) = self.ports.get_mut(usize::from(port / 64)) {
+            *word |= 1 << (port % 64);
+        }
+    }
+
+    /// Whether `port` is protected (every port is when [`CONFIG_ALL_PORTS`] is set).
+    pub fn is_protected(&self, port: u16) -> bool {
+        self.flags & CONFIG_ALL_PORTS != 0
+            || self
+                .ports
+                .get(usize::from(port / 64))
+                .is_some_and(|w| w & (1 << (port % 64)) != 0)
+    }
+}
+
+/// The churn guard (../shared/DESIGN.md; compare Katran's flood guard): a bucket of new-prefix
+/// tokens, and the one overflow bucket shared by every new prefix that arrives when it is empty.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct GuardState {
+    /// Theoretical arrival time of the new-prefix bucket, `bpf_ktime_get_ns` clock, ns.
+    pub new_prefix_tat_ns: u64,
+    /// The shared overflow bucket: SYN counts, drops and its SYN-bucket TAT.
+    pub overflow: PrefixState,
+}
+
+const _: () = assert!(size_of::<GuardState>() == 40);
+
+/// Key of the exempt LPM trie: the address in [`crate::PrefixKey`]'s 16-byte form (IPv4 as
+/// `::ffff:a.b.c.d`) but not masked; an IPv4 CIDR `/n` is stored with prefix length `96 + n`.
+/// The kernel's `struct bpf_lpm_trie_key` puts a `u32` prefix length before the data.
+pub type ExemptKey = [u8; 16];
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn port_bitmap() {
+        let mut c = ShieldConfig::new(1, 1);
+        for p in [0, 63, 64, 443, 8443, 65_535] {
+            assert!(!c.is_protected(p));
+            c.protect(p);
+            assert!(c.is_protected(p), "{p}");
+        }
+        assert!(!c.is_protected(444));
+        c.flags |= CONFIG_ALL_PORTS;
+        assert!(c.is_protected(444));
+    }
+}

@@ -1,0 +1,155 @@
+//! admit + settle, ns per operation, against `governor`'s keyed limiter on the same key stream
+//! (issue 3, "Benchmark"). 16,384 live keys (distinct IPv6 /64s, the default table size), one and
+//! two threads. door records into no-op instruments (`Metrics::noop`), as when no exporter is set.
+//!
+//! After criterion's report, a plain timed loop prints the door/governor ratio.
+
+use std::{
+    hint::black_box,
+    num::NonZeroU32,
+    sync::Arc,
+    time::{Duration, Instant},
+};
+
+use criterion::Criterion;
+use door_common::prefix::PrefixKey;
+use door_daemon::{
+    clock::MonotonicClock,
+    limit::{Budget, Charge, DEFAULT_MAX_CLIENTS, GroupLimiter},
+    metrics::Metrics,
+};
+use governor::{DefaultKeyedRateLimiter, Quota, RateLimiter};
+use http::StatusCode;
+
+const KEYS: usize = DEFAULT_MAX_CLIENTS;
+
+fn keys() -> Vec<PrefixKey> {
+    (0..KEYS as u64)
+        .map(|i| {
+            let mut octets = [0u8; 16];
+            octets[0] = 0x20;
+            octets[1] = 0x01;
+            // A /64 key keeps octets 0..8: the index goes in octets 2..8.
+            octets[2..8].copy_from_slice(&i.to_be_bytes()[2..]);
+            octets[15] = 1;
+            PrefixKey::from_ipv6(octets)
+        })
+        .collect()
+}
+
+/// A budget that never rejects on this stream: the hot path is lookup, bucket, slot, release.
+fn door(charge: Charge) -> Arc<GroupLimiter> {
+    let lim = Arc::new(GroupLimiter::new(
+        "bench",
+        Budget {
+            rate: 1e9,
+            burst: 1_000_000,
+            per_client: 64,
+            inflight: 1_000_000,
+            max_clients: KEYS,
+            charge,
+        },
+        true,
+        Arc::new(MonotonicClock::new()),
+        Metrics::noop(),
+    ));
+    for k in keys() {
+        drop(lim.admit(k));
+    }
+    lim
+}
+
+fn governor() -> DefaultKeyedRateLimiter<PrefixKey> {
+    let burst = NonZeroU32::new(1_000_000).unwrap_or(NonZeroU32::MIN);
+    let lim = RateLimiter::keyed(Quota::per_second(burst));
+    for k in keys() {
+        let _ = lim.check_key(&k);
+    }
+    lim
+}
+
+fn door_op(lim: &Arc<GroupLimiter>, k: PrefixKey) {
+    if let Ok(p) = lim.admit(black_box(k)) {
+        p.settle(StatusCode::OK);
+    }
+}
+
+fn governor_op(lim: &DefaultKeyedRateLimiter<PrefixKey>, k: PrefixKey) {
+    let _ = black_box(lim.check_key(&black_box(k)));
+}
+
+/// Runs `op` `iters` times split over `threads` threads on the key stream; wall time.
+fn run<L: Sync>(
+    lim: &L,
+    keys: &[PrefixKey],
+    threads: u64,
+    iters: u64,
+    op: fn(&L, PrefixKey),
+) -> Duration {
+    let per_thread = iters.div_ceil(threads);
+    let start = Instant::now();
+    std::thread::scope(|s| {
+        for t in 0..threads {
+            s.spawn(move || {
+                let start = usize::try_from(t).unwrap_or(0) * 7919;
+                let n = usize::try_from(per_thread).unwrap_or(usize::MAX);
+                for i in (start..).take(n) {
+                    if let Some(k) = keys.get(i % keys.len()) {
+                        op(lim, *k);
+                    }
+                }
+            });
+        }
+    });
+    start.elapsed()
+}
+
+fn bench(c: &mut Criterion) {
+    let keys = keys();
+    let door_always = door(Charge::Always);
+    let door_on_failure = door(Charge::OnFailure);
+    let gov = governor();
+    for threads in [1u64, 2] {
+        let mut g = c.benchmark_group(format!("admit_settle/{threads}_thread"));
+        g.measurement_time(Duration::from_secs(3))
+            .warm_up_time(Duration::from_secs(1))
+            .sample_size(20);
+        g.bench_function("door_always", |b| {
+            b.iter_custom(|iters| run(&door_always, &keys, threads, iters, door_op));
+        });
+        g.bench_function("door_on_failure", |b| {
+            b.iter_custom(|iters| run(&door_on_failure, &keys, threads, iters, door_op));
+        });
+        g.bench_function("governor_keyed", |b| {
+            b.iter_custom(|iters| run(&gov, &keys, threads, iters, governor_op));
+        });
+        g.finish();
+    }
+}
+
+fn ratio() {
+    const OPS: u64 = 4_000_000;
+    let keys = keys();
+    let door = door(Charge::Always);
+    let gov = governor();
+    for threads in [1u64, 2] {
+        // Best of three, to damp a busy 2-core machine.
+        let best = |f: &dyn Fn() -> Duration| (0..3).map(|_| f()).min().unwrap_or_default();
+        let d = best(&|| run(&door, &keys, threads, OPS, door_op));
+        let g = best(&|| run(&gov, &keys, threads, OPS, governor_op));
+        let ns = |t: Duration| t.as_secs_f64() * 1e9 / 4e6;
+        println!(
+            "{threads} thread(s), {KEYS} live keys: door {:.1} ns/op, governor {:.1} ns/op, door/governor = {:.2}",
+            ns(d),
+            ns(g),
+            d.as_secs_f64() / g.as_secs_f64()
+        );
+    }
+}
+
+fn main() {
+    let mut c = Criterion::default().configure_from_args();
+    bench(&mut c);
+    c.final_summary();
+    ratio();
+}

@@ -1,0 +1,90 @@
+//! Memory per tracked client and peak RSS while 1,000,000 distinct IPv6 /64s arrive at one group
+//! (issue 3, "Benchmark"). The table is bounded (`max_clients`): once it is full, RSS must stay
+//! flat however many new clients arrive.
+//!
+//! Bytes per client are the RSS growth from an empty limiter to a full one, divided by the
+//! table size, measured for the default table (16,384) and a large one (262,144) for resolution.
+
+use std::{sync::Arc, time::Duration};
+
+use door_common::prefix::PrefixKey;
+use door_daemon::{
+    clock::ManualClock,
+    limit::{Budget, DEFAULT_MAX_CLIENTS, GroupLimiter},
+    metrics::Metrics,
+};
+use http::StatusCode;
+
+/// A `/proc/self/status` field in KiB (`VmRSS`, `VmHWM`).
+fn status_kib(field: &str) -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with(field))
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|v| v.parse().ok())
+        })
+        .unwrap_or(0)
+}
+
+fn v6(i: u64) -> PrefixKey {
+    let mut octets = [0u8; 16];
+    octets[0] = 0x20;
+    octets[1] = 0x01;
+    // A /64 key keeps octets 0..8: the index goes in octets 2..8.
+    octets[2..8].copy_from_slice(&i.to_be_bytes()[2..]);
+    PrefixKey::from_ipv6(octets)
+}
+
+fn run(max_clients: usize, arrivals: u64) {
+    let clock = Arc::new(ManualClock::at(0));
+    let before = status_kib("VmRSS:");
+    let lim = Arc::new(GroupLimiter::new(
+        "webhook",
+        Budget {
+            max_clients,
+            ..Budget::webhook()
+        },
+        true,
+        clock.clone(),
+        Metrics::noop(),
+    ));
+    let mut full_rss = 0;
+    println!("max_clients {max_clients}: RSS before {before} KiB");
+    for i in 0..arrivals {
+        if let Ok(p) = lim.admit(v6(i)) {
+            p.settle(StatusCode::OK);
+        }
+        // 20 ms between arrivals: entries refill, so new clients replace old ones (evictions)
+        // instead of all landing on the shared row.
+        clock.advance(Duration::from_millis(20));
+        let n = i + 1;
+        if usize::try_from(n).ok() == Some(max_clients) {
+            full_rss = status_kib("VmRSS:");
+        }
+        if n.is_power_of_two() && n >= 1 << 14 || n == arrivals {
+            println!(
+                "  after {n:>9} clients: tracked {:>7}, VmRSS {:>7} KiB, VmHWM {:>7} KiB",
+                lim.tracked_clients(),
+                status_kib("VmRSS:"),
+                status_kib("VmHWM:")
+            );
+        }
+    }
+    let grown = full_rss.saturating_sub(before) * 1024;
+    #[expect(clippy::cast_precision_loss, reason = "reporting")]
+    let per = grown as f64 / max_clients as f64;
+    println!(
+        "  table full: +{} KiB RSS for {max_clients} clients = {per:.1} bytes per tracked client; \
+         after all arrivals +{} KiB",
+        full_rss.saturating_sub(before),
+        status_kib("VmRSS:").saturating_sub(before)
+    );
+}
+
+fn main() {
+    run(DEFAULT_MAX_CLIENTS, 1_000_000);
+    run(262_144, 1_000_000);
+    println!("peak RSS (VmHWM) {} KiB", status_kib("VmHWM:"));
+}

@@ -1,0 +1,187 @@
+//! Escalation from layer 7 to layer 4 (../shared/DESIGN.md, "Flood shield"): a key that was the
+//! TCP peer itself and collected `escalate_after` rejections (429) within `escalate_window` is put
+//! on the XDP blocklist for `block_for`. Keys learned through a trusted proxy, and trusted proxies
+//! themselves, are never escalated: blocking the proxy would block everyone behind it.
+//!
+//! Memory is bounded: at most [`TRACKED_KEYS`] keys are counted (least recently rejected
+//! forgotten first). Time comes from the injected [`Clock`].
+
+use std::{
+    num::NonZeroUsize,
+    sync::{Arc, Mutex, PoisonError},
+    time::Duration,
+};
+
+use door_common::PrefixKey;
+use lru::LruCache;
+
+use crate::clock::Clock;
+
+/// Keys whose rejections are being counted, at most.
+pub const TRACKED_KEYS: usize = 16_384;
+
+/// Where escalated keys go: the XDP blocklist in production, a recorder in tests.
+pub trait Blocklist: Send + Sync + std::fmt::Debug {
+    /// Drops SYNs from `key` for `duration`. Failures are logged by the implementation.
+    fn block(&self, key: PrefixKey, duration: Duration);
+}
+
+/// Where a rejected request's key came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KeySource {
+    /// The untrusted TCP peer itself: may be escalated.
+    Peer,
+    /// An address learned through a trusted proxy's headers, or the trusted proxy itself: never.
+    ThroughProxy,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Window {
+    start_ns: u64,
+    rejections: u32,
+}
+
+/// Counts 429s per key and escalates repeat offenders.
+#[derive(Debug)]
+pub struct Escalator {
+    after: u32,
+    window_ns: u64,
+    block_for: Duration,
+    clock: Arc<dyn Clock>,
+    blocklist: Arc<dyn Blocklist>,
+    windows: Mutex<LruCache<PrefixKey, Window>>,
+}
+
+impl Escalator {
+    /// Escalates after `after` rejections within `window` (both from `[xdp]`), blocking for
+    /// `block_for`. `after` must be at least 1 (0 means "off": build no escalator).
+    pub fn new(
+        after: u32,
+        window: Duration,
+        block_for: Duration,
+        clock: Arc<dyn Clock>,
+        blocklist: Arc<dyn Blocklist>,
+    ) -> Self {
+        Self {
+            after: after.max(1),
+            window_ns: u64::try_from(window.as_nanos()).unwrap_or(u64::MAX),
+            block_for,
+            clock,
+            blocklist,
+            windows: Mutex::new(LruCache::new(
+                NonZeroUsize::new(TRACKED_KEYS).unwrap_or(NonZeroUsize::MIN),
+            )),
+        }
+    }
+
+    /// Records one 429 for `key`; returns whether this one put it on the blocklist.
+    pub fn on_rejection(&self, key: PrefixKey, source: KeySource) -> bool {
+        if source != KeySource::Peer {
+            return false;
+        }
+        let now = self.clock.now_ns();
+        let escalate = {
+            let mut windows = self.windows.lock().unwrap_or_else(PoisonError::into_inner);
+            let w = windows.get_or_insert_mut(key, || Window {
+                start_ns: now,
+                rejections: 0,
+            });
+            if now.saturating_sub(w.start_ns) > self.window_ns {
+                *w = Window {
+                    start_ns: now,
+                    rejections: 0,
+                };
+            }
+            w.rejections += 1;
+            if w.rejections >= self.after {
+                windows.pop(&key);
+                true
+            } else {
+                false
+            }
+        };
+        if escalate {
+            tracing::warn!(%key, after = self.after, block_for = ?self.block_for, "escalating to the XDP blocklist");
+            self.blocklist.block(key, self.block_for);
+        }
+        escalate
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::clock::ManualClock;
+
+    #[derive(Debug, Default)]
+    struct Recorder(Mutex<Vec<(PrefixKey, Duration)>>);
+
+    impl Blocklist for Recorder {
+        fn block(&self, key: PrefixKey, duration: Duration) {
+            self.0.lock().unwrap().push((key, duration));
+        }
+    }
+
+    fn key(s: &str) -> PrefixKey {
+        PrefixKey::from_ip(s.parse().unwrap())
+    }
+
+    fn setup() -> (Arc<ManualClock>, Arc<Recorder>, Escalator) {
+        let clock = Arc::new(ManualClock::at(1_000));
+        let rec = Arc::new(Recorder::default());
+        let e = Escalator::new(
+            3,
+            Duration::from_secs(10),
+            Duration::from_mins(1),
+            clock.clone(),
+            rec.clone(),
+        );
+        (clock, rec, e)
+    }
+
+    #[test]
+    fn a_peer_with_enough_rejections_in_the_window_is_blocked_once() {
+        let (_, rec, e) = setup();
+        assert!(!e.on_rejection(key("192.0.2.7"), KeySource::Peer));
+        assert!(!e.on_rejection(key("192.0.2.7"), KeySource::Peer));
+        assert!(e.on_rejection(key("192.0.2.7"), KeySource::Peer));
+        assert_eq!(
+            *rec.0.lock().unwrap(),
+            vec![(key("192.0.2.7"), Duration::from_mins(1))]
+        );
+        // The count starts over after an escalation.
+        assert!(!e.on_rejection(key("192.0.2.7"), KeySource::Peer));
+    }
+
+    #[test]
+    fn rejections_spread_beyond_the_window_do_not_add_up() {
+        let (clock, rec, e) = setup();
+        e.on_rejection(key("192.0.2.7"), KeySource::Peer);
+        e.on_rejection(key("192.0.2.7"), KeySource::Peer);
+        clock.advance(Duration::from_secs(11));
+        assert!(!e.on_rejection(key("192.0.2.7"), KeySource::Peer));
+        assert!(!e.on_rejection(key("192.0.2.7"), KeySource::Peer));
+        assert!(rec.0.lock().unwrap().is_empty());
+        assert!(e.on_rejection(key("192.0.2.7"), KeySource::Peer));
+    }
+
+    #[test]
+    fn keys_learned_through_a_trusted_proxy_are_never_escalated() {
+        let (_, rec, e) = setup();
+        for _ in 0..100 {
+            assert!(!e.on_rejection(key("203.0.113.9"), KeySource::ThroughProxy));
+        }
+        assert!(rec.0.lock().unwrap().is_empty());
+    }
+
+    #[test]
+    fn keys_are_counted_separately() {
+        let (_, rec, e) = setup();
+        for i in 0..2 {
+            for k in ["192.0.2.1", "192.0.2.2", "2001:db8::1"] {
+                assert!(!e.on_rejection(key(k), KeySource::Peer), "{k} round {i}");
+            }
+        }
+        assert!(rec.0.lock().unwrap().is_empty());
+    }
+}

@@ -1,0 +1,770 @@
+//! The limiter's L1 red→green list (../shared/seeds/network-door-limits.txt, L1 "Red → green"),
+//! through the public API, with an injected clock: no test sleeps.
+
+use std::{
+    collections::HashMap,
+    panic::{AssertUnwindSafe, catch_unwind},
+    sync::{
+        Arc,
+        atomic::{AtomicU32, AtomicUsize, Ordering},
+    },
+    time::Duration,
+};
+
+use door_common::prefix::PrefixKey;
+use door_daemon::{
+    clock::ManualClock,
+    limit::{Budget, Charge, GroupLimiter, RejectReason, Scope},
+    metrics::{Metrics, Outcome},
+};
+use http::StatusCode;
+use opentelemetry::metrics::MeterProvider as _;
+use opentelemetry_sdk::metrics::{
+    InMemoryMetricExporter, PeriodicReader, SdkMeterProvider,
+    data::{AggregatedMetrics, MetricData},
+};
+
+fn peer(i: u32) -> PrefixKey {
+    let [_, _, hi, lo] = i.to_be_bytes();
+    PrefixKey::from_ipv4([198, 51, hi, lo])
+}
+
+fn v6(i: u64) -> PrefixKey {
+    let mut octets = [0u8; 16];
+    octets[..2].copy_from_slice(&[0x20, 0x01]);
+    // A /64 key keeps octets 0..8: the index goes in octets 2..8.
+    octets[2..8].copy_from_slice(&i.to_be_bytes()[2..]);
+    PrefixKey::from_ipv6(octets)
+}
+
+fn limiter(budget: Budget, clock: &Arc<ManualClock>) -> Arc<GroupLimiter> {
+    Arc::new(GroupLimiter::new(
+        "test",
+        budget,
+        true,
+        clock.clone(),
+        Metrics::noop(),
+    ))
+}
+
+#[test]
+fn door_limits_rate() {
+    let clock = Arc::new(ManualClock::at(7));
+    let link = limiter(Budget::link(), &clock);
+    let a = peer(1);
+    for _ in 0..20 {
+        link.admit(a).unwrap().settle(StatusCode::OK);
+    }
+    let r = link.admit(a).unwrap_err();
+    assert_eq!(r.status, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(r.reason, RejectReason::Rate);
+    assert_eq!(r.scope, Scope::Client);
+    assert_eq!(r.retry_after_s, 1);
+    // Another peer has its own bucket.
+    link.admit(peer(2)).unwrap().settle(StatusCode::OK);
+    // Just short of Retry-After is still too early; exactly Retry-After readmits.
+    clock.advance(Duration::from_nanos(999_999_999));
+    assert_eq!(link.admit(a).unwrap_err().retry_after_s, 1);
+    clock.advance(Duration::from_nanos(1));
+    link.admit(a).unwrap().settle(StatusCode::OK);
+    // One token a second: the next is again 429.
+    assert_eq!(link.admit(a).unwrap_err().reason, RejectReason::Rate);
+    // door's own 429 charged nothing: after 20 s the bucket is full again.
+    clock.advance(Duration::from_secs(20));
+    for _ in 0..20 {
+        link.admit(a).unwrap().settle(StatusCode::OK);
+    }
+    assert!(link.admit(a).is_err());
+}
+
+#[test]
+fn door_limits_rate_retry_after_counts_whole_seconds() {
+    // A 0.1/s bucket of 2, drained at t = 0: the next token is 10 s away. After 5.3 s it is
+    // 4.7 s away (Retry-After 5), after 9.3 s 0.7 s away (Retry-After 1).
+    let clock = Arc::new(ManualClock::at(0));
+    let slow = limiter(
+        Budget {
+            rate: 0.1,
+            burst: 2,
+            ..Budget::link()
+        },
+        &clock,
+    );
+    slow.admit(peer(1)).unwrap().settle(StatusCode::OK);
+    slow.admit(peer(1)).unwrap().settle(StatusCode::OK);
+    assert_eq!(slow.admit(peer(1)).unwrap_err().retry_after_s, 10);
+    clock.advance(Duration::from_millis(5_300));
+    assert_eq!(slow.admit(peer(1)).unwrap_err().retry_after_s, 5);
+    clock.advance(Duration::from_secs(4));
+    assert_eq!(slow.admit(peer(1)).unwrap_err().retry_after_s, 1);
+    clock.advance(Duration::from_millis(700));
+    slow.admit(peer(1)).unwrap().settle(StatusCode::OK);
+}
+
+#[test]
+fn door_limits_charge_on_failure() {
+    let clock = Arc::new(ManualClock::at(0));
+    let webhook = limiter(Budget::webhook(), &clock);
+    let burst = Budget::webhook().burst;
+
+    // burst 400s drain the bucket: the next request is 429.
+    let bad = peer(1);
+    for _ in 0..burst {
+        webhook.admit(bad).unwrap().settle(StatusCode::BAD_REQUEST);
+    }
+    let r = webhook.admit(bad).unwrap_err();
+    assert_eq!((r.reason, r.scope), (RejectReason::Rate, Scope::Client));
+    assert_eq!(r.retry_after_s, 1); // 50/s: the next token is 20 ms away
+
+    // 2 × burst successes never drain anything.
+    let good = peer(2);
+    for _ in 0..2 * burst {
+        webhook.admit(good).unwrap().settle(StatusCode::OK);
+    }
+    // 5xx and dropped permits spend nothing either.
+    webhook.admit(good).unwrap().settle(StatusCode::BAD_GATEWAY);
+    drop(webhook.admit(good).unwrap());
+    webhook.admit(good).unwrap().settle(StatusCode::OK);
+
+    // With one token left, a concurrent second request (the first unsettled) gets 429.
+    let edge = peer(3);
+    for _ in 0..burst - 1 {
+        webhook.admit(edge).unwrap().settle(StatusCode::NOT_FOUND);
+    }
+    let first = webhook.admit(edge).unwrap();
+    let second = webhook.admit(edge).unwrap_err();
+    assert_eq!(second.reason, RejectReason::Rate);
+    assert_eq!(second.status, StatusCode::TOO_MANY_REQUESTS);
+    // Retry-After is exact for the held token too: 20 ms to the next token, 1 s rounded up.
+    assert_eq!(second.retry_after_s, 1);
+    // The first one succeeds: its held token returns, and a second may proceed.
+    first.settle(StatusCode::OK);
+    webhook.admit(edge).unwrap().settle(StatusCode::BAD_REQUEST);
+    assert!(webhook.admit(edge).is_err());
+    clock.advance(Duration::from_secs(1));
+    webhook.admit(edge).unwrap().settle(StatusCode::OK);
+}
+
+#[test]
+fn door_limits_charge_always_spends_on_admission() {
+    let clock = Arc::new(ManualClock::at(0));
+    let link = limiter(Budget::link(), &clock);
+    for _ in 0..20 {
+        // Successes spend under Charge::Always.
+        link.admit(peer(1)).unwrap().settle(StatusCode::OK);
+    }
+    assert!(link.admit(peer(1)).is_err());
+}
+
+#[test]
+fn door_limits_concurrency() {
+    let clock = Arc::new(ManualClock::at(0));
+    let link = limiter(Budget::link(), &clock); // per_client 2, inflight 4
+    let a1 = link.admit(peer(1)).unwrap();
+    let a2 = link.admit(peer(1)).unwrap();
+    let r = link.admit(peer(1)).unwrap_err();
+    assert_eq!(r.reason, RejectReason::ClientConcurrency);
+    assert_eq!(r.status, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(r.scope, Scope::Client);
+    assert_eq!(r.retry_after_s, 1);
+
+    let b1 = link.admit(peer(2)).unwrap();
+    let b2 = link.admit(peer(2)).unwrap();
+    assert_eq!(link.inflight(), 4);
+    let r = link.admit(peer(3)).unwrap_err();
+    assert_eq!(r.reason, RejectReason::GroupConcurrency);
+    assert_eq!(r.status, StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(r.scope, Scope::Group);
+    assert_eq!(r.retry_after_s, 1);
+
+    a1.settle(StatusCode::OK);
+    link.admit(peer(3)).unwrap().settle(StatusCode::OK);
+    drop((a2, b1, b2));
+    assert_eq!(link.inflight(), 0);
+
+    // A panic in code holding a permit frees the slot.
+    let held = catch_unwind(AssertUnwindSafe(|| {
+        let _p1 = link.admit(peer(4)).unwrap();
+        let _p2 = link.admit(peer(4)).unwrap();
+        assert_eq!(link.inflight(), 2);
+        panic!("handler panicked");
+    }));
+    assert!(held.is_err());
+    assert_eq!(link.inflight(), 0);
+    link.admit(peer(4)).unwrap().settle(StatusCode::OK);
+}
+
+#[tokio::test]
+async fn door_limits_concurrency_panicking_and_cancelled_tasks_free_their_slots() {
+    let clock = Arc::new(ManualClock::at(0));
+    let link = limiter(
+        Budget {
+            rate: 1000.0,
+            burst: 1000,
+            ..Budget::link()
+        },
+        &clock,
+    );
+    // A task that panics while holding a permit.
+    let l = link.clone();
+    let task = tokio::spawn(async move {
+        let _p = l.admit(peer(1)).unwrap();
+        tokio::task::yield_now().await;
+        panic!("upstream handler panicked");
+    });
+    assert!(task.await.unwrap_err().is_panic());
+    assert_eq!(link.inflight(), 0);
+
+    // A task cancelled while waiting on the upstream.
+    let l = link.clone();
+    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+    let task = tokio::spawn(async move {
+        let p = l.admit(peer(1)).unwrap();
+        let _ = tx.send(());
+        std::future::pending::<()>().await;
+        p.settle(StatusCode::OK);
+    });
+    rx.await.unwrap();
+    assert_eq!(link.inflight(), 1);
+    task.abort();
+    assert!(task.await.unwrap_err().is_cancelled());
+    assert_eq!(link.inflight(), 0);
+    // Both slots are usable again.
+    let p1 = link.admit(peer(1)).unwrap();
+    let p2 = link.admit(peer(1)).unwrap();
+    drop((p1, p2));
+}
+
+#[test]
+fn door_limits_bounded() {
+    let clock = Arc::new(ManualClock::at(0)); // frozen: never advanced until the refill
+    let budget = Budget {
+        rate: 1.0,
+        burst: 10,
+        per_client: 2,
+        inflight: 4,
+        max_clients: 2,
+        charge: Charge::OnFailure,
+    };
+    let lim = limiter(budget, &clock);
+    let (a, b) = (peer(1), peer(2));
+    for k in [a, b] {
+        for _ in 0..10 {
+            lim.admit(k).unwrap().settle(StatusCode::BAD_REQUEST);
+        }
+        assert_eq!(lim.admit(k).unwrap_err().scope, Scope::Client);
+    }
+    assert_eq!(lim.tracked_clients(), 2);
+
+    // 100 rotating peers (distinct /64s) share one bucket: exactly 10 admissions, then 429 on
+    // the shared row.
+    let rotating: std::collections::HashSet<_> = (0..100).map(v6).collect();
+    assert_eq!(rotating.len(), 100);
+    let mut admitted = 0;
+    for i in 0..100 {
+        match lim.admit(v6(i)) {
+            Ok(p) => {
+                assert_eq!(p.scope(), Scope::Shared);
+                admitted += 1;
+                p.settle(StatusCode::UNAUTHORIZED);
+            }
+            Err(r) => {
+                assert_eq!(r.scope, Scope::Shared);
+                assert_eq!(r.reason, RejectReason::Rate);
+                assert_eq!(r.retry_after_s, 1);
+            }
+        }
+    }
+    assert_eq!(admitted, 10);
+    // The table is unchanged: the same two clients, still drained.
+    assert_eq!(lim.tracked_clients(), 2);
+    assert!(lim.is_tracked(&a) && lim.is_tracked(&b));
+    assert!(!lim.is_tracked(&v6(0)));
+    assert_eq!(lim.admit(a).unwrap_err().scope, Scope::Client);
+
+    // A shared refill admits a new peer (the entries are not full yet: no eviction).
+    clock.advance(Duration::from_secs(1));
+    let p = lim.admit(v6(1_000)).unwrap();
+    assert_eq!(p.scope(), Scope::Shared);
+    p.settle(StatusCode::OK);
+    assert!(lim.is_tracked(&a) && lim.is_tracked(&b));
+
+    // A fresh table with full buckets: A admitted first and still in flight, B served and idle.
+    let clock = Arc::new(ManualClock::at(0));
+    let lim = limiter(budget, &clock);
+    let a_permit = lim.admit(a).unwrap();
+    lim.admit(b).unwrap().settle(StatusCode::OK);
+    let c = peer(3);
+    let p = lim.admit(c).unwrap();
+    assert_eq!(p.scope(), Scope::Client);
+    assert!(lim.is_tracked(&a), "A is in flight: never evicted");
+    assert!(!lim.is_tracked(&b), "B is full and idle: evicted");
+    assert!(lim.is_tracked(&c));
+    assert_eq!(lim.tracked_clients(), 2);
+    drop((a_permit, p));
+}
+
+#[test]
+fn door_limits_bounded_drained_entries_are_not_replaced_until_full() {
+    // A drained, idle entry is not eligible; once it refills to burst it is.
+    let clock = Arc::new(ManualClock::at(0));
+    let lim = limiter(
+        Budget {
+            rate: 1.0,
+            burst: 3,
+            per_client: 1,
+            inflight: 4,
+            max_clients: 1,
+            charge: Charge::Always,
+        },
+        &clock,
+    );
+    for _ in 0..3 {
+        lim.admit(peer(1)).unwrap().settle(StatusCode::OK);
+    }
+    assert_eq!(lim.admit(peer(2)).unwrap().scope(), Scope::Shared);
+    clock.advance(Duration::from_millis(2_999));
+    assert_eq!(lim.admit(peer(3)).unwrap().scope(), Scope::Shared);
+    assert!(lim.is_tracked(&peer(1)));
+    clock.advance(Duration::from_millis(1));
+    assert_eq!(lim.admit(peer(4)).unwrap().scope(), Scope::Client);
+    assert!(!lim.is_tracked(&peer(1)));
+    assert!(lim.is_tracked(&peer(4)));
+}
+
+#[test]
+fn door_limits_probe_refreshes_ineligible_entries() {
+    // Table of 9 busy entries: a miss probes the 8 oldest, refreshes them, and the 9th (never
+    // probed) becomes the oldest; it is full and idle, so the next miss evicts it.
+    let clock = Arc::new(ManualClock::at(0));
+    let lim = limiter(
+        Budget {
+            rate: 1.0,
+            burst: 5,
+            per_client: 1,
+            inflight: 64,
+            max_clients: 9,
+            charge: Charge::Always,
+        },
+        &clock,
+    );
+    let busy: Vec<_> = (0..8).map(|i| lim.admit(peer(i)).unwrap()).collect();
+    lim.admit(peer(8)).unwrap().settle(StatusCode::OK); // newest, idle, not full (one spent)
+    clock.advance(Duration::from_secs(1)); // now peer(8) is full again
+    // Miss: probes peer 0..7 (busy) then stops at 8 entries; none eligible: shared.
+    assert_eq!(lim.admit(peer(100)).unwrap().scope(), Scope::Shared);
+    // peer(8) is now the oldest: the next miss replaces it.
+    assert_eq!(lim.admit(peer(101)).unwrap().scope(), Scope::Client);
+    assert!(!lim.is_tracked(&peer(8)));
+    assert!((0..8).all(|i| lim.is_tracked(&peer(i))));
+    drop(busy);
+}
+
+#[test]
+fn door_limits_shadow_mode_admits_everything_and_takes_nothing() {
+    let clock = Arc::new(ManualClock::at(0));
+    let shadow = Arc::new(GroupLimiter::new(
+        "link",
+        Budget::link(),
+        false,
+        clock.clone(),
+        Metrics::noop(),
+    ));
+    for _ in 0..20 {
+        let p = shadow.admit(peer(1)).unwrap();
+        assert_eq!(p.shadow_rejection(), None);
+        p.settle(StatusCode::OK);
+    }
+    // Over the rate: admitted, flagged, and it spends nothing, so decisions stay those of
+    // enforcement: after 1 s exactly one more would pass.
+    for _ in 0..5 {
+        let p = shadow.admit(peer(1)).unwrap();
+        assert_eq!(p.shadow_rejection(), Some(RejectReason::Rate));
+    }
+    clock.advance(Duration::from_secs(1));
+    assert_eq!(shadow.admit(peer(1)).unwrap().shadow_rejection(), None);
+    assert_eq!(
+        shadow.admit(peer(1)).unwrap().shadow_rejection(),
+        Some(RejectReason::Rate)
+    );
+
+    // Concurrency: would-be rejections hold no slot.
+    let held: Vec<_> = (0..2).map(|_| shadow.admit(peer(2)).unwrap()).collect();
+    let extra = shadow.admit(peer(2)).unwrap();
+    assert_eq!(
+        extra.shadow_rejection(),
+        Some(RejectReason::ClientConcurrency)
+    );
+    assert_eq!(shadow.inflight(), 2);
+    let more: Vec<_> = (3..5).map(|i| shadow.admit(peer(i)).unwrap()).collect();
+    let over = shadow.admit(peer(9)).unwrap();
+    assert_eq!(
+        over.shadow_rejection(),
+        Some(RejectReason::GroupConcurrency)
+    );
+    assert_eq!(over.scope(), Scope::Group);
+    assert_eq!(shadow.inflight(), 4);
+    drop((held, extra, more, over));
+    assert_eq!(shadow.inflight(), 0);
+}
+
+/// Sum-type points of one metric: (attributes, value).
+#[expect(clippy::unwrap_used, clippy::panic, reason = "test helper")]
+fn points(exporter: &InMemoryMetricExporter, name: &str) -> Vec<(Vec<(String, String)>, i128)> {
+    let mut out = Vec::new();
+    let all = exporter.get_finished_metrics().unwrap();
+    let Some(last) = all.last() else {
+        return out;
+    };
+    for scope in last.scope_metrics() {
+        for metric in scope.metrics().filter(|m| m.name() == name) {
+            let attrs = |it: &mut dyn Iterator<Item = &opentelemetry::KeyValue>| {
+                it.map(|kv| (kv.key.to_string(), kv.value.to_string()))
+                    .collect::<Vec<_>>()
+            };
+            match metric.data() {
+                AggregatedMetrics::U64(MetricData::Sum(sum)) => {
+                    for p in sum.data_points() {
+                        out.push((attrs(&mut p.attributes()), i128::from(p.value())));
+                    }
+                }
+                AggregatedMetrics::I64(MetricData::Sum(sum)) => {
+                    for p in sum.data_points() {
+                        out.push((attrs(&mut p.attributes()), i128::from(p.value())));
+                    }
+                }
+                other => panic!("{name}: unexpected data {other:?}"),
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn door_limits_metrics() {
+    let exporter = InMemoryMetricExporter::default();
+    let provider = SdkMeterProvider::builder()
+        .with_reader(PeriodicReader::builder(exporter.clone()).build())
+        .build();
+    let metrics = Metrics::new(&provider.meter("door"));
+    let clock = Arc::new(ManualClock::at(0));
+    let budget = Budget {
+        rate: 1.0,
+        burst: 2,
+        per_client: 1,
+        inflight: 2,
+        max_clients: 1,
+        charge: Charge::Always,
+    };
+    let enforce = Arc::new(GroupLimiter::new(
+        "link",
+        budget,
+        true,
+        clock.clone(),
+        metrics.clone(),
+    ));
+    let shadow = Arc::new(GroupLimiter::new(
+        "shadow",
+        budget,
+        false,
+        clock.clone(),
+        metrics.clone(),
+    ));
+
+    for lim in [&enforce, &shadow] {
+        lim.admit(peer(1)).unwrap().settle(StatusCode::OK); // ok
+        let p = lim.admit(peer(1)).unwrap(); // the last token
+        let _ = lim.admit(peer(1)); // client cap: peer 1 has one in flight
+        // Peer 2 cannot evict peer 1 (busy): the shared row admits it. The group is now full.
+        let s1 = lim.admit(peer(2)).unwrap();
+        let _ = lim.admit(peer(3)); // group cap
+        p.settle(StatusCode::NOT_FOUND); // client_error
+        let _ = lim.admit(peer(1)); // rate: burst 2 spent
+        drop(s1); // server_error (no answer)
+        lim.admit(peer(4)).unwrap().settle(StatusCode::BAD_GATEWAY); // server_error
+    }
+    // Peer 1 refills, idle: a new peer evicts it.
+    clock.advance(Duration::from_secs(2));
+    enforce.admit(peer(5)).unwrap().settle(StatusCode::OK); // ok
+    metrics.record_outcome("health", Outcome::Cached);
+    provider.force_flush().unwrap();
+
+    let requests = points(&exporter, "door.requests");
+    let mut seen: HashMap<(String, String), i128> = HashMap::new();
+    for (attrs, value) in &requests {
+        let keys: Vec<_> = attrs.iter().map(|(k, _)| k.as_str()).collect();
+        assert_eq!(keys.len(), 2, "door.requests attributes: {attrs:?}");
+        assert!(keys.contains(&"door.group") && keys.contains(&"door.outcome"));
+        let get = |k: &str| attrs.iter().find(|(a, _)| a == k).unwrap().1.clone();
+        seen.insert((get("door.group"), get("door.outcome")), *value);
+    }
+    let expect = [
+        ("link", "ok", 2),
+        ("link", "client_error", 1),
+        ("link", "server_error", 2),
+        ("link", "rate_limited", 1),
+        ("link", "client_concurrency", 1),
+        ("link", "group_concurrency", 1),
+        ("health", "cached", 1),
+        ("shadow", "ok", 1),
+        ("shadow", "client_error", 1),
+        ("shadow", "server_error", 2),
+        ("shadow", "would_rate_limited", 1),
+        ("shadow", "would_client_concurrency", 1),
+        ("shadow", "would_group_concurrency", 1),
+    ];
+    for (g, o, n) in expect {
+        assert_eq!(
+            seen.get(&(g.to_owned(), o.to_owned())),
+            Some(&n),
+            "{g}/{o} in {seen:?}"
+        );
+    }
+    assert_eq!(seen.len(), expect.len(), "{seen:?}");
+
+    let by_group = |name: &str| -> HashMap<String, i128> {
+        points(&exporter, name)
+            .into_iter()
+            .map(|(attrs, v)| {
+                assert_eq!(attrs.len(), 1, "{name}: {attrs:?}");
+                assert_eq!(attrs[0].0, "door.group");
+                (attrs[0].1.clone(), v)
+            })
+            .collect()
+    };
+    let inflight = by_group("door.inflight");
+    assert_eq!(inflight.get("link"), Some(&0));
+    assert_eq!(inflight.get("shadow"), Some(&0));
+    let clients = by_group("door.clients");
+    assert_eq!(clients.get("link"), Some(&1));
+    assert_eq!(clients.get("shadow"), Some(&1));
+    let evictions = by_group("door.evictions");
+    assert_eq!(evictions.get("link"), Some(&1));
+    assert_eq!(evictions.get("shadow"), None);
+}
+
+#[test]
+fn door_limits_metrics_count_inflight_while_held() {
+    let exporter = InMemoryMetricExporter::default();
+    let provider = SdkMeterProvider::builder()
+        .with_reader(PeriodicReader::builder(exporter.clone()).build())
+        .build();
+    let metrics = Metrics::new(&provider.meter("door"));
+    let lim = Arc::new(GroupLimiter::new(
+        "webhook",
+        Budget::webhook(),
+        true,
+        Arc::new(ManualClock::at(0)),
+        metrics,
+    ));
+    let held: Vec<_> = (0..3).map(|i| lim.admit(peer(i)).unwrap()).collect();
+    provider.force_flush().unwrap();
+    let inflight = points(&exporter, "door.inflight");
+    assert_eq!(inflight.len(), 1);
+    assert_eq!(inflight[0].1, 3);
+    assert_eq!(points(&exporter, "door.clients")[0].1, 3);
+    drop(held);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn door_limits_caps_hold_under_concurrency() {
+    const PEERS: u32 = 6;
+    let budget = Budget {
+        rate: 1e6,
+        burst: 1_000_000,
+        per_client: 3,
+        inflight: 8,
+        max_clients: 4, // fewer than the peers: the shared row takes part too
+        charge: Charge::OnFailure,
+    };
+    let lim = Arc::new(GroupLimiter::new(
+        "webhook",
+        budget,
+        true,
+        Arc::new(ManualClock::at(0)),
+        Metrics::noop(),
+    ));
+    let group_now = Arc::new(AtomicU32::new(0));
+    let group_max = Arc::new(AtomicU32::new(0));
+    let client_now: Arc<Vec<AtomicU32>> = Arc::new((0..PEERS).map(|_| AtomicU32::new(0)).collect());
+    let client_max = Arc::new(AtomicU32::new(0));
+    let shared_now = Arc::new(AtomicU32::new(0));
+    let admitted = Arc::new(AtomicUsize::new(0));
+    let rejected = Arc::new(AtomicUsize::new(0));
+
+    let mut tasks = Vec::new();
+    for t in 0..64u32 {
+        let (lim, group_now, group_max, client_now, client_max, shared_now, admitted, rejected) = (
+            lim.clone(),
+            group_now.clone(),
+            group_max.clone(),
+            client_now.clone(),
+            client_max.clone(),
+            shared_now.clone(),
+            admitted.clone(),
+            rejected.clone(),
+        );
+        tasks.push(tokio::spawn(async move {
+            for j in 0..200u32 {
+                let i = (t + j) % PEERS;
+                let Ok(permit) = lim.admit(peer(i)) else {
+                    rejected.fetch_add(1, Ordering::Relaxed);
+                    tokio::task::yield_now().await;
+                    continue;
+                };
+                admitted.fetch_add(1, Ordering::Relaxed);
+                // Per row: a client's own entry, or the shared row.
+                let row = if permit.scope() == Scope::Shared {
+                    &*shared_now
+                } else {
+                    &client_now[i as usize]
+                };
+                let g = group_now.fetch_add(1, Ordering::SeqCst) + 1;
+                group_max.fetch_max(g, Ordering::SeqCst);
+                let c = row.fetch_add(1, Ordering::SeqCst) + 1;
+                client_max.fetch_max(c, Ordering::SeqCst);
+                tokio::task::yield_now().await;
+                row.fetch_sub(1, Ordering::SeqCst);
+                group_now.fetch_sub(1, Ordering::SeqCst);
+                permit.settle(if j % 3 == 0 {
+                    StatusCode::BAD_REQUEST
+                } else {
+                    StatusCode::OK
+                });
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    assert!(group_max.load(Ordering::SeqCst) <= budget.inflight);
+    assert!(client_max.load(Ordering::SeqCst) <= budget.per_client);
+    assert!(admitted.load(Ordering::SeqCst) > 0);
+    assert_eq!(
+        admitted.load(Ordering::SeqCst) + rejected.load(Ordering::SeqCst),
+        64 * 200
+    );
+    assert_eq!(lim.inflight(), 0);
+    assert!(lim.tracked_clients() <= budget.max_clients);
+}
+
+#[test]
+fn budget_defaults_match_the_design_table() {
+    let w = Budget::webhook();
+    assert_eq!(
+        (
+            w.rate,
+            w.burst,
+            w.per_client,
+            w.inflight,
+            w.max_clients,
+            w.charge
+        ),
+        (50.0, 500, 16, 64, 16_384, Charge::OnFailure)
+    );
+    let l = Budget::link();
+    assert_eq!(
+        (
+            l.rate,
+            l.burst,
+            l.per_client,
+            l.inflight,
+            l.max_clients,
+            l.charge
+        ),
+        (1.0, 20, 2, 4, 16_384, Charge::Always)
+    );
+    let h = Budget::health();
+    assert_eq!(
+        (
+            h.rate,
+            h.burst,
+            h.per_client,
+            h.inflight,
+            h.max_clients,
+            h.charge
+        ),
+        (5.0, 20, 4, 32, 16_384, Charge::Always)
+    );
+    for (name, b) in [("webhook", w), ("link", l), ("health", h)] {
+        b.validate(name).unwrap();
+        assert_eq!(Budget::default_for(name), Some(b));
+    }
+    assert_eq!(Budget::default_for("other"), None);
+}
+
+#[test]
+fn budget_validate_names_key_and_value() {
+    let link = Budget::link();
+    let cases: [(Budget, &str); 10] = [
+        (Budget { rate: -1.0, ..link }, "group.link.rate = -1"),
+        (Budget { rate: 0.0, ..link }, "group.link.rate = 0"),
+        (
+            Budget {
+                rate: f64::NAN,
+                ..link
+            },
+            "group.link.rate = NaN",
+        ),
+        (
+            Budget {
+                rate: f64::INFINITY,
+                ..link
+            },
+            "group.link.rate = inf",
+        ),
+        (
+            Budget { rate: 1e-9, ..link },
+            "group.link.rate = 0.000000001",
+        ),
+        (Budget { burst: 0, ..link }, "group.link.burst = 0"),
+        (
+            Budget {
+                per_client: 0,
+                ..link
+            },
+            "group.link.per_client = 0",
+        ),
+        (
+            Budget {
+                inflight: 0,
+                ..link
+            },
+            "group.link.inflight = 0",
+        ),
+        (
+            Budget {
+                max_clients: 0,
+                ..link
+            },
+            "group.link.max_clients = 0",
+        ),
+        (
+            Budget {
+                per_client: 5,
+                ..link
+            },
+            "group.link.per_client = 5",
+        ),
+    ];
+    for (budget, prefix) in cases {
+        let err = budget.validate("link").unwrap_err().to_string();
+        assert!(
+            err.starts_with(prefix),
+            "{err:?} should start with {prefix:?}"
+        );
+    }
+    let err = Budget {
+        per_client: 30,
+        inflight: 64,
+        burst: 20,
+        ..Budget::webhook()
+    }
+    .validate("webhook")
+    .unwrap_err();
+    assert_eq!(err.key, "group.webhook.per_client");
+    assert!(err.reason.contains("burst"));
+    assert_eq!("on_failure".parse::<Charge>(), Ok(Charge::OnFailure));
+    assert_eq!("always".parse::<Charge>(), Ok(Charge::Always));
+    assert!("sometimes".parse::<Charge>().is_err());
+}

@@ -1,0 +1,310 @@
+//! `cargo xtask bench xdp`: nanoseconds per packet of door's XDP program, measured by the kernel
+//! with BPF_PROG_TEST_RUN and a large repeat count, against two references measured in the same
+//! run: the empty program (the floor) and a minimal program that parses Ethernet/IPv4/TCP and
+//! does one LRU-hash update keyed by the source prefix (the irreducible work of per-prefix
+//! state). Needs root. Numbers are medians of several rounds; ratios are what to compare.
+//!
+//! With `--veth`, it also floods door's namespace over a veth pair (one /64, spoofed, from
+//! `synflood`) three ways — XDP dropping over budget, an equivalent nftables rule (a per-/64
+//! meter, `limit rate over … drop`), and nothing — and reports the SYN rate the sender achieved
+//! (on a veth the receive path runs in the sender's context, so a cheaper drop means a faster
+//! flood: the rate the door namespace absorbs) and a legitimate client's request latency meanwhile.
+
+use std::time::Duration;
+
+use anyhow::Context as _;
+use clap::Parser;
+use door_daemon::{
+    config::{XdpConfig, XdpMode},
+    xdp::{REFERENCE_EMPTY, REFERENCE_MINIMAL, Shield},
+};
+use door_tests::packets::{Flags, tcp4};
+
+/// BPF_PROG_TEST_RUN benchmark of door's XDP program.
+#[derive(Debug, Parser)]
+struct Args {
+    /// Runs per measurement (the kernel reports the mean).
+    #[arg(long, default_value_t = 1_000_000)]
+    repeat: u32,
+    /// Measurements per case; the median is reported.
+    #[arg(long, default_value_t = 7)]
+    rounds: usize,
+    /// Also run the veth flood comparison (XDP, nftables, nothing).
+    #[arg(long)]
+    veth: bool,
+    /// SYNs per veth flood.
+    #[arg(long, default_value_t = 300_000)]
+    flood: u64,
+}
+
+fn settings(syn_rate: f64, syn_burst: u32) -> XdpConfig {
+    XdpConfig {
+        interface: None,
+        mode: XdpMode::Off,
+        syn_rate,
+        syn_burst,
+        ports: vec![443],
+        new_prefix_rate: 0.0,
+        new_prefix_burst: 1,
+        allow: Vec::new(),
+        escalate_after: 0,
+        escalate_window: Duration::from_secs(10),
+        block_for: Duration::from_mins(1),
+    }
+}
+
+fn median_ns(shield: &Shield, packet: &[u8], args: &Args) -> anyhow::Result<f64> {
+    let mut samples = Vec::with_capacity(args.rounds);
+    for _ in 0..args.rounds {
+        let (_, mean) = shield.test_run(packet, args.repeat)?;
+        samples.push(mean.as_secs_f64() * 1e9);
+    }
+    samples.sort_by(f64::total_cmp);
+    samples.get(samples.len() / 2).copied().context("no rounds")
+}
+
+fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    let client = [198, 51, 100, 7];
+    let server = [203, 0, 113, 1];
+    let syn = tcp4(client, server, 443, Flags::SYN);
+    let ack = tcp4(client, server, 443, Flags::ACK);
+
+    eprintln!(
+        "xdp bench: BPF_PROG_TEST_RUN, {} runs x {} rounds per case (median of the kernel's mean)",
+        args.repeat, args.rounds
+    );
+    let floor = Shield::load_object(REFERENCE_EMPTY).context("loading the empty reference")?;
+    let minimal =
+        Shield::load_object(REFERENCE_MINIMAL).context("loading the minimal reference")?;
+    // SYN-counted path: a budget that never runs out (1e9 tokens/s, burst 2^32 - 1).
+    let mut counting = Shield::load().context("loading door's program")?;
+    counting.configure(&settings(1e9, u32::MAX), &[])?;
+    // Drop path: one token per 1000 s, burst 1, spent by a first SYN.
+    let mut dropping = Shield::load()?;
+    dropping.configure(&settings(0.001, 1), &[])?;
+    dropping.test_run(&syn, 1)?;
+
+    let cases = [
+        ("reference: empty program (floor)", &floor, &syn),
+        ("reference: parse + one LRU update", &minimal, &syn),
+        ("door: pass path (TCP ACK)", &counting, &ack),
+        ("door: SYN counted, within budget", &counting, &syn),
+        ("door: SYN dropped, over budget", &dropping, &syn),
+    ];
+    let mut results = Vec::new();
+    for (name, shield, packet) in cases {
+        let ns = median_ns(shield, packet, &args).with_context(|| name.to_owned())?;
+        eprintln!("  measured {name}");
+        results.push((name, ns));
+    }
+    let floor_ns = results.first().map_or(1.0, |r| r.1).max(0.1);
+    let minimal_ns = results.get(1).map_or(1.0, |r| r.1).max(0.1);
+    println!(
+        "{:<38} {:>9} {:>11} {:>13}",
+        "case", "ns/pkt", "x floor", "x minimal"
+    );
+    for (name, ns) in &results {
+        println!(
+            "{name:<38} {ns:>9.1} {:>11.2} {:>13.2}",
+            ns / floor_ns,
+            ns / minimal_ns
+        );
+    }
+    if args.veth {
+        veth::compare(args.flood)?;
+    }
+    Ok(())
+}
+
+mod veth {
+    //! The veth flood comparison (see the crate docs).
+
+    use std::time::Instant;
+
+    use anyhow::{Context as _, bail};
+    use door_tests::netns::{CLIENT_ADDR, DOOR_ADDR, TempDir, Topology, sibling_bin};
+
+    /// nftables equivalent of door's SYN budget (100/s, burst 200 per /64) on the protected port.
+    const NFT_RULES: &str = "table inet doorbench {
+  chain input {
+    type filter hook input priority 0; policy accept;
+    tcp dport 8443 tcp flags & (syn | ack) == syn meter synflood { ip6 saddr and ffff:ffff:ffff:ffff:: limit rate over 100/second burst 200 packets } drop
+  }
+}
+";
+
+    fn config(topo: &Topology, xdp_mode: &str) -> String {
+        format!(
+            r#"
+listen = ["{DOOR_ADDR}:8443", "[2001:db8:d00::1]:8443"]
+upstream = "http://127.0.0.1:3000"
+admin_listen = "127.0.0.1:9901"
+[[route]]
+group = "link"
+path = "/l/session/{{id}}"
+[group.link]
+rate = 1000.0
+burst = 1000
+[xdp]
+interface = "{}"
+mode = "{xdp_mode}"
+ports = [8443]
+syn_rate = 100.0
+syn_burst = 200
+"#,
+            topo.door_if
+        )
+    }
+
+    struct Outcome {
+        mode: &'static str,
+        syn_per_s: f64,
+        p50_ms: f64,
+        max_ms: f64,
+        served: usize,
+        failed: usize,
+    }
+
+    /// Starts `synflood` from the client namespace; the thread returns (SYNs sent, seconds).
+    fn spawn_flood(
+        topo: &Topology,
+        flood: u64,
+    ) -> anyhow::Result<std::thread::JoinHandle<anyhow::Result<(u64, f64)>>> {
+        let mac = Topology::run(&topo.door_ns, "cat", &["/sys/class/net/veth-door/address"])?;
+        let mac = String::from_utf8(mac.stdout)?.trim().to_owned();
+        let synflood = sibling_bin("synflood")?;
+        let client_ns = topo.client_ns.clone();
+        let count = flood.to_string();
+        let flooder = std::thread::spawn(move || -> anyhow::Result<(u64, f64)> {
+            let start = Instant::now();
+            let args = [
+                "--iface",
+                "veth-client",
+                "--dst-mac",
+                &mac,
+                "--dst",
+                "2001:db8:d00::1",
+                "--port",
+                "8443",
+                "--src-prefix",
+                "2001:db8:bad::",
+                "--count",
+                &count,
+                "--max-seconds",
+                "20",
+            ];
+            let out = Topology::run(&client_ns, synflood.to_str().context("path")?, &args)?;
+            let elapsed = start.elapsed().as_secs_f64();
+            let text = String::from_utf8_lossy(&out.stdout);
+            let sent = text
+                .trim()
+                .rsplit(' ')
+                .next()
+                .and_then(|n| n.parse().ok())
+                .with_context(|| {
+                    format!(
+                        "synflood said {text:?}, {}",
+                        String::from_utf8_lossy(&out.stderr)
+                    )
+                })?;
+            Ok((sent, elapsed))
+        });
+        Ok(flooder)
+    }
+
+    fn run(mode: &'static str, flood: u64) -> anyhow::Result<Outcome> {
+        eprintln!("  veth flood: {mode} ({flood} SYNs from one /64)");
+        let dir = TempDir::new("bench")?;
+        let mut topo = Topology::new()?;
+        let xdp_mode = if mode == "xdp" { "driver" } else { "off" };
+        topo.start_door(&dir.0, &config(&topo, xdp_mode))?;
+        if mode == "nftables" {
+            let rules = dir.0.join("rules.nft");
+            std::fs::write(&rules, NFT_RULES)?;
+            let out = Topology::run(
+                &topo.door_ns,
+                "nft",
+                &["-f", rules.to_str().context("path")?],
+            )?;
+            if !out.status.success() {
+                bail!("nft: {}", String::from_utf8_lossy(&out.stderr));
+            }
+        }
+        let flooder = spawn_flood(&topo, flood)?;
+        let url = format!("http://{DOOR_ADDR}:8443/l/session/bench");
+        let mut latencies = Vec::new();
+        let mut failed = 0;
+        while !flooder.is_finished() && latencies.len() + failed < 200 {
+            let args = [
+                "-s",
+                "-o",
+                "/dev/null",
+                "--max-time",
+                "5",
+                "--interface",
+                CLIENT_ADDR,
+                "-w",
+                "%{http_code} %{time_total}",
+                &url,
+            ];
+            let out = Topology::run(&topo.client_ns, "curl", &args)?;
+            let text = String::from_utf8_lossy(&out.stdout);
+            match text.split_once(' ') {
+                Some(("200", t)) => latencies.push(t.trim().parse::<f64>().unwrap_or(0.0) * 1e3),
+                _ => failed += 1,
+            }
+        }
+        let (sent, elapsed) = flooder
+            .join()
+            .map_err(|_| anyhow::anyhow!("flood thread panicked"))??;
+        latencies.sort_by(f64::total_cmp);
+        let pick = |q: f64| {
+            #[expect(
+                clippy::cast_possible_truncation,
+                clippy::cast_sign_loss,
+                clippy::cast_precision_loss,
+                reason = "an index into a small vector"
+            )]
+            let i = ((latencies.len().saturating_sub(1)) as f64 * q).round() as usize;
+            latencies.get(i).copied().unwrap_or(f64::NAN)
+        };
+        #[expect(clippy::cast_precision_loss, reason = "a rate for display")]
+        let syn_per_s = sent as f64 / elapsed;
+        Ok(Outcome {
+            mode,
+            syn_per_s,
+            p50_ms: pick(0.5),
+            max_ms: pick(1.0),
+            served: latencies.len(),
+            failed,
+        })
+    }
+
+    /// Runs the three floods and prints the comparison.
+    pub(crate) fn compare(flood: u64) -> anyhow::Result<()> {
+        let results = ["xdp", "nftables", "none"]
+            .into_iter()
+            .map(|m| run(m, flood))
+            .collect::<anyhow::Result<Vec<_>>>()?;
+        let xdp_rate = results.first().map_or(1.0, |r| r.syn_per_s);
+        println!();
+        println!(
+            "{:<10} {:>12} {:>8} {:>14} {:>10} {:>8} {:>8}",
+            "veth", "SYN/s", "x xdp", "legit p50 ms", "max ms", "served", "failed"
+        );
+        for r in &results {
+            println!(
+                "{:<10} {:>12.0} {:>8.2} {:>14.2} {:>10.2} {:>8} {:>8}",
+                r.mode,
+                r.syn_per_s,
+                r.syn_per_s / xdp_rate,
+                r.p50_ms,
+                r.max_ms,
+                r.served,
+                r.failed
+            );
+        }
+        Ok(())
+    }
+}

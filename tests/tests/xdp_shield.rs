@@ -1,0 +1,548 @@
+//! BPF_PROG_TEST_RUN suite for the flood shield (../shared/DESIGN.md, "Flood shield"): parsing
+//! that real networks need, the per-prefix SYN budget, the blocklist, exempt prefixes, the churn
+//! guard and protected ports. Each test loads its own copy of the program (fresh maps). Budgets
+//! use rates so slow (one token per 1000 s) that `bpf_ktime_get_ns`, which cannot be faked, makes
+//! no difference. Needs root; `cargo xtask test` runs it with `--test-threads=1`.
+#![expect(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "test helpers: a failed step fails the test"
+)]
+
+use std::time::Duration;
+
+use door_common::{Counter, PrefixKey};
+use door_daemon::{
+    config::{XdpConfig, XdpMode},
+    xdp::Shield,
+};
+use door_tests::{
+    packets::{
+        ETH_HLEN, Ext, Flags, ipv4_fragment, tcp4, tcp6, with_ipv4_options, with_ipv6_extensions,
+        with_vlans,
+    },
+    privileged_or_skip,
+};
+use ipnet::IpNet;
+
+const XDP_DROP: u32 = 1;
+const XDP_PASS: u32 = 2;
+const PORT: u16 = 443;
+const CLIENT4: [u8; 4] = [198, 51, 100, 7];
+const SERVER4: [u8; 4] = [203, 0, 113, 1];
+const CLIENT6: [u8; 16] = [
+    0x20, 0x01, 0x0d, 0xb8, 0, 0xc1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 2,
+];
+const SERVER6: [u8; 16] = [
+    0x20, 0x01, 0x0d, 0xb8, 0, 0xd0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1,
+];
+/// One token per 1000 s: nothing refills during a test.
+const FROZEN_RATE: f64 = 0.001;
+
+fn settings(syn_burst: u32) -> XdpConfig {
+    XdpConfig {
+        interface: None,
+        mode: XdpMode::Off,
+        syn_rate: FROZEN_RATE,
+        syn_burst,
+        ports: vec![PORT],
+        new_prefix_rate: 0.0,
+        new_prefix_burst: 1,
+        allow: Vec::new(),
+        escalate_after: 0,
+        escalate_window: Duration::from_secs(10),
+        block_for: Duration::from_mins(1),
+    }
+}
+
+fn shield(cfg: &XdpConfig, exempt: &[&str]) -> Option<Shield> {
+    if !privileged_or_skip("xdp_shield") {
+        return None;
+    }
+    let mut shield = Shield::load().expect("door's XDP program loads and passes the verifier");
+    let exempt: Vec<IpNet> = exempt.iter().map(|n| n.parse().unwrap()).collect();
+    shield.configure(cfg, &exempt).unwrap();
+    Some(shield)
+}
+
+fn counter(shield: &Shield, c: Counter) -> u64 {
+    shield
+        .counters()
+        .unwrap()
+        .into_iter()
+        .find(|v| v.counter == c)
+        .unwrap()
+        .packets
+}
+
+fn syns(shield: &Shield, key: PrefixKey) -> Option<u64> {
+    shield.prefix(&key).unwrap().map(|s| s.syns)
+}
+
+/// Runs `packet` once; returns the action and the counter that moved (exactly one must).
+fn verdict(shield: &Shield, packet: &[u8]) -> (u32, Counter) {
+    let before: Vec<u64> = shield
+        .counters()
+        .unwrap()
+        .iter()
+        .map(|c| c.packets)
+        .collect();
+    let (action, _) = shield.test_run(packet, 1).unwrap();
+    let after = shield.counters().unwrap();
+    let moved: Vec<Counter> = after
+        .iter()
+        .zip(before)
+        .filter(|(a, b)| a.packets != *b)
+        .map(|(a, _)| a.counter)
+        .collect();
+    assert_eq!(
+        moved.len(),
+        1,
+        "exactly one counter per packet, got {moved:?}"
+    );
+    (action, *moved.first().unwrap())
+}
+
+fn syn4() -> Vec<u8> {
+    tcp4(CLIENT4, SERVER4, PORT, Flags::SYN)
+}
+
+fn syn6() -> Vec<u8> {
+    tcp6(CLIENT6, SERVER6, PORT, Flags::SYN)
+}
+
+#[test]
+fn vlan_tags_zero_one_two_are_parsed_three_pass_unparsed() {
+    let Some(s) = shield(&settings(1000), &[]) else {
+        return;
+    };
+    let key = PrefixKey::from_ipv4(CLIENT4);
+    for (tags, n) in [
+        (&[][..], 1),
+        (&[0x8100][..], 2),
+        (&[0x88a8][..], 3),
+        (&[0x88a8, 0x8100][..], 4),
+        (&[0x8100, 0x8100][..], 5),
+    ] {
+        assert_eq!(
+            verdict(&s, &with_vlans(&syn4(), tags)),
+            (XDP_PASS, Counter::PassSyn),
+            "{tags:x?}"
+        );
+        assert_eq!(syns(&s, key), Some(n), "{tags:x?}");
+        let v6 = with_vlans(&syn6(), tags);
+        assert_eq!(
+            verdict(&s, &v6),
+            (XDP_PASS, Counter::PassSyn),
+            "IPv6 {tags:x?}"
+        );
+    }
+    let three = with_vlans(&syn4(), &[0x88a8, 0x8100, 0x8100]);
+    assert_eq!(verdict(&s, &three), (XDP_PASS, Counter::PassTooManyHeaders));
+    assert_eq!(syns(&s, key), Some(5), "a triple-tagged SYN is not counted");
+}
+
+#[test]
+fn ipv4_options_are_skipped_by_ihl() {
+    let Some(s) = shield(&settings(1000), &[]) else {
+        return;
+    };
+    let key = PrefixKey::from_ipv4(CLIENT4);
+    assert_eq!(verdict(&s, &syn4()), (XDP_PASS, Counter::PassSyn), "IHL 5");
+    let ihl15 = with_ipv4_options(&syn4(), 10);
+    assert_eq!(ihl15[ETH_HLEN] & 0x0f, 15);
+    assert_eq!(verdict(&s, &ihl15), (XDP_PASS, Counter::PassSyn), "IHL 15");
+    assert_eq!(syns(&s, key), Some(2));
+    // IHL 15 whose TCP header flags are read at the right place: a SYN-ACK is not a SYN.
+    let synack15 = with_ipv4_options(&tcp4(CLIENT4, SERVER4, PORT, Flags::SYN_ACK), 10);
+    assert_eq!(verdict(&s, &synack15), (XDP_PASS, Counter::PassNotSyn));
+    // IHL below 5 is impossible.
+    let mut bad = syn4();
+    bad[ETH_HLEN] = 0x44;
+    assert_eq!(verdict(&s, &bad), (XDP_PASS, Counter::PassMalformed));
+}
+
+#[test]
+fn ipv4_first_fragments_are_judged_later_ones_pass() {
+    let Some(s) = shield(&settings(1000), &[]) else {
+        return;
+    };
+    let key = PrefixKey::from_ipv4(CLIENT4);
+    assert_eq!(
+        verdict(&s, &ipv4_fragment(&syn4(), 0, true)),
+        (XDP_PASS, Counter::PassSyn)
+    );
+    assert_eq!(
+        verdict(&s, &ipv4_fragment(&syn4(), 185, false)),
+        (XDP_PASS, Counter::PassFragment)
+    );
+    assert_eq!(
+        verdict(&s, &ipv4_fragment(&syn4(), 1, true)),
+        (XDP_PASS, Counter::PassFragment)
+    );
+    assert_eq!(syns(&s, key), Some(1));
+}
+
+#[test]
+fn ipv6_extension_headers_are_walked() {
+    let Some(s) = shield(&settings(1000), &[]) else {
+        return;
+    };
+    let key = PrefixKey::from_ipv6(CLIENT6);
+    let chains: [&[Ext]; 7] = [
+        &[Ext::HopByHop],
+        &[Ext::Routing],
+        &[Ext::DestOpts { extra: 0 }],
+        &[Ext::DestOpts { extra: 3 }],
+        &[Ext::Fragment {
+            offset: 0,
+            more: true,
+        }],
+        &[Ext::Ah],
+        &[
+            Ext::HopByHop,
+            Ext::DestOpts { extra: 1 },
+            Ext::Routing,
+            Ext::Fragment {
+                offset: 0,
+                more: true,
+            },
+            Ext::Ah,
+            Ext::DestOpts { extra: 0 },
+        ],
+    ];
+    for (i, chain) in chains.iter().enumerate() {
+        let p = with_ipv6_extensions(&syn6(), chain);
+        assert_eq!(verdict(&s, &p), (XDP_PASS, Counter::PassSyn), "{chain:?}");
+        assert_eq!(syns(&s, key), Some(i as u64 + 1), "{chain:?}");
+    }
+    let later = with_ipv6_extensions(
+        &syn6(),
+        &[Ext::Fragment {
+            offset: 100,
+            more: false,
+        }],
+    );
+    assert_eq!(verdict(&s, &later), (XDP_PASS, Counter::PassFragment));
+    let esp = with_ipv6_extensions(&syn6(), &[Ext::Esp]);
+    assert_eq!(verdict(&s, &esp), (XDP_PASS, Counter::PassNotTcp));
+    let seven = [Ext::DestOpts { extra: 0 }; 7];
+    let too_many = with_ipv6_extensions(&syn6(), &seven);
+    assert_eq!(
+        verdict(&s, &too_many),
+        (XDP_PASS, Counter::PassTooManyHeaders)
+    );
+    let synack = with_ipv6_extensions(
+        &tcp6(CLIENT6, SERVER6, PORT, Flags::SYN_ACK),
+        &[Ext::HopByHop],
+    );
+    assert_eq!(verdict(&s, &synack), (XDP_PASS, Counter::PassNotSyn));
+    assert_eq!(syns(&s, key), Some(chains.len() as u64));
+}
+
+#[test]
+fn truncation_at_every_byte_passes_and_counts_nothing() {
+    let Some(s) = shield(&settings(1000), &[]) else {
+        return;
+    };
+    let frames = [
+        with_vlans(&with_ipv4_options(&syn4(), 10), &[0x88a8, 0x8100]),
+        with_vlans(
+            &with_ipv6_extensions(
+                &syn6(),
+                &[
+                    Ext::HopByHop,
+                    Ext::Fragment {
+                        offset: 0,
+                        more: true,
+                    },
+                    Ext::Ah,
+                ],
+            ),
+            &[0x8100],
+        ),
+    ];
+    for full in &frames {
+        // BPF_PROG_TEST_RUN refuses XDP input shorter than an Ethernet header.
+        for len in ETH_HLEN..full.len() {
+            let (action, c) = verdict(&s, &full[..len]);
+            assert_eq!(action, XDP_PASS, "truncated at {len}");
+            assert_eq!(c, Counter::PassTruncated, "truncated at {len}");
+        }
+        assert_eq!(verdict(&s, full), (XDP_PASS, Counter::PassSyn));
+    }
+    assert_eq!(syns(&s, PrefixKey::from_ipv4(CLIENT4)), Some(1));
+    assert_eq!(syns(&s, PrefixKey::from_ipv6(CLIENT6)), Some(1));
+}
+
+#[test]
+fn flags_only_a_syn_without_ack_is_judged() {
+    let Some(s) = shield(&settings(1), &[]) else {
+        return;
+    };
+    for (flags, name) in [
+        (Flags::SYN_ACK, "SYN-ACK"),
+        (Flags::ACK, "ACK"),
+        (Flags::RST, "RST"),
+    ] {
+        for _ in 0..3 {
+            assert_eq!(
+                verdict(&s, &tcp4(CLIENT4, SERVER4, PORT, flags)),
+                (XDP_PASS, Counter::PassNotSyn),
+                "{name}"
+            );
+            assert_eq!(
+                verdict(&s, &tcp6(CLIENT6, SERVER6, PORT, flags)),
+                (XDP_PASS, Counter::PassNotSyn),
+                "{name}"
+            );
+        }
+    }
+    assert_eq!(syns(&s, PrefixKey::from_ipv4(CLIENT4)), None);
+}
+
+#[test]
+fn budget_is_exhausted_after_exactly_burst_syns() {
+    const BURST: u32 = 5;
+    let Some(s) = shield(&settings(BURST), &[]) else {
+        return;
+    };
+    for (packet, key) in [
+        (syn4(), PrefixKey::from_ipv4(CLIENT4)),
+        (syn6(), PrefixKey::from_ipv6(CLIENT6)),
+    ] {
+        let (action, _) = s.test_run(&packet, BURST).unwrap();
+        assert_eq!(action, XDP_PASS, "the {BURST}th SYN still passes");
+        assert_eq!(syns(&s, key), Some(u64::from(BURST)));
+        assert_eq!(
+            verdict(&s, &packet),
+            (XDP_DROP, Counter::DropSynBudget),
+            "SYN {}",
+            BURST + 1
+        );
+        let state = s.prefix(&key).unwrap().unwrap();
+        assert_eq!((state.syns, state.drops), (u64::from(BURST) + 1, 1));
+        // Non-SYN traffic of a throttled prefix still passes.
+        let ack = if key.ipv4().is_some() {
+            tcp4(CLIENT4, SERVER4, PORT, Flags::ACK)
+        } else {
+            tcp6(CLIENT6, SERVER6, PORT, Flags::ACK)
+        };
+        assert_eq!(verdict(&s, &ack), (XDP_PASS, Counter::PassNotSyn));
+    }
+    assert_eq!(counter(&s, Counter::PassSyn), 2 * u64::from(BURST));
+    assert_eq!(counter(&s, Counter::DropSynBudget), 2);
+    // Another /32 has its own budget.
+    assert_eq!(
+        verdict(&s, &tcp4([198, 51, 100, 8], SERVER4, PORT, Flags::SYN)),
+        (XDP_PASS, Counter::PassSyn)
+    );
+}
+
+#[test]
+fn only_syns_to_protected_ports_are_judged() {
+    let Some(s) = shield(&settings(1), &[]) else {
+        return;
+    };
+    let key = PrefixKey::from_ipv4(CLIENT4);
+    for _ in 0..3 {
+        assert_eq!(
+            verdict(&s, &tcp4(CLIENT4, SERVER4, 22, Flags::SYN)),
+            (XDP_PASS, Counter::PassUnprotectedPort)
+        );
+    }
+    assert_eq!(syns(&s, key), None);
+    assert_eq!(verdict(&s, &syn4()), (XDP_PASS, Counter::PassSyn));
+    assert_eq!(verdict(&s, &syn4()), (XDP_DROP, Counter::DropSynBudget));
+    // ports = [] protects every port.
+    let mut all = settings(1);
+    all.ports.clear();
+    let Some(s) = shield(&all, &[]) else { return };
+    assert_eq!(
+        verdict(&s, &tcp4(CLIENT4, SERVER4, 22, Flags::SYN)),
+        (XDP_PASS, Counter::PassSyn)
+    );
+    assert_eq!(
+        verdict(&s, &tcp4(CLIENT4, SERVER4, 8080, Flags::SYN)),
+        (XDP_DROP, Counter::DropSynBudget)
+    );
+}
+
+#[test]
+fn blocklist_drops_until_the_deadline_then_forgets() {
+    let Some(mut s) = shield(&settings(1000), &[]) else {
+        return;
+    };
+    let key = PrefixKey::from_ipv4(CLIENT4);
+    s.block(key, Duration::from_hours(1)).unwrap();
+    for _ in 0..3 {
+        assert_eq!(verdict(&s, &syn4()), (XDP_DROP, Counter::DropBlocked));
+    }
+    // Its neighbour, and its non-SYN traffic, pass.
+    assert_eq!(
+        verdict(&s, &tcp4([198, 51, 100, 9], SERVER4, PORT, Flags::SYN)),
+        (XDP_PASS, Counter::PassSyn)
+    );
+    assert_eq!(
+        verdict(&s, &tcp4(CLIENT4, SERVER4, PORT, Flags::ACK)),
+        (XDP_PASS, Counter::PassNotSyn)
+    );
+    assert_eq!(s.blocked().unwrap().len(), 1);
+    // A deadline in the past: the next SYN passes and the entry is deleted.
+    s.block_until(key, 1).unwrap();
+    assert_eq!(verdict(&s, &syn4()), (XDP_PASS, Counter::PassSyn));
+    assert!(s.blocked().unwrap().is_empty(), "expired entry forgotten");
+    // IPv6: the whole /64 is blocked.
+    let key6 = PrefixKey::from_ipv6(CLIENT6);
+    s.block(key6, Duration::from_hours(1)).unwrap();
+    let mut other_host = CLIENT6;
+    other_host[15] = 0x77;
+    assert_eq!(
+        verdict(&s, &tcp6(other_host, SERVER6, PORT, Flags::SYN)),
+        (XDP_DROP, Counter::DropBlocked)
+    );
+}
+
+#[test]
+fn exempt_prefixes_are_never_shed() {
+    let Some(mut s) = shield(&settings(1), &["198.51.100.0/24", "2001:db8:c1::/48"]) else {
+        return;
+    };
+    for _ in 0..10 {
+        assert_eq!(verdict(&s, &syn4()), (XDP_PASS, Counter::PassExempt));
+        assert_eq!(verdict(&s, &syn6()), (XDP_PASS, Counter::PassExempt));
+    }
+    // Exempt beats the blocklist too.
+    s.block(PrefixKey::from_ipv4(CLIENT4), Duration::from_hours(1))
+        .unwrap();
+    assert_eq!(verdict(&s, &syn4()), (XDP_PASS, Counter::PassExempt));
+    // Outside the exempt prefixes, the budget of 1 applies.
+    let outsider = tcp4([192, 0, 2, 50], SERVER4, PORT, Flags::SYN);
+    assert_eq!(verdict(&s, &outsider), (XDP_PASS, Counter::PassSyn));
+    assert_eq!(verdict(&s, &outsider), (XDP_DROP, Counter::DropSynBudget));
+    // Reconfiguring replaces the exempt set.
+    s.configure(&settings(1), &[]).unwrap();
+    assert_eq!(verdict(&s, &syn6()), (XDP_PASS, Counter::PassSyn));
+    assert_eq!(verdict(&s, &syn6()), (XDP_DROP, Counter::DropSynBudget));
+}
+
+#[test]
+fn churn_guard_keeps_tracked_prefixes_and_shares_one_overflow_bucket() {
+    const NEW_PREFIX_BURST: u32 = 3;
+    const SYN_BURST: u32 = 4;
+    let mut cfg = settings(SYN_BURST);
+    cfg.new_prefix_rate = FROZEN_RATE;
+    cfg.new_prefix_burst = NEW_PREFIX_BURST;
+    let Some(s) = shield(&cfg, &[]) else { return };
+    let tracked: Vec<[u8; 4]> = (1..=3).map(|i| [192, 0, 2, i]).collect();
+    for src in &tracked {
+        assert_eq!(
+            verdict(&s, &tcp4(*src, SERVER4, PORT, Flags::SYN)),
+            (XDP_PASS, Counter::PassSyn)
+        );
+    }
+    assert_eq!(s.tracked_prefixes().unwrap(), 3);
+    // A rotation flood: 50 new /64s. The guard is closed, so none gets an entry; they share one
+    // overflow bucket of SYN_BURST tokens.
+    let mut passed = 0;
+    let mut dropped = 0;
+    for i in 0..50u8 {
+        let mut src = CLIENT6;
+        src[6] = i;
+        match verdict(&s, &tcp6(src, SERVER6, PORT, Flags::SYN)) {
+            (XDP_PASS, Counter::PassOverflowSyn) => passed += 1,
+            (XDP_DROP, Counter::DropOverflow) => dropped += 1,
+            other => panic!("new prefix {i}: {other:?}"),
+        }
+    }
+    assert_eq!((passed, dropped), (SYN_BURST, 50 - SYN_BURST));
+    assert_eq!(
+        s.tracked_prefixes().unwrap(),
+        3,
+        "no entry for the rotating prefixes"
+    );
+    let guard = s.guard().unwrap();
+    assert_eq!(
+        (guard.overflow.syns, guard.overflow.drops),
+        (50, u64::from(50 - SYN_BURST))
+    );
+    // The tracked prefixes keep their own buckets.
+    for src in &tracked {
+        assert_eq!(syns(&s, PrefixKey::from_ipv4(*src)), Some(1));
+        assert_eq!(
+            verdict(&s, &tcp4(*src, SERVER4, PORT, Flags::SYN)),
+            (XDP_PASS, Counter::PassSyn)
+        );
+    }
+}
+
+#[test]
+fn counters_are_exported_as_door_xdp_packets() {
+    use std::sync::{Arc, Mutex};
+
+    use opentelemetry::metrics::MeterProvider as _;
+    use opentelemetry_sdk::metrics::{
+        InMemoryMetricExporter, PeriodicReader, SdkMeterProvider,
+        data::{AggregatedMetrics, MetricData},
+    };
+
+    let Some(s) = shield(&settings(1), &[]) else {
+        return;
+    };
+    for _ in 0..3 {
+        s.test_run(&syn4(), 1).unwrap();
+    }
+    s.test_run(&tcp4(CLIENT4, SERVER4, PORT, Flags::ACK), 1)
+        .unwrap();
+    let shield = Arc::new(Mutex::new(s));
+    let exporter = InMemoryMetricExporter::default();
+    let provider = SdkMeterProvider::builder()
+        .with_reader(PeriodicReader::builder(exporter.clone()).build())
+        .build();
+    let _instruments = door_daemon::xdp::observe(&provider.meter("door"), &shield);
+    provider.force_flush().unwrap();
+
+    let mut packets = Vec::new();
+    let mut tracked = None;
+    let all = exporter.get_finished_metrics().unwrap();
+    for scope in all.last().unwrap().scope_metrics() {
+        for metric in scope.metrics() {
+            match (metric.name(), metric.data()) {
+                ("door.xdp.packets", AggregatedMetrics::U64(MetricData::Sum(sum))) => {
+                    for p in sum.data_points() {
+                        let attrs: Vec<(String, String)> = p
+                            .attributes()
+                            .map(|kv| (kv.key.to_string(), kv.value.to_string()))
+                            .collect();
+                        packets.push((attrs, p.value()));
+                    }
+                }
+                ("door.xdp.tracked_prefixes", AggregatedMetrics::U64(MetricData::Gauge(g))) => {
+                    tracked = g
+                        .data_points()
+                        .next()
+                        .map(opentelemetry_sdk::metrics::data::GaugeDataPoint::value);
+                }
+                _ => {}
+            }
+        }
+    }
+    let value = |verdict: &str, reason: &str| {
+        packets
+            .iter()
+            .find(|(a, _)| {
+                a.contains(&("door.xdp.verdict".into(), verdict.into()))
+                    && a.contains(&("door.xdp.reason".into(), reason.into()))
+            })
+            .map(|(a, v)| {
+                assert_eq!(a.len(), 2, "exactly two attributes: {a:?}");
+                *v
+            })
+    };
+    assert_eq!(value("pass", "syn"), Some(1));
+    assert_eq!(value("drop", "syn_budget"), Some(2));
+    assert_eq!(value("pass", "not_syn"), Some(1));
+    assert_eq!(value("drop", "blocked"), Some(0));
+    assert_eq!(packets.len(), Counter::ALL.len(), "one series per counter");
+    assert_eq!(tracked, Some(1));
+}
