@@ -2,7 +2,7 @@
 //! with etherparse. Needs root (CAP_BPF); run with `--test-threads=1` (`cargo xtask test` does).
 #![expect(
     clippy::unwrap_used,
-    clippy::expect_used,
+    clippy::panic,
     reason = "test helpers: a failed step fails the test"
 )]
 
@@ -25,7 +25,11 @@ fn shield() -> Option<Shield> {
     if !privileged_or_skip("bpf_test_run") {
         return None;
     }
-    Some(Shield::load().expect("door's XDP program loads and passes the verifier"))
+    // Display, not Debug: a refusal carries the verifier's log, printed whole and readable.
+    match Shield::load() {
+        Ok(shield) => Some(shield),
+        Err(e) => panic!("door's XDP program did not load into this kernel: {e}"),
+    }
 }
 
 fn counter(shield: &Shield, c: Counter) -> u64 {

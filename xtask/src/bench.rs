@@ -13,6 +13,11 @@
 //!   budget (1/s, burst 20) for the rate of 429s.
 //!
 //! Prints requests per second, p50/p99 latency and door/nginx ratios. About a minute.
+//!
+//! `cargo xtask bench xdp` (root): `xdp-bench` from the tests crate, release build. Nanoseconds
+//! per packet of door's XDP program with BPF_PROG_TEST_RUN against an empty program and a
+//! minimal parse + LRU-update program in the same run, then the veth flood comparison (XDP vs an
+//! nftables per-/64 meter vs nothing, with a legitimate client's latency). About a minute.
 
 use std::{
     path::{Path, PathBuf},
@@ -50,6 +55,34 @@ struct Run {
 }
 
 /// Runs the `proxy` benchmark.
+/// `cargo xtask bench xdp`: builds the benchmark and the binaries it starts (release), installs
+/// nftables if missing, and runs it.
+pub(crate) fn xdp() -> anyhow::Result<()> {
+    setup::toolchain()?;
+    setup::debian_packages(&["nftables", "iproute2", "curl"])?;
+    step("building the XDP benchmark, door and the demo upstream (release)");
+    sh(cargo().args([
+        "build",
+        "--release",
+        "--package",
+        "door-tests",
+        "--bin",
+        "xdp-bench",
+        "--bin",
+        "synflood",
+        "--bin",
+        "demo-upstream",
+        "--package",
+        "door-daemon",
+        "--bin",
+        "door",
+    ]))?;
+    let dir =
+        std::env::var_os("CARGO_TARGET_DIR").map_or_else(|| PathBuf::from("target"), PathBuf::from);
+    step("BPF_PROG_TEST_RUN per packet, then the veth flood comparison");
+    sh(Command::new(dir.join("release/xdp-bench")).arg("--veth"))
+}
+
 pub(crate) fn proxy() -> anyhow::Result<()> {
     setup::debian_packages(&["wrk", "nginx-light", "nghttp2-client"])?;
     step("building door (release)");

@@ -6,9 +6,15 @@
 //!   tests use (idempotent: only what is missing is installed).
 //! - `cargo xtask run [-- ARGS]`: builds, starts the demo upstream and `door --config
 //!   examples/door.toml ARGS`.
-//! - `cargo xtask bench proxy`: door against nginx on loopback (see `bench.rs`).
-//! - `cargo xtask test`: format and lint checks, unit and property tests, then the privileged
-//!   suites (BPF_PROG_TEST_RUN, netns/veth) one test at a time; ends with `N passed, N failed`.
+//! - `cargo xtask run --vm KERNEL`: the same demo inside a guest booting Debian's KERNEL (`6.1`,
+//!   `6.12`) under qemu, with a scripted client (see [`vm`]).
+//! - `cargo xtask test`: format and lint checks, unit and property tests, fuzzing, then the
+//!   privileged suites (BPF_PROG_TEST_RUN, netns/veth, real proxies) one test at a time on this
+//!   machine's kernel, the systemd unit and the Debian package, then the privileged suites inside
+//!   guests booting Debian's 6.1 and 6.12 kernels; ends with `N passed, N failed`. `--vm` runs
+//!   only the guests, `--no-vm` skips them, `--kernel 6.1,6.12` chooses them.
+//! - `cargo xtask bench proxy|xdp`: door against nginx on loopback (see `bench.rs`); door's XDP
+//!   program against reference programs, and on a veth against nftables.
 //! - `cargo xtask deb [--install-test]`: the Debian package (cargo-deb, installed if missing);
 //!   with `--install-test`, also `dpkg -i` it, check it and purge it.
 
@@ -17,6 +23,7 @@ mod deb;
 mod service;
 mod setup;
 mod test;
+mod vm;
 
 use std::{
     path::{Path, PathBuf},
@@ -40,15 +47,31 @@ enum Task {
     Setup,
     /// Build door and run it in front of the demo upstream (examples/door.toml).
     Run {
+        /// Run the demo inside a qemu guest booting Debian's kernel KERNEL (`6.1`, `6.12`), with
+        /// a scripted client (legitimate requests, a burst, a SYN flood) instead of on this host.
+        #[arg(long, value_name = "KERNEL")]
+        vm: Option<String>,
         /// Arguments passed to door (after `--`).
         #[arg(last = true)]
         args: Vec<String>,
     },
-    /// Run every test: lints, unit and property tests, and the privileged suites.
-    Test,
-    /// Benchmarks: `proxy` compares door with nginx on loopback (wrk, h2load).
+    /// Run every test: lints, unit and property tests, the privileged suites on this kernel and
+    /// inside qemu guests booting Debian's kernels.
+    Test {
+        /// Run only the privileged suites inside the qemu guests.
+        #[arg(long, conflicts_with = "no_vm")]
+        vm: bool,
+        /// Skip the qemu guests.
+        #[arg(long)]
+        no_vm: bool,
+        /// The Debian kernel series to boot, comma-separated.
+        #[arg(long, value_delimiter = ',', default_values_t = vm::DEFAULT_KERNELS.map(String::from))]
+        kernel: Vec<String>,
+    },
+    /// Benchmarks: `proxy` compares door with nginx on loopback (wrk, h2load); `xdp` measures
+    /// door's XDP program per packet against reference programs and on a veth.
     Bench {
-        /// What to benchmark: `proxy`.
+        /// What to benchmark: `proxy` or `xdp`.
         target: String,
     },
     /// Build the Debian package (cargo-deb; release build): prints the .deb's path.
@@ -65,11 +88,24 @@ fn main() -> anyhow::Result<()> {
     std::env::set_current_dir(&root).with_context(|| format!("entering {}", root.display()))?;
     match cli.command {
         Task::Setup => setup::all(),
-        Task::Run { args } => run(&args),
-        Task::Test => test::all(),
+        Task::Run {
+            vm: Some(kernel),
+            args,
+        } => {
+            if !args.is_empty() {
+                bail!("`run --vm` takes no door arguments: the guest's config is scripted");
+            }
+            vm::run(&kernel)
+        }
+        Task::Run { vm: None, args } => run(&args),
+        Task::Test {
+            vm: true, kernel, ..
+        } => test::vm_only(&kernel),
+        Task::Test { no_vm, kernel, .. } => test::all((!no_vm).then_some(kernel.as_slice())),
         Task::Bench { target } => match target.as_str() {
             "proxy" => bench::proxy(),
-            other => bail!("unknown bench target {other:?} (known: proxy)"),
+            "xdp" => bench::xdp(),
+            other => bail!("unknown bench target {other:?} (known: proxy, xdp)"),
         },
         Task::Deb { install_test: true } => deb::install_test(),
         Task::Deb {

@@ -8,7 +8,7 @@ use std::{
 
 use anyhow::{Context as _, bail};
 
-use crate::{cargo, deb, display, service, setup, sh, step};
+use crate::{cargo, deb, display, service, setup, sh, step, vm};
 
 /// Totals over every `cargo test` run (from libtest's `test result:` lines) and every check.
 #[derive(Debug, Default)]
@@ -77,7 +77,7 @@ impl Tally {
 }
 
 /// Parses libtest's `test result: ok. 12 passed; 0 failed; …` into (passed, failed).
-fn parse_result(line: &str) -> Option<(u64, u64)> {
+pub(crate) fn parse_result(line: &str) -> Option<(u64, u64)> {
     let rest = line.trim().strip_prefix("test result: ")?;
     let mut passed = None;
     let mut failed = None;
@@ -94,8 +94,8 @@ fn parse_result(line: &str) -> Option<(u64, u64)> {
     Some((passed?, failed?))
 }
 
-/// Runs everything.
-pub(crate) fn all() -> anyhow::Result<()> {
+/// Runs everything; with `kernels`, the privileged suites also run inside a guest per kernel.
+pub(crate) fn all(kernels: Option<&[String]>) -> anyhow::Result<()> {
     setup::all()?;
     let mut t = Tally::default();
     t.check(
@@ -140,6 +140,12 @@ pub(crate) fn all() -> anyhow::Result<()> {
         cargo().args(["test", "--workspace", "--exclude", "door-tests"]),
     )?;
     fuzz(&mut t);
+    // The netns suite starts the `door` binary next to its own executable: build it, since
+    // `cargo test` builds a package's binaries only for that package's own integration tests.
+    t.check(
+        "building door for the netns suite",
+        cargo().args(["build", "--package", "door-daemon", "--bin", "door"]),
+    );
     let mut privileged = cargo();
     privileged.args(["test", "--package", "door-tests", "--", "--test-threads=1"]);
     if setup::is_root() {
@@ -158,15 +164,55 @@ pub(crate) fn all() -> anyhow::Result<()> {
     } else {
         eprintln!("\n==> Debian package install test SKIPPED: not root (dpkg -i needs it)");
     }
-    eprintln!();
-    for f in &t.failures {
-        eprintln!("FAILED: {f}");
+    if let Some(kernels) = kernels {
+        t.vm(kernels);
     }
-    println!("xtask: {} passed, {} failed", t.passed, t.failed);
-    if t.failed > 0 || !t.failures.is_empty() {
-        bail!("{} failed", t.failures.len().max(1));
+    t.finish()
+}
+
+/// Only the privileged suites inside the guests (`cargo xtask test --vm`).
+pub(crate) fn vm_only(kernels: &[String]) -> anyhow::Result<()> {
+    let mut t = Tally::default();
+    t.vm(kernels);
+    t.finish()
+}
+
+impl Tally {
+    /// The VM matrix: one result per kernel, added to the totals; a failed preparation (no
+    /// network for the kernels, a build error) is one failure.
+    fn vm(&mut self, kernels: &[String]) {
+        step(&format!(
+            "privileged suites inside qemu guests: kernels {}",
+            kernels.join(", ")
+        ));
+        match vm::test(kernels) {
+            Ok(results) => {
+                for r in results {
+                    self.passed += r.passed;
+                    self.failed += r.failed;
+                    self.failures.extend(
+                        r.failures
+                            .into_iter()
+                            .map(|f| format!("{}: {f}", r.release)),
+                    );
+                }
+            }
+            Err(e) => self.fail(format!("VM matrix: {e:#}")),
+        }
     }
-    Ok(())
+
+    /// Prints the failures and the total line; an error when anything failed.
+    fn finish(&self) -> anyhow::Result<()> {
+        eprintln!();
+        for f in &self.failures {
+            eprintln!("FAILED: {f}");
+        }
+        println!("xtask: {} passed, {} failed", self.passed, self.failed);
+        if self.failed > 0 || !self.failures.is_empty() {
+            bail!("{} failed", self.failures.len().max(1));
+        }
+        Ok(())
+    }
 }
 
 /// The cargo-fuzz targets (`fuzz/`), each run briefly.
