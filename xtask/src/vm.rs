@@ -270,9 +270,7 @@ struct Kernel {
 }
 
 fn vm_dir() -> PathBuf {
-    std::env::var_os("CARGO_TARGET_DIR")
-        .map_or_else(|| PathBuf::from("target"), PathBuf::from)
-        .join("vm")
+    crate::target_dir().join("vm")
 }
 
 /// Resolves `short` (`6.1`) to Debian's current image package through the metapackages, and
