@@ -136,6 +136,8 @@ struct Active {
 pub struct ConnInfo {
     peer: SocketAddr,
     tls: bool,
+    /// The peer address came from a PROXY protocol header sent by a trusted proxy.
+    proxied: bool,
     origin: Instant,
     active: AtomicUsize,
     /// Nanoseconds after `origin` of the last request start or end.
@@ -148,6 +150,7 @@ impl ConnInfo {
         Self {
             peer,
             tls,
+            proxied: false,
             origin: Instant::now(),
             active: AtomicUsize::new(0),
             last_ns: AtomicU64::new(0),
@@ -511,7 +514,14 @@ impl App {
                 if rejection.status == StatusCode::TOO_MANY_REQUESTS
                     && let Some(e) = &policy.escalator
                 {
-                    e.on_rejection(decision.key, KeySource::of(&decision));
+                    // A peer named by a trusted proxy's PROXY header was learned through that
+                    // proxy: never escalated (DESIGN.md, "Flood shield").
+                    let source = if conn.proxied {
+                        KeySource::ThroughProxy
+                    } else {
+                        KeySource::of(&decision)
+                    };
+                    e.on_rejection(decision.key, source);
                 }
                 if limited.health {
                     self.cached_health(&limited.limiter, req, origin).await
@@ -1040,7 +1050,10 @@ async fn connection(
     };
     match tls {
         None => {
-            let info = Arc::new(ConnInfo::new(peer, false));
+            let info = Arc::new(ConnInfo {
+                proxied: proxy_protocol,
+                ..ConnInfo::new(peer, false)
+            });
             serve_io(stream, info, app, settings, &builder, stop).await;
         }
         Some(acceptor) => {
@@ -1048,7 +1061,10 @@ async fn connection(
                 tokio::time::timeout(settings.header_read_timeout, acceptor.accept(stream)).await;
             match handshake {
                 Ok(Ok(tls_stream)) => {
-                    let info = Arc::new(ConnInfo::new(peer, true));
+                    let info = Arc::new(ConnInfo {
+                        proxied: proxy_protocol,
+                        ..ConnInfo::new(peer, true)
+                    });
                     serve_io(tls_stream, info, app, settings, &builder, stop).await;
                 }
                 Ok(Err(e)) => tracing::debug!(%peer, error = %e, "TLS handshake failed"),

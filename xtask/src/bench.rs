@@ -77,8 +77,7 @@ pub(crate) fn xdp() -> anyhow::Result<()> {
         "--bin",
         "door",
     ]))?;
-    let dir =
-        std::env::var_os("CARGO_TARGET_DIR").map_or_else(|| PathBuf::from("target"), PathBuf::from);
+    let dir = crate::target_dir();
     step("BPF_PROG_TEST_RUN per packet, then the veth flood comparison");
     sh(Command::new(dir.join("release/xdp-bench")).arg("--veth"))
 }
@@ -108,16 +107,13 @@ fn run_all(dir: &Path) -> anyhow::Result<()> {
     let door_conf = dir.join("door.toml");
     std::fs::write(&door_conf, door_toml())?;
     let _door = Guard(
-        Command::new(
-            PathBuf::from(std::env::var("CARGO_TARGET_DIR").unwrap_or_else(|_| "target".into()))
-                .join("release/door"),
-        )
-        .args(["--config"])
-        .arg(&door_conf)
-        .env("RUST_LOG", "warn")
-        .stdin(Stdio::null())
-        .spawn()
-        .context("starting door")?,
+        Command::new(crate::target_dir().join("release/door"))
+            .args(["--config"])
+            .arg(&door_conf)
+            .env("RUST_LOG", "warn")
+            .stdin(Stdio::null())
+            .spawn()
+            .context("starting door")?,
     );
     for addr in [UPSTREAM, NGINX, NGINX_H2, DOOR] {
         wait_listening(addr)?;

@@ -114,6 +114,11 @@ fn main() -> anyhow::Result<()> {
     }
 }
 
+/// Cargo's target directory: `$CARGO_TARGET_DIR`, else `target` (xtask runs from the root).
+pub(crate) fn target_dir() -> PathBuf {
+    std::env::var_os("CARGO_TARGET_DIR").map_or_else(|| PathBuf::from("target"), PathBuf::from)
+}
+
 fn workspace_root() -> anyhow::Result<PathBuf> {
     let manifest = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
     manifest
@@ -166,13 +171,13 @@ fn run(args: &[String]) -> anyhow::Result<()> {
         "--bin",
         "demo-upstream",
     ]))?;
-    let bin = PathBuf::from("target/debug");
+    let bin = target_dir().join("debug");
     step("starting the demo upstream on 127.0.0.1:3000");
     let mut upstream = Command::new(bin.join("demo-upstream"))
         .args(["--listen", "127.0.0.1:3000"])
         .stdin(Stdio::null())
         .spawn()
-        .context("starting the demo upstream")?;
+        .with_context(|| format!("starting {}", bin.join("demo-upstream").display()))?;
     step("starting door --config examples/door.toml");
     eprintln!(
         "    door serves http://127.0.0.1:8443 (and [::1]:8443); try:\n\

@@ -1,10 +1,7 @@
 //! Checks of `packaging/door.service`: `systemd-analyze verify` (syntax, directives, the binaries
 //! it runs) and `systemd-analyze security` (the sandbox's exposure score stays low).
 
-use std::{
-    path::{Path, PathBuf},
-    process::Command,
-};
+use std::{path::Path, process::Command};
 
 use anyhow::{Context as _, bail};
 
@@ -24,7 +21,7 @@ pub(crate) fn check() -> anyhow::Result<()> {
     step("systemd unit: systemd-analyze verify and security (packaging/door.service)");
     setup::debian_packages(&["systemd"])?;
     sh(cargo().args(["build", "--package", "door-daemon", "--bin", "door"]))?;
-    let door = target_dir().join("debug/door");
+    let door = crate::target_dir().join("debug/door");
     let door = door
         .canonicalize()
         .with_context(|| format!("the door binary just built: {}", door.display()))?;
@@ -81,9 +78,4 @@ fn verify_in(dir: &Path, door: &Path) -> anyhow::Result<()> {
         );
     }
     Ok(())
-}
-
-/// The cargo target directory (`CARGO_TARGET_DIR`, else `target`).
-pub(crate) fn target_dir() -> PathBuf {
-    std::env::var_os("CARGO_TARGET_DIR").map_or_else(|| PathBuf::from("target"), PathBuf::from)
 }

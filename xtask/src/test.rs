@@ -131,8 +131,8 @@ pub(crate) fn all(kernels: Option<&[String]>) -> anyhow::Result<()> {
                 "-Z",
                 "build-std=core",
                 "--target-dir",
-                "target/ebpf-clippy",
             ])
+            .arg(crate::target_dir().join("ebpf-clippy"))
             .args(["--", "-D", "warnings"]),
     );
     t.suite(

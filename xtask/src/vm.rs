@@ -42,9 +42,12 @@ const RUN_TIMEOUT: Duration = Duration::from_mins(4);
 /// Lines of the guest's log shown again when it crashed or hung.
 const TAIL_LINES: usize = 40;
 
-/// Debian packages the VM runs need besides qemu (which comes from backports).
+/// Debian packages the VM runs need besides qemu (which comes from backports). `musl-tools`
+/// provides `x86_64-linux-musl-gcc`, which crates with C parts (ring, under rustls) need to build
+/// the static guest binaries.
 const VM_PACKAGES: &[&str] = &[
     "busybox-static",
+    "musl-tools",
     "cpio",
     "xz-utils",
     "zstd",
@@ -153,7 +156,7 @@ pub(crate) fn run(kernel: &str) -> anyhow::Result<()> {
 /// stable qemu-system-x86), the other Debian packages, and the musl target.
 fn prerequisites() -> anyhow::Result<()> {
     step(
-        "checking what the VM runs need (qemu-system-x86, busybox-static, cpio, xz, zstd, musl target)",
+        "checking what the VM runs need (qemu-system-x86, busybox-static, musl-tools, cpio, xz, zstd, musl target)",
     );
     if installed("qemu-system-x86") {
         eprintln!("    qemu-system-x86: present");
@@ -270,9 +273,7 @@ struct Kernel {
 }
 
 fn vm_dir() -> PathBuf {
-    std::env::var_os("CARGO_TARGET_DIR")
-        .map_or_else(|| PathBuf::from("target"), PathBuf::from)
-        .join("vm")
+    crate::target_dir().join("vm")
 }
 
 /// Resolves `short` (`6.1`) to Debian's current image package through the metapackages, and

@@ -1,0 +1,143 @@
+//! Escalation to the XDP blocklist through the request path (DESIGN.md, "Flood shield"): only a
+//! key that was the TCP peer itself may be escalated. A client named by a trusted proxy, whether
+//! through `X-Forwarded-For` or a PROXY protocol header, never is. In-process on 127.0.0.1 with a
+//! recording blocklist; no XDP needed.
+#![expect(
+    clippy::unwrap_used,
+    clippy::indexing_slicing,
+    reason = "test code: a failed step fails the test"
+)]
+
+use std::{
+    net::SocketAddr,
+    sync::{Arc, Mutex},
+    time::Duration,
+};
+
+use door_common::PrefixKey;
+use door_daemon::{
+    clock::{Clock, MonotonicClock},
+    config::Config,
+    escalate::Blocklist,
+    metrics::Metrics,
+    server::{App, ConnSettings, Front},
+};
+use tokio::{
+    io::{AsyncReadExt, AsyncWriteExt},
+    net::{TcpListener, TcpStream},
+};
+
+#[derive(Debug, Default)]
+struct Recorder(Mutex<Vec<PrefixKey>>);
+
+impl Blocklist for Recorder {
+    fn block(&self, key: PrefixKey, _duration: Duration) {
+        self.0.lock().unwrap().push(key);
+    }
+}
+
+/// An upstream answering `200 ok` to anything.
+async fn upstream() -> SocketAddr {
+    let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = l.accept().await {
+            tokio::spawn(async move {
+                let mut buf = vec![0u8; 4096];
+                let mut seen = Vec::new();
+                while !seen.windows(4).any(|w| w == b"\r\n\r\n") {
+                    match s.read(&mut buf).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => seen.extend_from_slice(&buf[..n]),
+                    }
+                }
+                let _ = s
+                    .write_all(
+                        b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\nconnection: close\r\n\r\nok",
+                    )
+                    .await;
+            });
+        }
+    });
+    addr
+}
+
+/// Sends `bytes` on a fresh connection and returns the status code door answered.
+async fn status(addr: SocketAddr, bytes: &[u8]) -> u16 {
+    let mut s = TcpStream::connect(addr).await.unwrap();
+    s.write_all(bytes).await.unwrap();
+    let mut out = Vec::new();
+    let _ = s.read_to_end(&mut out).await;
+    let text = String::from_utf8_lossy(&out);
+    text.split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0)
+}
+
+#[tokio::test]
+async fn clients_named_by_a_trusted_proxy_are_never_escalated() {
+    let up = upstream().await;
+    let cfg = Config::from_toml(
+        "escalation.toml",
+        &format!(
+            r#"
+listen = ["127.0.0.1:0"]
+upstream = "http://{up}"
+admin_listen = "off"
+trusted_proxies = ["127.0.0.1/32"]
+[[route]]
+group = "link"
+path = "/l/{{id}}"
+[group.link]
+rate = 0.001
+burst = 1
+[xdp]
+mode = "off"
+escalate_after = 2
+"#
+        ),
+    )
+    .unwrap();
+    let clock: Arc<dyn Clock> = Arc::new(MonotonicClock::new());
+    let recorder = Arc::new(Recorder::default());
+    let app = Arc::new(App::new(
+        &cfg,
+        &clock,
+        &Metrics::noop(),
+        Some(recorder.clone()),
+    ));
+    let front = Front::new(app, ConnSettings::from_config(&cfg), None);
+    let plain = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let proxied = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let (plain_addr, proxied_addr) = (plain.local_addr().unwrap(), proxied.local_addr().unwrap());
+    front.serve(plain, false);
+    front.serve(proxied, true);
+
+    // Through PROXY protocol v1 from the trusted proxy: the client 203.0.113.9 is the key...
+    let via_pp = b"PROXY TCP4 203.0.113.9 192.0.2.1 40000 8443\r\nGET /l/x HTTP/1.1\r\nhost: d\r\nconnection: close\r\n\r\n";
+    let codes: Vec<u16> = sequential(proxied_addr, via_pp, 6).await;
+    assert_eq!(codes[0], 200, "{codes:?}");
+    assert!(codes[1..].iter().all(|c| *c == 429), "{codes:?}");
+    // ...and through X-Forwarded-For from the trusted proxy: 198.51.100.7 is the key.
+    let via_xff = b"GET /l/x HTTP/1.1\r\nhost: d\r\nx-forwarded-for: 198.51.100.7\r\nconnection: close\r\n\r\n";
+    let codes = sequential(plain_addr, via_xff, 6).await;
+    assert_eq!(codes[0], 200, "{codes:?}");
+    assert!(codes[1..].iter().all(|c| *c == 429), "{codes:?}");
+
+    // Five 429s each, well past escalate_after = 2: nothing was sent to the blocklist.
+    assert!(
+        recorder.0.lock().unwrap().is_empty(),
+        "{:?}",
+        recorder.0.lock().unwrap()
+    );
+}
+
+/// `n` requests, one after another, each on a fresh connection.
+async fn sequential(addr: SocketAddr, bytes: &[u8], n: usize) -> Vec<u16> {
+    let mut codes = Vec::with_capacity(n);
+    for _ in 0..n {
+        codes.push(status(addr, bytes).await);
+    }
+    codes
+}
