@@ -114,9 +114,16 @@ fn main() -> anyhow::Result<()> {
     }
 }
 
-/// Cargo's target directory: `$CARGO_TARGET_DIR`, else `target` (xtask runs from the root).
+/// Cargo's target directory, absolute: `$CARGO_TARGET_DIR`, else `target` under the workspace
+/// root (xtask runs from the root; steps that change directory need an absolute path).
 pub(crate) fn target_dir() -> PathBuf {
-    std::env::var_os("CARGO_TARGET_DIR").map_or_else(|| PathBuf::from("target"), PathBuf::from)
+    let dir =
+        std::env::var_os("CARGO_TARGET_DIR").map_or_else(|| PathBuf::from("target"), PathBuf::from);
+    if dir.is_absolute() {
+        dir
+    } else {
+        std::env::current_dir().map_or(dir.clone(), |cwd| cwd.join(&dir))
+    }
 }
 
 fn workspace_root() -> anyhow::Result<PathBuf> {
