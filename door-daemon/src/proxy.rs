@@ -259,7 +259,11 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
         .filter_map(|name| HeaderName::from_bytes(name.trim().as_bytes()).ok())
         .collect();
     for name in named {
-        headers.remove(name);
+        // `Connection: Host` or `Connection: X-Forwarded-For` must not remove what door itself
+        // relies on or rewrites (found by hostile testing).
+        if !PROTECTED.contains(&&name) {
+            headers.remove(name);
+        }
     }
     for name in [
         &CONNECTION,
@@ -276,10 +280,33 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
     }
 }
 
-/// From an untrusted peer, client-sent `X-Forwarded-For` and `Forwarded` are dropped and replaced
-/// by the peer; from a trusted proxy the chains are kept and the peer appended. `X-Forwarded-Proto`
-/// always says what door received.
+/// Fields a `Connection` header may not name for removal: `Host` and the forwarding fields door
+/// rewrites itself.
+static PROTECTED: [&HeaderName; 4] = [&HOST, &X_FORWARDED_FOR, &FORWARDED, &X_FORWARDED_PROTO];
+
+/// Client-identity fields other proxies and frameworks read (`X-Real-IP` by nginx's realip and
+/// chi's RealIP, `True-Client-IP` by Akamai and chi, …): from an untrusted peer they are dropped,
+/// so that the application can trust exactly one hop, door (DESIGN.md, "Client key").
+static IDENTITY: [HeaderName; 7] = [
+    HeaderName::from_static("x-real-ip"),
+    HeaderName::from_static("true-client-ip"),
+    HeaderName::from_static("x-client-ip"),
+    HeaderName::from_static("x-cluster-client-ip"),
+    HeaderName::from_static("cf-connecting-ip"),
+    HeaderName::from_static("fastly-client-ip"),
+    HeaderName::from_static("x-forwarded-host"),
+];
+
+/// From an untrusted peer, client-sent `X-Forwarded-For` and `Forwarded` (and the other identity
+/// fields of [`IDENTITY`]) are dropped and replaced by the peer; from a trusted proxy the chains
+/// are kept byte for byte and the peer appended. `X-Forwarded-Proto` always says what door
+/// received.
 pub fn rewrite_forwarding(headers: &mut HeaderMap, origin: Origin) {
+    if !origin.peer_trusted {
+        for name in &IDENTITY {
+            headers.remove(name);
+        }
+    }
     let peer = origin.peer.to_string();
     let forwarded_for = match origin.peer {
         IpAddr::V4(_) => format!("for={peer}"),
@@ -289,18 +316,27 @@ pub fn rewrite_forwarding(headers: &mut HeaderMap, origin: Origin) {
     let prior_forwarded = join_lines(headers, &FORWARDED);
     headers.remove(&X_FORWARDED_FOR);
     headers.remove(&FORWARDED);
+    let append = |prior: Vec<u8>, own: &str| {
+        let mut v = prior;
+        v.extend_from_slice(b", ");
+        v.extend_from_slice(own.as_bytes());
+        v
+    };
     let (xff, forwarded) = match (origin.peer_trusted, prior_xff, prior_forwarded) {
         (true, xff, fwd) => (
-            xff.map_or_else(|| peer.clone(), |x| format!("{x}, {peer}")),
-            fwd.map(|f| format!("{f}, {forwarded_for}")),
+            xff.map_or_else(|| peer.clone().into_bytes(), |x| append(x, &peer)),
+            fwd.map(|f| append(f, &forwarded_for)),
         ),
-        (false, _, fwd) => (peer.clone(), fwd.map(|_| forwarded_for.clone())),
+        (false, _, fwd) => (
+            peer.clone().into_bytes(),
+            fwd.map(|_| forwarded_for.clone().into_bytes()),
+        ),
     };
-    if let Ok(v) = HeaderValue::from_str(&xff) {
+    if let Ok(v) = HeaderValue::from_bytes(&xff) {
         headers.insert(&X_FORWARDED_FOR, v);
     }
     if let Some(f) = forwarded
-        && let Ok(v) = HeaderValue::from_str(&f)
+        && let Ok(v) = HeaderValue::from_bytes(&f)
     {
         headers.insert(&FORWARDED, v);
     }
@@ -310,18 +346,18 @@ pub fn rewrite_forwarding(headers: &mut HeaderMap, origin: Origin) {
     );
 }
 
-/// All lines of `name` joined with `", "` in wire order (RFC 9110 §5.3), or `None` when absent.
-/// Lines that are not visible ASCII are dropped.
-fn join_lines(headers: &HeaderMap, name: &HeaderName) -> Option<String> {
-    let lines: Vec<&str> = headers
+/// All lines of `name` joined with `", "` in wire order (RFC 9110 §5.3), byte for byte (obs-text
+/// included: the chain the upstream sees is the chain door walked), or `None` when absent.
+fn join_lines(headers: &HeaderMap, name: &HeaderName) -> Option<Vec<u8>> {
+    let lines: Vec<&[u8]> = headers
         .get_all(name)
         .iter()
-        .filter_map(|v| v.to_str().ok())
+        .map(HeaderValue::as_bytes)
         .collect();
     if lines.is_empty() {
         None
     } else {
-        Some(lines.join(", "))
+        Some(lines.join(&b", "[..]))
     }
 }
 
@@ -392,6 +428,50 @@ mod tests {
         let mut h = HeaderMap::new();
         rewrite_forwarding(&mut h, origin("192.0.2.10", true));
         assert_eq!(h["x-forwarded-for"], "192.0.2.10");
+    }
+
+    #[test]
+    fn connection_cannot_remove_host_or_the_forwarding_chain() {
+        let mut h = headers(&[
+            ("connection", "host, x-forwarded-for, forwarded, x-other"),
+            ("host", "door.test"),
+            ("x-forwarded-for", "203.0.113.9"),
+            ("x-other", "1"),
+        ]);
+        strip_hop_by_hop(&mut h);
+        assert_eq!(h["host"], "door.test");
+        assert_eq!(h["x-forwarded-for"], "203.0.113.9");
+        assert!(h.get("x-other").is_none());
+    }
+
+    #[test]
+    fn identity_fields_from_untrusted_peers_are_dropped_and_chains_kept_byte_for_byte() {
+        let mut h = headers(&[
+            ("x-real-ip", "6.6.6.6"),
+            ("true-client-ip", "6.6.6.6"),
+            ("x-forwarded-host", "evil"),
+        ]);
+        rewrite_forwarding(&mut h, origin("192.0.2.7", false));
+        assert!(
+            h.get("x-real-ip").is_none()
+                && h.get("true-client-ip").is_none()
+                && h.get("x-forwarded-host").is_none()
+        );
+        let mut h = HeaderMap::new();
+        h.append(
+            "x-forwarded-for",
+            HeaderValue::from_bytes(b"1.2.3.4\xff, 203.0.113.9").unwrap(),
+        );
+        h.append("x-real-ip", HeaderValue::from_static("203.0.113.9"));
+        rewrite_forwarding(&mut h, origin("192.0.2.10", true));
+        assert_eq!(
+            h["x-forwarded-for"].as_bytes(),
+            b"1.2.3.4\xff, 203.0.113.9, 192.0.2.10"
+        );
+        assert_eq!(
+            h["x-real-ip"], "203.0.113.9",
+            "a trusted proxy's fields are kept"
+        );
     }
 
     #[test]

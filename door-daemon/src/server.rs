@@ -31,7 +31,7 @@ use std::{
 };
 
 use bytes::Bytes;
-use http::{HeaderName, HeaderValue, Request, Response, StatusCode, Version, header};
+use http::{HeaderName, HeaderValue, Method, Request, Response, StatusCode, Version, header};
 use http_body::{Body, Frame, SizeHint};
 use hyper::body::Incoming;
 use hyper_util::{
@@ -469,7 +469,11 @@ impl App {
         res
     }
 
-    async fn route(&self, conn: &ConnInfo, req: Request<Incoming>) -> Response<ResponseBody> {
+    async fn route(
+        self: &Arc<Self>,
+        conn: &ConnInfo,
+        req: Request<Incoming>,
+    ) -> Response<ResponseBody> {
         let policy = self.policy();
         let peer_ip = key::canonical(conn.peer.ip());
         let origin = Origin {
@@ -545,24 +549,50 @@ impl App {
     }
 
     /// An admitted request of a limited group: the body must arrive within the group's read
-    /// timeout (else 408, upstream aborted); the permit settles when the response body ends.
+    /// timeout (else 408, upstream aborted); the permit settles when the response body ends, or
+    /// once the response has been sending for the group's read timeout (a slow reader keeps its
+    /// connection, not a limiter slot).
+    ///
+    /// The upstream call runs in its own task, so that a client that hangs up once its request
+    /// was sent cannot escape the charge: the upstream's answer still settles the permit (a 4xx
+    /// spends the held token under charge on failure). The call is bounded by `upstream_timeout`.
     async fn forward_limited(
-        &self,
+        self: &Arc<Self>,
         req: Request<Incoming>,
         origin: Origin,
         permit: Permit,
         limited: &Limited,
     ) -> Response<ResponseBody> {
         let (parts, body) = req.into_parts();
+        // Only a body-less probe's answer may stand for the application's health (a POST's 405, or
+        // a 502 door gave for a client's broken body, must not be served to other probes).
+        let feeds_cache = limited.health && matches!(parts.method, Method::GET | Method::HEAD);
         let (body, events) = UpstreamBody::new(body, Some(limited.read_timeout));
         let req = Request::from_parts(parts, body);
-        match self.call(req, origin, events).await {
+        let (tx, rx) = oneshot::channel();
+        let app = Arc::clone(self);
+        tokio::spawn(async move {
+            let result = app.call(req, origin, events).await;
+            if let Err((result, permit)) = tx.send((result, permit)) {
+                // The client left before the response head: settle with what happened upstream.
+                match result {
+                    Ok(res) => permit.settle(res.status()),
+                    Err(Failure::BodyTimeout) => permit.settle(StatusCode::REQUEST_TIMEOUT),
+                    Err(_) => drop(permit),
+                }
+            }
+        });
+        let Ok((result, permit)) = rx.await else {
+            // The call task panicked; its permit was dropped with it (slot freed).
+            return failure_response(&Failure::UpstreamTimeout);
+        };
+        match result {
             Ok(res) => {
                 let status = res.status();
-                if limited.health {
+                if feeds_cache {
                     self.health.record(status);
                 }
-                res.map(|b| ResponseBody::settling(b, permit, status))
+                res.map(|b| ResponseBody::settling(b, permit, status, limited.read_timeout))
             }
             Err(Failure::BodyTimeout) => {
                 // The client's fault: settled as 408 (client_error; under charge on failure the
@@ -574,7 +604,7 @@ impl App {
                 // Dropped unsettled: slot freed, nothing spent, counted as server_error.
                 drop(permit);
                 let res = failure_response(&f);
-                if limited.health {
+                if feeds_cache {
                     self.health.record(res.status());
                 }
                 res
@@ -751,8 +781,41 @@ fn json_response(status: StatusCode, body: &serde_json::Value) -> Response<Respo
 #[derive(Debug)]
 pub struct ResponseBody {
     kind: Kind,
-    permit: Option<(Permit, StatusCode)>,
+    permit: Option<HeldPermit>,
     active: Option<ActiveGuard>,
+}
+
+/// A limited request's permit while its response is sent: settled when the body ends or is
+/// dropped, or by a timer at the send deadline, whichever comes first, so that a client reading
+/// slowly (or an HTTP/2 client keeping its window shut) cannot hold a limiter slot for longer
+/// than the deadline.
+#[derive(Debug)]
+struct HeldPermit {
+    slot: Arc<Mutex<Option<(Permit, StatusCode)>>>,
+    timer: tokio::task::JoinHandle<()>,
+}
+
+impl HeldPermit {
+    fn new(permit: Permit, status: StatusCode, deadline: Duration) -> Self {
+        let slot = Arc::new(Mutex::new(Some((permit, status))));
+        let for_timer = Arc::clone(&slot);
+        let timer = tokio::spawn(async move {
+            tokio::time::sleep(deadline).await;
+            settle_held(&for_timer);
+        });
+        Self { slot, timer }
+    }
+
+    fn settle(&self) {
+        self.timer.abort();
+        settle_held(&self.slot);
+    }
+}
+
+fn settle_held(slot: &Mutex<Option<(Permit, StatusCode)>>) {
+    if let Some((permit, status)) = lock(slot).take() {
+        permit.settle(status);
+    }
 }
 
 #[derive(Debug)]
@@ -770,10 +833,11 @@ impl ResponseBody {
         }
     }
 
-    fn settling(body: Incoming, permit: Permit, status: StatusCode) -> Self {
+    /// An upstream body whose request holds `permit` until the body is sent, at most `deadline`.
+    fn settling(body: Incoming, permit: Permit, status: StatusCode, deadline: Duration) -> Self {
         Self {
             kind: Kind::Upstream(body),
-            permit: Some((permit, status)),
+            permit: Some(HeldPermit::new(permit, status, deadline)),
             active: None,
         }
     }
@@ -787,8 +851,8 @@ impl ResponseBody {
     }
 
     fn finish(&mut self) {
-        if let Some((permit, status)) = self.permit.take() {
-            permit.settle(status);
+        if let Some(held) = self.permit.take() {
+            held.settle();
         }
         self.active = None;
     }
@@ -1114,7 +1178,9 @@ async fn serve_io<I>(
         }
     }
     conn.as_mut().graceful_shutdown();
-    let _ = conn.await;
+    // A client that ignores the HTTP/2 GOAWAY and PING would keep this forever (found by hostile
+    // testing): after the header read timeout more, the connection is dropped.
+    let _ = tokio::time::timeout(settings.header_read_timeout, conn).await;
 }
 
 /// Re-reads the configuration for a reload (flags, environment and the file, as at start).

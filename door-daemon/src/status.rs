@@ -155,6 +155,8 @@ fn requests_json(limiters: &[Arc<GroupLimiter>]) -> Value {
 pub async fn serve(listener: TcpListener, source: Arc<StatusSource>) {
     loop {
         let Ok((stream, _)) = listener.accept().await else {
+            // EMFILE and friends: back off instead of spinning (found by hostile testing).
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
             continue;
         };
         let source = Arc::clone(&source);

@@ -1,0 +1,203 @@
+//! Charge on failure cannot be dodged by hanging up (found by hostile testing): a webhook client
+//! that sends its delivery and disconnects before the upstream's answer is still charged when
+//! the upstream answers 4xx. In-process on 127.0.0.1; the upstream answers only when the test lets
+//! it, after the client has gone.
+#![expect(
+    clippy::unwrap_used,
+    clippy::indexing_slicing,
+    reason = "test code: a failed step fails the test"
+)]
+
+use std::{net::SocketAddr, sync::Arc, time::Duration};
+
+use door_daemon::{
+    clock::{Clock, MonotonicClock},
+    config::Config,
+    metrics::{Metrics, Outcome},
+    server::{App, ConnSettings, Front},
+};
+use tokio::{
+    io::{AsyncReadExt, AsyncWriteExt},
+    net::{TcpListener, TcpStream},
+    sync::Semaphore,
+};
+
+/// An upstream that reads a request, then answers `400` once the test adds a permit to `go`.
+async fn gated_upstream(go: Arc<Semaphore>) -> SocketAddr {
+    let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = l.accept().await {
+            let go = Arc::clone(&go);
+            tokio::spawn(async move {
+                let mut seen = Vec::new();
+                let mut buf = [0u8; 4096];
+                // Headers, then the 2-byte body the test sends.
+                while !(seen.windows(4).any(|w| w == b"\r\n\r\n") && seen.ends_with(b"{}")) {
+                    match s.read(&mut buf).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => seen.extend_from_slice(&buf[..n]),
+                    }
+                }
+                go.acquire().await.unwrap().forget();
+                let _ = s
+                    .write_all(b"HTTP/1.1 400 Bad Request\r\ncontent-length: 3\r\nconnection: close\r\n\r\nbad")
+                    .await;
+            });
+        }
+    });
+    addr
+}
+
+fn client_errors(app: &App) -> u64 {
+    let limiters = app.limiters();
+    let webhook = limiters.iter().find(|l| l.group() == "webhook").unwrap();
+    webhook
+        .outcome_totals()
+        .into_iter()
+        .find(|(o, _)| *o == Outcome::ClientError)
+        .unwrap()
+        .1
+}
+
+const DELIVERY: &[u8] =
+    b"POST /webhooks/github HTTP/1.1\r\nhost: d\r\ncontent-length: 2\r\nconnection: close\r\n\r\n{}";
+
+#[tokio::test]
+async fn hanging_up_before_the_answer_does_not_dodge_the_charge() {
+    let go = Arc::new(Semaphore::new(0));
+    let up = gated_upstream(Arc::clone(&go)).await;
+    let cfg = Config::from_toml(
+        "charge.toml",
+        &format!(
+            r#"
+listen = ["127.0.0.1:0"]
+upstream = "http://{up}"
+admin_listen = "off"
+[[route]]
+group = "webhook"
+methods = ["POST"]
+path = "/webhooks/github"
+[group.webhook]
+rate = 0.001
+burst = 2
+per_client = 2
+"#
+        ),
+    )
+    .unwrap();
+    let clock: Arc<dyn Clock> = Arc::new(MonotonicClock::new());
+    let app = Arc::new(App::new(&cfg, &clock, &Metrics::noop(), None));
+    let front = Front::new(Arc::clone(&app), ConnSettings::from_config(&cfg), None);
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    front.serve(listener, false);
+
+    for delivered in 1..=2 {
+        // The whole delivery, then the client hangs up before any answer.
+        let mut s = TcpStream::connect(addr).await.unwrap();
+        s.write_all(DELIVERY).await.unwrap();
+        s.flush().await.unwrap();
+        drop(s);
+        // Only now does the upstream answer 400; door must charge the delivery for it.
+        go.add_permits(1);
+        for _ in 0..500 {
+            if client_errors(&app) == delivered {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert_eq!(
+            client_errors(&app),
+            delivered,
+            "delivery {delivered} settled as 4xx"
+        );
+    }
+    // Both held tokens were spent: the bucket (burst 2) is empty.
+    let mut s = TcpStream::connect(addr).await.unwrap();
+    s.write_all(DELIVERY).await.unwrap();
+    let mut out = Vec::new();
+    let _ = s.read_to_end(&mut out).await;
+    let text = String::from_utf8_lossy(&out);
+    assert!(text.starts_with("HTTP/1.1 429"), "{text}");
+}
+
+/// An upstream answering every request with a 4 MiB body, far more than socket buffers hold.
+async fn big_upstream() -> SocketAddr {
+    let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = l.accept().await {
+            tokio::spawn(async move {
+                let mut buf = [0u8; 4096];
+                let _ = s.read(&mut buf).await;
+                let body = vec![b'x'; 4 << 20];
+                let head = format!("HTTP/1.1 200 OK\r\ncontent-length: {}\r\n\r\n", body.len());
+                let _ = s.write_all(head.as_bytes()).await;
+                let _ = s.write_all(&body).await;
+            });
+        }
+    });
+    addr
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_client_that_stops_reading_gives_its_slot_back_at_the_deadline() {
+    let up = big_upstream().await;
+    let cfg = Config::from_toml(
+        "slow-reader.toml",
+        &format!(
+            r#"
+listen = ["127.0.0.1:0"]
+upstream = "http://{up}"
+admin_listen = "off"
+[[route]]
+group = "link"
+path = "/l/{{id}}"
+[group.link]
+read_timeout = "5s"
+"#
+        ),
+    )
+    .unwrap();
+    let clock: Arc<dyn Clock> = Arc::new(MonotonicClock::new());
+    let app = Arc::new(App::new(&cfg, &clock, &Metrics::noop(), None));
+    let front = Front::new(Arc::clone(&app), ConnSettings::from_config(&cfg), None);
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    front.serve(listener, false);
+    let inflight = || {
+        app.limiters()
+            .iter()
+            .find(|l| l.group() == "link")
+            .unwrap()
+            .inflight()
+    };
+
+    let mut s = TcpStream::connect(addr).await.unwrap();
+    s.write_all(b"GET /l/big HTTP/1.1\r\nhost: d\r\n\r\n")
+        .await
+        .unwrap();
+    // Read the head and a little of the body, then stop reading (keeping the connection open).
+    let mut first = [0u8; 1024];
+    let n = s.read(&mut first).await.unwrap();
+    assert!(
+        first[..n].starts_with(b"HTTP/1.1 200"),
+        "{:?}",
+        String::from_utf8_lossy(&first[..n])
+    );
+    assert_eq!(inflight(), 1, "the response is being sent");
+    // The paused clock moves on to the next timer when nothing else can run: the send deadline.
+    for _ in 0..100 {
+        if inflight() == 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+    assert_eq!(
+        inflight(),
+        0,
+        "a slow reader keeps its connection, not a limiter slot"
+    );
+    drop(s);
+}
