@@ -429,3 +429,80 @@ impl Drop for TempDir {
         let _ = std::fs::remove_dir_all(&self.0);
     }
 }
+
+/// A SYN flood written by `synflood` (AF_PACKET) onto the client end of the veth, at the door
+/// end's MAC, to `[2001:db8:d00::1]:8443`: `count` SYNs at most, for `max_seconds` at most, from
+/// `prefixes` /64s starting at `src_prefix` (documentation range).
+#[derive(Debug, Clone, Copy)]
+pub struct SynFlood {
+    /// First source /64 (`2001:db8:bad::`).
+    pub src_prefix: &'static str,
+    /// Distinct /64s to rotate through.
+    pub prefixes: u64,
+    /// SYNs to send, at most.
+    pub count: u64,
+    /// Seconds to send for, at most.
+    pub max_seconds: u64,
+}
+
+impl Topology {
+    /// Starts `flood` from the client namespace on a thread, which returns the SYNs sent and the
+    /// seconds it took.
+    ///
+    /// # Errors
+    /// When the door end's MAC cannot be read or `synflood` is not built; the thread's result
+    /// is an error when `synflood` fails or says nothing.
+    pub fn spawn_flood(
+        &self,
+        flood: SynFlood,
+    ) -> anyhow::Result<std::thread::JoinHandle<anyhow::Result<(u64, f64)>>> {
+        let mac = Self::run(&self.door_ns, "cat", &["/sys/class/net/veth-door/address"])?;
+        let mac = String::from_utf8(mac.stdout)?.trim().to_owned();
+        let synflood = sibling_bin("synflood")?;
+        let client_ns = self.client_ns.clone();
+        Ok(std::thread::spawn(move || {
+            let start = Instant::now();
+            let (prefixes, count, secs) = (
+                flood.prefixes.to_string(),
+                flood.count.to_string(),
+                flood.max_seconds.to_string(),
+            );
+            let args = [
+                "--iface",
+                "veth-client",
+                "--dst-mac",
+                &mac,
+                "--dst",
+                "2001:db8:d00::1",
+                "--port",
+                "8443",
+                "--src-prefix",
+                flood.src_prefix,
+                "--prefixes",
+                &prefixes,
+                "--count",
+                &count,
+                "--max-seconds",
+                &secs,
+            ];
+            let out = Self::run(
+                &client_ns,
+                synflood.to_str().context("synflood path")?,
+                &args,
+            )?;
+            let text = String::from_utf8_lossy(&out.stdout);
+            let sent = text
+                .trim()
+                .rsplit(' ')
+                .next()
+                .and_then(|n| n.parse().ok())
+                .with_context(|| {
+                    format!(
+                        "synflood said {text:?}, {}",
+                        String::from_utf8_lossy(&out.stderr)
+                    )
+                })?;
+            Ok((sent, start.elapsed().as_secs_f64()))
+        }))
+    }
+}

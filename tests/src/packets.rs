@@ -7,7 +7,7 @@
     reason = "test support: offsets into frames built here"
 )]
 
-use etherparse::PacketBuilder;
+use etherparse::{PacketBuilder, PacketBuilderStep, TcpHeader};
 
 const SRC_MAC: [u8; 6] = [0x02, 0, 0, 0, 0, 1];
 const DST_MAC: [u8; 6] = [0x02, 0, 0, 0, 0, 2];
@@ -52,28 +52,18 @@ impl Flags {
 
 /// An Ethernet/IPv4/TCP frame from `src` to `dst`:`dport`.
 pub fn tcp4(src: [u8; 4], dst: [u8; 4], dport: u16, flags: Flags) -> Vec<u8> {
-    let mut b = PacketBuilder::ethernet2(SRC_MAC, DST_MAC)
-        .ipv4(src, dst, 64)
-        .tcp(40_000, dport, 1, 64_240);
-    if flags.syn {
-        b = b.syn();
-    }
-    if flags.ack {
-        b = b.ack(1);
-    }
-    if flags.rst {
-        b = b.rst();
-    }
-    write(b.size(0), |out| {
-        b.write(out, &[]).map_err(|e| e.to_string())
-    })
+    let b = PacketBuilder::ethernet2(SRC_MAC, DST_MAC).ipv4(src, dst, 64);
+    segment(b.tcp(40_000, dport, 1, 64_240), flags)
 }
 
 /// An Ethernet/IPv6/TCP frame from `src` to `dst`:`dport`.
 pub fn tcp6(src: [u8; 16], dst: [u8; 16], dport: u16, flags: Flags) -> Vec<u8> {
-    let mut b = PacketBuilder::ethernet2(SRC_MAC, DST_MAC)
-        .ipv6(src, dst, 64)
-        .tcp(40_000, dport, 1, 64_240);
+    let b = PacketBuilder::ethernet2(SRC_MAC, DST_MAC).ipv6(src, dst, 64);
+    segment(b.tcp(40_000, dport, 1, 64_240), flags)
+}
+
+/// Sets `flags` on a TCP segment being built and writes the frame (no payload).
+fn segment(mut b: PacketBuilderStep<TcpHeader>, flags: Flags) -> Vec<u8> {
     if flags.syn {
         b = b.syn();
     }

@@ -10,7 +10,7 @@
 )]
 
 use door_tests::{
-    netns::{self, CLIENT_ADDR, DOOR_ADDR, TempDir, Topology, sibling_bin, syns_of},
+    netns::{self, CLIENT_ADDR, DOOR_ADDR, SynFlood, TempDir, Topology, syns_of},
     privileged_or_skip,
 };
 use serde_json::Value;
@@ -79,38 +79,14 @@ fn flood_while_serving(
     count: u64,
     serve: bool,
 ) -> Flood {
-    let mac = Topology::run(&topo.door_ns, "cat", &["/sys/class/net/veth-door/address"]).unwrap();
-    let mac = String::from_utf8(mac.stdout).unwrap().trim().to_owned();
-    let synflood = sibling_bin("synflood").unwrap();
-    let (count_s, prefixes_s) = (count.to_string(), prefixes.to_string());
-    let client_ns = topo.client_ns.clone();
-    let flood = std::thread::spawn(move || {
-        let args = [
-            "--iface",
-            "veth-client",
-            "--dst-mac",
-            &mac,
-            "--dst",
-            "2001:db8:d00::1",
-            "--port",
-            "8443",
-            "--src-prefix",
+    let flood = topo
+        .spawn_flood(SynFlood {
             src_prefix,
-            "--prefixes",
-            &prefixes_s,
-            "--count",
-            &count_s,
-            "--max-seconds",
-            &FLOOD_SECONDS.to_string(),
-        ];
-        let out = Topology::run(&client_ns, synflood.to_str().unwrap(), &args).unwrap();
-        assert!(
-            out.status.success(),
-            "synflood: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8_lossy(&out.stdout).into_owned()
-    });
+            prefixes,
+            count,
+            max_seconds: FLOOD_SECONDS,
+        })
+        .unwrap();
     let url = format!("http://{DOOR_ADDR}:8443/l/session/legit");
     let mut codes = Vec::new();
     let mut during = 0;
@@ -125,7 +101,7 @@ fn flood_while_serving(
         }
     }
     Flood {
-        sent: sent_of(&flood.join().unwrap()),
+        sent: flood.join().unwrap().unwrap().0,
         codes,
         during,
     }
@@ -139,15 +115,6 @@ struct Flood {
     codes: Vec<u16>,
     /// How many of them completed while the flood was still running.
     during: usize,
-}
-
-fn sent_of(report: &str) -> u64 {
-    report
-        .trim()
-        .rsplit(' ')
-        .next()
-        .and_then(|n| n.parse().ok())
-        .unwrap_or(0)
 }
 
 fn one_prefix_flood_is_dropped_at_xdp_while_a_client_is_served(mode: &str) {

@@ -123,10 +123,8 @@ fn main() -> anyhow::Result<()> {
 mod veth {
     //! The veth flood comparison (see the crate docs).
 
-    use std::time::Instant;
-
     use anyhow::{Context as _, bail};
-    use door_tests::netns::{CLIENT_ADDR, DOOR_ADDR, TempDir, Topology, sibling_bin};
+    use door_tests::netns::{CLIENT_ADDR, DOOR_ADDR, SynFlood, TempDir, Topology};
 
     /// nftables equivalent of door's SYN budget (100/s, burst 200 per /64) on the protected port.
     const NFT_RULES: &str = "table inet doorbench {
@@ -169,53 +167,6 @@ syn_burst = 200
         failed: usize,
     }
 
-    /// Starts `synflood` from the client namespace; the thread returns (SYNs sent, seconds).
-    fn spawn_flood(
-        topo: &Topology,
-        flood: u64,
-    ) -> anyhow::Result<std::thread::JoinHandle<anyhow::Result<(u64, f64)>>> {
-        let mac = Topology::run(&topo.door_ns, "cat", &["/sys/class/net/veth-door/address"])?;
-        let mac = String::from_utf8(mac.stdout)?.trim().to_owned();
-        let synflood = sibling_bin("synflood")?;
-        let client_ns = topo.client_ns.clone();
-        let count = flood.to_string();
-        let flooder = std::thread::spawn(move || -> anyhow::Result<(u64, f64)> {
-            let start = Instant::now();
-            let args = [
-                "--iface",
-                "veth-client",
-                "--dst-mac",
-                &mac,
-                "--dst",
-                "2001:db8:d00::1",
-                "--port",
-                "8443",
-                "--src-prefix",
-                "2001:db8:bad::",
-                "--count",
-                &count,
-                "--max-seconds",
-                "20",
-            ];
-            let out = Topology::run(&client_ns, synflood.to_str().context("path")?, &args)?;
-            let elapsed = start.elapsed().as_secs_f64();
-            let text = String::from_utf8_lossy(&out.stdout);
-            let sent = text
-                .trim()
-                .rsplit(' ')
-                .next()
-                .and_then(|n| n.parse().ok())
-                .with_context(|| {
-                    format!(
-                        "synflood said {text:?}, {}",
-                        String::from_utf8_lossy(&out.stderr)
-                    )
-                })?;
-            Ok((sent, elapsed))
-        });
-        Ok(flooder)
-    }
-
     fn run(mode: &'static str, flood: u64) -> anyhow::Result<Outcome> {
         eprintln!("  veth flood: {mode} ({flood} SYNs from one /64)");
         let dir = TempDir::new("bench")?;
@@ -234,7 +185,12 @@ syn_burst = 200
                 bail!("nft: {}", String::from_utf8_lossy(&out.stderr));
             }
         }
-        let flooder = spawn_flood(&topo, flood)?;
+        let flooder = topo.spawn_flood(SynFlood {
+            src_prefix: "2001:db8:bad::",
+            prefixes: 1,
+            count: flood,
+            max_seconds: 20,
+        })?;
         let url = format!("http://{DOOR_ADDR}:8443/l/session/bench");
         let mut latencies = Vec::new();
         let mut failed = 0;
