@@ -203,6 +203,9 @@ async fn v1_malformed_lines_are_refused() {
         b"PROXY TCP4  203.0.113.7 192.0.2.1 51234 8443\r\n",
         b"PROXY TCP4 203.0.113.7 192.0.2.1 51234 8443\rX",
         b"PROXY \r\n\r\n\r\n\r\n\r\n",
+        // Found by fuzzing: after UNKNOWN, the first CR must still be followed by LF.
+        b"PROXY UNKNOWN \n\r\r\nTCPP\r\r\rR\x03#\r \r\0",
+        b"PROXY UNKNOWN\rX",
     ] {
         let (header, _) = read_all_at_once(&with_http(line)).await;
         assert!(
