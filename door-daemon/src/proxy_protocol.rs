@@ -300,7 +300,10 @@ async fn read_v1<S: AsyncRead + Unpin>(
     // A line ends with CRLF (§2.1). ppp is lax after `UNKNOWN`, so a CR followed by anything else
     // (found by fuzzing: `PROXY UNKNOWN \n\r\r`) is refused here.
     if !buf.ends_with(b"\r\n") {
-        return Err(malformed(1, &"a CR not followed by LF before the end of the line"));
+        return Err(malformed(
+            1,
+            &"a CR not followed by LF before the end of the line",
+        ));
     }
     let header = ppp::v1::Header::try_from(buf.as_slice()).map_err(|e| malformed(1, &e))?;
     Ok(match header.addresses {
