@@ -52,6 +52,38 @@ pub const fn take(tat_ns: u64, now_ns: u64, interval_ns: u64, tolerance_ns: u64)
     }
 }
 
+/// How far `tat_ns` lies ahead of `now_ns`: the bucket's deficit in nanoseconds (0 when it is
+/// full). A bucket of `burst` tokens holds `burst - deficit / interval` tokens.
+pub const fn deficit_ns(tat_ns: u64, now_ns: u64) -> u64 {
+    tat_ns.saturating_sub(now_ns)
+}
+
+/// Whether `n` tokens are available at `now_ns` in a bucket of `burst` tokens refilled every
+/// `interval_ns`: `deficit ≤ (burst - n) × interval`. `n = 1` is exactly the condition under
+/// which [`take`] grants a token; `n > burst` is never available.
+pub const fn available(tat_ns: u64, now_ns: u64, interval_ns: u64, burst: u32, n: u64) -> bool {
+    let Some(spare) = (burst as u64).checked_sub(n) else {
+        return false;
+    };
+    deficit_ns(tat_ns, now_ns) <= spare.saturating_mul(interval_ns)
+}
+
+/// Nanoseconds from `now_ns` until `n` tokens are available (0 if they are now), exact: after
+/// that long, [`available`] holds if nothing was spent meanwhile. `u64::MAX` when `n > burst`.
+pub const fn wait_ns(tat_ns: u64, now_ns: u64, interval_ns: u64, burst: u32, n: u64) -> u64 {
+    let Some(spare) = (burst as u64).checked_sub(n) else {
+        return u64::MAX;
+    };
+    deficit_ns(tat_ns, now_ns).saturating_sub(spare.saturating_mul(interval_ns))
+}
+
+/// Spends one token at `now_ns` whether or not one is available (the caller checked, or is
+/// settling a token it held): the new TAT, `max(tat, now) + interval`, saturating.
+pub const fn spend(tat_ns: u64, now_ns: u64, interval_ns: u64) -> u64 {
+    let start = if tat_ns > now_ns { tat_ns } else { now_ns };
+    start.saturating_add(interval_ns)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -86,5 +118,26 @@ mod tests {
             "a zero rate grants nothing"
         );
         assert_eq!(take(u64::MAX - 1, 5, 10, u64::MAX), None, "no wrap-around");
+    }
+
+    #[test]
+    fn available_and_take_agree_and_wait_is_exact() {
+        let interval = 1_000;
+        let burst = 4;
+        let tol = tolerance_ns(interval, burst);
+        let mut tat = 0;
+        let now = 50_000;
+        for _ in 0..burst {
+            assert!(available(tat, now, interval, burst, 1));
+            tat = take(tat, now, interval, tol).unwrap();
+            assert_eq!(tat, spend(tat - interval, now, interval));
+        }
+        assert!(!available(tat, now, interval, burst, 1));
+        let wait = wait_ns(tat, now, interval, burst, 2);
+        assert_eq!(wait, 2 * interval);
+        assert!(!available(tat, now + wait - 1, interval, burst, 2));
+        assert!(available(tat, now + wait, interval, burst, 2));
+        assert!(!available(0, now, interval, burst, u64::from(burst) + 1));
+        assert_eq!(wait_ns(0, now, interval, burst, 5), u64::MAX);
     }
 }

@@ -9,11 +9,10 @@ use std::{sync::Arc, time::Duration};
 
 use door_common::prefix::PrefixKey;
 use door_daemon::{
-    clock::ManualClock,
     limit::{Budget, DEFAULT_MAX_CLIENTS, GroupLimiter},
-    metrics::Metrics,
+    limit::{Spend, Unobserved},
+    time::ManualClock,
 };
-use http::StatusCode;
 
 /// A `/proc/self/status` field in KiB (`VmRSS`, `VmHWM`).
 fn status_kib(field: &str) -> u64 {
@@ -48,13 +47,13 @@ fn run(max_clients: usize, arrivals: u64) {
         },
         true,
         clock.clone(),
-        Metrics::noop(),
+        Arc::new(Unobserved),
     ));
     let mut full_rss = 0;
     println!("max_clients {max_clients}: RSS before {before} KiB");
     for i in 0..arrivals {
         if let Ok(p) = lim.admit(v6(i)) {
-            p.settle(StatusCode::OK);
+            p.settle(Spend::Nothing);
         }
         // 20 ms between arrivals: entries refill, so new clients replace old ones (evictions)
         // instead of all landing on the shared row.

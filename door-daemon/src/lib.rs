@@ -1,31 +1,25 @@
-//! door: a front door for one HTTP application (../shared/DESIGN.md).
+//! door: a front door for one HTTP application (docs/design.md).
 //!
-//! One concern per module: [`config`] (file, flags, env, validation), [`config_print`] (the
-//! effective configuration printed back as TOML), [`route`] (which group a
-//! request belongs to), [`clock`] (injected time), [`limit`] (the layer-7 limiter), [`metrics`]
-//! (its instruments), [`key`] (the client key; `forwarded` parses the wire syntax of
-//! `X-Forwarded-For` and RFC 7239 `Forwarded` for it), [`proxy`] (forwarding to the upstream), [`proxy_protocol`] (PROXY protocol v1/v2 on a listener),
-//! [`server`] (listeners and the request path), [`status`] (the admin endpoint), [`xdp`] (loading
-//! and reading the flood shield), [`escalate`] (layer-7 rejections to the XDP blocklist),
-//! [`health`] (cached health for over-budget probes), [`tls`] (rustls termination),
-//! [`telemetry`] (OTLP export).
-//! [`logging`] (journald-friendly `tracing` output, warnings that must not repeat per request).
+//! One folder or file per concern; each module's doc says what lives there and what it may use.
+//!
+//! | module | what |
+//! |---|---|
+//! | [`daemon`] | the process's life: bind, shield start, systemd notifications, signals, reload, drain |
+//! | [`config`] | the validated [`config::Config`], its errors, the file, flags and environment, the printer, the reload diff |
+//! | [`client`] | who the client is: the key, trusted proxies, forwarding headers, PROXY protocol |
+//! | [`limit`] | the layer-7 limiter: token buckets, in-flight caps, the bounded table (no HTTP, no metrics) |
+//! | [`http`] | the request path: listeners, admit → forward → settle, door's own answers, the upstream client |
+//! | [`shield`] | the XDP flood shield's daemon side: load and attach, maps, blocklist, escalation, its metrics |
+//! | [`admin`] | the admin listener (`GET /status`) |
+//! | [`obs`] | observability: metric instruments, OTLP export, logging |
+//! | [`time`] | the one clock |
 
-pub mod clock;
+pub mod admin;
+pub mod client;
 pub mod config;
-pub mod config_print;
-pub mod escalate;
-mod forwarded;
-pub mod health;
-pub mod key;
+pub mod daemon;
+pub mod http;
 pub mod limit;
-pub mod logging;
-pub mod metrics;
-pub mod proxy;
-pub mod proxy_protocol;
-pub mod route;
-pub mod server;
-pub mod status;
-pub mod telemetry;
-pub mod tls;
-pub mod xdp;
+pub mod obs;
+pub mod shield;
+pub mod time;

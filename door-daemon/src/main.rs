@@ -141,7 +141,7 @@ impl Settings {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    door_daemon::logging::init();
+    door_daemon::obs::logging::init();
     match run(&cli) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
@@ -181,7 +181,7 @@ fn run(cli: &Cli) -> anyhow::Result<()> {
                     headers.append(name, value);
                 }
             }
-            let d = door_daemon::key::client_key(
+            let d = door_daemon::client::key::client_key(
                 *peer,
                 &headers,
                 &config.trusted_proxies,
@@ -197,22 +197,22 @@ fn run(cli: &Cli) -> anyhow::Result<()> {
             Ok(())
         }
         None => {
-            if door_daemon::xdp::PROGRAM.is_empty() {
+            if door_daemon::shield::PROGRAM.is_empty() {
                 tracing::warn!(
                     "this binary was built with AYA_BUILD_SKIP=1: it has no XDP program"
                 );
             }
-            let telemetry = door_daemon::telemetry::Telemetry::init(&config.otlp)?;
+            let telemetry = door_daemon::obs::otlp::Telemetry::init(&config.otlp)?;
             if telemetry.exporting() {
                 tracing::info!("exporting metrics over OTLP/HTTP");
             }
-            let metrics = door_daemon::metrics::Metrics::new(&telemetry.meter());
+            let metrics = door_daemon::obs::metrics::Metrics::new(&telemetry.meter());
             let runtime = tokio::runtime::Runtime::new().context("starting the tokio runtime")?;
             let path = cli.settings.config.clone();
             let overrides = cli.settings.overrides();
-            let reload: door_daemon::server::Reloader =
+            let reload: door_daemon::daemon::Reloader =
                 Box::new(move || Config::load(path.as_deref(), &overrides));
-            let served = runtime.block_on(door_daemon::server::run(config, metrics, reload));
+            let served = runtime.block_on(door_daemon::daemon::run(config, metrics, reload));
             drop(runtime);
             telemetry.shutdown(std::time::Duration::from_secs(5));
             served?;

@@ -11,10 +11,10 @@
 use std::{net::SocketAddr, sync::Arc, time::Duration};
 
 use door_daemon::{
-    clock::{Clock, MonotonicClock},
     config::Config,
-    metrics::{Metrics, Outcome},
-    server::{App, ConnSettings, Front},
+    http::{App, ConnSettings, Front},
+    obs::metrics::{Metrics, Outcome},
+    time::{Clock, MonotonicClock},
 };
 use tokio::{
     io::{AsyncReadExt, AsyncWriteExt},
@@ -50,10 +50,7 @@ async fn gated_upstream(go: Arc<Semaphore>) -> SocketAddr {
 }
 
 fn client_errors(app: &App) -> u64 {
-    let limiters = app.limiters();
-    let webhook = limiters.iter().find(|l| l.group() == "webhook").unwrap();
-    webhook
-        .outcome_totals()
+    app.outcome_totals("webhook")
         .into_iter()
         .find(|(o, _)| *o == Outcome::ClientError)
         .unwrap()

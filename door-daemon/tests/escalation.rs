@@ -16,11 +16,11 @@ use std::{
 
 use door_common::PrefixKey;
 use door_daemon::{
-    clock::{Clock, MonotonicClock},
     config::Config,
-    escalate::Blocklist,
-    metrics::Metrics,
-    server::{App, ConnSettings, Front},
+    http::{App, ConnSettings, Front},
+    obs::metrics::Metrics,
+    shield::escalate::Blocklist,
+    time::{Clock, MonotonicClock},
 };
 use tokio::{
     io::{AsyncReadExt, AsyncWriteExt},

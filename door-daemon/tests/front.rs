@@ -22,10 +22,10 @@ use std::{
 
 use bytes::Bytes;
 use door_daemon::{
-    clock::{Clock, ManualClock, MonotonicClock},
     config::Config,
-    metrics::{Metrics, Outcome},
-    server::{App, ConnSettings, Front, MAX_HEADER_BYTES},
+    http::{App, ConnSettings, Front, MAX_HEADER_BYTES},
+    obs::metrics::{Metrics, Outcome},
+    time::{Clock, ManualClock, MonotonicClock},
 };
 use http::{Request, Response, StatusCode};
 use http_body_util::{BodyExt, Empty, Full, StreamBody, combinators::BoxBody};
@@ -149,9 +149,8 @@ impl Door {
     }
 
     fn count(&self, group: &str, outcome: Outcome) -> u64 {
-        let l = self.app().limiters();
-        let l = l.iter().find(|l| l.group() == group).unwrap();
-        l.outcome_totals()
+        self.app()
+            .outcome_totals(group)
             .into_iter()
             .find(|(o, _)| *o == outcome)
             .unwrap()
@@ -258,7 +257,7 @@ async fn tls_negotiates_h2_and_http11_by_alpn_and_says_https_upstream() {
         "",
         &format!("[tls]\ncert = {cert:?}\nkey = {key:?}\nmin_version = \"1.2\""),
     );
-    let tls = door_daemon::tls::load(cfg.tls.as_ref().unwrap()).unwrap();
+    let tls = door_daemon::http::tls::load(cfg.tls.as_ref().unwrap()).unwrap();
     let d = door_with(&cfg, Arc::new(MonotonicClock::new()), Some(tls)).await;
     let name = rustls::pki_types::ServerName::try_from("door.test").unwrap();
 
@@ -310,7 +309,7 @@ async fn tls_min_version_13_refuses_a_tls12_client() {
         "",
         &format!("[tls]\ncert = {cert:?}\nkey = {key:?}\nmin_version = \"1.3\""),
     );
-    let tls = door_daemon::tls::load(cfg.tls.as_ref().unwrap()).unwrap();
+    let tls = door_daemon::http::tls::load(cfg.tls.as_ref().unwrap()).unwrap();
     let d = door_with(&cfg, Arc::new(MonotonicClock::new()), Some(tls)).await;
     let mut roots = rustls::RootCertStore::empty();
     roots.add(c.der().clone()).unwrap();
@@ -355,8 +354,8 @@ async fn a_bad_key_pair_fails_start_up_before_binding_naming_the_file() {
         );
         cfg.listen = vec![SocketAddr::from(([127, 0, 0, 1], port))];
         let reload_same = cfg.clone();
-        let reload: door_daemon::server::Reloader = Box::new(move || Ok(reload_same.clone()));
-        let e = door_daemon::server::run(cfg, Metrics::noop(), reload)
+        let reload: door_daemon::daemon::Reloader = Box::new(move || Ok(reload_same.clone()));
+        let e = door_daemon::daemon::run(cfg, Metrics::noop(), reload)
             .await
             .unwrap_err()
             .to_string();
@@ -370,7 +369,7 @@ async fn a_bad_key_pair_fails_start_up_before_binding_naming_the_file() {
         "",
         &format!("[tls]\ncert = {missing:?}\nkey = {wrong:?}"),
     );
-    let e = door_daemon::tls::load(cfg.tls.as_ref().unwrap())
+    let e = door_daemon::http::tls::load(cfg.tls.as_ref().unwrap())
         .unwrap_err()
         .to_string();
     assert!(

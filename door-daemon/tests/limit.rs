@@ -13,9 +13,13 @@ use std::{
 
 use door_common::prefix::PrefixKey;
 use door_daemon::{
-    clock::ManualClock,
-    limit::{Budget, Charge, GroupLimiter, RejectReason, Scope},
-    metrics::{Metrics, Outcome},
+    http::{
+        answer,
+        settle::{self, End},
+    },
+    limit::{Budget, Charge, GroupLimiter, Permit, RejectReason, Scope, Unobserved},
+    obs::metrics::{GroupMetrics, Metrics, Outcome},
+    time::ManualClock,
 };
 use http::StatusCode;
 use opentelemetry::metrics::MeterProvider as _;
@@ -37,13 +41,48 @@ fn v6(i: u64) -> PrefixKey {
     PrefixKey::from_ipv6(octets)
 }
 
+/// Settling as the request path does: [`settle::settle`] decides from the upstream's status
+/// whether the held token is spent (only a 4xx spends).
+trait Answered {
+    fn answered(self, status: StatusCode);
+}
+
+impl Answered for Permit {
+    fn answered(self, status: StatusCode) {
+        settle::settle(
+            self,
+            End::Answered(status),
+            &Metrics::noop().for_group("test"),
+        );
+    }
+}
+
+/// A group's limiter reporting to `metrics`, and the instruments its requests are counted on.
+fn observed(
+    name: &str,
+    budget: Budget,
+    enforce: bool,
+    clock: &Arc<ManualClock>,
+    metrics: &Metrics,
+) -> (Arc<GroupLimiter>, GroupMetrics) {
+    let group = metrics.clone().for_group(name);
+    let lim = Arc::new(GroupLimiter::new(
+        name,
+        budget,
+        enforce,
+        clock.clone(),
+        Arc::new(group.clone()),
+    ));
+    (lim, group)
+}
+
 fn limiter(budget: Budget, clock: &Arc<ManualClock>) -> Arc<GroupLimiter> {
     Arc::new(GroupLimiter::new(
         "test",
         budget,
         true,
         clock.clone(),
-        Metrics::noop(),
+        Arc::new(Unobserved),
     ))
 }
 
@@ -53,26 +92,26 @@ fn door_limits_rate() {
     let link = limiter(Budget::link(), &clock);
     let a = peer(1);
     for _ in 0..20 {
-        link.admit(a).unwrap().settle(StatusCode::OK);
+        link.admit(a).unwrap().answered(StatusCode::OK);
     }
     let r = link.admit(a).unwrap_err();
-    assert_eq!(r.status, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(answer::status(r.reason), StatusCode::TOO_MANY_REQUESTS);
     assert_eq!(r.reason, RejectReason::Rate);
     assert_eq!(r.scope, Scope::Client);
     assert_eq!(r.retry_after_s, 1);
     // Another peer has its own bucket.
-    link.admit(peer(2)).unwrap().settle(StatusCode::OK);
+    link.admit(peer(2)).unwrap().answered(StatusCode::OK);
     // Just short of Retry-After is still too early; exactly Retry-After readmits.
     clock.advance(Duration::from_nanos(999_999_999));
     assert_eq!(link.admit(a).unwrap_err().retry_after_s, 1);
     clock.advance(Duration::from_nanos(1));
-    link.admit(a).unwrap().settle(StatusCode::OK);
+    link.admit(a).unwrap().answered(StatusCode::OK);
     // One token a second: the next is again 429.
     assert_eq!(link.admit(a).unwrap_err().reason, RejectReason::Rate);
     // door's own 429 charged nothing: after 20 s the bucket is full again.
     clock.advance(Duration::from_secs(20));
     for _ in 0..20 {
-        link.admit(a).unwrap().settle(StatusCode::OK);
+        link.admit(a).unwrap().answered(StatusCode::OK);
     }
     assert!(link.admit(a).is_err());
 }
@@ -90,15 +129,15 @@ fn door_limits_rate_retry_after_counts_whole_seconds() {
         },
         &clock,
     );
-    slow.admit(peer(1)).unwrap().settle(StatusCode::OK);
-    slow.admit(peer(1)).unwrap().settle(StatusCode::OK);
+    slow.admit(peer(1)).unwrap().answered(StatusCode::OK);
+    slow.admit(peer(1)).unwrap().answered(StatusCode::OK);
     assert_eq!(slow.admit(peer(1)).unwrap_err().retry_after_s, 10);
     clock.advance(Duration::from_millis(5_300));
     assert_eq!(slow.admit(peer(1)).unwrap_err().retry_after_s, 5);
     clock.advance(Duration::from_secs(4));
     assert_eq!(slow.admit(peer(1)).unwrap_err().retry_after_s, 1);
     clock.advance(Duration::from_millis(700));
-    slow.admit(peer(1)).unwrap().settle(StatusCode::OK);
+    slow.admit(peer(1)).unwrap().answered(StatusCode::OK);
 }
 
 #[test]
@@ -110,7 +149,10 @@ fn door_limits_charge_on_failure() {
     // burst 400s drain the bucket: the next request is 429.
     let bad = peer(1);
     for _ in 0..burst {
-        webhook.admit(bad).unwrap().settle(StatusCode::BAD_REQUEST);
+        webhook
+            .admit(bad)
+            .unwrap()
+            .answered(StatusCode::BAD_REQUEST);
     }
     let r = webhook.admit(bad).unwrap_err();
     assert_eq!((r.reason, r.scope), (RejectReason::Rate, Scope::Client));
@@ -119,30 +161,36 @@ fn door_limits_charge_on_failure() {
     // 2 × burst successes never drain anything.
     let good = peer(2);
     for _ in 0..2 * burst {
-        webhook.admit(good).unwrap().settle(StatusCode::OK);
+        webhook.admit(good).unwrap().answered(StatusCode::OK);
     }
     // 5xx and dropped permits spend nothing either.
-    webhook.admit(good).unwrap().settle(StatusCode::BAD_GATEWAY);
+    webhook
+        .admit(good)
+        .unwrap()
+        .answered(StatusCode::BAD_GATEWAY);
     drop(webhook.admit(good).unwrap());
-    webhook.admit(good).unwrap().settle(StatusCode::OK);
+    webhook.admit(good).unwrap().answered(StatusCode::OK);
 
     // With one token left, a concurrent second request (the first unsettled) gets 429.
     let edge = peer(3);
     for _ in 0..burst - 1 {
-        webhook.admit(edge).unwrap().settle(StatusCode::NOT_FOUND);
+        webhook.admit(edge).unwrap().answered(StatusCode::NOT_FOUND);
     }
     let first = webhook.admit(edge).unwrap();
     let second = webhook.admit(edge).unwrap_err();
     assert_eq!(second.reason, RejectReason::Rate);
-    assert_eq!(second.status, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(answer::status(second.reason), StatusCode::TOO_MANY_REQUESTS);
     // Retry-After is exact for the held token too: 20 ms to the next token, 1 s rounded up.
     assert_eq!(second.retry_after_s, 1);
     // The first one succeeds: its held token returns, and a second may proceed.
-    first.settle(StatusCode::OK);
-    webhook.admit(edge).unwrap().settle(StatusCode::BAD_REQUEST);
+    first.answered(StatusCode::OK);
+    webhook
+        .admit(edge)
+        .unwrap()
+        .answered(StatusCode::BAD_REQUEST);
     assert!(webhook.admit(edge).is_err());
     clock.advance(Duration::from_secs(1));
-    webhook.admit(edge).unwrap().settle(StatusCode::OK);
+    webhook.admit(edge).unwrap().answered(StatusCode::OK);
 }
 
 #[test]
@@ -151,7 +199,7 @@ fn door_limits_charge_always_spends_on_admission() {
     let link = limiter(Budget::link(), &clock);
     for _ in 0..20 {
         // Successes spend under Charge::Always.
-        link.admit(peer(1)).unwrap().settle(StatusCode::OK);
+        link.admit(peer(1)).unwrap().answered(StatusCode::OK);
     }
     assert!(link.admit(peer(1)).is_err());
 }
@@ -164,7 +212,7 @@ fn door_limits_concurrency() {
     let a2 = link.admit(peer(1)).unwrap();
     let r = link.admit(peer(1)).unwrap_err();
     assert_eq!(r.reason, RejectReason::ClientConcurrency);
-    assert_eq!(r.status, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(answer::status(r.reason), StatusCode::TOO_MANY_REQUESTS);
     assert_eq!(r.scope, Scope::Client);
     assert_eq!(r.retry_after_s, 1);
 
@@ -173,12 +221,12 @@ fn door_limits_concurrency() {
     assert_eq!(link.inflight(), 4);
     let r = link.admit(peer(3)).unwrap_err();
     assert_eq!(r.reason, RejectReason::GroupConcurrency);
-    assert_eq!(r.status, StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(answer::status(r.reason), StatusCode::SERVICE_UNAVAILABLE);
     assert_eq!(r.scope, Scope::Group);
     assert_eq!(r.retry_after_s, 1);
 
-    a1.settle(StatusCode::OK);
-    link.admit(peer(3)).unwrap().settle(StatusCode::OK);
+    a1.answered(StatusCode::OK);
+    link.admit(peer(3)).unwrap().answered(StatusCode::OK);
     drop((a2, b1, b2));
     assert_eq!(link.inflight(), 0);
 
@@ -191,7 +239,7 @@ fn door_limits_concurrency() {
     }));
     assert!(held.is_err());
     assert_eq!(link.inflight(), 0);
-    link.admit(peer(4)).unwrap().settle(StatusCode::OK);
+    link.admit(peer(4)).unwrap().answered(StatusCode::OK);
 }
 
 #[tokio::test]
@@ -222,7 +270,7 @@ async fn door_limits_concurrency_panicking_and_cancelled_tasks_free_their_slots(
         let p = l.admit(peer(1)).unwrap();
         let _ = tx.send(());
         std::future::pending::<()>().await;
-        p.settle(StatusCode::OK);
+        p.answered(StatusCode::OK);
     });
     rx.await.unwrap();
     assert_eq!(link.inflight(), 1);
@@ -250,7 +298,7 @@ fn door_limits_bounded() {
     let (a, b) = (peer(1), peer(2));
     for k in [a, b] {
         for _ in 0..10 {
-            lim.admit(k).unwrap().settle(StatusCode::BAD_REQUEST);
+            lim.admit(k).unwrap().answered(StatusCode::BAD_REQUEST);
         }
         assert_eq!(lim.admit(k).unwrap_err().scope, Scope::Client);
     }
@@ -266,7 +314,7 @@ fn door_limits_bounded() {
             Ok(p) => {
                 assert_eq!(p.scope(), Scope::Shared);
                 admitted += 1;
-                p.settle(StatusCode::UNAUTHORIZED);
+                p.answered(StatusCode::UNAUTHORIZED);
             }
             Err(r) => {
                 assert_eq!(r.scope, Scope::Shared);
@@ -286,14 +334,14 @@ fn door_limits_bounded() {
     clock.advance(Duration::from_secs(1));
     let p = lim.admit(v6(1_000)).unwrap();
     assert_eq!(p.scope(), Scope::Shared);
-    p.settle(StatusCode::OK);
+    p.answered(StatusCode::OK);
     assert!(lim.is_tracked(&a) && lim.is_tracked(&b));
 
     // A fresh table with full buckets: A admitted first and still in flight, B served and idle.
     let clock = Arc::new(ManualClock::at(0));
     let lim = limiter(budget, &clock);
     let a_permit = lim.admit(a).unwrap();
-    lim.admit(b).unwrap().settle(StatusCode::OK);
+    lim.admit(b).unwrap().answered(StatusCode::OK);
     let c = peer(3);
     let p = lim.admit(c).unwrap();
     assert_eq!(p.scope(), Scope::Client);
@@ -320,7 +368,7 @@ fn door_limits_bounded_drained_entries_are_not_replaced_until_full() {
         &clock,
     );
     for _ in 0..3 {
-        lim.admit(peer(1)).unwrap().settle(StatusCode::OK);
+        lim.admit(peer(1)).unwrap().answered(StatusCode::OK);
     }
     assert_eq!(lim.admit(peer(2)).unwrap().scope(), Scope::Shared);
     clock.advance(Duration::from_millis(2_999));
@@ -349,7 +397,7 @@ fn door_limits_probe_refreshes_ineligible_entries() {
         &clock,
     );
     let busy: Vec<_> = (0..8).map(|i| lim.admit(peer(i)).unwrap()).collect();
-    lim.admit(peer(8)).unwrap().settle(StatusCode::OK); // newest, idle, not full (one spent)
+    lim.admit(peer(8)).unwrap().answered(StatusCode::OK); // newest, idle, not full (one spent)
     clock.advance(Duration::from_secs(1)); // now peer(8) is full again
     // Miss: probes peer 0..7 (busy) then stops at 8 entries; none eligible: shared.
     assert_eq!(lim.admit(peer(100)).unwrap().scope(), Scope::Shared);
@@ -368,12 +416,12 @@ fn door_limits_shadow_mode_admits_everything_and_takes_nothing() {
         Budget::link(),
         false,
         clock.clone(),
-        Metrics::noop(),
+        Arc::new(Unobserved),
     ));
     for _ in 0..20 {
         let p = shadow.admit(peer(1)).unwrap();
         assert_eq!(p.shadow_rejection(), None);
-        p.settle(StatusCode::OK);
+        p.answered(StatusCode::OK);
     }
     // Over the rate: admitted, flagged, and it spends nothing, so decisions stay those of
     // enforcement: after 1 s exactly one more would pass.
@@ -456,37 +504,32 @@ fn door_limits_metrics() {
         max_clients: 1,
         charge: Charge::Always,
     };
-    let enforce = Arc::new(GroupLimiter::new(
-        "link",
-        budget,
-        true,
-        clock.clone(),
-        metrics.clone(),
-    ));
-    let shadow = Arc::new(GroupLimiter::new(
-        "shadow",
-        budget,
-        false,
-        clock.clone(),
-        metrics.clone(),
-    ));
+    let (enforce, enforce_m) = observed("link", budget, true, &clock, &metrics);
+    let (shadow, shadow_m) = observed("shadow", budget, false, &clock, &metrics);
 
-    for lim in [&enforce, &shadow] {
-        lim.admit(peer(1)).unwrap().settle(StatusCode::OK); // ok
-        let p = lim.admit(peer(1)).unwrap(); // the last token
-        let _ = lim.admit(peer(1)); // client cap: peer 1 has one in flight
+    for (lim, m) in [(&enforce, &enforce_m), (&shadow, &shadow_m)] {
+        let admit = |k| settle::admit(lim, m, k);
+        admit(peer(1))
+            .unwrap()
+            .settle(End::Answered(StatusCode::OK)); // ok
+        let p = admit(peer(1)).unwrap(); // the last token
+        let _ = admit(peer(1)); // client cap: peer 1 has one in flight
         // Peer 2 cannot evict peer 1 (busy): the shared row admits it. The group is now full.
-        let s1 = lim.admit(peer(2)).unwrap();
-        let _ = lim.admit(peer(3)); // group cap
-        p.settle(StatusCode::NOT_FOUND); // client_error
-        let _ = lim.admit(peer(1)); // rate: burst 2 spent
+        let s1 = admit(peer(2)).unwrap();
+        let _ = admit(peer(3)); // group cap
+        p.settle(End::Answered(StatusCode::NOT_FOUND)); // client_error
+        let _ = admit(peer(1)); // rate: burst 2 spent
         drop(s1); // server_error (no answer)
-        lim.admit(peer(4)).unwrap().settle(StatusCode::BAD_GATEWAY); // server_error
+        admit(peer(4))
+            .unwrap()
+            .settle(End::Answered(StatusCode::BAD_GATEWAY)); // server_error
     }
     // Peer 1 refills, idle: a new peer evicts it.
     clock.advance(Duration::from_secs(2));
-    enforce.admit(peer(5)).unwrap().settle(StatusCode::OK); // ok
-    metrics.record_outcome("health", Outcome::Cached);
+    settle::admit(&enforce, &enforce_m, peer(5))
+        .unwrap()
+        .settle(End::Answered(StatusCode::OK)); // ok
+    metrics.clone().for_group("health").record(Outcome::Cached);
     provider.force_flush().unwrap();
 
     let requests = points(&exporter, "door.requests");
@@ -550,13 +593,8 @@ fn door_limits_metrics_count_inflight_while_held() {
         .with_reader(PeriodicReader::builder(exporter.clone()).build())
         .build();
     let metrics = Metrics::new(&provider.meter("door"));
-    let lim = Arc::new(GroupLimiter::new(
-        "webhook",
-        Budget::webhook(),
-        true,
-        Arc::new(ManualClock::at(0)),
-        metrics,
-    ));
+    let clock = Arc::new(ManualClock::at(0));
+    let (lim, _) = observed("webhook", Budget::webhook(), true, &clock, &metrics);
     let held: Vec<_> = (0..3).map(|i| lim.admit(peer(i)).unwrap()).collect();
     provider.force_flush().unwrap();
     let inflight = points(&exporter, "door.inflight");
@@ -582,7 +620,7 @@ async fn door_limits_caps_hold_under_concurrency() {
         budget,
         true,
         Arc::new(ManualClock::at(0)),
-        Metrics::noop(),
+        Arc::new(Unobserved),
     ));
     let group_now = Arc::new(AtomicU32::new(0));
     let group_max = Arc::new(AtomicU32::new(0));
@@ -626,7 +664,7 @@ async fn door_limits_caps_hold_under_concurrency() {
                 tokio::task::yield_now().await;
                 row.fetch_sub(1, Ordering::SeqCst);
                 group_now.fetch_sub(1, Ordering::SeqCst);
-                permit.settle(if j % 3 == 0 {
+                permit.answered(if j % 3 == 0 {
                     StatusCode::BAD_REQUEST
                 } else {
                     StatusCode::OK

@@ -1,4 +1,4 @@
-//! Fuzzes `door_daemon::key::client_key` with arbitrary bytes as `X-Forwarded-For` and
+//! Fuzzes `door_daemon::client::key::client_key` with arbitrary bytes as `X-Forwarded-For` and
 //! `Forwarded` header lines (../shared/DESIGN.md, "Client key").
 //!
 //! Input layout: byte 0 picks the peer (trusted or not, IPv4 or IPv6) and the authoritative
@@ -10,7 +10,7 @@
 use std::net::IpAddr;
 
 use door_common::PrefixKey;
-use door_daemon::key::{ForwardedSource, Rule, TrustedProxies, canonical, client_key};
+use door_daemon::client::key::{ForwardedSource, Rule, TrustedProxies, canonical, client_key};
 use http::{HeaderMap, HeaderValue, header::FORWARDED};
 use libfuzzer_sys::fuzz_target;
 

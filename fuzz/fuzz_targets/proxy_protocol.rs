@@ -1,4 +1,4 @@
-//! Fuzzes `door_daemon::proxy_protocol::read_header` with arbitrary bytes as the start of a
+//! Fuzzes `door_daemon::client::proxy_protocol::read_header` with arbitrary bytes as the start of a
 //! connection on a PROXY protocol listener (haproxy.org/download/2.9/doc/proxy-protocol.txt,
 //! §2.1 and §2.2).
 //!
@@ -15,7 +15,7 @@ use std::{
     task::{Context, Poll},
 };
 
-use door_daemon::proxy_protocol::{Header, MAX_V1_HEADER, MAX_V2_HEADER, read_header};
+use door_daemon::client::proxy_protocol::{Header, MAX_V1_HEADER, MAX_V2_HEADER, read_header};
 use libfuzzer_sys::fuzz_target;
 use tokio::io::{AsyncRead, ReadBuf};
 

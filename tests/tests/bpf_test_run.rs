@@ -7,7 +7,7 @@
 )]
 
 use door_common::{Counter, PrefixKey};
-use door_daemon::xdp::Shield;
+use door_daemon::shield::Shield;
 use door_tests::{
     packets::{Flags, arp, tcp4, tcp6, udp4},
     privileged_or_skip,

@@ -14,7 +14,7 @@ use std::time::Duration;
 use door_common::{Counter, PrefixKey};
 use door_daemon::{
     config::{XdpConfig, XdpMode},
-    xdp::Shield,
+    shield::Shield,
 };
 use door_tests::{
     packets::{
@@ -520,7 +520,7 @@ fn counters_are_exported_as_door_xdp_packets() {
     let provider = SdkMeterProvider::builder()
         .with_reader(PeriodicReader::builder(exporter.clone()).build())
         .build();
-    let _instruments = door_daemon::xdp::observe(&provider.meter("door"), &shield);
+    let _instruments = door_daemon::shield::observe(&provider.meter("door"), &shield);
     provider.force_flush().unwrap();
 
     let mut packets = Vec::new();

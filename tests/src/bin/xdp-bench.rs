@@ -16,7 +16,7 @@ use anyhow::Context as _;
 use clap::Parser;
 use door_daemon::{
     config::{XdpConfig, XdpMode},
-    xdp::{REFERENCE_EMPTY, REFERENCE_MINIMAL, Shield},
+    shield::{REFERENCE_EMPTY, REFERENCE_MINIMAL, Shield},
 };
 use door_tests::packets::{Flags, tcp4};
 

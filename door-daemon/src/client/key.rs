@@ -19,7 +19,7 @@ use door_common::PrefixKey;
 use http::HeaderMap;
 use ipnet::IpNet;
 
-use crate::forwarded::{
+use crate::client::forwarded::{
     Entry, FORWARDED_HEADER, PortSyntax, X_FORWARDED_FOR, forwarded_entries, parse_node,
     xff_entries,
 };

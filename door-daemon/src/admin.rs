@@ -15,7 +15,7 @@ use hyper::body::Incoming;
 use serde_json::{Value, json};
 use tokio::net::TcpListener;
 
-use crate::{limit::GroupLimiter, xdp::Shield};
+use crate::{limit::GroupLimiter, obs::metrics::Metrics, shield::Shield};
 
 /// How many source prefixes `/status` lists.
 pub const TOP_PREFIXES: usize = 10;
@@ -28,6 +28,8 @@ pub type LimiterSource = Arc<dyn Fn() -> Vec<Arc<GroupLimiter>> + Send + Sync>;
 pub struct StatusSource {
     /// The limit groups in force.
     pub limiters: LimiterSource,
+    /// The instruments, for the groups' outcome totals.
+    pub metrics: Metrics,
     /// The flood shield, when loaded.
     pub shield: Option<Arc<Mutex<Shield>>>,
     /// The configured XDP mode (`off`, `auto`, …), shown when the program is not attached.
@@ -67,7 +69,7 @@ impl StatusSource {
             .collect();
         json!({
             "groups": groups,
-            "requests": requests_json(&limiters),
+            "requests": requests_json(&limiters, &self.metrics),
             "xdp": self.xdp_json(),
         })
     }
@@ -101,7 +103,7 @@ impl StatusSource {
         };
         let blocked = match shield.blocked() {
             Ok(list) => {
-                let now = crate::xdp::monotonic_ns();
+                let now = crate::time::kernel_monotonic_ns();
                 Value::Array(
                     list.into_iter()
                         .filter(|(_, deadline)| *deadline > now)
@@ -137,11 +139,11 @@ impl StatusSource {
 }
 
 /// `{group: {outcome: count}}`, outcomes with a zero count left out.
-fn requests_json(limiters: &[Arc<GroupLimiter>]) -> Value {
+fn requests_json(limiters: &[Arc<GroupLimiter>], metrics: &Metrics) -> Value {
     let mut out = serde_json::Map::new();
     for l in limiters {
-        let counts: serde_json::Map<String, Value> = l
-            .outcome_totals()
+        let counts: serde_json::Map<String, Value> = metrics
+            .totals(l.group())
             .into_iter()
             .filter(|(_, n)| *n > 0)
             .map(|(o, n)| (o.as_str().to_owned(), json!(n)))

@@ -1,5 +1,4 @@
-//! door's OpenTelemetry instruments (../shared/DESIGN.md, "Observability"; seed
-//! network-door-limits.txt, "Counters").
+//! door's OpenTelemetry instruments (docs/design.md, "Observability").
 //!
 //! Instruments are built once from an [`opentelemetry::metrics::Meter`]; [`Metrics::noop`] gives a
 //! set that records nothing, for when no exporter is configured (and for benchmarks).
@@ -7,9 +6,12 @@
 //! `door.requests` carries exactly two attributes, `door.group` and `door.outcome`, so its
 //! cardinality is groups × outcomes by construction.
 
-use std::sync::{
-    Arc,
-    atomic::{AtomicU64, Ordering},
+use std::{
+    collections::HashMap,
+    sync::{
+        Arc, Mutex, PoisonError,
+        atomic::{AtomicU64, Ordering},
+    },
 };
 
 use opentelemetry::{
@@ -27,9 +29,9 @@ pub const ATTR_REASON: &str = "door.reason";
 /// What happened to one request of a limited group: the value of `door.outcome` on
 /// `door.requests` (DESIGN.md, "Observability").
 ///
-/// Each request is counted exactly once. `would_*` outcomes are counted in shadow mode
-/// (`disable_anon_route_limits`) instead of the rejection enforcement would have made; such a
-/// request is not counted again when it settles (see [`crate::limit::Permit`]).
+/// Each request is counted exactly once, by `crate::http::settle`. `would_*` outcomes are
+/// counted in shadow mode (`disable_anon_route_limits`) instead of the rejection enforcement
+/// would have made; such a request is not counted again when it settles.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Outcome {
     /// The upstream answered 1xx, 2xx or 3xx.
@@ -37,8 +39,7 @@ pub enum Outcome {
     /// The upstream answered 4xx.
     ClientError,
     /// The upstream answered 5xx (or a status above 599), or gave no answer at all: upstream error,
-    /// client disconnect, panic or cancelled request (a [`crate::limit::Permit`] dropped without
-    /// being settled).
+    /// upstream timeout, panic or cancelled request.
     ServerError,
     /// Rejected with 429: the client's (or the shared row's) token bucket was empty.
     RateLimited,
@@ -46,8 +47,7 @@ pub enum Outcome {
     ClientConcurrency,
     /// Rejected with 503: the group had `inflight` requests in flight.
     GroupConcurrency,
-    /// Served from a cache instead of the upstream (health over budget; recorded by the HTTP
-    /// layer through [`Metrics::record_outcome`]).
+    /// Served from a cache instead of the upstream (health over budget).
     Cached,
     /// Shadow mode: would have been [`Outcome::RateLimited`]; admitted.
     WouldRateLimited,
@@ -90,18 +90,6 @@ impl Outcome {
         }
     }
 
-    /// The outcome of an upstream answer: 1xx–3xx `ok`, 4xx `client_error`, anything else
-    /// (5xx, or the 600–999 range `http` also accepts) `server_error`.
-    pub fn from_status(status: http::StatusCode) -> Self {
-        if status.is_client_error() {
-            Outcome::ClientError
-        } else if status.as_u16() < 400 {
-            Outcome::Ok
-        } else {
-            Outcome::ServerError
-        }
-    }
-
     const fn index(self) -> usize {
         self as usize
     }
@@ -126,7 +114,7 @@ impl core::fmt::Display for Outcome {
 /// - `door.untrusted_xff` (counter, `{request}`): forwarding headers ignored because an untrusted
 ///   loopback or private peer sent them (DESIGN.md, "Client key").
 /// - `door.proxy_protocol_rejected` (counter, `{connection}`): connections dropped on a PROXY
-///   protocol listener, per `door.reason` ([`crate::proxy_protocol::ProxyProtocolError::reason`]:
+///   protocol listener, per `door.reason` ([`crate::client::proxy_protocol::ProxyProtocolError::reason`]:
 ///   a fixed set of seven values).
 #[derive(Clone, Debug)]
 pub struct Metrics {
@@ -136,7 +124,13 @@ pub struct Metrics {
     evictions: Counter<u64>,
     untrusted_xff: Counter<u64>,
     proxy_protocol_rejected: Counter<u64>,
+    /// Per-group outcome totals by group name, shared by every [`GroupMetrics`] of that name, so
+    /// that the counts `/status` shows survive a reload that rebuilds a group's limiter.
+    totals: Arc<Mutex<HashMap<String, Totals>>>,
 }
+
+/// Requests counted per outcome, in [`Outcome::ALL`] order.
+type Totals = Arc<[AtomicU64; Outcome::ALL.len()]>;
 
 /// An [`InstrumentProvider`] whose every instrument is the API's no-op.
 #[derive(Debug)]
@@ -185,6 +179,7 @@ impl Metrics {
                 )
                 .with_unit("{connection}")
                 .build(),
+            totals: Arc::default(),
         }
     }
 
@@ -194,7 +189,7 @@ impl Metrics {
     }
 
     /// Counts one connection on `door.proxy_protocol_rejected`, with `door.reason` = `reason`
-    /// (one of [`crate::proxy_protocol::ProxyProtocolError::reason`]'s fixed names).
+    /// (one of [`crate::client::proxy_protocol::ProxyProtocolError::reason`]'s fixed names).
     pub fn proxy_protocol_rejected(&self, reason: &'static str) {
         self.proxy_protocol_rejected
             .add(1, &[KeyValue::new(ATTR_REASON, reason)]);
@@ -205,27 +200,46 @@ impl Metrics {
         Self::new(&Meter::new(Arc::new(NoopProvider)))
     }
 
-    /// Counts one request of `group` on `door.requests` with `outcome`. Allocates the group
-    /// attribute; hot paths use [`Metrics::for_group`].
-    pub fn record_outcome(&self, group: &str, outcome: Outcome) {
-        self.requests.add(
-            1,
-            &[
-                KeyValue::new(ATTR_GROUP, group.to_owned()),
-                KeyValue::new(ATTR_OUTCOME, outcome.as_str()),
-            ],
-        );
+    /// Requests of `group` counted per outcome since start, in [`Outcome::ALL`] order (zeros
+    /// included; all zeros for a group never seen). Kept across reloads.
+    pub fn totals(&self, group: &str) -> Vec<(Outcome, u64)> {
+        let totals = self
+            .totals
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(group)
+            .cloned();
+        Outcome::ALL
+            .iter()
+            .enumerate()
+            .map(|(i, o)| {
+                let n = totals
+                    .as_ref()
+                    .and_then(|t| t.get(i))
+                    .map_or(0, |n| n.load(Ordering::Relaxed));
+                (*o, n)
+            })
+            .collect()
     }
 
-    /// The instruments bound to one group, with every attribute set built once.
+    /// The instruments bound to one group, with every attribute set built once. Every
+    /// `GroupMetrics` of the same `group` from this `Metrics` (or its clones) shares one set of
+    /// outcome totals.
     pub fn for_group(self, group: &str) -> GroupMetrics {
         let group_kv = KeyValue::new(ATTR_GROUP, group.to_owned());
+        let totals = Arc::clone(
+            self.totals
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .entry(group.to_owned())
+                .or_insert_with(|| Arc::new(std::array::from_fn(|_| AtomicU64::new(0)))),
+        );
         GroupMetrics {
             metrics: self,
             outcome_attrs: Outcome::ALL
                 .map(|o| [group_kv.clone(), KeyValue::new(ATTR_OUTCOME, o.as_str())]),
             group_attrs: [group_kv],
-            totals: Arc::new(std::array::from_fn(|_| AtomicU64::new(0))),
+            totals,
         }
     }
 }
@@ -244,7 +258,7 @@ pub struct GroupMetrics {
     metrics: Metrics,
     outcome_attrs: [[KeyValue; 2]; Outcome::ALL.len()],
     group_attrs: [KeyValue; 1],
-    totals: Arc<[AtomicU64; Outcome::ALL.len()]>,
+    totals: Totals,
 }
 
 impl core::fmt::Debug for GroupMetrics {
@@ -252,6 +266,20 @@ impl core::fmt::Debug for GroupMetrics {
         f.debug_struct("GroupMetrics")
             .field("group", &self.group_attrs[0].value)
             .finish_non_exhaustive()
+    }
+}
+
+impl crate::limit::Observer for GroupMetrics {
+    fn clients_changed(&self, delta: i64) {
+        self.clients_add(delta);
+    }
+
+    fn evicted(&self) {
+        GroupMetrics::evicted(self);
+    }
+
+    fn inflight_changed(&self, delta: i64) {
+        self.inflight_add(delta);
     }
 }
 
@@ -316,25 +344,5 @@ mod tests {
         for (i, o) in Outcome::ALL.iter().enumerate() {
             assert_eq!(o.index(), i);
         }
-    }
-
-    #[test]
-    fn status_classes() {
-        use http::StatusCode;
-        assert_eq!(Outcome::from_status(StatusCode::CONTINUE), Outcome::Ok);
-        assert_eq!(Outcome::from_status(StatusCode::OK), Outcome::Ok);
-        assert_eq!(Outcome::from_status(StatusCode::FOUND), Outcome::Ok);
-        assert_eq!(
-            Outcome::from_status(StatusCode::BAD_REQUEST),
-            Outcome::ClientError
-        );
-        assert_eq!(
-            Outcome::from_status(StatusCode::BAD_GATEWAY),
-            Outcome::ServerError
-        );
-        assert_eq!(
-            Outcome::from_status(StatusCode::from_u16(799).unwrap()),
-            Outcome::ServerError
-        );
     }
 }

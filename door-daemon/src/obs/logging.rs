@@ -23,8 +23,10 @@ use std::{
         Mutex, PoisonError,
         atomic::{AtomicBool, Ordering},
     },
-    time::{Duration, Instant},
+    time::Duration,
 };
+
+use tokio::time::Instant;
 
 use tracing::{Event, Level, Subscriber};
 use tracing_subscriber::{
@@ -139,7 +141,7 @@ where
 /// `trusted_proxies`), which a metric then counts.
 ///
 /// ```
-/// use door_daemon::logging::WarnOnce;
+/// use door_daemon::obs::logging::WarnOnce;
 /// static UNTRUSTED_XFF: WarnOnce = WarnOnce::new();
 /// if UNTRUSTED_XFF.first() {
 ///     tracing::warn!("… (counted in door.untrusted_xff; warned once)");
@@ -167,7 +169,7 @@ impl WarnOnce {
 ///
 /// ```
 /// use std::time::Duration;
-/// use door_daemon::logging::RateLimitedWarn;
+/// use door_daemon::obs::logging::RateLimitedWarn;
 /// static UPSTREAM_FAILED: RateLimitedWarn = RateLimitedWarn::new(Duration::from_mins(1));
 /// if let Some(suppressed) = UPSTREAM_FAILED.due() {
 ///     tracing::warn!(suppressed, "upstream request failed (at most one line a minute)");
@@ -205,7 +207,7 @@ impl RateLimitedWarn {
     /// One occurrence, now: `Some(n)` if a line is due (`n` occurrences were not logged since the
     /// previous line), `None` if this one is only counted.
     pub fn due(&self) -> Option<u64> {
-        self.due_at(Instant::now())
+        self.due_at(crate::time::now())
     }
 
     /// One occurrence at `now` (tests inject time; `now` should not go backwards, and a time
@@ -354,7 +356,7 @@ mod tests {
     #[test]
     fn rate_limited_warn_logs_first_then_once_per_interval_with_the_count() {
         let w = RateLimitedWarn::new(Duration::from_mins(1));
-        let t0 = Instant::now();
+        let t0 = crate::time::now();
         let at = |s: u64| t0 + Duration::from_secs(s);
         assert_eq!(w.due_at(at(0)), Some(0), "the first occurrence logs");
         assert_eq!(w.due_at(at(1)), None);
@@ -378,7 +380,7 @@ mod tests {
     #[test]
     fn rate_limited_warn_is_usable_as_a_static() {
         static W: RateLimitedWarn = RateLimitedWarn::new(Duration::from_hours(1));
-        let now = Instant::now();
+        let now = crate::time::now();
         assert!(W.due_at(now).is_some());
         assert!(W.due_at(now).is_none());
     }

@@ -20,7 +20,7 @@ use std::net::IpAddr;
 use door_common::PrefixKey;
 use lru::LruCache;
 
-use crate::{clock::Clock, key::KeyDecision};
+use crate::{client::key::KeyDecision, time::Clock};
 
 /// Keys whose rejections are being counted, at most.
 pub const TRACKED_KEYS: usize = 16_384;
@@ -160,7 +160,7 @@ impl Escalator {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::clock::ManualClock;
+    use crate::time::ManualClock;
 
     #[derive(Debug, Default)]
     struct Recorder(Mutex<Vec<(PrefixKey, Duration)>>);
@@ -247,7 +247,7 @@ mod tests {
 
     #[test]
     fn key_source_follows_the_client_key_decision() {
-        use crate::key::{ForwardedSource, TrustedProxies, client_key};
+        use crate::client::key::{ForwardedSource, TrustedProxies, client_key};
 
         let trusted = TrustedProxies::parse_list("192.0.2.10/32").unwrap();
         let source = |peer: &str, xff: Option<&str>| {

@@ -527,7 +527,10 @@ async fn a_trusted_sender_on_a_mapped_address_is_trusted() {
     let input = v2(1, 0x21, &body);
     let mut r = input.as_slice();
     let peer = accept(&mut r, proxy_peer(), &trusted()).await.unwrap();
-    assert_eq!(crate::key::canonical(peer.ip()), addr("203.0.113.8:1").ip());
+    assert_eq!(
+        crate::client::key::canonical(peer.ip()),
+        addr("203.0.113.8:1").ip()
+    );
 }
 
 #[tokio::test]

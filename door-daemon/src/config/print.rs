@@ -316,7 +316,7 @@ block_for = "1h 30m"
 
     #[test]
     fn the_example_round_trips() {
-        round_trip(include_str!("../../examples/door.toml"));
+        round_trip(include_str!("../../../examples/door.toml"));
     }
 
     #[test]

@@ -6,6 +6,11 @@
 //! number of tokens per second`); unknown keys are errors too, so a typo never silently falls
 //! back to a default.
 
+pub mod print;
+mod reload;
+
+pub use reload::restart_only_changes;
+
 use std::{
     collections::BTreeMap,
     fmt,
@@ -20,9 +25,9 @@ use serde::Deserialize;
 use thiserror::Error;
 
 use crate::{
-    key::{ForwardedSource, TrustedProxies},
+    client::key::{ForwardedSource, TrustedProxies},
+    http::route::Route,
     limit::{Budget, Charge},
-    route::Route,
 };
 
 /// Default `listen`: all addresses, port 8443.
@@ -307,7 +312,7 @@ pub struct Config {
     pub listen: Vec<SocketAddr>,
     /// The entries of `listen` given with `proxy_protocol = true` (or `--listen-proxy-protocol`):
     /// every connection on them must start with a PROXY protocol v1/v2 header from a trusted proxy
-    /// ([`crate::proxy_protocol`]). Default: none.
+    /// ([`crate::client::proxy_protocol`]). Default: none.
     pub proxy_protocol_listen: Vec<SocketAddr>,
     /// The application behind door. Default `http://127.0.0.1:3000`.
     pub upstream: Upstream,
@@ -790,10 +795,10 @@ fn struct_fields<T: serde::de::DeserializeOwned>() -> &'static [&'static str] {
 fn parse_cidrs(key: &str, raw: &[String]) -> Result<TrustedProxies, ConfigError> {
     TrustedProxies::parse_list(&raw.join(",")).map_err(|e| {
         let value = match &e {
-            crate::key::KeyError::BadCidr { value }
-            | crate::key::KeyError::ZeroPrefix { value }
-            | crate::key::KeyError::HostBitsSet { value, .. }
-            | crate::key::KeyError::BadSource { value } => value.clone(),
+            crate::client::key::KeyError::BadCidr { value }
+            | crate::client::key::KeyError::ZeroPrefix { value }
+            | crate::client::key::KeyError::HostBitsSet { value, .. }
+            | crate::client::key::KeyError::BadSource { value } => value.clone(),
         };
         invalid(key, format!("{value:?}"), e.to_string())
     })

@@ -8,7 +8,7 @@ use http::{HeaderMap, HeaderValue};
 use proptest::prelude::*;
 
 use super::*;
-use crate::forwarded::{FORWARDED_HEADER, X_FORWARDED_FOR};
+use crate::client::forwarded::{FORWARDED_HEADER, X_FORWARDED_FOR};
 
 const XFF: ForwardedSource = ForwardedSource::Xff;
 const FWD: ForwardedSource = ForwardedSource::Forwarded;

@@ -1,5 +1,10 @@
-//! The per-group layer-7 limiter (../shared/seeds/network-door-limits.txt, "Approach", "Memory"
-//! and L1; ../shared/DESIGN.md, "Limits").
+//! The per-group layer-7 limiter (docs/design.md, "Limits").
+//!
+//! This module decides admission and keeps the books; it knows nothing of HTTP, metrics or the
+//! system clock: time comes from an injected [`Clock`], table and slot changes are reported to an
+//! [`Observer`], and whether a settled request spends its held token is the caller's decision
+//! ([`Spend`], decided in `crate::http::settle`). Its bucket arithmetic is
+//! [`door_common::gcra`], the same GCRA the XDP program runs.
 //!
 //! A [`GroupLimiter`] guards one route group (`webhook`, `link`, `health`, ...). Under one mutex it
 //! holds a bounded LRU table of per-client rows (a token bucket, the tokens held by unsettled
@@ -31,14 +36,10 @@ use std::{
     sync::{Arc, Mutex, MutexGuard, PoisonError},
 };
 
-use door_common::prefix::PrefixKey;
-use http::StatusCode;
+use door_common::{gcra, prefix::PrefixKey};
 use lru::LruCache;
 
-use crate::{
-    clock::Clock,
-    metrics::{GroupMetrics, Metrics, Outcome},
-};
+use crate::time::Clock;
 
 /// How many of the oldest table entries a miss on a full table probes for a full, idle entry to
 /// replace (seed, "Memory": `evictProbe = 8`).
@@ -257,13 +258,7 @@ impl Budget {
         } else {
             MIN_RATE
         };
-        #[expect(
-            clippy::cast_possible_truncation,
-            clippy::cast_sign_loss,
-            reason = "the rate is clamped, so the value is in 1..=8.64e13 and exact in u64"
-        )]
-        let ns = (1e9 / rate).ceil() as u64;
-        ns.max(1)
+        gcra::interval_ns(rate)
     }
 }
 
@@ -283,45 +278,28 @@ pub struct BudgetError {
 /// Why a request was (or, in shadow mode, would have been) rejected.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum RejectReason {
-    /// The row's bucket had fewer than `1 + held` tokens: 429.
+    /// The row's bucket had fewer than `1 + held` tokens (answered 429).
     Rate,
-    /// The row had `per_client` requests in flight: 429.
+    /// The row had `per_client` requests in flight (answered 429).
     ClientConcurrency,
-    /// The group had `inflight` requests in flight: 503.
+    /// The group had `inflight` requests in flight (answered 503).
     GroupConcurrency,
 }
 
 impl RejectReason {
-    /// The `door.outcome` of this rejection when enforced.
-    pub const fn outcome(self) -> Outcome {
+    /// `rate_limited`, `client_concurrency` or `group_concurrency`: the `door.outcome` spelling.
+    pub const fn as_str(self) -> &'static str {
         match self {
-            RejectReason::Rate => Outcome::RateLimited,
-            RejectReason::ClientConcurrency => Outcome::ClientConcurrency,
-            RejectReason::GroupConcurrency => Outcome::GroupConcurrency,
-        }
-    }
-
-    /// The `door.outcome` of this rejection in shadow mode (`would_*`).
-    pub const fn shadow_outcome(self) -> Outcome {
-        match self {
-            RejectReason::Rate => Outcome::WouldRateLimited,
-            RejectReason::ClientConcurrency => Outcome::WouldClientConcurrency,
-            RejectReason::GroupConcurrency => Outcome::WouldGroupConcurrency,
-        }
-    }
-
-    /// The HTTP status door answers with: 503 for the group cap, 429 otherwise.
-    pub const fn status(self) -> StatusCode {
-        match self {
-            RejectReason::GroupConcurrency => StatusCode::SERVICE_UNAVAILABLE,
-            RejectReason::Rate | RejectReason::ClientConcurrency => StatusCode::TOO_MANY_REQUESTS,
+            RejectReason::Rate => "rate_limited",
+            RejectReason::ClientConcurrency => "client_concurrency",
+            RejectReason::GroupConcurrency => "group_concurrency",
         }
     }
 }
 
 impl core::fmt::Display for RejectReason {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
-        f.write_str(self.outcome().as_str())
+        f.write_str(self.as_str())
     }
 }
 
@@ -366,8 +344,6 @@ pub struct Rejection {
     /// wait until the row holds `1 + held` tokens, rounded up, so a retry after that long is
     /// admitted if nothing else happened. For the caps it is [`CAP_RETRY_AFTER_S`].
     pub retry_after_s: u64,
-    /// 429 (rate, client cap) or 503 (group cap).
-    pub status: StatusCode,
 }
 
 impl Rejection {
@@ -376,7 +352,6 @@ impl Rejection {
             reason,
             scope,
             retry_after_s: CAP_RETRY_AFTER_S,
-            status: reason.status(),
         }
     }
 }
@@ -413,31 +388,21 @@ struct Bucket {
 
 impl Bucket {
     fn deficit(row: &Row, now: u64) -> u64 {
-        row.full_at.saturating_sub(now)
-    }
-
-    /// `(burst - n) · T` ns, saturating; `None` if `n > burst`.
-    fn slack(self, n: u64) -> Option<u64> {
-        u64::from(self.burst)
-            .checked_sub(n)
-            .map(|k| k.saturating_mul(self.interval))
+        gcra::deficit_ns(row.full_at, now)
     }
 
     /// Whether `n` tokens are available at `now`.
     fn has(self, row: &Row, n: u64, now: u64) -> bool {
-        self.slack(n)
-            .is_some_and(|slack| Self::deficit(row, now) <= slack)
+        gcra::available(row.full_at, now, self.interval, self.burst, n)
     }
 
     /// Nanoseconds until `n` tokens are available (0 if they are); `u64::MAX` if never.
     fn wait_ns(self, row: &Row, n: u64, now: u64) -> u64 {
-        self.slack(n).map_or(u64::MAX, |slack| {
-            Self::deficit(row, now).saturating_sub(slack)
-        })
+        gcra::wait_ns(row.full_at, now, self.interval, self.burst, n)
     }
 
     fn is_full(row: &Row, now: u64) -> bool {
-        row.full_at <= now
+        Self::deficit(row, now) == 0
     }
 
     /// The quota view of `row` at `now`: whole tokens available beyond those held, and whole
@@ -454,7 +419,7 @@ impl Bucket {
     }
 
     fn spend(self, row: &mut Row, now: u64) {
-        row.full_at = row.full_at.max(now).saturating_add(self.interval);
+        row.full_at = gcra::spend(row.full_at, now, self.interval);
     }
 }
 
@@ -494,7 +459,41 @@ struct State {
     inflight: u32,
 }
 
-/// Table changes made by one admission, reported to metrics after the lock is released.
+/// What a [`GroupLimiter`] reports as its table and slots change, so that metrics
+/// (`door.clients`, `door.evictions`, `door.inflight`) follow it without the limiter knowing
+/// them (implemented by `crate::obs::metrics::GroupMetrics`). Called after the group's lock is
+/// released; must not block.
+pub trait Observer: Send + Sync + core::fmt::Debug {
+    /// `delta` entries were added to (positive) or removed from the client table.
+    fn clients_changed(&self, delta: i64);
+    /// A full, idle table entry was replaced by a new client.
+    fn evicted(&self);
+    /// `delta` slots were taken (positive, at admission) or freed (negative, at settlement).
+    fn inflight_changed(&self, delta: i64);
+}
+
+/// An [`Observer`] that ignores everything (benchmarks, tests of the limiter alone).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Unobserved;
+
+impl Observer for Unobserved {
+    fn clients_changed(&self, _: i64) {}
+    fn evicted(&self) {}
+    fn inflight_changed(&self, _: i64) {}
+}
+
+/// Whether a settled request spends the token it holds under [`Charge::OnFailure`] (under
+/// [`Charge::Always`] the token was spent at admission and this changes nothing). The caller
+/// decides: door's rule, "only an upstream 4xx spends", is `crate::http::settle::charge`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Spend {
+    /// Spend the held token (the request failed on the client's side).
+    Token,
+    /// Release the held token unspent.
+    Nothing,
+}
+
+/// Table changes made by one admission, reported to the observer after the lock is released.
 #[derive(Debug, Default, Clone, Copy)]
 struct TableChange {
     inserted: bool,
@@ -513,7 +512,7 @@ pub struct GroupLimiter {
     bucket: Bucket,
     enforce: bool,
     clock: Arc<dyn Clock>,
-    metrics: GroupMetrics,
+    observer: Arc<dyn Observer>,
     state: Mutex<State>,
 }
 
@@ -521,13 +520,14 @@ impl GroupLimiter {
     /// A limiter for group `group` with `budget` (check it with [`Budget::validate`] first; an
     /// invalid budget is clamped: zero counts act as 1, the rate as in [`Budget::interval_ns`]).
     /// `enforce = false` is shadow mode (`disable_anon_route_limits`): every request is admitted
-    /// and would-be rejections are counted as `would_*`. Time comes only from `clock`.
+    /// and [`Permit::shadow_rejection`] says what enforcement would have done. Time comes only from
+    /// `clock`; table and slot changes go to `observer`.
     pub fn new(
         group: &str,
         budget: Budget,
         enforce: bool,
         clock: Arc<dyn Clock>,
-        metrics: Metrics,
+        observer: Arc<dyn Observer>,
     ) -> Self {
         let budget = Budget {
             burst: budget.burst.max(1),
@@ -547,7 +547,7 @@ impl GroupLimiter {
             budget,
             enforce,
             clock,
-            metrics: metrics.for_group(group),
+            observer,
             state: Mutex::new(State {
                 table: LruCache::new(cap),
                 shared: Row::full(now),
@@ -579,19 +579,6 @@ impl GroupLimiter {
     /// Requests holding a slot in the group (≤ `inflight` when enforcing).
     pub fn inflight(&self) -> u32 {
         self.lock().inflight
-    }
-
-    /// Requests of this group counted per `door.requests` outcome since start (see
-    /// [`GroupMetrics::totals`]).
-    pub fn outcome_totals(&self) -> Vec<(Outcome, u64)> {
-        self.metrics.totals()
-    }
-
-    /// Counts one request of this group with `outcome` decided outside the limiter (the HTTP
-    /// layer's `cached` health answers), on `door.requests` and in [`GroupLimiter::outcome_totals`].
-    /// Allocates nothing; touches no limiter state.
-    pub fn record(&self, outcome: Outcome) {
-        self.metrics.record(outcome);
     }
 
     /// The quota of client `key` now, read-only: its table entry if it has one (not refreshed in
@@ -656,14 +643,14 @@ impl GroupLimiter {
             self.decide(&mut state, key, now)
         };
         if change.inserted {
-            self.metrics.clients_add(1);
+            self.observer.clients_changed(1);
         }
         if change.evicted {
-            self.metrics.evicted();
+            self.observer.evicted();
         }
         match decision {
             Ok(row) => {
-                self.metrics.inflight_add(1);
+                self.observer.inflight_changed(1);
                 Ok(Permit {
                     limiter: Arc::clone(self),
                     slot: Some(row),
@@ -671,19 +658,13 @@ impl GroupLimiter {
                     shadow: None,
                 })
             }
-            Err(rejection) if self.enforce => {
-                self.metrics.record(rejection.reason.outcome());
-                Err(rejection)
-            }
-            Err(rejection) => {
-                self.metrics.record(rejection.reason.shadow_outcome());
-                Ok(Permit {
-                    limiter: Arc::clone(self),
-                    slot: None,
-                    scope: rejection.scope,
-                    shadow: Some(rejection.reason),
-                })
-            }
+            Err(rejection) if self.enforce => Err(rejection),
+            Err(rejection) => Ok(Permit {
+                limiter: Arc::clone(self),
+                slot: None,
+                scope: rejection.scope,
+                shadow: Some(rejection.reason),
+            }),
         }
     }
 
@@ -741,7 +722,6 @@ impl GroupLimiter {
                 reason: RejectReason::Rate,
                 scope: id.scope(),
                 retry_after_s: wait.div_ceil(NS_PER_S).max(1),
-                status: StatusCode::TOO_MANY_REQUESTS,
             });
         }
         match self.budget.charge {
@@ -787,8 +767,9 @@ impl GroupLimiter {
         RowId::Shared
     }
 
-    /// Frees a slot taken by [`GroupLimiter::decide`]; spends the held token on a 4xx.
-    fn release(&self, id: RowId, status: Option<StatusCode>) {
+    /// Frees a slot taken by [`GroupLimiter::decide`]; under charge on failure, releases the held
+    /// token and spends it if `spend` says so.
+    fn release(&self, id: RowId, spend: Spend) {
         {
             let mut state = self.lock();
             let state = &mut *state;
@@ -800,7 +781,7 @@ impl GroupLimiter {
                 row.inflight = row.inflight.saturating_sub(1);
                 if self.budget.charge == Charge::OnFailure {
                     row.held = row.held.saturating_sub(1);
-                    if status.is_some_and(|s| s.is_client_error()) {
+                    if spend == Spend::Token {
                         // The clock is read only when a token is spent.
                         self.bucket.spend(row, self.clock.now_ns());
                     }
@@ -808,25 +789,21 @@ impl GroupLimiter {
             }
             state.inflight = state.inflight.saturating_sub(1);
         }
-        self.metrics.inflight_add(-1);
-        self.metrics
-            .record(status.map_or(Outcome::ServerError, Outcome::from_status));
+        self.observer.inflight_changed(-1);
     }
 }
 
-/// An admitted request's slot (seed, L1 "settle, deferred"; DESIGN.md, "Settle always runs").
+/// An admitted request's slot (docs/design.md, "Limits": settle always runs).
 ///
-/// Call [`Permit::settle`] with the upstream's status when it answers. Dropping a permit without
-/// settling it (upstream error, client gone, panic, cancelled future) frees the slot, releases
-/// the held token without spending it, and counts the request as `server_error` (the upstream
-/// gave no answer door could pass on).
+/// Call [`Permit::settle`] when the request ends, saying whether it spends its held token.
+/// Dropping a permit without settling it (panic, cancelled future) frees the slot and releases
+/// the held token without spending it, as [`Spend::Nothing`] would.
 ///
 /// A shadow-mode permit for a request enforcement would have rejected
-/// ([`Permit::shadow_rejection`] is `Some`) holds no slot and no token, so that later decisions
-/// stay exactly those enforcement would have made; the request was counted once, as its
-/// `would_*` outcome, at admission, and settling or dropping it records nothing more.
+/// ([`Permit::shadow_rejection`] is `Some`) holds no slot and no token ([`Permit::holds_slot`] is
+/// `false`), so that later decisions stay exactly those enforcement would have made.
 #[derive(Debug)]
-#[must_use = "dropping a permit at once ends the request as server_error"]
+#[must_use = "dropping a permit at once frees its slot"]
 pub struct Permit {
     limiter: Arc<GroupLimiter>,
     slot: Option<RowId>,
@@ -835,13 +812,18 @@ pub struct Permit {
 }
 
 impl Permit {
-    /// Ends the request with the upstream's `status`: frees the slot, and under
-    /// [`Charge::OnFailure`] spends the held token if `status` is 4xx. Counts `ok` (1xx–3xx),
-    /// `client_error` (4xx) or `server_error` (5xx and above).
-    pub fn settle(mut self, status: StatusCode) {
+    /// Ends the request: frees the slot, and under [`Charge::OnFailure`] releases the held token,
+    /// spending it when `spend` is [`Spend::Token`].
+    pub fn settle(mut self, spend: Spend) {
         if let Some(id) = self.slot.take() {
-            self.limiter.release(id, Some(status));
+            self.limiter.release(id, spend);
         }
+    }
+
+    /// Whether this permit holds a slot (and, under charge on failure, a token): `false` only for
+    /// a shadow-mode permit of a request enforcement would have rejected.
+    pub fn holds_slot(&self) -> bool {
+        self.slot.is_some()
     }
 
     /// In shadow mode, the rejection enforcement would have made; `None` when enforcing or when
@@ -865,7 +847,7 @@ impl Permit {
 impl Drop for Permit {
     fn drop(&mut self) {
         if let Some(id) = self.slot.take() {
-            self.limiter.release(id, None);
+            self.limiter.release(id, Spend::Nothing);
         }
     }
 }
@@ -877,7 +859,7 @@ mod tests {
     use proptest::prelude::*;
 
     use super::*;
-    use crate::clock::ManualClock;
+    use crate::time::ManualClock;
 
     fn key(i: u32) -> PrefixKey {
         PrefixKey::from_ipv4(i.to_be_bytes())
@@ -963,9 +945,9 @@ mod tests {
             budget,
             true,
             clock.clone(),
-            Metrics::noop(),
+            Arc::new(Unobserved),
         ));
-        lim.admit(key(1)).unwrap().settle(StatusCode::OK);
+        lim.admit(key(1)).unwrap().settle(Spend::Nothing);
         let r = lim.admit(key(1)).unwrap_err();
         assert_eq!(r.retry_after_s, 3);
         clock.advance(Duration::from_secs(2));
@@ -973,7 +955,7 @@ mod tests {
         clock.advance(Duration::from_millis(499));
         assert_eq!(lim.admit(key(1)).unwrap_err().retry_after_s, 1);
         clock.advance(Duration::from_millis(1));
-        lim.admit(key(1)).unwrap().settle(StatusCode::OK);
+        lim.admit(key(1)).unwrap().settle(Spend::Nothing);
     }
 
     #[test]
@@ -987,7 +969,7 @@ mod tests {
             },
             true,
             clock.clone(),
-            Metrics::noop(),
+            Arc::new(Unobserved),
         ));
         assert_eq!(lim.window_s(), 20);
         let full = Quota {
@@ -997,7 +979,7 @@ mod tests {
         assert_eq!(lim.quota(&key(1)), full, "an unknown key with room is full");
         assert!(!lim.is_tracked(&key(1)), "reading does not insert");
         for _ in 0..3 {
-            lim.admit(key(1)).unwrap().settle(StatusCode::OK);
+            lim.admit(key(1)).unwrap().settle(Spend::Nothing);
         }
         assert_eq!(
             lim.quota(&key(1)),
@@ -1019,7 +1001,7 @@ mod tests {
         assert_eq!(lim.quota(&key(2)), full);
         for _ in 0..20 {
             if let Ok(p) = lim.admit(key(1)) {
-                p.settle(StatusCode::OK);
+                p.settle(Spend::Nothing);
             }
         }
         let q = lim.quota(&key(1));
@@ -1041,12 +1023,12 @@ mod tests {
             },
             true,
             clock,
-            Metrics::noop(),
+            Arc::new(Unobserved),
         ));
         let a = lim.admit(key(1)).unwrap();
         let b = lim.admit(key(1)).unwrap();
         assert_eq!(lim.quota(&key(1)).remaining, 2);
-        a.settle(StatusCode::BAD_REQUEST);
+        a.settle(Spend::Token);
         assert_eq!(
             lim.quota(&key(1)),
             Quota {
@@ -1123,7 +1105,7 @@ mod tests {
         ) {
             prop_assert!(budget.validate("p").is_ok());
             let clock = Arc::new(ManualClock::at(1_000));
-            let lim = Arc::new(GroupLimiter::new("p", budget, enforce, clock.clone(), Metrics::noop()));
+            let lim = Arc::new(GroupLimiter::new("p", budget, enforce, clock.clone(), Arc::new(Unobserved)));
             let mut permits: Vec<(u32, Permit)> = Vec::new();
             // Per key: first-seen time and tokens spent while on its own row.
             let mut first: HashMap<u32, u64> = HashMap::new();
@@ -1168,7 +1150,7 @@ mod tests {
                         if !permits.is_empty() {
                             let (k, p) = permits.swap_remove(i % permits.len());
                             let counts = p.shadow_rejection().is_none();
-                            p.settle(StatusCode::from_u16(status).unwrap());
+                            p.settle(if (400..500).contains(&status) { Spend::Token } else { Spend::Nothing });
                             if counts && budget.charge == Charge::OnFailure && status == 404 {
                                 *spent.entry(k).or_default() += 1;
                             }

@@ -29,7 +29,7 @@ use std::time::Duration;
 use ppp::v2;
 use tokio::io::{AsyncRead, AsyncReadExt};
 
-use crate::{key::TrustedProxies, metrics::Metrics};
+use crate::{client::key::TrustedProxies, obs::metrics::Metrics};
 
 /// How long a trusted proxy has to deliver the complete header after the connection is accepted.
 /// 5 s: longer than the 3 s the specification asks for (one TCP retransmission, §2).

@@ -2,6 +2,8 @@
 //! program that `build.rs` embedded, attaches it in the configured mode, reads its per-CPU
 //! counters and its per-prefix SYN map, and detaches it on drop (fail-open).
 
+pub mod escalate;
+
 use std::{
     fmt,
     sync::{Arc, Mutex, PoisonError},
@@ -30,7 +32,7 @@ use thiserror::Error;
 
 use crate::{
     config::{XdpConfig, XdpMode},
-    logging::RateLimitedWarn,
+    obs::logging::RateLimitedWarn,
 };
 
 /// The XDP object built by `build.rs` from `door-ebpf` (empty when built with `AYA_BUILD_SKIP=1`).
@@ -386,7 +388,7 @@ impl Shield {
     /// [`ShieldError::Map`] when the blocklist cannot be written.
     pub fn block(&mut self, key: PrefixKey, duration: Duration) -> Result<(), ShieldError> {
         let ns = u64::try_from(duration.as_nanos()).unwrap_or(u64::MAX);
-        self.block_until(key, monotonic_ns().saturating_add(ns))
+        self.block_until(key, crate::time::kernel_monotonic_ns().saturating_add(ns))
     }
 
     /// Puts `key` on the blocklist until `deadline_ns` on the `bpf_ktime_get_ns` clock
@@ -406,7 +408,7 @@ impl Shield {
             HashMap::try_from(map_mut(&mut self.ebpf, MAP_BLOCKED)?).map_err(map_err)?;
         // The daemon is the only one that deletes entries (the program ignores expired ones), so a
         // re-block can never be lost to a concurrent delete.
-        let now = monotonic_ns();
+        let now = crate::time::kernel_monotonic_ns();
         let expired: Vec<PrefixKey> = map
             .iter()
             .filter_map(Result::ok)
@@ -493,7 +495,7 @@ impl Drop for Shield {
 /// Escalations waiting for the blocklist writer, at most; more are dropped (and logged once).
 pub const BLOCKLIST_QUEUE: usize = 1_024;
 
-/// The escalator's [`Blocklist`](crate::escalate::Blocklist) in production: queues blocks for a
+/// The escalator's [`Blocklist`](crate::shield::escalate::Blocklist) in production: queues blocks for a
 /// dedicated thread that writes the XDP blocklist, so that the request path never waits for the
 /// shield's lock or for a map walk (`/status`, metrics collection).
 #[derive(Debug)]
@@ -533,7 +535,7 @@ impl BlocklistWriter {
     }
 }
 
-impl crate::escalate::Blocklist for BlocklistWriter {
+impl escalate::Blocklist for BlocklistWriter {
     fn block(&self, key: PrefixKey, duration: Duration) {
         if self.queue.try_send((key, duration)).is_err()
             && !self
@@ -643,15 +645,6 @@ fn exempt_key(net: IpNet) -> Key<ExemptKey> {
 
 fn same_key(a: &Key<ExemptKey>, b: &Key<ExemptKey>) -> bool {
     a.prefix_len() == b.prefix_len() && a.data() == b.data()
-}
-
-/// CLOCK_MONOTONIC in nanoseconds: the clock `bpf_ktime_get_ns` reads.
-pub fn monotonic_ns() -> u64 {
-    let t = rustix::time::clock_gettime(rustix::time::ClockId::Monotonic);
-    u64::try_from(t.tv_sec)
-        .unwrap_or(0)
-        .saturating_mul(1_000_000_000)
-        .saturating_add(u64::try_from(t.tv_nsec).unwrap_or(0))
 }
 
 fn map_ref<'a>(ebpf: &'a Ebpf, name: &'static str) -> Result<&'a aya::maps::Map, ShieldError> {

@@ -16,7 +16,7 @@ use std::{
 
 use http::StatusCode;
 
-use crate::clock::Clock;
+use crate::time::Clock;
 
 /// How long an upstream health status is served to over-budget probes: 1 s (seed, L3).
 pub const HEALTH_TTL: Duration = Duration::from_secs(1);
@@ -115,7 +115,7 @@ mod tests {
     use std::sync::atomic::AtomicUsize;
 
     use super::*;
-    use crate::clock::ManualClock;
+    use crate::time::ManualClock;
 
     fn cache() -> (Arc<ManualClock>, Arc<AtomicBool>, Arc<CachedHealth>) {
         let clock = Arc::new(ManualClock::at(1));

@@ -1,0 +1,275 @@
+//! The daemon's life (docs/design.md, "Operating contract"): check the TLS pair, load and attach
+//! the XDP shield, bind every listener, tell systemd it is ready, serve until SIGTERM while
+//! reloading on SIGHUP and pinging the watchdog, then drain and detach.
+//!
+//! This is the only module that owns signals, `sd_notify` and the order of start-up and shutdown;
+//! what it starts lives in [`crate::http`], [`crate::shield`] and [`crate::admin`].
+
+use std::{
+    net::SocketAddr,
+    sync::{Arc, Mutex},
+    time::Duration,
+};
+
+use thiserror::Error;
+use tokio::net::TcpListener;
+
+use crate::{
+    admin::StatusSource,
+    config::{Config, ConfigError, XdpMode},
+    http::{
+        front::{ConnSettings, Front},
+        request::App,
+        tls::TlsError,
+    },
+    obs::metrics::Metrics,
+    shield::{BlocklistWriter, Shield, ShieldError, escalate::Blocklist},
+    time::{Clock, MonotonicClock},
+};
+
+/// Start-up failures.
+#[derive(Debug, Error)]
+pub enum ServeError {
+    /// A listener could not be bound.
+    #[error("binding {addr}: {source}")]
+    Bind {
+        /// The address.
+        addr: SocketAddr,
+        /// The OS error.
+        source: std::io::Error,
+    },
+    /// The XDP program could not be attached in a strict mode (`driver`, `skb`).
+    #[error("xdp.mode = {mode:?}: {source}")]
+    Xdp {
+        /// The configured mode.
+        mode: &'static str,
+        /// Why.
+        source: ShieldError,
+    },
+    /// The TLS certificate or key cannot be used (checked before anything is bound).
+    #[error(transparent)]
+    Tls(#[from] TlsError),
+}
+
+/// Re-reads the configuration for a reload (flags, environment and the file, as at start).
+pub type Reloader = Box<dyn Fn() -> Result<Config, ConfigError> + Send>;
+
+/// Runs door with `config` until SIGTERM or SIGINT: checks the TLS key pair, attaches the XDP
+/// program (per `xdp.mode`), binds every listener (nothing is served until all are bound),
+/// tells systemd it is ready (`READY=1`), serves, then drains within `drain_grace`
+/// (`STOPPING=1`) and detaches the XDP program. SIGHUP reloads the configuration with `reload`
+/// (see [`App::reload`]; the XDP settings and exempt prefixes are updated in place); a
+/// configuration that does not validate is logged and the running one kept. Under systemd's
+/// watchdog (`WATCHDOG_USEC`), `WATCHDOG=1` is sent from this serving loop, and only while every
+/// accept loop is alive, so a wedged runtime or a dead listener stops the pings.
+///
+/// # Errors
+/// [`ServeError`] when the TLS pair is unusable, a listener cannot be bound or a strict XDP mode
+/// cannot attach.
+pub async fn run(config: Config, metrics: Metrics, reload: Reloader) -> Result<(), ServeError> {
+    let tls = config
+        .tls
+        .as_ref()
+        .map(crate::http::tls::load)
+        .transpose()?;
+    let shield = start_shield(&config)?;
+    let mut listeners = Vec::new();
+    for addr in &config.listen {
+        let l = TcpListener::bind(addr)
+            .await
+            .map_err(|source| ServeError::Bind {
+                addr: *addr,
+                source,
+            })?;
+        listeners.push((l, config.requires_proxy_protocol(*addr)));
+    }
+    let admin = match config.admin_listen {
+        Some(addr) => Some(
+            TcpListener::bind(addr)
+                .await
+                .map_err(|source| ServeError::Bind { addr, source })?,
+        ),
+        None => None,
+    };
+
+    let clock: Arc<dyn Clock> = Arc::new(MonotonicClock::new());
+    let blocklist = shield
+        .clone()
+        .map(|s| Arc::new(BlocklistWriter::spawn(s)) as Arc<dyn Blocklist>);
+    let _shield_instruments = shield
+        .as_ref()
+        .map(|s| crate::shield::observe(&opentelemetry::global::meter("door"), s));
+    let app = Arc::new(App::new(&config, &clock, &metrics, blocklist));
+    let front = Front::new(Arc::clone(&app), ConnSettings::from_config(&config), tls);
+    let proto = if config.tls.is_some() {
+        "TLS: h2 and http/1.1 by ALPN"
+    } else {
+        "HTTP/1.1 and h2c"
+    };
+    for (l, proxy_protocol) in listeners {
+        if let Ok(addr) = l.local_addr() {
+            tracing::info!(%addr, upstream = %config.upstream, proxy_protocol, "listening ({proto})");
+        }
+        front.serve(l, proxy_protocol);
+    }
+    let admin_task = admin.map(|l| {
+        if let Ok(addr) = l.local_addr() {
+            tracing::info!(url = %crate::admin::url(addr), "admin status");
+        }
+        let for_status = Arc::clone(&app);
+        let source = Arc::new(StatusSource {
+            limiters: Arc::new(move || for_status.limiters()),
+            metrics: metrics.clone(),
+            shield: shield.clone(),
+            xdp_mode: config.xdp.mode.as_str(),
+        });
+        tokio::spawn(crate::admin::serve(l, source))
+    });
+
+    let xdp_state = match &shield {
+        Some(s) => match lock(s).attached() {
+            Some((interface, mode)) => format!("XDP on {interface} ({mode})"),
+            None => "XDP not attached".to_owned(),
+        },
+        None => "XDP off".to_owned(),
+    };
+    notify(&[
+        sd_notify::NotifyState::Ready,
+        sd_notify::NotifyState::Status(&format!(
+            "serving on {} listener(s); {xdp_state}",
+            config.listen.len()
+        )),
+    ]);
+    let config = serve_until_term(&front, &app, shield.as_ref(), config, &reload).await;
+
+    notify(&[
+        sd_notify::NotifyState::Stopping,
+        sd_notify::NotifyState::Status("draining"),
+    ]);
+    let grace = config.drain_grace;
+    tracing::info!(?grace, "draining: health is 503, listeners closed");
+    if !front.drain(grace).await {
+        tracing::warn!(
+            ?grace,
+            "in-flight requests did not finish within the grace period"
+        );
+    }
+    if let Some(t) = admin_task {
+        t.abort();
+    }
+    if let Some(shield) = shield {
+        lock(&shield).detach();
+        tracing::info!("XDP flood shield detached");
+    }
+    Ok(())
+}
+
+/// Sends `states` to systemd when it is listening (`NOTIFY_SOCKET`); failures are logged, never
+/// fatal.
+fn notify(states: &[sd_notify::NotifyState<'_>]) {
+    if let Err(e) = sd_notify::notify(false, states) {
+        tracing::debug!(error = %e, "sd_notify failed");
+    }
+}
+
+/// Serves until SIGTERM or SIGINT, reloading on SIGHUP and pinging the watchdog; returns the
+/// configuration in force at the end.
+async fn serve_until_term(
+    front: &Front,
+    app: &App,
+    shield: Option<&Arc<Mutex<Shield>>>,
+    mut config: Config,
+    reload: &Reloader,
+) -> Config {
+    use tokio::signal::unix::{SignalKind, signal};
+
+    let (Ok(mut term), Ok(mut hup)) = (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::hangup()),
+    ) else {
+        tracing::error!("cannot install signal handlers; stopping on Ctrl-C only");
+        let _ = tokio::signal::ctrl_c().await;
+        return config;
+    };
+    let mut usec = 0;
+    let watchdog = sd_notify::watchdog_enabled(false, &mut usec);
+    let period = Duration::from_micros(usec / 2).max(Duration::from_millis(100));
+    let mut tick = tokio::time::interval(period);
+    loop {
+        tokio::select! {
+            _ = term.recv() => return config,
+            _ = tokio::signal::ctrl_c() => return config,
+            _ = hup.recv() => {
+                notify(&[sd_notify::NotifyState::Reloading]);
+                match reload() {
+                    Ok(new) => {
+                        let restart = app.reload(&new, &config);
+                        reconfigure_shield(shield, &new);
+                        if restart.is_empty() {
+                            tracing::info!("configuration reloaded");
+                        } else {
+                            tracing::warn!(needs_restart = ?restart, "configuration reloaded; these settings only change on restart");
+                        }
+                        config = new;
+                    }
+                    Err(e) => tracing::error!(error = %e, "reload refused: invalid configuration, keeping the running one"),
+                }
+                notify(&[sd_notify::NotifyState::Ready, sd_notify::NotifyState::Status("serving (reloaded)")]);
+            }
+            _ = tick.tick(), if watchdog => {
+                if front.accepting() {
+                    notify(&[sd_notify::NotifyState::Watchdog]);
+                } else {
+                    tracing::error!("an accept loop has stopped: no longer pinging the watchdog");
+                }
+            }
+        }
+    }
+}
+
+/// Writes a reloaded configuration's XDP settings and exempt prefixes (trusted proxies and
+/// `xdp.allow`) into the attached program's maps, in place.
+fn reconfigure_shield(shield: Option<&Arc<Mutex<Shield>>>, config: &Config) {
+    let Some(shield) = shield else { return };
+    let mut exempt = config.trusted_proxies.nets().to_vec();
+    exempt.extend(config.xdp.allow.iter().copied());
+    if let Err(e) = lock(shield).configure(&config.xdp, &exempt) {
+        tracing::error!(error = %e, "reload: could not update the XDP maps; the shield keeps its previous settings where they were not written");
+    }
+}
+
+fn start_shield(config: &Config) -> Result<Option<Arc<Mutex<Shield>>>, ServeError> {
+    let mode = config.xdp.mode;
+    if mode == XdpMode::Off {
+        tracing::info!("XDP flood shield off (xdp.mode = \"off\")");
+        return Ok(None);
+    }
+    let interface = config.xdp.interface.clone().unwrap_or_default();
+    let mut exempt = config.trusted_proxies.nets().to_vec();
+    exempt.extend(config.xdp.allow.iter().copied());
+    let attached = Shield::load_with_capacity(config.xdp.max_prefixes).and_then(|mut s| {
+        s.configure(&config.xdp, &exempt)?;
+        s.attach(&interface, mode).map(|m| (s, m))
+    });
+    match attached {
+        Ok((shield, m)) => {
+            tracing::info!(%interface, mode = %m, "XDP flood shield attached");
+            Ok(Some(Arc::new(Mutex::new(shield))))
+        }
+        Err(source) if mode == XdpMode::Auto => {
+            tracing::error!(
+                %interface, error = %source,
+                "XDP FLOOD SHIELD NOT ATTACHED: serving with layer-7 limits only (xdp.mode = \"auto\")"
+            );
+            Ok(None)
+        }
+        Err(source) => Err(ServeError::Xdp {
+            mode: mode.as_str(),
+            source,
+        }),
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}

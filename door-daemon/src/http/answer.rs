@@ -1,0 +1,168 @@
+//! door's own answers, in one place: the status, body and headers door sends instead of (or on top
+//! of) the upstream's. A limiter [`Rejection`] becomes 429 or 503 with `Retry-After` and the JSON
+//! envelope of docs/design.md ("Limits"); [`ratelimit_fields`] adds the `RateLimit-Policy` and
+//! `RateLimit` fields (draft-ietf-httpapi-ratelimit-headers-10); a [`Failure`] becomes 408, 502 or
+//! 504; a cached health answer carries `Cache-Status` (RFC 9211).
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{HeaderMap, HeaderName, HeaderValue, Response, StatusCode, header};
+
+use crate::{
+    http::{body::ResponseBody, upstream::ProxyError},
+    limit::{Quota, RejectReason, Rejection},
+    obs::logging::RateLimitedWarn,
+};
+
+/// `RateLimit-Policy` (draft-ietf-httpapi-ratelimit-headers-10).
+pub static RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
+/// `RateLimit` (draft-ietf-httpapi-ratelimit-headers-10).
+pub static RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
+/// `Cache-Status` (RFC 9211), set on health answers served from the cache.
+pub static CACHE_STATUS: HeaderName = HeaderName::from_static("cache-status");
+
+/// Why door answered instead of the upstream.
+#[derive(Debug)]
+pub enum Failure {
+    /// The request body missed its read deadline (408).
+    BodyTimeout,
+    /// The upstream sent no response head within `upstream_timeout` (504).
+    UpstreamTimeout,
+    /// The upstream call failed: refused, reset, malformed (502).
+    Upstream(ProxyError),
+}
+
+/// A structured-field string (RFC 8941 §3.3.3) of `s`: quoted, `"` and `\` escaped; characters
+/// outside printable ASCII replaced by `?`.
+pub fn sf_string(s: &str) -> String {
+    let mut out = String::with_capacity(s.len() + 2);
+    out.push('"');
+    for c in s.chars() {
+        match c {
+            '"' | '\\' => {
+                out.push('\\');
+                out.push(c);
+            }
+            ' '..='~' => out.push(c),
+            _ => out.push('?'),
+        }
+    }
+    out.push('"');
+    out
+}
+
+/// The status door answers a [`Failure`] with: 408, 504 or 502.
+pub fn failure_status(f: &Failure) -> StatusCode {
+    match f {
+        Failure::BodyTimeout => StatusCode::REQUEST_TIMEOUT,
+        Failure::UpstreamTimeout => StatusCode::GATEWAY_TIMEOUT,
+        Failure::Upstream(_) => StatusCode::BAD_GATEWAY,
+    }
+}
+
+/// door's answer to a [`Failure`]: its status and a JSON body `{"code","message"}`; a 408 also
+/// closes the connection (the rest of the body is never read). An upstream failure is logged at
+/// most once a minute.
+pub fn failure_response(f: &Failure) -> Response<ResponseBody> {
+    let (code, message) = match f {
+        Failure::BodyTimeout => (
+            "request-timeout",
+            "the request body did not arrive in time".to_owned(),
+        ),
+        Failure::UpstreamTimeout => (
+            "gateway-timeout",
+            "the application behind door did not answer in time".to_owned(),
+        ),
+        Failure::Upstream(e) => {
+            // An upstream down fails every request: one line a minute, with the count skipped.
+            static UPSTREAM_FAILED: RateLimitedWarn = RateLimitedWarn::new(Duration::from_mins(1));
+            if let Some(suppressed) = UPSTREAM_FAILED.due() {
+                tracing::warn!(error = %e, refused = e.is_connect(), suppressed, "upstream request failed (at most one line a minute)");
+            }
+            (
+                "bad-gateway",
+                "the application behind door did not answer".to_owned(),
+            )
+        }
+    };
+    let mut res = json_response(
+        failure_status(f),
+        &serde_json::json!({ "code": code, "message": message }),
+    );
+    if matches!(f, Failure::BodyTimeout) {
+        // The rest of the body is never read: the connection cannot be reused.
+        res.headers_mut()
+            .insert(header::CONNECTION, HeaderValue::from_static("close"));
+    }
+    res
+}
+
+/// A health answer door gives itself: `status` with its reason phrase as a plain-text body,
+/// `Cache-Status: cache_status` and `Cache-Control: no-store`.
+pub fn health_response(status: StatusCode, cache_status: &'static str) -> Response<ResponseBody> {
+    let mut res = Response::new(ResponseBody::full(Bytes::from_static(
+        status.canonical_reason().unwrap_or("unknown").as_bytes(),
+    )));
+    *res.status_mut() = status;
+    let h = res.headers_mut();
+    h.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; charset=utf-8"),
+    );
+    h.insert(&CACHE_STATUS, HeaderValue::from_static(cache_status));
+    h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    res
+}
+
+/// The 429/503 answer of docs/design.md ("Limits"): `Retry-After` in whole seconds and the
+/// JSON envelope `{"code":"rate-limited","message":…,"details":{"group","scope","retry_after_s"}}`.
+pub fn rejected(group: &str, r: &Rejection) -> Response<ResponseBody> {
+    let body = serde_json::json!({
+        "code": "rate-limited",
+        "message": format!("too many requests to {group}; retry in {} s", r.retry_after_s),
+        "details": {
+            "group": group,
+            "scope": r.scope.as_str(),
+            "retry_after_s": r.retry_after_s,
+        },
+    });
+    let mut res = json_response(status(r.reason), &body);
+    res.headers_mut()
+        .insert(header::RETRY_AFTER, HeaderValue::from(r.retry_after_s));
+    res
+}
+
+fn json_response(status: StatusCode, body: &serde_json::Value) -> Response<ResponseBody> {
+    let mut res = Response::new(ResponseBody::full(Bytes::from(body.to_string())));
+    *res.status_mut() = status;
+    res.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    res
+}
+
+/// The status of a rejection: 503 for the group's in-flight cap (the service as a whole is busy),
+/// 429 for the client's rate or in-flight cap.
+pub const fn status(reason: RejectReason) -> StatusCode {
+    match reason {
+        RejectReason::GroupConcurrency => StatusCode::SERVICE_UNAVAILABLE,
+        RejectReason::Rate | RejectReason::ClientConcurrency => StatusCode::TOO_MANY_REQUESTS,
+    }
+}
+
+/// The `RateLimit-Policy` value of a group: `"NAME";q=BURST;w=WINDOW_S`, or `None` when the name
+/// cannot be a header value.
+pub fn ratelimit_policy(sf_name: &str, burst: u32, window_s: u64) -> Option<HeaderValue> {
+    HeaderValue::try_from(format!("{sf_name};q={burst};w={window_s}")).ok()
+}
+
+/// Sets `RateLimit-Policy: policy` and `RateLimit: "NAME";r=REMAINING;t=RESET_S` from the
+/// client's `quota` on a limited route's response, whatever its status.
+pub fn ratelimit_fields(headers: &mut HeaderMap, policy: &HeaderValue, sf_name: &str, q: Quota) {
+    headers.insert(&RATELIMIT_POLICY, policy.clone());
+    if let Ok(v) = HeaderValue::try_from(format!("{sf_name};r={};t={}", q.remaining, q.reset_s)) {
+        headers.insert(&RATELIMIT, v);
+    }
+}

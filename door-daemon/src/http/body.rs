@@ -1,0 +1,156 @@
+//! The response body door streams to the client: an upstream body passed through frame by frame
+//! (never buffered, so an upstream's flush reaches the client at once), or door's own small body.
+//! It carries the request's limiter permit until the body has been sent (or a send deadline
+//! passes) and the request's in-flight count until it is dropped.
+
+use std::{
+    pin::Pin,
+    sync::{Arc, Mutex, PoisonError},
+    task::{Context, Poll},
+    time::Duration,
+};
+
+use bytes::Bytes;
+use http::StatusCode;
+use http_body::{Body, Frame, SizeHint};
+use hyper::body::Incoming;
+
+use crate::http::{
+    request::ActiveGuard,
+    settle::{End, Held},
+};
+
+/// The response body: an upstream body streamed through frame by frame (never buffered, so an
+/// upstream's flush reaches the client at once), or door's own small body. It settles the
+/// request's limiter permit when the body ends, fails or is dropped (client gone), and counts
+/// the request as in flight until then.
+#[derive(Debug)]
+pub struct ResponseBody {
+    kind: Kind,
+    permit: Option<HeldPermit>,
+    pub(crate) active: Option<ActiveGuard>,
+}
+
+/// A limited request's permit while its response is sent: settled when the body ends or is
+/// dropped, or by a timer at the send deadline, whichever comes first, so that a client reading
+/// slowly (or an HTTP/2 client keeping its window shut) cannot hold a limiter slot for longer
+/// than the deadline.
+#[derive(Debug)]
+struct HeldPermit {
+    slot: Arc<Mutex<Option<(Held, StatusCode)>>>,
+    timer: tokio::task::JoinHandle<()>,
+}
+
+impl HeldPermit {
+    fn new(permit: Held, status: StatusCode, deadline: Duration) -> Self {
+        let slot = Arc::new(Mutex::new(Some((permit, status))));
+        let for_timer = Arc::clone(&slot);
+        let timer = tokio::spawn(async move {
+            tokio::time::sleep(deadline).await;
+            settle_held(&for_timer);
+        });
+        Self { slot, timer }
+    }
+
+    fn settle(&self) {
+        self.timer.abort();
+        settle_held(&self.slot);
+    }
+}
+
+fn settle_held(slot: &Mutex<Option<(Held, StatusCode)>>) {
+    let taken = slot.lock().unwrap_or_else(PoisonError::into_inner).take();
+    if let Some((permit, status)) = taken {
+        permit.settle(End::Answered(status));
+    }
+}
+
+#[derive(Debug)]
+enum Kind {
+    Upstream(Incoming),
+    Full(Option<Bytes>),
+}
+
+impl ResponseBody {
+    /// An upstream body on a route without a permit.
+    pub(crate) fn upstream(body: Incoming) -> Self {
+        Self {
+            kind: Kind::Upstream(body),
+            permit: None,
+            active: None,
+        }
+    }
+
+    /// An upstream body whose request holds `permit` until the body is sent, at most `deadline`.
+    pub(crate) fn settling(
+        body: Incoming,
+        permit: Held,
+        status: StatusCode,
+        deadline: Duration,
+    ) -> Self {
+        Self {
+            kind: Kind::Upstream(body),
+            permit: Some(HeldPermit::new(permit, status, deadline)),
+            active: None,
+        }
+    }
+
+    /// door's own body of `bytes`.
+    pub(crate) fn full(bytes: Bytes) -> Self {
+        Self {
+            kind: Kind::Full(Some(bytes)),
+            permit: None,
+            active: None,
+        }
+    }
+
+    fn finish(&mut self) {
+        if let Some(held) = self.permit.take() {
+            held.settle();
+        }
+        self.active = None;
+    }
+}
+
+impl Body for ResponseBody {
+    type Data = Bytes;
+    type Error = hyper::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+        let this = &mut *self;
+        let poll = match &mut this.kind {
+            Kind::Upstream(b) => Pin::new(b).poll_frame(cx),
+            Kind::Full(b) => Poll::Ready(b.take().map(|b| Ok(Frame::data(b)))),
+        };
+        match &poll {
+            Poll::Ready(None | Some(Err(_))) => this.finish(),
+            Poll::Ready(Some(Ok(_))) if this.is_end_stream() => this.finish(),
+            _ => {}
+        }
+        poll
+    }
+
+    fn is_end_stream(&self) -> bool {
+        match &self.kind {
+            Kind::Upstream(b) => b.is_end_stream(),
+            Kind::Full(b) => b.is_none(),
+        }
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match &self.kind {
+            Kind::Upstream(b) => b.size_hint(),
+            Kind::Full(Some(b)) => SizeHint::with_exact(b.len() as u64),
+            Kind::Full(None) => SizeHint::with_exact(0),
+        }
+    }
+}
+
+impl Drop for ResponseBody {
+    fn drop(&mut self) {
+        self.finish();
+    }
+}

@@ -1,0 +1,391 @@
+//! The request path and the daemon's lifecycle (../shared/DESIGN.md, "Limits" and "Operating
+//! contract"): listeners serving HTTP/1.1 and HTTP/2 (h2c on cleartext listeners, ALPN `h2` /
+//! `http/1.1` under TLS), route matching, admission by the group's limiter, forwarding with the
+//! body read deadline and the upstream timeout, the 408/429/431/502/503/504 answers, the
+//! `RateLimit-Policy` / `RateLimit` fields, cached health, and the SIGTERM drain.
+//!
+//! Connection limits (RFC 9110 §15.5.20 / RFC 6585 §5 for 431; RFC 9113 §6.5.2 for
+//! `SETTINGS_MAX_HEADER_LIST_SIZE`):
+//!
+//! - HTTP/1.1: hyper reads the request head into a buffer of at most [`MAX_HEADER_BYTES`]
+//!   (request line, fields and their CRLFs); a head that does not fit, or has more than
+//!   [`MAX_HEADER_FIELDS`] fields, gets 431 and the connection is closed.
+//! - HTTP/2: door advertises `SETTINGS_MAX_HEADER_LIST_SIZE = MAX_HEADER_BYTES`. h2 sums the
+//!   decoded fields as RFC 9113 §6.5.2 does (name + value + 32 octets each, pseudo-fields
+//!   included); a list of `MAX_HEADER_BYTES` or more gets a 431 on that stream (the connection
+//!   lives on); past four times the limit h2 stops decoding and ends the connection with GOAWAY
+//!   `ENHANCE_YOUR_CALM`. A field literal longer than the HPACK decoder's buffer is a
+
+use std::{
+    convert::Infallible,
+    net::SocketAddr,
+    sync::{
+        Arc, Mutex,
+        atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering},
+    },
+    time::Duration,
+};
+
+use hyper_util::{
+    rt::{TokioExecutor, TokioIo, TokioTimer},
+    server::conn::auto,
+};
+use tokio::{
+    io::{AsyncRead, AsyncWrite},
+    net::{TcpListener, TcpStream},
+    sync::watch,
+    task::JoinSet,
+    time::Instant,
+};
+use tokio_rustls::TlsAcceptor;
+
+use crate::{config::Config, http::request::App, obs::logging::RateLimitedWarn};
+
+/// The request-head bound, bytes: 64 KiB on both protocols (DESIGN.md, "Limits"; the seed's
+/// `MaxHeaderBytes = 64 << 10`).
+pub const MAX_HEADER_BYTES: usize = 64 << 10;
+
+/// HTTP/1.1 request fields door parses at most (hyper's default is 100). Raised so that the byte
+/// bound, not the count, is what binds for requests whose fields average 64 bytes or more; hyper
+/// allocates 64 bytes of parse state per allowed field for each request head.
+pub const MAX_HEADER_FIELDS: usize = 1024;
+
+/// HTTP/2 streams a client may have open at once (`SETTINGS_MAX_CONCURRENT_STREAMS`, RFC 9113
+/// §6.5.2), as the seed's Go server.
+pub const MAX_CONCURRENT_STREAMS: u32 = 250;
+
+/// Per-connection state: where it comes from and when it last had a request in flight.
+#[derive(Debug)]
+pub struct ConnInfo {
+    pub(crate) peer: SocketAddr,
+    pub(crate) tls: bool,
+    /// The peer address came from a PROXY protocol header sent by a trusted proxy.
+    pub(crate) proxied: bool,
+    origin: Instant,
+    active: AtomicUsize,
+    /// Nanoseconds after `origin` of the last request start or end.
+    last_ns: AtomicU64,
+}
+
+impl ConnInfo {
+    /// A connection from `peer`; `tls` when door terminated TLS on it.
+    pub fn new(peer: SocketAddr, tls: bool) -> Self {
+        Self {
+            peer,
+            tls,
+            proxied: false,
+            origin: crate::time::now(),
+            active: AtomicUsize::new(0),
+            last_ns: AtomicU64::new(0),
+        }
+    }
+
+    /// A request on this connection started.
+    pub(crate) fn request_started(&self) {
+        self.active.fetch_add(1, Ordering::AcqRel);
+        self.touch();
+    }
+
+    /// A request on this connection ended (its response body was sent or dropped).
+    pub(crate) fn request_ended(&self) {
+        self.touch();
+        self.active.fetch_sub(1, Ordering::AcqRel);
+    }
+
+    fn touch(&self) {
+        let ns = u64::try_from(self.origin.elapsed().as_nanos()).unwrap_or(u64::MAX);
+        self.last_ns.store(ns, Ordering::Release);
+    }
+
+    /// When the connection becomes idle-expired if nothing happens: `None` while a request is in
+    /// flight.
+    fn idle_deadline(&self, idle: Duration) -> Option<Instant> {
+        if self.active.load(Ordering::Acquire) > 0 {
+            return None;
+        }
+        let last = Duration::from_nanos(self.last_ns.load(Ordering::Acquire));
+        Some(self.origin + last + idle)
+    }
+}
+
+/// Connection settings shared by every listener.
+#[derive(Debug, Clone, Copy)]
+pub struct ConnSettings {
+    /// Request head timeout (HTTP/1.1, and the TLS handshake).
+    pub header_read_timeout: Duration,
+    /// A connection with no request in flight for this long is closed.
+    pub idle_timeout: Duration,
+}
+
+impl ConnSettings {
+    /// The settings of `config`.
+    pub fn from_config(config: &Config) -> Self {
+        Self {
+            header_read_timeout: config.header_read_timeout,
+            idle_timeout: config.idle_timeout,
+        }
+    }
+
+    fn builder(self) -> auto::Builder<TokioExecutor> {
+        let mut b = auto::Builder::new(TokioExecutor::new());
+        b.http1()
+            .timer(TokioTimer::new())
+            .header_read_timeout(self.header_read_timeout)
+            .max_buf_size(MAX_HEADER_BYTES)
+            .max_headers(MAX_HEADER_FIELDS);
+        b.http2()
+            .timer(TokioTimer::new())
+            .max_header_list_size(u32::try_from(MAX_HEADER_BYTES).unwrap_or(u32::MAX))
+            .max_concurrent_streams(MAX_CONCURRENT_STREAMS);
+        b
+    }
+}
+
+/// door's listeners and their connections: serves, and drains on request.
+pub struct Front {
+    app: Arc<App>,
+    settings: ConnSettings,
+    builder: Arc<auto::Builder<TokioExecutor>>,
+    tls: Option<TlsAcceptor>,
+    stop: watch::Sender<bool>,
+    loops: Mutex<JoinSet<()>>,
+    connections: Arc<Mutex<JoinSet<()>>>,
+    /// Set when an accept loop ended before the drain (its listener is gone).
+    loop_died: AtomicBool,
+}
+
+impl Front {
+    /// Whether every accept loop is still running. An accept loop only ends at the drain, so one
+    /// that ended before means a listener stopped serving (and the watchdog should notice).
+    pub fn accepting(&self) -> bool {
+        let mut loops = lock(&self.loops);
+        while loops.try_join_next().is_some() {
+            self.loop_died.store(true, Ordering::Release);
+        }
+        !self.loop_died.load(Ordering::Acquire) && !loops.is_empty()
+    }
+
+    /// A front for `app`; `tls` (from [`crate::http::tls::load`]) terminates TLS on every listener.
+    pub fn new(
+        app: Arc<App>,
+        settings: ConnSettings,
+        tls: Option<Arc<rustls::ServerConfig>>,
+    ) -> Self {
+        Self {
+            app,
+            settings,
+            builder: Arc::new(settings.builder()),
+            tls: tls.map(TlsAcceptor::from),
+            stop: watch::channel(false).0,
+            loops: Mutex::new(JoinSet::new()),
+            connections: Arc::new(Mutex::new(JoinSet::new())),
+            loop_died: AtomicBool::new(false),
+        }
+    }
+
+    /// The request path.
+    pub fn app(&self) -> &Arc<App> {
+        &self.app
+    }
+
+    /// Serves `listener` until [`Front::drain`]; with `proxy_protocol`, every connection must
+    /// start with a PROXY protocol header from a trusted proxy.
+    pub fn serve(&self, listener: TcpListener, proxy_protocol: bool) {
+        let task = accept_loop(
+            listener,
+            Arc::clone(&self.app),
+            self.settings,
+            Arc::clone(&self.builder),
+            self.tls.clone(),
+            self.stop.subscribe(),
+            Arc::clone(&self.connections),
+            proxy_protocol,
+        );
+        lock(&self.loops).spawn(task);
+    }
+
+    /// Drains (DESIGN.md, "Operating contract"): health turns 503 at once, the listeners are
+    /// closed (new connections are refused), in-flight requests get `grace` to finish, then every
+    /// connection is shut down gracefully (HTTP/2 GOAWAY; HTTP/1.1 closed once idle) and, after
+    /// at most the rest of the grace period, dropped. `true` when everything finished in time.
+    pub async fn drain(&self, grace: Duration) -> bool {
+        let start = crate::time::now();
+        self.app.begin_drain();
+        let mut loops = std::mem::take(&mut *lock(&self.loops));
+        loops.abort_all();
+        while loops.join_next().await.is_some() {}
+        let finished = self.app.wait_idle(grace).await;
+        let _ = self.stop.send(true);
+        let mut conns = std::mem::take(&mut *lock(&self.connections));
+        let left = grace
+            .saturating_sub(start.elapsed())
+            .max(Duration::from_millis(100));
+        let closed =
+            tokio::time::timeout(left, async { while conns.join_next().await.is_some() {} })
+                .await
+                .is_ok();
+        conns.abort_all();
+        finished && closed
+    }
+}
+
+impl std::fmt::Debug for Front {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Front")
+            .field("settings", &self.settings)
+            .field("tls", &self.tls.is_some())
+            .finish_non_exhaustive()
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+#[expect(
+    clippy::too_many_arguments,
+    reason = "the listener's inputs, passed once from Front::serve"
+)]
+async fn accept_loop(
+    listener: TcpListener,
+    app: Arc<App>,
+    settings: ConnSettings,
+    builder: Arc<auto::Builder<TokioExecutor>>,
+    tls: Option<TlsAcceptor>,
+    stop: watch::Receiver<bool>,
+    connections: Arc<Mutex<JoinSet<()>>>,
+    proxy_protocol: bool,
+) {
+    loop {
+        let (stream, peer) = match listener.accept().await {
+            Ok(a) => a,
+            Err(e) => {
+                // Out of file descriptors repeats on every accept: one line per 10 s.
+                static ACCEPT_FAILED: RateLimitedWarn =
+                    RateLimitedWarn::new(Duration::from_secs(10));
+                if let Some(suppressed) = ACCEPT_FAILED.due() {
+                    tracing::warn!(error = %e, suppressed, "accept failed (at most one line per 10 s)");
+                }
+                // EMFILE and friends: back off instead of spinning.
+                tokio::time::sleep(Duration::from_millis(10)).await;
+                continue;
+            }
+        };
+        let _ = stream.set_nodelay(true);
+        let task = connection(
+            stream,
+            peer,
+            proxy_protocol,
+            Arc::clone(&app),
+            settings,
+            Arc::clone(&builder),
+            tls.clone(),
+            stop.clone(),
+        );
+        let mut set = lock(&connections);
+        // Reap finished connections so the set does not grow with every connection ever served.
+        while set.try_join_next().is_some() {}
+        set.spawn(task);
+    }
+}
+
+#[expect(
+    clippy::too_many_arguments,
+    reason = "one connection's inputs, passed once from the accept loop"
+)]
+async fn connection(
+    mut stream: TcpStream,
+    peer: SocketAddr,
+    proxy_protocol: bool,
+    app: Arc<App>,
+    settings: ConnSettings,
+    builder: Arc<auto::Builder<TokioExecutor>>,
+    tls: Option<TlsAcceptor>,
+    stop: watch::Receiver<bool>,
+) {
+    // PROXY protocol listener: the header, read before any TLS, names the peer.
+    let peer = if proxy_protocol {
+        let policy = app.policy();
+        let accepted = crate::client::proxy_protocol::accept_or_reject(
+            &mut stream,
+            peer,
+            &policy.trusted,
+            &app.metrics,
+        );
+        let Some(peer) = accepted.await else {
+            return;
+        };
+        peer
+    } else {
+        peer
+    };
+    match tls {
+        None => {
+            let info = Arc::new(ConnInfo {
+                proxied: proxy_protocol,
+                ..ConnInfo::new(peer, false)
+            });
+            serve_io(stream, info, app, settings, &builder, stop).await;
+        }
+        Some(acceptor) => {
+            let handshake =
+                tokio::time::timeout(settings.header_read_timeout, acceptor.accept(stream)).await;
+            match handshake {
+                Ok(Ok(tls_stream)) => {
+                    let info = Arc::new(ConnInfo {
+                        proxied: proxy_protocol,
+                        ..ConnInfo::new(peer, true)
+                    });
+                    serve_io(tls_stream, info, app, settings, &builder, stop).await;
+                }
+                Ok(Err(e)) => tracing::debug!(%peer, error = %e, "TLS handshake failed"),
+                Err(_) => tracing::debug!(%peer, "TLS handshake timed out"),
+            }
+        }
+    }
+}
+
+async fn serve_io<I>(
+    io: I,
+    info: Arc<ConnInfo>,
+    app: Arc<App>,
+    settings: ConnSettings,
+    builder: &auto::Builder<TokioExecutor>,
+    mut stop: watch::Receiver<bool>,
+) where
+    I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let peer = info.peer;
+    let conn_info = Arc::clone(&info);
+    let service = hyper::service::service_fn(move |req| {
+        let app = Arc::clone(&app);
+        let info = Arc::clone(&conn_info);
+        async move { Ok::<_, Infallible>(app.handle(info, req).await) }
+    });
+    let conn = builder.serve_connection(TokioIo::new(io), service);
+    tokio::pin!(conn);
+    loop {
+        let idle_at = info
+            .idle_deadline(settings.idle_timeout)
+            .unwrap_or_else(|| crate::time::now() + settings.idle_timeout);
+        tokio::select! {
+            r = conn.as_mut() => {
+                if let Err(e) = r {
+                    tracing::debug!(%peer, error = %e, "connection ended with an error");
+                }
+                return;
+            }
+            _ = stop.changed() => break,
+            () = tokio::time::sleep_until(idle_at) => {
+                if info.idle_deadline(settings.idle_timeout).is_some_and(|d| d <= crate::time::now()) {
+                    tracing::debug!(%peer, "closing an idle connection");
+                    break;
+                }
+            }
+        }
+    }
+    conn.as_mut().graceful_shutdown();
+    // A client that ignores the HTTP/2 GOAWAY and PING would keep this forever (found by hostile
+    // testing): after the header read timeout more, the connection is dropped.
+    let _ = tokio::time::timeout(settings.header_read_timeout, conn).await;
+}

@@ -1,0 +1,22 @@
+//! The request path (docs/design.md, "Limits"): the listeners ([`front`]), one request from
+//! admission to settlement ([`request`]), the *one* place a limiter decision becomes a status,
+//! body and `RateLimit` fields ([`answer`]), the *one* function that decides whether a request's
+//! end spends a token ([`settle`]), the streamed response body that holds the permit ([`body`]),
+//! the upstream client and forwarding-header rewrite ([`upstream`]), routes ([`route`]), cached
+//! health ([`health`]) and TLS ([`tls`]).
+//!
+//! May use [`crate::client`], [`crate::limit`], [`crate::obs`], [`crate::shield::escalate`] and
+//! [`crate::time`]; it never touches the XDP program itself.
+
+pub mod answer;
+pub mod body;
+pub mod front;
+pub mod health;
+pub mod request;
+pub mod route;
+pub mod settle;
+pub mod tls;
+pub mod upstream;
+
+pub use front::{ConnInfo, ConnSettings, Front, MAX_CONCURRENT_STREAMS, MAX_HEADER_BYTES};
+pub use request::{App, HEALTH_GROUP};

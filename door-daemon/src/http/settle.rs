@@ -1,0 +1,157 @@
+//! The accounting of one limited request, in one place: how its admission is counted and, when it
+//! ends, whether it spends a token (docs/design.md, "Limits": charge on failure) and which
+//! `door.outcome` it is counted as.
+//!
+//! [`admit`] asks the group's limiter and counts a rejection (or, in shadow mode, the would-be
+//! rejection); an admitted request is a [`Held`] permit until [`Held::settle`] is called with how
+//! it [`End`]ed, or until it is dropped (counted as [`End::Unanswered`]). [`charge`] is the whole
+//! rule.
+
+use door_common::prefix::PrefixKey;
+use http::StatusCode;
+
+use crate::{
+    limit::{GroupLimiter, Permit, RejectReason, Rejection, Spend},
+    obs::metrics::{GroupMetrics, Outcome},
+};
+
+/// How a limited request ended, as far as its budget is concerned.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum End {
+    /// The upstream answered with this status (its response head reached door), whether or not
+    /// the client stayed to read it.
+    Answered(StatusCode),
+    /// The client's request body missed the group's read deadline; door answered 408.
+    BodyTimeout,
+    /// No answer door could pass on: the upstream refused, failed or timed out (502/504), or the
+    /// request's task ended without settling (panic, cancelled future).
+    Unanswered,
+}
+
+/// The rule: whether a request that ended as `end` spends its held token under charge on
+/// failure, and the outcome it is counted as.
+///
+/// | end | spends | outcome |
+/// |---|---|---|
+/// | upstream 1xx–3xx | no | `ok` |
+/// | upstream 4xx | **yes**: the client sent something the application refused | `client_error` |
+/// | upstream 5xx (or 600–999) | no: the application's failure, not the client's | `server_error` |
+/// | body missed the read deadline (408) | **yes**: the client's fault | `client_error` |
+/// | no answer (502, 504, panic, cancelled) | no | `server_error` |
+///
+/// Under `charge = "always"` the token was spent at admission and "spends" changes nothing.
+pub fn charge(end: End) -> (Spend, Outcome) {
+    match end {
+        End::Answered(status) if status.is_client_error() => (Spend::Token, Outcome::ClientError),
+        End::Answered(status) if status.as_u16() < 400 => (Spend::Nothing, Outcome::Ok),
+        End::Answered(_) | End::Unanswered => (Spend::Nothing, Outcome::ServerError),
+        End::BodyTimeout => (Spend::Token, Outcome::ClientError),
+    }
+}
+
+/// The `door.outcome` of a rejection by `reason`: the enforced one, or its `would_*` form in
+/// shadow mode.
+pub const fn rejected_outcome(reason: RejectReason, shadow: bool) -> Outcome {
+    match (reason, shadow) {
+        (RejectReason::Rate, false) => Outcome::RateLimited,
+        (RejectReason::ClientConcurrency, false) => Outcome::ClientConcurrency,
+        (RejectReason::GroupConcurrency, false) => Outcome::GroupConcurrency,
+        (RejectReason::Rate, true) => Outcome::WouldRateLimited,
+        (RejectReason::ClientConcurrency, true) => Outcome::WouldClientConcurrency,
+        (RejectReason::GroupConcurrency, true) => Outcome::WouldGroupConcurrency,
+    }
+}
+
+/// Admits a request of client `key` on `limiter`, counting a rejection on `metrics` (in shadow
+/// mode the would-be rejection, and the request is admitted).
+///
+/// # Errors
+/// The limiter's [`Rejection`] when enforcing and a check fails; it spends and holds nothing.
+pub fn admit(
+    limiter: &std::sync::Arc<GroupLimiter>,
+    metrics: &GroupMetrics,
+    key: PrefixKey,
+) -> Result<Held, Rejection> {
+    match limiter.admit(key) {
+        Ok(permit) => {
+            if let Some(reason) = permit.shadow_rejection() {
+                metrics.record(rejected_outcome(reason, true));
+            }
+            Ok(Held {
+                permit: Some(permit),
+                metrics: metrics.clone(),
+            })
+        }
+        Err(rejection) => {
+            metrics.record(rejected_outcome(rejection.reason, false));
+            Err(rejection)
+        }
+    }
+}
+
+/// Settles `permit` as `end` by [`charge`]'s rule, counting the outcome on `metrics` unless the
+/// permit holds no slot (a shadow-mode would-be rejection, counted at admission).
+pub fn settle(permit: Permit, end: End, metrics: &GroupMetrics) {
+    let (spend, outcome) = charge(end);
+    if permit.holds_slot() {
+        metrics.record(outcome);
+    }
+    permit.settle(spend);
+}
+
+/// An admitted request's permit with the metrics its end is counted on. Settle it with
+/// [`Held::settle`]; dropped unsettled, it settles as [`End::Unanswered`].
+#[derive(Debug)]
+#[must_use = "dropping a held permit at once settles the request as unanswered"]
+pub struct Held {
+    permit: Option<Permit>,
+    metrics: GroupMetrics,
+}
+
+impl Held {
+    /// Settles the request as `end` (see [`charge`]).
+    pub fn settle(mut self, end: End) {
+        if let Some(permit) = self.permit.take() {
+            settle(permit, end, &self.metrics);
+        }
+    }
+
+    /// The permit (its scope, its limiter).
+    pub fn permit(&self) -> Option<&Permit> {
+        self.permit.as_ref()
+    }
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        if let Some(permit) = self.permit.take() {
+            settle(permit, End::Unanswered, &self.metrics);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_client_failures_spend() {
+        let s = |code| charge(End::Answered(StatusCode::from_u16(code).unwrap()));
+        assert_eq!(s(100), (Spend::Nothing, Outcome::Ok));
+        assert_eq!(s(200), (Spend::Nothing, Outcome::Ok));
+        assert_eq!(s(302), (Spend::Nothing, Outcome::Ok));
+        assert_eq!(s(400), (Spend::Token, Outcome::ClientError));
+        assert_eq!(s(404), (Spend::Token, Outcome::ClientError));
+        assert_eq!(s(499), (Spend::Token, Outcome::ClientError));
+        assert_eq!(s(502), (Spend::Nothing, Outcome::ServerError));
+        assert_eq!(s(799), (Spend::Nothing, Outcome::ServerError));
+        assert_eq!(
+            charge(End::BodyTimeout),
+            (Spend::Token, Outcome::ClientError)
+        );
+        assert_eq!(
+            charge(End::Unanswered),
+            (Spend::Nothing, Outcome::ServerError)
+        );
+    }
+}

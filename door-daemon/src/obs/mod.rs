@@ -1,0 +1,7 @@
+//! Observability (docs/design.md, "Observability"): the metric instruments door records into
+//! ([`metrics`]), their OTLP/HTTP export ([`otlp`]) and journald-friendly logging with warnings
+//! that never repeat per request ([`logging`]). Nothing here decides anything.
+
+pub mod logging;
+pub mod metrics;
+pub mod otlp;

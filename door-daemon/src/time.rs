@@ -1,0 +1,129 @@
+//! The one clock. The limiter, the health cache, the escalator, the warning limiter and the
+//! connection timers ask a [`Clock`] (or tokio's timer, which reads the same time); nothing else in
+//! door reads the system clock, so a test under `#[tokio::test(start_paused = true)]` moves all of
+//! them together with `tokio::time::advance`, and unit tests drive a [`ManualClock`]. No test
+//! sleeps for time to pass.
+//!
+//! `clippy.toml` (this crate's) disallows `std::time::Instant::now` and `SystemTime::now`
+//! everywhere in door-daemon; production time comes from [`MonotonicClock`], built on
+//! `tokio::time::Instant`. The one other time source is [`kernel_monotonic_ns`]: the kernel's
+//! `CLOCK_MONOTONIC`, which the XDP program reads with `bpf_ktime_get_ns` and in which the
+//! blocklist's deadlines are therefore written.
+
+use std::{
+    fmt::Debug,
+    sync::atomic::{AtomicU64, Ordering},
+    time::Duration,
+};
+
+/// A monotonic source of time in nanoseconds since an arbitrary, fixed origin.
+pub trait Clock: Send + Sync + Debug + 'static {
+    /// Nanoseconds since this clock's origin; never decreases.
+    fn now_ns(&self) -> u64;
+}
+
+/// The production clock: `tokio::time::Instant` (`CLOCK_MONOTONIC` on Linux, or tokio's paused
+/// test clock when the runtime is paused) measured from the moment the clock was created.
+#[derive(Debug, Clone, Copy)]
+pub struct MonotonicClock {
+    origin: tokio::time::Instant,
+}
+
+impl MonotonicClock {
+    /// A clock whose origin is now.
+    pub fn new() -> Self {
+        Self {
+            origin: tokio::time::Instant::now(),
+        }
+    }
+}
+
+impl Default for MonotonicClock {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Clock for MonotonicClock {
+    fn now_ns(&self) -> u64 {
+        // Saturates after 584 years of uptime.
+        u64::try_from(self.origin.elapsed().as_nanos()).unwrap_or(u64::MAX)
+    }
+}
+
+/// The instant door measures wall-clock-free intervals from (warning limits, connection idle
+/// deadlines): `tokio::time::Instant::now()`, so that paused-time tests move it too.
+pub fn now() -> tokio::time::Instant {
+    tokio::time::Instant::now()
+}
+
+/// The kernel's `CLOCK_MONOTONIC` in nanoseconds: the clock the XDP program reads with
+/// `bpf_ktime_get_ns` (kernel/bpf/helpers.c uses `ktime_get_mono_fast_ns`), so deadlines written
+/// into BPF maps (the blocklist) use it. Not paused by tokio's test clock.
+pub fn kernel_monotonic_ns() -> u64 {
+    let t = rustix::time::clock_gettime(rustix::time::ClockId::Monotonic);
+    u64::try_from(t.tv_sec)
+        .unwrap_or(0)
+        .saturating_mul(1_000_000_000)
+        .saturating_add(u64::try_from(t.tv_nsec).unwrap_or(0))
+}
+
+/// A clock that only moves when told to: for tests and benchmarks.
+#[derive(Debug, Default)]
+pub struct ManualClock {
+    ns: AtomicU64,
+}
+
+impl ManualClock {
+    /// A clock at `start_ns` nanoseconds.
+    pub fn at(start_ns: u64) -> Self {
+        Self {
+            ns: AtomicU64::new(start_ns),
+        }
+    }
+
+    /// Moves the clock forward by `by` (saturating).
+    pub fn advance(&self, by: Duration) {
+        let by = u64::try_from(by.as_nanos()).unwrap_or(u64::MAX);
+        // fetch_update never fails with a closure that always returns Some.
+        let _ = self
+            .ns
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |ns| {
+                Some(ns.saturating_add(by))
+            });
+    }
+}
+
+impl Clock for ManualClock {
+    fn now_ns(&self) -> u64 {
+        self.ns.load(Ordering::SeqCst)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn manual_clock_moves_only_when_advanced() {
+        let clock = ManualClock::at(5);
+        assert_eq!(clock.now_ns(), 5);
+        clock.advance(Duration::from_millis(2));
+        assert_eq!(clock.now_ns(), 2_000_005);
+    }
+
+    #[test]
+    fn monotonic_clock_never_goes_back() {
+        let clock = MonotonicClock::new();
+        let a = clock.now_ns();
+        assert!(clock.now_ns() >= a);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_production_clock_follows_paused_tokio_time() {
+        let clock = MonotonicClock::new();
+        let a = clock.now_ns();
+        tokio::time::advance(Duration::from_secs(3)).await;
+        assert_eq!(clock.now_ns() - a, 3_000_000_000);
+    }
+}
