@@ -5,7 +5,7 @@ use std::{path::PathBuf, process::ExitCode};
 
 use anyhow::Context as _;
 use clap::{Args, Parser, Subcommand};
-use door_daemon::config::{Config, Overrides};
+use door_daemon::config::{Config, ConfigError, Overrides};
 
 /// door: a front door for one HTTP application.
 #[derive(Debug, Parser)]
@@ -20,7 +20,7 @@ struct Cli {
 #[derive(Debug, Subcommand)]
 enum Command {
     /// Validate the configuration and print the effective settings as TOML (defaults filled in,
-    /// secrets elided); exit 2 naming the offending key and value if it is invalid.
+    /// secrets elided); exit 78 (EX_CONFIG) naming the offending key and value if it is invalid.
     CheckConfig,
     /// Print the client key a request would get, and which rule chose it (for debugging proxies).
     Key {
@@ -42,113 +42,67 @@ struct Settings {
     /// Configuration file (TOML).
     #[arg(long, env = "DOOR_CONFIG", global = true)]
     config: Option<PathBuf>,
-    /// Address to serve on (repeatable or comma-separated). Default [::]:8443.
-    #[arg(long, env = "DOOR_LISTEN", value_delimiter = ',', global = true)]
-    listen: Vec<String>,
-    /// Address to serve on whose connections must start with a PROXY protocol v1/v2 header from a
-    /// trusted proxy (repeatable or comma-separated; with --listen, replaces the file's listen).
-    #[arg(
-        long,
-        env = "DOOR_LISTEN_PROXY_PROTOCOL",
-        value_delimiter = ',',
-        global = true
-    )]
-    listen_proxy_protocol: Vec<String>,
-    /// The application: http://host:port. Default http://127.0.0.1:3000.
-    #[arg(long, env = "DOOR_UPSTREAM", global = true)]
-    upstream: Option<String>,
-    /// Admin status address, or "off". Default 127.0.0.1:9901.
-    #[arg(long, env = "DOOR_ADMIN_LISTEN", global = true)]
-    admin_listen: Option<String>,
-    /// Trusted proxy CIDR (repeatable or comma-separated); a /0 is refused.
-    #[arg(
-        long = "trusted-proxy",
-        env = "DOOR_TRUSTED_PROXIES",
-        value_delimiter = ',',
-        global = true
-    )]
-    trusted_proxies: Vec<String>,
-    /// Authoritative header when a trusted proxy sends both: x-forwarded-for or forwarded.
-    #[arg(long, env = "DOOR_FORWARDED_HEADER", global = true)]
-    forwarded_header: Option<String>,
-    /// Shadow mode: admit everything, count what would have been refused.
-    #[arg(long, env = "DOOR_DISABLE_ANON_ROUTE_LIMITS", global = true, num_args = 0..=1, default_missing_value = "true")]
-    disable_anon_route_limits: Option<bool>,
-    /// Interface the XDP program attaches to.
-    #[arg(long, env = "DOOR_XDP_INTERFACE", global = true)]
-    xdp_interface: Option<String>,
-    /// XDP attach mode: auto, driver, skb or off.
-    #[arg(long, env = "DOOR_XDP_MODE", global = true)]
-    xdp_mode: Option<String>,
-    /// TLS certificate chain (PEM); needs --tls-key.
-    #[arg(long, env = "DOOR_TLS_CERT", global = true)]
-    tls_cert: Option<String>,
-    /// TLS private key (PEM: PKCS#8, PKCS#1 or SEC1); needs --tls-cert.
-    #[arg(long, env = "DOOR_TLS_KEY", global = true)]
-    tls_key: Option<String>,
-    /// Lowest TLS version: 1.2 or 1.3. Default 1.2.
-    #[arg(long, env = "DOOR_TLS_MIN_VERSION", global = true)]
-    tls_min_version: Option<String>,
-    /// Time for a request head to arrive (e.g. 10s). Default 10s.
-    #[arg(long, env = "DOOR_HEADER_READ_TIMEOUT", global = true)]
-    header_read_timeout: Option<String>,
-    /// Close connections with no request in flight for this long. Default 60s.
-    #[arg(long, env = "DOOR_IDLE_TIMEOUT", global = true)]
-    idle_timeout: Option<String>,
-    /// Grace period for in-flight requests after SIGTERM. Default 10s.
-    #[arg(long, env = "DOOR_DRAIN_GRACE", global = true)]
-    drain_grace: Option<String>,
-    /// Time for the upstream's response head before a 504. Default 30s.
-    #[arg(long, env = "DOOR_UPSTREAM_TIMEOUT", global = true)]
-    upstream_timeout: Option<String>,
-    /// Send RateLimit-Policy and RateLimit fields on limited routes. Default true.
-    #[arg(long, env = "DOOR_RATELIMIT_HEADERS", global = true, num_args = 0..=1, default_missing_value = "true")]
-    ratelimit_headers: Option<bool>,
-    /// OTLP/HTTP collector base URL (e.g. http://127.0.0.1:4318); OTEL_EXPORTER_OTLP_* also work.
-    #[arg(long, env = "DOOR_OTLP_ENDPOINT", global = true)]
-    otlp_endpoint: Option<String>,
-    /// OTLP export interval (e.g. 10s). Default 10s.
-    #[arg(long, env = "DOOR_OTLP_INTERVAL", global = true)]
-    otlp_interval: Option<String>,
+    #[command(flatten)]
+    overrides: Overrides,
 }
 
-impl Settings {
-    fn overrides(&self) -> Overrides {
-        let non_empty = |v: &Vec<String>| (!v.is_empty()).then(|| v.clone());
-        Overrides {
-            listen: non_empty(&self.listen),
-            listen_proxy_protocol: non_empty(&self.listen_proxy_protocol),
-            upstream: self.upstream.clone(),
-            admin_listen: self.admin_listen.clone(),
-            trusted_proxies: non_empty(&self.trusted_proxies),
-            forwarded_header: self.forwarded_header.clone(),
-            disable_anon_route_limits: self.disable_anon_route_limits,
-            xdp_interface: self.xdp_interface.clone(),
-            xdp_mode: self.xdp_mode.clone(),
-            tls_cert: self.tls_cert.clone(),
-            tls_key: self.tls_key.clone(),
-            tls_min_version: self.tls_min_version.clone(),
-            header_read_timeout: self.header_read_timeout.clone(),
-            idle_timeout: self.idle_timeout.clone(),
-            drain_grace: self.drain_grace.clone(),
-            upstream_timeout: self.upstream_timeout.clone(),
-            ratelimit_headers: self.ratelimit_headers,
-            otlp_endpoint: self.otlp_endpoint.clone(),
-            otlp_interval: self.otlp_interval.clone(),
-        }
-    }
-}
+/// Exit status of a configuration error (sysexits.h `EX_CONFIG`): bad file, key, value or flag.
+/// `door.service` does not restart on it; restarting cannot fix the configuration.
+const EX_CONFIG: u8 = 78;
+
+/// Exit status of every other failure (a port in use, a strict XDP attach refused, a runtime
+/// error): systemd restarts door after it.
+const EX_FAILURE: u8 = 1;
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) if e.use_stderr() => {
+            let _ = e.print();
+            return ExitCode::from(EX_CONFIG);
+        }
+        Err(e) => {
+            // --help, --version.
+            let _ = e.print();
+            return ExitCode::SUCCESS;
+        }
+    };
     door_daemon::obs::logging::init();
     match run(&cli) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("door: {e:#}");
-            ExitCode::from(2)
+            eprintln!("door: {}", describe(&e));
+            if e.chain()
+                .any(|c| c.is::<ConfigError>() || c.is::<UsageError>())
+            {
+                ExitCode::from(EX_CONFIG)
+            } else {
+                ExitCode::from(EX_FAILURE)
+            }
         }
     }
+}
+
+/// A bad argument to a subcommand (`door key --xff` with bytes no header can carry).
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+struct UsageError(String);
+
+/// `e` and its causes joined by ": ", each said once: an error whose message already ends with
+/// its cause's (`binding [::]:8443: Address already in use (os error 98)`) does not repeat it.
+fn describe(e: &anyhow::Error) -> String {
+    let mut out = String::new();
+    for cause in e.chain() {
+        let text = cause.to_string();
+        if out.ends_with(&text) {
+            continue;
+        }
+        if !out.is_empty() {
+            out.push_str(": ");
+        }
+        out.push_str(&text);
+    }
+    out
 }
 
 /// `door check-config`: the effective configuration as TOML door accepts back (defaults filled
@@ -160,7 +114,7 @@ fn print_effective_config(config: &Config) {
 }
 
 fn run(cli: &Cli) -> anyhow::Result<()> {
-    let config = Config::load(cli.settings.config.as_deref(), &cli.settings.overrides())
+    let config = Config::load(cli.settings.config.as_deref(), &cli.settings.overrides)
         .context("invalid configuration")?;
     match &cli.command {
         Some(Command::CheckConfig) => {
@@ -175,8 +129,8 @@ fn run(cli: &Cli) -> anyhow::Result<()> {
             let mut headers = http::HeaderMap::new();
             for (name, lines) in [("x-forwarded-for", xff), ("forwarded", forwarded)] {
                 for line in lines {
-                    let value = http::HeaderValue::from_str(line).with_context(|| {
-                        format!("--{name} {line:?} is not a valid header value")
+                    let value = http::HeaderValue::from_str(line).map_err(|_| {
+                        UsageError(format!("--{name} {line:?} is not a valid header value"))
                     })?;
                     headers.append(name, value);
                 }
@@ -209,7 +163,7 @@ fn run(cli: &Cli) -> anyhow::Result<()> {
             let metrics = door_daemon::obs::metrics::Metrics::new(&telemetry.meter());
             let runtime = tokio::runtime::Runtime::new().context("starting the tokio runtime")?;
             let path = cli.settings.config.clone();
-            let overrides = cli.settings.overrides();
+            let overrides = cli.settings.overrides.clone();
             let reload: door_daemon::daemon::Reloader =
                 Box::new(move || Config::load(path.as_deref(), &overrides));
             let served = runtime.block_on(door_daemon::daemon::run(config, metrics, reload));

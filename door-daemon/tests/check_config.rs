@@ -1,5 +1,7 @@
 //! `door check-config` run as a program: a good file prints the effective configuration (which
-//! door accepts back) and exits 0; a bad one exits 2 naming the key and the value.
+//! door accepts back) and exits 0; a bad one exits 78 (EX_CONFIG) naming the key and the value.
+//! Other start-up failures (a port in use) exit 1, so that systemd restarts door; every error
+//! names its cause once.
 
 use std::{
     path::PathBuf,
@@ -73,20 +75,76 @@ fn a_good_file_prints_the_effective_configuration_and_exits_0() {
 }
 
 #[test]
-fn a_bad_value_exits_2_naming_the_key_and_the_value() {
+fn a_bad_value_exits_78_naming_the_key_and_the_value() {
     let file = TempFile::new("bad-value", "[group.link]\nrate = -1.0\n");
     let out = check_config(&file);
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert_eq!(out.status.code(), Some(78), "{stderr}");
     assert!(stderr.contains("group.link.rate = -1"), "{stderr}");
     assert!(out.stdout.is_empty(), "nothing printed on stdout");
 }
 
 #[test]
-fn an_unknown_key_exits_2_naming_it() {
+fn an_unknown_key_exits_78_naming_it() {
     let file = TempFile::new("bad-key", "listen = [\"127.0.0.1:1\"]\nupstrem = \"x\"\n");
     let out = check_config(&file);
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert_eq!(out.status.code(), Some(78), "{stderr}");
     assert!(stderr.contains("upstrem"), "{stderr}");
+}
+
+/// `door` with `args` and no `DOOR_*` variables.
+#[expect(clippy::unwrap_used, reason = "test helper")]
+fn door(args: &[&str]) -> Output {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_door"));
+    for (k, _) in std::env::vars_os() {
+        if k.to_string_lossy().starts_with("DOOR_") {
+            cmd.env_remove(k);
+        }
+    }
+    cmd.args(args).output().unwrap()
+}
+
+#[test]
+fn a_missing_file_exits_78_naming_its_cause_once() {
+    let out = door(&["check-config", "--config", "/nonexistent/door.toml"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(78), "{stderr}");
+    assert!(stderr.contains("/nonexistent/door.toml"), "{stderr}");
+    assert_eq!(
+        stderr.matches("No such file or directory").count(),
+        1,
+        "the cause once: {stderr}"
+    );
+}
+
+#[test]
+fn a_bad_flag_value_and_an_unknown_flag_exit_78() {
+    let out = door(&["check-config", "--xdp-mode", "sideways"]);
+    assert_eq!(out.status.code(), Some(78), "{out:?}");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("sideways"));
+    let out = door(&["--no-such-flag"]);
+    assert_eq!(out.status.code(), Some(78), "{out:?}");
+}
+
+#[test]
+fn a_port_in_use_exits_1_naming_its_cause_once() {
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").expect("bind a loopback port");
+    let addr = taken.local_addr().expect("its address").to_string();
+    let out = door(&[
+        "--listen",
+        &addr,
+        "--admin-listen",
+        "off",
+        "--xdp-mode",
+        "off",
+    ]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains(&addr), "{stderr}");
+    assert_eq!(
+        stderr.matches("Address already in use").count(),
+        1,
+        "the cause once: {stderr}"
+    );
 }

@@ -355,48 +355,96 @@ pub struct Config {
     pub otlp: OtlpConfig,
 }
 
-/// Settings given as flags or environment variables; each beats the file.
-#[derive(Debug, Clone, Default)]
+/// Settings given as flags or `DOOR_*` environment variables; each beats the file. The `door`
+/// binary parses them with clap (flag, then environment variable); every field here is one key of
+/// the file, declared once: its flag, variable and help are the attributes below.
+#[derive(Debug, Clone, Default, clap::Args)]
 pub struct Overrides {
-    /// `--listen` / `DOOR_LISTEN`. With `listen_proxy_protocol`, flags replace the file's whole
-    /// `listen` list.
+    /// Address to serve on (repeatable or comma-separated). Default [::]:8443.
+    #[arg(long, env = "DOOR_LISTEN", value_delimiter = ',', global = true)]
     pub listen: Option<Vec<String>>,
-    /// `--listen-proxy-protocol` / `DOOR_LISTEN_PROXY_PROTOCOL`: listeners that require a PROXY
-    /// protocol header.
+
+    /// Address to serve on whose connections must start with a PROXY protocol v1/v2 header from a
+    /// trusted proxy (repeatable or comma-separated; with --listen, replaces the file's listen).
+    #[arg(
+        long,
+        env = "DOOR_LISTEN_PROXY_PROTOCOL",
+        value_delimiter = ',',
+        global = true
+    )]
     pub listen_proxy_protocol: Option<Vec<String>>,
-    /// `--upstream` / `DOOR_UPSTREAM`.
+
+    /// The application: http://host:port. Default http://127.0.0.1:3000.
+    #[arg(long, env = "DOOR_UPSTREAM", global = true)]
     pub upstream: Option<String>,
-    /// `--admin-listen` / `DOOR_ADMIN_LISTEN` (`off` disables it).
+
+    /// Admin status address, or "off". Default 127.0.0.1:9901.
+    #[arg(long, env = "DOOR_ADMIN_LISTEN", global = true)]
     pub admin_listen: Option<String>,
-    /// `--trusted-proxy` / `DOOR_TRUSTED_PROXIES`.
+
+    /// Trusted proxy CIDR (repeatable or comma-separated); a /0 is refused.
+    #[arg(
+        long = "trusted-proxy",
+        env = "DOOR_TRUSTED_PROXIES",
+        value_delimiter = ',',
+        global = true
+    )]
     pub trusted_proxies: Option<Vec<String>>,
-    /// `--forwarded-header` / `DOOR_FORWARDED_HEADER`.
+
+    /// Authoritative header when a trusted proxy sends both: x-forwarded-for or forwarded.
+    #[arg(long, env = "DOOR_FORWARDED_HEADER", global = true)]
     pub forwarded_header: Option<String>,
-    /// `--disable-anon-route-limits` / `DOOR_DISABLE_ANON_ROUTE_LIMITS`.
+
+    /// Shadow mode: admit everything, count what would have been refused.
+    #[arg(long, env = "DOOR_DISABLE_ANON_ROUTE_LIMITS", global = true, num_args = 0..=1, default_missing_value = "true")]
     pub disable_anon_route_limits: Option<bool>,
-    /// `--xdp-interface` / `DOOR_XDP_INTERFACE`.
+
+    /// Interface the XDP program attaches to.
+    #[arg(long, env = "DOOR_XDP_INTERFACE", global = true)]
     pub xdp_interface: Option<String>,
-    /// `--xdp-mode` / `DOOR_XDP_MODE`.
+
+    /// XDP attach mode: auto, driver, skb or off.
+    #[arg(long, env = "DOOR_XDP_MODE", global = true)]
     pub xdp_mode: Option<String>,
-    /// `--tls-cert` / `DOOR_TLS_CERT`.
+
+    /// TLS certificate chain (PEM); needs --tls-key.
+    #[arg(long, env = "DOOR_TLS_CERT", global = true)]
     pub tls_cert: Option<String>,
-    /// `--tls-key` / `DOOR_TLS_KEY`.
+
+    /// TLS private key (PEM: PKCS#8, PKCS#1 or SEC1); needs --tls-cert.
+    #[arg(long, env = "DOOR_TLS_KEY", global = true)]
     pub tls_key: Option<String>,
-    /// `--tls-min-version` / `DOOR_TLS_MIN_VERSION`.
+
+    /// Lowest TLS version: 1.2 or 1.3. Default 1.2.
+    #[arg(long, env = "DOOR_TLS_MIN_VERSION", global = true)]
     pub tls_min_version: Option<String>,
-    /// `--header-read-timeout` / `DOOR_HEADER_READ_TIMEOUT`.
+
+    /// Time for a request head to arrive (e.g. 10s). Default 10s.
+    #[arg(long, env = "DOOR_HEADER_READ_TIMEOUT", global = true)]
     pub header_read_timeout: Option<String>,
-    /// `--idle-timeout` / `DOOR_IDLE_TIMEOUT`.
+
+    /// Close connections with no request in flight for this long. Default 60s.
+    #[arg(long, env = "DOOR_IDLE_TIMEOUT", global = true)]
     pub idle_timeout: Option<String>,
-    /// `--drain-grace` / `DOOR_DRAIN_GRACE`.
+
+    /// Grace period for in-flight requests after SIGTERM. Default 10s.
+    #[arg(long, env = "DOOR_DRAIN_GRACE", global = true)]
     pub drain_grace: Option<String>,
-    /// `--upstream-timeout` / `DOOR_UPSTREAM_TIMEOUT`.
+
+    /// Time for the upstream's response head before a 504. Default 30s.
+    #[arg(long, env = "DOOR_UPSTREAM_TIMEOUT", global = true)]
     pub upstream_timeout: Option<String>,
-    /// `--ratelimit-headers` / `DOOR_RATELIMIT_HEADERS`.
+
+    /// Send RateLimit-Policy and RateLimit fields on limited routes. Default true.
+    #[arg(long, env = "DOOR_RATELIMIT_HEADERS", global = true, num_args = 0..=1, default_missing_value = "true")]
     pub ratelimit_headers: Option<bool>,
-    /// `--otlp-endpoint` / `DOOR_OTLP_ENDPOINT`.
+
+    /// OTLP/HTTP collector base URL (e.g. http://127.0.0.1:4318); OTEL_EXPORTER_OTLP_* also work.
+    #[arg(long, env = "DOOR_OTLP_ENDPOINT", global = true)]
     pub otlp_endpoint: Option<String>,
-    /// `--otlp-interval` / `DOOR_OTLP_INTERVAL`.
+
+    /// OTLP export interval (e.g. 10s). Default 10s.
+    #[arg(long, env = "DOOR_OTLP_INTERVAL", global = true)]
     pub otlp_interval: Option<String>,
 }
 

@@ -1,39 +1,76 @@
-//! The reload diff: which settings a SIGHUP cannot apply.
+//! The reload diff: which settings a SIGHUP applies in place and which need a restart
+//! (docs/operations.md, "Reload").
+//!
+//! [`restart_only_changes`] destructures [`Config`] and [`XdpConfig`] exhaustively: a field added
+//! to either does not compile until it is classed here as reloadable or restart-only.
 
-use super::Config;
+use super::{Config, XdpConfig};
 
-/// The settings read only at start that differ between `old` and `new` (a reload cannot apply
-/// them; a restart does).
+/// The settings read only at start whose values differ between `old` and `new`, by their
+/// configuration key (a reload cannot apply them; a restart does). Everything else (routes,
+/// groups, trusted proxies, the forwarding header, shadow mode, the `RateLimit` fields and the
+/// XDP budgets, ports, allow list and escalation) is applied by the reload itself.
 pub fn restart_only_changes(old: &Config, new: &Config) -> Vec<&'static str> {
-    let mut changed = Vec::new();
-    let mut check = |name: &'static str, differs: bool| {
-        if differs {
-            changed.push(name);
-        }
-    };
-    check(
-        "listen",
-        old.listen != new.listen || old.proxy_protocol_listen != new.proxy_protocol_listen,
-    );
-    check("upstream", old.upstream != new.upstream);
-    check("admin_listen", old.admin_listen != new.admin_listen);
-    check("tls", old.tls != new.tls);
-    check(
-        "header_read_timeout",
-        old.header_read_timeout != new.header_read_timeout,
-    );
-    check("idle_timeout", old.idle_timeout != new.idle_timeout);
-    check(
-        "upstream_timeout",
-        old.upstream_timeout != new.upstream_timeout,
-    );
-    check("drain_grace", old.drain_grace != new.drain_grace);
-    check("otlp", old.otlp != new.otlp);
-    check("xdp.interface", old.xdp.interface != new.xdp.interface);
-    check("xdp.mode", old.xdp.mode != new.xdp.mode);
-    check(
-        "xdp.max_prefixes",
-        old.xdp.max_prefixes != new.xdp.max_prefixes,
-    );
-    changed
+    let Config {
+        listen,
+        proxy_protocol_listen,
+        upstream,
+        admin_listen,
+        trusted_proxies: _,
+        forwarded_header: _,
+        disable_anon_route_limits: _,
+        routes: _,
+        groups: _,
+        xdp,
+        tls,
+        header_read_timeout,
+        idle_timeout,
+        drain_grace,
+        upstream_timeout,
+        ratelimit_headers: _,
+        otlp,
+    } = old;
+    let XdpConfig {
+        interface,
+        mode,
+        syn_rate: _,
+        syn_burst: _,
+        ports: _,
+        new_prefix_rate: _,
+        new_prefix_burst: _,
+        overflow_syn_rate: _,
+        overflow_syn_burst: _,
+        max_prefixes,
+        allow: _,
+        escalate_after: _,
+        escalate_window: _,
+        block_for: _,
+    } = xdp;
+    let checks = [
+        (
+            "listen",
+            *listen != new.listen || *proxy_protocol_listen != new.proxy_protocol_listen,
+        ),
+        ("upstream", *upstream != new.upstream),
+        ("admin_listen", *admin_listen != new.admin_listen),
+        ("tls", *tls != new.tls),
+        (
+            "header_read_timeout",
+            *header_read_timeout != new.header_read_timeout,
+        ),
+        ("idle_timeout", *idle_timeout != new.idle_timeout),
+        (
+            "upstream_timeout",
+            *upstream_timeout != new.upstream_timeout,
+        ),
+        ("drain_grace", *drain_grace != new.drain_grace),
+        ("otlp", *otlp != new.otlp),
+        ("xdp.interface", *interface != new.xdp.interface),
+        ("xdp.mode", *mode != new.xdp.mode),
+        ("xdp.max_prefixes", *max_prefixes != new.xdp.max_prefixes),
+    ];
+    checks
+        .into_iter()
+        .filter_map(|(key, differs)| differs.then_some(key))
+        .collect()
 }
