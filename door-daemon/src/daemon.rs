@@ -231,9 +231,7 @@ async fn serve_until_term(
 /// `xdp.allow`) into the attached program's maps, in place.
 fn reconfigure_shield(shield: Option<&Arc<Mutex<Shield>>>, config: &Config) {
     let Some(shield) = shield else { return };
-    let mut exempt = config.trusted_proxies.nets().to_vec();
-    exempt.extend(config.xdp.allow.iter().copied());
-    if let Err(e) = lock(shield).configure(&config.xdp, &exempt) {
+    if let Err(e) = lock(shield).configure(&config.xdp, &exempt_prefixes(config)) {
         tracing::error!(error = %e, "reload: could not update the XDP maps; the shield keeps its previous settings where they were not written");
     }
 }
@@ -245,8 +243,7 @@ fn start_shield(config: &Config) -> Result<Option<Arc<Mutex<Shield>>>, ServeErro
         return Ok(None);
     }
     let interface = config.xdp.interface.clone().unwrap_or_default();
-    let mut exempt = config.trusted_proxies.nets().to_vec();
-    exempt.extend(config.xdp.allow.iter().copied());
+    let exempt = exempt_prefixes(config);
     let attached = Shield::load_with_capacity(config.xdp.max_prefixes).and_then(|mut s| {
         s.configure(&config.xdp, &exempt)?;
         s.attach(&interface, mode).map(|m| (s, m))
@@ -268,6 +265,14 @@ fn start_shield(config: &Config) -> Result<Option<Arc<Mutex<Shield>>>, ServeErro
             source,
         }),
     }
+}
+
+/// The prefixes the shield never sheds: the trusted proxies (blocking one would block everyone
+/// behind it) and `xdp.allow`.
+fn exempt_prefixes(config: &Config) -> Vec<ipnet::IpNet> {
+    let mut exempt = config.trusted_proxies.nets().to_vec();
+    exempt.extend(config.xdp.allow.iter().copied());
+    exempt
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {

@@ -14,7 +14,7 @@ use core::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use http::header::{FORWARDED, HeaderMap, HeaderName, HeaderValue, ValueIter};
 
 /// The `X-Forwarded-For` header name (de facto standard; RFC 7239 §1 describes it).
-pub(crate) const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
+pub static X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
 
 /// The `Forwarded` header name (RFC 7239 §4).
 pub(crate) const FORWARDED_HEADER: HeaderName = FORWARDED;

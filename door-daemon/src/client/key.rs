@@ -412,7 +412,7 @@ fn client_key_counting(
     let has_xff = headers.contains_key(&X_FORWARDED_FOR);
     let has_forwarded = headers.contains_key(&FORWARDED_HEADER);
     if !trusted.contains(peer) {
-        let ignored = (has_xff || has_forwarded) && is_local(peer);
+        let ignored = (has_xff || has_forwarded) && super::is_local(peer);
         return KeyDecision::new(peer, Rule::PeerUntrusted, ignored);
     }
     let header = match (has_xff, has_forwarded) {
@@ -492,12 +492,6 @@ fn walk(
 
 /// Loopback, private (RFC 1918), unique-local (`fc00::/7`) or link-local: a peer that is probably
 /// a local proxy (of an untrusted peer, already canonical).
-fn is_local(ip: IpAddr) -> bool {
-    match ip {
-        IpAddr::V4(v4) => v4.is_loopback() || v4.is_private() || v4.is_link_local(),
-        IpAddr::V6(v6) => v6.is_loopback() || v6.is_unique_local() || v6.is_unicast_link_local(),
-    }
-}
 
 #[cfg(test)]
 mod tests;

@@ -10,6 +10,8 @@ mod forwarded;
 pub mod key;
 pub mod proxy_protocol;
 
+pub use forwarded::X_FORWARDED_FOR;
+
 use std::net::IpAddr;
 
 /// Whether `ip` is a local or private address: loopback, RFC 1918 private, link-local, shared

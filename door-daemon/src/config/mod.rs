@@ -926,17 +926,9 @@ fn build_groups(
                 .map_err(|_| invalid(key("max_clients"), v, "too large"))?;
         }
         if let Some(c) = &g.charge {
-            b.charge = match c.as_str() {
-                "always" => Charge::Always,
-                "on_failure" => Charge::OnFailure,
-                _ => {
-                    return Err(invalid(
-                        key("charge"),
-                        format!("{c:?}"),
-                        "must be \"always\" or \"on_failure\"",
-                    ));
-                }
-            };
+            b.charge = c
+                .parse::<Charge>()
+                .map_err(|e| invalid(key("charge"), e.value, e.reason))?;
         }
         b.validate(&name).map_err(|e| ConfigError::Invalid {
             key: e.key,

@@ -18,8 +18,8 @@ use tokio::{sync::oneshot, time::Sleep};
 use http::{
     HeaderMap, HeaderName, HeaderValue, Request, Response, Uri, Version,
     header::{
-        CONNECTION, HOST, PROXY_AUTHENTICATE, PROXY_AUTHORIZATION, TE, TRAILER, TRANSFER_ENCODING,
-        UPGRADE,
+        CONNECTION, FORWARDED, HOST, PROXY_AUTHENTICATE, PROXY_AUTHORIZATION, TE, TRAILER,
+        TRANSFER_ENCODING, UPGRADE,
     },
     uri::PathAndQuery,
 };
@@ -30,14 +30,10 @@ use hyper_util::{
 };
 use thiserror::Error;
 
-use crate::config::Upstream;
+use crate::{client::X_FORWARDED_FOR, config::Upstream};
 
-/// `X-Forwarded-For` (de facto standard; RFC 7239 §1 describes it).
-pub static X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
 /// `X-Forwarded-Proto`.
 pub static X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
-/// `Forwarded` (RFC 7239).
-pub static FORWARDED: HeaderName = HeaderName::from_static("forwarded");
 static KEEP_ALIVE: HeaderName = HeaderName::from_static("keep-alive");
 static PROXY_CONNECTION: HeaderName = HeaderName::from_static("proxy-connection");
 

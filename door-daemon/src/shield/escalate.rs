@@ -15,8 +15,6 @@ use std::{
     time::Duration,
 };
 
-use std::net::IpAddr;
-
 use door_common::PrefixKey;
 use lru::LruCache;
 
@@ -48,25 +46,11 @@ impl KeySource {
     pub fn of(decision: &KeyDecision) -> Self {
         if !decision.is_untrusted_peer() {
             Self::ThroughProxy
-        } else if decision.ignored_untrusted_xff || is_local(decision.client) {
+        } else if decision.ignored_untrusted_xff || crate::client::is_local(decision.client) {
             Self::LocalPeer
         } else {
             Self::Peer
         }
-    }
-}
-
-/// Loopback, RFC 1918 private, link-local, unique-local (fc00::/7) or shared (100.64.0.0/10).
-fn is_local(ip: IpAddr) -> bool {
-    match ip {
-        IpAddr::V4(v4) => {
-            let [a, b, ..] = v4.octets();
-            v4.is_loopback()
-                || v4.is_private()
-                || v4.is_link_local()
-                || (a == 100 && (64..128).contains(&b))
-        }
-        IpAddr::V6(v6) => v6.is_loopback() || v6.is_unique_local() || v6.is_unicast_link_local(),
     }
 }
 

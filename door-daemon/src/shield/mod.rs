@@ -2,13 +2,14 @@
 //! program that `build.rs` embedded, attaches it in the configured mode, reads its per-CPU
 //! counters and its per-prefix SYN map, and detaches it on drop (fail-open).
 
+pub mod blocklist;
 pub mod escalate;
+pub mod metrics;
 
-use std::{
-    fmt,
-    sync::{Arc, Mutex, PoisonError},
-    time::Duration,
-};
+pub use blocklist::BlocklistWriter;
+pub use metrics::{ShieldInstruments, observe};
+
+use std::{fmt, time::Duration};
 
 use aya::{
     Ebpf, EbpfError,
@@ -24,16 +25,9 @@ use door_common::{
     shield::{CONFIG_ALL_PORTS, CONFIG_HAS_BLOCKLIST, CONFIG_HAS_EXEMPT},
 };
 use ipnet::IpNet;
-use opentelemetry::{
-    KeyValue,
-    metrics::{Meter, ObservableCounter, ObservableGauge},
-};
 use thiserror::Error;
 
-use crate::{
-    config::{XdpConfig, XdpMode},
-    obs::logging::RateLimitedWarn,
-};
+use crate::config::{XdpConfig, XdpMode};
 
 /// The XDP object built by `build.rs` from `door-ebpf` (empty when built with `AYA_BUILD_SKIP=1`).
 pub static PROGRAM: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/door-xdp"));
@@ -489,146 +483,6 @@ impl Shield {
 impl Drop for Shield {
     fn drop(&mut self) {
         self.detach();
-    }
-}
-
-/// Escalations waiting for the blocklist writer, at most; more are dropped (and logged once).
-pub const BLOCKLIST_QUEUE: usize = 1_024;
-
-/// The escalator's [`Blocklist`](crate::shield::escalate::Blocklist) in production: queues blocks for a
-/// dedicated thread that writes the XDP blocklist, so that the request path never waits for the
-/// shield's lock or for a map walk (`/status`, metrics collection).
-#[derive(Debug)]
-pub struct BlocklistWriter {
-    queue: std::sync::mpsc::SyncSender<(PrefixKey, Duration)>,
-    dropped_warned: std::sync::atomic::AtomicBool,
-}
-
-impl BlocklistWriter {
-    /// Starts the writer thread for `shield`; it ends when the writer is dropped.
-    pub fn spawn(shield: Arc<Mutex<Shield>>) -> Self {
-        let (queue, rx) = std::sync::mpsc::sync_channel::<(PrefixKey, Duration)>(BLOCKLIST_QUEUE);
-        let spawned = std::thread::Builder::new()
-            .name("door-blocklist".to_owned())
-            .spawn(move || {
-                for (key, duration) in rx {
-                    let result = shield
-                        .lock()
-                        .unwrap_or_else(PoisonError::into_inner)
-                        .block(key, duration);
-                    if let Err(e) = result {
-                        static BLOCK_FAILED: RateLimitedWarn =
-                            RateLimitedWarn::new(Duration::from_mins(1));
-                        if let Some(suppressed) = BLOCK_FAILED.due() {
-                            tracing::warn!(%key, error = %e, suppressed, "could not add to the XDP blocklist (at most one line a minute)");
-                        }
-                    }
-                }
-            });
-        if let Err(e) = spawned {
-            tracing::error!(error = %e, "could not start the blocklist writer: escalation is off");
-        }
-        Self {
-            queue,
-            dropped_warned: std::sync::atomic::AtomicBool::new(false),
-        }
-    }
-}
-
-impl escalate::Blocklist for BlocklistWriter {
-    fn block(&self, key: PrefixKey, duration: Duration) {
-        if self.queue.try_send((key, duration)).is_err()
-            && !self
-                .dropped_warned
-                .swap(true, std::sync::atomic::Ordering::Relaxed)
-        {
-            tracing::warn!(%key, "blocklist writer is behind or gone: escalations are being dropped (warned once)");
-        }
-    }
-}
-
-/// The shield's OpenTelemetry instruments; they report for as long as this value lives.
-#[derive(Debug)]
-pub struct ShieldInstruments {
-    _packets: ObservableCounter<u64>,
-    _tracked: ObservableGauge<u64>,
-}
-
-/// Attribute of `door.xdp.packets`: `pass` or `drop`.
-pub const ATTR_VERDICT: &str = "door.xdp.verdict";
-/// Attribute of `door.xdp.packets`: the reason ([`Counter::reason`]: `syn`, `syn_budget`, …).
-pub const ATTR_REASON: &str = "door.xdp.reason";
-
-/// An unreadable map fails at every collection: one warning line per 10 minutes, with the count.
-static COUNTERS_UNREADABLE: RateLimitedWarn = RateLimitedWarn::new(Duration::from_mins(10));
-/// As [`COUNTERS_UNREADABLE`], for the prefix map.
-static PREFIXES_UNREADABLE: RateLimitedWarn = RateLimitedWarn::new(Duration::from_mins(10));
-
-/// Registers the shield's instruments on `meter`, read from the maps at each collection:
-///
-/// - `door.xdp.packets` (observable counter, `{packet}`): every packet the XDP program saw, by
-///   `door.xdp.verdict` and `door.xdp.reason` (the per-CPU counters, summed);
-/// - `door.xdp.tracked_prefixes` (observable gauge, `{prefix}`): entries in the per-prefix map.
-///
-/// A map that cannot be read is logged (at most once per 10 minutes) and reports nothing for that
-/// collection.
-pub fn observe(meter: &Meter, shield: &Arc<Mutex<Shield>>) -> ShieldInstruments {
-    let attrs: Vec<[KeyValue; 2]> = Counter::ALL
-        .iter()
-        .map(|c| {
-            [
-                KeyValue::new(ATTR_VERDICT, c.verdict().as_str()),
-                KeyValue::new(ATTR_REASON, c.reason()),
-            ]
-        })
-        .collect();
-    let for_packets = Arc::clone(shield);
-    let packets = meter
-        .u64_observable_counter("door.xdp.packets")
-        .with_description("Packets seen by the XDP flood shield, by verdict and reason")
-        .with_unit("{packet}")
-        .with_callback(move |observer| {
-            let counters = for_packets
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .counters();
-            match counters {
-                Ok(values) => {
-                    for (value, attrs) in values.iter().zip(&attrs) {
-                        observer.observe(value.packets, attrs);
-                    }
-                }
-                Err(e) => {
-                    if let Some(suppressed) = COUNTERS_UNREADABLE.due() {
-                        tracing::warn!(error = %e, suppressed, "reading the XDP counters (at most one line per 10 min)");
-                    }
-                }
-            }
-        })
-        .build();
-    let for_tracked = Arc::clone(shield);
-    let tracked = meter
-        .u64_observable_gauge("door.xdp.tracked_prefixes")
-        .with_description("Source prefixes the XDP flood shield tracks in its LRU map")
-        .with_unit("{prefix}")
-        .with_callback(move |observer| {
-            let n = for_tracked
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .tracked_prefixes();
-            match n {
-                Ok(n) => observer.observe(u64::try_from(n).unwrap_or(u64::MAX), &[]),
-                Err(e) => {
-                    if let Some(suppressed) = PREFIXES_UNREADABLE.due() {
-                        tracing::warn!(error = %e, suppressed, "reading the XDP prefix map (at most one line per 10 min)");
-                    }
-                }
-            }
-        })
-        .build();
-    ShieldInstruments {
-        _packets: packets,
-        _tracked: tracked,
     }
 }
 

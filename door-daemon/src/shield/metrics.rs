@@ -1,0 +1,103 @@
+//! The shield's instruments (docs/design.md, "Observability"): `door.xdp.packets` from the
+//! per-CPU verdict counters and `door.xdp.tracked_prefixes`, read from the maps at each
+//! collection.
+
+use std::{
+    sync::{Arc, Mutex, PoisonError},
+    time::Duration,
+};
+
+use opentelemetry::{
+    KeyValue,
+    metrics::{Meter, ObservableCounter, ObservableGauge},
+};
+
+use door_common::Counter;
+
+use super::Shield;
+use crate::obs::logging::RateLimitedWarn;
+
+/// The shield's OpenTelemetry instruments; they report for as long as this value lives.
+#[derive(Debug)]
+pub struct ShieldInstruments {
+    _packets: ObservableCounter<u64>,
+    _tracked: ObservableGauge<u64>,
+}
+
+/// Attribute of `door.xdp.packets`: `pass` or `drop`.
+pub const ATTR_VERDICT: &str = "door.xdp.verdict";
+/// Attribute of `door.xdp.packets`: the reason ([`Counter::reason`]: `syn`, `syn_budget`, …).
+pub const ATTR_REASON: &str = "door.xdp.reason";
+
+/// An unreadable map fails at every collection: one warning line per 10 minutes, with the count.
+static COUNTERS_UNREADABLE: RateLimitedWarn = RateLimitedWarn::new(Duration::from_mins(10));
+/// As [`COUNTERS_UNREADABLE`], for the prefix map.
+static PREFIXES_UNREADABLE: RateLimitedWarn = RateLimitedWarn::new(Duration::from_mins(10));
+
+/// Registers the shield's instruments on `meter`, read from the maps at each collection:
+///
+/// - `door.xdp.packets` (observable counter, `{packet}`): every packet the XDP program saw, by
+///   `door.xdp.verdict` and `door.xdp.reason` (the per-CPU counters, summed);
+/// - `door.xdp.tracked_prefixes` (observable gauge, `{prefix}`): entries in the per-prefix map.
+///
+/// A map that cannot be read is logged (at most once per 10 minutes) and reports nothing for that
+/// collection.
+pub fn observe(meter: &Meter, shield: &Arc<Mutex<Shield>>) -> ShieldInstruments {
+    let attrs: Vec<[KeyValue; 2]> = Counter::ALL
+        .iter()
+        .map(|c| {
+            [
+                KeyValue::new(ATTR_VERDICT, c.verdict().as_str()),
+                KeyValue::new(ATTR_REASON, c.reason()),
+            ]
+        })
+        .collect();
+    let for_packets = Arc::clone(shield);
+    let packets = meter
+        .u64_observable_counter("door.xdp.packets")
+        .with_description("Packets seen by the XDP flood shield, by verdict and reason")
+        .with_unit("{packet}")
+        .with_callback(move |observer| {
+            let counters = for_packets
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .counters();
+            match counters {
+                Ok(values) => {
+                    for (value, attrs) in values.iter().zip(&attrs) {
+                        observer.observe(value.packets, attrs);
+                    }
+                }
+                Err(e) => {
+                    if let Some(suppressed) = COUNTERS_UNREADABLE.due() {
+                        tracing::warn!(error = %e, suppressed, "reading the XDP counters (at most one line per 10 min)");
+                    }
+                }
+            }
+        })
+        .build();
+    let for_tracked = Arc::clone(shield);
+    let tracked = meter
+        .u64_observable_gauge("door.xdp.tracked_prefixes")
+        .with_description("Source prefixes the XDP flood shield tracks in its LRU map")
+        .with_unit("{prefix}")
+        .with_callback(move |observer| {
+            let n = for_tracked
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .tracked_prefixes();
+            match n {
+                Ok(n) => observer.observe(u64::try_from(n).unwrap_or(u64::MAX), &[]),
+                Err(e) => {
+                    if let Some(suppressed) = PREFIXES_UNREADABLE.due() {
+                        tracing::warn!(error = %e, suppressed, "reading the XDP prefix map (at most one line per 10 min)");
+                    }
+                }
+            }
+        })
+        .build();
+    ShieldInstruments {
+        _packets: packets,
+        _tracked: tracked,
+    }
+}
