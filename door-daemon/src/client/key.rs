@@ -490,8 +490,5 @@ fn walk(
     }
 }
 
-/// Loopback, private (RFC 1918), unique-local (`fc00::/7`) or link-local: a peer that is probably
-/// a local proxy (of an untrusted peer, already canonical).
-
 #[cfg(test)]
 mod tests;
