@@ -859,7 +859,8 @@ async fn a_client_gone_mid_body_frees_its_slot() {
         .await;
     d.eventually("nothing in flight", |d| d.app().requests_in_flight() == 0)
         .await;
-    assert_eq!(d.count("webhook", Outcome::ServerError), 1);
+    // Abandoned: counted as the client's failure (and its held token spent).
+    assert_eq!(d.count("webhook", Outcome::ClientError), 1);
 }
 
 #[tokio::test]
@@ -912,4 +913,202 @@ async fn expect_100_continue_on_a_webhook() {
         "{out}"
     );
     assert_eq!(d.inflight("webhook"), 0);
+}
+
+// ---------------------------------------------------------------- clients that leave
+
+/// An upstream that never answers `…/slow` (counting the calls it has open, and those door has
+/// closed on it) and answers anything else at once.
+fn slow_upstream(open: Arc<AtomicUsize>, closed: Arc<AtomicUsize>) -> Handler {
+    struct Closed(Arc<AtomicUsize>, Arc<AtomicUsize>);
+    impl Drop for Closed {
+        fn drop(&mut self) {
+            self.0.fetch_sub(1, Ordering::SeqCst);
+            self.1.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+    Arc::new(move |req: Request<Incoming>| {
+        let (open, closed) = (Arc::clone(&open), Arc::clone(&closed));
+        Box::pin(async move {
+            if req.uri().path().ends_with("/slow") {
+                open.fetch_add(1, Ordering::SeqCst);
+                let _guard = Closed(open, closed);
+                std::future::pending::<()>().await;
+            }
+            Response::new(full("ok"))
+        })
+    })
+}
+
+/// Opens a request on a connection of its own and waits (bounded) until door has admitted it.
+async fn hold_one(d: &Door, group: &str, head: &[u8]) -> TcpStream {
+    let before = d.inflight(group);
+    let mut s = TcpStream::connect(d.addr).await.unwrap();
+    s.write_all(head).await.unwrap();
+    d.eventually("admitted", |d| d.inflight(group) == before + 1)
+        .await;
+    s
+}
+
+async fn status_of(addr: SocketAddr, path: &str) -> StatusCode {
+    h1(addr)
+        .await
+        .send_request(get(path))
+        .await
+        .unwrap()
+        .status()
+}
+
+#[tokio::test]
+async fn http1_clients_that_close_free_their_slots_at_once_and_the_upstream_call_is_closed() {
+    let (open, closed) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+    let up = upstream(slow_upstream(Arc::clone(&open), Arc::clone(&closed))).await;
+    let d = door(&config(up, "", "")).await;
+    let head = b"GET /l/session/slow HTTP/1.1\r\nHost: door.test\r\n\r\n";
+    // link: 2 per client. Two slow requests hold both of this client's slots.
+    let a = hold_one(&d, "link", head).await;
+    let b = hold_one(&d, "link", head).await;
+    assert_eq!(
+        status_of(d.addr, "/l/session/x").await,
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    d.eventually("both calls reached the upstream", |_| {
+        open.load(Ordering::SeqCst) == 2
+    })
+    .await;
+    let left = tokio::time::Instant::now();
+    drop((a, b));
+    d.eventually("both slots freed", |d| d.inflight("link") == 0)
+        .await;
+    d.eventually("the upstream saw both calls closed", |_| {
+        closed.load(Ordering::SeqCst) == 2
+    })
+    .await;
+    assert!(
+        left.elapsed() < Duration::from_secs(1),
+        "{:?}",
+        left.elapsed()
+    );
+    assert_eq!(status_of(d.addr, "/l/session/x").await, StatusCode::OK);
+    assert_eq!(
+        d.count("link", Outcome::ClientError),
+        2,
+        "counted as abandoned"
+    );
+}
+
+#[tokio::test]
+async fn four_abandoned_requests_do_not_shut_the_group_out() {
+    let (open, closed) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+    let up = upstream(slow_upstream(Arc::clone(&open), Arc::clone(&closed))).await;
+    // One table entry: the second client is decided on the shared row.
+    let d = door(&config(
+        up,
+        "",
+        "[group.link]\nmax_clients = 1\nper_client = 4\n",
+    ))
+    .await;
+    let head = b"GET /l/session/slow HTTP/1.1\r\nHost: door.test\r\n\r\n";
+    let mut held = Vec::new();
+    for _ in 0..4 {
+        held.push(hold_one(&d, "link", head).await);
+    }
+    // The group cap (4) is reached: everyone gets 503.
+    assert_eq!(
+        status_of(d.addr, "/l/session/x").await,
+        StatusCode::SERVICE_UNAVAILABLE
+    );
+    drop(held);
+    d.eventually("the group is free", |d| d.inflight("link") == 0)
+        .await;
+    d.eventually("the upstream saw every call closed", |_| {
+        closed.load(Ordering::SeqCst) == 4
+    })
+    .await;
+    assert_eq!(status_of(d.addr, "/l/session/x").await, StatusCode::OK);
+    assert_eq!(open.load(Ordering::SeqCst), 0);
+}
+
+#[tokio::test]
+async fn http2_rst_stream_frees_the_slot_and_closes_the_upstream_call() {
+    let (open, closed) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+    let up = upstream(slow_upstream(Arc::clone(&open), Arc::clone(&closed))).await;
+    let d = door(&config(up, "", "[group.link]\nmax_clients = 1\n")).await;
+    let s = TcpStream::connect(d.addr).await.unwrap();
+    let (c, conn) = h2::client::handshake(s).await.unwrap();
+    let conn = tokio::spawn(conn);
+    let mut streams = Vec::new();
+    for _ in 0..2 {
+        let req = Request::get("http://door.test/l/session/slow")
+            .body(())
+            .unwrap();
+        let (res, body) = c
+            .clone()
+            .ready()
+            .await
+            .unwrap()
+            .send_request(req, true)
+            .unwrap();
+        streams.push((res, body));
+    }
+    d.eventually("both admitted", |d| d.inflight("link") == 2)
+        .await;
+    d.eventually("both calls reached the upstream", |_| {
+        open.load(Ordering::SeqCst) == 2
+    })
+    .await;
+    let left = tokio::time::Instant::now();
+    for (res, mut body) in streams {
+        body.send_reset(h2::Reason::CANCEL);
+        drop(res);
+    }
+    d.eventually("both slots freed", |d| d.inflight("link") == 0)
+        .await;
+    d.eventually("the upstream saw both calls closed", |_| {
+        closed.load(Ordering::SeqCst) == 2
+    })
+    .await;
+    assert!(
+        left.elapsed() < Duration::from_secs(1),
+        "{:?}",
+        left.elapsed()
+    );
+    // The connection lives on and is served.
+    let req = Request::get("http://door.test/l/session/x")
+        .body(())
+        .unwrap();
+    let (res, _) = c.ready().await.unwrap().send_request(req, true).unwrap();
+    assert_eq!(res.await.unwrap().status(), StatusCode::OK);
+    conn.abort();
+}
+
+#[tokio::test]
+async fn hanging_up_on_a_slow_webhook_spends_its_held_token() {
+    let (open, closed) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+    let up = upstream(slow_upstream(Arc::clone(&open), Arc::clone(&closed))).await;
+    let d = door(&config(
+        up,
+        "",
+        "[[route]]\ngroup = \"webhook\"\npath = \"/hooks/slow\"\n[group.webhook]\nrate = 0.001\nburst = 2\nper_client = 2\n",
+    ))
+    .await;
+    let head = b"POST /hooks/slow HTTP/1.1\r\nHost: door.test\r\nContent-Length: 2\r\n\r\n{}";
+    let a = hold_one(&d, "webhook", head).await;
+    let b = hold_one(&d, "webhook", head).await;
+    drop((a, b));
+    d.eventually("both slots freed", |d| d.inflight("webhook") == 0)
+        .await;
+    // Both held tokens were spent: hanging up did not help; the bucket (burst 2) is empty.
+    let res = h1(d.addr)
+        .await
+        .send_request(
+            Request::post("/hooks/slow")
+                .header("host", "door.test")
+                .body(full("{}"))
+                .unwrap(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(res.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(d.count("webhook", Outcome::ClientError), 2);
 }

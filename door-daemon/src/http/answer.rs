@@ -31,6 +31,9 @@ pub enum Failure {
     UpstreamTimeout,
     /// The upstream call failed: refused, reset, malformed (502).
     Upstream(ProxyError),
+    /// The client's request body broke off (the client went away): nobody reads the answer, which
+    /// is a 400 for the log's sake.
+    ClientGone,
 }
 
 /// A structured-field string (RFC 8941 §3.3.3) of `s`: quoted, `"` and `\` escaped; characters
@@ -58,6 +61,7 @@ pub fn failure_status(f: &Failure) -> StatusCode {
         Failure::BodyTimeout => StatusCode::REQUEST_TIMEOUT,
         Failure::UpstreamTimeout => StatusCode::GATEWAY_TIMEOUT,
         Failure::Upstream(_) => StatusCode::BAD_GATEWAY,
+        Failure::ClientGone => StatusCode::BAD_REQUEST,
     }
 }
 
@@ -70,6 +74,7 @@ pub fn failure_response(f: &Failure) -> Response<ResponseBody> {
             "request-timeout",
             "the request body did not arrive in time".to_owned(),
         ),
+        Failure::ClientGone => ("bad-request", "the request body broke off".to_owned()),
         Failure::UpstreamTimeout => (
             "gateway-timeout",
             "the application behind door did not answer in time".to_owned(),
@@ -90,7 +95,7 @@ pub fn failure_response(f: &Failure) -> Response<ResponseBody> {
         failure_status(f),
         &serde_json::json!({ "code": code, "message": message }),
     );
-    if matches!(f, Failure::BodyTimeout) {
+    if matches!(f, Failure::BodyTimeout | Failure::ClientGone) {
         // The rest of the body is never read: the connection cannot be reused.
         res.headers_mut()
             .insert(header::CONNECTION, HeaderValue::from_static("close"));

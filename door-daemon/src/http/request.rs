@@ -402,23 +402,10 @@ impl App {
         let feeds_cache = limited.health && matches!(parts.method, Method::GET | Method::HEAD);
         let (body, events) = UpstreamBody::new(body, Some(limited.read_timeout));
         let req = Request::from_parts(parts, body);
-        let (tx, rx) = oneshot::channel();
-        let app = Arc::clone(self);
-        tokio::spawn(async move {
-            let result = app.call(req, origin, events).await;
-            if let Err((result, permit)) = tx.send((result, permit)) {
-                // The client left before the response head: settle with what happened upstream.
-                permit.settle(match result {
-                    Ok(res) => End::Answered(res.status()),
-                    Err(Failure::BodyTimeout) => End::BodyTimeout,
-                    Err(_) => End::Unanswered,
-                });
-            }
-        });
-        let Ok((result, permit)) = rx.await else {
-            // The call task panicked; its permit was dropped with it (slot freed).
-            return answer::failure_response(&Failure::UpstreamTimeout);
-        };
+        // The call runs inside this request's future: a client that goes away (connection
+        // closed or reset, HTTP/2 RST_STREAM) drops it, which aborts the upstream call and drops
+        // `permit` unsettled, settling it as abandoned (docs/design.md, "Limits").
+        let result = self.call(req, origin, events).await;
         match result {
             Ok(res) => {
                 let status = res.status();
@@ -430,6 +417,10 @@ impl App {
             Err(Failure::BodyTimeout) => {
                 permit.settle(End::BodyTimeout);
                 answer::failure_response(&Failure::BodyTimeout)
+            }
+            Err(Failure::ClientGone) => {
+                permit.settle(End::Abandoned);
+                answer::failure_response(&Failure::ClientGone)
             }
             Err(f) => {
                 permit.settle(End::Unanswered);
@@ -458,12 +449,11 @@ impl App {
         if let Some(events) = events {
             tokio::select! {
                 biased;
-                ev = events => {
-                    if matches!(ev, Ok(BodyEvent::TimedOut)) {
-                        return Err(Failure::BodyTimeout);
-                    }
-                    // Ended, or the body failed (the upstream call fails with it).
-                }
+                ev = events => match ev {
+                    Ok(BodyEvent::TimedOut) => return Err(Failure::BodyTimeout),
+                    Ok(BodyEvent::Failed) => return Err(Failure::ClientGone),
+                    Ok(BodyEvent::Ended) | Err(_) => {}
+                },
                 r = upstream.as_mut() => return r.map_err(Failure::Upstream),
             }
         }

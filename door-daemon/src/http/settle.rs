@@ -4,7 +4,7 @@
 //!
 //! [`admit`] asks the group's limiter and counts a rejection (or, in shadow mode, the would-be
 //! rejection); an admitted request is a [`Held`] permit until [`Held::settle`] is called with how
-//! it [`End`]ed, or until it is dropped (counted as [`End::Unanswered`]). [`charge`] is the whole
+//! it [`End`]ed, or until it is dropped (the client went away: [`End::Abandoned`]). [`charge`] is the whole
 //! rule.
 
 use door_common::prefix::PrefixKey;
@@ -23,9 +23,12 @@ pub enum End {
     Answered(StatusCode),
     /// The client's request body missed the group's read deadline; door answered 408.
     BodyTimeout,
-    /// No answer door could pass on: the upstream refused, failed or timed out (502/504), or the
-    /// request's task ended without settling (panic, cancelled future).
+    /// No answer door could pass on: the upstream refused, failed or timed out (502/504).
     Unanswered,
+    /// The client went away before door could answer: its connection closed or reset, an HTTP/2
+    /// RST_STREAM, its request body broken off, or the request future dropped unsettled. The
+    /// upstream call is aborted with it.
+    Abandoned,
 }
 
 /// The rule: whether a request that ended as `end` spends its held token under charge on
@@ -37,7 +40,8 @@ pub enum End {
 /// | upstream 4xx | **yes**: the client sent something the application refused | `client_error` |
 /// | upstream 5xx (or 600–999) | no: the application's failure, not the client's | `server_error` |
 /// | body missed the read deadline (408) | **yes**: the client's fault | `client_error` |
-/// | no answer (502, 504, panic, cancelled) | no | `server_error` |
+/// | client gone before the answer | **yes**: hanging up must never help a client | `client_error` |
+/// | no answer from the upstream (502, 504) | no | `server_error` |
 ///
 /// Under `charge = "always"` the token was spent at admission and "spends" changes nothing.
 pub fn charge(end: End) -> (Spend, Outcome) {
@@ -45,7 +49,7 @@ pub fn charge(end: End) -> (Spend, Outcome) {
         End::Answered(status) if status.is_client_error() => (Spend::Token, Outcome::ClientError),
         End::Answered(status) if status.as_u16() < 400 => (Spend::Nothing, Outcome::Ok),
         End::Answered(_) | End::Unanswered => (Spend::Nothing, Outcome::ServerError),
-        End::BodyTimeout => (Spend::Token, Outcome::ClientError),
+        End::BodyTimeout | End::Abandoned => (Spend::Token, Outcome::ClientError),
     }
 }
 
@@ -100,9 +104,10 @@ pub fn settle(permit: Permit, end: End, metrics: &GroupMetrics) {
 }
 
 /// An admitted request's permit with the metrics its end is counted on. Settle it with
-/// [`Held::settle`]; dropped unsettled, it settles as [`End::Unanswered`].
+/// [`Held::settle`]; dropped unsettled (the request future was dropped: the client went away),
+/// it settles as [`End::Abandoned`].
 #[derive(Debug)]
-#[must_use = "dropping a held permit at once settles the request as unanswered"]
+#[must_use = "dropping a held permit at once settles the request as abandoned"]
 pub struct Held {
     permit: Option<Permit>,
     metrics: GroupMetrics,
@@ -125,7 +130,7 @@ impl Held {
 impl Drop for Held {
     fn drop(&mut self) {
         if let Some(permit) = self.permit.take() {
-            settle(permit, End::Unanswered, &self.metrics);
+            settle(permit, End::Abandoned, &self.metrics);
         }
     }
 }
@@ -153,5 +158,6 @@ mod tests {
             charge(End::Unanswered),
             (Spend::Nothing, Outcome::ServerError)
         );
+        assert_eq!(charge(End::Abandoned), (Spend::Token, Outcome::ClientError));
     }
 }

@@ -58,6 +58,9 @@ pub enum BodyEvent {
     Ended,
     /// The read deadline passed first.
     TimedOut,
+    /// Reading the client's body failed: the client went away (connection closed or reset,
+    /// HTTP/2 RST_STREAM) or broke the protocol.
+    Failed,
 }
 
 /// Why the body door sends upstream failed.
@@ -74,8 +77,7 @@ pub enum UpstreamBodyError {
 impl UpstreamBody {
     /// The client's body, which must end within `deadline` from now when one is given (routes in
     /// no group have none). A body that is already complete (no body, `Content-Length: 0`) gets
-    /// neither timer nor receiver; otherwise the receiver resolves with the [`BodyEvent`] (or is
-    /// dropped when the client's body fails).
+    /// neither timer nor receiver; otherwise the receiver resolves with the [`BodyEvent`].
     pub fn new(
         inner: Incoming,
         deadline: Option<Duration>,
@@ -119,10 +121,7 @@ impl Body for UpstreamBody {
             match &frame {
                 None => this.report(BodyEvent::Ended),
                 Some(Ok(_)) if this.inner.is_end_stream() => this.report(BodyEvent::Ended),
-                Some(Err(_)) => {
-                    this.deadline = None;
-                    this.events = None;
-                }
+                Some(Err(_)) => this.report(BodyEvent::Failed),
                 Some(Ok(_)) => {}
             }
             return Poll::Ready(frame.map(|f| f.map_err(UpstreamBodyError::Client)));
