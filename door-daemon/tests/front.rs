@@ -1112,3 +1112,76 @@ async fn hanging_up_on_a_slow_webhook_spends_its_held_token() {
     assert_eq!(res.status(), StatusCode::TOO_MANY_REQUESTS);
     assert_eq!(d.count("webhook", Outcome::ClientError), 2);
 }
+
+// ---------------------------------------------------------------- HTTP/2 specifics
+
+#[tokio::test(start_paused = true)]
+async fn http2_a_body_still_arriving_at_the_read_timeout_gets_408() {
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let up = upstream(aborted_upstream(Arc::clone(&seen))).await;
+    let d = door(&config(up, "", "")).await;
+    let s = TcpStream::connect(d.addr).await.unwrap();
+    let (c, conn) = h2::client::handshake(s).await.unwrap();
+    let conn = tokio::spawn(conn);
+    let req = Request::post("http://door.test/webhooks/github")
+        .header("content-length", "100")
+        .body(())
+        .unwrap();
+    let (res, mut body) = c.ready().await.unwrap().send_request(req, false).unwrap();
+    body.send_data(Bytes::from_static(b"0123456789"), false)
+        .unwrap();
+    let start = tokio::time::Instant::now();
+    let res = res.await.unwrap();
+    assert_eq!(res.status(), StatusCode::REQUEST_TIMEOUT);
+    let waited = start.elapsed();
+    assert!(
+        waited >= Duration::from_secs(10) && waited < Duration::from_secs(11),
+        "webhook read_timeout is 10 s: {waited:?}"
+    );
+    d.eventually("slot freed", |d| d.inflight("webhook") == 0)
+        .await;
+    assert_eq!(d.count("webhook", Outcome::ClientError), 1);
+    conn.abort();
+}
+
+/// Echoes every `cookie` field line the upstream received, one per line.
+fn cookie_echo() -> Handler {
+    Arc::new(|req: Request<Incoming>| {
+        Box::pin(async move {
+            let lines: Vec<String> = req
+                .headers()
+                .get_all("cookie")
+                .iter()
+                .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned())
+                .collect();
+            Response::new(full(lines.join("\n")))
+        })
+    })
+}
+
+#[tokio::test]
+async fn http2_cookie_fields_reach_an_http11_upstream_as_one_line_in_order() {
+    let up = upstream(cookie_echo()).await;
+    let d = door(&config(up, "", "")).await;
+    let s = TcpStream::connect(d.addr).await.unwrap();
+    let (c, conn) = h2::client::handshake(s).await.unwrap();
+    let conn = tokio::spawn(conn);
+    // RFC 9113 §8.2.3: a client may split the cookie field into one field per cookie-pair.
+    let mut req = Request::get("http://door.test/api/cookies")
+        .body(())
+        .unwrap();
+    for pair in ["a=1", "session=s3cr3t", "b=2"] {
+        req.headers_mut()
+            .append("cookie", http::HeaderValue::from_static(pair));
+    }
+    let (res, _) = c.ready().await.unwrap().send_request(req, true).unwrap();
+    let res = res.await.unwrap();
+    assert_eq!(res.status(), StatusCode::OK);
+    let mut body = res.into_body();
+    let mut text = Vec::new();
+    while let Some(chunk) = body.data().await {
+        text.extend_from_slice(&chunk.unwrap());
+    }
+    assert_eq!(String::from_utf8_lossy(&text), "a=1; session=s3cr3t; b=2");
+    conn.abort();
+}

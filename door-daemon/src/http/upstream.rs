@@ -18,7 +18,7 @@ use tokio::{sync::oneshot, time::Sleep};
 use http::{
     HeaderMap, HeaderName, HeaderValue, Request, Response, Uri, Version,
     header::{
-        CONNECTION, FORWARDED, HOST, PROXY_AUTHENTICATE, PROXY_AUTHORIZATION, TE, TRAILER,
+        CONNECTION, COOKIE, FORWARDED, HOST, PROXY_AUTHENTICATE, PROXY_AUTHORIZATION, TE, TRAILER,
         TRANSFER_ENCODING, UPGRADE,
     },
     uri::PathAndQuery,
@@ -240,7 +240,28 @@ pub fn prepare<B>(mut req: Request<B>, upstream: &Upstream, origin: Origin) -> R
     let headers = req.headers_mut();
     strip_hop_by_hop(headers);
     rewrite_forwarding(headers, origin);
+    join_cookies(headers);
     req
+}
+
+/// Joins several `cookie` fields into one, in their order, with "; " (RFC 9113 §8.2.3: an
+/// HTTP/2 client may send one field per cookie-pair, and they must be concatenated this way
+/// before the request goes to an HTTP/1.1 upstream, where RFC 6265 §5.4 allows one `Cookie`
+/// line; frameworks that read one line would otherwise lose cookies). A single field is left
+/// untouched.
+pub fn join_cookies(headers: &mut HeaderMap) {
+    let mut fields = headers.get_all(COOKIE).iter();
+    let (Some(_), Some(_)) = (fields.next(), fields.next()) else {
+        return;
+    };
+    let lines: Vec<&[u8]> = headers
+        .get_all(COOKIE)
+        .iter()
+        .map(HeaderValue::as_bytes)
+        .collect();
+    if let Ok(joined) = HeaderValue::from_bytes(&lines.join(&b"; "[..])) {
+        headers.insert(COOKIE, joined);
+    }
 }
 
 /// Removes the hop-by-hop fields: those named in `Connection`, and the fixed list of RFC 9110
