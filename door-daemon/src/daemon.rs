@@ -205,6 +205,7 @@ async fn serve_until_term(
                     Ok(new) => {
                         let restart = app.reload(&new, &config);
                         reconfigure_shield(shield, &new);
+                        reload_tls(front, &new);
                         if restart.is_empty() {
                             tracing::info!("configuration reloaded");
                         } else {
@@ -224,6 +225,20 @@ async fn serve_until_term(
                 }
             }
         }
+    }
+}
+
+/// Re-reads a reloaded configuration's TLS certificate and key (a renewal's deploy hook runs
+/// `systemctl reload door`): new handshakes get the new pair, open connections keep theirs. A
+/// pair that does not load is refused and the running one kept.
+fn reload_tls(front: &Front, config: &Config) {
+    let Some(tls) = &config.tls else { return };
+    match front.reload_tls(tls) {
+        Ok(()) => tracing::info!(cert = %tls.cert.display(), "TLS certificate and key reloaded"),
+        Err(e) => tracing::error!(
+            error = %e,
+            "reload: the new TLS certificate or key cannot be used; keeping the running pair"
+        ),
     }
 }
 

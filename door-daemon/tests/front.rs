@@ -1185,3 +1185,101 @@ async fn http2_cookie_fields_reach_an_http11_upstream_as_one_line_in_order() {
     assert_eq!(String::from_utf8_lossy(&text), "a=1; session=s3cr3t; b=2");
     conn.abort();
 }
+
+// ---------------------------------------------------------------- reload
+
+#[tokio::test(start_paused = true)]
+async fn reload_retunes_live_buckets_in_proportion_and_keeps_outcome_counts() {
+    let up = upstream(echo()).await;
+    let cfg = config(up, "", "[group.link]\nrate = 0.001\nburst = 4\n");
+    let d = door(&cfg).await;
+    let mut c = h1(d.addr).await;
+    for _ in 0..4 {
+        assert_eq!(
+            c.send_request(get("/l/session/a")).await.unwrap().status(),
+            StatusCode::OK
+        );
+    }
+    assert_eq!(
+        c.send_request(get("/l/session/a")).await.unwrap().status(),
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    assert_eq!(d.count("link", Outcome::Ok), 4);
+    // Burst 4 → 8: the drained client stays drained (nothing is refilled to full).
+    let bigger = config(up, "", "[group.link]\nrate = 0.001\nburst = 8\n");
+    assert!(d.app().reload(&bigger, &cfg).is_empty());
+    assert_eq!(
+        c.send_request(get("/l/session/a")).await.unwrap().status(),
+        StatusCode::TOO_MANY_REQUESTS,
+        "a drained client stays drained"
+    );
+    // The counts of the group survive the reload.
+    assert_eq!(d.count("link", Outcome::Ok), 4);
+    assert_eq!(d.count("link", Outcome::RateLimited), 2);
+}
+
+/// The leaf certificate a TLS handshake with `d` presents, trusting `roots`.
+async fn served_cert(addr: SocketAddr, trusted: &rcgen::Certificate) -> Option<Vec<u8>> {
+    let name = rustls::pki_types::ServerName::try_from("door.test").unwrap();
+    let s = TcpStream::connect(addr).await.unwrap();
+    let s = tls_client(trusted, b"http/1.1")
+        .connect(name, s)
+        .await
+        .ok()?;
+    s.get_ref()
+        .1
+        .peer_certificates()
+        .and_then(|c| c.first())
+        .map(|c| c.to_vec())
+}
+
+#[tokio::test]
+async fn reload_tls_serves_the_renewed_pair_to_new_handshakes_and_refuses_a_bad_one() {
+    let dir = tempdir("tls-reload");
+    let (cert, key, first) = tls_pair(&dir);
+    let up = upstream(echo()).await;
+    let tls_table = format!("[tls]\ncert = {cert:?}\nkey = {key:?}");
+    let cfg = config(up, "", &tls_table);
+    let tls = door_daemon::http::tls::load(cfg.tls.as_ref().unwrap()).unwrap();
+    let d = door_with(&cfg, Arc::new(MonotonicClock::new()), Some(tls)).await;
+    assert_eq!(
+        served_cert(d.addr, &first).await,
+        Some(first.der().to_vec())
+    );
+
+    // An open connection from before the renewal.
+    let name = rustls::pki_types::ServerName::try_from("door.test").unwrap();
+    let s = TcpStream::connect(d.addr).await.unwrap();
+    let s = tls_client(&first, b"http/1.1")
+        .connect(name, s)
+        .await
+        .unwrap();
+    let (mut open, conn) = hyper::client::conn::http1::handshake(TokioIo::new(s))
+        .await
+        .unwrap();
+    tokio::spawn(conn);
+
+    // The renewal writes a new pair over the files; the reload re-reads them.
+    let (_, _, second) = tls_pair(&dir);
+    d.front.reload_tls(cfg.tls.as_ref().unwrap()).unwrap();
+    assert_eq!(
+        served_cert(d.addr, &second).await,
+        Some(second.der().to_vec())
+    );
+    let res = open.send_request(get("/api/old")).await.unwrap();
+    assert_eq!(
+        res.status(),
+        StatusCode::OK,
+        "open connections are untouched"
+    );
+
+    // A broken key is refused, and the running pair kept.
+    std::fs::write(&key, "not a key").unwrap();
+    let e = d.front.reload_tls(cfg.tls.as_ref().unwrap()).unwrap_err();
+    assert!(e.to_string().contains("tls.key"), "{e}");
+    assert_eq!(
+        served_cert(d.addr, &second).await,
+        Some(second.der().to_vec())
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}

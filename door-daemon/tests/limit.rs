@@ -519,7 +519,7 @@ fn door_limits_metrics() {
         let _ = admit(peer(3)); // group cap
         p.settle(End::Answered(StatusCode::NOT_FOUND)); // client_error
         let _ = admit(peer(1)); // rate: burst 2 spent
-        drop(s1); // server_error (no answer)
+        s1.settle(End::Unanswered); // server_error (the upstream gave no answer)
         admit(peer(4))
             .unwrap()
             .settle(End::Answered(StatusCode::BAD_GATEWAY)); // server_error

@@ -249,7 +249,7 @@ fn ready_only_once_listening_then_watchdog_reloading_and_stopping() {
 }
 
 #[test]
-fn reload_keeps_drained_buckets_and_applies_new_trusted_proxies_at_once() {
+fn reload_keeps_drained_buckets_in_proportion_and_applies_new_trusted_proxies_at_once() {
     let dir = Dir::new("reload");
     let notify = Notify::bind(&dir.0);
     let port = free_port();
@@ -291,9 +291,16 @@ fn reload_keeps_drained_buckets_and_applies_new_trusted_proxies_at_once() {
         "still behind the trusted proxy"
     );
 
-    // A changed budget starts the group afresh.
+    // A changed burst applies to the live buckets, in proportion: the drained proxy key stays
+    // drained (0 of 3 → 0 of 5); the XFF client, which spent 2 of 3, has 1⅔ of 5 left: one more.
     reload(&config(port, up, 5, "\"127.0.0.1/32\"", "0.001"));
-    assert_eq!(get(port, "/l/a", None), 200);
+    assert_eq!(
+        get(port, "/l/a", None),
+        429,
+        "a drained client stays drained"
+    );
+    assert_eq!(get(port, "/l/a", Some("203.0.113.5")), 200);
+    assert_eq!(get(port, "/l/a", Some("203.0.113.5")), 429);
 
     door.signal("-TERM");
     assert_eq!(door.wait(Duration::from_secs(20)), Some(0));

@@ -8,8 +8,9 @@ use super::{Config, XdpConfig};
 
 /// The settings read only at start whose values differ between `old` and `new`, by their
 /// configuration key (a reload cannot apply them; a restart does). Everything else (routes,
-/// groups, trusted proxies, the forwarding header, shadow mode, the `RateLimit` fields and the
-/// XDP budgets, ports, allow list and escalation) is applied by the reload itself.
+/// groups, trusted proxies, the forwarding header, shadow mode, the `RateLimit` fields, the TLS
+/// certificate, key and minimum version, and the XDP budgets, ports, allow list and escalation)
+/// is applied by the reload itself.
 pub fn restart_only_changes(old: &Config, new: &Config) -> Vec<&'static str> {
     let Config {
         listen,
@@ -53,7 +54,8 @@ pub fn restart_only_changes(old: &Config, new: &Config) -> Vec<&'static str> {
         ),
         ("upstream", *upstream != new.upstream),
         ("admin_listen", *admin_listen != new.admin_listen),
-        ("tls", *tls != new.tls),
+        // The certificate, key and minimum version reload; turning TLS on or off does not.
+        ("tls", tls.is_some() != new.tls.is_some()),
         (
             "header_read_timeout",
             *header_read_timeout != new.header_read_timeout,

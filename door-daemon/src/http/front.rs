@@ -20,7 +20,7 @@ use std::{
     convert::Infallible,
     net::SocketAddr,
     sync::{
-        Arc, Mutex,
+        Arc, Mutex, PoisonError, RwLock,
         atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering},
     },
     time::Duration,
@@ -39,7 +39,11 @@ use tokio::{
 };
 use tokio_rustls::TlsAcceptor;
 
-use crate::{config::Config, http::request::App, obs::logging::RateLimitedWarn};
+use crate::{
+    config::{Config, TlsConfig},
+    http::{request::App, tls::TlsError},
+    obs::logging::RateLimitedWarn,
+};
 
 /// The request-head bound, bytes: 64 KiB on both protocols (DESIGN.md, "Limits"; the seed's
 /// `MaxHeaderBytes = 64 << 10`).
@@ -141,12 +145,17 @@ impl ConnSettings {
     }
 }
 
+/// The TLS acceptor shared by a front's accept loops (`None`: cleartext).
+type Tls = Arc<RwLock<Option<TlsAcceptor>>>;
+
 /// door's listeners and their connections: serves, and drains on request.
 pub struct Front {
     app: Arc<App>,
     settings: ConnSettings,
     builder: Arc<auto::Builder<TokioExecutor>>,
-    tls: Option<TlsAcceptor>,
+    /// The TLS acceptor new connections use; [`Front::set_tls`] swaps it (a certificate renewal
+    /// reloaded with SIGHUP) without touching open connections.
+    tls: Tls,
     stop: watch::Sender<bool>,
     loops: Mutex<JoinSet<()>>,
     connections: Arc<Mutex<JoinSet<()>>>,
@@ -175,12 +184,27 @@ impl Front {
             app,
             settings,
             builder: Arc::new(settings.builder()),
-            tls: tls.map(TlsAcceptor::from),
+            tls: Arc::new(RwLock::new(tls.map(TlsAcceptor::from))),
             stop: watch::channel(false).0,
             loops: Mutex::new(JoinSet::new()),
             connections: Arc::new(Mutex::new(JoinSet::new())),
             loop_died: AtomicBool::new(false),
         }
+    }
+
+    /// Re-reads the TLS certificate and key of `config` (a renewal reloaded with SIGHUP): new
+    /// handshakes from now on get the new pair, connections already open keep theirs. A cleartext
+    /// front is left alone (turning TLS on or off needs a restart).
+    ///
+    /// # Errors
+    /// [`TlsError`] when the new pair cannot be used; the running one is kept.
+    pub fn reload_tls(&self, config: &TlsConfig) -> Result<(), TlsError> {
+        let server = crate::http::tls::load(config)?;
+        let mut tls = self.tls.write().unwrap_or_else(PoisonError::into_inner);
+        if tls.is_some() {
+            *tls = Some(TlsAcceptor::from(server));
+        }
+        Ok(())
     }
 
     /// The request path.
@@ -196,7 +220,7 @@ impl Front {
             Arc::clone(&self.app),
             self.settings,
             Arc::clone(&self.builder),
-            self.tls.clone(),
+            Arc::clone(&self.tls),
             self.stop.subscribe(),
             Arc::clone(&self.connections),
             proxy_protocol,
@@ -233,13 +257,20 @@ impl std::fmt::Debug for Front {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Front")
             .field("settings", &self.settings)
-            .field("tls", &self.tls.is_some())
+            .field(
+                "tls",
+                &self
+                    .tls
+                    .read()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .is_some(),
+            )
             .finish_non_exhaustive()
     }
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    m.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 #[expect(
@@ -251,7 +282,7 @@ async fn accept_loop(
     app: Arc<App>,
     settings: ConnSettings,
     builder: Arc<auto::Builder<TokioExecutor>>,
-    tls: Option<TlsAcceptor>,
+    tls: Tls,
     stop: watch::Receiver<bool>,
     connections: Arc<Mutex<JoinSet<()>>>,
     proxy_protocol: bool,
@@ -279,7 +310,7 @@ async fn accept_loop(
             Arc::clone(&app),
             settings,
             Arc::clone(&builder),
-            tls.clone(),
+            tls.read().unwrap_or_else(PoisonError::into_inner).clone(),
             stop.clone(),
         );
         let mut set = lock(&connections);

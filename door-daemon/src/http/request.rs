@@ -116,9 +116,9 @@ pub struct App {
 }
 
 impl Policy {
-    /// The rules of `config`; with `previous`, limiters of groups whose budget and shadow mode
-    /// did not change are kept (buckets carry over), and so is the escalator if its settings did
-    /// not change (its counts carry over).
+    /// The rules of `config`; with `previous`, groups that already existed keep their limiter, retuned in place to the new budget and shadow mode (buckets carry over
+    /// in proportion, see [`GroupLimiter::retune`]) unless the charge mode changed; the escalator
+    /// is kept if its settings did not change (its counts carry over).
     fn build(
         config: &Config,
         clock: &Arc<dyn Clock>,
@@ -134,7 +134,12 @@ impl Policy {
                 let kept = previous
                     .and_then(|p| p.limited.get(name))
                     .map(|l| &l.limiter)
-                    .filter(|l| *l.budget() == g.budget && l.enforcing() == enforce);
+                    .filter(|l| l.budget().charge == g.budget.charge);
+                if let Some(l) = kept
+                    && (l.budget() != g.budget || l.enforcing() != enforce)
+                {
+                    l.retune(g.budget, enforce);
+                }
                 let group_metrics = metrics.clone().for_group(name);
                 let limiter = match kept {
                     Some(l) => Arc::clone(l),
@@ -225,10 +230,11 @@ impl App {
 
     /// Applies a reloaded configuration (SIGHUP) without touching connections: routes, groups,
     /// trusted proxies, the authoritative forwarding header and the escalation settings. A group
-    /// whose budget (and shadow mode) did not change keeps its limiter, so its clients' buckets
-    /// and in-flight counts carry over; a changed or new group starts fresh. Settings read only at
-    /// start (listen, upstream, TLS, timeouts, XDP interface and mode) need a restart: the list of
-    /// those that changed is returned so the caller can say so.
+    /// that already existed keeps its limiter, retuned to its new budget: its clients' buckets
+    /// carry over in proportion and in-flight counts carry over (a group whose charge mode
+    /// changed, and a new group, start fresh); outcome counts always carry over. Settings read
+    /// only at start (listen, upstream, TLS on or off, timeouts, XDP interface and mode) need a
+    /// restart: the list of those that changed is returned so the caller can say so.
     pub fn reload(&self, new: &Config, old: &Config) -> Vec<&'static str> {
         let current = self.policy();
         let policy = Policy::build(

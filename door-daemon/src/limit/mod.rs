@@ -421,6 +421,22 @@ impl Bucket {
     fn spend(self, row: &mut Row, now: u64) {
         row.full_at = gcra::spend(row.full_at, now, self.interval);
     }
+
+    /// Moves `row` from this bucket to `new` at `now`, keeping the fraction of the burst it is
+    /// missing (`deficit / (burst × interval)`), and keeping its held tokens backed (`deficit +
+    /// held × interval ≤ burst × interval` under `new`).
+    fn rescale(self, new: Bucket, row: &mut Row, now: u64) {
+        let deficit = u128::from(Self::deficit(row, now));
+        if deficit == 0 {
+            return;
+        }
+        let old_full = u128::from(self.burst) * u128::from(self.interval);
+        let new_full = u128::from(new.burst) * u128::from(new.interval);
+        let scaled = (deficit * new_full).div_ceil(old_full.max(1));
+        let backed = new_full.saturating_sub(u128::from(row.held) * u128::from(new.interval));
+        let deficit = u64::try_from(scaled.min(backed)).unwrap_or(u64::MAX);
+        row.full_at = now.saturating_add(deficit);
+    }
 }
 
 /// What a client's bucket holds right now, for the `RateLimit` response field
@@ -450,9 +466,40 @@ impl RowId {
     }
 }
 
+/// The group's budget in force, in the forms the decisions use; replaced by
+/// [`GroupLimiter::retune`].
+#[derive(Debug, Clone, Copy)]
+struct Tuning {
+    budget: Budget,
+    bucket: Bucket,
+    enforce: bool,
+}
+
+impl Tuning {
+    /// `budget` clamped as [`GroupLimiter::new`] documents.
+    fn of(budget: Budget, enforce: bool) -> Self {
+        let budget = Budget {
+            burst: budget.burst.max(1),
+            per_client: budget.per_client.max(1),
+            inflight: budget.inflight.max(1),
+            max_clients: budget.max_clients.max(1),
+            ..budget
+        };
+        Self {
+            bucket: Bucket {
+                interval: budget.interval_ns(),
+                burst: budget.burst,
+            },
+            budget,
+            enforce,
+        }
+    }
+}
+
 /// Everything the group's mutex guards.
 #[derive(Debug)]
 struct State {
+    tuning: Tuning,
     table: LruCache<PrefixKey, Row>,
     shared: Row,
     /// Requests holding a slot in the whole group.
@@ -508,9 +555,6 @@ struct TableChange {
 #[derive(Debug)]
 pub struct GroupLimiter {
     group: String,
-    budget: Budget,
-    bucket: Bucket,
-    enforce: bool,
     clock: Arc<dyn Clock>,
     observer: Arc<dyn Observer>,
     state: Mutex<State>,
@@ -529,26 +573,15 @@ impl GroupLimiter {
         clock: Arc<dyn Clock>,
         observer: Arc<dyn Observer>,
     ) -> Self {
-        let budget = Budget {
-            burst: budget.burst.max(1),
-            per_client: budget.per_client.max(1),
-            inflight: budget.inflight.max(1),
-            max_clients: budget.max_clients.max(1),
-            ..budget
-        };
-        let cap = NonZeroUsize::new(budget.max_clients).unwrap_or(NonZeroUsize::MIN);
+        let tuning = Tuning::of(budget, enforce);
+        let cap = NonZeroUsize::new(tuning.budget.max_clients).unwrap_or(NonZeroUsize::MIN);
         let now = clock.now_ns();
         Self {
             group: group.to_owned(),
-            bucket: Bucket {
-                interval: budget.interval_ns(),
-                burst: budget.burst,
-            },
-            budget,
-            enforce,
             clock,
             observer,
             state: Mutex::new(State {
+                tuning,
                 table: LruCache::new(cap),
                 shared: Row::full(now),
                 inflight: 0,
@@ -562,13 +595,43 @@ impl GroupLimiter {
     }
 
     /// The budget in force (after clamping, see [`GroupLimiter::new`]).
-    pub fn budget(&self) -> &Budget {
-        &self.budget
+    pub fn budget(&self) -> Budget {
+        self.lock().tuning.budget
     }
 
     /// `false` in shadow mode.
     pub fn enforcing(&self) -> bool {
-        self.enforce
+        self.lock().tuning.enforce
+    }
+
+    /// Applies a reloaded `budget` and shadow mode to the live group (SIGHUP), keeping every
+    /// client's row: a bucket keeps the *fraction* of its burst it was missing (a drained client
+    /// stays drained, a half-full one is half full of the new burst; nothing is refilled to
+    /// full), in-flight requests keep their slots (caps lowered below them admit nothing new until
+    /// they settle), and a smaller `max_clients` drops the least recently used entries. The
+    /// charge mode must not change (a held token's meaning would); the caller builds a new
+    /// limiter then.
+    pub fn retune(&self, budget: Budget, enforce: bool) {
+        let new = Tuning::of(budget, enforce);
+        let dropped = {
+            let mut state = self.lock();
+            let now = self.clock.now_ns();
+            let old = state.tuning.bucket;
+            for (_, row) in &mut state.table {
+                old.rescale(new.bucket, row, now);
+            }
+            old.rescale(new.bucket, &mut state.shared, now);
+            let before = state.table.len();
+            if let Some(cap) = NonZeroUsize::new(new.budget.max_clients) {
+                state.table.resize(cap);
+            }
+            state.tuning = new;
+            before - state.table.len()
+        };
+        if dropped > 0 {
+            self.observer
+                .clients_changed(-i64::try_from(dropped).unwrap_or(i64::MAX));
+        }
     }
 
     /// Entries in the client table (for `/status` and `door.clients`); at most `max_clients`.
@@ -586,7 +649,7 @@ impl GroupLimiter {
     /// is where [`GroupLimiter::admit`] would decide it). Changes nothing; takes the group's lock
     /// once.
     pub fn quota(&self, key: &PrefixKey) -> Quota {
-        let (row, now) = {
+        let (row, now, bucket) = {
             let state = self.lock();
             let now = self.clock.now_ns();
             let row = match state.table.peek(key) {
@@ -594,17 +657,18 @@ impl GroupLimiter {
                 None if state.table.len() < state.table.cap().get() => Row::full(now),
                 None => state.shared,
             };
-            (row, now)
+            (row, now, state.tuning.bucket)
         };
-        self.bucket.quota(&row, now)
+        bucket.quota(&row, now)
     }
 
     /// The policy window in whole seconds (rounded up): the time an empty bucket takes to
     /// refill its `burst` tokens, the `w` of the `RateLimit-Policy` field
     /// (draft-ietf-httpapi-ratelimit-headers-10).
     pub fn window_s(&self) -> u64 {
-        u64::from(self.bucket.burst)
-            .saturating_mul(self.bucket.interval)
+        let bucket = self.lock().tuning.bucket;
+        u64::from(bucket.burst)
+            .saturating_mul(bucket.interval)
             .div_ceil(NS_PER_S)
             .max(1)
     }
@@ -637,10 +701,11 @@ impl GroupLimiter {
     /// mode this never fails: the permit says what would have happened
     /// ([`Permit::shadow_rejection`]) and holds nothing either.
     pub fn admit(self: &Arc<Self>, key: PrefixKey) -> Result<Permit, Rejection> {
-        let (decision, change) = {
+        let (decision, change, enforce) = {
             let mut state = self.lock();
             let now = self.clock.now_ns();
-            self.decide(&mut state, key, now)
+            let (decision, change) = Self::decide(&mut state, key, now);
+            (decision, change, state.tuning.enforce)
         };
         if change.inserted {
             self.observer.clients_changed(1);
@@ -658,7 +723,7 @@ impl GroupLimiter {
                     shadow: None,
                 })
             }
-            Err(rejection) if self.enforce => Err(rejection),
+            Err(rejection) if enforce => Err(rejection),
             Err(rejection) => Ok(Permit {
                 limiter: Arc::clone(self),
                 slot: None,
@@ -670,13 +735,13 @@ impl GroupLimiter {
 
     /// The decision, identical in both modes; on admission the slot (and token) is taken.
     fn decide(
-        &self,
         state: &mut State,
         key: PrefixKey,
         now: u64,
     ) -> (Result<RowId, Rejection>, TableChange) {
         let mut change = TableChange::default();
-        if state.inflight >= self.budget.inflight {
+        let t = state.tuning;
+        if state.inflight >= t.budget.inflight {
             return (
                 Err(Rejection::cap(RejectReason::GroupConcurrency, Scope::Group)),
                 change,
@@ -684,7 +749,7 @@ impl GroupLimiter {
         }
         // Hit: one lookup (which also refreshes the entry).
         if let Some(row) = state.table.get_mut(&key) {
-            let decision = self.take(row, RowId::Key(key), &mut state.inflight, now);
+            let decision = Self::take(&t, row, RowId::Key(key), &mut state.inflight, now);
             return (decision, change);
         }
         let id = Self::find_row(&mut state.table, key, now, &mut change);
@@ -700,32 +765,32 @@ impl GroupLimiter {
                 change,
             );
         };
-        (self.take(row, id, &mut state.inflight, now), change)
+        (Self::take(&t, row, id, &mut state.inflight, now), change)
     }
 
     /// The per-client cap and the bucket on `row`; on admission takes the slot (and the token,
     /// or holds one under charge on failure).
     fn take(
-        &self,
+        t: &Tuning,
         row: &mut Row,
         id: RowId,
         group_inflight: &mut u32,
         now: u64,
     ) -> Result<RowId, Rejection> {
-        if row.inflight >= self.budget.per_client {
+        if row.inflight >= t.budget.per_client {
             return Err(Rejection::cap(RejectReason::ClientConcurrency, id.scope()));
         }
         let need = 1 + u64::from(row.held);
-        if !self.bucket.has(row, need, now) {
-            let wait = self.bucket.wait_ns(row, need, now);
+        if !t.bucket.has(row, need, now) {
+            let wait = t.bucket.wait_ns(row, need, now);
             return Err(Rejection {
                 reason: RejectReason::Rate,
                 scope: id.scope(),
                 retry_after_s: wait.div_ceil(NS_PER_S).max(1),
             });
         }
-        match self.budget.charge {
-            Charge::Always => self.bucket.spend(row, now),
+        match t.budget.charge {
+            Charge::Always => t.bucket.spend(row, now),
             Charge::OnFailure => row.held += 1,
         }
         row.inflight += 1;
@@ -773,17 +838,18 @@ impl GroupLimiter {
         {
             let mut state = self.lock();
             let state = &mut *state;
+            let t = state.tuning;
             let row = match id {
                 RowId::Key(k) => state.table.peek_mut(&k),
                 RowId::Shared => Some(&mut state.shared),
             };
             if let Some(row) = row {
                 row.inflight = row.inflight.saturating_sub(1);
-                if self.budget.charge == Charge::OnFailure {
+                if t.budget.charge == Charge::OnFailure {
                     row.held = row.held.saturating_sub(1);
                     if spend == Spend::Token {
                         // The clock is read only when a token is spent.
-                        self.bucket.spend(row, self.clock.now_ns());
+                        t.bucket.spend(row, self.clock.now_ns());
                     }
                 }
             }
@@ -870,7 +936,9 @@ mod tests {
         fn check_invariants(&self) -> Result<(), String> {
             let state = self.lock();
             let now = self.clock.now_ns();
-            let b = self.budget;
+            let b = state.tuning.budget;
+            let enforce = state.tuning.enforce;
+            let bucket = state.tuning.bucket;
             if state.table.len() > b.max_clients {
                 return Err(format!(
                     "table {} > max {}",
@@ -878,7 +946,7 @@ mod tests {
                     b.max_clients
                 ));
             }
-            if self.enforce && state.inflight > b.inflight {
+            if enforce && state.inflight > b.inflight {
                 return Err(format!("group inflight {} > cap", state.inflight));
             }
             let mut sum = 0u32;
@@ -889,7 +957,7 @@ mod tests {
                 .chain(core::iter::once((None, &state.shared)));
             for (k, row) in rows {
                 sum += row.inflight;
-                if self.enforce && row.inflight > b.per_client {
+                if enforce && row.inflight > b.per_client {
                     return Err(format!("{k:?} inflight {} > per_client", row.inflight));
                 }
                 let expect_held = match b.charge {
@@ -899,8 +967,8 @@ mod tests {
                 if row.held != expect_held {
                     return Err(format!("{k:?} held {} != {expect_held}", row.held));
                 }
-                let debt = Bucket::deficit(row, now) + u64::from(row.held) * self.bucket.interval;
-                if debt > u64::from(b.burst) * self.bucket.interval {
+                let debt = Bucket::deficit(row, now) + u64::from(row.held) * bucket.interval;
+                if debt > u64::from(b.burst) * bucket.interval {
                     return Err(format!("{k:?} owes more than its burst: {debt} ns"));
                 }
             }
@@ -909,6 +977,59 @@ mod tests {
             }
             Ok(())
         }
+    }
+
+    #[test]
+    fn retune_keeps_the_missing_fraction_and_the_slots() {
+        let clock = Arc::new(ManualClock::at(1_000));
+        let budget = Budget {
+            rate: 1.0,
+            burst: 10,
+            per_client: 10,
+            inflight: 10,
+            max_clients: 4,
+            charge: Charge::Always,
+        };
+        let lim = Arc::new(GroupLimiter::new(
+            "r",
+            budget,
+            true,
+            clock.clone(),
+            Arc::new(Unobserved),
+        ));
+        // Client 1 drained, client 2 half full; client 2 keeps one request in flight.
+        for _ in 0..10 {
+            lim.admit(key(1)).unwrap().settle(Spend::Nothing);
+        }
+        for _ in 0..4 {
+            lim.admit(key(2)).unwrap().settle(Spend::Nothing);
+        }
+        let busy = lim.admit(key(2)).unwrap();
+        lim.retune(
+            Budget {
+                burst: 20,
+                rate: 2.0,
+                ..budget
+            },
+            true,
+        );
+        assert_eq!(lim.quota(&key(1)).remaining, 0, "drained stays drained");
+        assert_eq!(lim.quota(&key(2)).remaining, 10, "half of 10 is half of 20");
+        assert_eq!(lim.inflight(), 1, "slots carry over");
+        busy.settle(Spend::Nothing);
+        assert_eq!(lim.inflight(), 0);
+        lim.check_invariants().unwrap();
+        // A smaller table drops the least recently used entries.
+        lim.retune(
+            Budget {
+                max_clients: 1,
+                ..budget
+            },
+            true,
+        );
+        assert_eq!(lim.tracked_clients(), 1);
+        assert!(lim.is_tracked(&key(2)));
+        lim.check_invariants().unwrap();
     }
 
     #[test]
