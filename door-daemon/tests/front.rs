@@ -1001,31 +1001,55 @@ async fn http1_clients_that_close_free_their_slots_at_once_and_the_upstream_call
 async fn four_abandoned_requests_do_not_shut_the_group_out() {
     let (open, closed) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
     let up = upstream(slow_upstream(Arc::clone(&open), Arc::clone(&closed))).await;
-    // One table entry: the second client is decided on the shared row.
+    // Behind a trusted proxy (the test), clients are named by X-Forwarded-For. One table entry:
+    // the first client takes it, the others are decided on the shared row.
     let d = door(&config(
         up,
-        "",
-        "[group.link]\nmax_clients = 1\nper_client = 4\n",
+        "trusted_proxies = [\"127.0.0.1/32\"]",
+        "[group.link]\nmax_clients = 1\n",
     ))
     .await;
-    let head = b"GET /l/session/slow HTTP/1.1\r\nHost: door.test\r\n\r\n";
-    let mut held = Vec::new();
-    for _ in 0..4 {
-        held.push(hold_one(&d, "link", head).await);
+    let slow = |client: &str| {
+        format!(
+            "GET /l/session/slow HTTP/1.1\r\nHost: door.test\r\nX-Forwarded-For: {client}\r\n\r\n"
+        )
+    };
+    let mut streams = Vec::new();
+    for client in [
+        "198.51.100.1",
+        "198.51.100.1",
+        "198.51.100.2",
+        "198.51.100.3",
+    ] {
+        streams.push(hold_one(&d, "link", slow(client).as_bytes()).await);
     }
-    // The group cap (4) is reached: everyone gets 503.
-    assert_eq!(
-        status_of(d.addr, "/l/session/x").await,
-        StatusCode::SERVICE_UNAVAILABLE
-    );
-    drop(held);
+    // The group cap (4) is reached: everyone gets 503; the shared row holds two slots.
+    let probe = |client: &'static str| {
+        Request::get("/l/session/x")
+            .header("host", "door.test")
+            .header("x-forwarded-for", client)
+            .body(Empty::new().boxed())
+            .unwrap()
+    };
+    let res = h1(d.addr)
+        .await
+        .send_request(probe("198.51.100.4"))
+        .await
+        .unwrap();
+    assert_eq!(res.status(), StatusCode::SERVICE_UNAVAILABLE);
+    drop(streams);
     d.eventually("the group is free", |d| d.inflight("link") == 0)
         .await;
     d.eventually("the upstream saw every call closed", |_| {
         closed.load(Ordering::SeqCst) == 4
     })
     .await;
-    assert_eq!(status_of(d.addr, "/l/session/x").await, StatusCode::OK);
+    // The shared row's slots are free again: two clients on it are admitted at once.
+    let mut c = h1(d.addr).await;
+    for client in ["198.51.100.4", "198.51.100.5"] {
+        let res = c.send_request(probe(client)).await.unwrap();
+        assert_eq!(res.status(), StatusCode::OK, "{client}");
+    }
     assert_eq!(open.load(Ordering::SeqCst), 0);
 }
 
