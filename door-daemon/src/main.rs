@@ -110,6 +110,12 @@ fn describe(e: &anyhow::Error) -> String {
 fn print_effective_config(config: &Config) {
     println!("# door: effective configuration (flags, DOOR_* variables, file, defaults)");
     print!("{}", config.to_toml());
+    if config.max_connections.is_none() {
+        println!(
+            "# max_connections derived from this process's open-file limit: {}",
+            config.effective_max_connections()
+        );
+    }
     println!("\n# configuration OK");
 }
 

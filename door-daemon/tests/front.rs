@@ -1307,3 +1307,155 @@ async fn reload_tls_serves_the_renewed_pair_to_new_handshakes_and_refuses_a_bad_
     );
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+// ---------------------------------------------------------------- connection limits
+
+/// door with its instruments exported to memory, and a reader of `door.connections_refused`.
+async fn door_counting(
+    cfg: &Config,
+) -> (
+    Door,
+    impl Fn(&str) -> u64,
+    opentelemetry_sdk::metrics::SdkMeterProvider,
+) {
+    use opentelemetry::metrics::MeterProvider as _;
+    use opentelemetry_sdk::metrics::{
+        InMemoryMetricExporter, PeriodicReader, SdkMeterProvider,
+        data::{AggregatedMetrics, MetricData},
+    };
+    let exporter = InMemoryMetricExporter::default();
+    let provider = SdkMeterProvider::builder()
+        .with_reader(PeriodicReader::builder(exporter.clone()).build())
+        .build();
+    let metrics = Metrics::new(&provider.meter("door"));
+    let clock: Arc<dyn Clock> = Arc::new(MonotonicClock::new());
+    let app = Arc::new(App::new(cfg, &clock, &metrics, None));
+    let front = Front::new(app, ConnSettings::from_config(cfg), None);
+    let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    front.serve(l, false);
+    let for_reader = provider.clone();
+    let refused = move |reason: &str| {
+        for_reader.force_flush().unwrap();
+        let mut n = 0;
+        for batch in exporter
+            .get_finished_metrics()
+            .unwrap()
+            .iter()
+            .rev()
+            .take(1)
+        {
+            for scope in batch.scope_metrics() {
+                for m in scope
+                    .metrics()
+                    .filter(|m| m.name() == "door.connections_refused")
+                {
+                    if let AggregatedMetrics::U64(MetricData::Sum(sum)) = m.data() {
+                        for p in sum.data_points() {
+                            if p.attributes().any(|kv| kv.value.as_str() == reason) {
+                                n += p.value();
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        n
+    };
+    (Door { addr, front }, refused, provider)
+}
+
+/// Whether door closes `s` without answering (EOF, or a reset, before any byte).
+async fn closed_unanswered(mut s: TcpStream) -> bool {
+    let _ = s
+        .write_all(b"GET /api/x HTTP/1.1\r\nHost: door.test\r\n\r\n")
+        .await;
+    let mut buf = [0u8; 64];
+    matches!(s.read(&mut buf).await, Ok(0) | Err(_))
+}
+
+#[tokio::test]
+async fn connections_past_the_per_client_limit_are_closed_at_accept_and_counted() {
+    let up = upstream(echo()).await;
+    let cfg = config(up, "max_connections_per_client = 2", "");
+    let (d, refused, _provider) = door_counting(&cfg).await;
+    let mut a = h1(d.addr).await;
+    let b = h1(d.addr).await;
+    assert_eq!(
+        a.send_request(get("/api/a")).await.unwrap().status(),
+        StatusCode::OK
+    );
+    let third = TcpStream::connect(d.addr).await.unwrap();
+    assert!(
+        closed_unanswered(third).await,
+        "the third connection is refused"
+    );
+    assert_eq!(refused("max_connections_per_client"), 1);
+    // One closes: a new connection is served.
+    drop(b);
+    let mut served = false;
+    for _ in 0..100 {
+        let s = TcpStream::connect(d.addr).await.unwrap();
+        if !closed_unanswered(s).await {
+            served = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(served, "a slot came back when a connection closed");
+    assert_eq!(
+        a.send_request(get("/api/a")).await.unwrap().status(),
+        StatusCode::OK
+    );
+}
+
+#[tokio::test]
+async fn connections_past_max_connections_are_closed_at_accept_and_counted() {
+    let up = upstream(echo()).await;
+    let cfg = config(
+        up,
+        "max_connections = 2\nmax_connections_per_client = 100",
+        "",
+    );
+    let (d, refused, _provider) = door_counting(&cfg).await;
+    let _a = h1(d.addr).await;
+    let mut b = h1(d.addr).await;
+    assert_eq!(
+        b.send_request(get("/api/b")).await.unwrap().status(),
+        StatusCode::OK
+    );
+    let third = TcpStream::connect(d.addr).await.unwrap();
+    assert!(closed_unanswered(third).await);
+    assert_eq!(refused("max_connections"), 1);
+    assert_eq!(refused("max_connections_per_client"), 0);
+}
+
+#[tokio::test]
+async fn pass_through_requests_past_upstream_max_inflight_get_503_with_retry_after() {
+    let (open, closed) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+    let up = upstream(slow_upstream(Arc::clone(&open), Arc::clone(&closed))).await;
+    let d = door(&config(up, "upstream_max_inflight = 1", "")).await;
+    let mut s = TcpStream::connect(d.addr).await.unwrap();
+    s.write_all(b"GET /pass/slow HTTP/1.1\r\nHost: door.test\r\n\r\n")
+        .await
+        .unwrap();
+    d.eventually("the slow call reached the upstream", |_| {
+        open.load(Ordering::SeqCst) == 1
+    })
+    .await;
+    assert_eq!(d.app().passthrough_in_flight(), 1);
+    let res = h1(d.addr).await.send_request(get("/pass/x")).await.unwrap();
+    assert_eq!(res.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(res.headers()["retry-after"], "1");
+    assert!(body_string(res).await.contains("upstream-busy"));
+    // Limited routes are not counted against it.
+    let res = h1(d.addr).await.send_request(get("/api/x")).await.unwrap();
+    assert_eq!(res.status(), StatusCode::OK);
+    drop(s);
+    d.eventually("the slot came back", |d| {
+        d.app().passthrough_in_flight() == 0
+    })
+    .await;
+    let res = h1(d.addr).await.send_request(get("/pass/x")).await.unwrap();
+    assert_eq!(res.status(), StatusCode::OK);
+}

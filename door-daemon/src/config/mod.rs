@@ -353,6 +353,50 @@ pub struct Config {
     pub ratelimit_headers: bool,
     /// OTLP metrics export.
     pub otlp: OtlpConfig,
+    /// Client connections door serves at once, door-wide (`max_connections`;
+    /// `--max-connections` / `DOOR_MAX_CONNECTIONS`); past it new connections are closed at
+    /// accept without a byte read. `None` (the default): derived at start from the open-file limit
+    /// by [`derived_max_connections`], leaving room for one upstream socket per connection.
+    pub max_connections: Option<u32>,
+    /// Client connections one TCP peer (its /32 or /64) may have open at once
+    /// (`max_connections_per_client`; `--max-connections-per-client` /
+    /// `DOOR_MAX_CONNECTIONS_PER_CLIENT`). Trusted proxies are exempt: they carry many clients.
+    /// Default 256.
+    pub max_connections_per_client: u32,
+    /// Requests on routes in no group (pass-through) door forwards to the upstream at once
+    /// (`upstream_max_inflight`; `--upstream-max-inflight` / `DOOR_UPSTREAM_MAX_INFLIGHT`); past
+    /// it door answers 503 with `Retry-After: 1`. Default 4096.
+    pub upstream_max_inflight: u32,
+}
+
+/// The default of [`Config::max_connections_per_client`].
+pub const DEFAULT_MAX_CONNECTIONS_PER_CLIENT: u32 = 256;
+/// The default of [`Config::upstream_max_inflight`].
+pub const DEFAULT_UPSTREAM_MAX_INFLIGHT: u32 = 4096;
+/// File descriptors [`derived_max_connections`] keeps aside for listeners, the admin endpoint,
+/// BPF maps, logs and the like.
+pub const RESERVED_FDS: u64 = 128;
+
+/// The door-wide connection limit when `max_connections` is not set: half of what the soft
+/// open-file limit (`RLIMIT_NOFILE`, `nofile`) leaves after [`RESERVED_FDS`], since each client
+/// connection may hold one upstream connection too; at least 16. With systemd's default soft
+/// limit of 1,024 that is 448; the unit raises `LimitNOFILE` (docs/operations.md).
+pub fn derived_max_connections(nofile_soft: u64) -> u32 {
+    let n = nofile_soft.saturating_sub(RESERVED_FDS) / 2;
+    u32::try_from(n).unwrap_or(u32::MAX).max(16)
+}
+
+impl Config {
+    /// [`Config::max_connections`], or the value derived from this process's soft open-file
+    /// limit.
+    pub fn effective_max_connections(&self) -> u32 {
+        self.max_connections.unwrap_or_else(|| {
+            let soft = rustix::process::getrlimit(rustix::process::Resource::Nofile)
+                .current
+                .unwrap_or(u64::MAX);
+            derived_max_connections(soft)
+        })
+    }
 }
 
 /// Settings given as flags or `DOOR_*` environment variables; each beats the file. The `door`
@@ -446,6 +490,15 @@ pub struct Overrides {
     /// OTLP export interval (e.g. 10s). Default 10s.
     #[arg(long, env = "DOOR_OTLP_INTERVAL", global = true)]
     pub otlp_interval: Option<String>,
+    /// Client connections served at once, door-wide. Default: from the open-file limit.
+    #[arg(long, env = "DOOR_MAX_CONNECTIONS", global = true)]
+    pub max_connections: Option<i64>,
+    /// Client connections one TCP peer may have open at once. Default 256.
+    #[arg(long, env = "DOOR_MAX_CONNECTIONS_PER_CLIENT", global = true)]
+    pub max_connections_per_client: Option<i64>,
+    /// Pass-through requests forwarded upstream at once; past it, 503. Default 4096.
+    #[arg(long, env = "DOOR_UPSTREAM_MAX_INFLIGHT", global = true)]
+    pub upstream_max_inflight: Option<i64>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -469,6 +522,9 @@ struct File {
     upstream_timeout: Option<String>,
     ratelimit_headers: Option<bool>,
     otlp: Option<OtlpFile>,
+    max_connections: Option<i64>,
+    max_connections_per_client: Option<i64>,
+    upstream_max_inflight: Option<i64>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -571,22 +627,12 @@ impl Config {
                 .unwrap_or(DEFAULT_UPSTREAM),
         )?;
 
-        let admin_raw = o
-            .admin_listen
-            .clone()
-            .or(file.admin_listen)
-            .unwrap_or_else(|| DEFAULT_ADMIN_LISTEN.to_owned());
-        let admin_listen = if admin_raw == "off" {
-            None
-        } else {
-            Some(admin_raw.parse::<SocketAddr>().map_err(|_| {
-                invalid(
-                    "admin_listen",
-                    format!("{admin_raw:?}"),
-                    "not a socket address (or \"off\")",
-                )
-            })?)
-        };
+        let admin_listen = build_admin_listen(
+            o.admin_listen
+                .as_deref()
+                .or(file.admin_listen.as_deref())
+                .unwrap_or(DEFAULT_ADMIN_LISTEN),
+        )?;
 
         let trusted_raw = o
             .trusted_proxies
@@ -640,6 +686,15 @@ impl Config {
             o,
         )?;
         let otlp = build_otlp(file.otlp, o)?;
+        let (max_connections, max_connections_per_client, upstream_max_inflight) =
+            build_connection_limits(
+                [
+                    file.max_connections,
+                    file.max_connections_per_client,
+                    file.upstream_max_inflight,
+                ],
+                o,
+            )?;
 
         Ok(Self {
             listen,
@@ -659,6 +714,9 @@ impl Config {
             upstream_timeout: front.upstream_timeout,
             ratelimit_headers: front.ratelimit_headers,
             otlp,
+            max_connections,
+            max_connections_per_client,
+            upstream_max_inflight,
         })
     }
 }
@@ -1047,6 +1105,47 @@ fn build_front(
         )?,
         ratelimit_headers: o.ratelimit_headers.or(ratelimit_headers).unwrap_or(true),
     })
+}
+
+/// `admin_listen`: a socket address, or `off` (`None`).
+fn build_admin_listen(raw: &str) -> Result<Option<SocketAddr>, ConfigError> {
+    if raw == "off" {
+        return Ok(None);
+    }
+    raw.parse::<SocketAddr>().map(Some).map_err(|_| {
+        invalid(
+            "admin_listen",
+            format!("{raw:?}"),
+            "not a socket address (or \"off\")",
+        )
+    })
+}
+
+/// `max_connections` (`None`: derived at start), `max_connections_per_client` and
+/// `upstream_max_inflight` (file values in that order), each flag or env beating the file.
+fn build_connection_limits(
+    file: [Option<i64>; 3],
+    o: &Overrides,
+) -> Result<(Option<u32>, u32, u32), ConfigError> {
+    let [total, per_client, upstream] = file;
+    let max_connections = o
+        .max_connections
+        .or(total)
+        .map(|v| positive_u32("max_connections", v))
+        .transpose()?;
+    let per_client = o
+        .max_connections_per_client
+        .or(per_client)
+        .map_or(Ok(DEFAULT_MAX_CONNECTIONS_PER_CLIENT), |v| {
+            positive_u32("max_connections_per_client", v)
+        })?;
+    let upstream = o
+        .upstream_max_inflight
+        .or(upstream)
+        .map_or(Ok(DEFAULT_UPSTREAM_MAX_INFLIGHT), |v| {
+            positive_u32("upstream_max_inflight", v)
+        })?;
+    Ok((max_connections, per_client, upstream))
 }
 
 fn build_tls(file: Option<TlsFile>, o: &Overrides) -> Result<Option<TlsConfig>, ConfigError> {

@@ -46,6 +46,9 @@ impl Config {
             upstream_timeout,
             ratelimit_headers,
             otlp,
+            max_connections,
+            max_connections_per_client,
+            upstream_max_inflight,
         } = self;
         let mut w = TomlWriter::default();
         let listen: Vec<Value> = listen
@@ -78,6 +81,12 @@ impl Config {
         w.clear("drain_grace", duration(*drain_grace));
         w.clear("upstream_timeout", duration(*upstream_timeout));
         w.clear("ratelimit_headers", *ratelimit_headers);
+        write_connection_limits(
+            &mut w,
+            *max_connections,
+            *max_connections_per_client,
+            *upstream_max_inflight,
+        );
         if let Some(tls) = tls {
             let crate::config::TlsConfig {
                 cert,
@@ -121,6 +130,22 @@ impl Config {
         write_xdp(&mut w, xdp);
         w.out
     }
+}
+
+/// `max_connections` (a comment when it is derived at start), `max_connections_per_client`,
+/// `upstream_max_inflight`.
+fn write_connection_limits(
+    w: &mut TomlWriter,
+    max_connections: Option<u32>,
+    per_client: u32,
+    upstream_max_inflight: u32,
+) {
+    match max_connections {
+        Some(n) => w.clear("max_connections", i64::from(n)),
+        None => w.comment("max_connections: not set, derived at start from the open-file limit"),
+    }
+    w.clear("max_connections_per_client", i64::from(per_client));
+    w.clear("upstream_max_inflight", i64::from(upstream_max_inflight));
 }
 
 fn write_group(w: &mut TomlWriter, g: &GroupConfig) {
@@ -217,6 +242,13 @@ impl TomlWriter {
     /// cannot reach the output by mistake.
     pub fn secret(&mut self, key: &str) {
         self.clear(key, ELIDED);
+    }
+
+    /// `# text`: a remark for the reader, which door ignores when it reads the file back.
+    pub fn comment(&mut self, text: &str) {
+        for line in text.lines() {
+            let _ = writeln!(self.out, "# {line}");
+        }
     }
 
     /// The text written so far.

@@ -30,6 +30,9 @@ pub fn restart_only_changes(old: &Config, new: &Config) -> Vec<&'static str> {
         upstream_timeout,
         ratelimit_headers: _,
         otlp,
+        max_connections,
+        max_connections_per_client,
+        upstream_max_inflight,
     } = old;
     let XdpConfig {
         interface,
@@ -67,6 +70,15 @@ pub fn restart_only_changes(old: &Config, new: &Config) -> Vec<&'static str> {
         ),
         ("drain_grace", *drain_grace != new.drain_grace),
         ("otlp", *otlp != new.otlp),
+        ("max_connections", *max_connections != new.max_connections),
+        (
+            "max_connections_per_client",
+            *max_connections_per_client != new.max_connections_per_client,
+        ),
+        (
+            "upstream_max_inflight",
+            *upstream_max_inflight != new.upstream_max_inflight,
+        ),
         ("xdp.interface", *interface != new.xdp.interface),
         ("xdp.mode", *mode != new.xdp.mode),
         ("xdp.max_prefixes", *max_prefixes != new.xdp.max_prefixes),

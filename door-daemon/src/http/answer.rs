@@ -148,6 +148,21 @@ fn json_response(status: StatusCode, body: &serde_json::Value) -> Response<Respo
     res
 }
 
+/// The 503 for a pass-through request over `upstream_max_inflight`: `Retry-After: 1` and the JSON
+/// body `{"code":"upstream-busy","message":…}`.
+pub fn upstream_busy() -> Response<ResponseBody> {
+    let mut res = json_response(
+        StatusCode::SERVICE_UNAVAILABLE,
+        &serde_json::json!({
+            "code": "upstream-busy",
+            "message": "too many requests to the application behind door at once; retry in 1 s",
+        }),
+    );
+    res.headers_mut()
+        .insert(header::RETRY_AFTER, HeaderValue::from(1u32));
+    res
+}
+
 /// The status of a rejection: 503 for the group's in-flight cap (the service as a whole is busy),
 /// 429 for the client's rate or in-flight cap.
 pub const fn status(reason: RejectReason) -> StatusCode {

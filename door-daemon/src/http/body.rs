@@ -16,7 +16,7 @@ use http_body::{Body, Frame, SizeHint};
 use hyper::body::Incoming;
 
 use crate::http::{
-    request::ActiveGuard,
+    request::{ActiveGuard, PassSlot},
     settle::{End, Held},
 };
 
@@ -29,6 +29,8 @@ pub struct ResponseBody {
     kind: Kind,
     permit: Option<HeldPermit>,
     pub(crate) active: Option<ActiveGuard>,
+    /// A pass-through request's `upstream_max_inflight` slot.
+    pub(crate) passthrough: Option<PassSlot>,
 }
 
 /// A limited request's permit while its response is sent: settled when the body ends or is
@@ -78,6 +80,7 @@ impl ResponseBody {
             kind: Kind::Upstream(body),
             permit: None,
             active: None,
+            passthrough: None,
         }
     }
 
@@ -92,6 +95,7 @@ impl ResponseBody {
             kind: Kind::Upstream(body),
             permit: Some(HeldPermit::new(permit, status, deadline)),
             active: None,
+            passthrough: None,
         }
     }
 
@@ -101,6 +105,7 @@ impl ResponseBody {
             kind: Kind::Full(Some(bytes)),
             permit: None,
             active: None,
+            passthrough: None,
         }
     }
 
@@ -109,6 +114,7 @@ impl ResponseBody {
             held.settle();
         }
         self.active = None;
+        self.passthrough = None;
     }
 }
 

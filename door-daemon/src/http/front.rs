@@ -41,7 +41,11 @@ use tokio_rustls::TlsAcceptor;
 
 use crate::{
     config::{Config, TlsConfig},
-    http::{request::App, tls::TlsError},
+    http::{
+        conn_limit::{ConnLimits, Refusal},
+        request::App,
+        tls::TlsError,
+    },
     obs::logging::RateLimitedWarn,
 };
 
@@ -119,6 +123,10 @@ pub struct ConnSettings {
     pub header_read_timeout: Duration,
     /// A connection with no request in flight for this long is closed.
     pub idle_timeout: Duration,
+    /// Client connections served at once ([`Config::effective_max_connections`]).
+    pub max_connections: u32,
+    /// Client connections one peer may have open at once.
+    pub max_connections_per_client: u32,
 }
 
 impl ConnSettings {
@@ -127,6 +135,8 @@ impl ConnSettings {
         Self {
             header_read_timeout: config.header_read_timeout,
             idle_timeout: config.idle_timeout,
+            max_connections: config.effective_max_connections(),
+            max_connections_per_client: config.max_connections_per_client,
         }
     }
 
@@ -159,6 +169,7 @@ pub struct Front {
     stop: watch::Sender<bool>,
     loops: Mutex<JoinSet<()>>,
     connections: Arc<Mutex<JoinSet<()>>>,
+    limits: Arc<ConnLimits>,
     /// Set when an accept loop ended before the drain (its listener is gone).
     loop_died: AtomicBool,
 }
@@ -188,6 +199,10 @@ impl Front {
             stop: watch::channel(false).0,
             loops: Mutex::new(JoinSet::new()),
             connections: Arc::new(Mutex::new(JoinSet::new())),
+            limits: ConnLimits::new(
+                settings.max_connections,
+                settings.max_connections_per_client,
+            ),
             loop_died: AtomicBool::new(false),
         }
     }
@@ -223,6 +238,7 @@ impl Front {
             Arc::clone(&self.tls),
             self.stop.subscribe(),
             Arc::clone(&self.connections),
+            Arc::clone(&self.limits),
             proxy_protocol,
         );
         lock(&self.loops).spawn(task);
@@ -285,6 +301,7 @@ async fn accept_loop(
     tls: Tls,
     stop: watch::Receiver<bool>,
     connections: Arc<Mutex<JoinSet<()>>>,
+    limits: Arc<ConnLimits>,
     proxy_protocol: bool,
 ) {
     loop {
@@ -302,6 +319,16 @@ async fn accept_loop(
                 continue;
             }
         };
+        let peer_ip = crate::client::key::canonical(peer.ip());
+        let exempt = app.policy().trusted.contains(peer_ip);
+        let slot = match limits.admit(peer_ip, exempt) {
+            Ok(slot) => slot,
+            Err(refusal) => {
+                refused(&app, refusal, peer);
+                drop(stream);
+                continue;
+            }
+        };
         let _ = stream.set_nodelay(true);
         let task = connection(
             stream,
@@ -316,7 +343,27 @@ async fn accept_loop(
         let mut set = lock(&connections);
         // Reap finished connections so the set does not grow with every connection ever served.
         while set.try_join_next().is_some() {}
-        set.spawn(task);
+        set.spawn(async move {
+            task.await;
+            drop(slot);
+        });
+    }
+}
+
+/// Counts and (at most once a minute per reason) logs a connection refused at accept.
+fn refused(app: &App, refusal: Refusal, peer: SocketAddr) {
+    static TOTAL: RateLimitedWarn = RateLimitedWarn::new(Duration::from_mins(1));
+    static PER_CLIENT: RateLimitedWarn = RateLimitedWarn::new(Duration::from_mins(1));
+    app.metrics.connection_refused(refusal.as_str());
+    let warn = match refusal {
+        Refusal::MaxConnections => &TOTAL,
+        Refusal::MaxConnectionsPerClient => &PER_CLIENT,
+    };
+    if let Some(suppressed) = warn.due() {
+        tracing::warn!(
+            %peer, limit = refusal.as_str(), suppressed,
+            "connection refused at accept (counted in door.connections_refused; at most one line a minute)"
+        );
     }
 }
 

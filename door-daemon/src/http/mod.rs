@@ -10,6 +10,7 @@
 
 pub mod answer;
 pub mod body;
+pub mod conn_limit;
 pub mod front;
 pub mod health;
 pub mod request;

@@ -7,7 +7,7 @@ use std::{
     collections::HashMap,
     sync::{
         Arc,
-        atomic::{AtomicBool, AtomicUsize, Ordering},
+        atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering},
     },
     time::Duration,
 };
@@ -50,6 +50,37 @@ struct Limited {
     /// The group name as a structured-field string (`"link"`), for `RateLimit`.
     sf_name: String,
     health: bool,
+}
+
+/// The cap on pass-through requests (routes in no group) forwarded at once
+/// (`upstream_max_inflight`): an application behind door is never sent more than this many of
+/// them together, however many connections clients open.
+#[derive(Debug)]
+pub(crate) struct PassThrough {
+    cap: u32,
+    open: AtomicU32,
+}
+
+impl PassThrough {
+    /// A slot, or `None` when `cap` requests are in flight.
+    fn take(self: &Arc<Self>) -> Option<PassSlot> {
+        self.open
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (n < self.cap).then_some(n + 1)
+            })
+            .ok()
+            .map(|_| PassSlot(Arc::clone(self)))
+    }
+}
+
+/// One pass-through request's slot, held until its response body has been sent or dropped.
+#[derive(Debug)]
+pub(crate) struct PassSlot(Arc<PassThrough>);
+
+impl Drop for PassSlot {
+    fn drop(&mut self) {
+        self.0.open.fetch_sub(1, Ordering::AcqRel);
+    }
 }
 
 /// Requests door is answering, door-wide: the drain waits for this to reach zero.
@@ -110,6 +141,8 @@ pub struct App {
     pub(crate) metrics: Metrics,
     warned_untrusted_xff: AtomicBool,
     upstream_timeout: Duration,
+    /// Pass-through requests forwarded now, against `upstream_max_inflight`.
+    passthrough: Arc<PassThrough>,
     health: CachedHealth,
     draining: Arc<AtomicBool>,
     active: Active,
@@ -212,6 +245,10 @@ impl App {
             metrics: metrics.clone(),
             warned_untrusted_xff: AtomicBool::new(false),
             upstream_timeout: config.upstream_timeout,
+            passthrough: Arc::new(PassThrough {
+                cap: config.upstream_max_inflight,
+                open: AtomicU32::new(0),
+            }),
             health: CachedHealth::new(Arc::clone(clock), HEALTH_TTL, Arc::clone(&draining)),
             draining,
             active: Active::default(),
@@ -275,6 +312,11 @@ impl App {
         self.metrics.totals(group)
     }
 
+    /// Pass-through requests forwarded upstream now (≤ `upstream_max_inflight`).
+    pub fn passthrough_in_flight(&self) -> u32 {
+        self.passthrough.open.load(Ordering::Acquire)
+    }
+
     /// Requests door is answering now (until their response body has been sent or dropped).
     pub fn requests_in_flight(&self) -> usize {
         self.active.count.load(Ordering::Acquire)
@@ -329,13 +371,20 @@ impl App {
         };
         let group = policy.router.group_for(req.method(), req.uri().path());
         let Some(limited) = group.and_then(|g| policy.limited.get(g)) else {
+            let Some(slot) = self.passthrough.take() else {
+                return answer::upstream_busy();
+            };
             let (parts, body) = req.into_parts();
             let (body, events) = UpstreamBody::new(body, None);
             return match self
                 .call(Request::from_parts(parts, body), origin, events)
                 .await
             {
-                Ok(res) => res.map(ResponseBody::upstream),
+                Ok(res) => {
+                    let mut res = res.map(ResponseBody::upstream);
+                    res.body_mut().passthrough = Some(slot);
+                    res
+                }
                 Err(f) => answer::failure_response(&f),
             };
         };

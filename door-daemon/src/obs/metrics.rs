@@ -116,6 +116,8 @@ impl core::fmt::Display for Outcome {
 /// - `door.proxy_protocol_rejected` (counter, `{connection}`): connections dropped on a PROXY
 ///   protocol listener, per `door.reason` ([`crate::client::proxy_protocol::ProxyProtocolError::reason`]:
 ///   a fixed set of seven values).
+/// - `door.connections_refused` (counter, `{connection}`): client connections closed at accept,
+///   per `door.reason` (`max_connections`, `max_connections_per_client`).
 #[derive(Clone, Debug)]
 pub struct Metrics {
     requests: Counter<u64>,
@@ -124,6 +126,7 @@ pub struct Metrics {
     evictions: Counter<u64>,
     untrusted_xff: Counter<u64>,
     proxy_protocol_rejected: Counter<u64>,
+    connections_refused: Counter<u64>,
     /// Per-group outcome totals by group name, shared by every [`GroupMetrics`] of that name, so
     /// that the counts `/status` shows survive a reload that rebuilds a group's limiter.
     totals: Arc<Mutex<HashMap<String, Totals>>>,
@@ -179,6 +182,14 @@ impl Metrics {
                 )
                 .with_unit("{connection}")
                 .build(),
+            connections_refused: meter
+                .u64_counter("door.connections_refused")
+                .with_description(
+                    "Client connections closed at accept: max_connections or \
+                     max_connections_per_client reached, by reason",
+                )
+                .with_unit("{connection}")
+                .build(),
             totals: Arc::default(),
         }
     }
@@ -192,6 +203,13 @@ impl Metrics {
     /// (one of [`crate::client::proxy_protocol::ProxyProtocolError::reason`]'s fixed names).
     pub fn proxy_protocol_rejected(&self, reason: &'static str) {
         self.proxy_protocol_rejected
+            .add(1, &[KeyValue::new(ATTR_REASON, reason)]);
+    }
+
+    /// Counts one connection on `door.connections_refused`, with `door.reason` = `reason`
+    /// (`max_connections` or `max_connections_per_client`).
+    pub fn connection_refused(&self, reason: &'static str) {
+        self.connections_refused
             .add(1, &[KeyValue::new(ATTR_REASON, reason)]);
     }
 

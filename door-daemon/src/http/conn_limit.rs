@@ -1,0 +1,161 @@
+//! Door-wide connection limits, decided at accept (before a byte is read): at most
+//! `max_connections` client connections at once, and at most `max_connections_per_client` from
+//! one TCP peer (its /32 or /64; trusted proxies are exempt, since they carry many clients). A
+//! refused connection is closed at once, counted on `door.connections_refused` by reason, and
+//! warned about at most once a minute per reason.
+//!
+//! The per-peer table holds only peers with a connection open, so it never has more entries
+//! than `max_connections`.
+
+use std::{
+    collections::HashMap,
+    net::IpAddr,
+    sync::{Arc, Mutex, PoisonError},
+};
+
+use door_common::prefix::PrefixKey;
+
+/// Why a connection was refused at accept: the value of `door.reason` on
+/// `door.connections_refused`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Refusal {
+    /// `max_connections` client connections were open.
+    MaxConnections,
+    /// The peer had `max_connections_per_client` connections open.
+    MaxConnectionsPerClient,
+}
+
+impl Refusal {
+    /// `max_connections` or `max_connections_per_client`: the configuration key that refused it.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Refusal::MaxConnections => "max_connections",
+            Refusal::MaxConnectionsPerClient => "max_connections_per_client",
+        }
+    }
+}
+
+#[derive(Debug, Default)]
+struct Open {
+    total: u32,
+    by_peer: HashMap<PrefixKey, u32>,
+}
+
+/// The connection limits of one front, shared by its accept loops.
+#[derive(Debug)]
+pub struct ConnLimits {
+    max: u32,
+    per_client: u32,
+    open: Mutex<Open>,
+}
+
+impl ConnLimits {
+    /// At most `max` connections door-wide and `per_client` per peer (both at least 1).
+    pub fn new(max: u32, per_client: u32) -> Arc<Self> {
+        Arc::new(Self {
+            max: max.max(1),
+            per_client: per_client.max(1),
+            open: Mutex::new(Open::default()),
+        })
+    }
+
+    /// Client connections open now.
+    pub fn open(&self) -> u32 {
+        self.lock().total
+    }
+
+    /// Takes a slot for a connection from `peer` (a canonical address); `exempt` peers (trusted
+    /// proxies) count door-wide only.
+    ///
+    /// # Errors
+    /// The [`Refusal`] when a limit is reached; nothing is taken then.
+    pub fn admit(self: &Arc<Self>, peer: IpAddr, exempt: bool) -> Result<ConnSlot, Refusal> {
+        let key = (!exempt).then(|| PrefixKey::from_ip(peer));
+        let mut open = self.lock();
+        if open.total >= self.max {
+            return Err(Refusal::MaxConnections);
+        }
+        if let Some(key) = key {
+            let n = open.by_peer.entry(key).or_insert(0);
+            if *n >= self.per_client {
+                return Err(Refusal::MaxConnectionsPerClient);
+            }
+            *n += 1;
+        }
+        open.total += 1;
+        Ok(ConnSlot {
+            limits: Arc::clone(self),
+            key,
+        })
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Open> {
+        self.open.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+/// One open connection's slot; freed when dropped (the connection ended).
+#[derive(Debug)]
+pub struct ConnSlot {
+    limits: Arc<ConnLimits>,
+    key: Option<PrefixKey>,
+}
+
+impl Drop for ConnSlot {
+    fn drop(&mut self) {
+        let mut open = self.limits.lock();
+        open.total = open.total.saturating_sub(1);
+        if let Some(key) = self.key
+            && let Some(n) = open.by_peer.get_mut(&key)
+        {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                open.by_peer.remove(&key);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::net::Ipv4Addr;
+
+    use super::*;
+
+    #[test]
+    fn limits_hold_and_slots_come_back() {
+        let limits = ConnLimits::new(3, 2);
+        let a = IpAddr::V4(Ipv4Addr::new(192, 0, 2, 1));
+        let b = IpAddr::V4(Ipv4Addr::new(192, 0, 2, 2));
+        let a1 = limits.admit(a, false).unwrap();
+        let _a2 = limits.admit(a, false).unwrap();
+        assert_eq!(
+            limits.admit(a, false).unwrap_err(),
+            Refusal::MaxConnectionsPerClient
+        );
+        let proxy = limits.admit(b, true).unwrap();
+        assert_eq!(limits.admit(b, false).unwrap_err(), Refusal::MaxConnections);
+        drop(proxy);
+        drop(a1);
+        assert_eq!(limits.open(), 1);
+        let _b = limits.admit(b, false).unwrap();
+        let _a3 = limits.admit(a, false).unwrap();
+        assert_eq!(limits.lock().by_peer.len(), 2);
+    }
+
+    #[test]
+    fn the_peer_table_empties_as_connections_close() {
+        let limits = ConnLimits::new(100, 100);
+        let slots: Vec<_> = (0..50u8)
+            .map(|i| {
+                limits
+                    .admit(IpAddr::V4(Ipv4Addr::new(198, 51, 100, i)), false)
+                    .unwrap()
+            })
+            .collect();
+        assert_eq!(limits.lock().by_peer.len(), 50);
+        drop(slots);
+        assert_eq!(limits.lock().by_peer.len(), 0);
+        assert_eq!(limits.open(), 0);
+    }
+}
