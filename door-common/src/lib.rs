@@ -3,7 +3,7 @@
 //! Everything here is `#![no_std]` and allocation-free so that the eBPF program can use it: the
 //! names of the BPF maps, the `#[repr(C)]` layouts of their keys and values (sizes asserted at
 //! compile time, no implicit padding), and the prefix math that both layers key on
-//! (../shared/DESIGN.md, "Client key" and "Flood shield": IPv4 /32, IPv6 /64, NAT64 as its IPv4).
+//! (docs/design.md, "Client key" and "Flood shield": IPv4 /32, IPv6 /64, NAT64 as its IPv4).
 //!
 //! With the `user` feature the map types implement `aya::Pod` so the daemon can read and write them.
 #![no_std]

@@ -1,5 +1,5 @@
 //! The source prefix both layers key on: IPv4 /32, IPv6 /64, NAT64 (64:ff9b::/96) and
-//! IPv4-mapped IPv6 (::ffff:0:0/96) as their embedded IPv4 /32 (../shared/DESIGN.md, "Client key").
+//! IPv4-mapped IPv6 (::ffff:0:0/96) as their embedded IPv4 /32 (docs/design.md, "Client key").
 
 use core::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 

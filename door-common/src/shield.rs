@@ -1,4 +1,4 @@
-//! Layouts of the shield's configuration and guard maps (../shared/DESIGN.md, "Flood shield").
+//! Layouts of the shield's configuration and guard maps (docs/design.md, "Flood shield").
 
 use crate::PrefixState;
 
@@ -77,8 +77,9 @@ impl ShieldConfig {
     }
 }
 
-/// The churn guard (../shared/DESIGN.md; compare Katran's flood guard): a bucket of new-prefix
-/// tokens, and the one overflow bucket shared by every new prefix that arrives when it is empty.
+/// The churn guard (docs/design.md, "Flood shield"; compare Katran's flood guard): a bucket of
+/// new-prefix tokens, and the one overflow bucket shared by every new prefix that arrives when it
+/// is empty.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct GuardState {

@@ -1,6 +1,6 @@
-//! admit + settle, ns per operation, against `governor`'s keyed limiter on the same key stream
-//! (issue 3, "Benchmark"). 16,384 live keys (distinct IPv6 /64s, the default table size), one and
-//! two threads. door reports to no observer (`Unobserved`): the limiter alone, as governor.
+//! admit + settle, ns per operation, against `governor`'s keyed limiter on the same key stream.
+//! 16,384 live keys (distinct IPv6 /64s, the default table size), one and two threads. door
+//! reports to no observer (`Unobserved`): the limiter alone, as governor.
 //!
 //! After criterion's report, a plain timed loop prints the door/governor ratio.
 

@@ -1,7 +1,7 @@
-//! Escalation to the XDP blocklist through the request path (DESIGN.md, "Flood shield"): only a
-//! key that was the TCP peer itself may be escalated. A client named by a trusted proxy, whether
-//! through `X-Forwarded-For` or a PROXY protocol header, never is. In-process on 127.0.0.1 with a
-//! recording blocklist; no XDP needed.
+//! Escalation to the XDP blocklist through the request path (docs/design.md, "Flood shield"):
+//! only a key that was the TCP peer itself may be escalated. A client named by a trusted proxy,
+//! whether through `X-Forwarded-For` or a PROXY protocol header, never is. In-process on
+//! 127.0.0.1 with a recording blocklist; no XDP needed.
 #![expect(
     clippy::unwrap_used,
     clippy::indexing_slicing,

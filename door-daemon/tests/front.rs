@@ -1,4 +1,4 @@
-//! The HTTP front (issue 5), in-process on 127.0.0.1: door's [`Front`] in front of a test
+//! The HTTP front, in-process on 127.0.0.1: door's [`Front`] in front of a test
 //! upstream. Time-driven tests run on tokio's paused clock; none sleeps for time to pass.
 
 #![expect(
@@ -664,7 +664,8 @@ async fn upstream_timeout_is_504_and_refused_is_502_both_settled_as_server_error
 
 // ---------------------------------------------------------------- 4. streaming
 
-/// Seed TestDoorLimitsWriter: an upstream flush reaches the client before the upstream finishes.
+/// Responses stream through unbuffered (docs/design.md, "Limits"): an upstream flush reaches the
+/// client before the upstream finishes.
 #[tokio::test]
 async fn an_upstream_flush_reaches_the_client_before_the_upstream_finishes() {
     type Tx = mpsc::Sender<Result<Frame<Bytes>, Infallible>>;
@@ -714,7 +715,7 @@ fn counting(n: Arc<AtomicUsize>) -> Handler {
     })
 }
 
-/// Seed L3 TestNetworkDoorHealthOverflow: burst+1 probes all succeed; the extra one is cached.
+/// Cached health (docs/design.md, "Limits"): burst+1 probes all succeed; the extra one is cached.
 #[tokio::test]
 async fn health_over_budget_is_served_from_the_cache_and_counted_as_cached() {
     let hits = Arc::new(AtomicUsize::new(0));

@@ -1,5 +1,6 @@
-//! The limiter's L1 red→green list (../shared/seeds/network-door-limits.txt, L1 "Red → green"),
-//! through the public API, with an injected clock: no test sleeps.
+//! The limiter's behaviour (docs/design.md, "Limits": rate, charge on failure, in-flight caps,
+//! the bounded table and its shared row, shadow mode, metrics), through the public API, with an
+//! injected clock: no test sleeps.
 
 use std::{
     collections::HashMap,

@@ -1,4 +1,4 @@
-//! door's XDP program (../shared/DESIGN.md, "Flood shield").
+//! door's XDP program (docs/design.md, "Flood shield").
 //!
 //! Every packet is parsed down to TCP ([`parse`]) and increments exactly one verdict/reason
 //! counter in the per-CPU array [`door_common::MAP_COUNTERS`]. Only a SYN (SYN set, ACK clear) to a

@@ -1,5 +1,5 @@
 //! Fuzzes `door_daemon::client::key::client_key` with arbitrary bytes as `X-Forwarded-For` and
-//! `Forwarded` header lines (../shared/DESIGN.md, "Client key").
+//! `Forwarded` header lines (docs/design.md, "Client key").
 //!
 //! Input layout: byte 0 picks the peer (trusted or not, IPv4 or IPv6) and the authoritative
 //! source; the rest is split on `\n` into header lines, each line's first byte choosing its

@@ -5,9 +5,9 @@
 //! children started with generated configurations in a temporary directory; everything (processes,
 //! namespaces, directory) is removed on drop, also when an assertion fails.
 //!
-//! The point is ../shared/seeds/one-big-bucket.es.txt: behind a proxy, a limiter keyed on the TCP
-//! peer is one bucket for everyone, and a limiter that believes client-sent headers lets a client
-//! pick (or drain) someone else's bucket.
+//! The point (docs/design.md, "Client key"; docs/troubleshooting.md): behind a proxy, a limiter
+//! keyed on the TCP peer is one bucket for everyone, and a limiter that believes client-sent
+//! headers lets a client pick (or drain) someone else's bucket.
 #![expect(
     clippy::unwrap_used,
     reason = "test helpers: a failed step fails the test"
@@ -305,8 +305,8 @@ fn nginx_without_trusted_proxy_everyone_shares_the_proxys_bucket() {
     start_door(&mut topo, &dir, &config, &[]);
     start_nginx(&mut topo, &dir);
 
-    // As documented (README, DESIGN.md "Client key"): without --trusted-proxy the key is the TCP
-    // peer, nginx, so the first client's burst is everyone's.
+    // As documented (README, docs/design.md "Client key"): without --trusted-proxy the key is the
+    // TCP peer, nginx, so the first client's burst is everyone's.
     drain(&topo, CLIENT_ADDR, PROXY_PORT, &[]);
     let (code, head) = curl(&topo, CLIENT2_ADDR, &[&link_url(PROXY_PORT)]);
     assert_eq!(

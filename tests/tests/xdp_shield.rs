@@ -1,4 +1,4 @@
-//! BPF_PROG_TEST_RUN suite for the flood shield (../shared/DESIGN.md, "Flood shield"): parsing
+//! BPF_PROG_TEST_RUN suite for the flood shield (docs/design.md, "Flood shield"): parsing
 //! that real networks need, the per-prefix SYN budget, the blocklist, exempt prefixes, the churn
 //! guard and protected ports. Each test loads its own copy of the program (fresh maps). Budgets
 //! use rates so slow (one token per 1000 s) that `bpf_ktime_get_ns`, which cannot be faked, makes

@@ -1,4 +1,6 @@
-//! Installs what a fresh machine of this kind lacks, idempotently (../shared/TOOLCHAIN.md).
+//! Installs what a fresh Debian 12 machine lacks, idempotently: the nightly toolchain's
+//! `rust-src` and `bpf-linker` 0.10.0 (which uses the nightly's own LLVM; 0.11+ wants a system
+//! LLVM 23) to build the XDP program, and the Debian packages the suites use.
 
 use std::process::Command;
 

@@ -1,6 +1,8 @@
 //! door's privileged suites inside Debian's own kernels (`cargo xtask test --vm`) and the demo in
 //! a guest (`cargo xtask run --vm KERNEL`), under `qemu-system-x86_64 -accel tcg`
-//! (../shared/VM.md: KVM here cannot run stock kernels).
+//! (software emulation: on the machines door is built on, `/dev/kvm` is a variant that cannot run
+//! stock kernels, hanging or failing with "emulation failure", so KVM is never selected just
+//! because `/dev/kvm` exists).
 //!
 //! Steps, each announced: install what is missing (qemu from bookworm-backports, busybox-static,
 //! cpio, xz-utils, zstd, the musl target); fetch each kernel from Debian's archive through its

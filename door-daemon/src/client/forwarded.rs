@@ -2,7 +2,7 @@
 //! to left, and the text of one node (an address, perhaps with a port, brackets or a zone).
 //!
 //! This module only cuts header lines into entries and entries into addresses; which entry is the
-//! client is [`crate::client::key`]'s business (../shared/DESIGN.md, "Client key").
+//! client is [`crate::client::key`]'s business (docs/design.md, "Client key").
 //!
 //! Both readers walk from the *end* of the last header line towards the start of the first,
 //! without joining lines and without allocating: each call to `next` scans only the bytes of the

@@ -1,4 +1,4 @@
-//! The client key (../shared/DESIGN.md, "Client key"): who a request is charged to.
+//! The client key (docs/design.md, "Client key"): who a request is charged to.
 //!
 //! The key is the TCP peer, unless the peer is a trusted proxy; then the forwarding chain
 //! (`X-Forwarded-For`, or RFC 7239 `Forwarded`) is walked right to left, trusted hops are
@@ -9,7 +9,7 @@
 //!
 //! Getting this wrong does not fail loudly: a key that is always the proxy turns a per-client
 //! limiter into one bucket for everyone, and a key read from client-controlled text lets a client
-//! pick its own bucket (../shared/seeds/one-big-bucket.es.txt).
+//! pick its own bucket (docs/troubleshooting.md, "Everyone shares one bucket behind nginx").
 
 use core::fmt;
 use core::net::IpAddr;
@@ -27,7 +27,7 @@ use crate::client::forwarded::{
 /// Errors from reading the trusted-proxy list or the forwarding-header choice.
 ///
 /// Each message names the offending value so that `door` can exit before binding anything with a
-/// message an operator can act on (../shared/DESIGN.md, "Operating contract").
+/// message an operator can act on (docs/design.md, "Operating contract").
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 /// Messages describe the fault only; callers prefix the key and the value (`trusted_proxies =
 /// "0.0.0.0/0": a /0 covers …`), which each variant carries.
@@ -75,7 +75,7 @@ pub fn canonical(ip: IpAddr) -> IpAddr {
 }
 
 /// The `trusted_proxies` setting: the networks whose forwarding headers door believes
-/// (../shared/DESIGN.md, "Client key"; `--trusted-proxy` / `DOOR_TRUSTED_PROXIES`).
+/// (docs/design.md, "Client key"; `--trusted-proxy` / `DOOR_TRUSTED_PROXIES`).
 ///
 /// Invariants, checked by [`TrustedProxies::parse_list`] and [`TrustedProxies::from_nets`]: no
 /// `/0`, no host bits set. IPv4-mapped IPv6 networks (`::ffff:10.0.0.0/104`) are stored as their
@@ -224,7 +224,7 @@ fn unmap_net(net: IpNet) -> IpNet {
 /// proxy does not overwrite it, a wrong choice reads client text (see `docs/decisions.md`).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
 pub enum ForwardedSource {
-    /// `X-Forwarded-For` (the default, as the seed).
+    /// `X-Forwarded-For` (the default).
     #[default]
     Xff,
     /// RFC 7239 `Forwarded`, its `for=` parameter (§5.2).
@@ -263,7 +263,7 @@ impl FromStr for ForwardedSource {
     }
 }
 
-/// Which rule of ../shared/DESIGN.md, "Client key" chose the key. Positions count the non-empty
+/// Which rule of docs/design.md, "Client key" chose the key. Positions count the non-empty
 /// entries of the authoritative header from the right, starting at 1 (the entry the peer itself
 /// added), across all its lines.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -355,7 +355,7 @@ impl KeyDecision {
     }
 
     /// Whether the key is the untrusted TCP peer itself ([`Rule::PeerUntrusted`]): only such
-    /// keys may be escalated to the XDP blocklist (../shared/DESIGN.md, "Flood shield"); a key
+    /// keys may be escalated to the XDP blocklist (docs/design.md, "Flood shield"); a key
     /// learnt through a proxy, or a proxy itself, never is.
     pub fn is_untrusted_peer(&self) -> bool {
         self.rule == Rule::PeerUntrusted
@@ -374,7 +374,7 @@ impl fmt::Display for KeyDecision {
 }
 
 /// The client key of a request from `peer` (its TCP peer address) carrying `headers`
-/// (../shared/DESIGN.md, "Client key").
+/// (docs/design.md, "Client key").
 ///
 /// - `peer` is canonicalised ([`canonical`]). If it is not in `trusted`, it is the key
 ///   ([`Rule::PeerUntrusted`]).

@@ -1,5 +1,5 @@
 //! The PROXY protocol (versions 1 and 2) on a listener configured for it
-//! (`listen = [{ addr = "…", proxy_protocol = true }]`; ../shared/DESIGN.md, "Client key").
+//! (`listen = [{ addr = "…", proxy_protocol = true }]`; docs/design.md, "Client key").
 //!
 //! An L4 proxy (HAProxy `send-proxy`/`send-proxy-v2`, a cloud load balancer, a tunnel) that
 //! cannot add `X-Forwarded-For` prepends one header to the TCP stream naming the client's

@@ -1,4 +1,4 @@
-//! The request path and the daemon's lifecycle (../shared/DESIGN.md, "Limits" and "Operating
+//! The request path and the daemon's lifecycle (docs/design.md, "Limits" and "Operating
 //! contract"): listeners serving HTTP/1.1 and HTTP/2 (h2c on cleartext listeners, ALPN `h2` /
 //! `http/1.1` under TLS), route matching, admission by the group's limiter, forwarding with the
 //! body read deadline and the upstream timeout, the 408/429/431/502/503/504 answers, the
@@ -49,8 +49,8 @@ use crate::{
     obs::logging::RateLimitedWarn,
 };
 
-/// The request-head bound, bytes: 64 KiB on both protocols (DESIGN.md, "Limits"; the seed's
-/// `MaxHeaderBytes = 64 << 10`).
+/// The request-head bound, bytes: 64 KiB on both protocols (docs/design.md, "Limits",
+/// "Connections and deadlines").
 pub const MAX_HEADER_BYTES: usize = 64 << 10;
 
 /// HTTP/1.1 request fields door parses at most (hyper's default is 100). Raised so that the byte
@@ -59,7 +59,7 @@ pub const MAX_HEADER_BYTES: usize = 64 << 10;
 pub const MAX_HEADER_FIELDS: usize = 1024;
 
 /// HTTP/2 streams a client may have open at once (`SETTINGS_MAX_CONCURRENT_STREAMS`, RFC 9113
-/// §6.5.2), as the seed's Go server.
+/// §6.5.2): 250, the default of Go's HTTP/2 server (`golang.org/x/net/http2`).
 pub const MAX_CONCURRENT_STREAMS: u32 = 250;
 
 /// Per-connection state: where it comes from and when it last had a request in flight.
@@ -244,7 +244,7 @@ impl Front {
         lock(&self.loops).spawn(task);
     }
 
-    /// Drains (DESIGN.md, "Operating contract"): health turns 503 at once, the listeners are
+    /// Drains (docs/design.md, "Operating contract"): health turns 503 at once, the listeners are
     /// closed (new connections are refused), in-flight requests get `grace` to finish, then every
     /// connection is shut down gracefully (HTTP/2 GOAWAY; HTTP/1.1 closed once idle) and, after
     /// at most the rest of the grace period, dropped. `true` when everything finished in time.

@@ -1,7 +1,7 @@
-//! Cached health (seed network-door-limits.txt, L3 and Open Question 2 B; ../shared/DESIGN.md,
-//! "Limits"): a probe of the `health` group that is over budget is never refused; it gets the last
-//! status the upstream gave for health, cached for [`HEALTH_TTL`], refreshed single-flight when
-//! there is none. While door drains the cache is bypassed and health answers 503 at once.
+//! Cached health (docs/design.md, "Limits", "Cached health"): a probe of the `health` group that
+//! is over budget is never refused; it gets the last status the upstream gave for health, cached
+//! for [`HEALTH_TTL`], refreshed single-flight when there is none. While door drains the cache is
+//! bypassed and health answers 503 at once.
 //!
 //! Time comes only from the injected [`Clock`]; tests never sleep.
 
@@ -18,7 +18,7 @@ use http::StatusCode;
 
 use crate::time::Clock;
 
-/// How long an upstream health status is served to over-budget probes: 1 s (seed, L3).
+/// How long an upstream health status is served to over-budget probes: 1 s.
 pub const HEALTH_TTL: Duration = Duration::from_secs(1);
 
 /// The last upstream health status and the clock reading when it was taken.
@@ -28,7 +28,7 @@ struct Entry {
     at_ns: u64,
 }
 
-/// The health cache of one door (seed L3 `newCachedHealth`).
+/// The health cache of one door.
 ///
 /// `Send + Sync`. The cached entry sits behind a `std::sync::Mutex` held only to copy it in or
 /// out; the single-flight refresh is a `tokio::sync::Mutex` whose guard is held across the
@@ -128,7 +128,7 @@ mod tests {
         (clock, draining, c)
     }
 
-    /// Seed L3 TestCachedHealth: the inner checker runs once per ttl; a drain shows at once.
+    /// The inner checker runs once per ttl; a drain shows at once.
     #[tokio::test]
     async fn inner_checker_runs_once_per_ttl_and_a_drain_shows_at_once() {
         let (clock, draining, c) = cache();

@@ -414,7 +414,7 @@ impl App {
                     && let Some(e) = &policy.escalator
                 {
                     // A peer named by a trusted proxy's PROXY header was learned through that
-                    // proxy: never escalated (DESIGN.md, "Flood shield").
+                    // proxy: never escalated (docs/design.md, "Flood shield").
                     let source = if conn.proxied {
                         KeySource::ThroughProxy
                     } else {

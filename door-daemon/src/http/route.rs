@@ -1,4 +1,4 @@
-//! Route matching: which limit group, if any, a request belongs to (../shared/DESIGN.md,
+//! Route matching: which limit group, if any, a request belongs to (docs/design.md,
 //! "Configuration", `[[route]]`). First match wins; no match means unlimited pass-through.
 //!
 //! Paths are compared segment by segment after normalisation, so that a client cannot step around

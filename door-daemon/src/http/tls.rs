@@ -1,4 +1,4 @@
-//! TLS termination (`[tls]`, ../shared/DESIGN.md "Configuration"): rustls with the `ring`
+//! TLS termination (`[tls]`, docs/design.md "Configuration"): rustls with the `ring`
 //! provider, ALPN `h2` then `http/1.1` (RFC 7301; RFC 9113 §3.2), TLS 1.2 (RFC 5246) and 1.3
 //! (RFC 8446) or 1.3 only.
 //!

@@ -1,7 +1,7 @@
 //! Forwarding to the upstream: hyper-util's pooled client, bodies streamed both ways (never
 //! buffered), hop-by-hop headers removed (RFC 9110 §7.6.1), the original `Host` kept, and the
 //! forwarding headers rewritten so the application can trust exactly one hop, door
-//! (../shared/DESIGN.md, "Client key", last paragraph).
+//! (docs/design.md, "Client key", last paragraph).
 
 use std::{
     future::Future,
@@ -38,7 +38,7 @@ static KEEP_ALIVE: HeaderName = HeaderName::from_static("keep-alive");
 static PROXY_CONNECTION: HeaderName = HeaderName::from_static("proxy-connection");
 
 /// The request body door sends upstream: the client's body streamed through, optionally under a
-/// read deadline (a limited route's `read_timeout`, ../shared/DESIGN.md "Limits").
+/// read deadline (a limited route's `read_timeout`, docs/design.md "Limits").
 ///
 /// It reports once, on the receiver [`UpstreamBody::new`] returns, whether the body ended or
 /// missed its deadline. On a missed deadline the body also yields
@@ -302,7 +302,7 @@ static PROTECTED: [&HeaderName; 4] = [&HOST, &X_FORWARDED_FOR, &FORWARDED, &X_FO
 
 /// Client-identity fields other proxies and frameworks read (`X-Real-IP` by nginx's realip and
 /// chi's RealIP, `True-Client-IP` by Akamai and chi, …): from an untrusted peer they are dropped,
-/// so that the application can trust exactly one hop, door (DESIGN.md, "Client key").
+/// so that the application can trust exactly one hop, door (docs/design.md, "Client key").
 static IDENTITY: [HeaderName; 7] = [
     HeaderName::from_static("x-real-ip"),
     HeaderName::from_static("true-client-ip"),

@@ -42,10 +42,10 @@ use lru::LruCache;
 use crate::time::Clock;
 
 /// How many of the oldest table entries a miss on a full table probes for a full, idle entry to
-/// replace (seed, "Memory": `evictProbe = 8`).
+/// replace (docs/design.md, "Limits").
 pub const EVICT_PROBE: usize = 8;
 
-/// The default size of a group's client table, in entries (seed, "Memory"; DESIGN.md, "Limits").
+/// The default size of a group's client table, in entries (docs/design.md, "Limits").
 pub const DEFAULT_MAX_CLIENTS: usize = 16_384;
 
 /// The slowest accepted rate, in tokens per second: one token a day. Anything slower is refused by
@@ -61,20 +61,20 @@ pub const CAP_RETRY_AFTER_S: u64 = 1;
 
 const NS_PER_S: u64 = 1_000_000_000;
 
-/// When a request's token is spent (seed, "Algorithm" table, column "Token spent"; DESIGN.md,
-/// "Limits").
+/// When a request's token is spent (docs/design.md, "Limits": the groups' column "token spent",
+/// and "Charge on failure").
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Charge {
     /// Every admitted request spends one token at admission (`link`, `health`).
     Always,
-    /// Charge-on-failure (`webhook`, seed Open Question 1 A): an admitted request *holds* a token
+    /// Charge-on-failure (`webhook`; docs/design.md, "Limits"): an admitted request *holds* a token
     /// until it settles, and spends it only if the upstream answered 4xx. Admission needs
     /// `tokens(now) ≥ 1 + held`.
     OnFailure,
 }
 
 impl Charge {
-    /// The configuration spelling: `always` or `on_failure` (DESIGN.md, "Configuration").
+    /// The configuration spelling: `always` or `on_failure` (docs/design.md, "Configuration").
     pub const fn as_str(self) -> &'static str {
         match self {
             Charge::Always => "always",
@@ -100,7 +100,7 @@ impl core::str::FromStr for Charge {
     }
 }
 
-/// One group's limits (seed, "Algorithm" table; DESIGN.md, "Limits" and `[group.NAME]`).
+/// One group's limits (docs/design.md, "Limits" and "Configuration", `[group.NAME]`).
 ///
 /// The defaults are [`Budget::webhook`], [`Budget::link`] and [`Budget::health`]. Check a budget
 /// built from configuration with [`Budget::validate`] before handing it to [`GroupLimiter::new`].
@@ -123,7 +123,7 @@ pub struct Budget {
 
 impl Budget {
     /// `webhook`: 50 tokens/s, burst 500, 16 per client, 64 in the group, charge on failure,
-    /// 16,384 clients (seed table; DESIGN.md, "Limits").
+    /// 16,384 clients (docs/design.md, "Limits").
     pub const fn webhook() -> Self {
         Self {
             rate: 50.0,
@@ -262,7 +262,7 @@ impl Budget {
     }
 }
 
-/// An invalid [`Budget`] value (DESIGN.md, "Operating contract": bad configuration names the
+/// An invalid [`Budget`] value (docs/design.md, "Operating contract": bad configuration names the
 /// offending key and value). Displays as `group.link.rate = -1: must be a positive, ...`.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{key} = {value}: {reason}")]
@@ -303,7 +303,7 @@ impl core::fmt::Display for RejectReason {
     }
 }
 
-/// Whose budget a decision was made on: the `scope` of the 429/503 body (DESIGN.md, "Limits").
+/// Whose budget a decision was made on: the `scope` of the 429/503 body (docs/design.md, "Limits").
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Scope {
     /// The client's own table row.
@@ -547,7 +547,7 @@ struct TableChange {
     evicted: bool,
 }
 
-/// The limiter of one route group (seed, L1 `doorLimits` per group; DESIGN.md, "Limits").
+/// The limiter of one route group (docs/design.md, "Limits").
 ///
 /// `Send + Sync`; share it as `Arc<GroupLimiter>`. One `std::sync::Mutex` guards the table, the
 /// shared row and the group's in-flight count; it is held only inside [`GroupLimiter::admit`],
@@ -683,7 +683,7 @@ impl GroupLimiter {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Admits a request from client `key`, or rejects it (seed, L1 `admit`; DESIGN.md, "Limits").
+    /// Admits a request from client `key`, or rejects it (docs/design.md, "Limits", "Admission").
     ///
     /// Under the group's lock: the group cap (503, scope `group`), then the per-client cap of the
     /// client's row (429, scope `client` or `shared`), then its bucket (429): under
@@ -798,7 +798,8 @@ impl GroupLimiter {
         Ok(id)
     }
 
-    /// The row deciding the request of `key`, which is not in the table (seed, "Memory").
+    /// The row deciding the request of `key`, which is not in the table (docs/design.md, "Limits",
+    /// "The bounded table and its shared row").
     fn find_row(
         table: &mut LruCache<PrefixKey, Row>,
         key: PrefixKey,

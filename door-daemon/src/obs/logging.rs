@@ -1,4 +1,4 @@
-//! Logging through `tracing` (../shared/DESIGN.md, "Observability": journald-friendly).
+//! Logging through `tracing` (docs/design.md, "Observability": journald-friendly).
 //!
 //! [`init`] picks the format once, at start-up:
 //!

@@ -27,7 +27,7 @@ pub const ATTR_OUTCOME: &str = "door.outcome";
 pub const ATTR_REASON: &str = "door.reason";
 
 /// What happened to one request of a limited group: the value of `door.outcome` on
-/// `door.requests` (DESIGN.md, "Observability").
+/// `door.requests` (docs/design.md, "Observability").
 ///
 /// Each request is counted exactly once, by `crate::http::settle`. `would_*` outcomes are
 /// counted in shadow mode (`disable_anon_route_limits`) instead of the rejection enforcement
@@ -101,7 +101,8 @@ impl core::fmt::Display for Outcome {
     }
 }
 
-/// door's instruments (DESIGN.md, "Observability"). Cheap to clone (the instruments are `Arc`s).
+/// door's instruments (docs/design.md, "Observability"). Cheap to clone (the instruments are
+/// `Arc`s).
 ///
 /// - `door.requests` (counter, `{request}`): attributes `door.group`, `door.outcome`, nothing else.
 /// - `door.inflight` (up-down counter, `{request}`): requests holding a limiter slot, per
@@ -112,7 +113,7 @@ impl core::fmt::Display for Outcome {
 /// - `door.evictions` (counter, `{client}`): table entries replaced by a new client, per
 ///   `door.group`.
 /// - `door.untrusted_xff` (counter, `{request}`): forwarding headers ignored because an untrusted
-///   loopback or private peer sent them (DESIGN.md, "Client key").
+///   loopback or private peer sent them (docs/design.md, "Client key").
 /// - `door.proxy_protocol_rejected` (counter, `{connection}`): connections dropped on a PROXY
 ///   protocol listener, per `door.reason` ([`crate::client::proxy_protocol::ProxyProtocolError::reason`]:
 ///   a fixed set of seven values).

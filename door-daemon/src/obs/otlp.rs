@@ -1,4 +1,4 @@
-//! OTLP export of door's metrics (../shared/DESIGN.md, "Observability"): OTLP/HTTP with protobuf
+//! OTLP export of door's metrics (docs/design.md, "Observability"): OTLP/HTTP with protobuf
 //! bodies (`opentelemetry-otlp` 0.31, reqwest's blocking client without TLS features, so no system
 //! libraries), a periodic reader, cumulative temporality.
 //!

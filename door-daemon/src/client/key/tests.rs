@@ -1,5 +1,5 @@
-//! Tests of the client key: the seed's table (`TestDoorLimitsClientKey`), a larger table per rule,
-//! the trusted-proxy list, bounded work on long chains, and properties (proptest).
+//! Tests of the client key: the rules of docs/design.md ("Client key") in one table, a larger
+//! table per rule, the trusted-proxy list, bounded work on long chains, and properties (proptest).
 
 use core::net::IpAddr;
 
@@ -136,7 +136,7 @@ const fn f1() -> Rule {
     }
 }
 
-// ----- The seed's table (TestDoorLimitsClientKey, L1 item 4) ---------------------------------
+// ----- The rules of docs/design.md, "Client key", in one table -------------------------------
 
 #[test]
 fn seed_client_key_table() {
