@@ -1,4 +1,4 @@
-//! door's configuration: the TOML file of ../shared/DESIGN.md ("Configuration"), overridden by
+//! door's configuration: the TOML file of docs/design.md ("Configuration"), overridden by
 //! flags and `DOOR_*` environment variables (flag, then env, then file, then default), validated
 //! into a [`Config`] before anything is bound.
 //!
@@ -322,7 +322,7 @@ pub struct Config {
     pub trusted_proxies: TrustedProxies,
     /// Which header is authoritative when a trusted proxy sends both `X-Forwarded-For` and
     /// `Forwarded` (`forwarded_header = "x-forwarded-for" | "forwarded"`). Default
-    /// `x-forwarded-for`, as the seed.
+    /// `x-forwarded-for`.
     pub forwarded_header: ForwardedSource,
     /// Shadow mode: admit everything, count what would have been refused. Default `false`.
     pub disable_anon_route_limits: bool,

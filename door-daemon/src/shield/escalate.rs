@@ -1,4 +1,4 @@
-//! Escalation from layer 7 to layer 4 (../shared/DESIGN.md, "Flood shield"): a key that was the
+//! Escalation from layer 7 to layer 4 (docs/design.md, "Flood shield"): a key that was the
 //! TCP peer itself and collected `escalate_after` rejections (429, rate or per-client cap) within
 //! `escalate_window` is put on the XDP blocklist for `block_for`, once (not again while blocked).
 //! Keys learned through a trusted proxy, and trusted proxies themselves, are never escalated:

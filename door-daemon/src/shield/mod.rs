@@ -1,4 +1,4 @@
-//! The daemon's side of the flood shield (../shared/DESIGN.md, "Flood shield"): loads the XDP
+//! The daemon's side of the flood shield (docs/design.md, "Flood shield"): loads the XDP
 //! program that `build.rs` embedded, attaches it in the configured mode, reads its per-CPU
 //! counters and its per-prefix SYN map, and detaches it on drop (fail-open).
 
