@@ -64,6 +64,7 @@ impl StatusSource {
                     "enforcing": l.enforcing(),
                     "tracked_clients": l.tracked_clients(),
                     "inflight": l.inflight(),
+                    "streams": self.metrics.streams(l.group()),
                 })
             })
             .collect();

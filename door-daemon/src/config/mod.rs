@@ -348,6 +348,10 @@ pub struct Config {
     /// How long the upstream has to send its response head; past it door answers 504
     /// (`upstream_timeout`; `--upstream-timeout` / `DOOR_UPSTREAM_TIMEOUT`). Default 30 s.
     pub upstream_timeout: Duration,
+    /// A stream (an upgraded connection such as a WebSocket, a server-sent events response, a
+    /// `stream = true` route) with no byte either way for this long is closed
+    /// (`stream_idle_timeout`; `--stream-idle-timeout` / `DOOR_STREAM_IDLE_TIMEOUT`). Default 5 min.
+    pub stream_idle_timeout: Duration,
     /// Whether limited routes' responses carry the `RateLimit-Policy` and `RateLimit` fields
     /// (`ratelimit_headers`; `--ratelimit-headers` / `DOOR_RATELIMIT_HEADERS`). Default `true`.
     pub ratelimit_headers: bool,
@@ -368,6 +372,13 @@ pub struct Config {
     /// it door answers 503 with `Retry-After: 1`. Default 4096.
     pub upstream_max_inflight: u32,
 }
+
+/// The built-in group long-lived requests are limited in: WebSockets and other upgrades, and
+/// server-sent event responses, on routes in no other group ([`Budget::stream`]).
+pub const STREAM_GROUP: &str = "stream";
+
+/// The default of [`Config::stream_idle_timeout`]: 5 minutes.
+pub const DEFAULT_STREAM_IDLE_TIMEOUT: Duration = Duration::from_mins(5);
 
 /// The default of [`Config::max_connections_per_client`].
 pub const DEFAULT_MAX_CONNECTIONS_PER_CLIENT: u32 = 256;
@@ -499,6 +510,9 @@ pub struct Overrides {
     /// Pass-through requests forwarded upstream at once; past it, 503. Default 4096.
     #[arg(long, env = "DOOR_UPSTREAM_MAX_INFLIGHT", global = true)]
     pub upstream_max_inflight: Option<i64>,
+    /// Close a stream (WebSocket, server-sent events) silent this long (e.g. 5m). Default 5m.
+    #[arg(long, env = "DOOR_STREAM_IDLE_TIMEOUT", global = true)]
+    pub stream_idle_timeout: Option<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -520,6 +534,7 @@ struct File {
     idle_timeout: Option<String>,
     drain_grace: Option<String>,
     upstream_timeout: Option<String>,
+    stream_idle_timeout: Option<String>,
     ratelimit_headers: Option<bool>,
     otlp: Option<OtlpFile>,
     max_connections: Option<i64>,
@@ -549,6 +564,8 @@ struct RouteFile {
     #[serde(default)]
     methods: Vec<String>,
     path: String,
+    #[serde(default)]
+    stream: bool,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -681,6 +698,7 @@ impl Config {
                 file.idle_timeout,
                 file.drain_grace,
                 file.upstream_timeout,
+                file.stream_idle_timeout,
             ],
             file.ratelimit_headers,
             o,
@@ -712,6 +730,7 @@ impl Config {
             idle_timeout: front.idle_timeout,
             drain_grace: front.drain_grace,
             upstream_timeout: front.upstream_timeout,
+            stream_idle_timeout: front.stream_idle_timeout,
             ratelimit_headers: front.ratelimit_headers,
             otlp,
             max_connections,
@@ -933,6 +952,13 @@ fn default_groups() -> BTreeMap<String, GroupConfig> {
                 read_timeout: Duration::from_secs(30),
             },
         ),
+        (
+            STREAM_GROUP.to_owned(),
+            GroupConfig {
+                budget: Budget::stream(),
+                read_timeout: Duration::from_secs(30),
+            },
+        ),
     ])
 }
 
@@ -1052,13 +1078,15 @@ fn build_routes(
                 format!("unknown group (known: {})", known.join(", ")),
             ));
         }
-        let route = Route::new(&r.group, &r.methods, &r.path).map_err(|e| {
-            invalid(
-                format!("route[{i}]"),
-                format!("{:?}", r.path),
-                e.to_string(),
-            )
-        })?;
+        let route = Route::new(&r.group, &r.methods, &r.path)
+            .map(|route| route.streaming(r.stream))
+            .map_err(|e| {
+                invalid(
+                    format!("route[{i}]"),
+                    format!("{:?}", r.path),
+                    e.to_string(),
+                )
+            })?;
         routes.push(route);
     }
     Ok(routes)
@@ -1070,17 +1098,19 @@ struct Front {
     idle_timeout: Duration,
     drain_grace: Duration,
     upstream_timeout: Duration,
+    stream_idle_timeout: Duration,
     ratelimit_headers: bool,
 }
 
-/// `header_read_timeout`, `idle_timeout`, `drain_grace`, `upstream_timeout` (file values in that
-/// order) and `ratelimit_headers`, each flag or env beating the file.
+/// `header_read_timeout`, `idle_timeout`, `drain_grace`, `upstream_timeout`,
+/// `stream_idle_timeout` (file values in that order) and `ratelimit_headers`, each flag or env
+/// beating the file.
 fn build_front(
-    file: [Option<String>; 4],
+    file: [Option<String>; 5],
     ratelimit_headers: Option<bool>,
     o: &Overrides,
 ) -> Result<Front, ConfigError> {
-    let [header_read, idle, drain, upstream] = file;
+    let [header_read, idle, drain, upstream, stream_idle] = file;
     let duration = |key: &str, flag: &Option<String>, file: Option<String>, default| match flag
         .clone()
         .or(file)
@@ -1102,6 +1132,12 @@ fn build_front(
             &o.upstream_timeout,
             upstream,
             DEFAULT_UPSTREAM_TIMEOUT,
+        )?,
+        stream_idle_timeout: duration(
+            "stream_idle_timeout",
+            &o.stream_idle_timeout,
+            stream_idle,
+            DEFAULT_STREAM_IDLE_TIMEOUT,
         )?,
         ratelimit_headers: o.ratelimit_headers.or(ratelimit_headers).unwrap_or(true),
     })

@@ -44,6 +44,7 @@ impl Config {
             idle_timeout,
             drain_grace,
             upstream_timeout,
+            stream_idle_timeout,
             ratelimit_headers,
             otlp,
             max_connections,
@@ -80,6 +81,7 @@ impl Config {
         w.clear("idle_timeout", duration(*idle_timeout));
         w.clear("drain_grace", duration(*drain_grace));
         w.clear("upstream_timeout", duration(*upstream_timeout));
+        w.clear("stream_idle_timeout", duration(*stream_idle_timeout));
         w.clear("ratelimit_headers", *ratelimit_headers);
         write_connection_limits(
             &mut w,
@@ -121,6 +123,7 @@ impl Config {
                     .collect::<Vec<_>>(),
             );
             w.clear("path", route.path.as_str());
+            w.clear("stream", route.stream);
         }
         for (name, group) in groups {
             w.table(&format!("group.{}", key_repr(name)));

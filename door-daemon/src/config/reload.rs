@@ -28,6 +28,7 @@ pub fn restart_only_changes(old: &Config, new: &Config) -> Vec<&'static str> {
         idle_timeout,
         drain_grace,
         upstream_timeout,
+        stream_idle_timeout,
         ratelimit_headers: _,
         otlp,
         max_connections,
@@ -69,6 +70,10 @@ pub fn restart_only_changes(old: &Config, new: &Config) -> Vec<&'static str> {
             *upstream_timeout != new.upstream_timeout,
         ),
         ("drain_grace", *drain_grace != new.drain_grace),
+        (
+            "stream_idle_timeout",
+            *stream_idle_timeout != new.stream_idle_timeout,
+        ),
         ("otlp", *otlp != new.otlp),
         ("max_connections", *max_connections != new.max_connections),
         (

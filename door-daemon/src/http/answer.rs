@@ -31,6 +31,8 @@ pub enum Failure {
     UpstreamTimeout,
     /// The upstream call failed: refused, reset, malformed (502).
     Upstream(ProxyError),
+    /// The upstream switched protocols where it must not (502).
+    Protocol(crate::http::upgrade::UpgradeError),
     /// The client's request body broke off (the client went away): nobody reads the answer, which
     /// is a 400 for the log's sake.
     ClientGone,
@@ -60,7 +62,7 @@ pub fn failure_status(f: &Failure) -> StatusCode {
     match f {
         Failure::BodyTimeout => StatusCode::REQUEST_TIMEOUT,
         Failure::UpstreamTimeout => StatusCode::GATEWAY_TIMEOUT,
-        Failure::Upstream(_) => StatusCode::BAD_GATEWAY,
+        Failure::Upstream(_) | Failure::Protocol(_) => StatusCode::BAD_GATEWAY,
         Failure::ClientGone => StatusCode::BAD_REQUEST,
     }
 }
@@ -75,6 +77,7 @@ pub fn failure_response(f: &Failure) -> Response<ResponseBody> {
             "the request body did not arrive in time".to_owned(),
         ),
         Failure::ClientGone => ("bad-request", "the request body broke off".to_owned()),
+        Failure::Protocol(e) => ("bad-gateway", e.to_string()),
         Failure::UpstreamTimeout => (
             "gateway-timeout",
             "the application behind door did not answer in time".to_owned(),
@@ -161,6 +164,15 @@ pub fn upstream_busy() -> Response<ResponseBody> {
     res.headers_mut()
         .insert(header::RETRY_AFTER, HeaderValue::from(1u32));
     res
+}
+
+/// The answer to an upgrade door does not carry (an extended CONNECT for a protocol other than
+/// `websocket`): 501 (RFC 9110 §15.6.2).
+pub fn bad_upgrade(e: &crate::http::upgrade::UpgradeError) -> Response<ResponseBody> {
+    json_response(
+        StatusCode::NOT_IMPLEMENTED,
+        &serde_json::json!({ "code": "not-implemented", "message": e.to_string() }),
+    )
 }
 
 /// The status of a rejection: 503 for the group's in-flight cap (the service as a whole is busy),

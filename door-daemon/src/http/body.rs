@@ -14,10 +14,14 @@ use bytes::Bytes;
 use http::StatusCode;
 use http_body::{Body, Frame, SizeHint};
 use hyper::body::Incoming;
+use tokio::time::Sleep;
 
-use crate::http::{
-    request::{ActiveGuard, PassSlot},
-    settle::{End, Held},
+use crate::{
+    http::{
+        request::{ActiveGuard, PassSlot},
+        settle::{End, Held},
+    },
+    obs::metrics::StreamOpen,
 };
 
 /// The response body: an upstream body streamed through frame by frame (never buffered, so an
@@ -31,6 +35,19 @@ pub struct ResponseBody {
     pub(crate) active: Option<ActiveGuard>,
     /// A pass-through request's `upstream_max_inflight` slot.
     pub(crate) passthrough: Option<PassSlot>,
+    /// A stream's place in `door.streams`, while it is open.
+    stream: Option<StreamOpen>,
+}
+
+/// Why door ended a response body early.
+#[derive(Debug, thiserror::Error)]
+pub enum ResponseBodyError {
+    /// The upstream's body failed mid-way.
+    #[error(transparent)]
+    Upstream(#[from] hyper::Error),
+    /// A stream sent nothing for `stream_idle_timeout`.
+    #[error("the stream was idle for {0:?}")]
+    Idle(Duration),
 }
 
 /// A limited request's permit while its response is sent: settled when the body ends or is
@@ -40,22 +57,27 @@ pub struct ResponseBody {
 #[derive(Debug)]
 struct HeldPermit {
     slot: Arc<Mutex<Option<(Held, StatusCode)>>>,
-    timer: tokio::task::JoinHandle<()>,
+    /// The send deadline's timer; `None` for a stream, which holds its slot until it ends.
+    timer: Option<tokio::task::JoinHandle<()>>,
 }
 
 impl HeldPermit {
-    fn new(permit: Held, status: StatusCode, deadline: Duration) -> Self {
+    fn new(permit: Held, status: StatusCode, deadline: Option<Duration>) -> Self {
         let slot = Arc::new(Mutex::new(Some((permit, status))));
-        let for_timer = Arc::clone(&slot);
-        let timer = tokio::spawn(async move {
-            tokio::time::sleep(deadline).await;
-            settle_held(&for_timer);
+        let timer = deadline.map(|deadline| {
+            let for_timer = Arc::clone(&slot);
+            tokio::spawn(async move {
+                tokio::time::sleep(deadline).await;
+                settle_held(&for_timer);
+            })
         });
         Self { slot, timer }
     }
 
     fn settle(&self) {
-        self.timer.abort();
+        if let Some(timer) = &self.timer {
+            timer.abort();
+        }
         settle_held(&self.slot);
     }
 }
@@ -70,6 +92,12 @@ fn settle_held(slot: &Mutex<Option<(Held, StatusCode)>>) {
 #[derive(Debug)]
 enum Kind {
     Upstream(Incoming),
+    /// A stream's body: ended by door after `idle` without a frame.
+    Stream {
+        body: Incoming,
+        idle: Duration,
+        timer: Pin<Box<Sleep>>,
+    },
     Full(Option<Bytes>),
 }
 
@@ -81,6 +109,40 @@ impl ResponseBody {
             permit: None,
             active: None,
             passthrough: None,
+            stream: None,
+        }
+    }
+
+    /// A stream's body (server-sent events, a `stream = true` route): holds `permit` until the
+    /// stream ends (no send deadline), counted in `door.streams` by `open`, and ended by door once
+    /// no frame came for `idle`.
+    pub(crate) fn stream(
+        body: Incoming,
+        permit: Option<(Held, StatusCode)>,
+        idle: Duration,
+        open: Option<StreamOpen>,
+    ) -> Self {
+        Self {
+            kind: Kind::Stream {
+                body,
+                idle,
+                timer: Box::pin(tokio::time::sleep(idle)),
+            },
+            permit: permit.map(|(p, status)| HeldPermit::new(p, status, None)),
+            active: None,
+            passthrough: None,
+            stream: open,
+        }
+    }
+
+    /// An empty body (a `101`'s, an extended CONNECT's `200`).
+    pub(crate) fn empty() -> Self {
+        Self {
+            kind: Kind::Full(None),
+            permit: None,
+            active: None,
+            passthrough: None,
+            stream: None,
         }
     }
 
@@ -93,9 +155,10 @@ impl ResponseBody {
     ) -> Self {
         Self {
             kind: Kind::Upstream(body),
-            permit: Some(HeldPermit::new(permit, status, deadline)),
+            permit: Some(HeldPermit::new(permit, status, Some(deadline))),
             active: None,
             passthrough: None,
+            stream: None,
         }
     }
 
@@ -106,6 +169,7 @@ impl ResponseBody {
             permit: None,
             active: None,
             passthrough: None,
+            stream: None,
         }
     }
 
@@ -115,20 +179,33 @@ impl ResponseBody {
         }
         self.active = None;
         self.passthrough = None;
+        self.stream = None;
     }
 }
 
 impl Body for ResponseBody {
     type Data = Bytes;
-    type Error = hyper::Error;
+    type Error = ResponseBodyError;
 
     fn poll_frame(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+    ) -> Poll<Option<Result<Frame<Bytes>, ResponseBodyError>>> {
         let this = &mut *self;
         let poll = match &mut this.kind {
-            Kind::Upstream(b) => Pin::new(b).poll_frame(cx),
+            Kind::Upstream(b) => Pin::new(b)
+                .poll_frame(cx)
+                .map(|f| f.map(|r| r.map_err(ResponseBodyError::from))),
+            Kind::Stream { body, idle, timer } => match Pin::new(body).poll_frame(cx) {
+                Poll::Ready(frame) => {
+                    timer.as_mut().reset(tokio::time::Instant::now() + *idle);
+                    Poll::Ready(frame.map(|r| r.map_err(ResponseBodyError::from)))
+                }
+                Poll::Pending => match timer.as_mut().poll(cx) {
+                    Poll::Ready(()) => Poll::Ready(Some(Err(ResponseBodyError::Idle(*idle)))),
+                    Poll::Pending => Poll::Pending,
+                },
+            },
             Kind::Full(b) => Poll::Ready(b.take().map(|b| Ok(Frame::data(b)))),
         };
         match &poll {
@@ -141,14 +218,14 @@ impl Body for ResponseBody {
 
     fn is_end_stream(&self) -> bool {
         match &self.kind {
-            Kind::Upstream(b) => b.is_end_stream(),
+            Kind::Upstream(b) | Kind::Stream { body: b, .. } => b.is_end_stream(),
             Kind::Full(b) => b.is_none(),
         }
     }
 
     fn size_hint(&self) -> SizeHint {
         match &self.kind {
-            Kind::Upstream(b) => b.size_hint(),
+            Kind::Upstream(b) | Kind::Stream { body: b, .. } => b.size_hint(),
             Kind::Full(Some(b)) => SizeHint::with_exact(b.len() as u64),
             Kind::Full(None) => SizeHint::with_exact(0),
         }

@@ -150,7 +150,9 @@ impl ConnSettings {
         b.http2()
             .timer(TokioTimer::new())
             .max_header_list_size(u32::try_from(MAX_HEADER_BYTES).unwrap_or(u32::MAX))
-            .max_concurrent_streams(MAX_CONCURRENT_STREAMS);
+            .max_concurrent_streams(MAX_CONCURRENT_STREAMS)
+            // WebSockets over HTTP/2 (RFC 8441 §3: SETTINGS_ENABLE_CONNECT_PROTOCOL = 1).
+            .enable_connect_protocol();
         b
     }
 }
@@ -265,6 +267,7 @@ impl Front {
                 .await
                 .is_ok();
         conns.abort_all();
+        self.app.close_streams();
         finished && closed
     }
 }
@@ -440,7 +443,7 @@ async fn serve_io<I>(
         let info = Arc::clone(&conn_info);
         async move { Ok::<_, Infallible>(app.handle(info, req).await) }
     });
-    let conn = builder.serve_connection(TokioIo::new(io), service);
+    let conn = builder.serve_connection_with_upgrades(TokioIo::new(io), service);
     tokio::pin!(conn);
     loop {
         let idle_at = info

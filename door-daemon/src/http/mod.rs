@@ -17,6 +17,8 @@ pub mod request;
 pub mod route;
 pub mod settle;
 pub mod tls;
+pub mod tunnel;
+pub mod upgrade;
 pub mod upstream;
 
 pub use front::{ConnInfo, ConnSettings, Front, MAX_CONCURRENT_STREAMS, MAX_HEADER_BYTES};

@@ -6,19 +6,24 @@
 use std::{
     collections::HashMap,
     sync::{
-        Arc,
+        Arc, PoisonError,
         atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering},
     },
     time::Duration,
 };
 
+use door_common::prefix::PrefixKey;
 use http::{HeaderValue, Method, Request, Response, StatusCode, Version, header};
 use hyper::body::Incoming;
-use tokio::sync::{Notify, oneshot};
+use hyper_util::rt::TokioIo;
+use tokio::{
+    sync::{Notify, oneshot},
+    task::JoinSet,
+};
 
 use crate::{
-    client::key::{self, ForwardedSource, TrustedProxies},
-    config::Config,
+    client::key::{self, ForwardedSource, KeyDecision, TrustedProxies},
+    config::{Config, STREAM_GROUP},
     http::{
         answer::{self, Failure},
         body::ResponseBody,
@@ -26,6 +31,8 @@ use crate::{
         health::{CachedHealth, HEALTH_TTL},
         route::Router,
         settle::{self, End, Held},
+        tunnel,
+        upgrade::{self, Upgrade, UpgradeError},
         upstream::{BodyEvent, Origin, Proxy, UpstreamBody, prepare},
     },
     limit::GroupLimiter,
@@ -33,6 +40,51 @@ use crate::{
     shield::escalate::{Blocklist, Escalator, KeySource},
     time::Clock,
 };
+
+/// A request on its way upstream: what the request path decided about it.
+#[derive(Debug)]
+struct Job<'p> {
+    origin: Origin,
+    upgrade: Option<Upgrade>,
+    /// The route has `stream = true`.
+    stream_route: bool,
+    /// Admitted in a limited group.
+    admitted: Option<Admitted<'p>>,
+    /// A pass-through request's `upstream_max_inflight` slot.
+    passthrough: Option<PassSlot>,
+    /// A pass-through request that asked for `text/event-stream`: its client key, for the
+    /// stream group.
+    sse_key: Option<PrefixKey>,
+}
+
+/// A request admitted in `limited`, holding `permit`.
+#[derive(Debug)]
+struct Admitted<'p> {
+    limited: &'p Limited,
+    permit: Held,
+}
+
+/// Whether `Accept` asks for server-sent events (an EventSource always does).
+fn accepts_event_stream(headers: &http::HeaderMap) -> bool {
+    headers
+        .get_all(header::ACCEPT)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .any(|v| v.contains("text/event-stream"))
+}
+
+/// Whether a response is server-sent events (`Content-Type: text/event-stream`, WHATWG HTML
+/// §9.2).
+fn is_event_stream(headers: &http::HeaderMap) -> bool {
+    headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| {
+            v.split(';')
+                .next()
+                .is_some_and(|t| t.trim().eq_ignore_ascii_case("text/event-stream"))
+        })
+}
 
 /// The name of the group whose over-budget requests are answered from the health cache.
 pub const HEALTH_GROUP: &str = "health";
@@ -141,6 +193,10 @@ pub struct App {
     pub(crate) metrics: Metrics,
     warned_untrusted_xff: AtomicBool,
     upstream_timeout: Duration,
+    /// A stream silent this long is closed (`stream_idle_timeout`).
+    stream_idle_timeout: Duration,
+    /// Upgraded connections' tunnels, closed at the end of a drain.
+    tunnels: std::sync::Mutex<JoinSet<()>>,
     /// Pass-through requests forwarded now, against `upstream_max_inflight`.
     passthrough: Arc<PassThrough>,
     health: CachedHealth,
@@ -245,6 +301,8 @@ impl App {
             metrics: metrics.clone(),
             warned_untrusted_xff: AtomicBool::new(false),
             upstream_timeout: config.upstream_timeout,
+            stream_idle_timeout: config.stream_idle_timeout,
+            tunnels: std::sync::Mutex::new(JoinSet::new()),
             passthrough: Arc::new(PassThrough {
                 cap: config.upstream_max_inflight,
                 open: AtomicU32::new(0),
@@ -257,12 +315,7 @@ impl App {
 
     /// The rules in force now (a snapshot: a reload swaps in a new one).
     pub(crate) fn policy(&self) -> Arc<Policy> {
-        Arc::clone(
-            &self
-                .policy
-                .read()
-                .unwrap_or_else(std::sync::PoisonError::into_inner),
-        )
+        Arc::clone(&self.policy.read().unwrap_or_else(PoisonError::into_inner))
     }
 
     /// Applies a reloaded configuration (SIGHUP) without touching connections: routes, groups,
@@ -281,10 +334,7 @@ impl App {
             self.blocklist.as_ref(),
             Some(&current),
         );
-        *self
-            .policy
-            .write()
-            .unwrap_or_else(std::sync::PoisonError::into_inner) = Arc::new(policy);
+        *self.policy.write().unwrap_or_else(PoisonError::into_inner) = Arc::new(policy);
         crate::config::restart_only_changes(old, new)
     }
 
@@ -359,8 +409,8 @@ impl App {
 
     async fn route(
         self: &Arc<Self>,
-        conn: &ConnInfo,
-        req: Request<Incoming>,
+        conn: &Arc<ConnInfo>,
+        mut req: Request<Incoming>,
     ) -> Response<ResponseBody> {
         let policy = self.policy();
         let peer_ip = key::canonical(conn.peer.ip());
@@ -369,46 +419,45 @@ impl App {
             peer_trusted: policy.trusted.contains(peer_ip),
             tls: conn.tls,
         };
-        let group = policy.router.group_for(req.method(), req.uri().path());
+        let upgrade = match upgrade::classify(&mut req) {
+            Ok(u) => u,
+            Err(e) => return answer::bad_upgrade(&e),
+        };
+        let route = policy.router.route_for(req.method(), req.uri().path());
+        let stream_route = route.is_some_and(|r| r.stream);
+        // An upgrade on a route in no group is limited as a stream.
+        let group = route
+            .map(|r| r.group.as_str())
+            .or_else(|| upgrade.as_ref().map(|_| STREAM_GROUP));
+        let mut job = Job {
+            origin,
+            upgrade,
+            stream_route,
+            admitted: None,
+            passthrough: None,
+            sse_key: None,
+        };
         let Some(limited) = group.and_then(|g| policy.limited.get(g)) else {
             let Some(slot) = self.passthrough.take() else {
                 return answer::upstream_busy();
             };
-            let (parts, body) = req.into_parts();
-            let (body, events) = UpstreamBody::new(body, None);
-            return match self
-                .call(Request::from_parts(parts, body), origin, events)
-                .await
-            {
-                Ok(res) => {
-                    let mut res = res.map(ResponseBody::upstream);
-                    res.body_mut().passthrough = Some(slot);
-                    res
-                }
-                Err(f) => answer::failure_response(&f),
-            };
+            job.passthrough = Some(slot);
+            // An EventSource asks for text/event-stream: its answer will be a stream, limited
+            // in the stream group, under this key.
+            if accepts_event_stream(req.headers()) {
+                job.sse_key = Some(self.client(conn, &policy, &req).key);
+            }
+            return self.forward(conn, &policy, req, job).await;
         };
         if limited.health && self.draining() {
             return answer::health_response(StatusCode::SERVICE_UNAVAILABLE, "draining");
         }
-        let decision = key::client_key(
-            peer_ip,
-            req.headers(),
-            &policy.trusted,
-            policy.forwarded_header,
-        );
-        if decision.ignored_untrusted_xff {
-            self.metrics.untrusted_xff();
-            if !self.warned_untrusted_xff.swap(true, Ordering::Relaxed) {
-                tracing::warn!(
-                    %peer_ip,
-                    "ignoring X-Forwarded-For/Forwarded from an untrusted local peer: if it is a \
-                     proxy, add it to trusted_proxies (counted in door.untrusted_xff; warned once)"
-                );
-            }
-        }
+        let decision = self.client(conn, &policy, &req);
         let mut res = match settle::admit(&limited.limiter, &limited.metrics, decision.key) {
-            Ok(permit) => self.forward_limited(req, origin, permit, limited).await,
+            Ok(permit) => {
+                job.admitted = Some(Admitted { limited, permit });
+                self.forward(conn, &policy, req, job).await
+            }
             Err(rejection) => {
                 if answer::status(rejection.reason) == StatusCode::TOO_MANY_REQUESTS
                     && let Some(e) = &policy.escalator
@@ -436,56 +485,132 @@ impl App {
         res
     }
 
-    /// An admitted request of a limited group: the body must arrive within the group's read
-    /// timeout (else 408, upstream aborted); the permit settles when the response body ends, or
-    /// once the response has been sending for the group's read timeout (a slow reader keeps its
-    /// connection, not a limiter slot).
-    ///
-    /// The upstream call runs in its own task, so that a client that hangs up once its request
-    /// was sent cannot escape the charge: the upstream's answer still settles the permit (a 4xx
-    /// spends the held token under charge on failure). The call is bounded by `upstream_timeout`.
-    async fn forward_limited(
-        self: &Arc<Self>,
-        req: Request<Incoming>,
-        origin: Origin,
-        permit: Held,
-        limited: &Limited,
-    ) -> Response<ResponseBody> {
-        let (parts, body) = req.into_parts();
-        // Only a body-less probe's answer may stand for the application's health (a POST's 405, or
-        // a 502 door gave for a client's broken body, must not be served to other probes).
-        let feeds_cache = limited.health && matches!(parts.method, Method::GET | Method::HEAD);
-        let (body, events) = UpstreamBody::new(body, Some(limited.read_timeout));
-        let req = Request::from_parts(parts, body);
-        // The call runs inside this request's future: a client that goes away (connection
-        // closed or reset, HTTP/2 RST_STREAM) drops it, which aborts the upstream call and drops
-        // `permit` unsettled, settling it as abandoned (docs/design.md, "Limits").
-        let result = self.call(req, origin, events).await;
-        match result {
-            Ok(res) => {
-                let status = res.status();
-                if feeds_cache {
-                    self.health.record(status);
-                }
-                res.map(|b| ResponseBody::settling(b, permit, status, limited.read_timeout))
-            }
-            Err(Failure::BodyTimeout) => {
-                permit.settle(End::BodyTimeout);
-                answer::failure_response(&Failure::BodyTimeout)
-            }
-            Err(Failure::ClientGone) => {
-                permit.settle(End::Abandoned);
-                answer::failure_response(&Failure::ClientGone)
-            }
-            Err(f) => {
-                permit.settle(End::Unanswered);
-                let res = answer::failure_response(&f);
-                if feeds_cache {
-                    self.health.record(res.status());
-                }
-                res
+    /// The client key of `req`, counting (and warning once about) forwarding headers ignored
+    /// from an untrusted local peer.
+    fn client(&self, conn: &ConnInfo, policy: &Policy, req: &Request<Incoming>) -> KeyDecision {
+        let peer_ip = key::canonical(conn.peer.ip());
+        let decision = key::client_key(
+            peer_ip,
+            req.headers(),
+            &policy.trusted,
+            policy.forwarded_header,
+        );
+        if decision.ignored_untrusted_xff {
+            self.metrics.untrusted_xff();
+            if !self.warned_untrusted_xff.swap(true, Ordering::Relaxed) {
+                tracing::warn!(
+                    %peer_ip,
+                    "ignoring X-Forwarded-For/Forwarded from an untrusted local peer: if it is a \
+                     proxy, add it to trusted_proxies (counted in door.untrusted_xff; warned once)"
+                );
             }
         }
+        decision
+    }
+
+    /// Forwards a request door decided to send: admitted in its group (`job.admitted`) or
+    /// pass-through (`job.passthrough`).
+    ///
+    /// - A limited request's body must arrive within the group's read timeout (else 408,
+    ///   upstream aborted); the permit settles when the response body ends, or once the response
+    ///   has been sending for the group's read timeout (a slow reader keeps its connection, not a
+    ///   limiter slot).
+    /// - A stream (a `stream = true` route, a `text/event-stream` answer) has no body deadline
+    ///   and no upstream timeout; it holds its slot until it ends and is closed after
+    ///   `stream_idle_timeout` of silence. A pass-through `text/event-stream` answer is admitted
+    ///   in the stream group when it arrives (429 if over).
+    /// - An upgrade whose upstream answers `101` becomes a tunnel (see [`crate::http::upgrade`]);
+    ///   any other answer is relayed as a normal response.
+    ///
+    /// The call runs inside this request's future: a client that goes away (connection closed or
+    /// reset, HTTP/2 RST_STREAM) drops it, which aborts the upstream call and drops the permit
+    /// unsettled, settling it as abandoned (docs/design.md, "Limits").
+    async fn forward(
+        self: &Arc<Self>,
+        conn: &Arc<ConnInfo>,
+        policy: &Policy,
+        mut req: Request<Incoming>,
+        job: Job<'_>,
+    ) -> Response<ResponseBody> {
+        let Job {
+            origin,
+            upgrade,
+            stream_route,
+            admitted,
+            passthrough,
+            sse_key,
+        } = job;
+        let on_client = upgrade.as_ref().map(|_| hyper::upgrade::on(&mut req));
+        let (parts, body) = req.into_parts();
+        let method = parts.method.clone();
+        let health = admitted.as_ref().is_some_and(|a| a.limited.health);
+        // Only a body-less probe's answer may stand for the application's health (a POST's 405, or
+        // a 502 door gave for a client's broken body, must not be served to other probes).
+        let feeds_cache = health && matches!(method, Method::GET | Method::HEAD);
+        let deadline = admitted
+            .as_ref()
+            .filter(|_| !stream_route && upgrade.is_none())
+            .map(|a| a.limited.read_timeout);
+        let (body, events) = UpstreamBody::new(body, deadline);
+        let up = Request::from_parts(parts, body);
+        let result = self
+            .call(up, origin, events, upgrade.as_ref(), !stream_route)
+            .await;
+        let (permit, read_timeout) = match admitted {
+            Some(a) => (Some(a.permit), Some(a.limited.read_timeout)),
+            None => (None, None),
+        };
+        let res = match result {
+            Ok(res) => res,
+            Err(f) => {
+                if let Some(permit) = permit {
+                    permit.settle(match f {
+                        Failure::BodyTimeout => End::BodyTimeout,
+                        Failure::ClientGone => End::Abandoned,
+                        _ => End::Unanswered,
+                    });
+                }
+                let res = answer::failure_response(&f);
+                if feeds_cache && !matches!(f, Failure::BodyTimeout | Failure::ClientGone) {
+                    self.health.record(res.status());
+                }
+                return res;
+            }
+        };
+        let status = res.status();
+        if status == StatusCode::SWITCHING_PROTOCOLS {
+            return self.switch(conn, &method, upgrade, on_client, res, permit);
+        }
+        if feeds_cache {
+            self.health.record(status);
+        }
+        if stream_route || is_event_stream(res.headers()) {
+            let permit = match (permit, sse_key) {
+                (Some(p), _) => Some(p),
+                (None, Some(key)) => match policy.limited.get(STREAM_GROUP) {
+                    Some(streams) => match settle::admit(&streams.limiter, &streams.metrics, key) {
+                        Ok(p) => Some(p),
+                        Err(r) => return answer::rejected(STREAM_GROUP, &r),
+                    },
+                    None => None,
+                },
+                (None, None) => None,
+            };
+            let open = permit.as_ref().map(|p| p.metrics().stream_opened());
+            let idle = self.stream_idle_timeout;
+            let mut out =
+                res.map(|b| ResponseBody::stream(b, permit.map(|p| (p, status)), idle, open));
+            out.body_mut().passthrough = passthrough;
+            return out;
+        }
+        let mut out = match (permit, read_timeout) {
+            (Some(p), Some(deadline)) => {
+                res.map(|b| ResponseBody::settling(b, p, status, deadline))
+            }
+            _ => res.map(ResponseBody::upstream),
+        };
+        out.body_mut().passthrough = passthrough;
+        out
     }
 
     /// Sends `req` upstream. While the request body is still arriving, only its read deadline
@@ -497,8 +622,13 @@ impl App {
         req: Request<UpstreamBody>,
         origin: Origin,
         events: Option<oneshot::Receiver<BodyEvent>>,
+        upgrade: Option<&Upgrade>,
+        head_timeout: bool,
     ) -> Result<Response<Incoming>, Failure> {
-        let req = prepare(req, self.proxy.upstream(), origin);
+        let mut req = prepare(req, self.proxy.upstream(), origin);
+        if let Some(upgrade) = upgrade {
+            upgrade.restore(&mut req);
+        }
         let upstream = self.proxy.forward(req);
         tokio::pin!(upstream);
         if let Some(events) = events {
@@ -512,10 +642,83 @@ impl App {
                 r = upstream.as_mut() => return r.map_err(Failure::Upstream),
             }
         }
+        if !head_timeout {
+            return upstream.await.map_err(Failure::Upstream);
+        }
         match tokio::time::timeout(self.upstream_timeout, upstream).await {
             Ok(r) => r.map_err(Failure::Upstream),
             Err(_) => Err(Failure::UpstreamTimeout),
         }
+    }
+
+    /// The upstream switched protocols: checks that the request asked for it, answers the client
+    /// (`101`, or `200` to an extended CONNECT), and once both sides have switched, runs the
+    /// tunnel in a task of its own, holding the stream's limiter slot (and the client
+    /// connection's) until it closes.
+    fn switch(
+        self: &Arc<Self>,
+        conn: &Arc<ConnInfo>,
+        method: &Method,
+        upgrade: Option<Upgrade>,
+        on_client: Option<hyper::upgrade::OnUpgrade>,
+        mut res: Response<Incoming>,
+        permit: Option<Held>,
+    ) -> Response<ResponseBody> {
+        let checked = match (upgrade, on_client) {
+            (Some(upgrade), Some(on_client)) => {
+                upgrade.check(method, &res).map(|()| (upgrade, on_client))
+            }
+            _ => Err(UpgradeError::Unrequested),
+        };
+        let (upgrade, on_client) = match checked {
+            Ok(ok) => ok,
+            Err(e) => {
+                if let Some(permit) = permit {
+                    permit.settle(End::Unanswered);
+                }
+                return answer::failure_response(&Failure::Protocol(e));
+            }
+        };
+        let on_upstream = hyper::upgrade::on(&mut res);
+        let answer = upgrade.client_response(res.headers());
+        let open = permit.as_ref().map(|p| p.metrics().stream_opened());
+        // In flight until it closes: the drain waits for it within its grace period.
+        let active = ActiveGuard::new(self, conn);
+        let conn = Arc::clone(conn);
+        let clock = Arc::clone(&self.clock);
+        let idle = self.stream_idle_timeout;
+        let tunnel = async move {
+            let (client, upstream) = tokio::join!(on_client, on_upstream);
+            if let (Ok(client), Ok(upstream)) = (client, upstream) {
+                let (end, up, down) =
+                    tunnel::run(TokioIo::new(client), TokioIo::new(upstream), idle, &clock).await;
+                tracing::debug!(peer = %conn.peer, ?end, up, down, "tunnel closed");
+            }
+            if let Some(permit) = permit {
+                permit.settle(End::Answered(StatusCode::SWITCHING_PROTOCOLS));
+            }
+            drop((open, active, conn));
+        };
+        let mut tunnels = self.tunnels.lock().unwrap_or_else(PoisonError::into_inner);
+        while tunnels.try_join_next().is_some() {}
+        tunnels.spawn(tunnel);
+        answer.map(|()| ResponseBody::empty())
+    }
+
+    /// Closes every tunnel (WebSockets and other upgraded connections): the end of a drain's
+    /// grace period.
+    pub fn close_streams(&self) {
+        self.tunnels
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .abort_all();
+    }
+
+    /// Upgraded connections open now.
+    pub fn tunnels_open(&self) -> usize {
+        let mut tunnels = self.tunnels.lock().unwrap_or_else(PoisonError::into_inner);
+        while tunnels.try_join_next().is_some() {}
+        tunnels.len()
     }
 
     /// An over-budget health probe gets the last upstream status (cached [`HEALTH_TTL`],
@@ -533,7 +736,7 @@ impl App {
                 let (parts, body) = req.into_parts();
                 let (body, events) = UpstreamBody::new(body, None);
                 match self
-                    .call(Request::from_parts(parts, body), origin, events)
+                    .call(Request::from_parts(parts, body), origin, events, None, true)
                     .await
                 {
                     Ok(res) => res.status(),

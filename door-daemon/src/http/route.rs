@@ -110,6 +110,10 @@ pub struct Route {
     pub methods: Vec<Method>,
     /// The path pattern.
     pub path: PathPattern,
+    /// `stream = true`: requests on this route are long-lived (server-sent events, long polls):
+    /// no body read deadline, no upstream timeout, the response holds its limiter slot until it
+    /// ends (closed after `stream_idle_timeout` of silence). Default `false`.
+    pub stream: bool,
 }
 
 impl Route {
@@ -129,7 +133,14 @@ impl Route {
             group: group.to_owned(),
             methods,
             path: PathPattern::parse(path)?,
+            stream: false,
         })
+    }
+
+    /// This route with `stream = stream`.
+    #[must_use]
+    pub fn streaming(self, stream: bool) -> Self {
+        Self { stream, ..self }
     }
 
     fn method_matches(&self, method: &Method) -> bool {
@@ -153,10 +164,14 @@ impl Router {
 
     /// The group of the first route matching `method` and `path`, or `None` (pass-through).
     pub fn group_for(&self, method: &Method, path: &str) -> Option<&str> {
+        self.route_for(method, path).map(|r| r.group.as_str())
+    }
+
+    /// The first route matching `method` and `path`, or `None` (pass-through).
+    pub fn route_for(&self, method: &Method, path: &str) -> Option<&Route> {
         self.routes
             .iter()
             .find(|r| r.method_matches(method) && r.path.matches(path))
-            .map(|r| r.group.as_str())
     }
 
     /// The routes, in order.

@@ -121,6 +121,11 @@ impl Held {
         }
     }
 
+    /// The instruments this request is counted on.
+    pub fn metrics(&self) -> &GroupMetrics {
+        &self.metrics
+    }
+
     /// The permit (its scope, its limiter).
     pub fn permit(&self) -> Option<&Permit> {
         self.permit.as_ref()

@@ -204,7 +204,10 @@ impl Proxy {
                 upstream: self.upstream.to_string(),
                 source,
             })?;
-        strip_hop_by_hop(res.headers_mut());
+        // A 101's Connection and Upgrade are the upgrade's answer (crate::http::upgrade).
+        if res.status() != http::StatusCode::SWITCHING_PROTOCOLS {
+            strip_hop_by_hop(res.headers_mut());
+        }
         Ok(res)
     }
 

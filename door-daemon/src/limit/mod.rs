@@ -160,12 +160,29 @@ impl Budget {
         }
     }
 
-    /// The built-in budget of a group name (`webhook`, `link`, `health`), if it has one.
+    /// `stream`: long-lived requests (WebSockets, server-sent events): 1 token/s, burst 20 (each
+    /// opening or re-opening spends one, so reconnect storms are limited), 16 open per client,
+    /// 1,024 in the group (an open stream holds its slot until it closes), charge always, 16,384
+    /// clients.
+    pub const fn stream() -> Self {
+        Self {
+            rate: 1.0,
+            burst: 20,
+            per_client: 16,
+            inflight: 1024,
+            max_clients: DEFAULT_MAX_CLIENTS,
+            charge: Charge::Always,
+        }
+    }
+
+    /// The built-in budget of a group name (`webhook`, `link`, `health`, `stream`), if it has
+    /// one.
     pub fn default_for(group: &str) -> Option<Self> {
         match group {
             "webhook" => Some(Self::webhook()),
             "link" => Some(Self::link()),
             "health" => Some(Self::health()),
+            "stream" => Some(Self::stream()),
             _ => None,
         }
     }

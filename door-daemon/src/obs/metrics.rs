@@ -108,6 +108,8 @@ impl core::fmt::Display for Outcome {
 /// - `door.inflight` (up-down counter, `{request}`): requests holding a limiter slot, per
 ///   `door.group`. In shadow mode a request enforcement would have rejected holds no slot and is
 ///   not counted here.
+/// - `door.streams` (up-down counter, `{stream}`): streams open now (WebSockets and other
+///   upgraded connections, server-sent event responses), per `door.group`.
 /// - `door.clients` (up-down counter, `{client}`): entries in a group's client table, per
 ///   `door.group` (the shared row is not an entry).
 /// - `door.evictions` (counter, `{client}`): table entries replaced by a new client, per
@@ -123,6 +125,7 @@ impl core::fmt::Display for Outcome {
 pub struct Metrics {
     requests: Counter<u64>,
     inflight: UpDownCounter<i64>,
+    streams: UpDownCounter<i64>,
     clients: UpDownCounter<i64>,
     evictions: Counter<u64>,
     untrusted_xff: Counter<u64>,
@@ -133,8 +136,15 @@ pub struct Metrics {
     totals: Arc<Mutex<HashMap<String, Totals>>>,
 }
 
-/// Requests counted per outcome, in [`Outcome::ALL`] order.
-type Totals = Arc<[AtomicU64; Outcome::ALL.len()]>;
+/// What a group counts whatever is exported: requests per outcome (in [`Outcome::ALL`] order)
+/// and its streams open now.
+#[derive(Debug)]
+struct Counts {
+    outcomes: [AtomicU64; Outcome::ALL.len()],
+    streams: AtomicU64,
+}
+
+type Totals = Arc<Counts>;
 
 /// An [`InstrumentProvider`] whose every instrument is the API's no-op.
 #[derive(Debug)]
@@ -156,6 +166,14 @@ impl Metrics {
                 .i64_up_down_counter("door.inflight")
                 .with_description("Requests holding a limiter slot, by group")
                 .with_unit("{request}")
+                .build(),
+            streams: meter
+                .i64_up_down_counter("door.streams")
+                .with_description(
+                    "Streams open (WebSockets and other upgraded connections, server-sent event \
+                     responses), by group",
+                )
+                .with_unit("{stream}")
                 .build(),
             clients: meter
                 .i64_up_down_counter("door.clients")
@@ -234,11 +252,20 @@ impl Metrics {
             .map(|(i, o)| {
                 let n = totals
                     .as_ref()
-                    .and_then(|t| t.get(i))
+                    .and_then(|t| t.outcomes.get(i))
                     .map_or(0, |n| n.load(Ordering::Relaxed));
                 (*o, n)
             })
             .collect()
+    }
+
+    /// Streams of `group` open now (WebSockets and other tunnels, server-sent event responses).
+    pub fn streams(&self, group: &str) -> u64 {
+        self.totals
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(group)
+            .map_or(0, |c| c.streams.load(Ordering::Relaxed))
     }
 
     /// The instruments bound to one group, with every attribute set built once. Every
@@ -251,7 +278,12 @@ impl Metrics {
                 .lock()
                 .unwrap_or_else(PoisonError::into_inner)
                 .entry(group.to_owned())
-                .or_insert_with(|| Arc::new(std::array::from_fn(|_| AtomicU64::new(0)))),
+                .or_insert_with(|| {
+                    Arc::new(Counts {
+                        outcomes: std::array::from_fn(|_| AtomicU64::new(0)),
+                        streams: AtomicU64::new(0),
+                    })
+                }),
         );
         GroupMetrics {
             metrics: self,
@@ -308,7 +340,7 @@ impl GroupMetrics {
         if let Some(attrs) = self.outcome_attrs.get(outcome.index()) {
             self.metrics.requests.add(1, attrs);
         }
-        if let Some(total) = self.totals.get(outcome.index()) {
+        if let Some(total) = self.totals.outcomes.get(outcome.index()) {
             total.fetch_add(1, Ordering::Relaxed);
         }
     }
@@ -317,7 +349,7 @@ impl GroupMetrics {
     pub fn totals(&self) -> Vec<(Outcome, u64)> {
         Outcome::ALL
             .iter()
-            .zip(self.totals.iter())
+            .zip(self.totals.outcomes.iter())
             .map(|(o, n)| (*o, n.load(Ordering::Relaxed)))
             .collect()
     }
@@ -335,6 +367,25 @@ impl GroupMetrics {
     /// Counts one eviction on `door.evictions`.
     pub fn evicted(&self) {
         self.metrics.evictions.add(1, &self.group_attrs);
+    }
+
+    /// A stream of this group opened: counted on `door.streams` until the returned guard drops.
+    pub fn stream_opened(&self) -> StreamOpen {
+        self.metrics.streams.add(1, &self.group_attrs);
+        self.totals.streams.fetch_add(1, Ordering::Relaxed);
+        StreamOpen(self.clone())
+    }
+}
+
+/// One open stream on `door.streams` (see [`GroupMetrics::stream_opened`]); closed when dropped.
+#[derive(Debug)]
+pub struct StreamOpen(GroupMetrics);
+
+impl Drop for StreamOpen {
+    fn drop(&mut self) {
+        let m = &self.0;
+        m.metrics.streams.add(-1, &m.group_attrs);
+        m.totals.streams.fetch_sub(1, Ordering::Relaxed);
     }
 }
 
