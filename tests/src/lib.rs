@@ -1,8 +1,10 @@
 //! Support for door's privileged integration suites (`tests/tests/`): packet builders for
-//! BPF_PROG_TEST_RUN, network namespaces for end-to-end runs, and the privilege gate.
+//! BPF_PROG_TEST_RUN, network namespaces for end-to-end runs, the privilege gate, and the
+//! benchmark's reference XDP programs.
 
 pub mod netns;
 pub mod packets;
+pub mod reference;
 
 /// Whether this process may run the privileged suites (root, hence CAP_BPF and CAP_NET_ADMIN).
 ///

@@ -1,6 +1,6 @@
 //! `cargo xtask`: door's task runner. Orchestration only: it installs what a fresh machine lacks,
-//! builds, runs the demo and runs every test suite. The eBPF object itself is built by
-//! `door-daemon/build.rs`.
+//! builds, runs the demo and runs every test suite. The eBPF objects themselves are built by
+//! `door-daemon/build.rs` (door's program) and `tests/build.rs` (the benchmark's references).
 //!
 //! - `cargo xtask setup`: nightly `rust-src`, `bpf-linker` 0.10.0, and the Debian packages the
 //!   tests use (idempotent: only what is missing is installed).

@@ -124,6 +124,9 @@ pub(crate) fn all(kernels: Option<&[String]>) -> anyhow::Result<()> {
                 "--package",
                 "door-ebpf",
                 "--release",
+                // The benchmark's reference programs too (tests/build.rs builds them).
+                "--features",
+                "reference",
             ])
             .args([
                 "--target",
