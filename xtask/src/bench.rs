@@ -69,7 +69,7 @@ pub(crate) fn xdp() -> anyhow::Result<()> {
         "--bin",
         "xdp-bench",
         "--bin",
-        "synflood",
+        "syn-flood",
         "--bin",
         "demo-upstream",
         "--package",

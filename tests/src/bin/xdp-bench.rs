@@ -5,7 +5,7 @@
 //! state). Needs root. Numbers are medians of several rounds; ratios are what to compare.
 //!
 //! With `--veth`, it also floods door's namespace over a veth pair (one /64, spoofed, from
-//! `synflood`) three ways — XDP dropping over budget, an equivalent nftables rule (a per-/64
+//! `syn-flood`) three ways — XDP dropping over budget, an equivalent nftables rule (a per-/64
 //! meter, `limit rate over … drop`), and nothing — and reports the SYN rate the sender achieved
 //! (on a veth the receive path runs in the sender's context, so a cheaper drop means a faster
 //! flood: the rate the door namespace absorbs) and a legitimate client's request latency meanwhile.
