@@ -1,6 +1,8 @@
-//! Builds door's XDP program (`door-ebpf`) with aya-build and leaves the object in `OUT_DIR` for
-//! `door_daemon::xdp` to embed. With `AYA_BUILD_SKIP=1` the build is skipped and an empty
-//! placeholder is written instead; door then says at start-up that it has no XDP program.
+//! Builds door's XDP program (`door-ebpf`'s `door-xdp`, without its `reference` feature) with
+//! aya-build and leaves the object in `OUT_DIR` for `door_daemon::shield` to embed. The
+//! benchmark's reference programs are not built here: `tests/build.rs` builds them for
+//! `xdp-bench`. With `AYA_BUILD_SKIP=1` the build is skipped and an empty placeholder is written
+//! instead; door then says at start-up that it has no XDP program.
 
 use std::{fs, path::PathBuf};
 
@@ -24,11 +26,9 @@ fn main() -> anyhow::Result<()> {
     )
     .context("building the XDP program (needs the nightly toolchain with rust-src and bpf-linker; `cargo xtask setup` installs them, AYA_BUILD_SKIP=1 builds without it)")?;
     let out = PathBuf::from(std::env::var("OUT_DIR")?);
-    for name in ["door-xdp", "door-xdp-ref-empty", "door-xdp-ref-minimal"] {
-        let object = out.join(name);
-        if !object.exists() {
-            fs::write(&object, []).with_context(|| format!("writing {}", object.display()))?;
-        }
+    let object = out.join("door-xdp");
+    if !object.exists() {
+        fs::write(&object, []).with_context(|| format!("writing {}", object.display()))?;
     }
     Ok(())
 }

@@ -1,13 +1,23 @@
 //! Support for door's privileged integration suites (`tests/tests/`): packet builders for
-//! BPF_PROG_TEST_RUN, network namespaces for end-to-end runs, and the privilege gate.
+//! BPF_PROG_TEST_RUN, network namespaces for end-to-end runs, the privilege gate, and the
+//! benchmark's reference XDP programs.
 
 pub mod netns;
 pub mod packets;
+pub mod reference;
+
+use std::{cell::RefCell, io::Write as _};
+
+/// The line a privileged test prints when it skips itself (not root, `DOOR_SKIP_PRIVILEGED=1`),
+/// followed by `: SUITE TEST`. `cargo xtask test` counts such a test as skipped, not passed
+/// (`xtask/src/test.rs` matches the same text).
+pub const SKIP_MARKER: &str = "door-test: skipped (needs root)";
 
 /// Whether this process may run the privileged suites (root, hence CAP_BPF and CAP_NET_ADMIN).
 ///
 /// When it may not, the suites fail loudly rather than pass vacuously, unless the caller sets
-/// `DOOR_SKIP_PRIVILEGED=1`, in which case they print that they were skipped.
+/// `DOOR_SKIP_PRIVILEGED=1`: then the test prints a [`SKIP_MARKER`] line (once per test) and
+/// the caller returns early.
 ///
 /// # Panics
 /// When not root and `DOOR_SKIP_PRIVILEGED` is not `1`.
@@ -23,10 +33,37 @@ pub fn privileged_or_skip(suite: &str) -> bool {
         return true;
     }
     if std::env::var_os("DOOR_SKIP_PRIVILEGED").is_some_and(|v| v == "1") {
-        eprintln!("SKIPPED {suite}: needs root (DOOR_SKIP_PRIVILEGED=1)");
+        mark_skipped(suite);
         return false;
     }
     panic!(
         "{suite} needs root (CAP_BPF, CAP_NET_ADMIN); run `cargo xtask test` as root, or set DOOR_SKIP_PRIVILEGED=1 to skip it"
     );
+}
+
+/// Prints `SKIP_MARKER: SUITE TEST` once per test (libtest names each test's thread after it).
+///
+/// Written to the process's stdout itself rather than with `println!`, which libtest captures and
+/// shows only for failures: the line shows in every run, and on a line of its own after libtest's
+/// `test NAME ... `.
+fn mark_skipped(suite: &str) {
+    thread_local! {
+        static MARKED: RefCell<Option<String>> = const { RefCell::new(None) };
+    }
+    let thread = std::thread::current();
+    let test = thread.name().unwrap_or("(unnamed)");
+    let first = MARKED.with_borrow_mut(|marked| {
+        if marked.as_deref() == Some(test) {
+            false
+        } else {
+            *marked = Some(test.to_owned());
+            true
+        }
+    });
+    if first {
+        let line = format!("\n{SKIP_MARKER}: {suite} {test}\n");
+        let mut out = std::io::stdout().lock();
+        // Nothing to do if stdout is gone; the test still skips.
+        let _ = out.write_all(line.as_bytes()).and_then(|()| out.flush());
+    }
 }

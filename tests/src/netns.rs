@@ -430,7 +430,7 @@ impl Drop for TempDir {
     }
 }
 
-/// A SYN flood written by `synflood` (AF_PACKET) onto the client end of the veth, at the door
+/// A SYN flood written by `syn-flood` (AF_PACKET) onto the client end of the veth, at the door
 /// end's MAC, to `[2001:db8:d00::1]:8443`: `count` SYNs at most, for `max_seconds` at most, from
 /// `prefixes` /64s starting at `src_prefix` (documentation range).
 #[derive(Debug, Clone, Copy)]
@@ -445,20 +445,31 @@ pub struct SynFlood {
     pub max_seconds: u64,
 }
 
+/// The SYN count of `syn-flood`'s report (`syn-flood: sent N SYNs from … to … in …`).
+pub fn syn_flood_sent(stdout: &str) -> Option<u64> {
+    stdout
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("syn-flood: sent "))?
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()
+}
+
 impl Topology {
     /// Starts `flood` from the client namespace on a thread, which returns the SYNs sent and the
     /// seconds it took.
     ///
     /// # Errors
-    /// When the door end's MAC cannot be read or `synflood` is not built; the thread's result
-    /// is an error when `synflood` fails or says nothing.
+    /// When the door end's MAC cannot be read or `syn-flood` is not built; the thread's result
+    /// is an error when `syn-flood` fails or does not report what it sent.
     pub fn spawn_flood(
         &self,
         flood: SynFlood,
     ) -> anyhow::Result<std::thread::JoinHandle<anyhow::Result<(u64, f64)>>> {
         let mac = Self::run(&self.door_ns, "cat", &["/sys/class/net/veth-door/address"])?;
         let mac = String::from_utf8(mac.stdout)?.trim().to_owned();
-        let synflood = sibling_bin("synflood")?;
+        let syn_flood = sibling_bin("syn-flood")?;
         let client_ns = self.client_ns.clone();
         Ok(std::thread::spawn(move || {
             let start = Instant::now();
@@ -472,33 +483,29 @@ impl Topology {
                 "veth-client",
                 "--dst-mac",
                 &mac,
-                "--dst",
-                "2001:db8:d00::1",
-                "--port",
-                "8443",
+                "--target",
+                "[2001:db8:d00::1]:8443",
                 "--src-prefix",
                 flood.src_prefix,
                 "--prefixes",
                 &prefixes,
                 "--count",
                 &count,
-                "--max-seconds",
+                "--seconds",
                 &secs,
             ];
             let out = Self::run(
                 &client_ns,
-                synflood.to_str().context("synflood path")?,
+                syn_flood.to_str().context("syn-flood path")?,
                 &args,
             )?;
             let text = String::from_utf8_lossy(&out.stdout);
-            let sent = text
-                .trim()
-                .rsplit(' ')
-                .next()
-                .and_then(|n| n.parse().ok())
+            let sent = syn_flood_sent(&text)
+                .filter(|_| out.status.success())
                 .with_context(|| {
                     format!(
-                        "synflood said {text:?}, {}",
+                        "syn-flood ({}) said {text:?}, {}",
+                        out.status,
                         String::from_utf8_lossy(&out.stderr)
                     )
                 })?;

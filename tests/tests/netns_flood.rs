@@ -1,5 +1,5 @@
 //! Flood tests in network namespaces (root): door's XDP program on the door end of a veth pair,
-//! SYN floods written onto the client end by `synflood` (AF_PACKET, spoofed documentation-range
+//! SYN floods written onto the client end by `syn-flood` (AF_PACKET, spoofed documentation-range
 //! sources, bounded in count and time), and a legitimate client completing HTTP requests through
 //! door meanwhile. Counters read from door's `/status` prove where the SYNs were dropped.
 #![expect(

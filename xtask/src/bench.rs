@@ -59,7 +59,7 @@ struct Run {
 /// nftables if missing, and runs it.
 pub(crate) fn xdp() -> anyhow::Result<()> {
     setup::toolchain()?;
-    setup::debian_packages(&["nftables", "iproute2", "curl"])?;
+    setup::require_debian_packages(&["nftables", "iproute2", "curl"])?;
     step("building the XDP benchmark, door and the demo upstream (release)");
     sh(cargo().args([
         "build",
@@ -69,7 +69,7 @@ pub(crate) fn xdp() -> anyhow::Result<()> {
         "--bin",
         "xdp-bench",
         "--bin",
-        "synflood",
+        "syn-flood",
         "--bin",
         "demo-upstream",
         "--package",
@@ -83,7 +83,7 @@ pub(crate) fn xdp() -> anyhow::Result<()> {
 }
 
 pub(crate) fn proxy() -> anyhow::Result<()> {
-    setup::debian_packages(&["wrk", "nginx-light", "nghttp2-client"])?;
+    setup::require_debian_packages(&["wrk", "nginx-light", "nghttp2-client"])?;
     step("building door (release)");
     sh(cargo().args([
         "build",

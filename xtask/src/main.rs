@@ -1,9 +1,9 @@
 //! `cargo xtask`: door's task runner. Orchestration only: it installs what a fresh machine lacks,
-//! builds, runs the demo and runs every test suite. The eBPF object itself is built by
-//! `door-daemon/build.rs`.
+//! builds, runs the demo and runs every test suite. The eBPF objects themselves are built by
+//! `door-daemon/build.rs` (door's program) and `tests/build.rs` (the benchmark's references).
 //!
 //! - `cargo xtask setup`: nightly `rust-src`, `bpf-linker` 0.10.0, and the Debian packages the
-//!   tests use (idempotent: only what is missing is installed).
+//!   tests use (idempotent: only what is missing is installed; the packages only as root).
 //! - `cargo xtask run [-- ARGS]`: builds, starts the demo upstream and `door --config
 //!   examples/door.toml ARGS`.
 //! - `cargo xtask run --vm KERNEL`: the same demo inside a guest booting Debian's KERNEL (`6.1`,
@@ -11,7 +11,8 @@
 //! - `cargo xtask test`: format and lint checks, unit and property tests, fuzzing, then the
 //!   privileged suites (BPF_PROG_TEST_RUN, netns/veth, real proxies) one test at a time on this
 //!   machine's kernel, the systemd unit and the Debian package, then the privileged suites inside
-//!   guests booting Debian's 6.1 and 6.12 kernels; ends with `N passed, N failed`. `--vm` runs
+//!   guests booting Debian's 6.1 and 6.12 kernels; ends with `N passed, N failed, N skipped`
+//!   (skipped: what could not run here, such as the privileged suites without root). `--vm` runs
 //!   only the guests, `--no-vm` skips them, `--kernel 6.1,6.12` chooses them.
 //! - `cargo xtask bench proxy|xdp`: door against nginx on loopback (see `bench.rs`); door's XDP
 //!   program against reference programs, and on a veth against nftables.
@@ -87,7 +88,16 @@ fn main() -> anyhow::Result<()> {
     let root = workspace_root()?;
     std::env::set_current_dir(&root).with_context(|| format!("entering {}", root.display()))?;
     match cli.command {
-        Task::Setup => setup::all(),
+        Task::Setup => {
+            let missing = setup::all()?;
+            if !missing.is_empty() {
+                bail!(
+                    "missing Debian packages: {0}; install them as root: apt-get install -y {0}",
+                    missing.join(" ")
+                );
+            }
+            Ok(())
+        }
         Task::Run {
             vm: Some(kernel),
             args,
@@ -133,6 +143,19 @@ fn workspace_root() -> anyhow::Result<PathBuf> {
         .map(Path::to_path_buf)
         .context("xtask lives one level below the workspace root")
 }
+
+/// Why a step did not run (not root, a prerequisite this user cannot install): an error that
+/// `cargo xtask test` counts as skipped rather than failed.
+#[derive(Debug)]
+pub(crate) struct Skipped(pub(crate) String);
+
+impl std::fmt::Display for Skipped {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "skipped: {}", self.0)
+    }
+}
+
+impl std::error::Error for Skipped {}
 
 /// Prints a step banner.
 fn step(what: &str) {

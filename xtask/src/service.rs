@@ -19,7 +19,7 @@ const MAX_EXPOSURE: &str = "20";
 /// exposure score.
 pub(crate) fn check() -> anyhow::Result<()> {
     step("systemd unit: systemd-analyze verify and security (packaging/door.service)");
-    setup::debian_packages(&["systemd"])?;
+    setup::require_debian_packages(&["systemd"])?;
     sh(cargo().args(["build", "--package", "door-daemon", "--bin", "door"]))?;
     let door = crate::target_dir().join("debug/door");
     let door = door

@@ -6,7 +6,7 @@ use std::process::Command;
 
 use anyhow::{Context as _, bail};
 
-use crate::{cargo, sh, step};
+use crate::{Skipped, cargo, sh, step};
 
 /// The bpf-linker release that uses the nightly toolchain's own LLVM (newer ones want a system
 /// LLVM this machine does not have).
@@ -16,8 +16,9 @@ const BPF_LINKER_VERSION: &str = "0.10.0";
 /// nginx and HAProxy (the real proxies door runs behind in `tests/tests/proxies_e2e.rs`).
 pub(crate) const DEBIAN_PACKAGES: &[&str] = &["iproute2", "curl", "nginx-light", "haproxy"];
 
-/// Everything: toolchain pieces, then Debian packages.
-pub(crate) fn all() -> anyhow::Result<()> {
+/// Everything: toolchain pieces, then Debian packages. Returns the packages still missing (only
+/// when not root: nothing is installed then).
+pub(crate) fn all() -> anyhow::Result<Vec<&'static str>> {
     toolchain()?;
     debian_packages(DEBIAN_PACKAGES)
 }
@@ -61,8 +62,13 @@ pub(crate) fn toolchain() -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Installs the missing ones of `packages` with apt-get (root only; otherwise says what to run).
-pub(crate) fn debian_packages(packages: &[&str]) -> anyhow::Result<()> {
+/// Installs the missing ones of `packages` with apt-get as root, and returns none. Not root, it
+/// installs nothing: it says what is missing and how to install it, and returns those, for the
+/// caller to skip what needs them.
+///
+/// # Errors
+/// When apt-get fails.
+pub(crate) fn debian_packages<'a>(packages: &[&'a str]) -> anyhow::Result<Vec<&'a str>> {
     step("checking Debian packages");
     let missing: Vec<&str> = packages
         .iter()
@@ -74,20 +80,39 @@ pub(crate) fn debian_packages(packages: &[&str]) -> anyhow::Result<()> {
         .collect();
     if missing.is_empty() {
         eprintln!("    present: {}", packages.join(" "));
-        return Ok(());
+        return Ok(missing);
     }
     if !is_root() {
-        bail!(
-            "missing Debian packages: {0}; install them as root: apt-get install -y {0}",
+        eprintln!(
+            "    missing: {0} (not root, so not installed; as root: apt-get install -y {0})",
             missing.join(" ")
         );
+        return Ok(missing);
     }
     eprintln!("    installing: {}", missing.join(" "));
     sh(Command::new("apt-get").arg("update").arg("-q"))?;
     sh(Command::new("apt-get")
         .args(["install", "-y", "-q", "--no-install-recommends"])
         .args(&missing)
-        .env("DEBIAN_FRONTEND", "noninteractive"))
+        .env("DEBIAN_FRONTEND", "noninteractive"))?;
+    Ok(Vec::new())
+}
+
+/// As [`debian_packages`], for a caller that cannot do without them: a [`Skipped`] error when
+/// one is missing and this process may not install it.
+///
+/// # Errors
+/// When apt-get fails, or (as [`Skipped`]) when a package is missing and this is not root.
+pub(crate) fn require_debian_packages(packages: &[&str]) -> anyhow::Result<()> {
+    let missing = debian_packages(packages)?;
+    if missing.is_empty() {
+        return Ok(());
+    }
+    Err(Skipped(format!(
+        "missing Debian packages {0} (install them as root: apt-get install -y {0})",
+        missing.join(" ")
+    ))
+    .into())
 }
 
 /// Whether this process runs as root (`id -u` is 0).

@@ -1,21 +1,112 @@
 //! `cargo xtask test`: every check and suite, in order, each said before it runs; the run goes on
-//! after a failure so one report shows everything, and ends with the totals.
+//! after a failure so one report shows everything, and ends with the totals on a line of their
+//! own: `xtask: N passed, N failed, N skipped`. Skipped is what could not run here: a privileged
+//! test without root (it prints [`SKIP_MARKER`] and passes; it is counted as skipped, not passed),
+//! a test libtest ignored, and a step whose prerequisites this user cannot install (the Debian
+//! package install test without root, the VM matrix without qemu).
 
 use std::{
+    collections::BTreeSet,
     io::{BufRead as _, BufReader},
     process::{Command, Stdio},
 };
 
 use anyhow::{Context as _, bail};
 
-use crate::{cargo, deb, display, service, setup, sh, step, vm};
+use crate::{Skipped, cargo, deb, display, service, setup, sh, step, vm};
 
-/// Totals over every `cargo test` run (from libtest's `test result:` lines) and every check.
+/// The line a privileged test of `door-tests` prints when it skips itself, followed by
+/// `: SUITE TEST` (`door_tests::SKIP_MARKER`; the same text: xtask does not link door-tests).
+pub(crate) const SKIP_MARKER: &str = "door-test: skipped (needs root)";
+
+/// libtest's summary of one test binary: `test result: ok. 12 passed; 0 failed; 1 ignored; …`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct Summary {
+    /// Tests that passed (including those that skipped themselves).
+    pub(crate) passed: u64,
+    /// Tests that failed.
+    pub(crate) failed: u64,
+    /// Tests libtest did not run (`#[ignore]`).
+    pub(crate) ignored: u64,
+}
+
+/// Parses libtest's `test result:` line.
+pub(crate) fn parse_result(line: &str) -> Option<Summary> {
+    let rest = line.trim().strip_prefix("test result: ")?;
+    let mut passed = None;
+    let mut failed = None;
+    let mut ignored = 0;
+    for part in rest.split([';', '.']) {
+        let mut words = part.split_whitespace();
+        if let (Some(n), Some(what)) = (words.next(), words.next()) {
+            match what {
+                "passed" => passed = n.parse().ok(),
+                "failed" => failed = n.parse().ok(),
+                "ignored" => ignored = n.parse().unwrap_or(0),
+                _ => {}
+            }
+        }
+    }
+    Some(Summary {
+        passed: passed?,
+        failed: failed?,
+        ignored,
+    })
+}
+
+/// Adds up libtest output, line by line, over any number of test binaries: each `test result:`
+/// line, less the tests of that binary that printed [`SKIP_MARKER`] (counted once per test,
+/// moved from passed to skipped), plus the tests libtest ignored (skipped too).
+#[derive(Debug, Default)]
+pub(crate) struct Counts {
+    /// Tests that passed and ran.
+    pub(crate) passed: u64,
+    /// Tests that failed.
+    pub(crate) failed: u64,
+    /// Tests that did not run: skipped themselves, or ignored.
+    pub(crate) skipped: u64,
+    /// The current binary's tests that skipped themselves (`SUITE TEST`).
+    marked: BTreeSet<String>,
+}
+
+impl Counts {
+    /// Takes one line of output; true when it was a `test result:` line.
+    pub(crate) fn line(&mut self, line: &str) -> bool {
+        let trimmed = line.trim();
+        if let Some(test) = trimmed.strip_prefix(SKIP_MARKER) {
+            self.marked
+                .insert(test.trim_start_matches(':').trim().to_owned());
+            return false;
+        }
+        if trimmed.starts_with("running ") && trimmed.ends_with(" tests")
+            || trimmed == "running 1 test"
+        {
+            // A new binary: a marker from one that died without a result line is not carried.
+            self.marked.clear();
+            return false;
+        }
+        let Some(summary) = parse_result(trimmed) else {
+            return false;
+        };
+        let skipped = u64::try_from(self.marked.len())
+            .unwrap_or(u64::MAX)
+            .min(summary.passed);
+        self.marked.clear();
+        self.passed += summary.passed - skipped;
+        self.failed += summary.failed;
+        self.skipped += skipped + summary.ignored;
+        true
+    }
+}
+
+/// Totals over every `cargo test` run and every check.
 #[derive(Debug, Default)]
 struct Tally {
     passed: u64,
     failed: u64,
+    skipped: u64,
     failures: Vec<String>,
+    skips: Vec<String>,
 }
 
 impl Tally {
@@ -30,7 +121,7 @@ impl Tally {
         }
     }
 
-    /// Runs `cargo test …`, echoing its output and adding up its `test result:` lines.
+    /// Runs `cargo test …`, echoing its output and adding it up with [`Counts`].
     fn suite(&mut self, name: &str, cmd: &mut Command) -> anyhow::Result<()> {
         step(name);
         eprintln!("    $ {}", display(cmd));
@@ -39,15 +130,19 @@ impl Tally {
             .spawn()
             .with_context(|| display(cmd))?;
         let stdout = child.stdout.take().context("piped stdout")?;
+        let mut counts = Counts::default();
         let mut saw_result = false;
         for line in BufReader::new(stdout).lines() {
             let line = line?;
             println!("{line}");
-            if let Some((passed, failed)) = parse_result(&line) {
-                saw_result = true;
-                self.passed += passed;
-                self.failed += failed;
-            }
+            saw_result |= counts.line(&line);
+        }
+        self.passed += counts.passed;
+        self.failed += counts.failed;
+        self.skipped += counts.skipped;
+        if counts.skipped > 0 {
+            self.skips
+                .push(format!("{name}: {} test(s) did not run", counts.skipped));
         }
         let status = child.wait()?;
         if !status.success() {
@@ -60,13 +155,19 @@ impl Tally {
         Ok(())
     }
 
-    /// Runs a check written in Rust (systemd unit, Debian package): one pass or one failure.
+    /// Runs a check written in Rust (systemd unit, Debian package): one pass, one failure, or
+    /// one skip when it returns [`Skipped`].
     fn task(&mut self, name: &str, f: impl FnOnce() -> anyhow::Result<()>) {
-        if let Err(e) = f() {
+        let Err(e) = f() else {
+            self.passed += 1;
+            return;
+        };
+        if let Some(Skipped(why)) = e.downcast_ref::<Skipped>() {
+            eprintln!("    SKIPPED: {why}");
+            self.skip(1, format!("{name}: {why}"));
+        } else {
             eprintln!("    FAILED: {e:#}");
             self.fail(format!("{name}: {e:#}"));
-        } else {
-            self.passed += 1;
         }
     }
 
@@ -74,29 +175,16 @@ impl Tally {
         self.failed += 1;
         self.failures.push(what);
     }
-}
 
-/// Parses libtest's `test result: ok. 12 passed; 0 failed; …` into (passed, failed).
-pub(crate) fn parse_result(line: &str) -> Option<(u64, u64)> {
-    let rest = line.trim().strip_prefix("test result: ")?;
-    let mut passed = None;
-    let mut failed = None;
-    for part in rest.split([';', '.']) {
-        let mut words = part.split_whitespace();
-        if let (Some(n), Some(what)) = (words.next(), words.next()) {
-            match what {
-                "passed" => passed = n.parse().ok(),
-                "failed" => failed = n.parse().ok(),
-                _ => {}
-            }
-        }
+    fn skip(&mut self, n: u64, what: String) {
+        self.skipped += n;
+        self.skips.push(what);
     }
-    Some((passed?, failed?))
 }
 
 /// Runs everything; with `kernels`, the privileged suites also run inside a guest per kernel.
 pub(crate) fn all(kernels: Option<&[String]>) -> anyhow::Result<()> {
-    setup::all()?;
+    let missing = setup::all()?;
     let mut t = Tally::default();
     t.check(
         "formatting (cargo fmt --check)",
@@ -124,6 +212,9 @@ pub(crate) fn all(kernels: Option<&[String]>) -> anyhow::Result<()> {
                 "--package",
                 "door-ebpf",
                 "--release",
+                // The benchmark's reference programs too (tests/build.rs builds them).
+                "--features",
+                "reference",
             ])
             .args([
                 "--target",
@@ -154,15 +245,31 @@ pub(crate) fn all(kernels: Option<&[String]>) -> anyhow::Result<()> {
             &mut privileged,
         )?;
     } else {
-        eprintln!("\n==> privileged suites SKIPPED: not root (CI runs them as root)");
+        // Without root nothing is installed either: the suites that need the missing packages
+        // (ip, curl, nginx, HAProxy) are among those that skip themselves.
+        eprintln!(
+            "\n==> privileged suites SKIPPED: not root (CI runs them as root){}",
+            if missing.is_empty() {
+                String::new()
+            } else {
+                format!("; missing Debian packages: {}", missing.join(" "))
+            }
+        );
         privileged.env("DOOR_SKIP_PRIVILEGED", "1");
-        t.suite("privileged suites (skipping without root)", &mut privileged)?;
+        t.suite(
+            "privileged suites (each skips itself without root; the others run)",
+            &mut privileged,
+        )?;
     }
     t.task("systemd unit", service::check);
     if setup::is_root() {
         t.task("Debian package", deb::install_test);
     } else {
         eprintln!("\n==> Debian package install test SKIPPED: not root (dpkg -i needs it)");
+        t.skip(
+            1,
+            "Debian package install test: not root (dpkg -i needs it)".to_owned(),
+        );
     }
     if let Some(kernels) = kernels {
         t.vm(kernels);
@@ -190,6 +297,7 @@ impl Tally {
                 for r in results {
                     self.passed += r.passed;
                     self.failed += r.failed;
+                    self.skipped += r.skipped;
                     self.failures.extend(
                         r.failures
                             .into_iter()
@@ -197,22 +305,40 @@ impl Tally {
                     );
                 }
             }
-            Err(e) => self.fail(format!("VM matrix: {e:#}")),
+            Err(e) => match e.downcast_ref::<Skipped>() {
+                // One skip per kernel that did not boot.
+                Some(Skipped(why)) => {
+                    eprintln!("    SKIPPED: {why}");
+                    self.skip(
+                        u64::try_from(kernels.len()).unwrap_or(1),
+                        format!("VM matrix ({}): {why}", kernels.join(", ")),
+                    );
+                }
+                None => self.fail(format!("VM matrix: {e:#}")),
+            },
         }
     }
 
-    /// Prints the failures and the total line; an error when anything failed.
+    /// Prints the skips, the failures and the total line; an error when anything failed.
     fn finish(&self) -> anyhow::Result<()> {
         eprintln!();
+        for s in &self.skips {
+            eprintln!("SKIPPED: {s}");
+        }
         for f in &self.failures {
             eprintln!("FAILED: {f}");
         }
-        println!("xtask: {} passed, {} failed", self.passed, self.failed);
+        println!("{}", total_line(self.passed, self.failed, self.skipped));
         if self.failed > 0 || !self.failures.is_empty() {
             bail!("{} failed", self.failures.len().max(1));
         }
         Ok(())
     }
+}
+
+/// The last line of `cargo xtask test`, alone on its line.
+fn total_line(passed: u64, failed: u64, skipped: u64) -> String {
+    format!("xtask: {passed} passed, {failed} failed, {skipped} skipped")
 }
 
 /// The cargo-fuzz targets (`fuzz/`), each run briefly.
@@ -251,7 +377,7 @@ fn fuzz(t: &mut Tally) {
 
 #[cfg(test)]
 mod tests {
-    use super::parse_result;
+    use super::{Counts, Summary, parse_result, total_line};
 
     #[test]
     fn parses_libtest_summaries() {
@@ -259,14 +385,84 @@ mod tests {
             parse_result(
                 "test result: ok. 12 passed; 0 failed; 1 ignored; 0 measured; 0 filtered out; finished in 0.01s"
             ),
-            Some((12, 0))
+            Some(Summary {
+                passed: 12,
+                failed: 0,
+                ignored: 1
+            })
         );
         assert_eq!(
             parse_result(
                 "test result: FAILED. 3 passed; 2 failed; 0 ignored; 0 measured; 0 filtered out"
             ),
-            Some((3, 2))
+            Some(Summary {
+                passed: 3,
+                failed: 2,
+                ignored: 0
+            })
         );
         assert_eq!(parse_result("running 3 tests"), None);
+    }
+
+    fn count(output: &str) -> Counts {
+        let mut c = Counts::default();
+        for line in output.lines() {
+            c.line(line);
+        }
+        c
+    }
+
+    /// What a privileged suite prints without root under `DOOR_SKIP_PRIVILEGED=1` (two of its
+    /// tests skip themselves, one needs no root), then a binary with an ignored test.
+    const UNPRIVILEGED_RUN: &str = "
+running 3 tests
+test ipv4_syn_increments_exactly_its_slash_32 ... 
+door-test: skipped (needs root): bpf_test_run ipv4_syn_increments_exactly_its_slash_32
+ok
+test ipv6_syn_increments_its_slash_64 ... 
+door-test: skipped (needs root): bpf_test_run ipv6_syn_increments_its_slash_64
+ok
+test builds_frames ... ok
+
+test result: ok. 3 passed; 0 failed; 0 ignored; 0 measured; 0 filtered out; finished in 0.00s
+
+running 2 tests
+test a ... ok
+test b ... ignored
+
+test result: ok. 1 passed; 0 failed; 1 ignored; 0 measured; 0 filtered out; finished in 0.00s
+";
+
+    #[test]
+    fn tests_that_skip_themselves_are_skipped_not_passed() {
+        let c = count(UNPRIVILEGED_RUN);
+        assert_eq!((c.passed, c.failed, c.skipped), (2, 0, 3));
+    }
+
+    #[test]
+    fn a_test_marked_twice_is_skipped_once_and_markers_stay_in_their_binary() {
+        let c = count(
+            "running 1 test
+door-test: skipped (needs root): xdp_shield observing_never_drops
+door-test: skipped (needs root): xdp_shield observing_never_drops
+test observing_never_drops ... ok
+test result: ok. 1 passed; 0 failed; 0 ignored; 0 measured; 0 filtered out
+running 2 tests
+door-test: skipped (needs root): netns_e2e crashed_before_its_result_line
+running 2 tests
+test x ... ok
+test y ... ok
+test result: ok. 2 passed; 0 failed; 0 ignored; 0 measured; 0 filtered out
+",
+        );
+        assert_eq!((c.passed, c.failed, c.skipped), (2, 0, 1));
+    }
+
+    #[test]
+    fn the_total_line_is_passed_failed_skipped() {
+        assert_eq!(
+            total_line(277, 0, 12),
+            "xtask: 277 passed, 0 failed, 12 skipped"
+        );
     }
 }

@@ -26,7 +26,7 @@ use std::{
 
 use anyhow::{Context as _, bail};
 
-use crate::{cargo, display, setup, sh, step, test::parse_result};
+use crate::{Skipped, cargo, display, setup, sh, step, test::Counts};
 
 /// The kernels `cargo xtask test` boots by default: bookworm's own and its backported LTS.
 pub(crate) const DEFAULT_KERNELS: [&str; 2] = ["6.1", "6.12"];
@@ -69,6 +69,8 @@ pub(crate) struct KernelResult {
     pub(crate) passed: u64,
     /// Tests failed, plus one per suite binary or guest that failed without saying how many.
     pub(crate) failed: u64,
+    /// Tests that did not run (skipped themselves, or ignored), as [`Counts`] has them.
+    pub(crate) skipped: u64,
     /// What went wrong, for the summary.
     pub(crate) failures: Vec<String>,
     /// Wall time of the boot.
@@ -107,15 +109,15 @@ pub(crate) fn test(kernels: &[String]) -> anyhow::Result<Vec<KernelResult>> {
     }
     for r in &results {
         println!(
-            "{}: {} passed, {} failed ({:.0?})",
-            r.release, r.passed, r.failed, r.elapsed
+            "{}: {} passed, {} failed, {} skipped ({:.0?})",
+            r.release, r.passed, r.failed, r.skipped, r.elapsed
         );
     }
-    let (passed, failed) = results
-        .iter()
-        .fold((0, 0), |(p, f), r| (p + r.passed, f + r.failed));
+    let (passed, failed, skipped) = results.iter().fold((0, 0, 0), |(p, f, s), r| {
+        (p + r.passed, f + r.failed, s + r.skipped)
+    });
     println!(
-        "vm: {passed} passed, {failed} failed ({} kernels, {:.0?} in all)",
+        "vm: {passed} passed, {failed} failed, {skipped} skipped ({} kernels, {:.0?} in all)",
         results.len(),
         start.elapsed()
     );
@@ -163,12 +165,13 @@ fn prerequisites() -> anyhow::Result<()> {
     step(
         "checking what the VM runs need (qemu-system-x86, busybox-static, musl-tools, cpio, xz, zstd, musl target)",
     );
+    let mut missing = Vec::new();
     if installed("qemu-system-x86") {
         eprintln!("    qemu-system-x86: present");
+    } else if !setup::is_root() {
+        eprintln!("    qemu-system-x86: missing; not root, so not installed (from backports)");
+        missing.push("qemu-system-x86");
     } else {
-        if !setup::is_root() {
-            bail!("qemu-system-x86 is missing; run this as root so that it can be installed");
-        }
         let suite = format!("{}-backports", codename()?);
         let source = Path::new("/etc/apt/sources.list.d/door-backports.sources");
         let has_backports = fs::read_dir("/etc/apt/sources.list.d")
@@ -205,7 +208,14 @@ fn prerequisites() -> anyhow::Result<()> {
             .arg("qemu-system-x86")
             .env("DEBIAN_FRONTEND", "noninteractive"))?;
     }
-    setup::debian_packages(VM_PACKAGES)?;
+    missing.extend(setup::debian_packages(VM_PACKAGES)?);
+    if !missing.is_empty() {
+        return Err(Skipped(format!(
+            "the VM runs need {} (run this as root once to install them)",
+            missing.join(" ")
+        ))
+        .into());
+    }
     let targets = output(Command::new("rustup").args(["target", "list", "--installed"]))?;
     if targets.lines().any(|l| l.trim() == MUSL) {
         eprintln!("    rust target {MUSL}: present");
@@ -991,9 +1001,11 @@ fn judge_tests(kernel: &Kernel, boot: &Boot) -> KernelResult {
         release: kernel.release.clone(),
         passed: 0,
         failed: 0,
+        skipped: 0,
         failures: Vec::new(),
         elapsed: boot.elapsed,
     };
+    let mut counts = Counts::default();
     let mut current: Option<(String, u64)> = None;
     let mut suites = 0;
     for line in &boot.lines {
@@ -1009,14 +1021,15 @@ fn judge_tests(kernel: &Kernel, boot: &Boot) -> KernelResult {
                     r.failed += 1;
                 }
             }
-        } else if let Some((passed, failed)) = parse_result(line) {
-            r.passed += passed;
-            r.failed += failed;
-            if let Some((_, n)) = current.as_mut() {
-                *n += 1;
-            }
+        } else if counts.line(line)
+            && let Some((_, n)) = current.as_mut()
+        {
+            *n += 1;
         }
     }
+    r.passed += counts.passed;
+    r.failed += counts.failed;
+    r.skipped += counts.skipped;
     if let Some((name, _)) = current {
         r.failures.push(format!("{name} never finished"));
         r.failed += 1;

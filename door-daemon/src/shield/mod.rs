@@ -30,17 +30,9 @@ use thiserror::Error;
 use crate::config::{XdpConfig, XdpMode};
 
 /// The XDP object built by `build.rs` from `door-ebpf` (empty when built with `AYA_BUILD_SKIP=1`).
+/// The only eBPF object door carries: the benchmark's reference programs live in the tests crate
+/// (`door_tests::reference`) and are loaded with [`Shield::load_object`].
 pub static PROGRAM: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/door-xdp"));
-
-/// Benchmark reference: the empty XDP program (the floor), built from `door-ebpf`'s
-/// `ref_empty.rs`. Load with [`Shield::load_object`]; only [`Shield::test_run`] applies.
-pub static REFERENCE_EMPTY: &[u8] =
-    aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/door-xdp-ref-empty"));
-
-/// Benchmark reference: parse Ethernet/IPv4/TCP and one LRU-hash update keyed by the source
-/// prefix (`door-ebpf`'s `ref_minimal.rs`). Load with [`Shield::load_object`].
-pub static REFERENCE_MINIMAL: &[u8] =
-    aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/door-xdp-ref-minimal"));
 
 /// Why the shield could not be loaded, attached or read.
 #[derive(Debug, Error)]

@@ -1,128 +1,540 @@
-//! A bounded one-address SYN flood for door's demos (`cargo xtask run --vm`): sends at most
-//! `--count` TCP SYNs from `--source` to `--target` through a raw IPv4 socket (`IP_HDRINCL`, so the
-//! source address is the one given, whatever the interface holds), and stops after `--seconds`
-//! whatever the count. Needs CAP_NET_RAW; meant for a network namespace inside a test VM, never
-//! for a real network.
+//! A bounded TCP SYN flood for door's tests, benchmark and demos: at most `--count` SYNs, for at
+//! most `--seconds`, to one destination, from one source address or from sources rotated across
+//! door's prefixes. Needs CAP_NET_RAW; meant for network namespaces a test or a test VM made
+//! itself, never for a real network: it refuses any source or destination outside the
+//! documentation ranges (192.0.2.0/24, 198.51.100.0/24, 203.0.113.0/24, 2001:db8::/32).
+//!
+//! Two ways out, IPv4 or IPv6 either way:
+//!
+//! - by default, a raw IP socket (`IPPROTO_RAW`, so the header is the one built here, with the
+//!   source given whatever the interface holds) and the kernel's routing:
+//!   `syn-flood --source 192.0.2.66 --target 192.0.2.1:8443 --count 2000 --seconds 10`
+//!   (`cargo xtask run --vm`'s demo);
+//! - with `--iface` and `--dst-mac`, Ethernet frames written straight onto the interface
+//!   (AF_PACKET), past routing and neighbour discovery:
+//!   `syn-flood --iface veth-client --dst-mac 02:..:.. --dst 2001:db8:d00::1 --port 8443
+//!   --src-prefix 2001:db8:bad:: --prefixes 1 --count 5000 --max-seconds 10`
+//!   (the netns flood suite and `xdp-bench --veth`, through `door_tests::netns::SynFlood`).
+//!
+//! The destination is `--target ADDR:PORT` or, equivalently, `--dst ADDR --port PORT`. Sources
+//! are `--source ADDR` (every SYN from it) or `--src-prefix ADDR --prefixes N`: N of door's
+//! prefixes from ADDR's on, in turn, IPv6 /64s (the host part rotates within each /64) or IPv4
+//! /32s (consecutive addresses). `--max-seconds` is `--seconds`. Every SYN has a new source port.
+//!
+//! Prints `syn-flood: sent N SYNs from … to … in …s (E send errors)` on stdout and exits
+//! non-zero when it could send none.
 
 use std::{
-    net::{Ipv4Addr, SocketAddrV4},
+    net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr},
     time::{Duration, Instant},
 };
 
 use anyhow::{Context as _, bail};
-use clap::Parser;
+use clap::{ArgGroup, Parser};
 use etherparse::PacketBuilder;
 
-/// Bounded one-address SYN flood (raw socket; for test namespaces only).
+/// Source MAC of the frames written with `--iface` (locally administered).
+const SRC_MAC: [u8; 6] = [0x02, 0, 0, 0, 0xba, 0xd0];
+
+/// Bounded SYN flood between documentation-range addresses (see the module docs).
 #[derive(Debug, Parser)]
+#[command(name = "syn-flood")]
+#[command(group(ArgGroup::new("destination").required(true).args(["target", "dst"])))]
+#[command(group(ArgGroup::new("sources").required(true).args(["source", "src_prefix"])))]
 struct Args {
-    /// Source address written into every SYN.
+    /// Destination address and port (`192.0.2.1:8443`, `[2001:db8:d00::1]:8443`).
     #[arg(long)]
-    source: Ipv4Addr,
-    /// Destination address and port.
+    target: Option<SocketAddr>,
+    /// Destination address, with `--port`: the same as `--target`.
+    #[arg(long, requires = "port")]
+    dst: Option<IpAddr>,
+    /// Destination port, with `--dst`.
+    #[arg(long, requires = "dst")]
+    port: Option<u16>,
+    /// The one source address written into every SYN.
     #[arg(long)]
-    target: SocketAddrV4,
-    /// Number of SYNs to send at most.
+    source: Option<IpAddr>,
+    /// The first source prefix (its host part is ignored for IPv6): SYNs rotate through
+    /// `--prefixes` of door's prefixes (IPv6 /64s, IPv4 /32s) from this one on.
+    #[arg(long)]
+    src_prefix: Option<IpAddr>,
+    /// Distinct prefixes to rotate through, with `--src-prefix`.
+    #[arg(long, default_value_t = 1, requires = "src_prefix")]
+    prefixes: u64,
+    /// Write Ethernet frames onto this interface (AF_PACKET) instead of sending through a raw
+    /// IP socket and the routing table; needs `--dst-mac`.
+    #[arg(long, requires = "dst_mac")]
+    iface: Option<String>,
+    /// Destination MAC of the frames, `aa:bb:cc:dd:ee:ff`, with `--iface`.
+    #[arg(long, requires = "iface")]
+    dst_mac: Option<String>,
+    /// SYNs to send at most (failed sends count).
     #[arg(long, default_value_t = 1000)]
-    count: u32,
-    /// Time bound in seconds.
-    #[arg(long, default_value_t = 10)]
+    count: u64,
+    /// Time bound in seconds, whatever the count.
+    #[arg(long, visible_alias = "max-seconds", default_value_t = 10)]
     seconds: u64,
+}
+
+/// Where the SYNs come from.
+#[derive(Debug, Clone, Copy)]
+enum Sources {
+    /// Every SYN from this address.
+    One(IpAddr),
+    /// IPv6: `prefixes` /64s from `base` (host part zero) on, the host part rotating within each.
+    V6 { base: u128, prefixes: u64 },
+    /// IPv4: `prefixes` consecutive /32s from `base` on.
+    V4 { base: u32, prefixes: u64 },
+}
+
+impl Sources {
+    fn from_args(args: &Args) -> anyhow::Result<Self> {
+        let prefixes = args.prefixes.max(1);
+        let sources = match (args.source, args.src_prefix) {
+            (Some(one), _) => Self::One(one),
+            (None, Some(IpAddr::V6(p))) => Self::V6 {
+                base: u128::from(p) & !u128::from(u64::MAX),
+                prefixes,
+            },
+            (None, Some(IpAddr::V4(p))) => Self::V4 {
+                base: u32::from(p),
+                prefixes,
+            },
+            (None, None) => bail!("--source or --src-prefix is required"),
+        };
+        // Documentation blocks are contiguous: the first and the last source in one block means
+        // every source between them is in it.
+        let (first, last) = (sources.nth(0), sources.last()?);
+        match (documentation_block(first), documentation_block(last)) {
+            (Some(a), Some(b)) if a == b => Ok(sources),
+            _ => bail!(
+                "syn-flood only sends from documentation-range sources (192.0.2.0/24, \
+                 198.51.100.0/24, 203.0.113.0/24, 2001:db8::/32), all in one block: {first} to {last}"
+            ),
+        }
+    }
+
+    /// The source of the `n`th SYN.
+    fn nth(self, n: u64) -> IpAddr {
+        match self {
+            Self::One(ip) => ip,
+            Self::V6 { base, prefixes } => {
+                let prefix = u128::from(n % prefixes) << 64;
+                let host = u128::from(n / prefixes + 1);
+                IpAddr::V6(Ipv6Addr::from(base.wrapping_add(prefix) | host))
+            }
+            Self::V4 { base, prefixes } => {
+                let offset = u32::try_from(n % prefixes).unwrap_or(u32::MAX);
+                IpAddr::V4(Ipv4Addr::from(base.wrapping_add(offset)))
+            }
+        }
+    }
+
+    /// The last prefix's first source, for the range check.
+    fn last(self) -> anyhow::Result<IpAddr> {
+        match self {
+            Self::One(ip) => Ok(ip),
+            Self::V6 { base, prefixes } => base
+                .checked_add(u128::from(prefixes - 1) << 64)
+                .map(|a| IpAddr::V6(Ipv6Addr::from(a | 1)))
+                .context("--prefixes runs past the end of the address space"),
+            Self::V4 { base, prefixes } => u32::try_from(prefixes - 1)
+                .ok()
+                .and_then(|n| base.checked_add(n))
+                .map(|a| IpAddr::V4(Ipv4Addr::from(a)))
+                .context("--prefixes runs past the end of the address space"),
+        }
+    }
+}
+
+impl std::fmt::Display for Sources {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match *self {
+            Self::One(ip) => write!(f, "{ip}"),
+            Self::V6 { base, prefixes } => {
+                write!(f, "{prefixes} /64(s) from {}/64", Ipv6Addr::from(base))
+            }
+            Self::V4 { base, prefixes } => {
+                write!(f, "{prefixes} /32(s) from {}", Ipv4Addr::from(base))
+            }
+        }
+    }
+}
+
+/// The documentation block `ip` is in (its /24 or the /32 of 2001:db8::), if any.
+fn documentation_block(ip: IpAddr) -> Option<u128> {
+    match ip {
+        IpAddr::V4(v4) => {
+            let [a, b, c, _] = v4.octets();
+            matches!((a, b, c), (192, 0, 2) | (198, 51, 100) | (203, 0, 113))
+                .then(|| u128::from(u32::from(v4) >> 8))
+        }
+        IpAddr::V6(v6) => (v6.segments()[..2] == [0x2001, 0x0db8]).then_some(0x2001_0db8 << 96),
+    }
+}
+
+fn parse_mac(s: &str) -> anyhow::Result<[u8; 6]> {
+    let parts: Vec<u8> = s
+        .split(':')
+        .map(|p| u8::from_str_radix(p, 16))
+        .collect::<Result<_, _>>()
+        .with_context(|| format!("--dst-mac {s:?}"))?;
+    parts
+        .try_into()
+        .map_err(|_| anyhow::anyhow!("--dst-mac {s:?}: six bytes expected"))
 }
 
 fn main() -> anyhow::Result<()> {
     let args = Args::parse();
-    let socket = RawSocket::open()?;
+    let target = match (args.target, args.dst, args.port) {
+        (Some(target), _, _) => target,
+        (None, Some(dst), Some(port)) => SocketAddr::new(dst, port),
+        _ => bail!("--target, or --dst with --port, is required"),
+    };
+    if documentation_block(target.ip()).is_none() {
+        bail!(
+            "syn-flood only sends to documentation-range addresses (192.0.2.0/24, \
+             198.51.100.0/24, 203.0.113.0/24, 2001:db8::/32), not {}",
+            target.ip()
+        );
+    }
+    let sources = Sources::from_args(&args)?;
+    if sources.nth(0).is_ipv4() != target.is_ipv4() {
+        bail!("the sources ({sources}) and the target ({target}) are not of one address family");
+    }
+    let (socket, ethernet) = match (&args.iface, &args.dst_mac) {
+        (Some(iface), Some(mac)) => {
+            let ethertype: u16 = if target.is_ipv4() { 0x0800 } else { 0x86dd };
+            let mut header = Vec::with_capacity(14);
+            header.extend_from_slice(&parse_mac(mac)?);
+            header.extend_from_slice(&SRC_MAC);
+            header.extend_from_slice(&ethertype.to_be_bytes());
+            (sys::Socket::packet(iface)?, header)
+        }
+        _ => (sys::Socket::ip(target.ip())?, Vec::new()),
+    };
+
     let limit = Duration::from_secs(args.seconds);
     let start = Instant::now();
-    let mut sent = 0_u32;
-    let mut errors = 0_u32;
+    let (mut sent, mut errors) = (0_u64, 0_u64);
+    let mut last_error = None;
+    let mut frame = Vec::with_capacity(ethernet.len() + 60);
     while sent + errors < args.count && start.elapsed() < limit {
-        // A new source port per SYN, as a flood tool would: every SYN opens a new half-connection.
-        let sport = 10_000 + u16::try_from((sent + errors) % 50_000).unwrap_or(0);
-        let packet = syn(args.source, *args.target.ip(), sport, args.target.port())?;
-        if socket.send_to(&packet, *args.target.ip()).is_ok() {
-            sent += 1;
-        } else {
-            errors += 1;
+        let n = sent + errors;
+        frame.clear();
+        frame.extend_from_slice(&ethernet);
+        syn(&mut frame, sources.nth(n), target, n)?;
+        match socket.send(&frame) {
+            Ok(()) => sent += 1,
+            Err(e) => {
+                errors += 1;
+                last_error = Some(e);
+            }
         }
     }
     println!(
-        "syn-flood: sent {sent} SYNs from {} to {} in {:.1?} ({errors} send errors)",
-        args.source,
-        args.target,
+        "syn-flood: sent {sent} SYNs from {sources} to {target} in {:.1?} ({errors} send errors)",
         start.elapsed()
     );
-    Ok(())
+    match last_error {
+        Some(e) if sent == 0 => Err(e).context("every send failed"),
+        _ => Ok(()),
+    }
 }
 
-/// An IPv4/TCP SYN (no Ethernet header: the kernel routes it).
-fn syn(src: Ipv4Addr, dst: Ipv4Addr, sport: u16, dport: u16) -> anyhow::Result<Vec<u8>> {
-    let builder = PacketBuilder::ipv4(src.octets(), dst.octets(), 64)
-        .tcp(
-            sport,
-            dport,
-            u32::from(sport).wrapping_mul(2_654_435_761),
-            64_240,
-        )
-        .syn();
-    let mut packet = Vec::with_capacity(builder.size(0));
-    builder.write(&mut packet, &[]).context("building a SYN")?;
-    Ok(packet)
+/// Appends the `n`th SYN, an IP packet from `src` to `dst`, to `out`: a new source port per SYN,
+/// as a flood tool would send (every SYN opens a new half-connection).
+fn syn(out: &mut Vec<u8>, src: IpAddr, dst: SocketAddr, n: u64) -> anyhow::Result<()> {
+    let builder = match (src, dst.ip()) {
+        (IpAddr::V4(s), IpAddr::V4(d)) => PacketBuilder::ipv4(s.octets(), d.octets(), 64),
+        (IpAddr::V6(s), IpAddr::V6(d)) => PacketBuilder::ipv6(s.octets(), d.octets(), 64),
+        _ => bail!("{src} and {dst} are not of one address family"),
+    };
+    let sport = 1024 + u16::try_from(n % 60_000).unwrap_or(0);
+    let seq = u32::try_from(n & 0xffff_ffff)
+        .unwrap_or(0)
+        .wrapping_mul(2_654_435_761);
+    builder
+        .tcp(sport, dst.port(), seq, 64_240)
+        .syn()
+        .write(out, &[])
+        .context("building a SYN")
 }
 
-/// A raw IPv4 socket that sends complete IP packets (`IPPROTO_RAW` implies `IP_HDRINCL`).
-struct RawSocket(libc::c_int);
+mod sys {
+    //! The raw sockets: the only `unsafe` of this binary.
+    #![expect(
+        unsafe_code,
+        reason = "raw IP and AF_PACKET sockets are only reachable through libc"
+    )]
 
-impl RawSocket {
-    fn open() -> anyhow::Result<Self> {
-        // SAFETY: socket(2) with constant arguments; the result is checked.
-        #[expect(unsafe_code, reason = "socket(2) via libc")]
-        let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_RAW, libc::IPPROTO_RAW) };
+    use std::{
+        ffi::CString,
+        io,
+        net::IpAddr,
+        os::fd::{AsRawFd, FromRawFd, OwnedFd},
+    };
+
+    use anyhow::Context as _;
+
+    /// Where `sendto` sends.
+    enum Addr {
+        V4(libc::sockaddr_in),
+        V6(libc::sockaddr_in6),
+        Link(libc::sockaddr_ll),
+    }
+
+    /// A raw IP socket to one destination, or an AF_PACKET socket on one interface.
+    pub(crate) struct Socket {
+        fd: OwnedFd,
+        addr: Addr,
+    }
+
+    fn socket(domain: libc::c_int, protocol: libc::c_int) -> io::Result<OwnedFd> {
+        // SAFETY: plain socket(2) call; the result is checked.
+        let fd = unsafe { libc::socket(domain, libc::SOCK_RAW, protocol) };
         if fd < 0 {
-            bail!(
-                "opening a raw socket (needs CAP_NET_RAW): {}",
-                std::io::Error::last_os_error()
-            );
+            return Err(io::Error::last_os_error());
         }
-        Ok(Self(fd))
+        // SAFETY: `fd` was just returned by socket(2) and is owned by nobody else.
+        Ok(unsafe { OwnedFd::from_raw_fd(fd) })
     }
 
-    fn send_to(&self, packet: &[u8], dst: Ipv4Addr) -> std::io::Result<()> {
-        let addr = libc::sockaddr_in {
-            sin_family: libc::sa_family_t::try_from(libc::AF_INET).unwrap_or_default(),
-            sin_port: 0,
-            sin_addr: libc::in_addr {
-                s_addr: u32::from(dst).to_be(),
-            },
-            sin_zero: [0; 8],
-        };
-        let len = libc::socklen_t::try_from(size_of::<libc::sockaddr_in>()).unwrap_or_default();
-        // SAFETY: `packet` and `addr` are valid for the lengths given for the whole call.
-        #[expect(unsafe_code, reason = "sendto(2) via libc")]
-        let n = unsafe {
-            libc::sendto(
-                self.0,
-                packet.as_ptr().cast(),
-                packet.len(),
-                0,
-                (&raw const addr).cast(),
-                len,
-            )
-        };
-        if n < 0 {
-            return Err(std::io::Error::last_os_error());
+    impl Socket {
+        /// A raw IP socket that sends complete IP packets to `dst` (`IPPROTO_RAW` implies
+        /// `IP_HDRINCL`, and on IPv6 `IPV6_HDRINCL`): the kernel routes them.
+        pub(crate) fn ip(dst: IpAddr) -> anyhow::Result<Self> {
+            let (domain, addr) = match dst {
+                IpAddr::V4(v4) => (
+                    libc::AF_INET,
+                    Addr::V4(libc::sockaddr_in {
+                        sin_family: libc::sa_family_t::try_from(libc::AF_INET).unwrap_or(2),
+                        sin_port: 0,
+                        sin_addr: libc::in_addr {
+                            s_addr: u32::from(v4).to_be(),
+                        },
+                        sin_zero: [0; 8],
+                    }),
+                ),
+                IpAddr::V6(v6) => (
+                    libc::AF_INET6,
+                    Addr::V6(libc::sockaddr_in6 {
+                        sin6_family: libc::sa_family_t::try_from(libc::AF_INET6).unwrap_or(10),
+                        sin6_port: 0,
+                        sin6_flowinfo: 0,
+                        sin6_addr: libc::in6_addr {
+                            s6_addr: v6.octets(),
+                        },
+                        sin6_scope_id: 0,
+                    }),
+                ),
+            };
+            let fd = socket(domain, libc::IPPROTO_RAW)
+                .context("opening a raw IP socket (needs CAP_NET_RAW)")?;
+            Ok(Self { fd, addr })
         }
-        Ok(())
+
+        /// An AF_PACKET socket that writes whole Ethernet frames onto `iface`.
+        pub(crate) fn packet(iface: &str) -> anyhow::Result<Self> {
+            let name = CString::new(iface).context("interface name")?;
+            // SAFETY: `name` is a valid NUL-terminated string for the duration of the call.
+            let index = unsafe { libc::if_nametoindex(name.as_ptr()) };
+            if index == 0 {
+                return Err(io::Error::last_os_error())
+                    .with_context(|| format!("interface {iface}"));
+            }
+            let protocol = u16::try_from(libc::ETH_P_ALL).unwrap_or(3).to_be();
+            let fd = socket(libc::AF_PACKET, i32::from(protocol))
+                .context("socket(AF_PACKET) (needs CAP_NET_RAW)")?;
+            // SAFETY: sockaddr_ll is plain old data; all-zero is a valid value.
+            let mut addr: libc::sockaddr_ll = unsafe { std::mem::zeroed() };
+            addr.sll_family = u16::try_from(libc::AF_PACKET).unwrap_or(17);
+            addr.sll_protocol = protocol;
+            addr.sll_ifindex = i32::try_from(index).context("interface index")?;
+            addr.sll_halen = 6;
+            Ok(Self {
+                fd,
+                addr: Addr::Link(addr),
+            })
+        }
+
+        /// Sends one packet (raw IP) or frame (AF_PACKET).
+        pub(crate) fn send(&self, bytes: &[u8]) -> io::Result<()> {
+            let (addr, len): (*const libc::sockaddr, usize) = match &self.addr {
+                Addr::V4(a) => ((&raw const *a).cast(), size_of::<libc::sockaddr_in>()),
+                Addr::V6(a) => ((&raw const *a).cast(), size_of::<libc::sockaddr_in6>()),
+                Addr::Link(a) => ((&raw const *a).cast(), size_of::<libc::sockaddr_ll>()),
+            };
+            let len = libc::socklen_t::try_from(len).unwrap_or_default();
+            // SAFETY: `bytes` is a live buffer of `bytes.len()` bytes; `addr` points to a
+            // socket address of `len` bytes owned by `self`; the descriptor is open.
+            let n = unsafe {
+                libc::sendto(
+                    self.fd.as_raw_fd(),
+                    bytes.as_ptr().cast(),
+                    bytes.len(),
+                    0,
+                    addr,
+                    len,
+                )
+            };
+            if n < 0 {
+                return Err(io::Error::last_os_error());
+            }
+            Ok(())
+        }
     }
 }
 
-impl Drop for RawSocket {
-    fn drop(&mut self) {
-        // SAFETY: closing the descriptor this value owns, once.
-        #[expect(unsafe_code, reason = "close(2) via libc")]
-        unsafe {
-            libc::close(self.0);
+#[cfg(test)]
+mod tests {
+    use std::net::IpAddr;
+
+    use clap::Parser as _;
+
+    use super::{Args, Sources};
+
+    fn sources(argv: &[&str]) -> anyhow::Result<Sources> {
+        let mut all = vec!["syn-flood"];
+        all.extend_from_slice(argv);
+        Sources::from_args(&Args::try_parse_from(all)?)
+    }
+
+    fn ip(s: &str) -> IpAddr {
+        s.parse().unwrap()
+    }
+
+    #[test]
+    fn both_command_lines_parse() {
+        let demo = Args::try_parse_from([
+            "syn-flood",
+            "--source",
+            "192.0.2.66",
+            "--target",
+            "192.0.2.1:8443",
+            "--count",
+            "2000",
+            "--seconds",
+            "10",
+        ])
+        .unwrap();
+        assert_eq!((demo.count, demo.seconds, demo.iface), (2000, 10, None));
+        let suite = Args::try_parse_from([
+            "syn-flood",
+            "--iface",
+            "veth-client",
+            "--dst-mac",
+            "02:00:00:00:00:01",
+            "--dst",
+            "2001:db8:d00::1",
+            "--port",
+            "8443",
+            "--src-prefix",
+            "2001:db8:bad::",
+            "--prefixes",
+            "3",
+            "--count",
+            "5000",
+            "--max-seconds",
+            "7",
+        ])
+        .unwrap();
+        assert_eq!((suite.count, suite.seconds, suite.prefixes), (5000, 7, 3));
+    }
+
+    #[test]
+    fn a_destination_and_a_source_are_required_and_exclusive() {
+        assert!(Args::try_parse_from(["syn-flood", "--source", "192.0.2.2"]).is_err());
+        assert!(Args::try_parse_from(["syn-flood", "--target", "192.0.2.1:80"]).is_err());
+        assert!(
+            Args::try_parse_from([
+                "syn-flood",
+                "--target",
+                "192.0.2.1:80",
+                "--dst",
+                "192.0.2.1",
+                "--port",
+                "80",
+                "--source",
+                "192.0.2.2",
+            ])
+            .is_err()
+        );
+        assert!(
+            Args::try_parse_from(["syn-flood", "--dst", "192.0.2.1", "--source", "192.0.2.2"])
+                .is_err(),
+            "--dst needs --port"
+        );
+        assert!(
+            Args::try_parse_from([
+                "syn-flood",
+                "--target",
+                "192.0.2.1:80",
+                "--source",
+                "192.0.2.2",
+                "--iface",
+                "veth0",
+            ])
+            .is_err(),
+            "--iface needs --dst-mac"
+        );
+    }
+
+    #[test]
+    fn ipv6_rotation_walks_slash_64s_then_hosts() {
+        let s = sources(&[
+            "--target",
+            "[2001:db8:d00::1]:8443",
+            "--src-prefix",
+            "2001:db8:bad::77",
+            "--prefixes",
+            "2",
+        ])
+        .unwrap();
+        assert_eq!(s.nth(0), ip("2001:db8:bad::1"));
+        assert_eq!(s.nth(1), ip("2001:db8:bad:1::1"));
+        assert_eq!(s.nth(2), ip("2001:db8:bad::2"));
+    }
+
+    #[test]
+    fn ipv4_rotation_walks_slash_32s() {
+        let s = sources(&[
+            "--target",
+            "192.0.2.1:8443",
+            "--src-prefix",
+            "198.51.100.10",
+            "--prefixes",
+            "3",
+        ])
+        .unwrap();
+        let seen: Vec<IpAddr> = (0..4).map(|n| s.nth(n)).collect();
+        assert_eq!(
+            seen,
+            [
+                "198.51.100.10",
+                "198.51.100.11",
+                "198.51.100.12",
+                "198.51.100.10"
+            ]
+            .map(ip)
+        );
+    }
+
+    #[test]
+    fn sources_outside_the_documentation_ranges_are_refused() {
+        let target = ["--target", "192.0.2.1:8443"];
+        for bad in [
+            &["--source", "10.0.0.1"][..],
+            &["--src-prefix", "192.0.2.250", "--prefixes", "10"],
+            &["--src-prefix", "2001:db8:ffff:ffff::", "--prefixes", "2"],
+            &["--src-prefix", "2001:db9::"],
+        ] {
+            let mut argv = target.to_vec();
+            argv.extend_from_slice(bad);
+            assert!(sources(&argv).is_err(), "{bad:?}");
         }
+        let mut argv = target.to_vec();
+        argv.extend_from_slice(&["--src-prefix", "192.0.2.200", "--prefixes", "56"]);
+        assert!(sources(&argv).is_ok());
     }
 }

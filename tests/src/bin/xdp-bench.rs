@@ -5,7 +5,7 @@
 //! state). Needs root. Numbers are medians of several rounds; ratios are what to compare.
 //!
 //! With `--veth`, it also floods door's namespace over a veth pair (one /64, spoofed, from
-//! `synflood`) three ways — XDP dropping over budget, an equivalent nftables rule (a per-/64
+//! `syn-flood`) three ways — XDP dropping over budget, an equivalent nftables rule (a per-/64
 //! meter, `limit rate over … drop`), and nothing — and reports the SYN rate the sender achieved
 //! (on a veth the receive path runs in the sender's context, so a cheaper drop means a faster
 //! flood: the rate the door namespace absorbs) and a legitimate client's request latency meanwhile.
@@ -16,9 +16,12 @@ use anyhow::Context as _;
 use clap::Parser;
 use door_daemon::{
     config::{XdpConfig, XdpMode},
-    shield::{REFERENCE_EMPTY, REFERENCE_MINIMAL, Shield},
+    shield::Shield,
 };
-use door_tests::packets::{Flags, tcp4};
+use door_tests::{
+    packets::{Flags, tcp4},
+    reference,
+};
 
 /// BPF_PROG_TEST_RUN benchmark of door's XDP program.
 #[derive(Debug, Parser)]
@@ -77,9 +80,9 @@ fn main() -> anyhow::Result<()> {
         "xdp bench: BPF_PROG_TEST_RUN, {} runs x {} rounds per case (median of the kernel's mean)",
         args.repeat, args.rounds
     );
-    let floor = Shield::load_object(REFERENCE_EMPTY).context("loading the empty reference")?;
+    let floor = Shield::load_object(reference::EMPTY).context("loading the empty reference")?;
     let minimal =
-        Shield::load_object(REFERENCE_MINIMAL).context("loading the minimal reference")?;
+        Shield::load_object(reference::MINIMAL).context("loading the minimal reference")?;
     // SYN-counted path: a budget that never runs out (1e9 tokens/s, burst 2^32 - 1).
     let mut counting = Shield::load().context("loading door's program")?;
     counting.configure(&settings(1e9, u32::MAX), &[])?;
