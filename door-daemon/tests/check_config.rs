@@ -74,6 +74,38 @@ fn a_good_file_prints_the_effective_configuration_and_exits_0() {
     assert_eq!(printed, Config::from_toml("example", example).unwrap());
 }
 
+/// `door check-config` on `text`: asserts exit 0 and that the output parses back to the same
+/// configuration; returns the output.
+#[expect(clippy::expect_used, reason = "test helper")]
+fn check_config_ok(name: &str, text: &str) -> String {
+    let file = TempFile::new(name, text);
+    let out = check_config(&file);
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "{:?}\n{stdout}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let printed = Config::from_toml("stdout", &stdout).expect("door accepts its own output");
+    let read = Config::from_toml(name, text).expect("the file parses in-process too");
+    assert_eq!(printed, read, "{stdout}");
+    stdout
+}
+
+#[test]
+fn the_default_xdp_ports_print_as_the_listen_ports() {
+    let stdout = check_config_ok(
+        "xdp-ports",
+        "listen = [\"127.0.0.1:8080\", \"[::1]:8443\", \"127.0.0.1:8443\"]\n\
+         [xdp]\ninterface = \"lo\"\n",
+    );
+    assert!(
+        stdout.lines().any(|l| l == "ports = [8080, 8443]"),
+        "{stdout}"
+    );
+}
+
 #[test]
 fn a_bad_value_exits_78_naming_the_key_and_the_value() {
     let file = TempFile::new("bad-value", "[group.link]\nrate = -1.0\n");

@@ -40,8 +40,6 @@ pub const DEFAULT_ADMIN_LISTEN: &str = "127.0.0.1:9901";
 pub const DEFAULT_SYN_RATE: f64 = 100.0;
 /// Default `[xdp] syn_burst`, SYNs.
 pub const DEFAULT_SYN_BURST: u32 = 200;
-/// Default `[xdp] ports`: HTTPS.
-pub const DEFAULT_PORTS: [u16; 1] = [443];
 /// Default `[xdp] new_prefix_rate`, new prefixes per second: with the default `max_prefixes`, a
 /// tracked prefix idle for less than 65,536 / 200 ≈ 5.5 minutes is never evicted by churn.
 pub const DEFAULT_NEW_PREFIX_RATE: f64 = 200.0;
@@ -179,7 +177,9 @@ pub struct XdpConfig {
     pub syn_rate: f64,
     /// SYN burst per source prefix. Default 200.
     pub syn_burst: u32,
-    /// Protected destination ports; empty means all. Default `[443]`.
+    /// Protected destination ports; empty means all. Default: the ports of [`Config::listen`]
+    /// (every listener: plain, TLS and PROXY protocol ones), deduplicated and sorted; a listener
+    /// on port 0 (chosen when it binds) adds none.
     pub ports: Vec<u16>,
     /// Churn guard: new source prefixes per second that get their own entry; above it, new
     /// prefixes share one overflow bucket. 0 turns the guard off. Default 200.
@@ -673,7 +673,7 @@ impl Config {
 
         let routes = build_routes(file.route, &groups)?;
 
-        let xdp = build_xdp(file.xdp, o)?;
+        let xdp = build_xdp(file.xdp, o, &listen)?;
         let tls = build_tls(file.tls, o)?;
         let front = build_front(
             [
@@ -1214,7 +1214,50 @@ fn build_otlp(file: Option<OtlpFile>, o: &Overrides) -> Result<OtlpConfig, Confi
     Ok(OtlpConfig { endpoint, interval })
 }
 
-fn build_xdp(file: Option<XdpFile>, o: &Overrides) -> Result<XdpConfig, ConfigError> {
+/// `[xdp] ports` as written (each a TCP port, 1-65535), or by default the ports of `listen`
+/// (every listener: plain, TLS and PROXY protocol ones), deduplicated and sorted. Port 0 (chosen
+/// when the listener binds) is left out of the default: the shield cannot know it.
+fn xdp_ports(
+    file: Option<Vec<i64>>,
+    listen: &[SocketAddr],
+    mode: XdpMode,
+) -> Result<Vec<u16>, ConfigError> {
+    if let Some(ports) = file {
+        return ports
+            .into_iter()
+            .enumerate()
+            .map(|(i, p)| {
+                u16::try_from(p).ok().filter(|p| *p > 0).ok_or_else(|| {
+                    invalid(format!("xdp.ports[{i}]"), p, "not a TCP port (1-65535)")
+                })
+            })
+            .collect();
+    }
+    let mut ports: Vec<u16> = listen
+        .iter()
+        .map(SocketAddr::port)
+        .filter(|p| *p != 0)
+        .collect();
+    ports.sort_unstable();
+    ports.dedup();
+    // An empty list means every port: never the default by accident.
+    if ports.is_empty() && mode != XdpMode::Off {
+        return Err(invalid(
+            "xdp.ports",
+            "(none)",
+            "the default is the ports of listen, and every listen address has port 0 (chosen \
+             when it binds): give the ports to protect ([] protects every port)",
+        ));
+    }
+    Ok(ports)
+}
+
+/// `[xdp]`, with `listen` (the effective one, flags applied) for the default `ports`.
+fn build_xdp(
+    file: Option<XdpFile>,
+    o: &Overrides,
+    listen: &[SocketAddr],
+) -> Result<XdpConfig, ConfigError> {
     let section = file.is_some();
     let f = file.unwrap_or_default();
     let mode = match o.xdp_mode.as_deref().or(f.mode.as_deref()) {
@@ -1247,18 +1290,7 @@ fn build_xdp(file: Option<XdpFile>, o: &Overrides) -> Result<XdpConfig, ConfigEr
         Some(v) => positive_u32("xdp.syn_burst", v)?,
         None => DEFAULT_SYN_BURST,
     };
-    let ports = match f.ports {
-        Some(ports) => ports
-            .into_iter()
-            .enumerate()
-            .map(|(i, p)| {
-                u16::try_from(p).ok().filter(|p| *p > 0).ok_or_else(|| {
-                    invalid(format!("xdp.ports[{i}]"), p, "not a TCP port (1-65535)")
-                })
-            })
-            .collect::<Result<Vec<_>, _>>()?,
-        None => DEFAULT_PORTS.to_vec(),
-    };
+    let ports = xdp_ports(f.ports, listen, mode)?;
     let new_prefix_rate = match f.new_prefix_rate {
         Some(0.0) => 0.0,
         r => xdp_rate("xdp.new_prefix_rate", r, DEFAULT_NEW_PREFIX_RATE)?,
@@ -1667,5 +1699,74 @@ trusted_proxies = ["192.0.2.10"]
         assert!(err("[xdp]\ninterface = \"lo\"\nsyn_rate = -5.0").starts_with("xdp.syn_rate = -5"));
         let c = Config::from_toml("t", "[xdp]\nmode = \"off\"").unwrap();
         assert_eq!(c.xdp.mode, XdpMode::Off);
+    }
+
+    #[test]
+    fn xdp_ports_default_to_the_ports_of_listen() {
+        // Plain, PROXY protocol and (with [tls]) TLS listeners alike; duplicates once; sorted.
+        let c = Config::from_toml(
+            "t",
+            r#"
+listen = ["127.0.0.1:8443", "[::1]:8443", { addr = "[::]:80", proxy_protocol = true }, "0.0.0.0:443"]
+trusted_proxies = ["192.0.2.10"]
+[tls]
+cert = "/c.pem"
+key = "/k.pem"
+[xdp]
+interface = "eth0"
+"#,
+        )
+        .unwrap();
+        assert_eq!(c.xdp.ports, vec![80, 443, 8443]);
+        let c = Config::from_toml("t", "").unwrap();
+        assert_eq!(c.xdp.ports, vec![8443], "the default listen's port");
+    }
+
+    #[test]
+    fn xdp_ports_follow_the_listen_flags() {
+        let o = Overrides {
+            listen: Some(vec!["127.0.0.1:9000,[::1]:80".into()]),
+            listen_proxy_protocol: Some(vec!["[::1]:9000".into()]),
+            trusted_proxies: Some(vec!["192.0.2.10".into()]),
+            xdp_interface: Some("eth0".into()),
+            ..Overrides::default()
+        };
+        let c = Config::load(None, &o).unwrap();
+        assert_eq!(c.xdp.mode, XdpMode::Auto);
+        assert_eq!(c.xdp.ports, vec![80, 9000]);
+    }
+
+    #[test]
+    fn explicit_xdp_ports_win_over_listen() {
+        let c = Config::from_toml(
+            "t",
+            "listen = [\"[::]:80\"]\n[xdp]\ninterface = \"eth0\"\nports = [22, 443]",
+        )
+        .unwrap();
+        assert_eq!(c.xdp.ports, vec![22, 443]);
+        let c = Config::from_toml(
+            "t",
+            "listen = [\"[::]:80\"]\n[xdp]\ninterface = \"eth0\"\nports = []",
+        )
+        .unwrap();
+        assert!(c.xdp.ports.is_empty(), "[] still means every port");
+    }
+
+    #[test]
+    fn listeners_on_port_0_give_no_default_xdp_ports() {
+        let c = Config::from_toml(
+            "t",
+            "listen = [\"127.0.0.1:0\", \"127.0.0.1:8080\"]\n[xdp]\ninterface = \"lo\"",
+        )
+        .unwrap();
+        assert_eq!(c.xdp.ports, vec![8080]);
+        assert!(
+            err("listen = [\"127.0.0.1:0\"]\n[xdp]\ninterface = \"lo\"")
+                .starts_with("xdp.ports = (none): the default is the ports of listen"),
+            "{}",
+            err("listen = [\"127.0.0.1:0\"]\n[xdp]\ninterface = \"lo\"")
+        );
+        let c = Config::from_toml("t", "listen = [\"127.0.0.1:0\"]").unwrap();
+        assert!(c.xdp.ports.is_empty(), "no shield, no ports to protect");
     }
 }

@@ -366,7 +366,7 @@ block_for = "1h 30m"
             "read_timeout = \"10s\"",
             "[xdp]",
             "mode = \"off\"",
-            "ports = [443]",
+            "ports = [8443]",
             "block_for = \"1m\"",
         ] {
             assert!(
@@ -378,6 +378,18 @@ block_for = "1h 30m"
             !printed.contains("interface"),
             "no interface without one: {printed}"
         );
+    }
+
+    #[test]
+    fn the_default_xdp_ports_print_as_the_listen_ports() {
+        let text = "listen = [\"127.0.0.1:8080\", \"[::1]:8443\", \"[::]:8080\"]\n\
+                    [xdp]\ninterface = \"lo\"\n";
+        let printed = Config::from_toml("t", text).unwrap().to_toml();
+        assert!(
+            printed.lines().any(|l| l == "ports = [8080, 8443]"),
+            "{printed}"
+        );
+        round_trip(text);
     }
 
     #[test]
