@@ -107,6 +107,30 @@ fn the_default_xdp_ports_print_as_the_listen_ports() {
 }
 
 #[test]
+fn a_per_client_the_file_does_not_give_follows_burst_and_says_so() {
+    let stdout = check_config_ok("follows-burst", "[group.webhook]\nburst = 5\n");
+    assert!(
+        stdout
+            .lines()
+            .any(|l| l == "per_client = 5  # follows burst (charge = \"on_failure\"; default 16)"),
+        "{stdout}"
+    );
+}
+
+#[test]
+fn a_written_per_client_over_burst_exits_78_naming_both_keys() {
+    let file = TempFile::new(
+        "per-client-over-burst",
+        "[group.webhook]\nburst = 5\nper_client = 16\n",
+    );
+    let out = check_config(&file);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(78), "{stderr}");
+    assert!(stderr.contains("group.webhook.per_client = 16"), "{stderr}");
+    assert!(stderr.contains("group.webhook.burst = 5"), "{stderr}");
+}
+
+#[test]
 fn a_bad_value_exits_78_naming_the_key_and_the_value() {
     let file = TempFile::new("bad-value", "[group.link]\nrate = -1.0\n");
     let out = check_config(&file);

@@ -72,7 +72,8 @@ pub const DEFAULT_UPSTREAM_TIMEOUT: Duration = Duration::from_secs(30);
 /// Default `[otlp] interval`: metrics are exported every 10 s.
 pub const DEFAULT_OTLP_INTERVAL: Duration = Duration::from_secs(10);
 
-/// `per_client` of a group that is not one of the defaults, when the file does not give it.
+/// `per_client` of a group that is not one of the defaults, when the file does not give it (and
+/// `inflight` and, with `charge = "on_failure"`, `burst` are not lower: see [`PerClientFollows`]).
 pub const NEW_GROUP_PER_CLIENT: u32 = 16;
 /// `inflight` (group cap) of a group that is not one of the defaults, when the file does not
 /// give it.
@@ -252,12 +253,83 @@ pub struct OtlpConfig {
 }
 
 /// One limit group: its budget and its body read timeout.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone)]
 pub struct GroupConfig {
     /// Rates, burst, caps, table size and charge policy.
     pub budget: Budget,
     /// How long a limited request's body may take to arrive. Default: webhook 10 s, others 30 s.
     pub read_timeout: Duration,
+    /// Why `budget.per_client` is below the group's default, when it is: the file did not give
+    /// `per_client`, and `inflight` or (with `charge = "on_failure"`) `burst` is lower than that
+    /// default. `None` when the file gives `per_client` or the default fits. `door check-config`
+    /// prints it as a comment; it is not compared by `==` (it tells where a value came from, not
+    /// what door does: a printed configuration, which writes `per_client` out, equals the one it
+    /// was printed from).
+    pub per_client_follows: Option<PerClientFollows>,
+}
+
+impl PartialEq for GroupConfig {
+    /// Equal when they limit alike: `budget` and `read_timeout`; `per_client_follows` is ignored.
+    fn eq(&self, other: &Self) -> bool {
+        let Self {
+            budget,
+            read_timeout,
+            per_client_follows: _,
+        } = self;
+        *budget == other.budget && *read_timeout == other.read_timeout
+    }
+}
+
+/// A `per_client` the file did not give, lowered from the group's default so that the budget the
+/// operator wrote is valid: `per_client` = min(default, `inflight`, `burst` under
+/// `charge = "on_failure"`). Displays as the note `door check-config` prints after it:
+/// `follows burst (charge = "on_failure"; default 16)`, `follows inflight (default 2)`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PerClientFollows {
+    /// The default it replaces: the built-in group's `per_client`, or [`NEW_GROUP_PER_CLIENT`].
+    pub default: u32,
+    /// `per_client` is the group's `inflight`.
+    pub inflight: bool,
+    /// `per_client` is the group's `burst` (under `charge = "on_failure"`).
+    pub burst: bool,
+}
+
+impl fmt::Display for PerClientFollows {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let Self {
+            default,
+            inflight,
+            burst,
+        } = *self;
+        let keys = match (inflight, burst) {
+            (true, true) => "inflight and burst",
+            (true, false) => "inflight",
+            (false, _) => "burst",
+        };
+        let charge = if burst {
+            "charge = \"on_failure\"; "
+        } else {
+            ""
+        };
+        write!(f, "follows {keys} ({charge}default {default})")
+    }
+}
+
+/// Lowers `b.per_client` (the group's default: the file did not give it) to `b.inflight` and,
+/// under `charge = "on_failure"`, to `b.burst`, when they are lower; says why when it did.
+fn fit_per_client(b: &mut Budget) -> Option<PerClientFollows> {
+    let default = b.per_client;
+    let burst = (b.charge == Charge::OnFailure).then_some(b.burst);
+    let fitted = burst.map_or(b.inflight, |burst| burst.min(b.inflight));
+    if fitted >= default {
+        return None;
+    }
+    b.per_client = fitted;
+    Some(PerClientFollows {
+        default,
+        inflight: b.inflight == fitted,
+        burst: burst == Some(fitted),
+    })
 }
 
 /// The upstream application: `http://host:port`.
@@ -917,6 +989,7 @@ fn default_groups() -> BTreeMap<String, GroupConfig> {
             GroupConfig {
                 budget: Budget::webhook(),
                 read_timeout: Duration::from_secs(10),
+                per_client_follows: None,
             },
         ),
         (
@@ -924,6 +997,7 @@ fn default_groups() -> BTreeMap<String, GroupConfig> {
             GroupConfig {
                 budget: Budget::link(),
                 read_timeout: Duration::from_secs(30),
+                per_client_follows: None,
             },
         ),
         (
@@ -931,6 +1005,7 @@ fn default_groups() -> BTreeMap<String, GroupConfig> {
             GroupConfig {
                 budget: Budget::health(),
                 read_timeout: Duration::from_secs(30),
+                per_client_follows: None,
             },
         ),
     ])
@@ -963,6 +1038,7 @@ fn build_groups(
                         charge: Charge::Always,
                     },
                     read_timeout: Duration::from_secs(30),
+                    per_client_follows: None,
                 }
             }
         };
@@ -972,9 +1048,6 @@ fn build_groups(
         }
         if let Some(v) = g.burst {
             b.burst = positive_u32(&key("burst"), v)?;
-        }
-        if let Some(v) = g.per_client {
-            b.per_client = positive_u32(&key("per_client"), v)?;
         }
         if let Some(v) = g.inflight {
             b.inflight = positive_u32(&key("inflight"), v)?;
@@ -988,11 +1061,22 @@ fn build_groups(
                 .parse::<Charge>()
                 .map_err(|e| invalid(key("charge"), e.value, e.reason))?;
         }
-        b.validate(&name).map_err(|e| ConfigError::Invalid {
-            key: e.key,
-            value: e.value,
-            reason: e.reason,
-        })?;
+        // A per_client the file gives is checked as written; the default follows the keys the
+        // file gives instead of refusing a value the operator never wrote.
+        cfg.per_client_follows = match g.per_client {
+            Some(v) => {
+                b.per_client = positive_u32(&key("per_client"), v)?;
+                None
+            }
+            None => fit_per_client(b),
+        };
+        cfg.budget
+            .validate(&name)
+            .map_err(|e| ConfigError::Invalid {
+                key: e.key,
+                value: e.value,
+                reason: e.reason,
+            })?;
         if let Some(t) = &g.read_timeout {
             cfg.read_timeout = parse_duration(&key("read_timeout"), t)?;
         }
@@ -1685,6 +1769,87 @@ trusted_proxies = ["192.0.2.10"]
         );
         let c = Config::from_toml("t", "[group.api]\nrate = 3.0\nburst = 7").unwrap();
         assert_eq!(c.groups["api"].budget.burst, 7);
+    }
+
+    fn group(text: &str, name: &str) -> GroupConfig {
+        Config::from_toml("t", text)
+            .unwrap_or_else(|e| panic!("{e}"))
+            .groups
+            .remove(name)
+            .unwrap()
+    }
+
+    #[test]
+    fn per_client_follows_a_lower_burst_under_on_failure() {
+        let g = group("[group.webhook]\nburst = 5", "webhook");
+        assert_eq!(g.budget.per_client, 5);
+        assert_eq!(
+            g.per_client_follows,
+            Some(PerClientFollows {
+                default: 16,
+                inflight: false,
+                burst: true
+            })
+        );
+        assert_eq!(
+            g.per_client_follows.unwrap().to_string(),
+            "follows burst (charge = \"on_failure\"; default 16)"
+        );
+        let g = group(
+            "[group.api]\nrate = 1.0\nburst = 3\ncharge = \"on_failure\"",
+            "api",
+        );
+        assert_eq!(g.budget.per_client, 3, "a new group's default too");
+        let g = group("[group.link]\nburst = 1\ncharge = \"on_failure\"", "link");
+        assert_eq!(g.budget.per_client, 1);
+        // Under charge = "always" a request holds no token: burst does not bound per_client.
+        let g = group("[group.api]\nrate = 1.0\nburst = 3", "api");
+        assert_eq!(g.budget.per_client, NEW_GROUP_PER_CLIENT);
+        assert_eq!(g.per_client_follows, None);
+        let g = group("[group.webhook]\nburst = 5\ncharge = \"always\"", "webhook");
+        assert_eq!(g.budget.per_client, 16);
+        // A burst at or above the default changes nothing.
+        let g = group("[group.webhook]\nburst = 16", "webhook");
+        assert_eq!((g.budget.per_client, g.per_client_follows), (16, None));
+    }
+
+    #[test]
+    fn per_client_follows_a_lower_inflight() {
+        let g = group("[group.link]\ninflight = 1", "link");
+        assert_eq!(g.budget.per_client, 1);
+        assert_eq!(
+            g.per_client_follows.map(|f| f.to_string()).as_deref(),
+            Some("follows inflight (default 2)")
+        );
+        let g = group("[group.api]\nrate = 1.0\nburst = 100\ninflight = 8", "api");
+        assert_eq!(g.budget.per_client, 8);
+        // The lower of the two; both named when they are equal.
+        let g = group("[group.webhook]\ninflight = 8\nburst = 5", "webhook");
+        assert_eq!(g.budget.per_client, 5);
+        assert!(!g.per_client_follows.unwrap().inflight);
+        let g = group("[group.webhook]\ninflight = 3\nburst = 5", "webhook");
+        assert_eq!(g.budget.per_client, 3);
+        assert!(!g.per_client_follows.unwrap().burst);
+        let g = group("[group.webhook]\ninflight = 4\nburst = 4", "webhook");
+        assert_eq!(
+            g.per_client_follows.map(|f| f.to_string()).as_deref(),
+            Some("follows inflight and burst (charge = \"on_failure\"; default 16)")
+        );
+    }
+
+    #[test]
+    fn a_per_client_the_file_gives_is_checked_as_written() {
+        assert_eq!(
+            err("[group.webhook]\nburst = 5\nper_client = 16"),
+            "group.webhook.per_client = 16: exceeds group.webhook.burst = 5 with charge = \
+             \"on_failure\": each request in flight holds a token"
+        );
+        assert!(
+            err("[group.link]\ninflight = 1\nper_client = 2")
+                .starts_with("group.link.per_client = 2: exceeds group.link.inflight = 1"),
+        );
+        let g = group("[group.webhook]\nburst = 5\nper_client = 3", "webhook");
+        assert_eq!((g.budget.per_client, g.per_client_follows), (3, None));
     }
 
     #[test]
