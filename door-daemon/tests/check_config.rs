@@ -4,11 +4,11 @@
 //! names its cause once.
 
 use std::{
-    path::PathBuf,
+    path::{Path, PathBuf},
     process::{Command, Output},
 };
 
-use door_daemon::config::Config;
+use door_daemon::config::{Config, XdpMode};
 
 /// A file in a directory of its own, removed on drop.
 struct TempFile {
@@ -35,8 +35,13 @@ impl Drop for TempFile {
 }
 
 /// Runs `door check-config --config FILE` with no `DOOR_*` variables.
-#[expect(clippy::unwrap_used, reason = "test helper")]
 fn check_config(file: &TempFile) -> Output {
+    check_config_at(&file.path)
+}
+
+/// Runs `door check-config --config path` with no `DOOR_*` variables.
+#[expect(clippy::unwrap_used, reason = "test helper")]
+fn check_config_at(path: &Path) -> Output {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_door"));
     for (k, _) in std::env::vars_os() {
         if k.to_string_lossy().starts_with("DOOR_") {
@@ -45,7 +50,7 @@ fn check_config(file: &TempFile) -> Output {
     }
     cmd.arg("check-config")
         .arg("--config")
-        .arg(&file.path)
+        .arg(path)
         .output()
         .unwrap()
 }
@@ -72,6 +77,148 @@ fn a_good_file_prints_the_effective_configuration_and_exits_0() {
     );
     let printed = Config::from_toml("stdout", &stdout).expect("door accepts its own output");
     assert_eq!(printed, Config::from_toml("example", example).unwrap());
+}
+
+/// `door check-config` on `text`: asserts exit 0 and that the output parses back to the same
+/// configuration; returns the output.
+#[expect(clippy::expect_used, reason = "test helper")]
+fn check_config_ok(name: &str, text: &str) -> String {
+    let file = TempFile::new(name, text);
+    let out = check_config(&file);
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "{:?}\n{stdout}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let printed = Config::from_toml("stdout", &stdout).expect("door accepts its own output");
+    let read = Config::from_toml(name, text).expect("the file parses in-process too");
+    assert_eq!(printed, read, "{stdout}");
+    stdout
+}
+
+#[test]
+fn the_default_xdp_ports_print_as_the_listen_ports() {
+    let stdout = check_config_ok(
+        "xdp-ports",
+        "listen = [\"127.0.0.1:8080\", \"[::1]:8443\", \"127.0.0.1:8443\"]\n\
+         [xdp]\ninterface = \"lo\"\n",
+    );
+    assert!(
+        stdout.lines().any(|l| l == "ports = [8080, 8443]"),
+        "{stdout}"
+    );
+}
+
+#[test]
+fn a_per_client_the_file_does_not_give_follows_burst_and_says_so() {
+    let stdout = check_config_ok("follows-burst", "[group.webhook]\nburst = 5\n");
+    assert!(
+        stdout
+            .lines()
+            .any(|l| l == "per_client = 5  # follows burst (charge = \"on_failure\"; default 16)"),
+        "{stdout}"
+    );
+}
+
+#[test]
+fn a_written_per_client_over_burst_exits_78_naming_both_keys() {
+    let file = TempFile::new(
+        "per-client-over-burst",
+        "[group.webhook]\nburst = 5\nper_client = 16\n",
+    );
+    let out = check_config(&file);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(78), "{stderr}");
+    assert!(stderr.contains("group.webhook.per_client = 16"), "{stderr}");
+    assert!(stderr.contains("group.webhook.burst = 5"), "{stderr}");
+}
+
+/// The configuration the Debian package installs as `/etc/door/door.toml`.
+const TEMPLATE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../packaging/door.toml");
+
+#[test]
+fn the_packaged_template_passes_check_config() {
+    let out = check_config_at(Path::new(TEMPLATE));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "door check-config --config {TEMPLATE}:\n{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        stdout.trim_end().ends_with("# configuration OK"),
+        "{stdout}"
+    );
+    let text = std::fs::read_to_string(TEMPLATE).expect("reading the template");
+    let template = Config::from_toml(TEMPLATE, &text).expect("the template parses");
+    let printed = Config::from_toml("stdout", &stdout).expect("door accepts its own output");
+    assert_eq!(printed, template);
+    // Standard port, no TLS files needed, no interface needed, status on loopback only.
+    assert_eq!(
+        template.listen,
+        vec!["[::]:80".parse().expect("an address")]
+    );
+    assert_eq!(
+        template.tls, None,
+        "[tls] needs files a template cannot ship"
+    );
+    assert_eq!(template.xdp.mode, XdpMode::Off);
+    assert_eq!(
+        template.xdp.ports,
+        vec![80],
+        "the shield would guard listen"
+    );
+    assert!(
+        template.admin_listen.is_some_and(|a| a.ip().is_loopback()),
+        "{:?}",
+        template.admin_listen
+    );
+    let groups: Vec<&str> = template.routes.iter().map(|r| r.group.as_str()).collect();
+    assert_eq!(groups, ["webhook", "link", "health"]);
+    // The operator's values are marked.
+    let marked = |key: &str| {
+        let lines: Vec<&str> = text.lines().collect();
+        lines.iter().enumerate().any(|(i, l)| {
+            l.trim_start_matches("# ").starts_with(key)
+                && lines[..i]
+                    .iter()
+                    .rev()
+                    .take_while(|l| l.starts_with('#'))
+                    .any(|l| l.contains("SET THIS"))
+        })
+    };
+    assert!(marked("upstream ="), "upstream has no SET THIS comment");
+    assert!(
+        marked("interface ="),
+        "[xdp] interface has no SET THIS comment"
+    );
+}
+
+#[test]
+fn the_package_installs_the_template() {
+    let text = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/Cargo.toml"))
+        .expect("reading door-daemon/Cargo.toml");
+    let manifest: toml::Table = toml::from_str(&text).expect("door-daemon/Cargo.toml parses");
+    let assets = manifest
+        .get("package")
+        .and_then(|p| p.get("metadata"))
+        .and_then(|m| m.get("deb"))
+        .and_then(|d| d.get("assets"))
+        .and_then(toml::Value::as_array)
+        .expect("[package.metadata.deb] assets");
+    let conf: Vec<&toml::Value> = assets
+        .iter()
+        .filter(|a| a.get(1).and_then(toml::Value::as_str) == Some("etc/door/door.toml"))
+        .collect();
+    assert_eq!(conf.len(), 1, "{assets:?}");
+    assert_eq!(
+        conf[0].get(0).and_then(toml::Value::as_str),
+        Some("../packaging/door.toml"),
+        "{assets:?}"
+    );
 }
 
 #[test]

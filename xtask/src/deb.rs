@@ -1,8 +1,8 @@
 //! `cargo xtask deb`: the Debian package, built with cargo-deb from `[package.metadata.deb]` in
 //! `door-daemon/Cargo.toml` (release build of door with its XDP program embedded, the systemd
 //! unit, `/etc/door/door.toml` as a conffile, the docs), and its install test: `dpkg -i`, the
-//! files and maintainer scripts checked, `door check-config` on the shipped example, then
-//! `dpkg --purge`.
+//! files and maintainer scripts checked, `door check-config` on the installed configuration (the
+//! production template `packaging/door.toml`, not the demo of `examples/`), then `dpkg --purge`.
 
 use std::{
     path::{Path, PathBuf},
@@ -18,6 +18,9 @@ use crate::{cargo, service, sh, step};
 const CARGO_DEB_VERSION: &str = "3.8.0";
 /// The package's name (`[package.metadata.deb] name`).
 const PACKAGE: &str = "door";
+/// The configuration template the package installs as `/etc/door/door.toml` (relative to the
+/// workspace root, where xtask runs).
+const CONFIG_TEMPLATE: &str = "packaging/door.toml";
 
 /// Installs cargo-deb if missing, then builds the package; returns the `.deb`'s path.
 pub(crate) fn build() -> anyhow::Result<PathBuf> {
@@ -123,6 +126,15 @@ fn checks_installed() -> anyhow::Result<()> {
         "the installed unit differs from {}",
         service::UNIT
     );
+    let config =
+        std::fs::read_to_string("/etc/door/door.toml").context("reading /etc/door/door.toml")?;
+    let template = std::fs::read_to_string(CONFIG_TEMPLATE)
+        .with_context(|| format!("reading {CONFIG_TEMPLATE}"))?;
+    ensure!(
+        config == template,
+        "the installed /etc/door/door.toml differs from {CONFIG_TEMPLATE} (one kept from an \
+         earlier install? `dpkg --purge {PACKAGE}` removes it)"
+    );
     let conffiles = text(Command::new("dpkg-query").args(["-W", "-f=${Conffiles}", PACKAGE]))?;
     ensure!(
         conffiles.contains("/etc/door/door.toml"),
@@ -132,7 +144,9 @@ fn checks_installed() -> anyhow::Result<()> {
         !Path::new("/etc/systemd/system/multi-user.target.wants/door.service").exists(),
         "installing the package enabled door.service; it must wait to be configured"
     );
-    eprintln!("    files, conffile and unit as expected; door.service not enabled");
+    eprintln!(
+        "    files, conffile (packaging/door.toml) and unit as expected; door.service not enabled"
+    );
     let check = Command::new("/usr/bin/door")
         .args(["check-config", "--config", "/etc/door/door.toml"])
         .env_remove("DOOR_CONFIG")

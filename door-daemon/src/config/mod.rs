@@ -40,8 +40,6 @@ pub const DEFAULT_ADMIN_LISTEN: &str = "127.0.0.1:9901";
 pub const DEFAULT_SYN_RATE: f64 = 100.0;
 /// Default `[xdp] syn_burst`, SYNs.
 pub const DEFAULT_SYN_BURST: u32 = 200;
-/// Default `[xdp] ports`: HTTPS.
-pub const DEFAULT_PORTS: [u16; 1] = [443];
 /// Default `[xdp] new_prefix_rate`, new prefixes per second: with the default `max_prefixes`, a
 /// tracked prefix idle for less than 65,536 / 200 ≈ 5.5 minutes is never evicted by churn.
 pub const DEFAULT_NEW_PREFIX_RATE: f64 = 200.0;
@@ -74,7 +72,8 @@ pub const DEFAULT_UPSTREAM_TIMEOUT: Duration = Duration::from_secs(30);
 /// Default `[otlp] interval`: metrics are exported every 10 s.
 pub const DEFAULT_OTLP_INTERVAL: Duration = Duration::from_secs(10);
 
-/// `per_client` of a group that is not one of the defaults, when the file does not give it.
+/// `per_client` of a group that is not one of the defaults, when the file does not give it (and
+/// `inflight` and, with `charge = "on_failure"`, `burst` are not lower: see [`PerClientFollows`]).
 pub const NEW_GROUP_PER_CLIENT: u32 = 16;
 /// `inflight` (group cap) of a group that is not one of the defaults, when the file does not
 /// give it.
@@ -179,7 +178,9 @@ pub struct XdpConfig {
     pub syn_rate: f64,
     /// SYN burst per source prefix. Default 200.
     pub syn_burst: u32,
-    /// Protected destination ports; empty means all. Default `[443]`.
+    /// Protected destination ports; empty means all. Default: the ports of [`Config::listen`]
+    /// (every listener: plain, TLS and PROXY protocol ones), deduplicated and sorted; a listener
+    /// on port 0 (chosen when it binds) adds none.
     pub ports: Vec<u16>,
     /// Churn guard: new source prefixes per second that get their own entry; above it, new
     /// prefixes share one overflow bucket. 0 turns the guard off. Default 200.
@@ -252,12 +253,83 @@ pub struct OtlpConfig {
 }
 
 /// One limit group: its budget and its body read timeout.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone)]
 pub struct GroupConfig {
     /// Rates, burst, caps, table size and charge policy.
     pub budget: Budget,
     /// How long a limited request's body may take to arrive. Default: webhook 10 s, others 30 s.
     pub read_timeout: Duration,
+    /// Why `budget.per_client` is below the group's default, when it is: the file did not give
+    /// `per_client`, and `inflight` or (with `charge = "on_failure"`) `burst` is lower than that
+    /// default. `None` when the file gives `per_client` or the default fits. `door check-config`
+    /// prints it as a comment; it is not compared by `==` (it tells where a value came from, not
+    /// what door does: a printed configuration, which writes `per_client` out, equals the one it
+    /// was printed from).
+    pub per_client_follows: Option<PerClientFollows>,
+}
+
+impl PartialEq for GroupConfig {
+    /// Equal when they limit alike: `budget` and `read_timeout`; `per_client_follows` is ignored.
+    fn eq(&self, other: &Self) -> bool {
+        let Self {
+            budget,
+            read_timeout,
+            per_client_follows: _,
+        } = self;
+        *budget == other.budget && *read_timeout == other.read_timeout
+    }
+}
+
+/// A `per_client` the file did not give, lowered from the group's default so that the budget the
+/// operator wrote is valid: `per_client` = min(default, `inflight`, `burst` under
+/// `charge = "on_failure"`). Displays as the note `door check-config` prints after it:
+/// `follows burst (charge = "on_failure"; default 16)`, `follows inflight (default 2)`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PerClientFollows {
+    /// The default it replaces: the built-in group's `per_client`, or [`NEW_GROUP_PER_CLIENT`].
+    pub default: u32,
+    /// `per_client` is the group's `inflight`.
+    pub inflight: bool,
+    /// `per_client` is the group's `burst` (under `charge = "on_failure"`).
+    pub burst: bool,
+}
+
+impl fmt::Display for PerClientFollows {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let Self {
+            default,
+            inflight,
+            burst,
+        } = *self;
+        let keys = match (inflight, burst) {
+            (true, true) => "inflight and burst",
+            (true, false) => "inflight",
+            (false, _) => "burst",
+        };
+        let charge = if burst {
+            "charge = \"on_failure\"; "
+        } else {
+            ""
+        };
+        write!(f, "follows {keys} ({charge}default {default})")
+    }
+}
+
+/// Lowers `b.per_client` (the group's default: the file did not give it) to `b.inflight` and,
+/// under `charge = "on_failure"`, to `b.burst`, when they are lower; says why when it did.
+fn fit_per_client(b: &mut Budget) -> Option<PerClientFollows> {
+    let default = b.per_client;
+    let burst = (b.charge == Charge::OnFailure).then_some(b.burst);
+    let fitted = burst.map_or(b.inflight, |burst| burst.min(b.inflight));
+    if fitted >= default {
+        return None;
+    }
+    b.per_client = fitted;
+    Some(PerClientFollows {
+        default,
+        inflight: b.inflight == fitted,
+        burst: burst == Some(fitted),
+    })
 }
 
 /// The upstream application: `http://host:port`.
@@ -690,7 +762,7 @@ impl Config {
 
         let routes = build_routes(file.route, &groups)?;
 
-        let xdp = build_xdp(file.xdp, o)?;
+        let xdp = build_xdp(file.xdp, o, &listen)?;
         let tls = build_tls(file.tls, o)?;
         let front = build_front(
             [
@@ -936,6 +1008,7 @@ fn default_groups() -> BTreeMap<String, GroupConfig> {
             GroupConfig {
                 budget: Budget::webhook(),
                 read_timeout: Duration::from_secs(10),
+                per_client_follows: None,
             },
         ),
         (
@@ -943,6 +1016,7 @@ fn default_groups() -> BTreeMap<String, GroupConfig> {
             GroupConfig {
                 budget: Budget::link(),
                 read_timeout: Duration::from_secs(30),
+                per_client_follows: None,
             },
         ),
         (
@@ -950,6 +1024,7 @@ fn default_groups() -> BTreeMap<String, GroupConfig> {
             GroupConfig {
                 budget: Budget::health(),
                 read_timeout: Duration::from_secs(30),
+                per_client_follows: None,
             },
         ),
         (
@@ -989,6 +1064,7 @@ fn build_groups(
                         charge: Charge::Always,
                     },
                     read_timeout: Duration::from_secs(30),
+                    per_client_follows: None,
                 }
             }
         };
@@ -998,9 +1074,6 @@ fn build_groups(
         }
         if let Some(v) = g.burst {
             b.burst = positive_u32(&key("burst"), v)?;
-        }
-        if let Some(v) = g.per_client {
-            b.per_client = positive_u32(&key("per_client"), v)?;
         }
         if let Some(v) = g.inflight {
             b.inflight = positive_u32(&key("inflight"), v)?;
@@ -1014,11 +1087,22 @@ fn build_groups(
                 .parse::<Charge>()
                 .map_err(|e| invalid(key("charge"), e.value, e.reason))?;
         }
-        b.validate(&name).map_err(|e| ConfigError::Invalid {
-            key: e.key,
-            value: e.value,
-            reason: e.reason,
-        })?;
+        // A per_client the file gives is checked as written; the default follows the keys the
+        // file gives instead of refusing a value the operator never wrote.
+        cfg.per_client_follows = match g.per_client {
+            Some(v) => {
+                b.per_client = positive_u32(&key("per_client"), v)?;
+                None
+            }
+            None => fit_per_client(b),
+        };
+        cfg.budget
+            .validate(&name)
+            .map_err(|e| ConfigError::Invalid {
+                key: e.key,
+                value: e.value,
+                reason: e.reason,
+            })?;
         if let Some(t) = &g.read_timeout {
             cfg.read_timeout = parse_duration(&key("read_timeout"), t)?;
         }
@@ -1250,7 +1334,50 @@ fn build_otlp(file: Option<OtlpFile>, o: &Overrides) -> Result<OtlpConfig, Confi
     Ok(OtlpConfig { endpoint, interval })
 }
 
-fn build_xdp(file: Option<XdpFile>, o: &Overrides) -> Result<XdpConfig, ConfigError> {
+/// `[xdp] ports` as written (each a TCP port, 1-65535), or by default the ports of `listen`
+/// (every listener: plain, TLS and PROXY protocol ones), deduplicated and sorted. Port 0 (chosen
+/// when the listener binds) is left out of the default: the shield cannot know it.
+fn xdp_ports(
+    file: Option<Vec<i64>>,
+    listen: &[SocketAddr],
+    mode: XdpMode,
+) -> Result<Vec<u16>, ConfigError> {
+    if let Some(ports) = file {
+        return ports
+            .into_iter()
+            .enumerate()
+            .map(|(i, p)| {
+                u16::try_from(p).ok().filter(|p| *p > 0).ok_or_else(|| {
+                    invalid(format!("xdp.ports[{i}]"), p, "not a TCP port (1-65535)")
+                })
+            })
+            .collect();
+    }
+    let mut ports: Vec<u16> = listen
+        .iter()
+        .map(SocketAddr::port)
+        .filter(|p| *p != 0)
+        .collect();
+    ports.sort_unstable();
+    ports.dedup();
+    // An empty list means every port: never the default by accident.
+    if ports.is_empty() && mode != XdpMode::Off {
+        return Err(invalid(
+            "xdp.ports",
+            "(none)",
+            "the default is the ports of listen, and every listen address has port 0 (chosen \
+             when it binds): give the ports to protect ([] protects every port)",
+        ));
+    }
+    Ok(ports)
+}
+
+/// `[xdp]`, with `listen` (the effective one, flags applied) for the default `ports`.
+fn build_xdp(
+    file: Option<XdpFile>,
+    o: &Overrides,
+    listen: &[SocketAddr],
+) -> Result<XdpConfig, ConfigError> {
     let section = file.is_some();
     let f = file.unwrap_or_default();
     let mode = match o.xdp_mode.as_deref().or(f.mode.as_deref()) {
@@ -1283,18 +1410,7 @@ fn build_xdp(file: Option<XdpFile>, o: &Overrides) -> Result<XdpConfig, ConfigEr
         Some(v) => positive_u32("xdp.syn_burst", v)?,
         None => DEFAULT_SYN_BURST,
     };
-    let ports = match f.ports {
-        Some(ports) => ports
-            .into_iter()
-            .enumerate()
-            .map(|(i, p)| {
-                u16::try_from(p).ok().filter(|p| *p > 0).ok_or_else(|| {
-                    invalid(format!("xdp.ports[{i}]"), p, "not a TCP port (1-65535)")
-                })
-            })
-            .collect::<Result<Vec<_>, _>>()?,
-        None => DEFAULT_PORTS.to_vec(),
-    };
+    let ports = xdp_ports(f.ports, listen, mode)?;
     let new_prefix_rate = match f.new_prefix_rate {
         Some(0.0) => 0.0,
         r => xdp_rate("xdp.new_prefix_rate", r, DEFAULT_NEW_PREFIX_RATE)?,
@@ -1691,6 +1807,87 @@ trusted_proxies = ["192.0.2.10"]
         assert_eq!(c.groups["api"].budget.burst, 7);
     }
 
+    fn group(text: &str, name: &str) -> GroupConfig {
+        Config::from_toml("t", text)
+            .unwrap_or_else(|e| panic!("{e}"))
+            .groups
+            .remove(name)
+            .unwrap()
+    }
+
+    #[test]
+    fn per_client_follows_a_lower_burst_under_on_failure() {
+        let g = group("[group.webhook]\nburst = 5", "webhook");
+        assert_eq!(g.budget.per_client, 5);
+        assert_eq!(
+            g.per_client_follows,
+            Some(PerClientFollows {
+                default: 16,
+                inflight: false,
+                burst: true
+            })
+        );
+        assert_eq!(
+            g.per_client_follows.unwrap().to_string(),
+            "follows burst (charge = \"on_failure\"; default 16)"
+        );
+        let g = group(
+            "[group.api]\nrate = 1.0\nburst = 3\ncharge = \"on_failure\"",
+            "api",
+        );
+        assert_eq!(g.budget.per_client, 3, "a new group's default too");
+        let g = group("[group.link]\nburst = 1\ncharge = \"on_failure\"", "link");
+        assert_eq!(g.budget.per_client, 1);
+        // Under charge = "always" a request holds no token: burst does not bound per_client.
+        let g = group("[group.api]\nrate = 1.0\nburst = 3", "api");
+        assert_eq!(g.budget.per_client, NEW_GROUP_PER_CLIENT);
+        assert_eq!(g.per_client_follows, None);
+        let g = group("[group.webhook]\nburst = 5\ncharge = \"always\"", "webhook");
+        assert_eq!(g.budget.per_client, 16);
+        // A burst at or above the default changes nothing.
+        let g = group("[group.webhook]\nburst = 16", "webhook");
+        assert_eq!((g.budget.per_client, g.per_client_follows), (16, None));
+    }
+
+    #[test]
+    fn per_client_follows_a_lower_inflight() {
+        let g = group("[group.link]\ninflight = 1", "link");
+        assert_eq!(g.budget.per_client, 1);
+        assert_eq!(
+            g.per_client_follows.map(|f| f.to_string()).as_deref(),
+            Some("follows inflight (default 2)")
+        );
+        let g = group("[group.api]\nrate = 1.0\nburst = 100\ninflight = 8", "api");
+        assert_eq!(g.budget.per_client, 8);
+        // The lower of the two; both named when they are equal.
+        let g = group("[group.webhook]\ninflight = 8\nburst = 5", "webhook");
+        assert_eq!(g.budget.per_client, 5);
+        assert!(!g.per_client_follows.unwrap().inflight);
+        let g = group("[group.webhook]\ninflight = 3\nburst = 5", "webhook");
+        assert_eq!(g.budget.per_client, 3);
+        assert!(!g.per_client_follows.unwrap().burst);
+        let g = group("[group.webhook]\ninflight = 4\nburst = 4", "webhook");
+        assert_eq!(
+            g.per_client_follows.map(|f| f.to_string()).as_deref(),
+            Some("follows inflight and burst (charge = \"on_failure\"; default 16)")
+        );
+    }
+
+    #[test]
+    fn a_per_client_the_file_gives_is_checked_as_written() {
+        assert_eq!(
+            err("[group.webhook]\nburst = 5\nper_client = 16"),
+            "group.webhook.per_client = 16: exceeds group.webhook.burst = 5 with charge = \
+             \"on_failure\": each request in flight holds a token"
+        );
+        assert!(
+            err("[group.link]\ninflight = 1\nper_client = 2")
+                .starts_with("group.link.per_client = 2: exceeds group.link.inflight = 1"),
+        );
+        let g = group("[group.webhook]\nburst = 5\nper_client = 3", "webhook");
+        assert_eq!((g.budget.per_client, g.per_client_follows), (3, None));
+    }
+
     #[test]
     fn bad_xdp_settings_are_named() {
         assert!(err("[xdp]\nmode = \"auto\"").starts_with("xdp.interface = (none): required"));
@@ -1703,5 +1900,74 @@ trusted_proxies = ["192.0.2.10"]
         assert!(err("[xdp]\ninterface = \"lo\"\nsyn_rate = -5.0").starts_with("xdp.syn_rate = -5"));
         let c = Config::from_toml("t", "[xdp]\nmode = \"off\"").unwrap();
         assert_eq!(c.xdp.mode, XdpMode::Off);
+    }
+
+    #[test]
+    fn xdp_ports_default_to_the_ports_of_listen() {
+        // Plain, PROXY protocol and (with [tls]) TLS listeners alike; duplicates once; sorted.
+        let c = Config::from_toml(
+            "t",
+            r#"
+listen = ["127.0.0.1:8443", "[::1]:8443", { addr = "[::]:80", proxy_protocol = true }, "0.0.0.0:443"]
+trusted_proxies = ["192.0.2.10"]
+[tls]
+cert = "/c.pem"
+key = "/k.pem"
+[xdp]
+interface = "eth0"
+"#,
+        )
+        .unwrap();
+        assert_eq!(c.xdp.ports, vec![80, 443, 8443]);
+        let c = Config::from_toml("t", "").unwrap();
+        assert_eq!(c.xdp.ports, vec![8443], "the default listen's port");
+    }
+
+    #[test]
+    fn xdp_ports_follow_the_listen_flags() {
+        let o = Overrides {
+            listen: Some(vec!["127.0.0.1:9000,[::1]:80".into()]),
+            listen_proxy_protocol: Some(vec!["[::1]:9000".into()]),
+            trusted_proxies: Some(vec!["192.0.2.10".into()]),
+            xdp_interface: Some("eth0".into()),
+            ..Overrides::default()
+        };
+        let c = Config::load(None, &o).unwrap();
+        assert_eq!(c.xdp.mode, XdpMode::Auto);
+        assert_eq!(c.xdp.ports, vec![80, 9000]);
+    }
+
+    #[test]
+    fn explicit_xdp_ports_win_over_listen() {
+        let c = Config::from_toml(
+            "t",
+            "listen = [\"[::]:80\"]\n[xdp]\ninterface = \"eth0\"\nports = [22, 443]",
+        )
+        .unwrap();
+        assert_eq!(c.xdp.ports, vec![22, 443]);
+        let c = Config::from_toml(
+            "t",
+            "listen = [\"[::]:80\"]\n[xdp]\ninterface = \"eth0\"\nports = []",
+        )
+        .unwrap();
+        assert!(c.xdp.ports.is_empty(), "[] still means every port");
+    }
+
+    #[test]
+    fn listeners_on_port_0_give_no_default_xdp_ports() {
+        let c = Config::from_toml(
+            "t",
+            "listen = [\"127.0.0.1:0\", \"127.0.0.1:8080\"]\n[xdp]\ninterface = \"lo\"",
+        )
+        .unwrap();
+        assert_eq!(c.xdp.ports, vec![8080]);
+        assert!(
+            err("listen = [\"127.0.0.1:0\"]\n[xdp]\ninterface = \"lo\"")
+                .starts_with("xdp.ports = (none): the default is the ports of listen"),
+            "{}",
+            err("listen = [\"127.0.0.1:0\"]\n[xdp]\ninterface = \"lo\"")
+        );
+        let c = Config::from_toml("t", "listen = [\"127.0.0.1:0\"]").unwrap();
+        assert!(c.xdp.ports.is_empty(), "no shield, no ports to protect");
     }
 }

@@ -1,6 +1,11 @@
 //! `door check-config`'s output: a validated [`Config`] printed back as TOML, every default
-//! filled in, that door itself accepts (printing, parsing and printing again gives the same text,
-//! and the same [`Config`]).
+//! filled in, that door itself accepts (printing, parsing and printing again gives the same
+//! [`Config`], and the same text but for the notes below).
+//!
+//! A default that follows another key rather than its fixed value carries a note, a TOML comment
+//! on its line (`per_client = 5  # follows burst (charge = "on_failure"; default 16)`). The note
+//! describes the file that was read: the printed text writes the value out, so printing it again
+//! shows the value without the note.
 //!
 //! Secrets never print. Every field is written by name through [`TomlWriter`], and each must
 //! choose: [`TomlWriter::clear`] shows its value, [`TomlWriter::secret`] prints `"<elided>"`
@@ -155,6 +160,7 @@ fn write_group(w: &mut TomlWriter, g: &GroupConfig) {
     let GroupConfig {
         budget,
         read_timeout,
+        per_client_follows,
     } = g;
     let Budget {
         rate,
@@ -166,7 +172,10 @@ fn write_group(w: &mut TomlWriter, g: &GroupConfig) {
     } = budget;
     w.clear("rate", *rate);
     w.clear("burst", i64::from(*burst));
-    w.clear("per_client", i64::from(*per_client));
+    match per_client_follows {
+        Some(follows) => w.clear_noted("per_client", i64::from(*per_client), &follows.to_string()),
+        None => w.clear("per_client", i64::from(*per_client)),
+    }
     w.clear("inflight", i64::from(*inflight));
     w.clear(
         "max_clients",
@@ -239,6 +248,13 @@ impl TomlWriter {
     /// `key = value`, shown in clear: for settings that are not secrets.
     pub fn clear(&mut self, key: &str, value: impl Into<Value>) {
         let _ = writeln!(self.out, "{} = {}", key_repr(key), value.into());
+    }
+
+    /// `key = value  # note`, shown in clear, with a comment saying where the value comes from
+    /// (a default that follows another key). The note is one line: line breaks print as spaces.
+    pub fn clear_noted(&mut self, key: &str, value: impl Into<Value>, note: &str) {
+        let note = note.replace(['\r', '\n'], " ");
+        let _ = writeln!(self.out, "{} = {}  # {note}", key_repr(key), value.into());
     }
 
     /// `key = "<elided>"`: for a setting whose value is a secret. Takes no value, so the secret
@@ -336,7 +352,21 @@ block_for = "1h 30m"
         let second = Config::from_toml("printed", &printed)
             .unwrap_or_else(|e| panic!("the printed configuration does not parse: {e}\n{printed}"));
         assert_eq!(first, second, "{printed}");
-        assert_eq!(printed, second.to_toml(), "printing is stable");
+        assert_eq!(
+            without_notes(&printed),
+            second.to_toml(),
+            "printing is stable (the printed file writes out the values the notes explain)"
+        );
+    }
+
+    /// `text` with each line's note (`  # …`) cut off.
+    fn without_notes(text: &str) -> String {
+        let mut out = String::new();
+        for line in text.lines() {
+            out.push_str(line.split_once("  # ").map_or(line, |(kv, _)| kv));
+            out.push('\n');
+        }
+        out
     }
 
     #[test]
@@ -369,7 +399,7 @@ block_for = "1h 30m"
             "read_timeout = \"10s\"",
             "[xdp]",
             "mode = \"off\"",
-            "ports = [443]",
+            "ports = [8443]",
             "block_for = \"1m\"",
         ] {
             assert!(
@@ -381,6 +411,47 @@ block_for = "1h 30m"
             !printed.contains("interface"),
             "no interface without one: {printed}"
         );
+        assert!(
+            !printed.contains("  # "),
+            "no notes on fixed defaults: {printed}"
+        );
+    }
+
+    #[test]
+    fn a_per_client_that_follows_another_key_says_so() {
+        let text = "[group.webhook]\nburst = 5\n[group.link]\ninflight = 1\n\
+                    [group.health]\ninflight = 3\nburst = 3\ncharge = \"on_failure\"\n";
+        let printed = Config::from_toml("t", text).unwrap().to_toml();
+        for line in [
+            "per_client = 5  # follows burst (charge = \"on_failure\"; default 16)",
+            "per_client = 1  # follows inflight (default 2)",
+            "per_client = 3  # follows inflight and burst (charge = \"on_failure\"; default 4)",
+        ] {
+            assert!(
+                printed.lines().any(|l| l == line),
+                "{line:?} missing:\n{printed}"
+            );
+        }
+        round_trip(text);
+        let written = Config::from_toml("t", "[group.webhook]\nburst = 5\nper_client = 5\n")
+            .unwrap()
+            .to_toml();
+        assert!(
+            written.lines().any(|l| l == "per_client = 5"),
+            "a value the file gives has no note:\n{written}"
+        );
+    }
+
+    #[test]
+    fn the_default_xdp_ports_print_as_the_listen_ports() {
+        let text = "listen = [\"127.0.0.1:8080\", \"[::1]:8443\", \"[::]:8080\"]\n\
+                    [xdp]\ninterface = \"lo\"\n";
+        let printed = Config::from_toml("t", text).unwrap().to_toml();
+        assert!(
+            printed.lines().any(|l| l == "ports = [8080, 8443]"),
+            "{printed}"
+        );
+        round_trip(text);
     }
 
     #[test]
