@@ -1032,6 +1032,7 @@ fn default_groups() -> BTreeMap<String, GroupConfig> {
             GroupConfig {
                 budget: Budget::stream(),
                 read_timeout: Duration::from_secs(30),
+                per_client_follows: None,
             },
         ),
     ])
@@ -1770,7 +1771,7 @@ trusted_proxies = ["192.0.2.10"]
         let e = err("[[route]]\ngroup = \"linkk\"\npath = \"/x\"");
         assert_eq!(
             e,
-            "route[0].group = \"linkk\": unknown group (known: health, link, webhook)"
+            "route[0].group = \"linkk\": unknown group (known: health, link, stream, webhook)"
         );
     }
 

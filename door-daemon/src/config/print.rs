@@ -117,18 +117,7 @@ impl Config {
             }
         }
         for route in routes {
-            w.array_table("route");
-            w.clear("group", route.group.clone());
-            w.clear(
-                "methods",
-                route
-                    .methods
-                    .iter()
-                    .map(|m| Value::from(m.as_str()))
-                    .collect::<Vec<_>>(),
-            );
-            w.clear("path", route.path.as_str());
-            w.clear("stream", route.stream);
+            write_route(&mut w, route);
         }
         for (name, group) in groups {
             w.table(&format!("group.{}", key_repr(name)));
@@ -154,6 +143,26 @@ fn write_connection_limits(
     }
     w.clear("max_connections_per_client", i64::from(per_client));
     w.clear("upstream_max_inflight", i64::from(upstream_max_inflight));
+}
+
+fn write_route(w: &mut TomlWriter, route: &crate::http::route::Route) {
+    let crate::http::route::Route {
+        group,
+        methods,
+        path,
+        stream,
+    } = route;
+    w.array_table("route");
+    w.clear("group", group.clone());
+    w.clear(
+        "methods",
+        methods
+            .iter()
+            .map(|m| Value::from(m.as_str()))
+            .collect::<Vec<_>>(),
+    );
+    w.clear("path", path.as_str());
+    w.clear("stream", *stream);
 }
 
 fn write_group(w: &mut TomlWriter, g: &GroupConfig) {

@@ -126,7 +126,7 @@ mod tests {
         let clock: Arc<dyn Clock> = Arc::new(MonotonicClock::new());
         let (mut client, a) = duplex(64);
         let (b, mut server) = duplex(64);
-        let tunnel = tokio::spawn(async move { run(a, b, Duration::from_secs(60), &clock).await });
+        let tunnel = tokio::spawn(async move { run(a, b, Duration::from_mins(1), &clock).await });
         client.write_all(b"ping").await.unwrap();
         let mut buf = [0u8; 4];
         server.read_exact(&mut buf).await.unwrap();
@@ -135,7 +135,12 @@ mod tests {
         let mut buf = [0u8; 5];
         client.read_exact(&mut buf).await.unwrap();
         assert_eq!(&buf, b"pong!");
+        // The upstream closes: the client is told (end of stream), then closes too.
         drop(server);
+        let mut rest = Vec::new();
+        client.read_to_end(&mut rest).await.unwrap();
+        assert!(rest.is_empty());
+        drop(client);
         let (end, ab, ba) = tunnel.await.unwrap();
         assert_eq!((end, ab, ba), (TunnelEnd::Closed, 4, 5));
     }
@@ -146,7 +151,7 @@ mod tests {
         let (mut client, a) = duplex(64);
         let (b, mut server) = duplex(64);
         let start = tokio::time::Instant::now();
-        let tunnel = tokio::spawn(async move { run(a, b, Duration::from_secs(300), &clock).await });
+        let tunnel = tokio::spawn(async move { run(a, b, Duration::from_mins(5), &clock).await });
         // Traffic at 200 s pushes the deadline to 500 s.
         tokio::time::sleep(Duration::from_secs(200)).await;
         client.write_all(b"x").await.unwrap();

@@ -221,7 +221,7 @@ mod tests {
     fn the_accept_value_of_rfc_6455() {
         // RFC 6455 §1.3's example.
         let key = HeaderValue::from_static("dGhlIHNhbXBsZSBub25jZQ==");
-        assert_eq!(websocket_accept(&key), "s3pPLMBiTxaQ9kYGzzhZRrK+xOo=");
+        assert_eq!(websocket_accept(&key), "s3pPLMBiTxaQ9kYGzzhZRbK+xOo=");
     }
 
     #[test]
