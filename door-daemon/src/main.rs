@@ -33,6 +33,12 @@ enum Command {
         /// A Forwarded (RFC 7239) header line, as received (repeatable, in wire order).
         #[arg(long = "forwarded")]
         forwarded: Vec<String>,
+        /// A Cookie header line, as received (repeatable): which request plane it is charged to.
+        #[arg(long = "cookie")]
+        cookie: Vec<String>,
+        /// An Authorization header line, as received (e.g. "Bearer TOKEN").
+        #[arg(long = "authorization")]
+        authorization: Vec<String>,
     },
 }
 
@@ -105,6 +111,26 @@ fn describe(e: &anyhow::Error) -> String {
     out
 }
 
+/// Which request plane a request with `headers` from client `key` is charged to (`door key`).
+/// The session plane's key is a keyed hash with a key random per process: it means nothing
+/// outside a running door and is never printed.
+fn plane_line(config: &Config, headers: &http::HeaderMap, key: door_common::PrefixKey) -> String {
+    let Some(planes) = &config.planes else {
+        return "planes: off ([plane.session] is not set)".to_owned();
+    };
+    let how = planes.credential.describe();
+    if planes.credential.find(headers).is_some() {
+        format!(
+            "plane: ip, key {key}, while the credential ({how}) is not verified; once the \
+             upstream answers a request carrying it with a status other than 401 or 403, the \
+             session plane, keyed on the credential's keyed hash (random per process, never \
+             printed)"
+        )
+    } else {
+        format!("plane: ip, key {key} (no credential: {how} not found)")
+    }
+}
+
 /// `door check-config`: the effective configuration as TOML door accepts back (defaults filled
 /// in, secrets elided), then a comment saying it is valid.
 fn print_effective_config(config: &Config) {
@@ -131,9 +157,16 @@ fn run(cli: &Cli) -> anyhow::Result<()> {
             peer,
             xff,
             forwarded,
+            cookie,
+            authorization,
         }) => {
             let mut headers = http::HeaderMap::new();
-            for (name, lines) in [("x-forwarded-for", xff), ("forwarded", forwarded)] {
+            for (name, lines) in [
+                ("x-forwarded-for", xff),
+                ("forwarded", forwarded),
+                ("cookie", cookie),
+                ("authorization", authorization),
+            ] {
                 for line in lines {
                     let value = http::HeaderValue::from_str(line).map_err(|_| {
                         UsageError(format!("--{name} {line:?} is not a valid header value"))
@@ -154,6 +187,7 @@ fn run(cli: &Cli) -> anyhow::Result<()> {
                     "note: the peer is a local or private address that is not in trusted_proxies; its forwarding headers were ignored"
                 );
             }
+            println!("{}", plane_line(&config, &headers, d.key));
             Ok(())
         }
         None => {

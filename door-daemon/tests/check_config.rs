@@ -295,3 +295,35 @@ fn a_port_in_use_exits_1_naming_its_cause_once() {
         "the cause once: {stderr}"
     );
 }
+
+#[test]
+fn door_key_says_which_plane_a_credential_is_charged_to_and_never_prints_it() {
+    let file = TempFile::new("key-planes", "[plane.session]\ncookie = \"sid\"\n");
+    let path = file.path.to_str().unwrap();
+    let out = door(&[
+        "key",
+        "--config",
+        path,
+        "--peer",
+        "198.51.100.7",
+        "--cookie",
+        "theme=dark; sid=s3cr3t-value",
+    ]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    assert!(
+        stdout.contains("plane: ip, key 198.51.100.7/32"),
+        "{stdout}"
+    );
+    assert!(stdout.contains("session plane"), "{stdout}");
+    assert!(
+        !stdout.contains("s3cr3t"),
+        "the credential is never printed: {stdout}"
+    );
+    let out = door(&["key", "--config", path, "--peer", "198.51.100.7"]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        stdout.contains("no credential: cookie sid not found"),
+        "{stdout}"
+    );
+}

@@ -6,6 +6,7 @@
 //! stream; nothing here knows about limits, the upstream or metrics (a rejected PROXY header is
 //! reported to the caller, which counts it).
 
+pub mod credential;
 mod forwarded;
 pub mod key;
 pub mod proxy_protocol;

@@ -25,9 +25,12 @@ use serde::Deserialize;
 use thiserror::Error;
 
 use crate::{
-    client::key::{ForwardedSource, TrustedProxies},
+    client::{
+        credential::Credential,
+        key::{ForwardedSource, TrustedProxies},
+    },
     http::route::Route,
-    limit::{Budget, Charge},
+    limit::{Budget, Charge, DEFAULT_MAX_CLIENTS},
 };
 
 /// Default `listen`: all addresses, port 8443.
@@ -443,7 +446,38 @@ pub struct Config {
     /// (`upstream_max_inflight`; `--upstream-max-inflight` / `DOOR_UPSTREAM_MAX_INFLIGHT`); past
     /// it door answers 503 with `Retry-After: 1`. Default 4096.
     pub upstream_max_inflight: u32,
+    /// The per-session and per-IP request planes (`[plane.session]`, `[plane.ip]`); `None`
+    /// (the default) when `[plane.session]` is absent.
+    pub planes: Option<PlanesConfig>,
 }
+
+/// The two door-wide request planes (docs/design.md, "Streams and sessions"): every request
+/// that is not a stream passes one of them on top of its route group.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PlanesConfig {
+    /// Where the session plane finds a request's credential (`plane.session.cookie` or
+    /// `plane.session.header = "authorization"`).
+    pub credential: Credential,
+    /// The session plane: per verified credential. Default 2 tokens/s (120 a minute), burst 60,
+    /// 16,384 sessions tracked.
+    pub session: Budget,
+    /// The IP plane: per client key, for requests without a verified credential. Default 0.5
+    /// tokens/s (30 a minute), burst 30, 16,384 clients tracked.
+    pub ip: Budget,
+}
+
+/// The session plane's name: its `door.group` and the `scope` of its 429s.
+pub const SESSION_PLANE: &str = "session";
+/// The IP plane's name: its `door.group` and the `scope` of its 429s.
+pub const IP_PLANE: &str = "ip";
+/// The session plane's default rate, tokens per second (120 a minute).
+pub const DEFAULT_SESSION_RATE: f64 = 2.0;
+/// The session plane's default burst.
+pub const DEFAULT_SESSION_BURST: u32 = 60;
+/// The IP plane's default rate, tokens per second (30 a minute).
+pub const DEFAULT_IP_RATE: f64 = 0.5;
+/// The IP plane's default burst.
+pub const DEFAULT_IP_BURST: u32 = 30;
 
 /// The built-in group long-lived requests are limited in: WebSockets and other upgrades, and
 /// server-sent event responses, on routes in no other group ([`Budget::stream`]).
@@ -600,6 +634,7 @@ struct File {
     route: Vec<RouteFile>,
     #[serde(default)]
     group: BTreeMap<String, GroupFile>,
+    plane: Option<PlaneFile>,
     xdp: Option<XdpFile>,
     tls: Option<TlsFile>,
     header_read_timeout: Option<String>,
@@ -638,6 +673,31 @@ struct RouteFile {
     path: String,
     #[serde(default)]
     stream: bool,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PlaneFile {
+    session: Option<SessionPlaneFile>,
+    ip: Option<IpPlaneFile>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SessionPlaneFile {
+    cookie: Option<String>,
+    header: Option<String>,
+    rate: Option<f64>,
+    burst: Option<i64>,
+    max_clients: Option<i64>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct IpPlaneFile {
+    rate: Option<f64>,
+    burst: Option<i64>,
+    max_clients: Option<i64>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -759,6 +819,7 @@ impl Config {
             .unwrap_or(false);
 
         let groups = build_groups(file.group)?;
+        let planes = build_planes(file.plane, &groups)?;
 
         let routes = build_routes(file.route, &groups)?;
 
@@ -808,6 +869,7 @@ impl Config {
             max_connections,
             max_connections_per_client,
             upstream_max_inflight,
+            planes,
         })
     }
 }
@@ -937,6 +999,19 @@ pub fn known_keys() -> Vec<String> {
             "xdp" => ("xdp.", struct_fields::<XdpFile>()),
             "tls" => ("tls.", struct_fields::<TlsFile>()),
             "otlp" => ("otlp.", struct_fields::<OtlpFile>()),
+            "plane" => {
+                keys.extend(
+                    struct_fields::<SessionPlaneFile>()
+                        .iter()
+                        .map(|f| format!("plane.session.{f}")),
+                );
+                keys.extend(
+                    struct_fields::<IpPlaneFile>()
+                        .iter()
+                        .map(|f| format!("plane.ip.{f}")),
+                );
+                continue;
+            }
             "listen" => {
                 keys.push("listen".to_owned());
                 keys.extend(LISTEN_TABLE_KEYS.iter().map(|k| format!("listen[].{k}")));
@@ -1226,6 +1301,105 @@ fn build_front(
         )?,
         ratelimit_headers: o.ratelimit_headers.or(ratelimit_headers).unwrap_or(true),
     })
+}
+
+/// `[plane.session]` and `[plane.ip]`: `None` without `[plane.session]` (an `[plane.ip]` alone is
+/// an error: it would limit nothing); the planes' names must not also be group names.
+fn build_planes(
+    file: Option<PlaneFile>,
+    groups: &BTreeMap<String, GroupConfig>,
+) -> Result<Option<PlanesConfig>, ConfigError> {
+    let Some(file) = file else { return Ok(None) };
+    let Some(session) = file.session else {
+        if file.ip.is_some() {
+            return Err(invalid(
+                "plane.ip",
+                "{…}",
+                "needs [plane.session]: the planes are enabled by the session plane",
+            ));
+        }
+        return Ok(None);
+    };
+    for name in [SESSION_PLANE, IP_PLANE] {
+        if groups.contains_key(name) {
+            return Err(invalid(
+                format!("group.{name}"),
+                "{…}",
+                format!("\"{name}\" is a plane's name while [plane.session] is set"),
+            ));
+        }
+    }
+    let credential = match (session.cookie, session.header) {
+        (Some(name), None) => {
+            let token = !name.is_empty()
+                && name
+                    .bytes()
+                    .all(|b| b.is_ascii_graphic() && !b"()<>@,;:\\\"/[]?={}".contains(&b));
+            if !token {
+                return Err(invalid(
+                    "plane.session.cookie",
+                    format!("{name:?}"),
+                    "not a cookie name (RFC 6265 §4.1.1: a token)",
+                ));
+            }
+            Credential::Cookie(name)
+        }
+        (None, Some(h)) if h.eq_ignore_ascii_case("authorization") => Credential::Bearer,
+        (None, Some(h)) => {
+            return Err(invalid(
+                "plane.session.header",
+                format!("{h:?}"),
+                "must be \"authorization\" (a Bearer token)",
+            ));
+        }
+        (Some(_), Some(_)) | (None, None) => {
+            return Err(invalid(
+                "plane.session",
+                "{…}",
+                "give exactly one of cookie = NAME or header = \"authorization\"",
+            ));
+        }
+    };
+    let budget =
+        |table: &str, rate: Option<f64>, burst: Option<i64>, max: Option<i64>, d_rate, d_burst| {
+            let burst =
+                burst.map_or(Ok(d_burst), |v| positive_u32(&format!("{table}.burst"), v))?;
+            let max_clients = max.map_or(Ok(DEFAULT_MAX_CLIENTS), |v| {
+                positive_u32(&format!("{table}.max_clients"), v).and_then(|n| {
+                    usize::try_from(n)
+                        .map_err(|_| invalid(format!("{table}.max_clients"), v, "too large"))
+                })
+            })?;
+            let b = Budget::plane(rate.unwrap_or(d_rate), burst, max_clients);
+            b.validate_as(table).map_err(|e| ConfigError::Invalid {
+                key: e.key,
+                value: e.value,
+                reason: e.reason,
+            })?;
+            Ok::<_, ConfigError>(b)
+        };
+    let session = budget(
+        "plane.session",
+        session.rate,
+        session.burst,
+        session.max_clients,
+        DEFAULT_SESSION_RATE,
+        DEFAULT_SESSION_BURST,
+    )?;
+    let ip_file = file.ip.unwrap_or_default();
+    let ip = budget(
+        "plane.ip",
+        ip_file.rate,
+        ip_file.burst,
+        ip_file.max_clients,
+        DEFAULT_IP_RATE,
+        DEFAULT_IP_BURST,
+    )?;
+    Ok(Some(PlanesConfig {
+        credential,
+        session,
+        ip,
+    }))
 }
 
 /// `admin_listen`: a socket address, or `off` (`None`).

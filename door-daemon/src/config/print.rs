@@ -55,6 +55,7 @@ impl Config {
             max_connections,
             max_connections_per_client,
             upstream_max_inflight,
+            planes,
         } = self;
         let mut w = TomlWriter::default();
         let listen: Vec<Value> = listen
@@ -123,6 +124,9 @@ impl Config {
             w.table(&format!("group.{}", key_repr(name)));
             write_group(&mut w, group);
         }
+        if let Some(planes) = planes {
+            write_planes(&mut w, planes);
+        }
         w.table("xdp");
         write_xdp(&mut w, xdp);
         w.out
@@ -143,6 +147,30 @@ fn write_connection_limits(
     }
     w.clear("max_connections_per_client", i64::from(per_client));
     w.clear("upstream_max_inflight", i64::from(upstream_max_inflight));
+}
+
+fn write_planes(w: &mut TomlWriter, p: &crate::config::PlanesConfig) {
+    let crate::config::PlanesConfig {
+        credential,
+        session,
+        ip,
+    } = p;
+    w.table("plane.session");
+    match credential {
+        crate::client::credential::Credential::Cookie(name) => w.clear("cookie", name.clone()),
+        crate::client::credential::Credential::Bearer => w.clear("header", "authorization"),
+    }
+    for (table, b) in [("plane.session", session), ("plane.ip", ip)] {
+        if table == "plane.ip" {
+            w.table(table);
+        }
+        w.clear("rate", b.rate);
+        w.clear("burst", i64::from(b.burst));
+        w.clear(
+            "max_clients",
+            i64::try_from(b.max_clients).unwrap_or(i64::MAX),
+        );
+    }
 }
 
 fn write_route(w: &mut TomlWriter, route: &crate::http::route::Route) {

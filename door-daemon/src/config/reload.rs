@@ -34,6 +34,7 @@ pub fn restart_only_changes(old: &Config, new: &Config) -> Vec<&'static str> {
         max_connections,
         max_connections_per_client,
         upstream_max_inflight,
+        planes: _,
     } = old;
     let XdpConfig {
         interface,

@@ -191,10 +191,51 @@ pub fn ratelimit_policy(sf_name: &str, burst: u32, window_s: u64) -> Option<Head
 }
 
 /// Sets `RateLimit-Policy: policy` and `RateLimit: "NAME";r=REMAINING;t=RESET_S` from the
-/// client's `quota` on a limited route's response, whatever its status.
+/// client's `quota` on a limited route's response, whatever its status. A response that already
+/// carries another policy's fields (a request plane's and a group's) gets this one appended: both
+/// fields are lists (draft-ietf-httpapi-ratelimit-headers-10 §3, §4).
 pub fn ratelimit_fields(headers: &mut HeaderMap, policy: &HeaderValue, sf_name: &str, q: Quota) {
-    headers.insert(&RATELIMIT_POLICY, policy.clone());
-    if let Ok(v) = HeaderValue::try_from(format!("{sf_name};r={};t={}", q.remaining, q.reset_s)) {
-        headers.insert(&RATELIMIT, v);
+    let item = format!("{sf_name};r={};t={}", q.remaining, q.reset_s);
+    append_item(headers, &RATELIMIT_POLICY, policy.as_bytes());
+    append_item(headers, &RATELIMIT, item.as_bytes());
+}
+
+/// Removes `RateLimit-Policy` and `RateLimit` (an upstream's own): door's own fields describe door's limits.
+pub fn clear_ratelimit_fields(headers: &mut HeaderMap) {
+    headers.remove(&RATELIMIT_POLICY);
+    headers.remove(&RATELIMIT);
+}
+
+/// Sets `name: item`, or appends `, item` to the value already there.
+fn append_item(headers: &mut HeaderMap, name: &HeaderName, item: &[u8]) {
+    let value = match headers.get(name) {
+        Some(old) => {
+            let mut v = old.as_bytes().to_vec();
+            v.extend_from_slice(b", ");
+            v.extend_from_slice(item);
+            HeaderValue::from_bytes(&v)
+        }
+        None => HeaderValue::from_bytes(item),
+    };
+    if let Ok(v) = value {
+        headers.insert(name, v);
     }
+}
+
+/// The 429 of a request plane (`session` or `ip`): as [`rejected`], with `details.group` and
+/// `details.scope` both naming the plane (docs/design.md, "Planes").
+pub fn rejected_by_plane(plane: &str, r: &Rejection) -> Response<ResponseBody> {
+    let body = serde_json::json!({
+        "code": "rate-limited",
+        "message": format!("too many requests; retry in {} s", r.retry_after_s),
+        "details": {
+            "group": plane,
+            "scope": plane,
+            "retry_after_s": r.retry_after_s,
+        },
+    });
+    let mut res = json_response(status(r.reason), &body);
+    res.headers_mut()
+        .insert(header::RETRY_AFTER, HeaderValue::from(r.retry_after_s));
+    res
 }

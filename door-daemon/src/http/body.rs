@@ -146,16 +146,17 @@ impl ResponseBody {
         }
     }
 
-    /// An upstream body whose request holds `permit` until the body is sent, at most `deadline`.
+    /// An upstream body whose request holds `permit` until the body is sent, at most `deadline`
+    /// when one is given.
     pub(crate) fn settling(
         body: Incoming,
         permit: Held,
         status: StatusCode,
-        deadline: Duration,
+        deadline: Option<Duration>,
     ) -> Self {
         Self {
             kind: Kind::Upstream(body),
-            permit: Some(HeldPermit::new(permit, status, Some(deadline))),
+            permit: Some(HeldPermit::new(permit, status, deadline)),
             active: None,
             passthrough: None,
             stream: None,

@@ -13,6 +13,7 @@ pub mod body;
 pub mod conn_limit;
 pub mod front;
 pub mod health;
+pub mod plane;
 pub mod request;
 pub mod route;
 pub mod settle;

@@ -22,19 +22,24 @@ use tokio::{
 };
 
 use crate::{
-    client::key::{self, ForwardedSource, KeyDecision, TrustedProxies},
-    config::{Config, STREAM_GROUP},
+    client::{
+        credential::Credential,
+        key::{self, ForwardedSource, KeyDecision, TrustedProxies},
+    },
+    config::{Config, IP_PLANE, SESSION_PLANE, STREAM_GROUP},
     http::{
         answer::{self, Failure},
         body::ResponseBody,
         front::ConnInfo,
         health::{CachedHealth, HEALTH_TTL},
+        plane::Sessions,
         route::Router,
         settle::{self, End, Held},
         tunnel,
         upgrade::{self, Upgrade, UpgradeError},
         upstream::{BodyEvent, Origin, Proxy, UpstreamBody, prepare},
     },
+    limit::DEFAULT_MAX_CLIENTS,
     limit::GroupLimiter,
     obs::metrics::{GroupMetrics, Metrics, Outcome},
     shield::escalate::{Blocklist, Escalator, KeySource},
@@ -48,8 +53,13 @@ struct Job<'p> {
     upgrade: Option<Upgrade>,
     /// The route has `stream = true`.
     stream_route: bool,
-    /// Admitted in a limited group.
+    /// Admitted in a limited group (its permit also holds the plane's, if any).
     admitted: Option<Admitted<'p>>,
+    /// A pass-through request's request-plane permit.
+    plane: Option<Held>,
+    /// The keyed hash of the credential the request carried, to learn from the upstream's
+    /// answer whether it is valid.
+    credential: Option<PrefixKey>,
     /// A pass-through request's `upstream_max_inflight` slot.
     passthrough: Option<PassSlot>,
     /// A pass-through request that asked for `text/event-stream`: its client key, for the
@@ -102,6 +112,17 @@ struct Limited {
     /// The group name as a structured-field string (`"link"`), for `RateLimit`.
     sf_name: String,
     health: bool,
+}
+
+impl Limited {
+    /// Sets this group's `RateLimit-Policy` and `RateLimit` fields for client `key` on a
+    /// response (appended to another group's or plane's, as a list), when they are on.
+    fn ratelimit_fields(&self, headers: &mut http::HeaderMap, key: &PrefixKey) {
+        if let Some(policy) = &self.policy {
+            let q = self.limiter.quota(key);
+            answer::ratelimit_fields(headers, policy, &self.sf_name, q);
+        }
+    }
 }
 
 /// The cap on pass-through requests (routes in no group) forwarded at once
@@ -177,6 +198,9 @@ pub(crate) struct Policy {
     router: Router,
     limited: HashMap<String, Limited>,
     pub(crate) trusted: TrustedProxies,
+    /// With `[plane.session]`: where a request's credential is (the planes are groups in
+    /// `limited` named `session` and `ip`).
+    credential: Option<Credential>,
     forwarded_header: ForwardedSource,
     escalator: Option<Arc<Escalator>>,
     /// `(escalate_after, escalate_window, block_for)` the escalator was built with.
@@ -199,15 +223,19 @@ pub struct App {
     tunnels: std::sync::Mutex<JoinSet<()>>,
     /// Pass-through requests forwarded now, against `upstream_max_inflight`.
     passthrough: Arc<PassThrough>,
+    /// Verified credentials, for the session plane (kept across reloads).
+    sessions: Sessions,
     health: CachedHealth,
     draining: Arc<AtomicBool>,
     active: Active,
 }
 
 impl Policy {
-    /// The rules of `config`; with `previous`, groups that already existed keep their limiter, retuned in place to the new budget and shadow mode (buckets carry over
-    /// in proportion, see [`GroupLimiter::retune`]) unless the charge mode changed; the escalator
-    /// is kept if its settings did not change (its counts carry over).
+    /// The rules of `config`; with `previous`, groups (and planes) that already existed keep their
+    /// limiter, retuned in place to the new budget and shadow mode (buckets carry over in
+    /// proportion, see [`GroupLimiter::retune`]) unless the charge mode changed; the escalator is
+    /// kept if its settings did not change (its counts carry over). The request planes are
+    /// limited groups named `session` and `ip`.
     fn build(
         config: &Config,
         clock: &Arc<dyn Clock>,
@@ -216,10 +244,25 @@ impl Policy {
         previous: Option<&Policy>,
     ) -> Self {
         let enforce = !config.disable_anon_route_limits;
+        let planes = config.planes.iter().flat_map(|p| {
+            [(SESSION_PLANE, p.session), (IP_PLANE, p.ip)].map(|(name, budget)| {
+                let read_timeout = config.upstream_timeout;
+                (name.to_owned(), budget, read_timeout)
+            })
+        });
         let limited = config
             .groups
             .iter()
-            .map(|(name, g)| {
+            .map(|(name, g)| (name.clone(), g.budget, g.read_timeout))
+            .chain(planes)
+            .map(|(name, budget, read_timeout)| {
+                let name = &name;
+                let g = crate::config::GroupConfig {
+                    budget,
+                    read_timeout,
+                    per_client_follows: None,
+                };
+                let g = &g;
                 let kept = previous
                     .and_then(|p| p.limited.get(name))
                     .map(|l| &l.limiter)
@@ -277,6 +320,7 @@ impl Policy {
             forwarded_header: config.forwarded_header,
             escalator,
             escalation,
+            credential: config.planes.as_ref().map(|p| p.credential.clone()),
         }
     }
 }
@@ -303,6 +347,12 @@ impl App {
             upstream_timeout: config.upstream_timeout,
             stream_idle_timeout: config.stream_idle_timeout,
             tunnels: std::sync::Mutex::new(JoinSet::new()),
+            sessions: Sessions::new(
+                config
+                    .planes
+                    .as_ref()
+                    .map_or(DEFAULT_MAX_CLIENTS, |p| p.session.max_clients),
+            ),
             passthrough: Arc::new(PassThrough {
                 cap: config.upstream_max_inflight,
                 open: AtomicU32::new(0),
@@ -429,48 +479,72 @@ impl App {
         let group = route
             .map(|r| r.group.as_str())
             .or_else(|| upgrade.as_ref().map(|_| STREAM_GROUP));
+        let limited = group.and_then(|g| policy.limited.get(g));
+        if limited.is_some_and(|l| l.health) && self.draining() {
+            return answer::health_response(StatusCode::SERVICE_UNAVAILABLE, "draining");
+        }
+        // An EventSource asks for text/event-stream: its answer will be a stream.
+        let event_stream = accepts_event_stream(req.headers());
+        let stream = stream_route || upgrade.is_some() || event_stream;
+        let planes = policy.credential.as_ref().filter(|_| !stream);
+        let decision = (limited.is_some() || planes.is_some() || event_stream)
+            .then(|| self.client(conn, &policy, &req));
         let mut job = Job {
             origin,
             upgrade,
             stream_route,
             admitted: None,
+            plane: None,
+            credential: None,
             passthrough: None,
             sse_key: None,
         };
-        let Some(limited) = group.and_then(|g| policy.limited.get(g)) else {
+        // The request planes first: a request one of them refuses never reaches its group.
+        let plane = match (planes, &decision) {
+            (Some(credential), Some(decision)) => {
+                match self.admit_plane(&policy, credential, &req, decision.key, &mut job) {
+                    Ok(plane) => plane,
+                    Err(refused) => return *refused,
+                }
+            }
+            _ => None,
+        };
+        let Some(limited) = limited else {
             let Some(slot) = self.passthrough.take() else {
+                if let Some(held) = job.plane.take() {
+                    held.refund();
+                }
                 return answer::upstream_busy();
             };
             job.passthrough = Some(slot);
-            // An EventSource asks for text/event-stream: its answer will be a stream, limited
-            // in the stream group, under this key.
-            if accepts_event_stream(req.headers()) {
-                job.sse_key = Some(self.client(conn, &policy, &req).key);
+            if event_stream {
+                job.sse_key = decision.as_ref().map(|d| d.key);
             }
-            return self.forward(conn, &policy, req, job).await;
+            let mut res = self.forward(conn, &policy, req, job).await;
+            if let Some((p, key)) = plane {
+                answer::clear_ratelimit_fields(res.headers_mut());
+                p.ratelimit_fields(res.headers_mut(), &key);
+            }
+            return res;
         };
-        if limited.health && self.draining() {
-            return answer::health_response(StatusCode::SERVICE_UNAVAILABLE, "draining");
-        }
-        let decision = self.client(conn, &policy, &req);
+        let Some(decision) = decision else {
+            return answer::failure_response(&Failure::UpstreamTimeout);
+        };
         let mut res = match settle::admit(&limited.limiter, &limited.metrics, decision.key) {
             Ok(permit) => {
+                let permit = match job.plane.take() {
+                    Some(plane) => permit.with_plane(plane),
+                    None => permit,
+                };
                 job.admitted = Some(Admitted { limited, permit });
                 self.forward(conn, &policy, req, job).await
             }
             Err(rejection) => {
-                if answer::status(rejection.reason) == StatusCode::TOO_MANY_REQUESTS
-                    && let Some(e) = &policy.escalator
-                {
-                    // A peer named by a trusted proxy's PROXY header was learned through that
-                    // proxy: never escalated (docs/design.md, "Flood shield").
-                    let source = if conn.proxied {
-                        KeySource::ThroughProxy
-                    } else {
-                        KeySource::of(&decision)
-                    };
-                    e.on_rejection(decision.key, source);
+                // Refused by its group: the plane spends nothing for it.
+                if let Some(held) = job.plane.take() {
+                    held.refund();
                 }
+                Self::escalate(conn, &policy, &decision, &rejection);
                 if limited.health {
                     self.cached_health(limited, req, origin).await
                 } else {
@@ -478,11 +552,66 @@ impl App {
                 }
             }
         };
-        if let Some(policy) = &limited.policy {
-            let q = limited.limiter.quota(&decision.key);
-            answer::ratelimit_fields(res.headers_mut(), policy, &limited.sf_name, q);
+        answer::clear_ratelimit_fields(res.headers_mut());
+        limited.ratelimit_fields(res.headers_mut(), &decision.key);
+        if let Some((p, key)) = plane {
+            p.ratelimit_fields(res.headers_mut(), &key);
         }
         res
+    }
+
+    /// Tells the escalator about a 429 (rate or per-client cap) of the TCP peer itself: a peer
+    /// named by a trusted proxy's PROXY header was learned through that proxy and is never
+    /// escalated (docs/design.md, "Flood shield").
+    fn escalate(
+        conn: &ConnInfo,
+        policy: &Policy,
+        decision: &KeyDecision,
+        rejection: &crate::limit::Rejection,
+    ) {
+        if answer::status(rejection.reason) != StatusCode::TOO_MANY_REQUESTS {
+            return;
+        }
+        if let Some(e) = &policy.escalator {
+            let source = if conn.proxied {
+                KeySource::ThroughProxy
+            } else {
+                KeySource::of(decision)
+            };
+            e.on_rejection(decision.key, source);
+        }
+    }
+
+    /// Charges a request that is not a stream to its request plane (docs/design.md, "Planes"):
+    /// the plane's permit and the credential's hash go into `job`; the plane and key are returned
+    /// for the `RateLimit` fields.
+    ///
+    /// # Errors
+    /// The plane's 429 when it refuses the request.
+    fn admit_plane<'p>(
+        &self,
+        policy: &'p Policy,
+        credential: &Credential,
+        req: &Request<Incoming>,
+        client: PrefixKey,
+        job: &mut Job<'_>,
+    ) -> Result<Option<(&'p Limited, PrefixKey)>, Box<Response<ResponseBody>>> {
+        let choice = self.sessions.choose(credential, req.headers(), client);
+        job.credential = choice.credential;
+        let Some(p) = policy.limited.get(choice.plane) else {
+            return Ok(None);
+        };
+        match settle::admit(&p.limiter, &p.metrics, choice.key) {
+            Ok(held) => {
+                job.plane = Some(held);
+                Ok(Some((p, choice.key)))
+            }
+            Err(rejection) => {
+                let mut res = answer::rejected_by_plane(choice.plane, &rejection);
+                p.ratelimit_fields(res.headers_mut(), &choice.key);
+                Err(Box::new(res))
+            }
+        }
     }
 
     /// The client key of `req`, counting (and warning once about) forwarding headers ignored
@@ -537,6 +666,8 @@ impl App {
             upgrade,
             stream_route,
             admitted,
+            plane,
+            credential,
             passthrough,
             sse_key,
         } = job;
@@ -558,7 +689,7 @@ impl App {
             .await;
         let (permit, read_timeout) = match admitted {
             Some(a) => (Some(a.permit), Some(a.limited.read_timeout)),
-            None => (None, None),
+            None => (plane, None),
         };
         let res = match result {
             Ok(res) => res,
@@ -578,6 +709,9 @@ impl App {
             }
         };
         let status = res.status();
+        if let Some(credential) = credential {
+            self.sessions.learn(credential, status);
+        }
         if status == StatusCode::SWITCHING_PROTOCOLS {
             return self.switch(conn, &method, upgrade, on_client, res, permit);
         }
@@ -605,9 +739,11 @@ impl App {
         }
         let mut out = match (permit, read_timeout) {
             (Some(p), Some(deadline)) => {
-                res.map(|b| ResponseBody::settling(b, p, status, deadline))
+                res.map(|b| ResponseBody::settling(b, p, status, Some(deadline)))
             }
-            _ => res.map(ResponseBody::upstream),
+            // A pass-through request's plane permit: no caps to free early, held to the end.
+            (Some(p), None) => res.map(|b| ResponseBody::settling(b, p, status, None)),
+            (None, _) => res.map(ResponseBody::upstream),
         };
         out.body_mut().passthrough = passthrough;
         out

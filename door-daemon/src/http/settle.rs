@@ -84,6 +84,7 @@ pub fn admit(
             Ok(Held {
                 permit: Some(permit),
                 metrics: metrics.clone(),
+                plane: None,
             })
         }
         Err(rejection) => {
@@ -111,14 +112,37 @@ pub fn settle(permit: Permit, end: End, metrics: &GroupMetrics) {
 pub struct Held {
     permit: Option<Permit>,
     metrics: GroupMetrics,
+    /// The request plane's permit the request also holds (docs/design.md, "Planes"), settled
+    /// with this one.
+    plane: Option<Box<Held>>,
 }
 
 impl Held {
-    /// Settles the request as `end` (see [`charge`]).
+    /// Settles the request as `end` (see [`charge`]), and its plane's permit with it.
     pub fn settle(mut self, end: End) {
         if let Some(permit) = self.permit.take() {
             settle(permit, end, &self.metrics);
         }
+        if let Some(plane) = self.plane.take() {
+            plane.settle(end);
+        }
+    }
+
+    /// Gives everything back uncounted, as if the request had never been admitted (another
+    /// limiter refused it: it must spend nothing here); the plane's permit too.
+    pub fn refund(mut self) {
+        if let Some(permit) = self.permit.take() {
+            permit.refund();
+        }
+        if let Some(plane) = self.plane.take() {
+            plane.refund();
+        }
+    }
+
+    /// This permit, also holding `plane` (a request plane's permit): both settle together.
+    pub fn with_plane(mut self, plane: Held) -> Self {
+        self.plane = Some(Box::new(plane));
+        self
     }
 
     /// The instruments this request is counted on.

@@ -55,6 +55,10 @@ pub const MIN_RATE: f64 = 1.0 / 86_400.0;
 /// The fastest accepted rate, in tokens per second: one token per nanosecond.
 pub const MAX_RATE: f64 = 1e9;
 
+/// The in-flight caps of a request plane ([`Budget::plane`]): more requests than a door can
+/// have open, so they never bind.
+pub const PLANE_UNCAPPED: u32 = 1 << 30;
+
 /// The `Retry-After`, in seconds, of a rejection by an in-flight cap (the wait depends on other
 /// requests finishing, so it cannot be exact; one second is the smallest legal value).
 pub const CAP_RETRY_AFTER_S: u64 = 1;
@@ -175,6 +179,20 @@ impl Budget {
         }
     }
 
+    /// A request plane's budget (`[plane.session]`, `[plane.ip]`): `rate` tokens per second,
+    /// `burst`, charge always, and no in-flight caps to speak of (both [`PLANE_UNCAPPED`]): a plane
+    /// limits the request rate only.
+    pub const fn plane(rate: f64, burst: u32, max_clients: usize) -> Self {
+        Self {
+            rate,
+            burst,
+            per_client: PLANE_UNCAPPED,
+            inflight: PLANE_UNCAPPED,
+            max_clients,
+            charge: Charge::Always,
+        }
+    }
+
     /// The built-in budget of a group name (`webhook`, `link`, `health`, `stream`), if it has
     /// one.
     pub fn default_for(group: &str) -> Option<Self> {
@@ -197,8 +215,17 @@ impl Budget {
     /// [`Charge::OnFailure`], `per_client > burst` (a client's held tokens could then exceed the
     /// bucket and its `Retry-After` could not be exact).
     pub fn validate(&self, group: &str) -> Result<(), BudgetError> {
+        self.validate_as(&format!("group.{group}"))
+    }
+
+    /// [`Budget::validate`] for a budget configured under `table` (`group.link`,
+    /// `plane.session`): errors name `TABLE.FIELD`.
+    ///
+    /// # Errors
+    /// As [`Budget::validate`].
+    pub fn validate_as(&self, table: &str) -> Result<(), BudgetError> {
         let err = |field: &str, value: String, reason: String| BudgetError {
-            key: format!("group.{group}.{field}"),
+            key: format!("{table}.{field}"),
             value,
             reason,
         };
@@ -248,7 +275,7 @@ impl Budget {
                 "per_client",
                 self.per_client.to_string(),
                 format!(
-                    "exceeds group.{group}.inflight = {}: one client could take more than the group",
+                    "exceeds {table}.inflight = {}: one client could take more than the group",
                     self.inflight
                 ),
             ));
@@ -258,7 +285,7 @@ impl Budget {
                 "per_client",
                 self.per_client.to_string(),
                 format!(
-                    "exceeds group.{group}.burst = {} with charge = \"on_failure\": each request in \
+                    "exceeds {table}.burst = {} with charge = \"on_failure\": each request in \
                      flight holds a token",
                     self.burst
                 ),
@@ -850,6 +877,30 @@ impl GroupLimiter {
         RowId::Shared
     }
 
+    /// Frees a slot taken by [`GroupLimiter::decide`] and un-spends its token ([`Permit::refund`]).
+    fn refund(&self, id: RowId) {
+        {
+            let mut state = self.lock();
+            let state = &mut *state;
+            let t = state.tuning;
+            let row = match id {
+                RowId::Key(k) => state.table.peek_mut(&k),
+                RowId::Shared => Some(&mut state.shared),
+            };
+            if let Some(row) = row {
+                row.inflight = row.inflight.saturating_sub(1);
+                match t.budget.charge {
+                    Charge::OnFailure => row.held = row.held.saturating_sub(1),
+                    Charge::Always => {
+                        row.full_at = row.full_at.saturating_sub(t.bucket.interval);
+                    }
+                }
+            }
+            state.inflight = state.inflight.saturating_sub(1);
+        }
+        self.observer.inflight_changed(-1);
+    }
+
     /// Frees a slot taken by [`GroupLimiter::decide`]; under charge on failure, releases the held
     /// token and spends it if `spend` says so.
     fn release(&self, id: RowId, spend: Spend) {
@@ -901,6 +952,17 @@ impl Permit {
     pub fn settle(mut self, spend: Spend) {
         if let Some(id) = self.slot.take() {
             self.limiter.release(id, spend);
+        }
+    }
+
+    /// Gives everything back, as if the request had never been admitted: frees the slot, releases
+    /// a held token, and under [`Charge::Always`] un-spends the token admission took (exactly, if
+    /// nothing else was spent on the row since). For a request another limiter then refused
+    /// (docs/design.md, "Planes": a request rejected by one plane or group spends nothing in the
+    /// others).
+    pub fn refund(mut self) {
+        if let Some(id) = self.slot.take() {
+            self.limiter.refund(id);
         }
     }
 

@@ -1,0 +1,145 @@
+//! The per-session and per-IP request planes (docs/design.md, "Streams and sessions",
+//! "Planes"): with `[plane.session]` configured, every request that is not a stream is charged to
+//! one plane on top of its route group, the session plane for a *verified* credential and the IP
+//! plane for everything else.
+//!
+//! A credential is verified once the upstream answered a request carrying it with a status other
+//! than 401 or 403, and unverified again by a 401 or 403. Until then its requests are charged to
+//! the IP plane under the client's key, so rotating made-up tokens never earns a fresh bucket, and
+//! a forged copy of a victim's token never reaches the victim's bucket (it hashes elsewhere, and it
+//! is not verified). What door cannot tell apart: a stolen *valid* credential is its owner's
+//! session, and shares its bucket.
+//!
+//! The verified set is a bounded LRU table of keyed hashes ([`crate::client::credential`]), kept
+//! for the life of the process (a reload keeps it); a credential that falls out of it is charged to
+//! the IP plane again until its next answered request.
+
+use std::{
+    num::NonZeroUsize,
+    sync::{Mutex, PoisonError},
+};
+
+use door_common::prefix::PrefixKey;
+use http::{HeaderMap, StatusCode};
+use lru::LruCache;
+
+use crate::client::credential::{Credential, CredentialHasher};
+
+/// Which plane a request is charged to, and under which key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PlaneChoice {
+    /// `session` or `ip` ([`crate::config::SESSION_PLANE`], [`crate::config::IP_PLANE`]).
+    pub plane: &'static str,
+    /// The key in that plane: the credential's hash, or the client key.
+    pub key: PrefixKey,
+    /// The credential's hash when the request carried one (verified or not), to learn from the
+    /// upstream's answer.
+    pub credential: Option<PrefixKey>,
+}
+
+/// The credentials door has seen verified, as keyed hashes.
+#[derive(Debug)]
+pub struct Sessions {
+    hasher: CredentialHasher,
+    verified: Mutex<LruCache<PrefixKey, ()>>,
+}
+
+impl Sessions {
+    /// At most `capacity` verified credentials remembered (the least recently used forgotten).
+    pub fn new(capacity: usize) -> Self {
+        Self {
+            hasher: CredentialHasher::new(),
+            verified: Mutex::new(LruCache::new(
+                NonZeroUsize::new(capacity).unwrap_or(NonZeroUsize::MIN),
+            )),
+        }
+    }
+
+    /// The plane of a request with `headers` from client `client`, credentials found by
+    /// `credential`.
+    pub fn choose(
+        &self,
+        credential: &Credential,
+        headers: &HeaderMap,
+        client: PrefixKey,
+    ) -> PlaneChoice {
+        let hashed = credential.find(headers).map(|c| self.hasher.key(c));
+        match hashed {
+            Some(key) if self.is_verified(&key) => PlaneChoice {
+                plane: crate::config::SESSION_PLANE,
+                key,
+                credential: Some(key),
+            },
+            _ => PlaneChoice {
+                plane: crate::config::IP_PLANE,
+                key: client,
+                credential: hashed,
+            },
+        }
+    }
+
+    /// Learns from the upstream's `status` to a request carrying `credential`: 401 and 403
+    /// unverify it, anything else verifies it.
+    pub fn learn(&self, credential: PrefixKey, status: StatusCode) {
+        let mut verified = self.lock();
+        if matches!(status, StatusCode::UNAUTHORIZED | StatusCode::FORBIDDEN) {
+            verified.pop(&credential);
+        } else {
+            verified.put(credential, ());
+        }
+    }
+
+    /// Whether `credential` is verified (refreshing it in the LRU order).
+    pub fn is_verified(&self, credential: &PrefixKey) -> bool {
+        self.lock().get(credential).is_some()
+    }
+
+    /// Verified credentials remembered now.
+    pub fn verified(&self) -> usize {
+        self.lock().len()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, LruCache<PrefixKey, ()>> {
+        self.verified.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use http::HeaderValue;
+
+    use super::*;
+
+    #[test]
+    fn a_credential_is_charged_to_the_ip_plane_until_the_upstream_accepts_it() {
+        let sessions = Sessions::new(4);
+        let cred = Credential::Bearer;
+        let mut h = HeaderMap::new();
+        h.insert("authorization", HeaderValue::from_static("Bearer tok"));
+        let client = PrefixKey::from_ipv4([192, 0, 2, 1]);
+        let first = sessions.choose(&cred, &h, client);
+        assert_eq!(first.plane, "ip");
+        assert_eq!(first.key, client);
+        let hash = first.credential.unwrap();
+        sessions.learn(hash, StatusCode::UNAUTHORIZED);
+        assert_eq!(sessions.choose(&cred, &h, client).plane, "ip");
+        sessions.learn(hash, StatusCode::OK);
+        let verified = sessions.choose(&cred, &h, client);
+        assert_eq!((verified.plane, verified.key), ("session", hash));
+        // A later 403 takes the session back.
+        sessions.learn(hash, StatusCode::FORBIDDEN);
+        assert_eq!(sessions.choose(&cred, &h, client).plane, "ip");
+        // No credential: the IP plane, nothing to learn.
+        let none = sessions.choose(&cred, &HeaderMap::new(), client);
+        assert_eq!((none.plane, none.credential), ("ip", None));
+    }
+
+    #[test]
+    fn the_verified_table_is_bounded() {
+        let sessions = Sessions::new(2);
+        for i in 0..100u8 {
+            sessions.learn(PrefixKey::from_ipv4([i, 0, 0, 0]), StatusCode::OK);
+        }
+        assert_eq!(sessions.verified(), 2);
+    }
+}

@@ -1,0 +1,400 @@
+//! The per-session and per-IP request planes through the daemon (docs/design.md, "Planes"):
+//! door's front in-process on 127.0.0.1 in front of an upstream that accepts some bearer tokens
+//! (or a session cookie) and answers 401 to the rest. No test sleeps: the planes' rates are so
+//! slow that only bursts matter.
+
+#![expect(
+    clippy::unwrap_used,
+    clippy::indexing_slicing,
+    reason = "test helpers outside #[test] functions fail loudly by design"
+)]
+
+use std::{
+    convert::Infallible,
+    net::SocketAddr,
+    sync::{
+        Arc,
+        atomic::{AtomicUsize, Ordering},
+    },
+};
+
+use bytes::Bytes;
+use door_daemon::{
+    config::Config,
+    http::{App, ConnSettings, Front},
+    obs::metrics::{Metrics, Outcome},
+    time::{Clock, MonotonicClock},
+};
+use http::{Request, Response, StatusCode};
+use http_body_util::{BodyExt as _, Empty, Full};
+use hyper::body::Incoming;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use tokio::net::{TcpListener, TcpStream};
+
+/// The tokens (and session cookie values) the upstream accepts.
+const VALID: [&str; 3] = [
+    "alice",
+    "bob",
+    "eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiJ2aWN0aW0ifQ.c2ln",
+];
+
+/// Counts the requests it sees; 401 for a credential it does not know, 200 with the request's
+/// `cookie` lines (joined by `|`) otherwise. Requests without any credential get 200.
+async fn upstream(hits: Arc<AtomicUsize>) -> SocketAddr {
+    let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((s, _)) = l.accept().await {
+            let hits = Arc::clone(&hits);
+            tokio::spawn(async move {
+                let svc = hyper::service::service_fn(move |req: Request<Incoming>| {
+                    hits.fetch_add(1, Ordering::SeqCst);
+                    let token = req
+                        .headers()
+                        .get("authorization")
+                        .and_then(|v| v.to_str().ok())
+                        .and_then(|v| v.strip_prefix("Bearer "))
+                        .map(str::to_owned);
+                    let cookies: Vec<String> = req
+                        .headers()
+                        .get_all("cookie")
+                        .iter()
+                        .map(|v| v.to_str().unwrap().to_owned())
+                        .collect();
+                    let session = cookies
+                        .iter()
+                        .flat_map(|c| c.split(';'))
+                        .find_map(|p| p.trim().strip_prefix("sid=").map(str::to_owned));
+                    let status = match token.or(session) {
+                        Some(t) if !VALID.contains(&t.as_str()) => StatusCode::UNAUTHORIZED,
+                        _ => StatusCode::OK,
+                    };
+                    let mut res = Response::new(Full::new(Bytes::from(cookies.join("|"))));
+                    *res.status_mut() = status;
+                    async move { Ok::<_, Infallible>(res) }
+                });
+                let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
+                    .serve_connection(TokioIo::new(s), svc)
+                    .await;
+            });
+        }
+    });
+    addr
+}
+
+fn config(upstream: SocketAddr, plane: &str, tables: &str) -> Config {
+    Config::from_toml(
+        "planes.toml",
+        &format!(
+            r#"
+listen = ["127.0.0.1:0"]
+upstream = "http://{upstream}"
+admin_listen = "off"
+trusted_proxies = ["127.0.0.1/32"]
+[[route]]
+group = "link"
+path = "/l/{{id}}"
+[[route]]
+group = "stream"
+path = "/events/{{x}}"
+stream = true
+[group.link]
+rate = 0.001
+burst = 4
+per_client = 4
+[plane.session]
+{plane}
+rate = 0.001
+burst = 3
+[plane.ip]
+rate = 0.001
+burst = 5
+{tables}
+"#
+        ),
+    )
+    .unwrap()
+}
+
+struct Door {
+    addr: SocketAddr,
+    front: Front,
+}
+
+impl Door {
+    fn count(&self, group: &str, outcome: Outcome) -> u64 {
+        self.front
+            .app()
+            .outcome_totals(group)
+            .into_iter()
+            .find(|(o, _)| *o == outcome)
+            .unwrap()
+            .1
+    }
+}
+
+async fn door(cfg: &Config) -> Door {
+    let clock: Arc<dyn Clock> = Arc::new(MonotonicClock::new());
+    let app = Arc::new(App::new(cfg, &clock, &Metrics::noop(), None));
+    let front = Front::new(app, ConnSettings::from_config(cfg), None);
+    let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    front.serve(l, false);
+    Door { addr, front }
+}
+
+/// What came back: status, the JSON body's `details.scope`, `Retry-After`, `RateLimit`.
+#[derive(Debug)]
+struct Answer {
+    status: StatusCode,
+    scope: Option<String>,
+    retry_after: Option<String>,
+    ratelimit: String,
+    policy: String,
+    body: String,
+}
+
+/// One request from client `client` (named by X-Forwarded-For through the trusted test proxy)
+/// with `headers`.
+async fn send(d: &Door, path: &str, client: &str, headers: &[(&str, &str)]) -> Answer {
+    let s = TcpStream::connect(d.addr).await.unwrap();
+    let (mut c, conn) = hyper::client::conn::http1::handshake(TokioIo::new(s))
+        .await
+        .unwrap();
+    tokio::spawn(conn);
+    let mut req = Request::get(path)
+        .header("host", "door.test")
+        .header("x-forwarded-for", client);
+    for (k, v) in headers {
+        req = req.header(*k, *v);
+    }
+    let res = c
+        .send_request(req.body(Empty::<Bytes>::new()).unwrap())
+        .await
+        .unwrap();
+    answer(res).await
+}
+
+async fn answer(res: Response<Incoming>) -> Answer {
+    let status = res.status();
+    let header = |n: &str| res.headers().get(n).map(|v| v.to_str().unwrap().to_owned());
+    let (retry_after, ratelimit, policy) = (
+        header("retry-after"),
+        header("ratelimit").unwrap_or_default(),
+        header("ratelimit-policy").unwrap_or_default(),
+    );
+    let body =
+        String::from_utf8_lossy(&res.into_body().collect().await.unwrap().to_bytes()).into_owned();
+    let scope = serde_json::from_str::<serde_json::Value>(&body)
+        .ok()
+        .and_then(|v| v["details"]["scope"].as_str().map(str::to_owned));
+    Answer {
+        status,
+        scope,
+        retry_after,
+        ratelimit,
+        policy,
+        body,
+    }
+}
+
+const BEARER: &str = "header = \"authorization\"";
+
+#[tokio::test]
+async fn a_verified_session_has_its_own_burst_and_anonymous_requests_go_to_the_ip_plane() {
+    let hits = Arc::new(AtomicUsize::new(0));
+    let d = door(&config(upstream(Arc::clone(&hits)).await, BEARER, "")).await;
+    let alice = [("authorization", "Bearer alice")];
+    // The first request carries a credential not yet verified: the IP plane (1 of its 5).
+    let first = send(&d, "/api/a", "198.51.100.1", &alice).await;
+    assert_eq!(first.status, StatusCode::OK);
+    assert!(first.ratelimit.starts_with("\"ip\";"), "{first:?}");
+    // Verified by the upstream's 200: alice now has the session plane's burst of 3.
+    for _ in 0..3 {
+        let a = send(&d, "/api/a", "198.51.100.1", &alice).await;
+        assert_eq!(a.status, StatusCode::OK, "{a:?}");
+        assert!(a.ratelimit.starts_with("\"session\";"), "{a:?}");
+    }
+    let over = send(&d, "/api/a", "198.51.100.1", &alice).await;
+    assert_eq!(over.status, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(over.scope.as_deref(), Some("session"));
+    assert!(over.retry_after.is_some(), "{over:?}");
+    assert!(over.policy.starts_with("\"session\";q=3;"), "{over:?}");
+    assert!(over.ratelimit.starts_with("\"session\";r=0;"), "{over:?}");
+    let v: serde_json::Value = serde_json::from_str(&over.body).unwrap();
+    assert_eq!(v["code"], "rate-limited");
+    assert_eq!(v["details"]["group"], "session");
+    // A second verified session from the same address has its own bucket.
+    let bob = [("authorization", "Bearer bob")];
+    assert_eq!(
+        send(&d, "/api/b", "198.51.100.1", &bob).await.status,
+        StatusCode::OK
+    );
+    for _ in 0..3 {
+        assert_eq!(
+            send(&d, "/api/b", "198.51.100.1", &bob).await.status,
+            StatusCode::OK
+        );
+    }
+    // No credential: the IP plane, which has 5 - 2 = 3 left for this address.
+    for _ in 0..3 {
+        let a = send(&d, "/api/c", "198.51.100.1", &[]).await;
+        assert_eq!(a.status, StatusCode::OK, "{a:?}");
+    }
+    let anon = send(&d, "/api/c", "198.51.100.1", &[]).await;
+    assert_eq!(anon.status, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(anon.scope.as_deref(), Some("ip"));
+    assert_eq!(d.count("session", Outcome::Ok), 6);
+    assert_eq!(d.count("session", Outcome::RateLimited), 1);
+    assert_eq!(d.count("ip", Outcome::Ok), 5);
+}
+
+#[tokio::test]
+async fn rotating_made_up_tokens_earn_nothing() {
+    let hits = Arc::new(AtomicUsize::new(0));
+    let d = door(&config(upstream(Arc::clone(&hits)).await, BEARER, "")).await;
+    let mut limited = 0;
+    for i in 0..200 {
+        let token = format!("Bearer made-up-{i}");
+        let a = send(&d, "/api/x", "198.51.100.9", &[("authorization", &token)]).await;
+        match a.status {
+            StatusCode::UNAUTHORIZED => {}
+            StatusCode::TOO_MANY_REQUESTS => {
+                assert_eq!(a.scope.as_deref(), Some("ip"), "{a:?}");
+                limited += 1;
+            }
+            other => panic!("{other}: {a:?}"),
+        }
+    }
+    // At most the IP plane's burst reached the upstream.
+    assert_eq!(hits.load(Ordering::SeqCst), 5);
+    assert_eq!(limited, 195);
+    // A token the upstream refused never got a session bucket: from a fresh address, a refused
+    // token is charged to that address's IP plane, not a session plane of its own.
+    let a = send(
+        &d,
+        "/api/x",
+        "198.51.100.10",
+        &[("authorization", "Bearer made-up-0")],
+    )
+    .await;
+    assert_eq!(a.status, StatusCode::UNAUTHORIZED);
+    assert!(a.ratelimit.starts_with("\"ip\";r=4;"), "{a:?}");
+    assert_eq!(d.count("session", Outcome::Ok), 0);
+}
+
+#[tokio::test]
+async fn a_forged_copy_of_a_victims_token_never_touches_the_victims_bucket() {
+    let hits = Arc::new(AtomicUsize::new(0));
+    let d = door(&config(upstream(Arc::clone(&hits)).await, BEARER, "")).await;
+    let victim = format!("Bearer {}", VALID[2]);
+    // The victim's session is verified.
+    assert_eq!(
+        send(&d, "/api/v", "198.51.100.20", &[("authorization", &victim)])
+            .await
+            .status,
+        StatusCode::OK
+    );
+    // An attacker elsewhere replays the victim's claims with a bad signature (one byte off), and
+    // the victim's exact token from another address is not the attacker's to spend either:
+    // forged copies are charged to the attacker's IP plane.
+    let mut forged = victim.clone();
+    forged.pop();
+    forged.push('X');
+    for _ in 0..50 {
+        let a = send(&d, "/api/v", "203.0.113.66", &[("authorization", &forged)]).await;
+        assert!(
+            matches!(
+                a.status,
+                StatusCode::UNAUTHORIZED | StatusCode::TOO_MANY_REQUESTS
+            ),
+            "{a:?}"
+        );
+        assert_ne!(a.scope.as_deref(), Some("session"));
+    }
+    // The victim's bucket is untouched: its whole burst of 3 is there.
+    for _ in 0..3 {
+        let a = send(&d, "/api/v", "198.51.100.20", &[("authorization", &victim)]).await;
+        assert_eq!(a.status, StatusCode::OK, "{a:?}");
+    }
+}
+
+#[tokio::test]
+async fn a_session_cookie_split_over_http2_cookie_fields_is_found_and_joined() {
+    let hits = Arc::new(AtomicUsize::new(0));
+    let d = door(&config(
+        upstream(Arc::clone(&hits)).await,
+        "cookie = \"sid\"",
+        "",
+    ))
+    .await;
+    let s = TcpStream::connect(d.addr).await.unwrap();
+    let (mut c, conn) = hyper::client::conn::http2::handshake::<_, _, Empty<Bytes>>(
+        TokioExecutor::new(),
+        TokioIo::new(s),
+    )
+    .await
+    .unwrap();
+    tokio::spawn(conn);
+    let request = || {
+        let mut req = Request::get("http://door.test/api/cookie")
+            .header("x-forwarded-for", "198.51.100.30")
+            .body(Empty::new())
+            .unwrap();
+        for pair in ["theme=dark", "sid=alice", "lang=en"] {
+            req.headers_mut()
+                .append("cookie", http::HeaderValue::from_static(pair));
+        }
+        req
+    };
+    let first = answer(c.send_request(request()).await.unwrap()).await;
+    assert_eq!(first.status, StatusCode::OK);
+    assert_eq!(
+        first.body, "theme=dark; sid=alice; lang=en",
+        "one Cookie line, in order"
+    );
+    assert!(first.ratelimit.starts_with("\"ip\";"), "{first:?}");
+    let second = answer(c.send_request(request()).await.unwrap()).await;
+    assert!(
+        second.ratelimit.starts_with("\"session\";"),
+        "the cookie was found in the second field: {second:?}"
+    );
+}
+
+#[tokio::test]
+async fn streams_are_exempt_from_both_planes_and_groups_apply_on_top() {
+    let hits = Arc::new(AtomicUsize::new(0));
+    let d = door(&config(upstream(Arc::clone(&hits)).await, BEARER, "")).await;
+    // A stream route: charged to its group only, never to a plane.
+    for _ in 0..10 {
+        let a = send(
+            &d,
+            "/events/e",
+            "198.51.100.40",
+            &[("accept", "text/event-stream")],
+        )
+        .await;
+        assert_eq!(a.status, StatusCode::OK);
+    }
+    assert_eq!(d.count("ip", Outcome::Ok), 0);
+    // A limited route with a plane: both apply. link's burst is 4, the IP plane's 5: the fifth
+    // request is refused by link, and the plane spends nothing for it.
+    for _ in 0..4 {
+        assert_eq!(
+            send(&d, "/l/x", "198.51.100.41", &[]).await.status,
+            StatusCode::OK
+        );
+    }
+    let refused = send(&d, "/l/x", "198.51.100.41", &[]).await;
+    assert_eq!(refused.status, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(
+        refused.scope.as_deref(),
+        Some("client"),
+        "refused by its group"
+    );
+    // The IP plane still has its fifth token: the refused request spent none.
+    let a = send(&d, "/api/after", "198.51.100.41", &[]).await;
+    assert_eq!(a.status, StatusCode::OK, "{a:?}");
+    let over = send(&d, "/api/after", "198.51.100.41", &[]).await;
+    assert_eq!(over.scope.as_deref(), Some("ip"));
+}
