@@ -1,5 +1,5 @@
 //! admit + settle, ns per operation, against `governor`'s keyed limiter on the same key stream.
-//! 16,384 live keys (distinct IPv6 /64s, the default table size), one and two threads. door
+//! 16,384 live keys (distinct IPv6 /64s, the default table size), one, two and four threads. door
 //! reports to no observer (`Unobserved`): the limiter alone, as governor.
 //!
 //! After criterion's report, a plain timed loop prints the door/governor ratio.
@@ -112,7 +112,7 @@ fn bench(c: &mut Criterion) {
     let door_always = door(Charge::Always);
     let door_on_failure = door(Charge::OnFailure);
     let gov = governor();
-    for threads in [1u64, 2] {
+    for threads in [1u64, 2, 4] {
         let mut g = c.benchmark_group(format!("admit_settle/{threads}_thread"));
         g.measurement_time(Duration::from_secs(3))
             .warm_up_time(Duration::from_secs(1))
@@ -135,7 +135,7 @@ fn ratio() {
     let keys = keys();
     let door = door(Charge::Always);
     let gov = governor();
-    for threads in [1u64, 2] {
+    for threads in [1u64, 2, 4] {
         // Best of three, to damp a busy 2-core machine.
         let best = |f: &dyn Fn() -> Duration| (0..3).map(|_| f()).min().unwrap_or_default();
         let d = best(&|| run(&door, &keys, threads, OPS, door_op));

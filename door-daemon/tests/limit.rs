@@ -18,7 +18,9 @@ use door_daemon::{
         answer,
         settle::{self, End},
     },
-    limit::{Budget, Charge, GroupLimiter, Permit, RejectReason, Scope, Unobserved},
+    limit::{
+        Budget, Charge, DEFAULT_MAX_CLIENTS, GroupLimiter, Permit, RejectReason, Scope, Unobserved,
+    },
     obs::metrics::{GroupMetrics, Metrics, Outcome},
     time::ManualClock,
 };
@@ -682,6 +684,83 @@ async fn door_limits_caps_hold_under_concurrency() {
     assert_eq!(
         admitted.load(Ordering::SeqCst) + rejected.load(Ordering::SeqCst),
         64 * 200
+    );
+    assert_eq!(lim.inflight(), 0);
+    assert!(lim.tracked_clients() <= budget.max_clients);
+}
+
+/// The sharded table under contention: 16 shards (the default table), OS threads admitting and
+/// settling at once across many keys, and the group cap never exceeded, the per-client cap never
+/// exceeded, every slot returned.
+#[test]
+fn door_limits_group_cap_holds_across_shards_under_contention() {
+    const PEERS: u32 = 4096;
+    const THREADS: u32 = 8;
+    let budget = Budget {
+        rate: 1e6,
+        burst: 1_000_000,
+        per_client: 2,
+        inflight: 6,
+        max_clients: DEFAULT_MAX_CLIENTS,
+        charge: Charge::OnFailure,
+    };
+    assert_eq!(door_daemon::limit::shards_for(budget.max_clients), 16);
+    let lim = Arc::new(GroupLimiter::new(
+        "webhook",
+        budget,
+        true,
+        Arc::new(ManualClock::at(0)),
+        Arc::new(Unobserved),
+    ));
+    let group_now = AtomicU32::new(0);
+    let group_max = AtomicU32::new(0);
+    let admitted = AtomicUsize::new(0);
+    let capped = AtomicUsize::new(0);
+    std::thread::scope(|s| {
+        for t in 0..THREADS {
+            let (lim, group_now, group_max, admitted, capped) =
+                (&lim, &group_now, &group_max, &admitted, &capped);
+            s.spawn(move || {
+                let mut held = Vec::new();
+                for j in 0..20_000u32 {
+                    let key = peer((t * 7919 + j * 31) % PEERS);
+                    match lim.admit(key) {
+                        Ok(p) => {
+                            admitted.fetch_add(1, Ordering::Relaxed);
+                            let g = group_now.fetch_add(1, Ordering::SeqCst) + 1;
+                            group_max.fetch_max(g, Ordering::SeqCst);
+                            held.push(p);
+                        }
+                        Err(r) => {
+                            if r.reason == RejectReason::GroupConcurrency {
+                                capped.fetch_add(1, Ordering::Relaxed);
+                            }
+                        }
+                    }
+                    // Hold up to two at a time, settling the older first.
+                    if held.len() > 1 || j % 5 == 0 {
+                        for p in held.drain(..) {
+                            group_now.fetch_sub(1, Ordering::SeqCst);
+                            p.answered(StatusCode::OK);
+                        }
+                    }
+                }
+                for p in held {
+                    group_now.fetch_sub(1, Ordering::SeqCst);
+                    p.answered(StatusCode::OK);
+                }
+            });
+        }
+    });
+    assert!(
+        group_max.load(Ordering::SeqCst) <= budget.inflight,
+        "group cap exceeded: {}",
+        group_max.load(Ordering::SeqCst)
+    );
+    assert!(admitted.load(Ordering::Relaxed) > 10_000);
+    assert!(
+        capped.load(Ordering::Relaxed) > 0,
+        "the cap was reached and held"
     );
     assert_eq!(lim.inflight(), 0);
     assert!(lim.tracked_clients() <= budget.max_clients);

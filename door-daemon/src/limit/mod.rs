@@ -33,7 +33,10 @@
 
 use std::{
     num::NonZeroUsize,
-    sync::{Arc, Mutex, MutexGuard, PoisonError},
+    sync::{
+        Arc, Mutex, MutexGuard, PoisonError,
+        atomic::{AtomicBool, AtomicU32, Ordering},
+    },
 };
 
 use door_common::{gcra, prefix::PrefixKey};
@@ -540,16 +543,6 @@ impl Tuning {
     }
 }
 
-/// Everything the group's mutex guards.
-#[derive(Debug)]
-struct State {
-    tuning: Tuning,
-    table: LruCache<PrefixKey, Row>,
-    shared: Row,
-    /// Requests holding a slot in the whole group.
-    inflight: u32,
-}
-
 /// What a [`GroupLimiter`] reports as its table and slots change, so that metrics
 /// (`door.clients`, `door.evictions`, `door.inflight`) follow it without the limiter knowing
 /// them (implemented by `crate::obs::metrics::GroupMetrics`). Called after the group's lock is
@@ -591,293 +584,105 @@ struct TableChange {
     evicted: bool,
 }
 
-/// The limiter of one route group (docs/design.md, "Limits").
-///
-/// `Send + Sync`; share it as `Arc<GroupLimiter>`. One `std::sync::Mutex` guards the table, the
-/// shared row and the group's in-flight count; it is held only inside [`GroupLimiter::admit`],
-/// [`Permit::settle`] / `Drop` and the accessors, never across an await.
-#[derive(Debug)]
-pub struct GroupLimiter {
-    group: String,
-    clock: Arc<dyn Clock>,
-    observer: Arc<dyn Observer>,
-    state: Mutex<State>,
+/// The most shards a group's table is split into.
+pub const MAX_SHARDS: usize = 16;
+
+/// Table entries per shard below which the table is not split further: small tables keep one
+/// LRU order (and the [`EVICT_PROBE`] oldest entries are the group's oldest).
+pub const MIN_SHARD_ENTRIES: usize = 1024;
+
+/// The shards a table of `max_clients` entries is split into: a power of two, at most
+/// [`MAX_SHARDS`], each of at least [`MIN_SHARD_ENTRIES`] entries (one shard below that).
+pub const fn shards_for(max_clients: usize) -> usize {
+    let mut n = 1;
+    while n < MAX_SHARDS && max_clients / (n * 2) >= MIN_SHARD_ENTRIES {
+        n *= 2;
+    }
+    n
 }
 
-impl GroupLimiter {
-    /// A limiter for group `group` with `budget` (check it with [`Budget::validate`] first; an
-    /// invalid budget is clamped: zero counts act as 1, the rate as in [`Budget::interval_ns`]).
-    /// `enforce = false` is shadow mode (`disable_anon_route_limits`): every request is admitted
-    /// and [`Permit::shadow_rejection`] says what enforcement would have done. Time comes only from
-    /// `clock`; table and slot changes go to `observer`.
-    pub fn new(
-        group: &str,
-        budget: Budget,
-        enforce: bool,
-        clock: Arc<dyn Clock>,
-        observer: Arc<dyn Observer>,
-    ) -> Self {
-        let tuning = Tuning::of(budget, enforce);
-        let cap = NonZeroUsize::new(tuning.budget.max_clients).unwrap_or(NonZeroUsize::MIN);
-        let now = clock.now_ns();
-        Self {
-            group: group.to_owned(),
-            clock,
-            observer,
-            state: Mutex::new(State {
-                tuning,
-                table: LruCache::new(cap),
-                shared: Row::full(now),
-                inflight: 0,
-            }),
+/// What one shard's mutex guards: its slice of the client table (or, for the group's shared
+/// shard, the shared row), and a copy of the tuning.
+#[derive(Debug)]
+struct ShardState {
+    tuning: Tuning,
+    table: LruCache<PrefixKey, Row>,
+    /// The shared row (used in the group's shared shard only).
+    shared: Row,
+}
+
+/// One shard: a part of the table behind its own mutex. A permit holds its shard (not the
+/// whole limiter), so settling touches only that shard and the group's counters.
+#[derive(Debug)]
+struct Shard {
+    state: Mutex<ShardState>,
+    core: Arc<Core>,
+}
+
+/// What every shard of a group shares: its in-flight count against the cap, the clock and the
+/// observer.
+#[derive(Debug)]
+struct Core {
+    /// Requests holding a slot in the whole group.
+    inflight: AtomicU32,
+    /// The group's in-flight cap (`inflight`), read before any shard lock.
+    cap: AtomicU32,
+    clock: Arc<dyn Clock>,
+    observer: Arc<dyn Observer>,
+}
+
+impl Core {
+    /// Takes one of the group's slots, or `false` when `cap` are taken: one atomic add (and one
+    /// subtract when over), never a loop. The count may pass the cap for an instant, while a
+    /// request over it is backing out, but no request is admitted past it.
+    fn take_slot(&self) -> bool {
+        let cap = self.cap.load(Ordering::Relaxed);
+        if self.inflight.fetch_add(1, Ordering::AcqRel) < cap {
+            true
+        } else {
+            self.inflight.fetch_sub(1, Ordering::AcqRel);
+            false
         }
     }
 
-    /// The group's name (`door.group`).
-    pub fn group(&self) -> &str {
-        &self.group
+    fn free_slot(&self) {
+        self.inflight.fetch_sub(1, Ordering::AcqRel);
     }
+}
 
-    /// The budget in force (after clamping, see [`GroupLimiter::new`]).
-    pub fn budget(&self) -> Budget {
-        self.lock().tuning.budget
-    }
-
-    /// `false` in shadow mode.
-    pub fn enforcing(&self) -> bool {
-        self.lock().tuning.enforce
-    }
-
-    /// Applies a reloaded `budget` and shadow mode to the live group (SIGHUP), keeping every
-    /// client's row: a bucket keeps the *fraction* of its burst it was missing (a drained client
-    /// stays drained, a half-full one is half full of the new burst; nothing is refilled to
-    /// full), in-flight requests keep their slots (caps lowered below them admit nothing new until
-    /// they settle), and a smaller `max_clients` drops the least recently used entries. The
-    /// charge mode must not change (a held token's meaning would); the caller builds a new
-    /// limiter then.
-    pub fn retune(&self, budget: Budget, enforce: bool) {
-        let new = Tuning::of(budget, enforce);
-        let dropped = {
-            let mut state = self.lock();
-            let now = self.clock.now_ns();
-            let old = state.tuning.bucket;
-            for (_, row) in &mut state.table {
-                old.rescale(new.bucket, row, now);
-            }
-            old.rescale(new.bucket, &mut state.shared, now);
-            let before = state.table.len();
-            if let Some(cap) = NonZeroUsize::new(new.budget.max_clients) {
-                state.table.resize(cap);
-            }
-            state.tuning = new;
-            before - state.table.len()
-        };
-        if dropped > 0 {
-            self.observer
-                .clients_changed(-i64::try_from(dropped).unwrap_or(i64::MAX));
-        }
-    }
-
-    /// Entries in the client table (for `/status` and `door.clients`); at most `max_clients`.
-    pub fn tracked_clients(&self) -> usize {
-        self.lock().table.len()
-    }
-
-    /// Requests holding a slot in the group (≤ `inflight` when enforcing).
-    pub fn inflight(&self) -> u32 {
-        self.lock().inflight
-    }
-
-    /// The quota of client `key` now, read-only: its table entry if it has one (not refreshed in
-    /// the LRU order), else a new full bucket if the table has room, else the shared row (which
-    /// is where [`GroupLimiter::admit`] would decide it). Changes nothing; takes the group's lock
-    /// once.
-    pub fn quota(&self, key: &PrefixKey) -> Quota {
-        let (row, now, bucket) = {
-            let state = self.lock();
-            let now = self.clock.now_ns();
-            let row = match state.table.peek(key) {
-                Some(row) => *row,
-                None if state.table.len() < state.table.cap().get() => Row::full(now),
-                None => state.shared,
-            };
-            (row, now, state.tuning.bucket)
-        };
-        bucket.quota(&row, now)
-    }
-
-    /// The policy window in whole seconds (rounded up): the time an empty bucket takes to
-    /// refill its `burst` tokens, the `w` of the `RateLimit-Policy` field
-    /// (draft-ietf-httpapi-ratelimit-headers-10).
-    pub fn window_s(&self) -> u64 {
-        let bucket = self.lock().tuning.bucket;
-        u64::from(bucket.burst)
-            .saturating_mul(bucket.interval)
-            .div_ceil(NS_PER_S)
-            .max(1)
-    }
-
-    /// Whether `key` has a table entry, without refreshing it.
-    pub fn is_tracked(&self, key: &PrefixKey) -> bool {
-        self.lock().table.contains(key)
-    }
-
-    fn lock(&self) -> MutexGuard<'_, State> {
+impl Shard {
+    fn lock(&self) -> MutexGuard<'_, ShardState> {
         // Nothing panics while the lock is held, but a poisoned lock must not take the door down.
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Admits a request from client `key`, or rejects it (docs/design.md, "Limits", "Admission").
-    ///
-    /// Under the group's lock: the group cap (503, scope `group`), then the per-client cap of the
-    /// client's row (429, scope `client` or `shared`), then its bucket (429): under
-    /// [`Charge::Always`] a token is spent now; under [`Charge::OnFailure`] admission needs
-    /// `1 + held` tokens and the request holds one until it settles.
-    ///
-    /// A client not in the table gets a new, full entry if the table has room; otherwise the
-    /// [`EVICT_PROBE`] oldest entries are probed, each ineligible one is refreshed, and the first
-    /// that is full and idle is replaced by a new, full entry; if none is, the request is decided
-    /// on the shared row.
-    ///
-    /// # Errors
-    ///
-    /// A [`Rejection`] when enforcing and a check fails; it spends and holds nothing. In shadow
-    /// mode this never fails: the permit says what would have happened
-    /// ([`Permit::shadow_rejection`]) and holds nothing either.
-    pub fn admit(self: &Arc<Self>, key: PrefixKey) -> Result<Permit, Rejection> {
-        let (decision, change, enforce) = {
+    /// Frees a slot taken on row `id` of this shard; under charge on failure, releases the held
+    /// token and spends it if `spend` says so.
+    fn release(&self, id: RowId, spend: Spend) {
+        {
             let mut state = self.lock();
-            let now = self.clock.now_ns();
-            let (decision, change) = Self::decide(&mut state, key, now);
-            (decision, change, state.tuning.enforce)
-        };
-        if change.inserted {
-            self.observer.clients_changed(1);
-        }
-        if change.evicted {
-            self.observer.evicted();
-        }
-        match decision {
-            Ok(row) => {
-                self.observer.inflight_changed(1);
-                Ok(Permit {
-                    limiter: Arc::clone(self),
-                    slot: Some(row),
-                    scope: row.scope(),
-                    shadow: None,
-                })
+            let state = &mut *state;
+            let t = state.tuning;
+            let row = match id {
+                RowId::Key(k) => state.table.peek_mut(&k),
+                RowId::Shared => Some(&mut state.shared),
+            };
+            if let Some(row) = row {
+                row.inflight = row.inflight.saturating_sub(1);
+                if t.budget.charge == Charge::OnFailure {
+                    row.held = row.held.saturating_sub(1);
+                    if spend == Spend::Token {
+                        // The clock is read only when a token is spent.
+                        t.bucket.spend(row, self.core.clock.now_ns());
+                    }
+                }
             }
-            Err(rejection) if enforce => Err(rejection),
-            Err(rejection) => Ok(Permit {
-                limiter: Arc::clone(self),
-                slot: None,
-                scope: rejection.scope,
-                shadow: Some(rejection.reason),
-            }),
         }
+        self.core.free_slot();
+        self.core.observer.inflight_changed(-1);
     }
 
-    /// The decision, identical in both modes; on admission the slot (and token) is taken.
-    fn decide(
-        state: &mut State,
-        key: PrefixKey,
-        now: u64,
-    ) -> (Result<RowId, Rejection>, TableChange) {
-        let mut change = TableChange::default();
-        let t = state.tuning;
-        if state.inflight >= t.budget.inflight {
-            return (
-                Err(Rejection::cap(RejectReason::GroupConcurrency, Scope::Group)),
-                change,
-            );
-        }
-        // Hit: one lookup (which also refreshes the entry).
-        if let Some(row) = state.table.get_mut(&key) {
-            let decision = Self::take(&t, row, RowId::Key(key), &mut state.inflight, now);
-            return (decision, change);
-        }
-        let id = Self::find_row(&mut state.table, key, now, &mut change);
-        let row = match id {
-            RowId::Key(k) => state.table.peek_mut(&k),
-            RowId::Shared => Some(&mut state.shared),
-        };
-        let Some(row) = row else {
-            // find_row only names keys it just inserted; unreachable, and harmless: the request
-            // is refused rather than admitted without accounting.
-            return (
-                Err(Rejection::cap(RejectReason::ClientConcurrency, id.scope())),
-                change,
-            );
-        };
-        (Self::take(&t, row, id, &mut state.inflight, now), change)
-    }
-
-    /// The per-client cap and the bucket on `row`; on admission takes the slot (and the token,
-    /// or holds one under charge on failure).
-    fn take(
-        t: &Tuning,
-        row: &mut Row,
-        id: RowId,
-        group_inflight: &mut u32,
-        now: u64,
-    ) -> Result<RowId, Rejection> {
-        if row.inflight >= t.budget.per_client {
-            return Err(Rejection::cap(RejectReason::ClientConcurrency, id.scope()));
-        }
-        let need = 1 + u64::from(row.held);
-        if !t.bucket.has(row, need, now) {
-            let wait = t.bucket.wait_ns(row, need, now);
-            return Err(Rejection {
-                reason: RejectReason::Rate,
-                scope: id.scope(),
-                retry_after_s: wait.div_ceil(NS_PER_S).max(1),
-            });
-        }
-        match t.budget.charge {
-            Charge::Always => t.bucket.spend(row, now),
-            Charge::OnFailure => row.held += 1,
-        }
-        row.inflight += 1;
-        *group_inflight += 1;
-        Ok(id)
-    }
-
-    /// The row deciding the request of `key`, which is not in the table (docs/design.md, "Limits",
-    /// "The bounded table and its shared row").
-    fn find_row(
-        table: &mut LruCache<PrefixKey, Row>,
-        key: PrefixKey,
-        now: u64,
-        change: &mut TableChange,
-    ) -> RowId {
-        if table.len() < table.cap().get() {
-            table.put(key, Row::full(now));
-            change.inserted = true;
-            return RowId::Key(key);
-        }
-        let mut oldest = [PrefixKey::default(); EVICT_PROBE];
-        let mut probed = 0;
-        for (slot, (k, _)) in oldest.iter_mut().zip(table.iter().rev()) {
-            *slot = *k;
-            probed += 1;
-        }
-        for k in oldest.iter().take(probed) {
-            let eligible = table
-                .peek(k)
-                .is_some_and(|row| row.inflight == 0 && Bucket::is_full(row, now));
-            if eligible {
-                // Make it the least recently used, so that push replaces it in place.
-                table.demote(k);
-                table.push(key, Row::full(now));
-                change.evicted = true;
-                return RowId::Key(key);
-            }
-            table.promote(k);
-        }
-        RowId::Shared
-    }
-
-    /// Frees a slot taken by [`GroupLimiter::decide`] and un-spends its token ([`Permit::refund`]).
+    /// Frees a slot and un-spends its token ([`Permit::refund`]).
     fn refund(&self, id: RowId) {
         {
             let mut state = self.lock();
@@ -896,36 +701,357 @@ impl GroupLimiter {
                     }
                 }
             }
-            state.inflight = state.inflight.saturating_sub(1);
         }
-        self.observer.inflight_changed(-1);
+        self.core.free_slot();
+        self.core.observer.inflight_changed(-1);
+    }
+}
+
+/// The limiter of one route group (docs/design.md, "Limits").
+///
+/// `Send + Sync`; share it as `Arc<GroupLimiter>`. The client table is split into
+/// [`shards_for`]`(max_clients)` shards by key hash, each a bounded LRU table of its share of
+/// `max_clients` behind its own mutex; the shared row has a shard of its own; the group's
+/// in-flight count is an atomic checked against the cap before any lock. An admission takes one
+/// shard lock (two when it is decided on the shared row), a settlement one; no lock is held
+/// across an await, and none allocates once the table is full.
+#[derive(Debug)]
+pub struct GroupLimiter {
+    group: String,
+    core: Arc<Core>,
+    shards: Box<[Arc<Shard>]>,
+    shared: Arc<Shard>,
+    /// `false` in shadow mode.
+    enforce: AtomicBool,
+}
+
+impl GroupLimiter {
+    /// A limiter for group `group` with `budget` (check it with [`Budget::validate`] first; an
+    /// invalid budget is clamped: zero counts act as 1, the rate as in [`Budget::interval_ns`]).
+    /// `enforce = false` is shadow mode (`disable_anon_route_limits`): every request is admitted
+    /// and [`Permit::shadow_rejection`] says what enforcement would have done. Time comes only from
+    /// `clock`; table and slot changes go to `observer`.
+    pub fn new(
+        group: &str,
+        budget: Budget,
+        enforce: bool,
+        clock: Arc<dyn Clock>,
+        observer: Arc<dyn Observer>,
+    ) -> Self {
+        let tuning = Tuning::of(budget, enforce);
+        let now = clock.now_ns();
+        let core = Arc::new(Core {
+            inflight: AtomicU32::new(0),
+            cap: AtomicU32::new(tuning.budget.inflight),
+            clock,
+            observer,
+        });
+        let n = shards_for(tuning.budget.max_clients);
+        let shard = |cap: usize| {
+            Arc::new(Shard {
+                state: Mutex::new(ShardState {
+                    tuning,
+                    table: LruCache::new(NonZeroUsize::new(cap).unwrap_or(NonZeroUsize::MIN)),
+                    shared: Row::full(now),
+                }),
+                core: Arc::clone(&core),
+            })
+        };
+        let shards = (0..n)
+            .map(|i| shard(share(tuning.budget.max_clients, n, i)))
+            .collect();
+        Self {
+            group: group.to_owned(),
+            shards,
+            shared: shard(1),
+            core,
+            enforce: AtomicBool::new(tuning.enforce),
+        }
     }
 
-    /// Frees a slot taken by [`GroupLimiter::decide`]; under charge on failure, releases the held
-    /// token and spends it if `spend` says so.
-    fn release(&self, id: RowId, spend: Spend) {
-        {
-            let mut state = self.lock();
-            let state = &mut *state;
-            let t = state.tuning;
-            let row = match id {
-                RowId::Key(k) => state.table.peek_mut(&k),
-                RowId::Shared => Some(&mut state.shared),
-            };
-            if let Some(row) = row {
-                row.inflight = row.inflight.saturating_sub(1);
-                if t.budget.charge == Charge::OnFailure {
-                    row.held = row.held.saturating_sub(1);
-                    if spend == Spend::Token {
-                        // The clock is read only when a token is spent.
-                        t.bucket.spend(row, self.clock.now_ns());
-                    }
-                }
-            }
-            state.inflight = state.inflight.saturating_sub(1);
-        }
-        self.observer.inflight_changed(-1);
+    /// The group's name (`door.group`).
+    pub fn group(&self) -> &str {
+        &self.group
     }
+
+    /// The budget in force (after clamping, see [`GroupLimiter::new`]).
+    pub fn budget(&self) -> Budget {
+        self.shared.lock().tuning.budget
+    }
+
+    /// `false` in shadow mode.
+    pub fn enforcing(&self) -> bool {
+        self.enforce.load(Ordering::Acquire)
+    }
+
+    /// Applies a reloaded `budget` and shadow mode to the live group (SIGHUP), keeping every
+    /// client's row: a bucket keeps the *fraction* of its burst it was missing (a drained client
+    /// stays drained, a half-full one is half full of the new burst; nothing is refilled to
+    /// full), in-flight requests keep their slots (caps lowered below them admit nothing new until
+    /// they settle), and a smaller `max_clients` drops each shard's least recently used entries
+    /// (the number of shards stays). The charge mode must not change (a held token's meaning
+    /// would); the caller builds a new limiter then.
+    pub fn retune(&self, budget: Budget, enforce: bool) {
+        let new = Tuning::of(budget, enforce);
+        let now = self.core.clock.now_ns();
+        let n = self.shards.len();
+        let mut dropped = 0;
+        for (i, shard) in self.shards.iter().chain([&self.shared]).enumerate() {
+            let mut state = shard.lock();
+            let old = state.tuning.bucket;
+            for (_, row) in &mut state.table {
+                old.rescale(new.bucket, row, now);
+            }
+            old.rescale(new.bucket, &mut state.shared, now);
+            if i < n {
+                let before = state.table.len();
+                if let Some(cap) = NonZeroUsize::new(share(new.budget.max_clients, n, i)) {
+                    state.table.resize(cap);
+                }
+                dropped += before - state.table.len();
+            }
+            state.tuning = new;
+        }
+        self.core.cap.store(new.budget.inflight, Ordering::Release);
+        self.enforce.store(enforce, Ordering::Release);
+        if dropped > 0 {
+            self.core
+                .observer
+                .clients_changed(-i64::try_from(dropped).unwrap_or(i64::MAX));
+        }
+    }
+
+    /// Entries in the client table (for `/status` and `door.clients`); at most `max_clients`.
+    pub fn tracked_clients(&self) -> usize {
+        self.shards.iter().map(|s| s.lock().table.len()).sum()
+    }
+
+    /// Requests holding a slot in the group (≤ `inflight` when enforcing; a request being refused
+    /// by the cap may count for an instant).
+    pub fn inflight(&self) -> u32 {
+        self.core.inflight.load(Ordering::Acquire)
+    }
+
+    fn shard_of(&self, key: &PrefixKey) -> &Arc<Shard> {
+        let i = shard_index(key, self.shards.len());
+        self.shards.get(i).unwrap_or(&self.shared)
+    }
+
+    /// The quota of client `key` now, read-only: its table entry if it has one (not refreshed in
+    /// the LRU order), else a new full bucket if its shard has room, else the shared row (which
+    /// is where [`GroupLimiter::admit`] would decide it). Changes nothing.
+    pub fn quota(&self, key: &PrefixKey) -> Quota {
+        let now = self.core.clock.now_ns();
+        let (row, bucket) = {
+            let state = self.shard_of(key).lock();
+            match state.table.peek(key) {
+                Some(row) => (Some(*row), state.tuning.bucket),
+                None if state.table.len() < state.table.cap().get() => {
+                    (Some(Row::full(now)), state.tuning.bucket)
+                }
+                None => (None, state.tuning.bucket),
+            }
+        };
+        let row = row.unwrap_or_else(|| self.shared.lock().shared);
+        bucket.quota(&row, now)
+    }
+
+    /// The policy window in whole seconds (rounded up): the time an empty bucket takes to
+    /// refill its `burst` tokens, the `w` of the `RateLimit-Policy` field
+    /// (draft-ietf-httpapi-ratelimit-headers-10).
+    pub fn window_s(&self) -> u64 {
+        let bucket = self.shared.lock().tuning.bucket;
+        u64::from(bucket.burst)
+            .saturating_mul(bucket.interval)
+            .div_ceil(NS_PER_S)
+            .max(1)
+    }
+
+    /// Whether `key` has a table entry, without refreshing it.
+    pub fn is_tracked(&self, key: &PrefixKey) -> bool {
+        self.shard_of(key).lock().table.contains(key)
+    }
+
+    /// Admits a request from client `key`, or rejects it (docs/design.md, "Limits").
+    ///
+    /// The group cap first (503, scope `group`: an atomic, before any lock), then, under the
+    /// client's shard lock, the per-client cap of the client's row (429, scope `client` or
+    /// `shared`), then its bucket (429): under [`Charge::Always`] a token is spent now; under
+    /// [`Charge::OnFailure`] admission needs `1 + held` tokens and the request holds one until it
+    /// settles.
+    ///
+    /// A client not in the table gets a new, full entry if its shard has room; otherwise the
+    /// [`EVICT_PROBE`] oldest entries of the shard are probed, each ineligible one is refreshed,
+    /// and the first that is full and idle is replaced by a new, full entry; if none is, the
+    /// request is decided on the shared row.
+    ///
+    /// # Errors
+    ///
+    /// A [`Rejection`] when enforcing and a check fails; it spends and holds nothing. In shadow
+    /// mode this never fails: the permit says what would have happened
+    /// ([`Permit::shadow_rejection`]) and holds nothing either.
+    pub fn admit(self: &Arc<Self>, key: PrefixKey) -> Result<Permit, Rejection> {
+        let enforce = self.enforcing();
+        let decision = if self.core.take_slot() {
+            let (decision, change) = self.decide(key);
+            if change.inserted {
+                self.core.observer.clients_changed(1);
+            }
+            if change.evicted {
+                self.core.observer.evicted();
+            }
+            if decision.is_err() {
+                self.core.free_slot();
+            }
+            decision
+        } else {
+            Err(Rejection::cap(RejectReason::GroupConcurrency, Scope::Group))
+        };
+        match decision {
+            Ok((shard, row)) => {
+                self.core.observer.inflight_changed(1);
+                Ok(Permit {
+                    shard: Some(shard),
+                    slot: row,
+                    scope: row.scope(),
+                    shadow: None,
+                })
+            }
+            Err(rejection) if enforce => Err(rejection),
+            Err(rejection) => Ok(Permit {
+                shard: None,
+                slot: RowId::Shared,
+                scope: rejection.scope,
+                shadow: Some(rejection.reason),
+            }),
+        }
+    }
+
+    /// The decision after the group cap, with one of the group's slots taken; on admission the
+    /// row's slot (and token) is taken too.
+    fn decide(&self, key: PrefixKey) -> (Result<(Arc<Shard>, RowId), Rejection>, TableChange) {
+        let mut change = TableChange::default();
+        let now = self.core.clock.now_ns();
+        let shard = self.shard_of(&key);
+        {
+            let mut state = shard.lock();
+            let t = state.tuning;
+            // Hit: one lookup (which also refreshes the entry).
+            if let Some(row) = state.table.get_mut(&key) {
+                let decision = take(&t, row, RowId::Key(key), now);
+                return (decision.map(|id| (Arc::clone(shard), id)), change);
+            }
+            if find_row(&mut state.table, key, now, &mut change) {
+                let decision = match state.table.peek_mut(&key) {
+                    Some(row) => take(&t, row, RowId::Key(key), now),
+                    // find_row only says so for a key it just inserted; unreachable, and
+                    // harmless: the request is refused rather than admitted without accounting.
+                    None => Err(Rejection::cap(
+                        RejectReason::ClientConcurrency,
+                        Scope::Client,
+                    )),
+                };
+                return (decision.map(|id| (Arc::clone(shard), id)), change);
+            }
+        }
+        let mut state = self.shared.lock();
+        let t = state.tuning;
+        let decision = take(&t, &mut state.shared, RowId::Shared, now);
+        (decision.map(|id| (Arc::clone(&self.shared), id)), change)
+    }
+}
+
+/// The table entries of shard `i` of `n` for a table of `max_clients`: an even split, the first
+/// `max_clients % n` shards one more, so that the shards hold exactly `max_clients` in all.
+fn share(max_clients: usize, n: usize, i: usize) -> usize {
+    let n = n.max(1);
+    max_clients / n + usize::from(i < max_clients % n)
+}
+
+/// The shard of `key` among `n` (a power of two): a multiplicative hash of its 16 bytes.
+fn shard_index(key: &PrefixKey, n: usize) -> usize {
+    let [
+        a0,
+        a1,
+        a2,
+        a3,
+        a4,
+        a5,
+        a6,
+        a7,
+        a8,
+        a9,
+        a10,
+        a11,
+        a12,
+        a13,
+        a14,
+        a15,
+    ] = key.addr;
+    let hi = u64::from_le_bytes([a0, a1, a2, a3, a4, a5, a6, a7]);
+    let lo = u64::from_le_bytes([a8, a9, a10, a11, a12, a13, a14, a15]);
+    let h = (hi ^ lo.rotate_left(29)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    // The top bits mix best; n ≤ MAX_SHARDS.
+    usize::try_from(h >> 60).unwrap_or(0) & (n.max(1) - 1)
+}
+
+/// The per-client cap and the bucket on `row`; on admission takes the slot (and the token, or
+/// holds one under charge on failure).
+fn take(t: &Tuning, row: &mut Row, id: RowId, now: u64) -> Result<RowId, Rejection> {
+    if row.inflight >= t.budget.per_client {
+        return Err(Rejection::cap(RejectReason::ClientConcurrency, id.scope()));
+    }
+    let need = 1 + u64::from(row.held);
+    if !t.bucket.has(row, need, now) {
+        let wait = t.bucket.wait_ns(row, need, now);
+        return Err(Rejection {
+            reason: RejectReason::Rate,
+            scope: id.scope(),
+            retry_after_s: wait.div_ceil(NS_PER_S).max(1),
+        });
+    }
+    match t.budget.charge {
+        Charge::Always => t.bucket.spend(row, now),
+        Charge::OnFailure => row.held += 1,
+    }
+    row.inflight += 1;
+    Ok(id)
+}
+
+/// Finds a place for `key`, which is not in `table`: a new full entry if the table has room,
+/// else the first full and idle entry among the [`EVICT_PROBE`] oldest, replaced in place (each
+/// ineligible one probed is refreshed). `false` when there is none (the shared row decides).
+fn find_row(
+    table: &mut LruCache<PrefixKey, Row>,
+    key: PrefixKey,
+    now: u64,
+    change: &mut TableChange,
+) -> bool {
+    if table.len() < table.cap().get() {
+        table.put(key, Row::full(now));
+        change.inserted = true;
+        return true;
+    }
+    let mut oldest = [PrefixKey::default(); EVICT_PROBE];
+    let mut probed = 0;
+    for (slot, (k, _)) in oldest.iter_mut().zip(table.iter().rev()) {
+        *slot = *k;
+        probed += 1;
+    }
+    for k in oldest.iter().take(probed) {
+        let eligible = table
+            .peek(k)
+            .is_some_and(|row| row.inflight == 0 && Bucket::is_full(row, now));
+        if eligible {
+            // Make it the least recently used, so that push replaces it in place.
+            table.demote(k);
+            table.push(key, Row::full(now));
+            change.evicted = true;
+            return true;
+        }
+        table.promote(k);
+    }
+    false
 }
 
 /// An admitted request's slot (docs/design.md, "Limits": settle always runs).
@@ -940,8 +1066,9 @@ impl GroupLimiter {
 #[derive(Debug)]
 #[must_use = "dropping a permit at once frees its slot"]
 pub struct Permit {
-    limiter: Arc<GroupLimiter>,
-    slot: Option<RowId>,
+    /// The shard the slot is on; `None` once settled, and for a shadow rejection.
+    shard: Option<Arc<Shard>>,
+    slot: RowId,
     scope: Scope,
     shadow: Option<RejectReason>,
 }
@@ -950,8 +1077,8 @@ impl Permit {
     /// Ends the request: frees the slot, and under [`Charge::OnFailure`] releases the held token,
     /// spending it when `spend` is [`Spend::Token`].
     pub fn settle(mut self, spend: Spend) {
-        if let Some(id) = self.slot.take() {
-            self.limiter.release(id, spend);
+        if let Some(shard) = self.shard.take() {
+            shard.release(self.slot, spend);
         }
     }
 
@@ -961,15 +1088,15 @@ impl Permit {
     /// (docs/design.md, "Planes": a request rejected by one plane or group spends nothing in the
     /// others).
     pub fn refund(mut self) {
-        if let Some(id) = self.slot.take() {
-            self.limiter.refund(id);
+        if let Some(shard) = self.shard.take() {
+            shard.refund(self.slot);
         }
     }
 
     /// Whether this permit holds a slot (and, under charge on failure, a token): `false` only for
     /// a shadow-mode permit of a request enforcement would have rejected.
     pub fn holds_slot(&self) -> bool {
-        self.slot.is_some()
+        self.shard.is_some()
     }
 
     /// In shadow mode, the rejection enforcement would have made; `None` when enforcing or when
@@ -983,17 +1110,12 @@ impl Permit {
     pub fn scope(&self) -> Scope {
         self.scope
     }
-
-    /// The group's limiter.
-    pub fn limiter(&self) -> &Arc<GroupLimiter> {
-        &self.limiter
-    }
 }
 
 impl Drop for Permit {
     fn drop(&mut self) {
-        if let Some(id) = self.slot.take() {
-            self.limiter.release(id, Spend::Nothing);
+        if let Some(shard) = self.shard.take() {
+            shard.release(self.slot, Spend::Nothing);
         }
     }
 }
@@ -1014,46 +1136,50 @@ mod tests {
     impl GroupLimiter {
         /// Checks every invariant of the state; returns a description of the first violation.
         fn check_invariants(&self) -> Result<(), String> {
-            let state = self.lock();
-            let now = self.clock.now_ns();
-            let b = state.tuning.budget;
-            let enforce = state.tuning.enforce;
-            let bucket = state.tuning.bucket;
-            if state.table.len() > b.max_clients {
-                return Err(format!(
-                    "table {} > max {}",
-                    state.table.len(),
-                    b.max_clients
-                ));
-            }
-            if enforce && state.inflight > b.inflight {
-                return Err(format!("group inflight {} > cap", state.inflight));
-            }
+            let now = self.core.clock.now_ns();
+            let enforce = self.enforcing();
             let mut sum = 0u32;
-            let rows = state
-                .table
-                .iter()
-                .map(|(k, r)| (Some(*k), r))
-                .chain(core::iter::once((None, &state.shared)));
-            for (k, row) in rows {
-                sum += row.inflight;
-                if enforce && row.inflight > b.per_client {
-                    return Err(format!("{k:?} inflight {} > per_client", row.inflight));
-                }
-                let expect_held = match b.charge {
-                    Charge::Always => 0,
-                    Charge::OnFailure => row.inflight,
-                };
-                if row.held != expect_held {
-                    return Err(format!("{k:?} held {} != {expect_held}", row.held));
-                }
-                let debt = Bucket::deficit(row, now) + u64::from(row.held) * bucket.interval;
-                if debt > u64::from(b.burst) * bucket.interval {
-                    return Err(format!("{k:?} owes more than its burst: {debt} ns"));
+            let mut tracked = 0;
+            let mut b = None;
+            for shard in self.shards.iter().chain([&self.shared]) {
+                let state = shard.lock();
+                let budget = state.tuning.budget;
+                let bucket = state.tuning.bucket;
+                b = Some(budget);
+                tracked += state.table.len();
+                let rows = state
+                    .table
+                    .iter()
+                    .map(|(k, r)| (Some(*k), r))
+                    .chain(core::iter::once((None, &state.shared)));
+                for (k, row) in rows {
+                    sum += row.inflight;
+                    if enforce && row.inflight > budget.per_client {
+                        return Err(format!("{k:?} inflight {} > per_client", row.inflight));
+                    }
+                    let expect_held = match budget.charge {
+                        Charge::Always => 0,
+                        Charge::OnFailure => row.inflight,
+                    };
+                    if row.held != expect_held {
+                        return Err(format!("{k:?} held {} != {expect_held}", row.held));
+                    }
+                    let debt = Bucket::deficit(row, now) + u64::from(row.held) * bucket.interval;
+                    if debt > u64::from(budget.burst) * bucket.interval {
+                        return Err(format!("{k:?} owes more than its burst: {debt} ns"));
+                    }
                 }
             }
-            if sum != state.inflight {
-                return Err(format!("rows hold {sum}, group counts {}", state.inflight));
+            let b = b.ok_or("no shard")?;
+            if tracked > b.max_clients {
+                return Err(format!("table {tracked} > max {}", b.max_clients));
+            }
+            let inflight = self.inflight();
+            if enforce && inflight > b.inflight {
+                return Err(format!("group inflight {inflight} > cap"));
+            }
+            if sum != inflight {
+                return Err(format!("rows hold {sum}, group counts {inflight}"));
             }
             Ok(())
         }
@@ -1388,10 +1514,12 @@ mod tests {
             if let Err(e) = lim.check_invariants() {
                 prop_assert!(false, "{}", e);
             }
-            let state = lim.lock();
-            prop_assert!(state.table.iter().all(|(_, r)| r.inflight == 0 && r.held == 0));
-            prop_assert_eq!(state.shared.inflight, 0);
-            prop_assert_eq!(state.shared.held, 0);
+            for shard in lim.shards.iter().chain([&lim.shared]) {
+                let state = shard.lock();
+                prop_assert!(state.table.iter().all(|(_, r)| r.inflight == 0 && r.held == 0));
+                prop_assert_eq!(state.shared.inflight, 0);
+                prop_assert_eq!(state.shared.held, 0);
+            }
         }
     }
 }

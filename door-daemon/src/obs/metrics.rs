@@ -10,13 +10,13 @@ use std::{
     collections::HashMap,
     sync::{
         Arc, Mutex, PoisonError,
-        atomic::{AtomicU64, Ordering},
+        atomic::{AtomicI64, AtomicU64, Ordering},
     },
 };
 
 use opentelemetry::{
     KeyValue,
-    metrics::{Counter, InstrumentProvider, Meter, UpDownCounter},
+    metrics::{Counter, InstrumentProvider, Meter, ObservableCounter, ObservableUpDownCounter},
 };
 
 /// The attribute naming a route group (`webhook`, `link`, `health`, ...).
@@ -123,10 +123,10 @@ impl core::fmt::Display for Outcome {
 ///   per `door.reason` (`max_connections`, `max_connections_per_client`).
 #[derive(Clone, Debug)]
 pub struct Metrics {
-    requests: Counter<u64>,
-    inflight: UpDownCounter<i64>,
-    streams: UpDownCounter<i64>,
-    clients: UpDownCounter<i64>,
+    /// `door.requests`, `door.inflight`, `door.streams` and `door.clients`, read from
+    /// [`Counts`] at each collection: recording one is an atomic add on the request path, never
+    /// an instrument call.
+    _observed: Arc<Observed>,
     evictions: Counter<u64>,
     untrusted_xff: Counter<u64>,
     proxy_protocol_rejected: Counter<u64>,
@@ -136,15 +136,104 @@ pub struct Metrics {
     totals: Arc<Mutex<HashMap<String, Totals>>>,
 }
 
-/// What a group counts whatever is exported: requests per outcome (in [`Outcome::ALL`] order)
-/// and its streams open now.
-#[derive(Debug)]
+/// What a group counts whatever is exported: requests per outcome (in [`Outcome::ALL`] order),
+/// its streams open now, its requests holding a slot, its tracked clients.
+#[derive(Debug, Default)]
 struct Counts {
     outcomes: [AtomicU64; Outcome::ALL.len()],
     streams: AtomicU64,
+    inflight: AtomicI64,
+    clients: AtomicI64,
+}
+
+/// The observable instruments, alive as long as a [`Metrics`] is.
+#[derive(Debug)]
+struct Observed {
+    _requests: ObservableCounter<u64>,
+    _inflight: ObservableUpDownCounter<i64>,
+    _streams: ObservableUpDownCounter<i64>,
+    _clients: ObservableUpDownCounter<i64>,
+}
+
+/// Every group's counts by name.
+type Registry = Arc<Mutex<HashMap<String, Totals>>>;
+
+/// Calls `f` with each group's attribute and counts (at collection time).
+fn each_group(registry: &Registry, mut f: impl FnMut(&KeyValue, &Counts)) {
+    let groups: Vec<(String, Totals)> = registry
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .iter()
+        .map(|(k, v)| (k.clone(), Arc::clone(v)))
+        .collect();
+    for (name, counts) in groups {
+        f(&KeyValue::new(ATTR_GROUP, name), &counts);
+    }
 }
 
 type Totals = Arc<Counts>;
+
+impl Observed {
+    fn new(meter: &Meter, registry: &Registry) -> Self {
+        let r = Arc::clone(registry);
+        let requests = meter
+            .u64_observable_counter("door.requests")
+            .with_description("Requests to limited route groups, by group and outcome")
+            .with_unit("{request}")
+            .with_callback(move |o| {
+                each_group(&r, |group, c| {
+                    for (outcome, n) in Outcome::ALL.iter().zip(&c.outcomes) {
+                        let n = n.load(Ordering::Relaxed);
+                        if n > 0 {
+                            o.observe(
+                                n,
+                                &[group.clone(), KeyValue::new(ATTR_OUTCOME, outcome.as_str())],
+                            );
+                        }
+                    }
+                });
+            })
+            .build();
+        let gauge = |name: &'static str,
+                     description: &'static str,
+                     unit: &'static str,
+                     pick: fn(&Counts) -> i64| {
+            let r = Arc::clone(registry);
+            meter
+                .i64_observable_up_down_counter(name)
+                .with_description(description)
+                .with_unit(unit)
+                .with_callback(move |o| {
+                    each_group(&r, |group, c| {
+                        o.observe(pick(c), std::slice::from_ref(group));
+                    });
+                })
+                .build()
+        };
+        Self {
+            _requests: requests,
+            _inflight: gauge(
+                "door.inflight",
+                "Requests holding a limiter slot, by group",
+                "{request}",
+                |c| c.inflight.load(Ordering::Relaxed),
+            ),
+            _streams: gauge(
+                "door.streams",
+                "Streams open (WebSockets and other upgraded connections, server-sent event \
+                 responses), by group",
+                "{stream}",
+                |c| i64::try_from(c.streams.load(Ordering::Relaxed)).unwrap_or(i64::MAX),
+            ),
+            _clients: gauge(
+                "door.clients",
+                "Clients tracked in a group's bounded table, by group",
+                "{client}",
+                |c| c.clients.load(Ordering::Relaxed),
+            ),
+        }
+    }
+}
 
 /// An [`InstrumentProvider`] whose every instrument is the API's no-op.
 #[derive(Debug)]
@@ -156,30 +245,9 @@ impl Metrics {
     /// Builds the instruments from `meter` (usually `global::meter("door")`, or a test's
     /// in-memory provider).
     pub fn new(meter: &Meter) -> Self {
+        let totals: Registry = Arc::default();
         Self {
-            requests: meter
-                .u64_counter("door.requests")
-                .with_description("Requests to limited route groups, by group and outcome")
-                .with_unit("{request}")
-                .build(),
-            inflight: meter
-                .i64_up_down_counter("door.inflight")
-                .with_description("Requests holding a limiter slot, by group")
-                .with_unit("{request}")
-                .build(),
-            streams: meter
-                .i64_up_down_counter("door.streams")
-                .with_description(
-                    "Streams open (WebSockets and other upgraded connections, server-sent event \
-                     responses), by group",
-                )
-                .with_unit("{stream}")
-                .build(),
-            clients: meter
-                .i64_up_down_counter("door.clients")
-                .with_description("Clients tracked in a group's bounded table, by group")
-                .with_unit("{client}")
-                .build(),
+            _observed: Arc::new(Observed::new(meter, &totals)),
             evictions: meter
                 .u64_counter("door.evictions")
                 .with_description("Full, idle table entries replaced by a new client, by group")
@@ -209,7 +277,7 @@ impl Metrics {
                 )
                 .with_unit("{connection}")
                 .build(),
-            totals: Arc::default(),
+            totals,
         }
     }
 
@@ -278,17 +346,10 @@ impl Metrics {
                 .lock()
                 .unwrap_or_else(PoisonError::into_inner)
                 .entry(group.to_owned())
-                .or_insert_with(|| {
-                    Arc::new(Counts {
-                        outcomes: std::array::from_fn(|_| AtomicU64::new(0)),
-                        streams: AtomicU64::new(0),
-                    })
-                }),
+                .or_insert_with(|| Arc::new(Counts::default())),
         );
         GroupMetrics {
             metrics: self,
-            outcome_attrs: Outcome::ALL
-                .map(|o| [group_kv.clone(), KeyValue::new(ATTR_OUTCOME, o.as_str())]),
             group_attrs: [group_kv],
             totals,
         }
@@ -307,7 +368,6 @@ impl Default for Metrics {
 #[derive(Clone)]
 pub struct GroupMetrics {
     metrics: Metrics,
-    outcome_attrs: [[KeyValue; 2]; Outcome::ALL.len()],
     group_attrs: [KeyValue; 1],
     totals: Totals,
 }
@@ -335,11 +395,8 @@ impl crate::limit::Observer for GroupMetrics {
 }
 
 impl GroupMetrics {
-    /// Counts one request with `outcome` on `door.requests`.
+    /// Counts one request with `outcome` on `door.requests`: one atomic add.
     pub fn record(&self, outcome: Outcome) {
-        if let Some(attrs) = self.outcome_attrs.get(outcome.index()) {
-            self.metrics.requests.add(1, attrs);
-        }
         if let Some(total) = self.totals.outcomes.get(outcome.index()) {
             total.fetch_add(1, Ordering::Relaxed);
         }
@@ -356,12 +413,12 @@ impl GroupMetrics {
 
     /// Adds `delta` (±1) to `door.inflight`.
     pub fn inflight_add(&self, delta: i64) {
-        self.metrics.inflight.add(delta, &self.group_attrs);
+        self.totals.inflight.fetch_add(delta, Ordering::Relaxed);
     }
 
     /// Adds `delta` to `door.clients`.
     pub fn clients_add(&self, delta: i64) {
-        self.metrics.clients.add(delta, &self.group_attrs);
+        self.totals.clients.fetch_add(delta, Ordering::Relaxed);
     }
 
     /// Counts one eviction on `door.evictions`.
@@ -371,7 +428,6 @@ impl GroupMetrics {
 
     /// A stream of this group opened: counted on `door.streams` until the returned guard drops.
     pub fn stream_opened(&self) -> StreamOpen {
-        self.metrics.streams.add(1, &self.group_attrs);
         self.totals.streams.fetch_add(1, Ordering::Relaxed);
         StreamOpen(self.clone())
     }
@@ -383,9 +439,7 @@ pub struct StreamOpen(GroupMetrics);
 
 impl Drop for StreamOpen {
     fn drop(&mut self) {
-        let m = &self.0;
-        m.metrics.streams.add(-1, &m.group_attrs);
-        m.totals.streams.fetch_sub(1, Ordering::Relaxed);
+        self.0.totals.streams.fetch_sub(1, Ordering::Relaxed);
     }
 }
 
