@@ -54,31 +54,56 @@ pub enum ResponseBodyError {
 /// dropped, or by a timer at the send deadline, whichever comes first, so that a client reading
 /// slowly (or an HTTP/2 client keeping its window shut) cannot hold a limiter slot for longer
 /// than the deadline.
+///
+/// The timer is a task of its own (a body nobody polls cannot time itself out), but it is only
+/// started once the body has not ended at its first poll: a response sent at once (most are) never
+/// pays for a task.
 #[derive(Debug)]
-struct HeldPermit {
-    slot: Arc<Mutex<Option<(Held, StatusCode)>>>,
-    /// The send deadline's timer; `None` for a stream, which holds its slot until it ends.
-    timer: Option<tokio::task::JoinHandle<()>>,
+enum HeldPermit {
+    /// Not armed yet: the permit, its status, and the instant its send deadline falls (`None` for
+    /// a stream, which holds its slot until it ends).
+    Waiting(Option<(Held, StatusCode)>, Option<tokio::time::Instant>),
+    /// Armed: the timer task settles the permit at the deadline unless the body ends first.
+    Armed {
+        slot: Arc<Mutex<Option<(Held, StatusCode)>>>,
+        timer: tokio::task::JoinHandle<()>,
+    },
 }
 
 impl HeldPermit {
     fn new(permit: Held, status: StatusCode, deadline: Option<Duration>) -> Self {
-        let slot = Arc::new(Mutex::new(Some((permit, status))));
-        let timer = deadline.map(|deadline| {
-            let for_timer = Arc::clone(&slot);
-            tokio::spawn(async move {
-                tokio::time::sleep(deadline).await;
-                settle_held(&for_timer);
-            })
-        });
-        Self { slot, timer }
+        HeldPermit::Waiting(
+            Some((permit, status)),
+            deadline.map(|d| crate::time::now() + d),
+        )
     }
 
-    fn settle(&self) {
-        if let Some(timer) = &self.timer {
-            timer.abort();
+    /// Starts the send deadline's timer, if there is one and it is not running yet.
+    fn arm(&mut self) {
+        if let HeldPermit::Waiting(held, Some(deadline)) = self {
+            let slot = Arc::new(Mutex::new(held.take()));
+            let for_timer = Arc::clone(&slot);
+            let deadline = *deadline;
+            let timer = tokio::spawn(async move {
+                tokio::time::sleep_until(deadline).await;
+                settle_held(&for_timer);
+            });
+            *self = HeldPermit::Armed { slot, timer };
         }
-        settle_held(&self.slot);
+    }
+
+    fn settle(&mut self) {
+        match self {
+            HeldPermit::Waiting(held, _) => {
+                if let Some((permit, status)) = held.take() {
+                    permit.settle(End::Answered(status));
+                }
+            }
+            HeldPermit::Armed { slot, timer } => {
+                timer.abort();
+                settle_held(slot);
+            }
+        }
     }
 }
 
@@ -175,7 +200,7 @@ impl ResponseBody {
     }
 
     fn finish(&mut self) {
-        if let Some(held) = self.permit.take() {
+        if let Some(mut held) = self.permit.take() {
             held.settle();
         }
         self.active = None;
@@ -212,7 +237,12 @@ impl Body for ResponseBody {
         match &poll {
             Poll::Ready(None | Some(Err(_))) => this.finish(),
             Poll::Ready(Some(Ok(_))) if this.is_end_stream() => this.finish(),
-            _ => {}
+            // Not over at this poll: the send deadline must be able to fire without us.
+            _ => {
+                if let Some(held) = &mut this.permit {
+                    held.arm();
+                }
+            }
         }
         poll
     }

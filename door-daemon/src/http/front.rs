@@ -69,6 +69,10 @@ pub struct ConnInfo {
     pub(crate) tls: bool,
     /// The peer address came from a PROXY protocol header sent by a trusted proxy.
     pub(crate) proxied: bool,
+    /// The peer's address in canonical form (IPv4-mapped unmapped, zone dropped).
+    pub(crate) peer_ip: std::net::IpAddr,
+    /// `peer_ip` as the `X-Forwarded-For` element door appends: formatted once per connection.
+    pub(crate) peer_value: http::HeaderValue,
     origin: Instant,
     active: AtomicUsize,
     /// Nanoseconds after `origin` of the last request start or end.
@@ -78,10 +82,14 @@ pub struct ConnInfo {
 impl ConnInfo {
     /// A connection from `peer`; `tls` when door terminated TLS on it.
     pub fn new(peer: SocketAddr, tls: bool) -> Self {
+        let peer_ip = crate::client::key::canonical(peer.ip());
         Self {
             peer,
             tls,
             proxied: false,
+            peer_ip,
+            peer_value: http::HeaderValue::try_from(peer_ip.to_string())
+                .unwrap_or_else(|_| http::HeaderValue::from_static("unknown")),
             origin: crate::time::now(),
             active: AtomicUsize::new(0),
             last_ns: AtomicU64::new(0),

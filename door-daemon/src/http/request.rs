@@ -463,9 +463,10 @@ impl App {
         mut req: Request<Incoming>,
     ) -> Response<ResponseBody> {
         let policy = self.policy();
-        let peer_ip = key::canonical(conn.peer.ip());
+        let peer_ip = conn.peer_ip;
         let origin = Origin {
             peer: peer_ip,
+            peer_value: conn.peer_value.clone(),
             peer_trusted: policy.trusted.contains(peer_ip),
             tls: conn.tls,
         };
@@ -546,7 +547,7 @@ impl App {
                 }
                 Self::escalate(conn, &policy, &decision, &rejection);
                 if limited.health {
-                    self.cached_health(limited, req, origin).await
+                    self.cached_health(limited, req, job.origin).await
                 } else {
                     answer::rejected(limited.limiter.group(), &rejection)
                 }
@@ -761,7 +762,7 @@ impl App {
         upgrade: Option<&Upgrade>,
         head_timeout: bool,
     ) -> Result<Response<Incoming>, Failure> {
-        let mut req = prepare(req, self.proxy.upstream(), origin);
+        let mut req = prepare(req, self.proxy.upstream(), &origin);
         if let Some(upgrade) = upgrade {
             upgrade.restore(&mut req);
         }

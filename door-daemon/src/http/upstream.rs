@@ -161,10 +161,13 @@ impl ProxyError {
 }
 
 /// Where the request came from, as far as the forwarding headers are concerned.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct Origin {
     /// The TCP peer (canonical form: IPv4-mapped unmapped).
     pub peer: IpAddr,
+    /// `peer` as text, the element door appends to `X-Forwarded-For` (a connection formats it
+    /// once; cloning a `HeaderValue` copies no bytes).
+    pub peer_value: HeaderValue,
     /// Whether the peer is a trusted proxy (its forwarding headers are kept and appended to).
     pub peer_trusted: bool,
     /// Whether door received the request over TLS.
@@ -220,7 +223,7 @@ impl Proxy {
 /// Rewrites a client's request for the upstream: absolute URI on the upstream, HTTP/1.1, original
 /// `Host` kept (taken from the HTTP/2 `:authority` when there is no `Host`), hop-by-hop headers
 /// removed, forwarding headers rewritten per `origin`.
-pub fn prepare<B>(mut req: Request<B>, upstream: &Upstream, origin: Origin) -> Request<B> {
+pub fn prepare<B>(mut req: Request<B>, upstream: &Upstream, origin: &Origin) -> Request<B> {
     if !req.headers().contains_key(HOST)
         && let Some(authority) = req.uri().authority()
         && let Ok(host) = HeaderValue::from_str(authority.as_str())
@@ -320,44 +323,60 @@ static IDENTITY: [HeaderName; 7] = [
 /// fields of [`IDENTITY`]) are dropped and replaced by the peer; from a trusted proxy the chains
 /// are kept byte for byte and the peer appended. `X-Forwarded-Proto` always says what door
 /// received.
-pub fn rewrite_forwarding(headers: &mut HeaderMap, origin: Origin) {
+pub fn rewrite_forwarding(headers: &mut HeaderMap, origin: &Origin) {
     if !origin.peer_trusted {
         for name in &IDENTITY {
             headers.remove(name);
         }
     }
-    let peer = origin.peer.to_string();
-    let forwarded_for = match origin.peer {
-        IpAddr::V4(_) => format!("for={peer}"),
-        IpAddr::V6(_) => format!("for=\"[{peer}]\""),
-    };
-    let prior_xff = join_lines(headers, &X_FORWARDED_FOR);
-    let prior_forwarded = join_lines(headers, &FORWARDED);
-    headers.remove(&X_FORWARDED_FOR);
-    headers.remove(&FORWARDED);
-    let append = |prior: Vec<u8>, own: &str| {
-        let mut v = prior;
-        v.extend_from_slice(b", ");
-        v.extend_from_slice(own.as_bytes());
+    let peer = origin.peer_value.as_bytes();
+    let forwarded_for = || {
+        let mut v = Vec::with_capacity(peer.len() + 8);
+        match origin.peer {
+            IpAddr::V4(_) => {
+                v.extend_from_slice(b"for=");
+                v.extend_from_slice(peer);
+            }
+            IpAddr::V6(_) => {
+                v.extend_from_slice(b"for=\"[");
+                v.extend_from_slice(peer);
+                v.extend_from_slice(b"]\"");
+            }
+        }
         v
     };
-    let (xff, forwarded) = match (origin.peer_trusted, prior_xff, prior_forwarded) {
-        (true, xff, fwd) => (
-            xff.map_or_else(|| peer.clone().into_bytes(), |x| append(x, &peer)),
-            fwd.map(|f| append(f, &forwarded_for)),
-        ),
-        (false, _, fwd) => (
-            peer.clone().into_bytes(),
-            fwd.map(|_| forwarded_for.clone().into_bytes()),
-        ),
+    let append = |mut prior: Vec<u8>, own: &[u8]| {
+        prior.extend_from_slice(b", ");
+        prior.extend_from_slice(own);
+        prior
     };
-    if let Ok(v) = HeaderValue::from_bytes(&xff) {
-        headers.insert(&X_FORWARDED_FOR, v);
+    // The common case, a client talking to door directly: X-Forwarded-For is the peer alone,
+    // inserted without formatting or copying.
+    let prior_xff = if origin.peer_trusted {
+        join_lines(headers, &X_FORWARDED_FOR)
+    } else {
+        None
+    };
+    let prior_forwarded = join_lines(headers, &FORWARDED);
+    match prior_xff {
+        Some(x) => {
+            if let Ok(v) = HeaderValue::from_bytes(&append(x, peer)) {
+                headers.insert(&X_FORWARDED_FOR, v);
+            }
+        }
+        None => {
+            headers.insert(&X_FORWARDED_FOR, origin.peer_value.clone());
+        }
     }
-    if let Some(f) = forwarded
-        && let Ok(v) = HeaderValue::from_bytes(&f)
-    {
-        headers.insert(&FORWARDED, v);
+    if let Some(fwd) = prior_forwarded {
+        let value = if origin.peer_trusted {
+            append(fwd, &forwarded_for())
+        } else {
+            forwarded_for()
+        };
+        if let Ok(v) = HeaderValue::from_bytes(&value) {
+            headers.insert(&FORWARDED, v);
+        }
     }
     headers.insert(
         &X_FORWARDED_PROTO,
@@ -385,8 +404,10 @@ mod tests {
     use super::*;
 
     fn origin(peer: &str, trusted: bool) -> Origin {
+        let peer: IpAddr = peer.parse().unwrap();
         Origin {
-            peer: peer.parse().unwrap(),
+            peer,
+            peer_value: HeaderValue::try_from(peer.to_string()).unwrap(),
             peer_trusted: trusted,
             tls: false,
         }
@@ -411,7 +432,7 @@ mod tests {
             ("forwarded", "for=203.0.113.66"),
             ("x-forwarded-proto", "https"),
         ]);
-        rewrite_forwarding(&mut h, origin("192.0.2.7", false));
+        rewrite_forwarding(&mut h, &origin("192.0.2.7", false));
         assert_eq!(
             h.get_all("x-forwarded-for").iter().collect::<Vec<_>>(),
             ["192.0.2.7"]
@@ -423,7 +444,7 @@ mod tests {
     #[test]
     fn untrusted_peer_without_headers_gets_only_xff() {
         let mut h = HeaderMap::new();
-        rewrite_forwarding(&mut h, origin("2001:db8::7", false));
+        rewrite_forwarding(&mut h, &origin("2001:db8::7", false));
         assert_eq!(h["x-forwarded-for"], "2001:db8::7");
         assert!(h.get("forwarded").is_none());
     }
@@ -435,7 +456,7 @@ mod tests {
             ("x-forwarded-for", "198.51.100.3"),
             ("forwarded", "for=203.0.113.9;proto=https"),
         ]);
-        rewrite_forwarding(&mut h, origin("2001:db8::10", true));
+        rewrite_forwarding(&mut h, &origin("2001:db8::10", true));
         assert_eq!(
             h["x-forwarded-for"],
             "203.0.113.9, 198.51.100.3, 2001:db8::10"
@@ -445,7 +466,7 @@ mod tests {
             "for=203.0.113.9;proto=https, for=\"[2001:db8::10]\""
         );
         let mut h = HeaderMap::new();
-        rewrite_forwarding(&mut h, origin("192.0.2.10", true));
+        rewrite_forwarding(&mut h, &origin("192.0.2.10", true));
         assert_eq!(h["x-forwarded-for"], "192.0.2.10");
     }
 
@@ -470,7 +491,7 @@ mod tests {
             ("true-client-ip", "6.6.6.6"),
             ("x-forwarded-host", "evil"),
         ]);
-        rewrite_forwarding(&mut h, origin("192.0.2.7", false));
+        rewrite_forwarding(&mut h, &origin("192.0.2.7", false));
         assert!(
             h.get("x-real-ip").is_none()
                 && h.get("true-client-ip").is_none()
@@ -482,7 +503,7 @@ mod tests {
             HeaderValue::from_bytes(b"1.2.3.4\xff, 203.0.113.9").unwrap(),
         );
         h.append("x-real-ip", HeaderValue::from_static("203.0.113.9"));
-        rewrite_forwarding(&mut h, origin("192.0.2.10", true));
+        rewrite_forwarding(&mut h, &origin("192.0.2.10", true));
         assert_eq!(
             h["x-forwarded-for"].as_bytes(),
             b"1.2.3.4\xff, 203.0.113.9, 192.0.2.10"
