@@ -68,10 +68,12 @@ pub enum Counter {
     /// Dropped: an IPv6 packet whose extension headers the program cannot walk to the end, over
     /// its source's SYN budget.
     DropUnwalkable = 16,
+    /// Dropped: a SYN from an address on the operator's deny list (`deny`).
+    DropDenied = 17,
 }
 
 /// Number of counters, the length of the per-CPU array [`crate::MAP_COUNTERS`].
-pub const COUNTER_COUNT: u32 = 17;
+pub const COUNTER_COUNT: u32 = 18;
 
 impl Counter {
     /// Every counter, in index order.
@@ -93,6 +95,7 @@ impl Counter {
         Counter::DropBlocked,
         Counter::DropTinyFragment,
         Counter::DropUnwalkable,
+        Counter::DropDenied,
     ];
 
     /// The index of this counter in [`crate::MAP_COUNTERS`].
@@ -119,7 +122,8 @@ impl Counter {
             | Counter::DropOverflow
             | Counter::DropBlocked
             | Counter::DropTinyFragment
-            | Counter::DropUnwalkable => Verdict::Drop,
+            | Counter::DropUnwalkable
+            | Counter::DropDenied => Verdict::Drop,
         }
     }
 
@@ -143,6 +147,7 @@ impl Counter {
             Counter::DropBlocked => "blocked",
             Counter::DropTinyFragment => "tiny_fragment",
             Counter::DropUnwalkable => "unwalkable",
+            Counter::DropDenied => "denied",
         }
     }
 }

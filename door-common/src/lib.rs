@@ -29,9 +29,16 @@ pub const MAP_COUNTERS: &str = "DOOR_COUNTERS";
 /// Name of the one-entry array holding the [`ShieldConfig`] the daemon writes.
 pub const MAP_CONFIG: &str = "DOOR_CONFIG";
 
-/// Name of the LPM trie of exempt addresses ([`ExemptKey`] → `u32`, 1 = exempt): trusted proxies
-/// and the operator's allowlist, never shed.
+/// Name of the LPM trie of the operator's address lists ([`ExemptKey`] → `u32`): [`EXEMPT`] for
+/// trusted proxies and the allowlist (never shed), [`DENIED`] for the deny list (every SYN
+/// dropped). The longest matching prefix decides.
 pub const MAP_EXEMPT: &str = "DOOR_EXEMPT";
+
+/// [`MAP_EXEMPT`] value: never shed.
+pub const EXEMPT: u32 = 1;
+
+/// [`MAP_EXEMPT`] value: every SYN dropped.
+pub const DENIED: u32 = 2;
 
 /// Name of the hash map blocklist: [`PrefixKey`] → `u64` deadline (`bpf_ktime_get_ns` clock,
 /// nanoseconds). SYNs from a listed prefix are dropped until the deadline, then the entry is

@@ -246,7 +246,7 @@ fn reload_tls(front: &Front, config: &Config) {
 /// `xdp.allow`) into the attached program's maps, in place.
 fn reconfigure_shield(shield: Option<&Arc<Mutex<Shield>>>, config: &Config) {
     let Some(shield) = shield else { return };
-    if let Err(e) = lock(shield).configure(&config.xdp, &exempt_prefixes(config)) {
+    if let Err(e) = lock(shield).configure(&config.xdp, &exempt_prefixes(config), &config.deny) {
         tracing::error!(error = %e, "reload: could not update the XDP maps; the shield keeps its previous settings where they were not written");
     }
 }
@@ -260,7 +260,7 @@ fn start_shield(config: &Config) -> Result<Option<Arc<Mutex<Shield>>>, ServeErro
     let interface = config.xdp.interface.clone().unwrap_or_default();
     let exempt = exempt_prefixes(config);
     let attached = Shield::load_with_capacity(config.xdp.max_prefixes).and_then(|mut s| {
-        s.configure(&config.xdp, &exempt)?;
+        s.configure(&config.xdp, &exempt, &config.deny)?;
         s.attach(&interface, mode).map(|m| (s, m))
     });
     match attached {
@@ -287,6 +287,7 @@ fn start_shield(config: &Config) -> Result<Option<Arc<Mutex<Shield>>>, ServeErro
 fn exempt_prefixes(config: &Config) -> Vec<ipnet::IpNet> {
     let mut exempt = config.trusted_proxies.nets().to_vec();
     exempt.extend(config.xdp.allow.iter().copied());
+    exempt.extend(config.allow.iter().copied());
     exempt
 }
 

@@ -1311,12 +1311,13 @@ async fn reload_tls_serves_the_renewed_pair_to_new_handshakes_and_refuses_a_bad_
 
 // ---------------------------------------------------------------- connection limits
 
-/// door with its instruments exported to memory, and a reader of `door.connections_refused`.
+/// door with its instruments exported to memory, and a reader of a counter's value: `(name,
+/// attribute value)`, the attribute value empty for a counter without attributes.
 async fn door_counting(
     cfg: &Config,
 ) -> (
     Door,
-    impl Fn(&str) -> u64,
+    impl Fn(&str, &str) -> u64,
     opentelemetry_sdk::metrics::SdkMeterProvider,
 ) {
     use opentelemetry::metrics::MeterProvider as _;
@@ -1336,7 +1337,7 @@ async fn door_counting(
     let addr = l.local_addr().unwrap();
     front.serve(l, false);
     let for_reader = provider.clone();
-    let refused = move |reason: &str| {
+    let refused = move |name: &str, attr: &str| {
         for_reader.force_flush().unwrap();
         let mut n = 0;
         for batch in exporter
@@ -1347,13 +1348,11 @@ async fn door_counting(
             .take(1)
         {
             for scope in batch.scope_metrics() {
-                for m in scope
-                    .metrics()
-                    .filter(|m| m.name() == "door.connections_refused")
-                {
+                for m in scope.metrics().filter(|m| m.name() == name) {
                     if let AggregatedMetrics::U64(MetricData::Sum(sum)) = m.data() {
                         for p in sum.data_points() {
-                            if p.attributes().any(|kv| kv.value.as_str() == reason) {
+                            if attr.is_empty() || p.attributes().any(|kv| kv.value.as_str() == attr)
+                            {
                                 n += p.value();
                             }
                         }
@@ -1391,7 +1390,10 @@ async fn connections_past_the_per_client_limit_are_closed_at_accept_and_counted(
         closed_unanswered(third).await,
         "the third connection is refused"
     );
-    assert_eq!(refused("max_connections_per_client"), 1);
+    assert_eq!(
+        refused("door.connections_refused", "max_connections_per_client"),
+        1
+    );
     // One closes: a new connection is served.
     drop(b);
     let mut served = false;
@@ -1427,8 +1429,11 @@ async fn connections_past_max_connections_are_closed_at_accept_and_counted() {
     );
     let third = TcpStream::connect(d.addr).await.unwrap();
     assert!(closed_unanswered(third).await);
-    assert_eq!(refused("max_connections"), 1);
-    assert_eq!(refused("max_connections_per_client"), 0);
+    assert_eq!(refused("door.connections_refused", "max_connections"), 1);
+    assert_eq!(
+        refused("door.connections_refused", "max_connections_per_client"),
+        0
+    );
 }
 
 #[tokio::test]
@@ -1459,4 +1464,53 @@ async fn pass_through_requests_past_upstream_max_inflight_get_503_with_retry_aft
     .await;
     let res = h1(d.addr).await.send_request(get("/pass/x")).await.unwrap();
     assert_eq!(res.status(), StatusCode::OK);
+}
+
+// ---------------------------------------------------------------- allow and deny
+
+#[tokio::test]
+async fn denied_clients_get_403_before_any_bucket_and_allowed_ones_are_never_limited() {
+    let up = upstream(echo()).await;
+    let lists = "trusted_proxies = [\"127.0.0.1/32\"]\nallow = [\"198.51.100.0/24\"]\n\
+                 deny = [\"203.0.113.0/24\", \"198.51.100.66/32\"]";
+    let cfg = config(up, lists, "");
+    let (d, counted, _provider) = door_counting(&cfg).await;
+    let from = |client: &'static str| {
+        Request::get("/l/session/x")
+            .header("host", "door.test")
+            .header("x-forwarded-for", client)
+            .body(Empty::new().boxed())
+            .unwrap()
+    };
+    let mut c = h1(d.addr).await;
+    // Denied (by the client key behind the trusted proxy): 403, and no bucket is touched.
+    for _ in 0..30 {
+        let res = c.send_request(from("203.0.113.9")).await.unwrap();
+        assert_eq!(res.status(), StatusCode::FORBIDDEN);
+        assert!(body_string(res).await.contains("\"forbidden\""));
+    }
+    // A /32 deny inside an allowed /24: denied wins.
+    let res = c.send_request(from("198.51.100.66")).await.unwrap();
+    assert_eq!(res.status(), StatusCode::FORBIDDEN);
+    assert_eq!(d.count("link", Outcome::Ok), 0, "no bucket was charged");
+    // Allowed: far past link's burst of 20, never limited, and no RateLimit fields.
+    for i in 0..40 {
+        let res = c.send_request(from("198.51.100.7")).await.unwrap();
+        assert_eq!(res.status(), StatusCode::OK, "request {i}");
+        assert!(res.headers().get("ratelimit").is_none());
+    }
+    assert_eq!(counted("door.denied", ""), 31);
+    assert_eq!(counted("door.allowed", ""), 40);
+    // Anyone else is limited as before.
+    let mut last = StatusCode::OK;
+    for _ in 0..21 {
+        last = c.send_request(from("192.0.2.77")).await.unwrap().status();
+    }
+    assert_eq!(last, StatusCode::TOO_MANY_REQUESTS);
+    // The lists reload: the denied network's client is let in, with a full bucket.
+    let open = config(up, "trusted_proxies = [\"127.0.0.1/32\"]", "");
+    assert!(d.app().reload(&open, &cfg).is_empty());
+    let res = c.send_request(from("203.0.113.9")).await.unwrap();
+    assert_eq!(res.status(), StatusCode::OK);
+    assert_eq!(res.headers()["ratelimit"], "\"link\";r=19;t=1");
 }

@@ -5,7 +5,9 @@
 //! protected port can be dropped; everything else passes (fail-open), and so does anything the
 //! program cannot parse. A SYN is judged in this order:
 //!
-//! 1. an address in the exempt LPM trie ([`door_common::MAP_EXEMPT`]) passes;
+//! 1. an address in the LPM trie of the operator's lists ([`door_common::MAP_EXEMPT`]) passes
+//!    when its longest matching prefix is exempt (a trusted proxy, `allow`), and is dropped when
+//!    it is denied (`deny`);
 //! 2. a prefix on the daemon's blocklist ([`door_common::MAP_BLOCKED`]) is dropped until its
 //!    deadline, after which the entry is ignored (the daemon deletes it);
 //! 3. a prefix with an entry in the LRU map ([`door_common::MAP_PREFIXES`]) takes a token from
@@ -52,7 +54,7 @@ use aya_ebpf::{
     programs::XdpContext,
 };
 use door_common::{
-    BLOCKED_CAPACITY, COUNTER_COUNT, Counter, EXEMPT_CAPACITY, ExemptKey, GuardState,
+    BLOCKED_CAPACITY, COUNTER_COUNT, Counter, DENIED, EXEMPT_CAPACITY, ExemptKey, GuardState,
     PREFIX_MAP_CAPACITY, PrefixKey, PrefixState, ShieldConfig, Verdict, gcra,
     shield::{CONFIG_ALL_PORTS, CONFIG_HAS_BLOCKLIST, CONFIG_HAS_EXEMPT, CONFIG_WRITTEN},
 };
@@ -75,7 +77,7 @@ static DOOR_COUNTERS: PerCpuArray<u64> = PerCpuArray::with_max_entries(COUNTER_C
 #[map(name = "DOOR_CONFIG")]
 static DOOR_CONFIG: Array<ShieldConfig> = Array::with_max_entries(1, 0);
 
-/// Exempt addresses (trusted proxies, allowlist).
+/// The operator's lists: exempt addresses (trusted proxies, allowlist) and denied ones.
 #[map(name = "DOOR_EXEMPT")]
 static DOOR_EXEMPT: LpmTrie<ExemptKey, u32> = LpmTrie::with_max_entries(EXEMPT_CAPACITY, 0);
 
@@ -229,8 +231,14 @@ fn judge(addr: &[u8; 16], port: Option<u16>, kind: Kind) -> Counter {
     if !settings.enforce && kind != Kind::Syn {
         return kind.pass();
     }
-    if settings.exempt && DOOR_EXEMPT.get(Key::new(128, *addr)).is_some() {
-        return Counter::PassExempt;
+    if settings.exempt
+        && let Some(listed) = DOOR_EXEMPT.get(Key::new(128, *addr))
+    {
+        return if *listed == DENIED {
+            Counter::DropDenied
+        } else {
+            Counter::PassExempt
+        };
     }
     let now = now_ns();
     let src = PrefixKey::from_ipv6(*addr);

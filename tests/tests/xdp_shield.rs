@@ -64,7 +64,7 @@ fn shield(cfg: &XdpConfig, exempt: &[&str]) -> Option<Shield> {
     }
     let mut shield = Shield::load().expect("door's XDP program loads and passes the verifier");
     let exempt: Vec<IpNet> = exempt.iter().map(|n| n.parse().unwrap()).collect();
-    shield.configure(cfg, &exempt).unwrap();
+    shield.configure(cfg, &exempt, &[]).unwrap();
     Some(shield)
 }
 
@@ -440,9 +440,39 @@ fn exempt_prefixes_are_never_shed() {
     assert_eq!(verdict(&s, &outsider), (XDP_PASS, Counter::PassSyn));
     assert_eq!(verdict(&s, &outsider), (XDP_DROP, Counter::DropSynBudget));
     // Reconfiguring replaces the exempt set.
-    s.configure(&settings(1), &[]).unwrap();
+    s.configure(&settings(1), &[], &[]).unwrap();
     assert_eq!(verdict(&s, &syn6()), (XDP_PASS, Counter::PassSyn));
     assert_eq!(verdict(&s, &syn6()), (XDP_DROP, Counter::DropSynBudget));
+}
+
+#[test]
+fn denied_prefixes_drop_every_syn_and_the_longest_match_decides() {
+    let Some(mut s) = shield(&settings(1000), &[]) else {
+        return;
+    };
+    let nets = |l: &[&str]| -> Vec<IpNet> { l.iter().map(|n| n.parse().unwrap()).collect() };
+    // Deny the client's /24 and /48, but allow one /32 inside the /24.
+    s.configure(
+        &settings(1000),
+        &nets(&["198.51.100.99/32"]),
+        &nets(&["198.51.100.0/24", "2001:db8:c1::/48"]),
+    )
+    .unwrap();
+    for _ in 0..5 {
+        assert_eq!(verdict(&s, &syn4()), (XDP_DROP, Counter::DropDenied));
+        assert_eq!(verdict(&s, &syn6()), (XDP_DROP, Counter::DropDenied));
+    }
+    let allowed = tcp4([198, 51, 100, 99], SERVER4, PORT, Flags::SYN);
+    assert_eq!(verdict(&s, &allowed), (XDP_PASS, Counter::PassExempt));
+    // Not a SYN: a denied address's other packets pass (established connections drain).
+    let ack = tcp4(CLIENT4, SERVER4, PORT, Flags::ACK);
+    assert_eq!(verdict(&s, &ack), (XDP_PASS, Counter::PassNotSyn));
+    // Outside the lists, the budget applies.
+    let outsider = tcp4([192, 0, 2, 50], SERVER4, PORT, Flags::SYN);
+    assert_eq!(verdict(&s, &outsider), (XDP_PASS, Counter::PassSyn));
+    // Reconfiguring without the deny list lets the client in again.
+    s.configure(&settings(1000), &[], &[]).unwrap();
+    assert_eq!(verdict(&s, &syn4()), (XDP_PASS, Counter::PassSyn));
 }
 
 #[test]
@@ -667,6 +697,6 @@ fn observing_never_drops() {
         0
     );
     // Once configured, the earlier block takes effect.
-    s.configure(&settings(1_000_000), &[]).unwrap();
+    s.configure(&settings(1_000_000), &[], &[]).unwrap();
     assert_eq!(verdict(&s, &syn4()), (XDP_DROP, Counter::DropBlocked));
 }

@@ -449,6 +449,12 @@ pub struct Config {
     /// The per-session and per-IP request planes (`[plane.session]`, `[plane.ip]`); `None`
     /// (the default) when `[plane.session]` is absent.
     pub planes: Option<PlanesConfig>,
+    /// Clients never limited at layer 7 and never shed at XDP (`allow`; `--allow` /
+    /// `DOOR_ALLOW`): CIDRs, matched against the client key's address. Default: none.
+    pub allow: Vec<IpNet>,
+    /// Clients refused: 403 at layer 7 before any bucket, every SYN dropped at XDP (`deny`;
+    /// `--deny` / `DOOR_DENY`): CIDRs. A client in both is denied. Default: none.
+    pub deny: Vec<IpNet>,
 }
 
 /// The two door-wide request planes (docs/design.md, "Streams and sessions"): every request
@@ -619,6 +625,12 @@ pub struct Overrides {
     /// Close a stream (WebSocket, server-sent events) silent this long (e.g. 5m). Default 5m.
     #[arg(long, env = "DOOR_STREAM_IDLE_TIMEOUT", global = true)]
     pub stream_idle_timeout: Option<String>,
+    /// Clients never limited nor shed: CIDRs (repeatable or comma-separated).
+    #[arg(long, env = "DOOR_ALLOW", value_delimiter = ',', global = true)]
+    pub allow: Option<Vec<String>>,
+    /// Clients refused (403, SYNs dropped): CIDRs (repeatable or comma-separated).
+    #[arg(long, env = "DOOR_DENY", value_delimiter = ',', global = true)]
+    pub deny: Option<Vec<String>>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -627,6 +639,8 @@ struct File {
     listen: Option<Vec<toml::Value>>,
     upstream: Option<String>,
     trusted_proxies: Option<Vec<String>>,
+    allow: Option<Vec<String>>,
+    deny: Option<Vec<String>>,
     forwarded_header: Option<String>,
     disable_anon_route_limits: Option<bool>,
     admin_listen: Option<String>,
@@ -776,31 +790,24 @@ impl Config {
                 .unwrap_or(DEFAULT_UPSTREAM),
         )?;
 
+        let pick = |flag: &Option<Vec<String>>, file: &Option<Vec<String>>| {
+            flag.as_ref()
+                .or(file.as_ref())
+                .map_or(Vec::new(), Clone::clone)
+        };
         let admin_listen = build_admin_listen(
             o.admin_listen
                 .as_deref()
                 .or(file.admin_listen.as_deref())
                 .unwrap_or(DEFAULT_ADMIN_LISTEN),
         )?;
-
-        let trusted_raw = o
-            .trusted_proxies
-            .clone()
-            .or(file.trusted_proxies)
-            .unwrap_or_default();
+        let trusted_raw = pick(&o.trusted_proxies, &file.trusted_proxies);
         let trusted_proxies = parse_cidrs("trusted_proxies", &trusted_raw)?;
-        let mut proxy_protocol_listen = Vec::new();
-        for l in listeners.iter().filter(|l| l.proxy_protocol) {
-            if trusted_proxies.is_empty() {
-                return Err(invalid(
-                    format!("{}.proxy_protocol", l.key),
-                    "true",
-                    "needs trusted_proxies: the PROXY protocol header is accepted only from a \
-                     trusted proxy, so every connection would be refused",
-                ));
-            }
-            proxy_protocol_listen.push(l.addr);
-        }
+        let (allow, deny) = (
+            access_list("allow", &pick(&o.allow, &file.allow))?,
+            access_list("deny", &pick(&o.deny, &file.deny))?,
+        );
+        let proxy_protocol_listen = proxy_protocol_listeners(&listeners, &trusted_proxies)?;
         let forwarded_raw = o.forwarded_header.clone().or(file.forwarded_header);
         let forwarded_header = match forwarded_raw {
             Some(h) => h.parse::<ForwardedSource>().map_err(|_| {
@@ -870,6 +877,8 @@ impl Config {
             max_connections_per_client,
             upstream_max_inflight,
             planes,
+            allow,
+            deny,
         })
     }
 }
@@ -1074,6 +1083,20 @@ fn parse_cidrs(key: &str, raw: &[String]) -> Result<TrustedProxies, ConfigError>
         };
         invalid(key, format!("{value:?}"), e.to_string())
     })
+}
+
+/// `allow` or `deny`: CIDRs (IPv4-mapped forms unmapped); a `/0` is refused, it would cover
+/// everyone.
+fn access_list(key: &str, raw: &[String]) -> Result<Vec<IpNet>, ConfigError> {
+    match TrustedProxies::parse_list(&raw.join(",")) {
+        Ok(list) => Ok(list.nets().to_vec()),
+        Err(crate::client::key::KeyError::ZeroPrefix { value }) => Err(invalid(
+            key,
+            format!("{value:?}"),
+            "a /0 covers every address: list the networks you mean",
+        )),
+        Err(_) => parse_cidrs(key, raw).map(|l| l.nets().to_vec()),
+    }
 }
 
 fn default_groups() -> BTreeMap<String, GroupConfig> {
@@ -1400,6 +1423,27 @@ fn build_planes(
         session,
         ip,
     }))
+}
+
+/// The listeners given with `proxy_protocol = true`; each needs `trusted_proxies` (the header is
+/// accepted only from a trusted proxy, so every connection would be refused).
+fn proxy_protocol_listeners(
+    listeners: &[ListenEntry],
+    trusted: &TrustedProxies,
+) -> Result<Vec<SocketAddr>, ConfigError> {
+    let mut out = Vec::new();
+    for l in listeners.iter().filter(|l| l.proxy_protocol) {
+        if trusted.is_empty() {
+            return Err(invalid(
+                format!("{}.proxy_protocol", l.key),
+                "true",
+                "needs trusted_proxies: the PROXY protocol header is accepted only from a \
+                 trusted proxy, so every connection would be refused",
+            ));
+        }
+        out.push(l.addr);
+    }
+    Ok(out)
 }
 
 /// `admin_listen`: a socket address, or `off` (`None`).

@@ -56,6 +56,8 @@ impl Config {
             max_connections_per_client,
             upstream_max_inflight,
             planes,
+            allow,
+            deny,
         } = self;
         let mut w = TomlWriter::default();
         let listen: Vec<Value> = listen
@@ -78,6 +80,8 @@ impl Config {
             admin_listen.map_or_else(|| "off".to_owned(), |a| a.to_string()),
         );
         w.clear("trusted_proxies", strings(trusted_proxies.nets()));
+        w.clear("allow", strings(allow));
+        w.clear("deny", strings(deny));
         w.clear(
             "forwarded_header",
             forwarded_header.to_string().to_ascii_lowercase(),

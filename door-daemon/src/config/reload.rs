@@ -35,6 +35,8 @@ pub fn restart_only_changes(old: &Config, new: &Config) -> Vec<&'static str> {
         max_connections_per_client,
         upstream_max_inflight,
         planes: _,
+        allow: _,
+        deny: _,
     } = old;
     let XdpConfig {
         interface,

@@ -175,6 +175,17 @@ pub fn bad_upgrade(e: &crate::http::upgrade::UpgradeError) -> Response<ResponseB
     )
 }
 
+/// The answer to a client on the `deny` list: 403 with `{"code":"forbidden"}`, before any bucket.
+pub fn forbidden() -> Response<ResponseBody> {
+    json_response(
+        StatusCode::FORBIDDEN,
+        &serde_json::json!({
+            "code": "forbidden",
+            "message": "this network may not use this service",
+        }),
+    )
+}
+
 /// The status of a rejection: 503 for the group's in-flight cap (the service as a whole is busy),
 /// 429 for the client's rate or in-flight cap.
 pub const fn status(reason: RejectReason) -> StatusCode {

@@ -16,6 +16,7 @@ use door_common::prefix::PrefixKey;
 use http::{HeaderValue, Method, Request, Response, StatusCode, Version, header};
 use hyper::body::Incoming;
 use hyper_util::rt::TokioIo;
+use ipnet::IpNet;
 use tokio::{
     sync::{Notify, oneshot},
     task::JoinSet,
@@ -65,6 +66,22 @@ struct Job<'p> {
     /// A pass-through request that asked for `text/event-stream`: its client key, for the
     /// stream group.
     sse_key: Option<PrefixKey>,
+}
+
+impl Job<'_> {
+    /// A request decided on nothing yet: no group, no plane, no slot.
+    fn new(origin: Origin, upgrade: Option<Upgrade>, stream_route: bool) -> Self {
+        Self {
+            origin,
+            upgrade,
+            stream_route,
+            admitted: None,
+            plane: None,
+            credential: None,
+            passthrough: None,
+            sse_key: None,
+        }
+    }
 }
 
 /// A request admitted in `limited`, holding `permit`.
@@ -201,6 +218,10 @@ pub(crate) struct Policy {
     /// With `[plane.session]`: where a request's credential is (the planes are groups in
     /// `limited` named `session` and `ip`).
     credential: Option<Credential>,
+    /// Clients never limited (`allow`).
+    allow: Vec<IpNet>,
+    /// Clients refused with 403 (`deny`).
+    deny: Vec<IpNet>,
     forwarded_header: ForwardedSource,
     escalator: Option<Arc<Escalator>>,
     /// `(escalate_after, escalate_window, block_for)` the escalator was built with.
@@ -321,6 +342,8 @@ impl Policy {
             escalator,
             escalation,
             credential: config.planes.as_ref().map(|p| p.credential.clone()),
+            allow: config.allow.clone(),
+            deny: config.deny.clone(),
         }
     }
 }
@@ -481,6 +504,19 @@ impl App {
             .map(|r| r.group.as_str())
             .or_else(|| upgrade.as_ref().map(|_| STREAM_GROUP));
         let limited = group.and_then(|g| policy.limited.get(g));
+        let listed = (!policy.allow.is_empty() || !policy.deny.is_empty())
+            .then(|| self.client(conn, &policy, &req));
+        if let Some(d) = &listed {
+            if policy.deny.iter().any(|n| n.contains(&d.client)) {
+                self.metrics.denied();
+                return answer::forbidden();
+            } else if policy.allow.iter().any(|n| n.contains(&d.client)) {
+                // Never limited: forwarded as a request in no group, outside the planes.
+                self.metrics.allowed();
+                let job = Job::new(origin, upgrade, stream_route);
+                return self.forward(conn, &policy, req, job).await;
+            }
+        }
         if limited.is_some_and(|l| l.health) && self.draining() {
             return answer::health_response(StatusCode::SERVICE_UNAVAILABLE, "draining");
         }
@@ -488,18 +524,11 @@ impl App {
         let event_stream = accepts_event_stream(req.headers());
         let stream = stream_route || upgrade.is_some() || event_stream;
         let planes = policy.credential.as_ref().filter(|_| !stream);
-        let decision = (limited.is_some() || planes.is_some() || event_stream)
-            .then(|| self.client(conn, &policy, &req));
-        let mut job = Job {
-            origin,
-            upgrade,
-            stream_route,
-            admitted: None,
-            plane: None,
-            credential: None,
-            passthrough: None,
-            sse_key: None,
-        };
+        let decision = listed.or_else(|| {
+            (limited.is_some() || planes.is_some() || event_stream)
+                .then(|| self.client(conn, &policy, &req))
+        });
+        let mut job = Job::new(origin, upgrade, stream_route);
         // The request planes first: a request one of them refuses never reaches its group.
         let plane = match (planes, &decision) {
             (Some(credential), Some(decision)) => {

@@ -119,6 +119,8 @@ impl core::fmt::Display for Outcome {
 /// - `door.proxy_protocol_rejected` (counter, `{connection}`): connections dropped on a PROXY
 ///   protocol listener, per `door.reason` ([`crate::client::proxy_protocol::ProxyProtocolError::reason`]:
 ///   a fixed set of seven values).
+/// - `door.allowed`, `door.denied` (counters, `{request}`): requests from clients on the `allow`
+///   list (forwarded unlimited) and the `deny` list (answered 403).
 /// - `door.connections_refused` (counter, `{connection}`): client connections closed at accept,
 ///   per `door.reason` (`max_connections`, `max_connections_per_client`).
 #[derive(Clone, Debug)]
@@ -131,6 +133,8 @@ pub struct Metrics {
     untrusted_xff: Counter<u64>,
     proxy_protocol_rejected: Counter<u64>,
     connections_refused: Counter<u64>,
+    allowed: Counter<u64>,
+    denied: Counter<u64>,
     /// Per-group outcome totals by group name, shared by every [`GroupMetrics`] of that name, so
     /// that the counts `/status` shows survive a reload that rebuilds a group's limiter.
     totals: Arc<Mutex<HashMap<String, Totals>>>,
@@ -277,6 +281,16 @@ impl Metrics {
                 )
                 .with_unit("{connection}")
                 .build(),
+            allowed: meter
+                .u64_counter("door.allowed")
+                .with_description("Requests from clients on the allow list, forwarded unlimited")
+                .with_unit("{request}")
+                .build(),
+            denied: meter
+                .u64_counter("door.denied")
+                .with_description("Requests from clients on the deny list, answered 403")
+                .with_unit("{request}")
+                .build(),
             totals,
         }
     }
@@ -298,6 +312,16 @@ impl Metrics {
     pub fn connection_refused(&self, reason: &'static str) {
         self.connections_refused
             .add(1, &[KeyValue::new(ATTR_REASON, reason)]);
+    }
+
+    /// Counts one request on `door.allowed` (no attributes).
+    pub fn allowed(&self) {
+        self.allowed.add(1, &[]);
+    }
+
+    /// Counts one request on `door.denied` (no attributes).
+    pub fn denied(&self) {
+        self.denied.add(1, &[]);
     }
 
     /// Instruments that record nothing (no exporter configured; benchmarks).

@@ -299,13 +299,19 @@ impl Shield {
     }
 
     /// Writes the shield's settings (SYN budget, churn guard, protected ports) into the config map
-    /// and replaces the exempt trie's contents with `exempt`. Takes effect for the next packet;
+    /// and replaces the lists trie's contents with `exempt` (never shed) and `deny` (every SYN
+    /// dropped; a prefix in both is denied). Takes effect for the next packet;
     /// the program is not reattached. Until this is called the program only observes.
     ///
     /// # Errors
     /// [`ShieldError::Map`] when a map cannot be written (the exempt trie holds
     /// [`door_common::EXEMPT_CAPACITY`] entries).
-    pub fn configure(&mut self, xdp: &XdpConfig, exempt: &[IpNet]) -> Result<(), ShieldError> {
+    pub fn configure(
+        &mut self,
+        xdp: &XdpConfig,
+        exempt: &[IpNet],
+        deny: &[IpNet],
+    ) -> Result<(), ShieldError> {
         let syn_interval = gcra::interval_ns(xdp.syn_rate);
         let mut cfg = Box::new(ShieldConfig::new(
             syn_interval,
@@ -322,7 +328,7 @@ impl Shield {
         if xdp.ports.is_empty() {
             cfg.flags |= CONFIG_ALL_PORTS;
         }
-        if !exempt.is_empty() {
+        if !exempt.is_empty() || !deny.is_empty() {
             cfg.flags |= CONFIG_HAS_EXEMPT;
         }
         // Once blocklisting has started it stays on: entries outlive reconfigurations.
@@ -339,17 +345,21 @@ impl Shield {
         };
         let mut trie: LpmTrie<_, ExemptKey, u32> =
             LpmTrie::try_from(map_mut(&mut self.ebpf, MAP_EXEMPT)?).map_err(map_err)?;
-        let wanted: Vec<Key<ExemptKey>> = exempt.iter().map(|n| exempt_key(*n)).collect();
+        let wanted: Vec<(Key<ExemptKey>, u32)> = exempt
+            .iter()
+            .map(|n| (exempt_key(*n), door_common::EXEMPT))
+            .chain(deny.iter().map(|n| (exempt_key(*n), door_common::DENIED)))
+            .collect();
         let stale: Vec<Key<ExemptKey>> = trie
             .keys()
             .filter_map(Result::ok)
-            .filter(|k| !wanted.iter().any(|w| same_key(w, k)))
+            .filter(|k| !wanted.iter().any(|(w, _)| same_key(w, k)))
             .collect();
         for key in &stale {
             trie.remove(key).map_err(map_err)?;
         }
-        for key in &wanted {
-            trie.insert(key, 1, 0).map_err(map_err)?;
+        for (key, value) in &wanted {
+            trie.insert(key, value, 0).map_err(map_err)?;
         }
         self.write_config(cfg)
     }

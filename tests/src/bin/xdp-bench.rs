@@ -85,10 +85,10 @@ fn main() -> anyhow::Result<()> {
         Shield::load_object(reference::MINIMAL).context("loading the minimal reference")?;
     // SYN-counted path: a budget that never runs out (1e9 tokens/s, burst 2^32 - 1).
     let mut counting = Shield::load().context("loading door's program")?;
-    counting.configure(&settings(1e9, u32::MAX), &[])?;
+    counting.configure(&settings(1e9, u32::MAX), &[], &[])?;
     // Drop path: one token per 1000 s, burst 1, spent by a first SYN.
     let mut dropping = Shield::load()?;
-    dropping.configure(&settings(0.001, 1), &[])?;
+    dropping.configure(&settings(0.001, 1), &[], &[])?;
     dropping.test_run(&syn, 1)?;
 
     let cases = [
