@@ -228,7 +228,7 @@ impl Body for ResponseBody {
                 .map(|f| f.map(|r| r.map_err(ResponseBodyError::from))),
             Kind::Stream { body, idle, timer } => match Pin::new(body).poll_frame(cx) {
                 Poll::Ready(frame) => {
-                    timer.as_mut().reset(tokio::time::Instant::now() + *idle);
+                    timer.as_mut().reset(crate::time::now() + *idle);
                     Poll::Ready(frame.map(|r| r.map_err(ResponseBodyError::from)))
                 }
                 Poll::Pending => match timer.as_mut().poll(cx) {

@@ -1,0 +1,494 @@
+//! Unit tests of the config module.
+use super::*;
+
+fn err(text: &str) -> String {
+    Config::from_toml("door.toml", text)
+        .unwrap_err()
+        .to_string()
+}
+
+const EXAMPLE: &str = r#"
+listen = ["[::]:8443", "127.0.0.1:8080"]
+upstream = "http://127.0.0.1:3000"
+trusted_proxies = ["192.0.2.10/32"]
+admin_listen = "127.0.0.1:9901"
+
+[[route]]
+group = "webhook"
+methods = ["POST"]
+path = "/webhooks/github"
+[[route]]
+group = "link"
+methods = ["GET"]
+path = "/l/session/{id}"
+[[route]]
+group = "health"
+path = "/healthz"
+
+[group.link]
+rate = 2.5
+burst = 5
+read_timeout = "15s"
+
+[xdp]
+interface = "lo"
+mode = "skb"
+ports = [8443]
+"#;
+
+#[test]
+fn the_design_example_parses_with_defaults_filled_in() {
+    let c = Config::from_toml("door.toml", EXAMPLE).unwrap();
+    assert_eq!(c.listen.len(), 2);
+    assert_eq!(c.upstream.to_string(), "http://127.0.0.1:3000");
+    assert_eq!(c.routes.len(), 3);
+    let link = &c.groups["link"];
+    assert!((link.budget.rate - 2.5).abs() < f64::EPSILON);
+    assert_eq!(link.budget.burst, 5);
+    assert_eq!(
+        link.budget.per_client, 2,
+        "unset keys keep the group's default"
+    );
+    assert_eq!(link.read_timeout, Duration::from_secs(15));
+    assert_eq!(c.groups["webhook"].budget, Budget::webhook());
+    assert_eq!(c.groups["webhook"].read_timeout, Duration::from_secs(10));
+    assert_eq!(c.xdp.mode, XdpMode::Skb);
+    assert_eq!(c.xdp.ports, vec![8443]);
+    assert_eq!(c.xdp.syn_burst, DEFAULT_SYN_BURST);
+}
+
+#[test]
+fn defaults_without_a_file() {
+    let c = Config::load(None, &Overrides::default()).unwrap();
+    assert_eq!(
+        c.listen,
+        vec![DEFAULT_LISTEN.parse::<SocketAddr>().unwrap()]
+    );
+    assert_eq!(c.admin_listen, Some(DEFAULT_ADMIN_LISTEN.parse().unwrap()));
+    assert_eq!(c.xdp.mode, XdpMode::Off);
+    assert!(c.routes.is_empty());
+    assert!(!c.disable_anon_route_limits);
+}
+
+#[test]
+fn overrides_beat_the_file() {
+    let dir = std::env::temp_dir().join(format!("door-config-test-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("door.toml");
+    std::fs::write(&path, EXAMPLE).unwrap();
+    let o = Overrides {
+        listen: Some(vec!["127.0.0.1:1,127.0.0.1:2".into()]),
+        upstream: Some("http://[::1]:9".into()),
+        xdp_mode: Some("off".into()),
+        ..Overrides::default()
+    };
+    let c = Config::load(Some(&path), &o).unwrap();
+    assert_eq!(c.listen.len(), 2);
+    assert_eq!(c.listen[1].port(), 2);
+    assert_eq!(c.upstream.to_string(), "http://[::1]:9");
+    assert_eq!(c.xdp.mode, XdpMode::Off);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn unknown_keys_are_named() {
+    let e = err("lisen = [\"[::]:1\"]");
+    assert!(e.contains("lisen"), "{e}");
+    let e = err("[group.link]\nrat = 1.0");
+    assert!(e.contains("rat"), "{e}");
+    let e = err("[tls]\ncert = \"x\"");
+    assert!(e.contains("tls"), "{e}");
+}
+
+#[test]
+fn bad_addresses_are_named() {
+    assert_eq!(
+        err("listen = [\"8443\"]"),
+        "listen[0] = \"8443\": not a socket address (ip:port, [v6]:port)"
+    );
+    assert!(err("admin_listen = \"localhost:1\"").starts_with("admin_listen = \"localhost:1\""));
+    assert!(err("upstream = \"https://x:1\"").starts_with("upstream = \"https://x:1\""));
+    assert!(err("upstream = \"http://x:1/app\"").contains("path"));
+    assert!(err("upstream = \"127.0.0.1:3000\"").starts_with("upstream = \"127.0.0.1:3000\""));
+}
+
+#[test]
+fn listen_entries_may_be_tables_with_proxy_protocol() {
+    let c = Config::from_toml(
+        "t",
+        r#"
+listen = ["127.0.0.1:8080", { addr = "[::]:8443", proxy_protocol = true }, { addr = "127.0.0.1:8081" }]
+trusted_proxies = ["192.0.2.10"]
+"#,
+    )
+    .unwrap();
+    let addrs: Vec<SocketAddr> = ["127.0.0.1:8080", "[::]:8443", "127.0.0.1:8081"]
+        .iter()
+        .map(|a| a.parse().unwrap())
+        .collect();
+    assert_eq!(c.listen, addrs);
+    assert_eq!(c.proxy_protocol_listen, vec![addrs[1]]);
+    assert!(!c.requires_proxy_protocol(addrs[0]));
+    assert!(c.requires_proxy_protocol(addrs[1]));
+    assert!(!c.requires_proxy_protocol(addrs[2]));
+    let c = Config::from_toml("t", "listen = [\"127.0.0.1:1\"]").unwrap();
+    assert!(c.proxy_protocol_listen.is_empty());
+}
+
+#[test]
+fn bad_listen_tables_are_named() {
+    assert_eq!(
+        err(
+            "listen = [\"127.0.0.1:1\", { addr = \"8443\", proxy_protocol = true }]\ntrusted_proxies = [\"192.0.2.10\"]"
+        ),
+        "listen[1].addr = \"8443\": not a socket address (ip:port, [v6]:port)"
+    );
+    assert_eq!(
+        err("listen = [{ addr = \"[::]:1\", proxy_protocol = \"yes\" }]"),
+        "listen[0].proxy_protocol = \"yes\": must be true or false"
+    );
+    assert_eq!(
+        err("listen = [{ addr = \"[::]:1\", proxy = true }]"),
+        "listen[0].proxy = true: unknown key (expected addr, proxy_protocol)"
+    );
+    assert!(
+        err("listen = [{ proxy_protocol = true }]")
+            .starts_with("listen[0] = { proxy_protocol = true }: needs addr"),
+        "{}",
+        err("listen = [{ proxy_protocol = true }]")
+    );
+    assert!(err("listen = [8443]").starts_with("listen[0] = 8443: must be an address string"));
+    assert_eq!(
+        err("listen = []"),
+        "listen = []: needs at least one address"
+    );
+}
+
+#[test]
+fn a_proxy_protocol_listener_needs_trusted_proxies() {
+    assert_eq!(
+        err("listen = [{ addr = \"[::]:1\", proxy_protocol = true }]"),
+        "listen[0].proxy_protocol = true: needs trusted_proxies: the PROXY protocol header is \
+         accepted only from a trusted proxy, so every connection would be refused"
+    );
+}
+
+#[test]
+fn listen_flags_replace_the_file_list() {
+    let dir = std::env::temp_dir().join(format!("door-config-pp-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("door.toml");
+    std::fs::write(
+        &path,
+        "listen = [{ addr = \"127.0.0.1:9\", proxy_protocol = true }]\ntrusted_proxies = [\"192.0.2.10\"]",
+    )
+    .unwrap();
+    let o = Overrides {
+        listen: Some(vec!["127.0.0.1:1".into()]),
+        listen_proxy_protocol: Some(vec!["127.0.0.1:2,127.0.0.1:3".into()]),
+        ..Overrides::default()
+    };
+    let c = Config::load(Some(&path), &o).unwrap();
+    assert_eq!(c.listen.len(), 3);
+    assert_eq!(
+        c.proxy_protocol_listen,
+        vec![
+            "127.0.0.1:2".parse::<SocketAddr>().unwrap(),
+            "127.0.0.1:3".parse().unwrap()
+        ]
+    );
+    let o = Overrides {
+        listen_proxy_protocol: Some(vec!["nope".into()]),
+        ..Overrides::default()
+    };
+    let e = Config::load(Some(&path), &o).unwrap_err().to_string();
+    assert_eq!(
+        e,
+        "listen[0] = \"nope\": not a socket address (ip:port, [v6]:port)"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn bad_cidrs_are_named() {
+    assert!(
+        err("trusted_proxies = [\"0.0.0.0/0\"]")
+            .starts_with("trusted_proxies = \"0.0.0.0/0\": a /0 covers every address")
+    );
+    assert!(err("trusted_proxies = [\"::/0\"]").contains("/0"));
+    assert!(
+        err("trusted_proxies = [\"192.0.2.1/24\"]")
+            .contains("host bits set (did you mean 192.0.2.0/24?)")
+    );
+    assert!(
+        err("trusted_proxies = [\"192.0.2.300/32\"]")
+            .starts_with("trusted_proxies = \"192.0.2.300/32\": not an IP address or CIDR")
+    );
+    let c = Config::from_toml("t", "trusted_proxies = [\"192.0.2.10, 2001:db8::/64\"]").unwrap();
+    assert_eq!(c.trusted_proxies.nets().len(), 2);
+    assert_eq!(c.trusted_proxies.nets()[0].prefix_len(), 32);
+    assert!(
+        c.trusted_proxies
+            .contains("::ffff:192.0.2.10".parse().unwrap())
+    );
+}
+
+#[test]
+fn front_defaults() {
+    let c = Config::from_toml("t", "").unwrap();
+    assert_eq!(c.tls, None);
+    assert_eq!(c.header_read_timeout, DEFAULT_HEADER_READ_TIMEOUT);
+    assert_eq!(c.idle_timeout, DEFAULT_IDLE_TIMEOUT);
+    assert_eq!(c.drain_grace, DEFAULT_DRAIN_GRACE);
+    assert_eq!(c.upstream_timeout, DEFAULT_UPSTREAM_TIMEOUT);
+    assert!(c.ratelimit_headers);
+    assert_eq!(
+        c.otlp,
+        OtlpConfig {
+            endpoint: None,
+            interval: None
+        }
+    );
+}
+
+#[test]
+fn front_keys_parse() {
+    let c = Config::from_toml(
+        "t",
+        "header_read_timeout = \"5s\"\nidle_timeout = \"2m\"\ndrain_grace = \"3s\"\n\
+         upstream_timeout = \"1s\"\nratelimit_headers = false\n\
+         [tls]\ncert = \"/c.pem\"\nkey = \"/k.pem\"\nmin_version = \"1.3\"\n\
+         [otlp]\nendpoint = \"http://127.0.0.1:4318\"\ninterval = \"500ms\"",
+    )
+    .unwrap();
+    assert_eq!(c.header_read_timeout, Duration::from_secs(5));
+    assert_eq!(c.idle_timeout, Duration::from_mins(2));
+    assert_eq!(c.drain_grace, Duration::from_secs(3));
+    assert_eq!(c.upstream_timeout, Duration::from_secs(1));
+    assert!(!c.ratelimit_headers);
+    let tls = c.tls.unwrap();
+    assert_eq!(tls.cert, PathBuf::from("/c.pem"));
+    assert_eq!(tls.min_version, TlsVersion::Tls13);
+    assert_eq!(c.otlp.endpoint.as_deref(), Some("http://127.0.0.1:4318"));
+    assert_eq!(c.otlp.interval, Some(Duration::from_millis(500)));
+}
+
+#[test]
+fn bad_front_keys_are_named() {
+    assert_eq!(
+        err("[tls]\ncert = \"/c.pem\""),
+        "tls.key = (none): required with tls.cert"
+    );
+    assert_eq!(
+        err("[tls]\ncert = \"/c\"\nkey = \"/k\"\nmin_version = \"1.1\""),
+        "tls.min_version = \"1.1\": must be \"1.2\" or \"1.3\""
+    );
+    assert!(err("header_read_timeout = \"0s\"").starts_with("header_read_timeout = \"0s\""));
+    assert!(err("idle_timeout = \"x\"").starts_with("idle_timeout = \"x\""));
+    assert!(err("drain_grace = \"-1s\"").starts_with("drain_grace = \"-1s\""));
+    assert!(err("upstream_timeout = \"0ms\"").starts_with("upstream_timeout = \"0ms\""));
+    assert!(
+        err("[otlp]\nendpoint = \"127.0.0.1:4318\"")
+            .starts_with("otlp.endpoint = \"127.0.0.1:4318\"")
+    );
+    assert!(err("[otlp]\ninterval = \"0s\"").starts_with("otlp.interval = \"0s\""));
+}
+
+#[test]
+fn unknown_groups_are_named() {
+    let e = err("[[route]]\ngroup = \"linkk\"\npath = \"/x\"");
+    assert_eq!(
+        e,
+        "route[0].group = \"linkk\": unknown group (known: health, link, stream, webhook)"
+    );
+}
+
+#[test]
+fn bad_durations_are_named() {
+    assert!(
+        err("[group.link]\nread_timeout = \"30 parsecs\"")
+            .starts_with("group.link.read_timeout = \"30 parsecs\": not a duration")
+    );
+    assert!(err("[group.link]\nread_timeout = \"0s\"").contains("longer than zero"));
+}
+
+#[test]
+fn bad_budgets_are_named() {
+    assert!(
+        err("[group.link]\nrate = -1.0").starts_with("group.link.rate = -1: must be a positive")
+    );
+    assert!(err("[group.link]\nrate = 0.0").starts_with("group.link.rate = 0"));
+    assert!(err("[group.link]\nburst = 0").starts_with("group.link.burst = 0"));
+    assert!(err("[group.link]\ninflight = 0").starts_with("group.link.inflight = 0"));
+    assert!(
+        err("[group.link]\nper_client = 5")
+            .starts_with("group.link.per_client = 5: exceeds group.link.inflight = 4")
+    );
+    assert!(
+        err("[group.link]\ncharge = \"sometimes\"")
+            .starts_with("group.link.charge = \"sometimes\"")
+    );
+    assert!(err("[group.api]\nrate = 1.0").contains("new group must give at least rate and burst"));
+    let c = Config::from_toml("t", "[group.api]\nrate = 3.0\nburst = 7").unwrap();
+    assert_eq!(c.groups["api"].budget.burst, 7);
+}
+
+fn group(text: &str, name: &str) -> GroupConfig {
+    Config::from_toml("t", text)
+        .unwrap_or_else(|e| panic!("{e}"))
+        .groups
+        .remove(name)
+        .unwrap()
+}
+
+#[test]
+fn per_client_follows_a_lower_burst_under_on_failure() {
+    let g = group("[group.webhook]\nburst = 5", "webhook");
+    assert_eq!(g.budget.per_client, 5);
+    assert_eq!(
+        g.per_client_follows,
+        Some(PerClientFollows {
+            default: 16,
+            inflight: false,
+            burst: true
+        })
+    );
+    assert_eq!(
+        g.per_client_follows.unwrap().to_string(),
+        "follows burst (charge = \"on_failure\"; default 16)"
+    );
+    let g = group(
+        "[group.api]\nrate = 1.0\nburst = 3\ncharge = \"on_failure\"",
+        "api",
+    );
+    assert_eq!(g.budget.per_client, 3, "a new group's default too");
+    let g = group("[group.link]\nburst = 1\ncharge = \"on_failure\"", "link");
+    assert_eq!(g.budget.per_client, 1);
+    // Under charge = "always" a request holds no token: burst does not bound per_client.
+    let g = group("[group.api]\nrate = 1.0\nburst = 3", "api");
+    assert_eq!(g.budget.per_client, NEW_GROUP_PER_CLIENT);
+    assert_eq!(g.per_client_follows, None);
+    let g = group("[group.webhook]\nburst = 5\ncharge = \"always\"", "webhook");
+    assert_eq!(g.budget.per_client, 16);
+    // A burst at or above the default changes nothing.
+    let g = group("[group.webhook]\nburst = 16", "webhook");
+    assert_eq!((g.budget.per_client, g.per_client_follows), (16, None));
+}
+
+#[test]
+fn per_client_follows_a_lower_inflight() {
+    let g = group("[group.link]\ninflight = 1", "link");
+    assert_eq!(g.budget.per_client, 1);
+    assert_eq!(
+        g.per_client_follows.map(|f| f.to_string()).as_deref(),
+        Some("follows inflight (default 2)")
+    );
+    let g = group("[group.api]\nrate = 1.0\nburst = 100\ninflight = 8", "api");
+    assert_eq!(g.budget.per_client, 8);
+    // The lower of the two; both named when they are equal.
+    let g = group("[group.webhook]\ninflight = 8\nburst = 5", "webhook");
+    assert_eq!(g.budget.per_client, 5);
+    assert!(!g.per_client_follows.unwrap().inflight);
+    let g = group("[group.webhook]\ninflight = 3\nburst = 5", "webhook");
+    assert_eq!(g.budget.per_client, 3);
+    assert!(!g.per_client_follows.unwrap().burst);
+    let g = group("[group.webhook]\ninflight = 4\nburst = 4", "webhook");
+    assert_eq!(
+        g.per_client_follows.map(|f| f.to_string()).as_deref(),
+        Some("follows inflight and burst (charge = \"on_failure\"; default 16)")
+    );
+}
+
+#[test]
+fn a_per_client_the_file_gives_is_checked_as_written() {
+    assert_eq!(
+        err("[group.webhook]\nburst = 5\nper_client = 16"),
+        "group.webhook.per_client = 16: exceeds group.webhook.burst = 5 with charge = \
+         \"on_failure\": each request in flight holds a token"
+    );
+    assert!(
+        err("[group.link]\ninflight = 1\nper_client = 2")
+            .starts_with("group.link.per_client = 2: exceeds group.link.inflight = 1"),
+    );
+    let g = group("[group.webhook]\nburst = 5\nper_client = 3", "webhook");
+    assert_eq!((g.budget.per_client, g.per_client_follows), (3, None));
+}
+
+#[test]
+fn bad_xdp_settings_are_named() {
+    assert!(err("[xdp]\nmode = \"auto\"").starts_with("xdp.interface = (none): required"));
+    assert!(err("[xdp]\ninterface = \"lo\"\nmode = \"turbo\"").starts_with("xdp.mode = \"turbo\""));
+    assert!(err("[xdp]\ninterface = \"lo\"\nports = [70000]").starts_with("xdp.ports[0] = 70000"));
+    assert!(err("[xdp]\ninterface = \"lo\"\nsyn_rate = -5.0").starts_with("xdp.syn_rate = -5"));
+    let c = Config::from_toml("t", "[xdp]\nmode = \"off\"").unwrap();
+    assert_eq!(c.xdp.mode, XdpMode::Off);
+}
+
+#[test]
+fn xdp_ports_default_to_the_ports_of_listen() {
+    // Plain, PROXY protocol and (with [tls]) TLS listeners alike; duplicates once; sorted.
+    let c = Config::from_toml(
+        "t",
+        r#"
+listen = ["127.0.0.1:8443", "[::1]:8443", { addr = "[::]:80", proxy_protocol = true }, "0.0.0.0:443"]
+trusted_proxies = ["192.0.2.10"]
+[tls]
+cert = "/c.pem"
+key = "/k.pem"
+[xdp]
+interface = "eth0"
+"#,
+    )
+    .unwrap();
+    assert_eq!(c.xdp.ports, vec![80, 443, 8443]);
+    let c = Config::from_toml("t", "").unwrap();
+    assert_eq!(c.xdp.ports, vec![8443], "the default listen's port");
+}
+
+#[test]
+fn xdp_ports_follow_the_listen_flags() {
+    let o = Overrides {
+        listen: Some(vec!["127.0.0.1:9000,[::1]:80".into()]),
+        listen_proxy_protocol: Some(vec!["[::1]:9000".into()]),
+        trusted_proxies: Some(vec!["192.0.2.10".into()]),
+        xdp_interface: Some("eth0".into()),
+        ..Overrides::default()
+    };
+    let c = Config::load(None, &o).unwrap();
+    assert_eq!(c.xdp.mode, XdpMode::Auto);
+    assert_eq!(c.xdp.ports, vec![80, 9000]);
+}
+
+#[test]
+fn explicit_xdp_ports_win_over_listen() {
+    let c = Config::from_toml(
+        "t",
+        "listen = [\"[::]:80\"]\n[xdp]\ninterface = \"eth0\"\nports = [22, 443]",
+    )
+    .unwrap();
+    assert_eq!(c.xdp.ports, vec![22, 443]);
+    let c = Config::from_toml(
+        "t",
+        "listen = [\"[::]:80\"]\n[xdp]\ninterface = \"eth0\"\nports = []",
+    )
+    .unwrap();
+    assert!(c.xdp.ports.is_empty(), "[] still means every port");
+}
+
+#[test]
+fn listeners_on_port_0_give_no_default_xdp_ports() {
+    let c = Config::from_toml(
+        "t",
+        "listen = [\"127.0.0.1:0\", \"127.0.0.1:8080\"]\n[xdp]\ninterface = \"lo\"",
+    )
+    .unwrap();
+    assert_eq!(c.xdp.ports, vec![8080]);
+    assert!(
+        err("listen = [\"127.0.0.1:0\"]\n[xdp]\ninterface = \"lo\"")
+            .starts_with("xdp.ports = (none): the default is the ports of listen"),
+        "{}",
+        err("listen = [\"127.0.0.1:0\"]\n[xdp]\ninterface = \"lo\"")
+    );
+    let c = Config::from_toml("t", "listen = [\"127.0.0.1:0\"]").unwrap();
+    assert!(c.xdp.ports.is_empty(), "no shield, no ports to protect");
+}

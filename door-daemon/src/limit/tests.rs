@@ -1,0 +1,401 @@
+//! Unit tests of the limit module.
+use std::{collections::HashMap, time::Duration};
+
+use proptest::prelude::*;
+
+use super::*;
+use crate::time::ManualClock;
+
+fn key(i: u32) -> PrefixKey {
+    PrefixKey::from_ipv4(i.to_be_bytes())
+}
+
+impl GroupLimiter {
+    /// Checks every invariant of the state; returns a description of the first violation.
+    fn check_invariants(&self) -> Result<(), String> {
+        let now = self.core.clock.now_ns();
+        let enforce = self.enforcing();
+        let mut sum = 0u32;
+        let mut tracked = 0;
+        let mut b = None;
+        for shard in self.shards.iter().chain([&self.shared]) {
+            let state = shard.lock();
+            let budget = state.tuning.budget;
+            let bucket = state.tuning.bucket;
+            b = Some(budget);
+            tracked += state.table.len();
+            let rows = state
+                .table
+                .iter()
+                .map(|(k, r)| (Some(*k), r))
+                .chain(core::iter::once((None, &state.shared)));
+            for (k, row) in rows {
+                sum += row.inflight;
+                if enforce && row.inflight > budget.per_client {
+                    return Err(format!("{k:?} inflight {} > per_client", row.inflight));
+                }
+                let expect_held = match budget.charge {
+                    Charge::Always => 0,
+                    Charge::OnFailure => row.inflight,
+                };
+                if row.held != expect_held {
+                    return Err(format!("{k:?} held {} != {expect_held}", row.held));
+                }
+                let debt = Bucket::deficit(row, now) + u64::from(row.held) * bucket.interval;
+                if debt > u64::from(budget.burst) * bucket.interval {
+                    return Err(format!("{k:?} owes more than its burst: {debt} ns"));
+                }
+            }
+        }
+        let b = b.ok_or("no shard")?;
+        if tracked > b.max_clients {
+            return Err(format!("table {tracked} > max {}", b.max_clients));
+        }
+        let inflight = self.inflight();
+        if enforce && inflight > b.inflight {
+            return Err(format!("group inflight {inflight} > cap"));
+        }
+        if sum != inflight {
+            return Err(format!("rows hold {sum}, group counts {inflight}"));
+        }
+        Ok(())
+    }
+}
+
+#[test]
+fn retune_keeps_the_missing_fraction_and_the_slots() {
+    let clock = Arc::new(ManualClock::at(1_000));
+    let budget = Budget {
+        rate: 1.0,
+        burst: 10,
+        per_client: 10,
+        inflight: 10,
+        max_clients: 4,
+        charge: Charge::Always,
+    };
+    let lim = Arc::new(GroupLimiter::new(
+        "r",
+        budget,
+        true,
+        clock.clone(),
+        Arc::new(Unobserved),
+    ));
+    // Client 1 drained, client 2 half full; client 2 keeps one request in flight.
+    for _ in 0..10 {
+        lim.admit(key(1)).unwrap().settle(Spend::Nothing);
+    }
+    for _ in 0..4 {
+        lim.admit(key(2)).unwrap().settle(Spend::Nothing);
+    }
+    let busy = lim.admit(key(2)).unwrap();
+    lim.retune(
+        Budget {
+            burst: 20,
+            rate: 2.0,
+            ..budget
+        },
+        true,
+    );
+    assert_eq!(lim.quota(&key(1)).remaining, 0, "drained stays drained");
+    assert_eq!(lim.quota(&key(2)).remaining, 10, "half of 10 is half of 20");
+    assert_eq!(lim.inflight(), 1, "slots carry over");
+    busy.settle(Spend::Nothing);
+    assert_eq!(lim.inflight(), 0);
+    lim.check_invariants().unwrap();
+    // A smaller table drops the least recently used entries.
+    lim.retune(
+        Budget {
+            max_clients: 1,
+            ..budget
+        },
+        true,
+    );
+    assert_eq!(lim.tracked_clients(), 1);
+    assert!(lim.is_tracked(&key(2)));
+    lim.check_invariants().unwrap();
+}
+
+#[test]
+fn interval_rounds_up() {
+    let b = |rate| {
+        Budget {
+            rate,
+            ..Budget::link()
+        }
+        .interval_ns()
+    };
+    assert_eq!(b(1.0), 1_000_000_000);
+    assert_eq!(b(3.0), 333_333_334);
+    assert_eq!(b(50.0), 20_000_000);
+    assert_eq!(b(1e9), 1);
+    assert_eq!(b(f64::NAN), 86_400_000_000_000);
+}
+
+#[test]
+fn retry_after_is_rounded_up_not_down() {
+    // 0.4 tokens/s: one token every 2.5 s. After the burst, Retry-After is 3 (2.5 rounded
+    // up); 2 s is not enough, 2.5 s is.
+    let clock = Arc::new(ManualClock::at(0));
+    let budget = Budget {
+        rate: 0.4,
+        burst: 1,
+        per_client: 1,
+        inflight: 1,
+        max_clients: 4,
+        charge: Charge::Always,
+    };
+    let lim = Arc::new(GroupLimiter::new(
+        "t",
+        budget,
+        true,
+        clock.clone(),
+        Arc::new(Unobserved),
+    ));
+    lim.admit(key(1)).unwrap().settle(Spend::Nothing);
+    let r = lim.admit(key(1)).unwrap_err();
+    assert_eq!(r.retry_after_s, 3);
+    clock.advance(Duration::from_secs(2));
+    assert_eq!(lim.admit(key(1)).unwrap_err().retry_after_s, 1);
+    clock.advance(Duration::from_millis(499));
+    assert_eq!(lim.admit(key(1)).unwrap_err().retry_after_s, 1);
+    clock.advance(Duration::from_millis(1));
+    lim.admit(key(1)).unwrap().settle(Spend::Nothing);
+}
+
+#[test]
+fn quota_reads_without_changing_anything() {
+    let clock = Arc::new(ManualClock::at(0));
+    let lim = Arc::new(GroupLimiter::new(
+        "link",
+        Budget {
+            max_clients: 1,
+            ..Budget::link()
+        },
+        true,
+        clock.clone(),
+        Arc::new(Unobserved),
+    ));
+    assert_eq!(lim.window_s(), 20);
+    let full = Quota {
+        remaining: 20,
+        reset_s: 0,
+    };
+    assert_eq!(lim.quota(&key(1)), full, "an unknown key with room is full");
+    assert!(!lim.is_tracked(&key(1)), "reading does not insert");
+    for _ in 0..3 {
+        lim.admit(key(1)).unwrap().settle(Spend::Nothing);
+    }
+    assert_eq!(
+        lim.quota(&key(1)),
+        Quota {
+            remaining: 17,
+            reset_s: 3
+        }
+    );
+    clock.advance(Duration::from_millis(1500));
+    assert_eq!(
+        lim.quota(&key(1)),
+        Quota {
+            remaining: 18,
+            reset_s: 2
+        },
+        "1.5 s refilled one whole token; 1.5 s left rounds up to 2"
+    );
+    // The table (1 entry) is full and key(1) is not idle-full: key(2) is on the shared row.
+    assert_eq!(lim.quota(&key(2)), full);
+    for _ in 0..20 {
+        if let Ok(p) = lim.admit(key(1)) {
+            p.settle(Spend::Nothing);
+        }
+    }
+    let q = lim.quota(&key(1));
+    assert_eq!(q.remaining, 0);
+    assert_eq!(lim.admit(key(1)).unwrap_err().retry_after_s, 1);
+    assert!(q.reset_s >= 19);
+    lim.check_invariants().unwrap();
+}
+
+#[test]
+fn quota_subtracts_held_tokens() {
+    let clock = Arc::new(ManualClock::at(0));
+    let lim = Arc::new(GroupLimiter::new(
+        "webhook",
+        Budget {
+            burst: 4,
+            per_client: 4,
+            ..Budget::webhook()
+        },
+        true,
+        clock,
+        Arc::new(Unobserved),
+    ));
+    let a = lim.admit(key(1)).unwrap();
+    let b = lim.admit(key(1)).unwrap();
+    assert_eq!(lim.quota(&key(1)).remaining, 2);
+    a.settle(Spend::Token);
+    assert_eq!(
+        lim.quota(&key(1)),
+        Quota {
+            remaining: 2,
+            reset_s: 1
+        }
+    );
+    drop(b);
+    assert_eq!(lim.quota(&key(1)).remaining, 3);
+}
+
+#[derive(Debug, Clone)]
+enum Op {
+    Admit(u32),
+    Settle(usize, u16),
+    Drop(usize),
+    Advance(u64),
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        4 => (0u32..6).prop_map(Op::Admit),
+        2 => (any::<usize>(), prop_oneof![Just(200u16), Just(404), Just(500)])
+            .prop_map(|(i, s)| Op::Settle(i, s)),
+        1 => any::<usize>().prop_map(Op::Drop),
+        2 => (0u64..3_000_000_000).prop_map(Op::Advance),
+    ]
+}
+
+fn budget() -> impl Strategy<Value = Budget> {
+    (
+        prop_oneof![Just(0.3), Just(1.0), Just(3.0), Just(7.5), Just(50.0)],
+        1u32..6,
+        1u32..4,
+        0u32..4,
+        1usize..8,
+        any::<bool>(),
+    )
+        .prop_map(
+            |(rate, burst, per_client, extra, max_clients, on_failure)| {
+                let charge = if on_failure {
+                    Charge::OnFailure
+                } else {
+                    Charge::Always
+                };
+                let per_client = if on_failure {
+                    per_client.min(burst)
+                } else {
+                    per_client
+                };
+                Budget {
+                    rate,
+                    burst,
+                    per_client,
+                    inflight: per_client + extra,
+                    max_clients,
+                    charge,
+                }
+            },
+        )
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 512, ..ProptestConfig::default() })]
+
+    /// Random request/settle/clock sequences keep every invariant; Retry-After is exact; a
+    /// client alone in its row never gets more than burst + rate × elapsed tokens; everything
+    /// returns to zero when all permits are gone.
+    #[test]
+    fn limiter_invariants(
+        budget in budget(),
+        enforce in prop::bool::weighted(0.8),
+        ops in prop::collection::vec(op(), 1..120),
+    ) {
+        prop_assert!(budget.validate("p").is_ok());
+        let clock = Arc::new(ManualClock::at(1_000));
+        let lim = Arc::new(GroupLimiter::new("p", budget, enforce, clock.clone(), Arc::new(Unobserved)));
+        let mut permits: Vec<(u32, Permit)> = Vec::new();
+        // Per key: first-seen time and tokens spent while on its own row.
+        let mut first: HashMap<u32, u64> = HashMap::new();
+        let mut spent: HashMap<u32, u64> = HashMap::new();
+        // Keys that ever used the shared row or lost their entry are excluded from the bound.
+        let own_rows_only = budget.max_clients >= 6;
+        for op in ops {
+            match op {
+                Op::Admit(k) => {
+                    first.entry(k).or_insert_with(|| clock.now_ns());
+                    match lim.admit(key(k)) {
+                        Ok(p) => {
+                            if enforce {
+                                prop_assert!(p.shadow_rejection().is_none());
+                            }
+                            if p.shadow_rejection().is_none() && budget.charge == Charge::Always {
+                                *spent.entry(k).or_default() += 1;
+                            }
+                            permits.push((k, p));
+                        }
+                        Err(r) => {
+                            prop_assert!(enforce);
+                            prop_assert!(r.retry_after_s >= 1);
+                            if r.reason == RejectReason::Rate {
+                                // Waiting Retry-After out readmits, nothing else happening.
+                                clock.advance(Duration::from_secs(r.retry_after_s));
+                                let p = lim.admit(key(k));
+                                prop_assert!(p.is_ok(), "retry after {} s: {:?}", r.retry_after_s, p.err());
+                                if let Ok(p) = p {
+                                    if budget.charge == Charge::Always {
+                                        *spent.entry(k).or_default() += 1;
+                                    }
+                                    permits.push((k, p));
+                                }
+                            } else {
+                                prop_assert_eq!(r.retry_after_s, CAP_RETRY_AFTER_S);
+                            }
+                        }
+                    }
+                }
+                Op::Settle(i, status) => {
+                    if !permits.is_empty() {
+                        let (k, p) = permits.swap_remove(i % permits.len());
+                        let counts = p.shadow_rejection().is_none();
+                        p.settle(if (400..500).contains(&status) { Spend::Token } else { Spend::Nothing });
+                        if counts && budget.charge == Charge::OnFailure && status == 404 {
+                            *spent.entry(k).or_default() += 1;
+                        }
+                    }
+                }
+                Op::Drop(i) => {
+                    if !permits.is_empty() {
+                        drop(permits.swap_remove(i % permits.len()));
+                    }
+                }
+                Op::Advance(ns) => clock.advance(Duration::from_nanos(ns)),
+            }
+            if let Err(e) = lim.check_invariants() {
+                prop_assert!(false, "{}", e);
+            }
+            prop_assert!(lim.tracked_clients() <= budget.max_clients);
+            if own_rows_only {
+                let interval = budget.interval_ns();
+                for (k, n) in &spent {
+                    let elapsed = clock.now_ns() - first[k];
+                    let bound = u64::from(budget.burst) + elapsed / interval;
+                    prop_assert!(*n <= bound, "key {} spent {} > {}", k, n, bound);
+                    // And the real-valued bound burst + rate × elapsed.
+                    #[expect(clippy::cast_precision_loss, reason = "test magnitudes are small")]
+                    let real = f64::from(budget.burst) + budget.rate * (elapsed as f64) / 1e9;
+                    #[expect(clippy::cast_precision_loss, reason = "test magnitudes are small")]
+                    let n_f = *n as f64;
+                    prop_assert!(n_f <= real + 1e-9);
+                }
+            }
+        }
+        permits.clear();
+        prop_assert_eq!(lim.inflight(), 0);
+        if let Err(e) = lim.check_invariants() {
+            prop_assert!(false, "{}", e);
+        }
+        for shard in lim.shards.iter().chain([&lim.shared]) {
+            let state = shard.lock();
+            prop_assert!(state.table.iter().all(|(_, r)| r.inflight == 0 && r.held == 0));
+            prop_assert_eq!(state.shared.inflight, 0);
+            prop_assert_eq!(state.shared.held, 0);
+        }
+    }
+}
