@@ -349,6 +349,62 @@ pub fn curl(ns: &str, source: &str, args: &[&str]) -> anyhow::Result<(u16, Strin
     Ok((code.trim().parse().unwrap_or(0), body.to_owned()))
 }
 
+/// Runs the future `make` returns on a thread of its own that entered the network namespace `ns`
+/// (`/run/netns/NS`, as `ip netns` names it), on a current-thread tokio runtime there, so every
+/// socket it opens is that namespace's; waits for it and returns its output. The thread is named
+/// after the caller's (libtest names a test's thread after the test).
+///
+/// # Errors
+/// When the thread cannot start, the namespace cannot be entered or the runtime cannot be built.
+///
+/// # Panics
+/// When the future panics: its panic is resumed on the calling thread, so a failed assertion in
+/// it fails the calling test with its own message.
+pub fn block_on_in<F, Fut>(ns: &str, make: F) -> anyhow::Result<Fut::Output>
+where
+    F: FnOnce() -> Fut + Send,
+    Fut: Future,
+    Fut::Output: Send,
+{
+    std::thread::scope(|scope| {
+        let caller = std::thread::current();
+        let name = format!("{} in {ns}", caller.name().unwrap_or("(unnamed)"));
+        let thread = std::thread::Builder::new()
+            .name(name)
+            .spawn_scoped(scope, move || {
+                enter_netns(ns)?;
+                let rt = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                    .context("building the client's runtime")?;
+                Ok(rt.block_on(make()))
+            });
+        thread
+            .context("starting the namespace's thread")?
+            .join()
+            .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
+    })
+}
+
+/// Moves the calling thread (only it) into the network namespace `ns`.
+fn enter_netns(ns: &str) -> anyhow::Result<()> {
+    use std::os::fd::AsRawFd as _;
+    let path = Path::new("/run/netns").join(ns);
+    let file = std::fs::File::open(&path).with_context(|| format!("opening {}", path.display()))?;
+    // SAFETY: setns(2) on a file descriptor we own and keep open for the call; it changes only
+    // this thread's network namespace.
+    #[expect(unsafe_code, reason = "setns(2) via libc")]
+    let rc = unsafe { libc::setns(file.as_raw_fd(), libc::CLONE_NEWNET) };
+    if rc != 0 {
+        bail!(
+            "setns({}): {}",
+            path.display(),
+            std::io::Error::last_os_error()
+        );
+    }
+    Ok(())
+}
+
 /// door's `GET /status` document, fetched from inside `door_ns` on the admin port 9901.
 ///
 /// # Errors

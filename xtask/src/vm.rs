@@ -41,8 +41,15 @@ const TEST_TIMEOUT: Duration = Duration::from_mins(6);
 /// Bound on the `run --vm` demo.
 const RUN_TIMEOUT: Duration = Duration::from_mins(4);
 
-/// The `door-tests` suites the guests run: those that exercise the XDP program on the kernel.
-const GUEST_SUITES: [&str; 4] = ["bpf_test_run", "xdp_shield", "netns_e2e", "netns_flood"];
+/// The `door-tests` suites the guests run: those that exercise the XDP program on the kernel
+/// (`netns_streams`: a WebSocket's 1 MiB and an event stream through door with XDP on the veth).
+const GUEST_SUITES: [&str; 5] = [
+    "bpf_test_run",
+    "xdp_shield",
+    "netns_e2e",
+    "netns_flood",
+    "netns_streams",
+];
 
 /// Lines of the guest's log shown again when it crashed or hung.
 const TAIL_LINES: usize = 40;

@@ -4,24 +4,41 @@
 //! - `POST /webhooks/github`: 200 `{"received_bytes": N}` (reads the whole body).
 //! - `GET /l/session/{id}`: 200, a one-line page naming the session.
 //! - `/healthz`: 200 `ok`.
+//! - `GET /ws` with `Upgrade: websocket`: 101, then a WebSocket echo (tokio-tungstenite): text and
+//!   binary messages come back as sent, pings are answered, a close is answered and ends it.
+//! - `GET /events`: 200 `text/event-stream`, `data: tick N` (N from 0) every 100 ms, at most
+//!   [`EVENTS`] of them (then the stream ends), until the client goes away.
 //! - anything else: 200, JSON echo of the method, path and the forwarding headers it received.
 //!
 //! Any request may carry `x-demo-status: NNN` (or `?status=NNN`) to get that status instead, which
 //! is how tests make the upstream answer 4xx.
 
-use std::{convert::Infallible, net::SocketAddr};
+use std::{convert::Infallible, net::SocketAddr, time::Duration};
 
 use anyhow::Context as _;
 use bytes::Bytes;
 use clap::Parser;
-use http::{Request, Response, StatusCode, header};
-use http_body_util::{BodyExt, Full};
-use hyper::body::Incoming;
+use futures_util::{SinkExt as _, StreamExt as _};
+use http::{HeaderValue, Method, Request, Response, StatusCode, header};
+use http_body_util::{BodyExt, Empty, Full, StreamBody, combinators::UnsyncBoxBody};
+use hyper::body::{Frame, Incoming};
 use hyper_util::{
     rt::{TokioExecutor, TokioIo},
     server::conn::auto,
 };
 use serde_json::json;
+use tokio_tungstenite::{
+    WebSocketStream,
+    tungstenite::{handshake::derive_accept_key, protocol::Role},
+};
+
+/// The events `GET /events` sends at most (a minute's worth) before it ends the stream.
+const EVENTS: u64 = 600;
+/// The time between two events of `GET /events`.
+const EVENT_EVERY: Duration = Duration::from_millis(100);
+
+/// A response body: a whole one, or a stream of events.
+type Body = UnsyncBoxBody<Bytes, Infallible>;
 
 /// Demo upstream for door.
 #[derive(Debug, Parser)]
@@ -52,14 +69,22 @@ async fn serve(addr: SocketAddr) -> anyhow::Result<()> {
         let (stream, _) = listener.accept().await?;
         tokio::spawn(async move {
             let service = hyper::service::service_fn(handle);
+            // With upgrades: `GET /ws` takes the connection over once its 101 is written.
             let _ = auto::Builder::new(TokioExecutor::new())
-                .serve_connection(TokioIo::new(stream), service)
+                .serve_connection_with_upgrades(TokioIo::new(stream), service)
                 .await;
         });
     }
 }
 
-async fn handle(req: Request<Incoming>) -> Result<Response<Full<Bytes>>, Infallible> {
+async fn handle(req: Request<Incoming>) -> Result<Response<Body>, Infallible> {
+    if req.method() == Method::GET {
+        match req.uri().path() {
+            "/ws" => return Ok(websocket(req)),
+            "/events" => return Ok(events()),
+            _ => {}
+        }
+    }
     let forced = req
         .headers()
         .get("x-demo-status")
@@ -107,11 +132,76 @@ async fn handle(req: Request<Incoming>) -> Result<Response<Full<Bytes>>, Infalli
     } else {
         ("application/json", echo.to_string())
     };
-    let mut res = Response::new(Full::new(Bytes::from(body)));
+    let mut res = Response::new(Full::new(Bytes::from(body)).boxed_unsync());
     *res.status_mut() = forced.unwrap_or(StatusCode::OK);
-    res.headers_mut().insert(
-        header::CONTENT_TYPE,
-        http::HeaderValue::from_static(content_type),
-    );
+    res.headers_mut()
+        .insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
     Ok(res)
+}
+
+/// `GET /ws`: answers a WebSocket handshake (RFC 6455 §4.2) with 101 and echoes on the upgraded
+/// connection; anything else is a 400.
+fn websocket(mut req: Request<Incoming>) -> Response<Body> {
+    let headers = req.headers();
+    let asked = headers
+        .get(header::UPGRADE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.eq_ignore_ascii_case("websocket"));
+    let key = headers
+        .get(header::SEC_WEBSOCKET_KEY)
+        .map(|k| derive_accept_key(k.as_bytes()));
+    let (true, Some(accept)) = (asked, key) else {
+        let mut res = Response::new(
+            Full::new(Bytes::from_static(b"a WebSocket handshake, please\n")).boxed_unsync(),
+        );
+        *res.status_mut() = StatusCode::BAD_REQUEST;
+        return res;
+    };
+    let upgrade = hyper::upgrade::on(&mut req);
+    tokio::spawn(async move {
+        let Ok(upgraded) = upgrade.await else {
+            return;
+        };
+        let mut ws =
+            WebSocketStream::from_raw_socket(TokioIo::new(upgraded), Role::Server, None).await;
+        // Ends with the connection: tungstenite answers a ping with a pong and a close with a
+        // close, after which the stream ends.
+        while let Some(Ok(msg)) = ws.next().await {
+            if (msg.is_text() || msg.is_binary()) && ws.send(msg).await.is_err() {
+                return;
+            }
+        }
+    });
+    let mut res = Response::new(Empty::new().boxed_unsync());
+    *res.status_mut() = StatusCode::SWITCHING_PROTOCOLS;
+    let h = res.headers_mut();
+    h.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
+    h.insert(header::UPGRADE, HeaderValue::from_static("websocket"));
+    if let Ok(accept) = HeaderValue::from_str(&accept) {
+        h.insert(header::SEC_WEBSOCKET_ACCEPT, accept);
+    }
+    res
+}
+
+/// `GET /events`: `data: tick N` every [`EVENT_EVERY`], the first at once, [`EVENTS`] at most.
+/// The stream (and its timer) is dropped when the client goes away.
+fn events() -> Response<Body> {
+    let ticks = futures_util::stream::unfold(0u64, |n| async move {
+        if n >= EVENTS {
+            return None;
+        }
+        if n > 0 {
+            tokio::time::sleep(EVENT_EVERY).await;
+        }
+        let event = Frame::data(Bytes::from(format!("data: tick {n}\n\n")));
+        Some((Ok::<_, Infallible>(event), n + 1))
+    });
+    let mut res = Response::new(StreamBody::new(ticks).boxed_unsync());
+    let h = res.headers_mut();
+    h.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/event-stream"),
+    );
+    h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+    res
 }
