@@ -34,6 +34,8 @@ pub struct StatusSource {
     pub shield: Option<Arc<Mutex<Shield>>>,
     /// The configured XDP mode (`off`, `auto`, …), shown when the program is not attached.
     pub xdp_mode: &'static str,
+    /// The cluster sync's state (`"state": "off"` without `[cluster]`).
+    pub cluster: Arc<crate::cluster::ClusterStatus>,
 }
 
 impl std::fmt::Debug for StatusSource {
@@ -72,6 +74,7 @@ impl StatusSource {
             "groups": groups,
             "requests": requests_json(&limiters, &self.metrics),
             "xdp": self.xdp_json(),
+            "cluster": self.cluster.json(),
         })
     }
 

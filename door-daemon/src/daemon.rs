@@ -49,6 +49,9 @@ pub enum ServeError {
     /// The TLS certificate or key cannot be used (checked before anything is bound).
     #[error(transparent)]
     Tls(#[from] TlsError),
+    /// `[cluster] redis` cannot be used.
+    #[error(transparent)]
+    Cluster(#[from] crate::cluster::ClusterError),
 }
 
 /// Re-reads the configuration for a reload (flags, environment and the file, as at start).
@@ -100,6 +103,7 @@ pub async fn run(config: Config, metrics: Metrics, reload: Reloader) -> Result<(
         .as_ref()
         .map(|s| crate::shield::observe(&opentelemetry::global::meter("door"), s));
     let app = Arc::new(App::new(&config, &clock, &metrics, blocklist));
+    let (cluster, cluster_status) = start_cluster(&config, &app)?;
     let front = Front::new(Arc::clone(&app), ConnSettings::from_config(&config), tls);
     let proto = if config.tls.is_some() {
         "TLS: h2 and http/1.1 by ALPN"
@@ -122,6 +126,7 @@ pub async fn run(config: Config, metrics: Metrics, reload: Reloader) -> Result<(
             metrics: metrics.clone(),
             shield: shield.clone(),
             xdp_mode: config.xdp.mode.as_str(),
+            cluster: cluster_status,
         });
         tokio::spawn(crate::admin::serve(l, source))
     });
@@ -157,11 +162,37 @@ pub async fn run(config: Config, metrics: Metrics, reload: Reloader) -> Result<(
     if let Some(t) = admin_task {
         t.abort();
     }
+    drop(cluster);
     if let Some(shield) = shield {
         lock(&shield).detach();
         tracing::info!("XDP flood shield detached");
     }
     Ok(())
+}
+
+/// Starts the cluster sync when `[cluster] redis` is set; the status `/status` shows either way.
+fn start_cluster(
+    config: &Config,
+    app: &Arc<App>,
+) -> Result<
+    (
+        Option<crate::cluster::Cluster>,
+        Arc<crate::cluster::ClusterStatus>,
+    ),
+    ServeError,
+> {
+    if config.cluster.redis.is_none() {
+        return Ok((None, Arc::new(crate::cluster::ClusterStatus::off())));
+    }
+    let c = crate::cluster::spawn(
+        &config.cluster,
+        Arc::clone(app),
+        crate::cluster::ClusterMetrics::new(&opentelemetry::global::meter("door")),
+        crate::cluster::door_id(),
+    )?;
+    tracing::info!(interval = ?config.cluster.sync_interval, "cluster: sharing budgets");
+    let status = c.status();
+    Ok((Some(c), status))
 }
 
 /// Sends `states` to systemd when it is listening (`NOTIFY_SOCKET`); failures are logged, never

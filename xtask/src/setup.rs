@@ -13,8 +13,10 @@ use crate::{Skipped, cargo, sh, step};
 const BPF_LINKER_VERSION: &str = "0.10.0";
 
 /// Debian packages the test suites and the demo use: `ip` (netns, veth), curl (the e2e client),
-/// nginx and HAProxy (the real proxies door runs behind in `tests/tests/proxies_e2e.rs`).
-pub(crate) const DEBIAN_PACKAGES: &[&str] = &["iproute2", "curl", "nginx-light", "haproxy"];
+/// nginx and HAProxy (the real proxies door runs behind in `tests/tests/proxies_e2e.rs`), Redis
+/// (the store three in-process doors share in `door-daemon/tests/cluster.rs`).
+pub(crate) const DEBIAN_PACKAGES: &[&str] =
+    &["iproute2", "curl", "nginx-light", "haproxy", "redis-server"];
 
 /// Everything: toolchain pieces, then Debian packages. Returns the packages still missing (only
 /// when not root: nothing is installed then).

@@ -19,6 +19,9 @@ use crate::{Skipped, cargo, deb, display, service, setup, sh, step, vm};
 /// `: SUITE TEST` (`door_tests::SKIP_MARKER`; the same text: xtask does not link door-tests).
 pub(crate) const SKIP_MARKER: &str = "door-test: skipped (needs root)";
 
+/// The same, for a test that needs `redis-server` on this machine (`door-daemon/tests/cluster.rs`).
+pub(crate) const REDIS_SKIP_MARKER: &str = "door-test: skipped (needs redis-server)";
+
 /// libtest's summary of one test binary: `test result: ok. 12 passed; 0 failed; 1 ignored; …`.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub(crate) struct Summary {
@@ -73,7 +76,10 @@ impl Counts {
     /// Takes one line of output; true when it was a `test result:` line.
     pub(crate) fn line(&mut self, line: &str) -> bool {
         let trimmed = line.trim();
-        if let Some(test) = trimmed.strip_prefix(SKIP_MARKER) {
+        if let Some(test) = trimmed
+            .strip_prefix(SKIP_MARKER)
+            .or_else(|| trimmed.strip_prefix(REDIS_SKIP_MARKER))
+        {
             self.marked
                 .insert(test.trim_start_matches(':').trim().to_owned());
             return false;

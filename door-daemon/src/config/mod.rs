@@ -255,6 +255,37 @@ pub struct OtlpConfig {
     pub interval: Option<Duration>,
 }
 
+/// Default `[cluster] sync_interval`: 250 ms.
+pub const DEFAULT_CLUSTER_SYNC_INTERVAL: Duration = Duration::from_millis(250);
+
+/// Default `[cluster] timeout`: 100 ms.
+pub const DEFAULT_CLUSTER_TIMEOUT: Duration = Duration::from_millis(100);
+
+/// Budget sharing between doors through Redis or Valkey (`[cluster]`, docs/design.md,
+/// "Cluster"). Off unless `redis` is set.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClusterConfig {
+    /// `redis://HOST:PORT/DB` or `rediss://…` (TLS) (`cluster.redis`; `--cluster-redis` /
+    /// `DOOR_CLUSTER_REDIS`). Default: none (every door's budgets are its own).
+    pub redis: Option<String>,
+    /// How often a door syncs its consumption (`cluster.sync_interval`;
+    /// `--cluster-sync-interval` / `DOOR_CLUSTER_SYNC_INTERVAL`). Default 250 ms.
+    pub sync_interval: Duration,
+    /// How long one sync (connect, script) may take before the door counts it failed
+    /// (`cluster.timeout`; `--cluster-timeout` / `DOOR_CLUSTER_TIMEOUT`). Default 100 ms.
+    pub timeout: Duration,
+}
+
+impl Default for ClusterConfig {
+    fn default() -> Self {
+        Self {
+            redis: None,
+            sync_interval: DEFAULT_CLUSTER_SYNC_INTERVAL,
+            timeout: DEFAULT_CLUSTER_TIMEOUT,
+        }
+    }
+}
+
 /// One limit group: its budget and its body read timeout.
 #[derive(Debug, Clone)]
 pub struct GroupConfig {
@@ -432,6 +463,8 @@ pub struct Config {
     pub ratelimit_headers: bool,
     /// OTLP metrics export.
     pub otlp: OtlpConfig,
+    /// Budget sharing between doors (`[cluster]`).
+    pub cluster: ClusterConfig,
     /// Client connections door serves at once, door-wide (`max_connections`;
     /// `--max-connections` / `DOOR_MAX_CONNECTIONS`); past it new connections are closed at
     /// accept without a byte read. `None` (the default): derived at start from the open-file limit
@@ -613,6 +646,17 @@ pub struct Overrides {
     /// OTLP export interval (e.g. 10s). Default 10s.
     #[arg(long, env = "DOOR_OTLP_INTERVAL", global = true)]
     pub otlp_interval: Option<String>,
+    /// Redis or Valkey URL (redis://HOST:PORT/DB or rediss://) to share budgets through.
+    #[arg(long, env = "DOOR_CLUSTER_REDIS", global = true)]
+    pub cluster_redis: Option<String>,
+
+    /// How often a door syncs with the cluster store (e.g. 250ms). Default 250ms.
+    #[arg(long, env = "DOOR_CLUSTER_SYNC_INTERVAL", global = true)]
+    pub cluster_sync_interval: Option<String>,
+
+    /// How long one cluster sync may take (e.g. 100ms). Default 100ms.
+    #[arg(long, env = "DOOR_CLUSTER_TIMEOUT", global = true)]
+    pub cluster_timeout: Option<String>,
     /// Client connections served at once, door-wide. Default: from the open-file limit.
     #[arg(long, env = "DOOR_MAX_CONNECTIONS", global = true)]
     pub max_connections: Option<i64>,
@@ -658,6 +702,7 @@ struct File {
     stream_idle_timeout: Option<String>,
     ratelimit_headers: Option<bool>,
     otlp: Option<OtlpFile>,
+    cluster: Option<ClusterFile>,
     max_connections: Option<i64>,
     max_connections_per_client: Option<i64>,
     upstream_max_inflight: Option<i64>,
@@ -669,6 +714,14 @@ struct TlsFile {
     cert: Option<String>,
     key: Option<String>,
     min_version: Option<String>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ClusterFile {
+    redis: Option<String>,
+    sync_interval: Option<String>,
+    timeout: Option<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -844,6 +897,7 @@ impl Config {
             o,
         )?;
         let otlp = build_otlp(file.otlp, o)?;
+        let cluster = build_cluster(file.cluster, o)?;
         let (max_connections, max_connections_per_client, upstream_max_inflight) =
             build_connection_limits(
                 [
@@ -873,6 +927,7 @@ impl Config {
             stream_idle_timeout: front.stream_idle_timeout,
             ratelimit_headers: front.ratelimit_headers,
             otlp,
+            cluster,
             max_connections,
             max_connections_per_client,
             upstream_max_inflight,
@@ -1008,6 +1063,7 @@ pub fn known_keys() -> Vec<String> {
             "xdp" => ("xdp.", struct_fields::<XdpFile>()),
             "tls" => ("tls.", struct_fields::<TlsFile>()),
             "otlp" => ("otlp.", struct_fields::<OtlpFile>()),
+            "cluster" => ("cluster.", struct_fields::<ClusterFile>()),
             "plane" => {
                 keys.extend(
                     struct_fields::<SessionPlaneFile>()
@@ -1528,6 +1584,48 @@ fn build_tls(file: Option<TlsFile>, o: &Overrides) -> Result<Option<TlsConfig>, 
         key: PathBuf::from(key),
         min_version,
     }))
+}
+
+fn build_cluster(file: Option<ClusterFile>, o: &Overrides) -> Result<ClusterConfig, ConfigError> {
+    let f = file.unwrap_or_default();
+    let redis = o.cluster_redis.clone().or(f.redis);
+    if let Some(url) = &redis {
+        let scheme_ok = url
+            .split_once("://")
+            .is_some_and(|(scheme, rest)| matches!(scheme, "redis" | "rediss") && !rest.is_empty());
+        if !scheme_ok {
+            return Err(invalid(
+                "cluster.redis",
+                format!("{url:?}"),
+                "not a redis:// or rediss:// URL",
+            ));
+        }
+    }
+    let nonzero = |key: &str, s: Option<String>, default: Duration| match s {
+        Some(s) => {
+            let d = parse_duration(key, &s)?;
+            if d.is_zero() {
+                return Err(invalid(key, format!("{s:?}"), "must be more than 0"));
+            }
+            Ok(d)
+        }
+        None => Ok(default),
+    };
+    let sync_interval = nonzero(
+        "cluster.sync_interval",
+        o.cluster_sync_interval.clone().or(f.sync_interval),
+        DEFAULT_CLUSTER_SYNC_INTERVAL,
+    )?;
+    let timeout = nonzero(
+        "cluster.timeout",
+        o.cluster_timeout.clone().or(f.timeout),
+        DEFAULT_CLUSTER_TIMEOUT,
+    )?;
+    Ok(ClusterConfig {
+        redis,
+        sync_interval,
+        timeout,
+    })
 }
 
 fn build_otlp(file: Option<OtlpFile>, o: &Overrides) -> Result<OtlpConfig, ConfigError> {

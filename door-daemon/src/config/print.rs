@@ -52,6 +52,7 @@ impl Config {
             stream_idle_timeout,
             ratelimit_headers,
             otlp,
+            cluster,
             max_connections,
             max_connections_per_client,
             upstream_max_inflight,
@@ -111,16 +112,8 @@ impl Config {
             w.clear("key", key.display().to_string());
             w.clear("min_version", min_version.as_str());
         }
-        let crate::config::OtlpConfig { endpoint, interval } = otlp;
-        if endpoint.is_some() || interval.is_some() {
-            w.table("otlp");
-            if let Some(endpoint) = endpoint {
-                w.clear("endpoint", endpoint.clone());
-            }
-            if let Some(interval) = interval {
-                w.clear("interval", duration(*interval));
-            }
-        }
+        write_otlp(&mut w, otlp);
+        write_cluster(&mut w, cluster);
         for route in routes {
             write_route(&mut w, route);
         }
@@ -174,6 +167,35 @@ fn write_planes(w: &mut TomlWriter, p: &crate::config::PlanesConfig) {
             "max_clients",
             i64::try_from(b.max_clients).unwrap_or(i64::MAX),
         );
+    }
+}
+
+/// `[otlp]`, when either key is set.
+fn write_otlp(w: &mut TomlWriter, otlp: &crate::config::OtlpConfig) {
+    let crate::config::OtlpConfig { endpoint, interval } = otlp;
+    if endpoint.is_some() || interval.is_some() {
+        w.table("otlp");
+        if let Some(endpoint) = endpoint {
+            w.clear("endpoint", endpoint.clone());
+        }
+        if let Some(interval) = interval {
+            w.clear("interval", duration(*interval));
+        }
+    }
+}
+
+/// `[cluster]`, when `redis` is set.
+fn write_cluster(w: &mut TomlWriter, cluster: &crate::config::ClusterConfig) {
+    if let Some(redis) = &cluster.redis {
+        w.table("cluster");
+        // A URL with credentials (`redis://user:password@host`) is a secret.
+        if redis.contains('@') {
+            w.clear("redis", ELIDED);
+        } else {
+            w.clear("redis", redis.clone());
+        }
+        w.clear("sync_interval", duration(cluster.sync_interval));
+        w.clear("timeout", duration(cluster.timeout));
     }
 }
 

@@ -31,6 +31,7 @@ pub fn restart_only_changes(old: &Config, new: &Config) -> Vec<&'static str> {
         stream_idle_timeout,
         ratelimit_headers: _,
         otlp,
+        cluster,
         max_connections,
         max_connections_per_client,
         upstream_max_inflight,
@@ -78,6 +79,7 @@ pub fn restart_only_changes(old: &Config, new: &Config) -> Vec<&'static str> {
             *stream_idle_timeout != new.stream_idle_timeout,
         ),
         ("otlp", *otlp != new.otlp),
+        ("cluster", *cluster != new.cluster),
         ("max_connections", *max_connections != new.max_connections),
         (
             "max_connections_per_client",

@@ -609,6 +609,35 @@ struct ShardState {
     table: LruCache<PrefixKey, Row>,
     /// The shared row (used in the group's shared shard only).
     shared: Row,
+    /// Tokens spent per client since the last [`GroupLimiter::drain_spent`], when
+    /// [`GroupLimiter::record_spent`] turned it on (a cluster sync); `None` otherwise.
+    journal: Option<Journal>,
+}
+
+/// Tokens spent per client since the last drain: a bounded map, the oldest entry dropped (and
+/// counted) when a new client would pass its capacity.
+#[derive(Debug)]
+struct Journal {
+    spent: LruCache<PrefixKey, u32>,
+    dropped: u64,
+}
+
+impl ShardState {
+    /// Records that `key` spent one token (`+1`) or had one refunded (`-1`).
+    fn note(&mut self, key: PrefixKey, spent: bool) {
+        let Some(j) = self.journal.as_mut() else {
+            return;
+        };
+        if spent {
+            if let Some(n) = j.spent.get_mut(&key) {
+                *n = n.saturating_add(1);
+            } else if j.spent.push(key, 1).is_some() {
+                j.dropped += 1;
+            }
+        } else if let Some(n) = j.spent.peek_mut(&key) {
+            *n = n.saturating_sub(1);
+        }
+    }
 }
 
 /// One shard: a part of the table behind its own mutex. A permit holds its shard (not the
@@ -674,6 +703,9 @@ impl Shard {
                     if spend == Spend::Token {
                         // The clock is read only when a token is spent.
                         t.bucket.spend(row, self.core.clock.now_ns());
+                        if let RowId::Key(k) = id {
+                            state.note(k, true);
+                        }
                     }
                 }
             }
@@ -698,6 +730,9 @@ impl Shard {
                     Charge::OnFailure => row.held = row.held.saturating_sub(1),
                     Charge::Always => {
                         row.full_at = row.full_at.saturating_sub(t.bucket.interval);
+                        if let RowId::Key(k) = id {
+                            state.note(k, false);
+                        }
                     }
                 }
             }
@@ -753,6 +788,7 @@ impl GroupLimiter {
                     tuning,
                     table: LruCache::new(NonZeroUsize::new(cap).unwrap_or(NonZeroUsize::MIN)),
                     shared: Row::full(now),
+                    journal: None,
                 }),
                 core: Arc::clone(&core),
             })
@@ -872,6 +908,60 @@ impl GroupLimiter {
         self.shard_of(key).lock().table.contains(key)
     }
 
+    /// Starts recording, per client, the tokens spent on its table entry (for a cluster sync,
+    /// `crate::cluster`): at most `capacity` clients in all (split over the shards), the oldest
+    /// dropped (and counted, see [`GroupLimiter::drain_spent`]) when a new one would pass it.
+    /// Spends on the shared row are not recorded (they have no client). Idempotent: a second call
+    /// keeps what is recorded. Off by default; costs one map update per spend when on.
+    pub fn record_spent(&self, capacity: usize) {
+        let n = self.shards.len();
+        for (i, shard) in self.shards.iter().enumerate() {
+            let mut state = shard.lock();
+            if state.journal.is_none() {
+                let cap = NonZeroUsize::new(share(capacity, n, i)).unwrap_or(NonZeroUsize::MIN);
+                state.journal = Some(Journal {
+                    spent: LruCache::new(cap),
+                    dropped: 0,
+                });
+            }
+        }
+    }
+
+    /// Moves the clients charged since the last call, with the tokens each spent here, into
+    /// `out` (cleared first; entries with nothing left after refunds are skipped), and returns
+    /// how many clients were dropped from the record since the last call because it was full.
+    /// Empty unless [`GroupLimiter::record_spent`] was called.
+    pub fn drain_spent(&self, out: &mut Vec<(PrefixKey, u32)>) -> u64 {
+        out.clear();
+        let mut dropped = 0;
+        for shard in &self.shards {
+            let mut state = shard.lock();
+            if let Some(j) = state.journal.as_mut() {
+                out.extend(core::iter::from_fn(|| j.spent.pop_lru()).filter(|&(_, n)| n > 0));
+                dropped += core::mem::take(&mut j.dropped);
+            }
+        }
+        dropped
+    }
+
+    /// Folds a remote deficit for client `key` into its table entry: its bucket becomes
+    /// `full_at = now + max(local deficit, deficit_ns)` (ns on this limiter's clock), so that it
+    /// holds no more than the cluster's shared bucket. The remote deficit is not capped at
+    /// `burst × interval`: tokens the cluster admitted past its budget between syncs are a debt
+    /// this client repays before it is admitted again (a retune caps it, see
+    /// [`GroupLimiter::retune`]). Does nothing (and returns `false`) when `key` has no entry.
+    pub fn fold_deficit(&self, key: &PrefixKey, deficit_ns: u64) -> bool {
+        let now = self.core.clock.now_ns();
+        let mut state = self.shard_of(key).lock();
+        match state.table.peek_mut(key) {
+            Some(row) => {
+                row.full_at = row.full_at.max(now.saturating_add(deficit_ns));
+                true
+            }
+            None => false,
+        }
+    }
+
     /// Admits a request from client `key`, or rejects it (docs/design.md, "Limits").
     ///
     /// The group cap first (503, scope `group`: an atomic, before any lock), then, under the
@@ -936,9 +1026,13 @@ impl GroupLimiter {
         {
             let mut state = shard.lock();
             let t = state.tuning;
+            let spends = t.budget.charge == Charge::Always;
             // Hit: one lookup (which also refreshes the entry).
             if let Some(row) = state.table.get_mut(&key) {
                 let decision = take(&t, row, RowId::Key(key), now);
+                if spends && decision.is_ok() {
+                    state.note(key, true);
+                }
                 return (decision.map(|id| (Arc::clone(shard), id)), change);
             }
             if find_row(&mut state.table, key, now, &mut change) {
@@ -951,6 +1045,9 @@ impl GroupLimiter {
                         Scope::Client,
                     )),
                 };
+                if spends && decision.is_ok() {
+                    state.note(key, true);
+                }
                 return (decision.map(|id| (Arc::clone(shard), id)), change);
             }
         }

@@ -1,0 +1,511 @@
+//! Budget sharing between doors through Redis or Valkey (`[cluster]`, docs/design.md, "Cluster").
+//!
+//! The request path never waits for the network: every decision is the local
+//! [`GroupLimiter`]'s. A background task ([`spawn`]) wakes every `sync_interval` and, in one Lua
+//! script call per batch of at most [`BATCH`] clients (`EVALSHA`, loaded on `NOSCRIPT`):
+//!
+//! 1. refreshes this door's membership: a sorted set `door:alive` scored by the store's clock
+//!    (µs), members older than 3 × `sync_interval` removed; its size is `N`, the doors alive;
+//! 2. for each client a limited group or plane charged here since the last sync (drained with
+//!    [`GroupLimiter::drain_spent`]), adds the tokens it spent here to the shared GCRA
+//!    theoretical arrival time at `door:{GROUP}:{HEX KEY}`, computed with `redis.call('TIME')`
+//!    (the store's clock, never a door's), stored with a `PEXPIRE` of the debt plus 2 × the
+//!    bucket's full-refill window, and returns its deficit (`TAT − store now`, ≥ 0, ns);
+//! 3. folds each deficit into the local row ([`GroupLimiter::fold_deficit`]): local
+//!    `full_at = local now + max(local deficit, remote deficit)`. Only deficits (durations) cross
+//!    the wire, so a door whose clock is off by any amount decides exactly as the others.
+//!
+//! The shared TAT is not capped at a full bucket: what the doors admitted together past the
+//! budget between syncs is a debt that the client repays before any door admits it again, so the
+//! cluster's long-run rate is the group's rate. The overshoot (docs/design.md, "Cluster") is at
+//! most `(N − 1) × burst + N × rate × sync_interval` tokens over the single-door limit `burst +
+//! rate × t`, in the worst case of every door meeting a client with a full local bucket at once.
+//!
+//! When a sync fails or takes longer than `timeout`, the door is [`State::Degraded`]: every group
+//! is retuned to `rate / N` (N as seen at the last good sync, 1 if there was none), never
+//! unlimited and never a wait on the request path; the connection manager reconnects with
+//! backoff, and the first good sync restores the configured rates ([`State::Synced`]). Tokens
+//! spent during a failed sync are not sent again.
+//!
+//! This module uses [`crate::limit`], [`crate::http::App`] (its limiters) and the `redis` crate;
+//! the limiter knows nothing of it.
+
+use std::{
+    collections::HashMap,
+    fmt::Write as _,
+    sync::{Arc, Mutex, PoisonError},
+    time::Duration,
+};
+
+use door_common::prefix::PrefixKey;
+use opentelemetry::{
+    KeyValue,
+    metrics::{Counter, Histogram, Meter},
+};
+use redis::{
+    Script,
+    aio::{ConnectionManager, ConnectionManagerConfig},
+};
+use tokio::{task::JoinHandle, time::Instant};
+
+use crate::{
+    config::ClusterConfig,
+    http::App,
+    limit::{Budget, GroupLimiter},
+};
+
+/// Clients sent in one script call at most; a sync with more makes several calls.
+pub const BATCH: usize = 1_000;
+
+/// The sorted set of the doors alive (member: door id, score: the store's clock in µs).
+pub const ALIVE_KEY: &str = "door:alive";
+
+/// The sync script. `ARGV[1]`: door id, `ARGV[2]`: membership lifetime (ms), then per key in
+/// `KEYS`: tokens spent here, emission interval (ns), burst (tokens). Returns `{N, deficit_ns…}`.
+/// Times are µs in Lua's doubles (exact to 0.25 µs at today's epoch), deficits ns.
+const SCRIPT: &str = r"
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+local life = tonumber(ARGV[2])
+redis.call('ZADD', KEYS[1], now, ARGV[1])
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now - life * 1000)
+redis.call('PEXPIRE', KEYS[1], life)
+local out = { redis.call('ZCARD', KEYS[1]) }
+for i = 2, #KEYS do
+  local a = 3 + (i - 2) * 3
+  local n = tonumber(ARGV[a])
+  local interval = tonumber(ARGV[a + 1]) / 1000
+  local burst = tonumber(ARGV[a + 2])
+  local tat = tonumber(redis.call('GET', KEYS[i])) or now
+  if tat < now then tat = now end
+  tat = tat + n * interval
+  local window = math.ceil(burst * interval / 1000)
+  local ttl = math.ceil((tat - now) / 1000) + 2 * window + 1
+  redis.call('SET', KEYS[i], string.format('%.3f', tat), 'PX', ttl)
+  out[i] = math.floor((tat - now) * 1000)
+end
+return out
+";
+
+/// A failed sync.
+#[derive(Debug, thiserror::Error)]
+pub enum ClusterError {
+    /// The URL could not be used (`cluster.redis`).
+    #[error("cluster.redis: {0}")]
+    Url(#[source] redis::RedisError),
+    /// The store answered with an error, or the connection failed.
+    #[error("cluster store: {0}")]
+    Store(#[from] redis::RedisError),
+    /// The sync took longer than `cluster.timeout`.
+    #[error("cluster sync timed out after {0:?}")]
+    Timeout(Duration),
+    /// The script's answer was not what it returns.
+    #[error("cluster store: unexpected answer ({0} values for {1} keys)")]
+    Answer(usize, usize),
+}
+
+/// Where the cluster stands, for `/status`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum State {
+    /// No `[cluster] redis`: every door's budgets are its own.
+    Off,
+    /// The last sync succeeded: local buckets reflect the cluster's.
+    Synced,
+    /// The last sync failed (or none succeeded yet): groups run at `rate / N`.
+    Degraded,
+}
+
+impl State {
+    /// `off`, `synced` or `degraded`.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            State::Off => "off",
+            State::Synced => "synced",
+            State::Degraded => "degraded",
+        }
+    }
+}
+
+/// What `/status` shows of the cluster.
+#[derive(Debug, Clone, Copy)]
+pub struct Snapshot {
+    /// The state now.
+    pub state: State,
+    /// Doors alive at the last good sync (this one included); 1 before any.
+    pub doors: u32,
+    /// When the last good sync ended (tokio's clock); `None` before any.
+    pub last_sync: Option<Instant>,
+}
+
+/// The cluster's state, shared by the sync task and `/status`.
+#[derive(Debug)]
+pub struct ClusterStatus {
+    inner: Mutex<Snapshot>,
+}
+
+impl ClusterStatus {
+    /// The status of a door without a cluster.
+    pub fn off() -> Self {
+        Self::with(State::Off)
+    }
+
+    fn with(state: State) -> Self {
+        Self {
+            inner: Mutex::new(Snapshot {
+                state,
+                doors: 1,
+                last_sync: None,
+            }),
+        }
+    }
+
+    /// The state now.
+    pub fn snapshot(&self) -> Snapshot {
+        *self.inner.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn set(&self, f: impl FnOnce(&mut Snapshot)) {
+        f(&mut self.inner.lock().unwrap_or_else(PoisonError::into_inner));
+    }
+
+    /// The `/status` object: `{"state", "doors", "last_sync_age_ms"}` (the age `null` before any
+    /// good sync).
+    pub fn json(&self) -> serde_json::Value {
+        let s = self.snapshot();
+        let age = s.last_sync.map(|t| {
+            u64::try_from(Instant::now().saturating_duration_since(t).as_millis())
+                .unwrap_or(u64::MAX)
+        });
+        serde_json::json!({ "state": s.state.as_str(), "doors": s.doors, "last_sync_age_ms": age })
+    }
+}
+
+/// The cluster's instruments: `door.cluster.syncs`, `door.cluster.errors` (counters) and
+/// `door.cluster.sync_duration` (histogram, seconds).
+#[derive(Debug, Clone)]
+pub struct ClusterMetrics {
+    syncs: Counter<u64>,
+    errors: Counter<u64>,
+    duration: Histogram<f64>,
+}
+
+impl ClusterMetrics {
+    /// Builds the instruments from `meter`.
+    pub fn new(meter: &Meter) -> Self {
+        Self {
+            syncs: meter
+                .u64_counter("door.cluster.syncs")
+                .with_description("Good syncs with the cluster store")
+                .build(),
+            errors: meter
+                .u64_counter("door.cluster.errors")
+                .with_description("Failed or timed-out syncs with the cluster store")
+                .build(),
+            duration: meter
+                .f64_histogram("door.cluster.sync_duration")
+                .with_unit("s")
+                .with_description("Time one sync with the cluster store took")
+                .build(),
+        }
+    }
+}
+
+/// A running sync task.
+#[derive(Debug)]
+pub struct Cluster {
+    status: Arc<ClusterStatus>,
+    task: JoinHandle<()>,
+}
+
+impl Cluster {
+    /// The state, for `/status`.
+    pub fn status(&self) -> Arc<ClusterStatus> {
+        Arc::clone(&self.status)
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// A door id unique among the doors of one store: host name, process id and 32 random bits.
+pub fn door_id() -> String {
+    use ring::rand::SecureRandom as _;
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map_or_else(|_| "door".to_owned(), |h| h.trim().to_owned());
+    let mut r = [0u8; 4];
+    // Without randomness the host and process id still tell doors apart.
+    let _ = ring::rand::SystemRandom::new().fill(&mut r);
+    format!(
+        "{host}-{}-{:08x}",
+        std::process::id(),
+        u32::from_be_bytes(r)
+    )
+}
+
+/// Starts the sync task for `app`'s groups and planes with `[cluster]` `config` (its `redis`
+/// set), as door `id`. The connection is made lazily: a store unreachable at start leaves the
+/// door [`State::Degraded`] until it answers.
+///
+/// # Errors
+///
+/// [`ClusterError::Url`] when the URL cannot be used (the configuration checked its scheme).
+pub fn spawn(
+    config: &ClusterConfig,
+    app: Arc<App>,
+    metrics: ClusterMetrics,
+    id: String,
+) -> Result<Cluster, ClusterError> {
+    let url = config.redis.as_deref().unwrap_or_default();
+    let client = redis::Client::open(url).map_err(ClusterError::Url)?;
+    let manager_config = ConnectionManagerConfig::new()
+        .set_connection_timeout(Some(config.timeout))
+        .set_response_timeout(Some(config.timeout))
+        .set_number_of_retries(2)
+        .set_min_delay(Duration::from_millis(50))
+        .set_max_delay(Duration::from_secs(2));
+    let manager = ConnectionManager::new_lazy_with_config(client, manager_config)
+        .map_err(ClusterError::Url)?;
+    let status = Arc::new(ClusterStatus::with(State::Degraded));
+    let mut syncer = Syncer {
+        app,
+        conn: manager,
+        script: Script::new(SCRIPT),
+        id,
+        interval: config.sync_interval,
+        timeout: config.timeout,
+        status: Arc::clone(&status),
+        metrics,
+        bases: HashMap::new(),
+        degraded_for: None,
+        spent: Vec::new(),
+    };
+    let task = tokio::spawn(async move {
+        let mut tick = tokio::time::interval(syncer.interval);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tick.tick().await;
+            syncer.sync().await;
+        }
+    });
+    Ok(Cluster { status, task })
+}
+
+/// One client's spend in a batch: which limiter, which key.
+type Entry = (usize, PrefixKey);
+
+/// The sync task's state.
+struct Syncer {
+    app: Arc<App>,
+    conn: ConnectionManager,
+    script: Script,
+    id: String,
+    interval: Duration,
+    timeout: Duration,
+    status: Arc<ClusterStatus>,
+    metrics: ClusterMetrics,
+    /// Each group's configured budget while it is retuned to `rate / N`.
+    bases: HashMap<String, Budget>,
+    /// The `N` the groups are divided by while degraded.
+    degraded_for: Option<u32>,
+    spent: Vec<(PrefixKey, u32)>,
+}
+
+impl Syncer {
+    async fn sync(&mut self) {
+        let started = Instant::now();
+        let limiters = self.app.limiters();
+        let mut keys = Vec::new();
+        let mut args: Vec<u64> = Vec::new();
+        let mut entries: Vec<Entry> = Vec::new();
+        for (i, l) in limiters.iter().enumerate() {
+            let budget = self.base(l);
+            l.record_spent(budget.max_clients);
+            let dropped = l.drain_spent(&mut self.spent);
+            if dropped > 0 {
+                tracing::warn!(
+                    group = l.group(),
+                    dropped,
+                    "cluster: clients charged since the last sync were more than the record holds; the oldest were not shared"
+                );
+            }
+            for &(key, n) in &self.spent {
+                keys.push(store_key(l.group(), &key));
+                args.extend([u64::from(n), budget.interval_ns(), u64::from(budget.burst)]);
+                entries.push((i, key));
+            }
+        }
+        let result = tokio::time::timeout(self.timeout, self.send(&keys, &args)).await;
+        let outcome = match result {
+            Ok(Ok(answers)) => Ok(answers),
+            Ok(Err(e)) => Err(e),
+            Err(_) => Err(ClusterError::Timeout(self.timeout)),
+        };
+        let took = started.elapsed().as_secs_f64();
+        match outcome {
+            Ok((doors, deficits)) => {
+                for (&(i, key), &d) in entries.iter().zip(&deficits) {
+                    if d > 0
+                        && let Some(l) = limiters.get(i)
+                    {
+                        l.fold_deficit(&key, d);
+                    }
+                }
+                self.restore(&limiters);
+                let doors = doors.max(1);
+                self.status.set(|s| {
+                    s.state = State::Synced;
+                    s.doors = doors;
+                    s.last_sync = Some(Instant::now());
+                });
+                self.metrics.syncs.add(1, &[]);
+                self.metrics.duration.record(took, &[]);
+            }
+            Err(e) => {
+                let was = self.status.snapshot();
+                if was.state == State::Synced {
+                    tracing::warn!(error = %e, doors = was.doors, "cluster: sync failed; enforcing rate / doors until the store answers");
+                }
+                self.status.set(|s| s.state = State::Degraded);
+                self.divide(&limiters, was.doors);
+                self.metrics
+                    .errors
+                    .add(1, &[KeyValue::new("door.reason", reason(&e))]);
+            }
+        }
+    }
+
+    /// The script calls for `keys` (in batches of [`BATCH`]): the doors alive and each key's
+    /// deficit (ns), in order.
+    async fn send(
+        &mut self,
+        keys: &[String],
+        args: &[u64],
+    ) -> Result<(u32, Vec<u64>), ClusterError> {
+        let life_ms = u64::try_from(self.interval.saturating_mul(3).as_millis())
+            .unwrap_or(u64::MAX)
+            .max(1);
+        let mut doors = 1;
+        let mut deficits = Vec::with_capacity(keys.len());
+        // An empty sync still refreshes membership.
+        let batches: Vec<(&[String], &[u64])> = if keys.is_empty() {
+            vec![(&[], &[])]
+        } else {
+            keys.chunks(BATCH).zip(args.chunks(BATCH * 3)).collect()
+        };
+        for (ks, a) in batches {
+            let mut call = self.script.key(ALIVE_KEY);
+            call.arg(&self.id).arg(life_ms);
+            for k in ks {
+                call.key(k);
+            }
+            for v in a {
+                call.arg(*v);
+            }
+            let out: Vec<i64> = call.invoke_async(&mut self.conn).await?;
+            if out.len() != ks.len() + 1 {
+                return Err(ClusterError::Answer(out.len(), ks.len()));
+            }
+            let mut out = out.into_iter();
+            doors = out.next().and_then(|n| u32::try_from(n).ok()).unwrap_or(1);
+            deficits.extend(out.map(|d| u64::try_from(d).unwrap_or(0)));
+        }
+        Ok((doors, deficits))
+    }
+
+    /// The budget `l` is configured with: the one saved when it was divided, unless a reload
+    /// changed it since.
+    fn base(&self, l: &GroupLimiter) -> Budget {
+        let now = l.budget();
+        match (self.bases.get(l.group()), self.degraded_for) {
+            (Some(base), Some(n)) if divided(*base, n) == now => *base,
+            _ => now,
+        }
+    }
+
+    /// Retunes every group to `rate / doors` (once per group and `doors`; again after a reload
+    /// gave it a new budget).
+    fn divide(&mut self, limiters: &[Arc<GroupLimiter>], doors: u32) {
+        let doors = doors.max(1);
+        for l in limiters {
+            let base = self.base(l);
+            let target = divided(base, doors);
+            if l.budget() != target {
+                l.retune(target, l.enforcing());
+            }
+            self.bases.insert(l.group().to_owned(), base);
+        }
+        self.degraded_for = Some(doors);
+    }
+
+    /// Gives every divided group its configured budget back.
+    fn restore(&mut self, limiters: &[Arc<GroupLimiter>]) {
+        if self.degraded_for.is_none() {
+            return;
+        }
+        for l in limiters {
+            let base = self.base(l);
+            if l.budget() != base {
+                l.retune(base, l.enforcing());
+            }
+        }
+        self.bases.clear();
+        self.degraded_for = None;
+    }
+}
+
+/// `budget` with its rate divided by `doors` (tokens/s), kept within the limiter's bounds.
+fn divided(budget: Budget, doors: u32) -> Budget {
+    Budget {
+        rate: (budget.rate / f64::from(doors.max(1))).max(crate::limit::MIN_RATE),
+        ..budget
+    }
+}
+
+/// `door:{GROUP}:HEX`: the group as a hash tag (one cluster slot per group), the key's 16 bytes.
+fn store_key(group: &str, key: &PrefixKey) -> String {
+    let mut s = String::with_capacity(group.len() + 40);
+    let _ = write!(s, "door:{{{group}}}:");
+    for b in key.addr {
+        let _ = write!(s, "{b:02x}");
+    }
+    s
+}
+
+/// `door.reason` of a failed sync: `timeout`, `store` or `answer`.
+fn reason(e: &ClusterError) -> &'static str {
+    match e {
+        ClusterError::Timeout(_) => "timeout",
+        ClusterError::Answer(..) => "answer",
+        ClusterError::Url(_) | ClusterError::Store(_) => "store",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn store_keys_tag_the_group_and_spell_the_key() {
+        let mut key = PrefixKey::default();
+        key.addr[15] = 0xab;
+        assert_eq!(
+            store_key("webhook", &key),
+            "door:{webhook}:000000000000000000000000000000ab"
+        );
+    }
+
+    #[test]
+    fn division_never_goes_below_the_minimum_rate() {
+        let b = Budget::webhook();
+        assert!((divided(b, 5).rate - b.rate / 5.0).abs() < 1e-9);
+        let slow = Budget {
+            rate: crate::limit::MIN_RATE,
+            ..b
+        };
+        assert!(divided(slow, 3).rate >= crate::limit::MIN_RATE);
+        assert!((divided(b, 0).rate - b.rate).abs() < 1e-9);
+    }
+}

@@ -1,0 +1,420 @@
+//! Budget sharing between doors (docs/design.md, "Cluster"): Debian's `redis-server` on a free
+//! loopback port, three door fronts in-process on 127.0.0.1 sharing it, each with its own clock.
+//! The sync task runs on tokio's real time; every wait is bounded. Without `redis-server` each
+//! test prints `door-test: skipped (needs redis-server): cluster TEST` and passes.
+
+#![expect(
+    clippy::unwrap_used,
+    clippy::indexing_slicing,
+    reason = "test helpers outside #[test] functions fail loudly by design"
+)]
+
+use std::{
+    convert::Infallible,
+    io::Write as _,
+    net::SocketAddr,
+    process::{Child, Command, Stdio},
+    sync::Arc,
+    time::Duration,
+};
+
+use bytes::Bytes;
+use door_daemon::{
+    cluster::{self, Cluster, ClusterMetrics, State},
+    config::Config,
+    http::{App, ConnSettings, Front},
+    obs::metrics::Metrics,
+    time::{Clock, MonotonicClock},
+};
+use http::{Request, Response, StatusCode};
+use http_body_util::{Empty, Full};
+use hyper::body::Incoming;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use tokio::{
+    net::{TcpListener, TcpStream},
+    time::Instant,
+};
+
+const SYNC: Duration = Duration::from_millis(50);
+const RATE: f64 = 2.0;
+const BURST: u32 = 20;
+const DOORS: u32 = 3;
+
+/// Whether `redis-server` is on this machine; if not, prints the skip marker for this test.
+fn redis_or_skip() -> bool {
+    let found = Command::new("redis-server")
+        .arg("--version")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    if !found {
+        let thread = std::thread::current();
+        let line = format!(
+            "\ndoor-test: skipped (needs redis-server): cluster {}\n",
+            thread.name().unwrap_or("(unnamed)")
+        );
+        let mut out = std::io::stdout().lock();
+        let _ = out.write_all(line.as_bytes()).and_then(|()| out.flush());
+    }
+    found
+}
+
+/// A redis-server on 127.0.0.1:`port`, killed on drop.
+struct Redis(Child);
+
+impl Redis {
+    async fn start(port: u16) -> Self {
+        let child = Command::new("redis-server")
+            .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+            .args(["--save", "", "--appendonly", "no"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while TcpStream::connect(("127.0.0.1", port)).await.is_err() {
+            assert!(Instant::now() < deadline, "redis-server did not start");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        Self(child)
+    }
+
+    fn kill(mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+impl Drop for Redis {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// A door's clock: the monotonic clock moved `offset_ns` ahead.
+#[derive(Debug)]
+struct Offset(MonotonicClock, u64);
+
+impl Clock for Offset {
+    fn now_ns(&self) -> u64 {
+        self.0.now_ns() + self.1
+    }
+}
+
+async fn upstream() -> SocketAddr {
+    let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((s, _)) = l.accept().await {
+            tokio::spawn(async move {
+                let svc = hyper::service::service_fn(|_req: Request<Incoming>| async {
+                    Ok::<_, Infallible>(Response::new(Full::new(Bytes::from_static(b"ok"))))
+                });
+                let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
+                    .serve_connection(TokioIo::new(s), svc)
+                    .await;
+            });
+        }
+    });
+    addr
+}
+
+fn config(upstream: SocketAddr, redis_port: u16) -> Config {
+    Config::from_toml(
+        "cluster.toml",
+        &format!(
+            r#"
+listen = ["127.0.0.1:0"]
+upstream = "http://{upstream}"
+admin_listen = "off"
+trusted_proxies = ["127.0.0.1/32"]
+[[route]]
+group = "link"
+path = "/l/{{id}}"
+[group.link]
+rate = {RATE}
+burst = {BURST}
+per_client = 4
+charge = "always"
+[cluster]
+redis = "redis://127.0.0.1:{redis_port}/0"
+sync_interval = "50ms"
+timeout = "100ms"
+"#
+        ),
+    )
+    .unwrap()
+}
+
+struct Door {
+    addr: SocketAddr,
+    front: Front,
+    cluster: Cluster,
+}
+
+async fn door(cfg: &Config, clock: Arc<dyn Clock>, id: &str) -> Door {
+    let app = Arc::new(App::new(cfg, &clock, &Metrics::noop(), None));
+    let meter = opentelemetry::global::meter("door-test");
+    let cluster = cluster::spawn(
+        &cfg.cluster,
+        Arc::clone(&app),
+        ClusterMetrics::new(&meter),
+        id.to_owned(),
+    )
+    .unwrap();
+    let front = Front::new(app, ConnSettings::from_config(cfg), None);
+    let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    front.serve(l, false);
+    Door {
+        addr,
+        front,
+        cluster,
+    }
+}
+
+async fn doors(cfg: &Config, offsets_s: [u64; 3]) -> Vec<Door> {
+    let mut v = Vec::new();
+    for (i, off) in offsets_s.into_iter().enumerate() {
+        let clock: Arc<dyn Clock> = Arc::new(Offset(MonotonicClock::new(), off * 1_000_000_000));
+        v.push(door(cfg, clock, &format!("door-{i}")).await);
+    }
+    v
+}
+
+/// Waits (at most `within`) until every door is in `state`; false if not all got there.
+async fn all_reach(doors: &[Door], state: State, within: Duration) -> bool {
+    let deadline = Instant::now() + within;
+    loop {
+        if doors
+            .iter()
+            .all(|d| d.cluster.status().snapshot().state == state)
+        {
+            return true;
+        }
+        if Instant::now() > deadline {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// Waits (at most 3 s) until every door has seen all [`DOORS`] alive.
+async fn all_see_each_other(doors: &[Door]) -> bool {
+    let deadline = Instant::now() + Duration::from_secs(3);
+    while doors
+        .iter()
+        .any(|d| d.cluster.status().snapshot().doors != DOORS)
+    {
+        if Instant::now() > deadline {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    true
+}
+
+/// The `link` group's rate on door `d`, tokens/s.
+fn link_rate(d: &Door) -> f64 {
+    d.front
+        .app()
+        .limiters()
+        .iter()
+        .find(|l| l.group() == "link")
+        .unwrap()
+        .budget()
+        .rate
+}
+
+/// One request from `client`: its status and how long it took.
+async fn send(d: &Door, client: &str) -> (StatusCode, Duration) {
+    let started = Instant::now();
+    let s = TcpStream::connect(d.addr).await.unwrap();
+    let (mut c, conn) = hyper::client::conn::http1::handshake(TokioIo::new(s))
+        .await
+        .unwrap();
+    tokio::spawn(conn);
+    let req = Request::get("/l/x")
+        .header("host", "door.test")
+        .header("x-forwarded-for", client)
+        .body(Empty::<Bytes>::new())
+        .unwrap();
+    let res = c.send_request(req).await.unwrap();
+    (res.status(), started.elapsed())
+}
+
+/// Requests from `client` every `pace` for `for_`, round-robin over `doors`: admitted per door,
+/// the latencies, and the time it took.
+async fn spread(
+    doors: &[&Door],
+    client: &str,
+    pace: Duration,
+    for_: Duration,
+) -> (Vec<u32>, Vec<Duration>, Duration) {
+    let started = Instant::now();
+    let mut admitted = vec![0; doors.len()];
+    let mut latencies = Vec::new();
+    let mut i = 0;
+    let mut tick = tokio::time::interval(pace);
+    while started.elapsed() < for_ {
+        tick.tick().await;
+        let (status, took) = send(doors[i % doors.len()], client).await;
+        latencies.push(took);
+        match status {
+            StatusCode::OK => admitted[i % doors.len()] += 1,
+            StatusCode::TOO_MANY_REQUESTS => {}
+            s => assert_eq!(s, StatusCode::OK, "unexpected status"),
+        }
+        i += 1;
+    }
+    (admitted, latencies, started.elapsed())
+}
+
+/// The documented worst case (docs/design.md, "Cluster"): `burst + rate × t + (N − 1) × burst
+/// + N × rate × sync_interval`, in tokens.
+fn worst_case(t: Duration, rate: f64) -> f64 {
+    let n = f64::from(DOORS);
+    f64::from(BURST)
+        + rate * t.as_secs_f64()
+        + (n - 1.0) * f64::from(BURST)
+        + n * rate * SYNC.as_secs_f64()
+}
+
+fn p99(mut v: Vec<Duration>) -> Duration {
+    v.sort();
+    v[(v.len() * 99 / 100).min(v.len() - 1)]
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_spread_over_three_doors_gets_one_budget_whatever_their_clocks() {
+    if !redis_or_skip() {
+        return;
+    }
+    let port = free_port();
+    let _redis = Redis::start(port).await;
+    let cfg = config(upstream().await, port);
+    // The third door's clock is 7 s ahead of the others': only the store's clock counts.
+    let doors = doors(&cfg, [0, 0, 7]).await;
+    assert!(
+        all_reach(&doors, State::Synced, Duration::from_secs(3)).await,
+        "the doors did not sync"
+    );
+    assert!(
+        all_see_each_other(&doors).await,
+        "the doors did not see each other"
+    );
+    let refs: Vec<&Door> = doors.iter().collect();
+    let (admitted, latencies, took) = spread(
+        &refs,
+        "198.51.100.7",
+        Duration::from_millis(10),
+        Duration::from_secs(3),
+    )
+    .await;
+    let total: u32 = admitted.iter().sum();
+    let alone = f64::from(BURST) + RATE * took.as_secs_f64();
+    eprintln!(
+        "admitted per door {admitted:?}, total {total}, one door alone {alone:.1}, took {took:?}"
+    );
+    assert!(f64::from(total) >= f64::from(BURST), "{total} < burst");
+    assert!(
+        f64::from(total) <= worst_case(took, RATE),
+        "{total} over the documented bound"
+    );
+    // Paced requests: far below three budgets, and below two.
+    assert!(
+        total < 2 * BURST,
+        "{total} admitted: the doors did not share the budget"
+    );
+    // The door whose clock is off admits like the others.
+    let (lo, hi) = (
+        admitted[..2].iter().min().unwrap(),
+        admitted[..2].iter().max().unwrap(),
+    );
+    assert!(
+        admitted[2] + 3 >= *lo && admitted[2] <= hi + 3,
+        "the offset door admitted {} against {admitted:?}",
+        admitted[2]
+    );
+    assert!(p99(latencies) < Duration::from_millis(50));
+
+    // Another client is independent: its whole burst, at once, on one door.
+    let mut other = 0;
+    for _ in 0..BURST {
+        if send(&doors[1], "203.0.113.9").await.0 == StatusCode::OK {
+            other += 1;
+        }
+    }
+    assert_eq!(other, BURST);
+    drop(doors);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_the_store_doors_serve_at_rate_over_n_and_resync_when_it_returns() {
+    if !redis_or_skip() {
+        return;
+    }
+    let port = free_port();
+    let redis = Redis::start(port).await;
+    let cfg = config(upstream().await, port);
+    let doors = doors(&cfg, [0, 0, 0]).await;
+    assert!(
+        all_reach(&doors, State::Synced, Duration::from_secs(3)).await,
+        "the doors did not sync"
+    );
+    assert!(
+        all_see_each_other(&doors).await,
+        "the doors did not see each other"
+    );
+
+    redis.kill();
+    assert!(
+        all_reach(&doors, State::Degraded, Duration::from_secs(2)).await,
+        "the doors did not notice the store was gone"
+    );
+    for d in &doors {
+        let rate = link_rate(d);
+        assert!((rate - RATE / f64::from(DOORS)).abs() < 1e-9, "rate {rate}");
+    }
+    // A new client on one door: its burst, then rate / N, and no request waits on the store.
+    let (admitted, latencies, took) = spread(
+        &[&doors[0]],
+        "198.51.100.8",
+        Duration::from_millis(10),
+        Duration::from_secs(2),
+    )
+    .await;
+    let bound = f64::from(BURST) + RATE / f64::from(DOORS) * took.as_secs_f64() + 1.0;
+    eprintln!("degraded: admitted {admitted:?} in {took:?} (bound {bound:.1})");
+    assert!(f64::from(admitted[0]) <= bound);
+    assert!(admitted[0] >= BURST);
+    let p = p99(latencies);
+    assert!(
+        p < Duration::from_millis(50),
+        "p99 {p:?} while the store is gone"
+    );
+    for d in &doors {
+        assert_eq!(d.cluster.status().snapshot().state, State::Degraded);
+    }
+
+    let _redis = Redis::start(port).await;
+    assert!(
+        all_reach(&doors, State::Synced, Duration::from_secs(5)).await,
+        "the doors did not sync again"
+    );
+    for d in &doors {
+        assert!((link_rate(d) - RATE).abs() < 1e-9);
+        let json = d.cluster.status().json();
+        assert_eq!(json["state"], "synced");
+    }
+}
