@@ -292,6 +292,14 @@ fn bad_front_keys_are_named() {
             .starts_with("otlp.endpoint = \"127.0.0.1:4318\"")
     );
     assert!(err("[otlp]\ninterval = \"0s\"").starts_with("otlp.interval = \"0s\""));
+    assert!(
+        err("[cluster]\nredis = \"http://127.0.0.1:6379\"")
+            .starts_with("cluster.redis = \"http://127.0.0.1:6379\"")
+    );
+    assert!(
+        err("[cluster]\nredis = \"redis://h\"\nsync_interval = \"0s\"")
+            .starts_with("cluster.sync_interval = \"0s\"")
+    );
 }
 
 #[test]

@@ -216,6 +216,48 @@ fn quota_reads_without_changing_anything() {
 }
 
 #[test]
+fn spends_are_recorded_drained_once_and_remote_deficits_fold_in() {
+    let clock = Arc::new(ManualClock::at(1_000));
+    let budget = Budget {
+        rate: 1.0,
+        burst: 4,
+        per_client: 4,
+        charge: Charge::Always,
+        ..Budget::webhook()
+    };
+    let lim = Arc::new(GroupLimiter::new(
+        "g",
+        budget,
+        true,
+        clock,
+        Arc::new(Unobserved),
+    ));
+    let mut out = Vec::new();
+    // Off by default: nothing is recorded.
+    lim.admit(key(1)).unwrap().settle(Spend::Token);
+    assert_eq!(lim.drain_spent(&mut out), 0);
+    assert!(out.is_empty());
+    lim.record_spent(16);
+    lim.admit(key(1)).unwrap().settle(Spend::Token);
+    lim.admit(key(1)).unwrap().settle(Spend::Token);
+    lim.admit(key(2)).unwrap().refund();
+    lim.drain_spent(&mut out);
+    out.sort_by_key(|(k, _)| k.addr);
+    assert_eq!(out, vec![(key(1), 2)]);
+    lim.drain_spent(&mut out);
+    assert!(out.is_empty());
+    // Key 1 holds 1 token here; a remote deficit of 4 tokens leaves it none.
+    assert_eq!(lim.quota(&key(1)).remaining, 1);
+    assert!(lim.fold_deficit(&key(1), 4 * budget.interval_ns()));
+    assert_eq!(lim.quota(&key(1)).remaining, 0);
+    assert!(lim.admit(key(1)).is_err());
+    // A smaller remote deficit changes nothing; an unknown key is left alone.
+    assert!(lim.fold_deficit(&key(1), 1));
+    assert_eq!(lim.quota(&key(1)).remaining, 0);
+    assert!(!lim.fold_deficit(&key(9), 1));
+}
+
+#[test]
 fn quota_subtracts_held_tokens() {
     let clock = Arc::new(ManualClock::at(0));
     let lim = Arc::new(GroupLimiter::new(
