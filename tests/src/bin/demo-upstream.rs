@@ -4,24 +4,41 @@
 //! - `POST /webhooks/github`: 200 `{"received_bytes": N}` (reads the whole body).
 //! - `GET /l/session/{id}`: 200, a one-line page naming the session.
 //! - `/healthz`: 200 `ok`.
+//! - `/slow`: as `?delay_ms=1000` below (`?ms=N` sets the delay).
+//! - `/stream`: as `?chunks=16&chunk_bytes=1024&chunk_ms=50` below.
+//! - `/echo`: as `?echo=1` below.
 //! - anything else: 200, JSON echo of the method, path and the forwarding headers it received.
 //!
 //! Any request may carry `x-demo-status: NNN` (or `?status=NNN`) to get that status instead, which
-//! is how tests make the upstream answer 4xx.
+//! is how tests make the upstream answer 4xx. Any request may also carry, in its query:
+//!
+//! - `delay_ms=N`: the response head is sent after N ms (at most [`MAX_DELAY_MS`]);
+//! - `chunks=N&chunk_bytes=S&chunk_ms=M`: the body is N chunks of S bytes (`x`), one every M ms,
+//!   streamed (at most [`MAX_CHUNKS`] chunks of [`MAX_CHUNK_BYTES`]); the soak test's streaming
+//!   responses and slow readers;
+//!   with `sse=1`, typed `text/event-stream` (a stream to door);
+//! - `echo=1`: the body is the request body, streamed back as it arrives.
 
-use std::{convert::Infallible, net::SocketAddr};
+use std::{
+    convert::Infallible,
+    net::SocketAddr,
+    pin::Pin,
+    task::{Context, Poll},
+    time::Duration,
+};
 
 use anyhow::Context as _;
 use bytes::Bytes;
 use clap::Parser;
 use http::{Request, Response, StatusCode, header};
 use http_body_util::{BodyExt, Full};
-use hyper::body::Incoming;
+use hyper::body::{Body, Frame, Incoming};
 use hyper_util::{
     rt::{TokioExecutor, TokioIo},
     server::conn::auto,
 };
 use serde_json::json;
+use tokio::sync::mpsc;
 
 /// Demo upstream for door.
 #[derive(Debug, Parser)]
@@ -59,7 +76,66 @@ async fn serve(addr: SocketAddr) -> anyhow::Result<()> {
     }
 }
 
-async fn handle(req: Request<Incoming>) -> Result<Response<Full<Bytes>>, Infallible> {
+/// The longest `delay_ms` honoured.
+const MAX_DELAY_MS: u64 = 10_000;
+/// The most chunks a streamed body has.
+const MAX_CHUNKS: u64 = 10_000;
+/// The largest chunk of a streamed body.
+const MAX_CHUNK_BYTES: usize = 64 << 10;
+
+/// A response body: a whole one, streamed chunks, or the request body echoed back.
+enum Reply {
+    Whole(Full<Bytes>),
+    Chunks(mpsc::Receiver<Bytes>),
+    Echo(Incoming),
+}
+
+impl Body for Reply {
+    type Data = Bytes;
+    type Error = hyper::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+        match self.get_mut() {
+            Self::Whole(full) => Pin::new(full)
+                .poll_frame(cx)
+                .map_err(|never| match never {}),
+            Self::Chunks(rx) => rx.poll_recv(cx).map(|c| c.map(|c| Ok(Frame::data(c)))),
+            Self::Echo(body) => Pin::new(body).poll_frame(cx),
+        }
+    }
+}
+
+/// The query parameter `name` as a number.
+fn query_num(req: &Request<Incoming>, name: &str) -> Option<u64> {
+    req.uri().query()?.split('&').find_map(|kv| {
+        kv.strip_prefix(name)?
+            .strip_prefix('=')
+            .and_then(|v| v.parse().ok())
+    })
+}
+
+/// The body of `chunks` chunks of `bytes` bytes, one every `every`, sent by a task that ends when
+/// the body is dropped (door or its client went away).
+fn chunked(chunks: u64, bytes: usize, every: Duration) -> Reply {
+    let (tx, rx) = mpsc::channel(1);
+    let chunk = Bytes::from(vec![b'x'; bytes.min(MAX_CHUNK_BYTES)]);
+    tokio::spawn(async move {
+        for i in 0..chunks.min(MAX_CHUNKS) {
+            if i > 0 && !every.is_zero() {
+                tokio::time::sleep(every).await;
+            }
+            if tx.send(chunk.clone()).await.is_err() {
+                return;
+            }
+        }
+    });
+    Reply::Chunks(rx)
+}
+
+async fn handle(req: Request<Incoming>) -> Result<Response<Reply>, Infallible> {
     let forced = req
         .headers()
         .get("x-demo-status")
@@ -74,6 +150,22 @@ async fn handle(req: Request<Incoming>) -> Result<Response<Full<Bytes>>, Infalli
         .and_then(|s| s.parse::<u16>().ok())
         .and_then(|s| StatusCode::from_u16(s).ok());
     let path = req.uri().path().to_owned();
+    let delay = query_num(&req, "delay_ms")
+        .or_else(|| (path == "/slow").then(|| query_num(&req, "ms").unwrap_or(1000)))
+        .map(|ms| Duration::from_millis(ms.min(MAX_DELAY_MS)));
+    let chunks = query_num(&req, "chunks").map(|n| {
+        (
+            n,
+            query_num(&req, "chunk_bytes").unwrap_or(1024),
+            query_num(&req, "chunk_ms").unwrap_or(0),
+        )
+    });
+    let chunks = chunks.or_else(|| (path == "/stream").then_some((16, 1024, 50)));
+    let echo_body = path == "/echo" || query_num(&req, "echo") == Some(1);
+    let sse = query_num(&req, "sse") == Some(1);
+    if let Some(delay) = delay {
+        tokio::time::sleep(delay).await;
+    }
     let header = |name: &str| {
         req.headers()
             .get_all(name)
@@ -90,7 +182,28 @@ async fn handle(req: Request<Incoming>) -> Result<Response<Full<Bytes>>, Infalli
         "x_forwarded_proto": header("x-forwarded-proto"),
         "forwarded": header("forwarded"),
     });
-    let (content_type, body) = if path == "/webhooks/github" {
+    let (content_type, body) = if echo_body {
+        let mut res = Response::new(Reply::Echo(req.into_body()));
+        *res.status_mut() = forced.unwrap_or(StatusCode::OK);
+        res.headers_mut().insert(
+            header::CONTENT_TYPE,
+            http::HeaderValue::from_static("application/octet-stream"),
+        );
+        return Ok(res);
+    } else if let Some((n, bytes, ms)) = chunks {
+        let bytes = usize::try_from(bytes).unwrap_or(MAX_CHUNK_BYTES);
+        let mut res = Response::new(chunked(n, bytes, Duration::from_millis(ms)));
+        *res.status_mut() = forced.unwrap_or(StatusCode::OK);
+        res.headers_mut().insert(
+            header::CONTENT_TYPE,
+            http::HeaderValue::from_static(if sse {
+                "text/event-stream"
+            } else {
+                "text/plain"
+            }),
+        );
+        return Ok(res);
+    } else if path == "/webhooks/github" {
         let n = req
             .into_body()
             .collect()
@@ -107,7 +220,7 @@ async fn handle(req: Request<Incoming>) -> Result<Response<Full<Bytes>>, Infalli
     } else {
         ("application/json", echo.to_string())
     };
-    let mut res = Response::new(Full::new(Bytes::from(body)));
+    let mut res = Response::new(Reply::Whole(Full::new(Bytes::from(body))));
     *res.status_mut() = forced.unwrap_or(StatusCode::OK);
     res.headers_mut().insert(
         header::CONTENT_TYPE,
