@@ -12,8 +12,9 @@
 //!   checked where its content is known (an echo equals what was sent, a stream has its length,
 //!   a webhook's `received_bytes` is the body's length);
 //! - clients that abort: half a request head then a hang-up; a body shorter than its
-//!   `Content-Length` then a hang-up (HTTP/1.1); an HTTP/2 request body broken off by
-//!   `RST_STREAM` or by dropping the connection;
+//!   `Content-Length` then a hang-up (HTTP/1.1); a whole request to a slow answer, then a
+//!   hang-up while door waits for the upstream; an HTTP/2 request broken off by `RST_STREAM` or
+//!   by dropping the connection;
 //! - slow readers of a 4 MiB answer (a tiny receive buffer, or a small HTTP/2 window; a few bytes
 //!   a second), dropped after a few seconds;
 //! - slowloris heads: a header line every 2 s, until door closes the connection (at most 30 s);
@@ -84,6 +85,8 @@ const H1_REQUESTS_PER_CONN: u32 = 50;
 const H2_REQUESTS_PER_SLOT: u32 = 50;
 /// Streams one HTTP/2 connection runs at once.
 const H2_STREAMS: u64 = 6;
+/// Rounds (connections, or attempts) one task makes at most, whatever the time left.
+const MAX_ROUNDS: u32 = 1_000_000;
 /// The bound of request heads door promises (64 KiB), and so what the oversized heads exceed.
 const HEAD_LIMIT: usize = 64 << 10;
 
@@ -488,7 +491,10 @@ where
 async fn h1_task(ctx: Ctx, peer: Peer, task: u64) {
     let mut rng = Rng::new(task);
     let authority = peer.door.to_string();
-    while !ctx.over() {
+    for _ in 0..MAX_ROUNDS {
+        if ctx.over() {
+            break;
+        }
         let stream = match connect(peer, None).await {
             Ok(s) => s,
             Err(e) => {
@@ -528,7 +534,10 @@ async fn h1_task(ctx: Ctx, peer: Peer, task: u64) {
 async fn h2_task(ctx: Ctx, peer: Peer, task: u64) {
     let authority = peer.door.to_string();
     let mut round = 0;
-    while !ctx.over() {
+    for _ in 0..MAX_ROUNDS {
+        if ctx.over() {
+            break;
+        }
         round += 1;
         let stream = match connect(peer, None).await {
             Ok(s) => s,
@@ -578,7 +587,10 @@ async fn h2_task(ctx: Ctx, peer: Peer, task: u64) {
 async fn abort_head_task(ctx: Ctx, peer: Peer, task: u64) {
     let mut rng = Rng::new(task);
     let kind = "h1 abort head";
-    while !ctx.over() {
+    for _ in 0..MAX_ROUNDS {
+        if ctx.over() {
+            break;
+        }
         match connect(peer, None).await {
             Ok(mut s) => {
                 let target = if rng.range(0, 2) == 0 {
@@ -603,7 +615,10 @@ async fn abort_head_task(ctx: Ctx, peer: Peer, task: u64) {
 async fn abort_body_task(ctx: Ctx, peer: Peer, task: u64) {
     let mut rng = Rng::new(task);
     let kind = "h1 abort body";
-    while !ctx.over() {
+    for _ in 0..MAX_ROUNDS {
+        if ctx.over() {
+            break;
+        }
         match connect(peer, None).await {
             Ok(mut s) => {
                 let target = if rng.range(0, 2) == 0 {
@@ -619,6 +634,41 @@ async fn abort_body_task(ctx: Ctx, peer: Peer, task: u64) {
                 let _ = s.write_all(head.as_bytes()).await;
                 let _ = s.write_all(&rng.bytes(1000)).await;
                 ctx.pause(Duration::from_millis(rng.range(100, 600))).await;
+                drop(s);
+                ctx.with(kind, |k| k.aborted += 1);
+            }
+            Err(_) => ctx.with(kind, |k| k.connect_failed += 1),
+        }
+        ctx.pause(Duration::from_millis(rng.range(50, 150))).await;
+    }
+}
+
+/// Whole requests to slow answers (a limited route, a webhook, a pass-through route), the
+/// client hanging up while door waits for the upstream: door must abort the upstream call and
+/// release the request's slot.
+async fn abort_wait_task(ctx: Ctx, peer: Peer, task: u64) {
+    let mut rng = Rng::new(task);
+    let kind = "h1 abort waiting";
+    for _ in 0..MAX_ROUNDS {
+        if ctx.over() {
+            break;
+        }
+        match connect(peer, None).await {
+            Ok(mut s) => {
+                let request = match rng.range(0, 3) {
+                    0 => format!(
+                        "GET /l/session/wait?delay_ms=2000 HTTP/1.1\r\nHost: {}\r\n\r\n",
+                        peer.door
+                    ),
+                    1 => format!(
+                        "POST /webhooks/github?delay_ms=2000 HTTP/1.1\r\nHost: {}\r\n\
+                         Content-Length: 2\r\n\r\n{{}}",
+                        peer.door
+                    ),
+                    _ => format!("GET /slow?ms=2000 HTTP/1.1\r\nHost: {}\r\n\r\n", peer.door),
+                };
+                let _ = s.write_all(request.as_bytes()).await;
+                ctx.pause(Duration::from_millis(rng.range(100, 800))).await;
                 drop(s);
                 ctx.with(kind, |k| k.aborted += 1);
             }
@@ -652,7 +702,10 @@ impl Body for Fed {
 async fn h2_abort_task(ctx: Ctx, peer: Peer, task: u64) {
     let mut rng = Rng::new(task);
     let authority = peer.door.to_string();
-    while !ctx.over() {
+    for _ in 0..MAX_ROUNDS {
+        if ctx.over() {
+            break;
+        }
         let Ok(stream) = connect(peer, None).await else {
             ctx.with("h2 abort body", |k| k.connect_failed += 1);
             ctx.pause(Duration::from_millis(200)).await;
@@ -674,21 +727,32 @@ async fn h2_abort_task(ctx: Ctx, peer: Peer, task: u64) {
                 break;
             }
             let (tx, rx) = mpsc::channel(4);
-            let target = if rng.range(0, 2) == 0 {
-                "/webhooks/github"
-            } else {
-                "/echo"
+            let (target, whole) = match rng.range(0, 3) {
+                0 => ("/webhooks/github", false),
+                1 => ("/echo", false),
+                // A whole request, reset while door waits for the upstream's answer.
+                _ => ("/l/session/wait?delay_ms=2000", true),
             };
-            let Ok(req) = Request::post(format!("http://{authority}{target}"))
-                .header("content-length", "65536")
-                .body(Fed(rx))
-            else {
+            let req = if whole {
+                Request::get(format!("http://{authority}{target}")).body(Fed(rx))
+            } else {
+                Request::post(format!("http://{authority}{target}"))
+                    .header("content-length", "65536")
+                    .body(Fed(rx))
+            };
+            let Ok(req) = req else {
                 break;
             };
-            let _ = tx.send(rng.bytes(1000)).await;
+            let tx = if whole {
+                drop(tx);
+                None
+            } else {
+                let _ = tx.send(rng.bytes(1000)).await;
+                Some(tx)
+            };
             let response = sender.send_request(req);
             // The answer's head may come (the echo answers at once) or not (the webhook reads
-            // the whole body first): either way, give up after a moment.
+            // the whole body first, the slow link waits 2 s): either way, give up after a moment.
             let _ = timeout(Duration::from_millis(rng.range(100, 500)), response).await;
             drop(tx);
             let kind = if i < 3 {
@@ -712,7 +776,10 @@ async fn h2_abort_task(ctx: Ctx, peer: Peer, task: u64) {
 async fn slow_reader_task(ctx: Ctx, peer: Peer, task: u64) {
     let mut rng = Rng::new(task);
     let kind = "h1 slow reader";
-    while !ctx.over() {
+    for _ in 0..MAX_ROUNDS {
+        if ctx.over() {
+            break;
+        }
         let Ok(mut s) = connect(peer, Some(4096)).await else {
             ctx.with(kind, |k| k.connect_failed += 1);
             ctx.pause(Duration::from_millis(200)).await;
@@ -755,7 +822,10 @@ async fn h2_slow_reader_task(ctx: Ctx, peer: Peer, task: u64) {
     let mut rng = Rng::new(task);
     let kind = "h2 slow reader";
     let authority = peer.door.to_string();
-    while !ctx.over() {
+    for _ in 0..MAX_ROUNDS {
+        if ctx.over() {
+            break;
+        }
         let Ok(stream) = connect(peer, None).await else {
             ctx.with(kind, |k| k.connect_failed += 1);
             ctx.pause(Duration::from_millis(200)).await;
@@ -813,7 +883,10 @@ async fn h2_slow_reader_task(ctx: Ctx, peer: Peer, task: u64) {
 async fn slowloris_task(ctx: Ctx, peer: Peer, task: u64) {
     let mut rng = Rng::new(task);
     let kind = "h1 slowloris";
-    while !ctx.over() {
+    for _ in 0..MAX_ROUNDS {
+        if ctx.over() {
+            break;
+        }
         let Ok(mut s) = connect(peer, None).await else {
             ctx.with(kind, |k| k.connect_failed += 1);
             ctx.pause(Duration::from_millis(200)).await;
@@ -860,7 +933,10 @@ async fn oversized_task(ctx: Ctx, peer: Peer, task: u64) {
     let authority = peer.door.to_string();
     let big = "a".repeat(HEAD_LIMIT + 6 * 1024);
     let mut round = 0_u64;
-    while !ctx.over() {
+    for _ in 0..MAX_ROUNDS {
+        if ctx.over() {
+            break;
+        }
         round += 1;
         let target = if round.is_multiple_of(2) {
             "/l/session/big"
@@ -952,7 +1028,10 @@ async fn oversized_h2(ctx: &Ctx, peer: Peer, authority: &str, target: &str, big:
 
 /// Prints `soak-client: progress {…}` every second until the deadline.
 async fn progress(ctx: Ctx, start: Instant) {
-    while !ctx.over() {
+    for _ in 0..MAX_ROUNDS {
+        if ctx.over() {
+            break;
+        }
         ctx.pause(Duration::from_secs(1)).await;
         let (sent, answered, aborted) = {
             let stats = ctx.stats.lock().unwrap_or_else(PoisonError::into_inner);
@@ -1003,11 +1082,12 @@ async fn run(args: Args) -> anyhow::Result<()> {
         p.map(|p| (p, n))
     };
     let mut tasks = JoinSet::new();
-    let plan: [(usize, Task); 9] = [
+    let plan: [(usize, Task); 10] = [
         (6, |c, p, t| Box::pin(h1_task(c, p, t))),
         (3, |c, p, t| Box::pin(h2_task(c, p, t))),
         (1, |c, p, t| Box::pin(abort_head_task(c, p, t))),
         (1, |c, p, t| Box::pin(abort_body_task(c, p, t))),
+        (1, |c, p, t| Box::pin(abort_wait_task(c, p, t))),
         (1, |c, p, t| Box::pin(h2_abort_task(c, p, t))),
         (1, |c, p, t| Box::pin(slow_reader_task(c, p, t))),
         (1, |c, p, t| Box::pin(h2_slow_reader_task(c, p, t))),
