@@ -8,8 +8,9 @@
 //!   127.0.0.1:9901 (read with curl inside the namespace). door's stderr goes to
 //!   `target/soak/door.log`.
 //! - The traffic is `soak-client` (tests/src/bin/soak-client.rs) in the client namespace:
-//!   HTTP/1.1 and h2c, limited and pass-through routes, aborted heads and bodies, reset streams,
-//!   slow readers, slowloris heads, heads over 64 KiB.
+//!   HTTP/1.1 and h2c, limited and pass-through routes, aborted heads and bodies, hang-ups while
+//!   door waits for a slow answer, reset streams, slow readers, slowloris heads, heads over
+//!   64 KiB.
 //! - Meanwhile door gets SIGHUP every [`RELOAD_EVERY`] (two valid configurations in turn, the
 //!   `link` rate differing), and the upstream is killed every [`OUTAGE_EVERY`] and started again
 //!   [`OUTAGE_FOR`] later (502s are expected then, and only then).
@@ -742,7 +743,7 @@ impl Soak {
 
     fn kill_upstream(&mut self) {
         if let Some(mut up) = self.upstream.take() {
-            let _ = up.signal(Signal::KILL);
+            // SIGKILL: the upstream dies as a crashed application does, mid-answer.
             up.kill();
         }
     }
@@ -791,8 +792,8 @@ impl Soak {
         Proc::spawn("soak-client", cmd, &self.dir.join(log))
     }
 
-    /// Waits for the client's report line, bounded by `limit`, passing progress lines to
-    /// `on_progress` and doing `tick` every 100 ms meanwhile.
+    /// Waits for the client's report line, bounded by `limit`, calling `tick` with its latest
+    /// progress line every 100 ms meanwhile.
     fn await_report(
         &mut self,
         client: &mut Proc,
@@ -829,19 +830,20 @@ impl Soak {
 
     /// Waits at least [`SETTLE_MIN`] and until nothing is in flight and door is back within its
     /// margins of `baseline` (when given), at most [`SETTLE_MAX`]; returns the last sample and
-    /// status.
-    fn settle(&mut self, baseline: Option<&Sample>) -> anyhow::Result<(Sample, Value, Duration)> {
+    /// status (an empty sample and `null` when door or its `/status` did not answer: the checks
+    /// then fail and say so).
+    fn settle(&self, baseline: Option<&Sample>) -> (Sample, Value, Duration) {
         let start = Instant::now();
         std::thread::sleep(SETTLE_MIN);
         loop {
-            let st = status(&self.netns.door)?;
-            let s = sample(self.door_pid()?)?;
-            let idle = group_slots(&st).iter().all(|(_, i, s)| *i == 0 && *s == 0);
+            let st = status(&self.netns.door).unwrap_or(Value::Null);
+            let s = self.door_pid().and_then(sample).unwrap_or_default();
+            let idle = !st.is_null() && group_slots(&st).iter().all(|(_, i, s)| *i == 0 && *s == 0);
             let back = baseline.is_none_or(|b| {
                 s.rss_kib <= b.rss_kib + RSS_MARGIN_KIB && s.fds <= b.fds + FD_MARGIN
             });
             if (idle && back) || start.elapsed() >= SETTLE_MAX {
-                return Ok((s, st, start.elapsed()));
+                return (s, st, start.elapsed());
             }
             std::thread::sleep(Duration::from_millis(500));
         }
@@ -867,7 +869,10 @@ impl Soak {
         drop(warm);
         let (warm_sent, _) = totals(&warm_report);
         self.flush_upstream_pool()?;
-        let (baseline, _, settled) = self.settle(None)?;
+        let (baseline, st, settled) = self.settle(None);
+        if st.is_null() || baseline.fds == 0 {
+            bail!("door did not answer /status or could not be measured after the warm-up");
+        }
         eprintln!(
             "    warm-up: {warm_sent} requests; baseline after {:.1} s: RSS {}, {} fds ({})",
             settled.as_secs_f64(),
@@ -935,8 +940,12 @@ impl Soak {
                 Ok(())
             },
         )?;
-        if restart_at.is_some() {
+        if let Some((_, from)) = restart_at {
             self.start_upstream()?;
+            self.outages.push(Outage {
+                from,
+                to: unix_ms(),
+            });
         }
         drop(client);
         fs::write(self.dir.join("report.json"), format!("{report:#}\n"))?;
@@ -950,7 +959,7 @@ impl Soak {
         );
         self.flush_upstream_pool()?;
         let (end, st, settled) = if self.door.is_some() {
-            self.settle(Some(baseline))?
+            self.settle(Some(baseline))
         } else {
             (Sample::default(), Value::Null, Duration::ZERO)
         };
