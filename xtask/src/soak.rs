@@ -568,7 +568,7 @@ path = "/l/session/{{id}}"
 [[route]]
 group = "health"
 path = "/healthz"
-# Everything else (/echo, /slow, /stream, /events, /pass/...) passes through.
+# Everything else (/echo-body, /slow, /stream, /events, /pass/...) passes through.
 
 [group.webhook]
 charge = "on_failure"

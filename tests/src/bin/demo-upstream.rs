@@ -6,7 +6,7 @@
 //! - `/healthz`: 200 `ok`.
 //! - `/slow`: as `?delay_ms=1000` below (`?ms=N` sets the delay).
 //! - `/stream`: as `?chunks=16&chunk_bytes=1024&chunk_ms=50` below.
-//! - `/echo`: as `?echo=1` below.
+//! - `/echo-body`: as `?echo=1` below (`/echo` is the JSON echo of the next line).
 //! - anything else: 200, JSON echo of the method, path and the forwarding headers it received.
 //!
 //! Any request may carry `x-demo-status: NNN` (or `?status=NNN`) to get that status instead, which
@@ -161,7 +161,7 @@ async fn handle(req: Request<Incoming>) -> Result<Response<Reply>, Infallible> {
         )
     });
     let chunks = chunks.or_else(|| (path == "/stream").then_some((16, 1024, 50)));
-    let echo_body = path == "/echo" || query_num(&req, "echo") == Some(1);
+    let echo_body = path == "/echo-body" || query_num(&req, "echo") == Some(1);
     let sse = query_num(&req, "sse") == Some(1);
     if let Some(delay) = delay {
         tokio::time::sleep(delay).await;

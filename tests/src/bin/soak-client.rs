@@ -7,8 +7,8 @@
 //! - well-formed requests over HTTP/1.1 (one request at a time per connection) and HTTP/2 (h2c
 //!   with prior knowledge, six streams at a time per connection), from every `--sources`
 //!   address, to the limited routes (`webhook`, charged on failure, some answered 400 by the
-//!   upstream; `link`; `health`) and to pass-through ones (the demo upstream's `/echo`, `/slow`,
-//!   `/stream`, a `text/event-stream` answer, a JSON page). Every answer is read to its end and
+//!   upstream; `link`; `health`) and to pass-through ones (the demo upstream's `/echo-body`,
+//!   `/slow`, `/stream`, a `text/event-stream` answer, a JSON page). Every answer is read to its end and
 //!   checked where its content is known (an echo equals what was sent, a stream has its length,
 //!   a webhook's `received_bytes` is the body's length);
 //! - clients that abort: half a request head then a hang-up; a body shorter than its
@@ -335,7 +335,7 @@ fn plan(rng: &mut Rng) -> Planned {
             Planned {
                 route: "echo",
                 method: Method::POST,
-                path_and_query: "/echo".to_owned(),
+                path_and_query: "/echo-body".to_owned(),
                 expect: Expect::Echo(body.clone()),
                 body,
                 status: None,
@@ -624,7 +624,7 @@ async fn abort_body_task(ctx: Ctx, peer: Peer, task: u64) {
                 let target = if rng.range(0, 2) == 0 {
                     "/webhooks/github"
                 } else {
-                    "/echo"
+                    "/echo-body"
                 };
                 let head = format!(
                     "POST {target} HTTP/1.1\r\nHost: {}\r\nContent-Length: 65536\r\n\
@@ -729,7 +729,7 @@ async fn h2_abort_task(ctx: Ctx, peer: Peer, task: u64) {
             let (tx, rx) = mpsc::channel(4);
             let (target, whole) = match rng.range(0, 3) {
                 0 => ("/webhooks/github", false),
-                1 => ("/echo", false),
+                1 => ("/echo-body", false),
                 // A whole request, reset while door waits for the upstream's answer.
                 _ => ("/l/session/wait?delay_ms=2000", true),
             };
