@@ -140,6 +140,8 @@ pub(crate) fn run(minutes: u64, unprivileged: Unprivileged) -> anyhow::Result<()
     setup::toolchain()?;
     setup::require_debian_packages(&["iproute2", "curl"])?;
     step("building door, demo-upstream and soak-client (release)");
+    // door on its own, with the features it ships with (as cargo deb builds it), not unified
+    // with the tests crate's.
     sh(cargo().args([
         "build",
         "--release",
@@ -147,6 +149,10 @@ pub(crate) fn run(minutes: u64, unprivileged: Unprivileged) -> anyhow::Result<()
         "door-daemon",
         "--bin",
         "door",
+    ]))?;
+    sh(cargo().args([
+        "build",
+        "--release",
         "--package",
         "door-tests",
         "--bin",
