@@ -13,7 +13,7 @@ use std::{
 
 use anyhow::{Context as _, bail};
 
-use crate::{Skipped, cargo, deb, display, service, setup, sh, step, vm};
+use crate::{Skipped, cargo, deb, display, service, setup, sh, soak, step, vm};
 
 /// The line a privileged test of `door-tests` prints when it skips itself, followed by
 /// `: SUITE TEST` (`door_tests::SKIP_MARKER`; the same text: xtask does not link door-tests).
@@ -277,6 +277,11 @@ pub(crate) fn all(kernels: Option<&[String]>) -> anyhow::Result<()> {
             "Debian package install test: not root (dpkg -i needs it)".to_owned(),
         );
     }
+    // Without root it prints the privileged suites' skip line and is counted as skipped.
+    t.task(
+        &format!("soak test ({} min)", soak::DEFAULT_MINUTES),
+        || soak::run(soak::DEFAULT_MINUTES, soak::Unprivileged::Skip),
+    );
     if let Some(kernels) = kernels {
         t.vm(kernels);
     }

@@ -8,25 +8,42 @@
 //!   binary messages come back as sent, pings are answered, a close is answered and ends it.
 //! - `GET /events`: 200 `text/event-stream`, `data: tick N` (N from 0) every 100 ms, at most
 //!   [`EVENTS`] of them (then the stream ends), until the client goes away.
+//! - `/slow`: as `?delay_ms=1000` below (`?ms=N` sets the delay).
+//! - `/stream`: as `?chunks=16&chunk_bytes=1024&chunk_ms=50` below.
+//! - `/echo-body`: as `?echo=1` below (`/echo` is the JSON echo of the next line).
 //! - anything else: 200, JSON echo of the method, path and the forwarding headers it received.
 //!
 //! Any request may carry `x-demo-status: NNN` (or `?status=NNN`) to get that status instead, which
-//! is how tests make the upstream answer 4xx.
+//! is how tests make the upstream answer 4xx. Any request may also carry, in its query:
+//!
+//! - `delay_ms=N`: the response head is sent after N ms (at most [`MAX_DELAY_MS`]);
+//! - `chunks=N&chunk_bytes=S&chunk_ms=M`: the body is N chunks of S bytes (`x`), one every M ms,
+//!   streamed (at most [`MAX_CHUNKS`] chunks of [`MAX_CHUNK_BYTES`]); the soak test's streaming
+//!   responses and slow readers;
+//!   with `sse=1`, typed `text/event-stream` (a stream to door);
+//! - `echo=1`: the body is the request body, streamed back as it arrives.
 
-use std::{convert::Infallible, net::SocketAddr, time::Duration};
+use std::{
+    convert::Infallible,
+    net::SocketAddr,
+    pin::Pin,
+    task::{Context, Poll},
+    time::Duration,
+};
 
 use anyhow::Context as _;
 use bytes::Bytes;
 use clap::Parser;
 use futures_util::{SinkExt as _, StreamExt as _};
 use http::{HeaderValue, Method, Request, Response, StatusCode, header};
-use http_body_util::{BodyExt, Empty, Full, StreamBody, combinators::UnsyncBoxBody};
-use hyper::body::{Frame, Incoming};
+use http_body_util::{BodyExt, Full, StreamBody, combinators::UnsyncBoxBody};
+use hyper::body::{Body, Frame, Incoming};
 use hyper_util::{
     rt::{TokioExecutor, TokioIo},
     server::conn::auto,
 };
 use serde_json::json;
+use tokio::sync::mpsc;
 use tokio_tungstenite::{
     WebSocketStream,
     tungstenite::{handshake::derive_accept_key, protocol::Role},
@@ -36,9 +53,6 @@ use tokio_tungstenite::{
 const EVENTS: u64 = 600;
 /// The time between two events of `GET /events`.
 const EVENT_EVERY: Duration = Duration::from_millis(100);
-
-/// A response body: a whole one, or a stream of events.
-type Body = UnsyncBoxBody<Bytes, Infallible>;
 
 /// Demo upstream for door.
 #[derive(Debug, Parser)]
@@ -77,7 +91,71 @@ async fn serve(addr: SocketAddr) -> anyhow::Result<()> {
     }
 }
 
-async fn handle(req: Request<Incoming>) -> Result<Response<Body>, Infallible> {
+/// The longest `delay_ms` honoured.
+const MAX_DELAY_MS: u64 = 10_000;
+/// The most chunks a streamed body has.
+const MAX_CHUNKS: u64 = 10_000;
+/// The largest chunk of a streamed body.
+const MAX_CHUNK_BYTES: usize = 64 << 10;
+
+/// A response body: a whole one, streamed chunks, or the request body echoed back.
+enum Reply {
+    Whole(Full<Bytes>),
+    Chunks(mpsc::Receiver<Bytes>),
+    Echo(Incoming),
+    /// `GET /events`' stream of events.
+    Events(UnsyncBoxBody<Bytes, Infallible>),
+}
+
+impl Body for Reply {
+    type Data = Bytes;
+    type Error = hyper::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+        match self.get_mut() {
+            Self::Whole(full) => Pin::new(full)
+                .poll_frame(cx)
+                .map_err(|never| match never {}),
+            Self::Chunks(rx) => rx.poll_recv(cx).map(|c| c.map(|c| Ok(Frame::data(c)))),
+            Self::Echo(body) => Pin::new(body).poll_frame(cx),
+            Self::Events(body) => Pin::new(body)
+                .poll_frame(cx)
+                .map_err(|never| match never {}),
+        }
+    }
+}
+
+/// The query parameter `name` as a number.
+fn query_num(req: &Request<Incoming>, name: &str) -> Option<u64> {
+    req.uri().query()?.split('&').find_map(|kv| {
+        kv.strip_prefix(name)?
+            .strip_prefix('=')
+            .and_then(|v| v.parse().ok())
+    })
+}
+
+/// The body of `chunks` chunks of `bytes` bytes, one every `every`, sent by a task that ends when
+/// the body is dropped (door or its client went away).
+fn chunked(chunks: u64, bytes: usize, every: Duration) -> Reply {
+    let (tx, rx) = mpsc::channel(1);
+    let chunk = Bytes::from(vec![b'x'; bytes.min(MAX_CHUNK_BYTES)]);
+    tokio::spawn(async move {
+        for i in 0..chunks.min(MAX_CHUNKS) {
+            if i > 0 && !every.is_zero() {
+                tokio::time::sleep(every).await;
+            }
+            if tx.send(chunk.clone()).await.is_err() {
+                return;
+            }
+        }
+    });
+    Reply::Chunks(rx)
+}
+
+async fn handle(req: Request<Incoming>) -> Result<Response<Reply>, Infallible> {
     if req.method() == Method::GET {
         match req.uri().path() {
             "/ws" => return Ok(websocket(req)),
@@ -99,6 +177,22 @@ async fn handle(req: Request<Incoming>) -> Result<Response<Body>, Infallible> {
         .and_then(|s| s.parse::<u16>().ok())
         .and_then(|s| StatusCode::from_u16(s).ok());
     let path = req.uri().path().to_owned();
+    let delay = query_num(&req, "delay_ms")
+        .or_else(|| (path == "/slow").then(|| query_num(&req, "ms").unwrap_or(1000)))
+        .map(|ms| Duration::from_millis(ms.min(MAX_DELAY_MS)));
+    let chunks = query_num(&req, "chunks").map(|n| {
+        (
+            n,
+            query_num(&req, "chunk_bytes").unwrap_or(1024),
+            query_num(&req, "chunk_ms").unwrap_or(0),
+        )
+    });
+    let chunks = chunks.or_else(|| (path == "/stream").then_some((16, 1024, 50)));
+    let echo_body = path == "/echo-body" || query_num(&req, "echo") == Some(1);
+    let sse = query_num(&req, "sse") == Some(1);
+    if let Some(delay) = delay {
+        tokio::time::sleep(delay).await;
+    }
     let header = |name: &str| {
         req.headers()
             .get_all(name)
@@ -115,7 +209,28 @@ async fn handle(req: Request<Incoming>) -> Result<Response<Body>, Infallible> {
         "x_forwarded_proto": header("x-forwarded-proto"),
         "forwarded": header("forwarded"),
     });
-    let (content_type, body) = if path == "/webhooks/github" {
+    let (content_type, body) = if echo_body {
+        let mut res = Response::new(Reply::Echo(req.into_body()));
+        *res.status_mut() = forced.unwrap_or(StatusCode::OK);
+        res.headers_mut().insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/octet-stream"),
+        );
+        return Ok(res);
+    } else if let Some((n, bytes, ms)) = chunks {
+        let bytes = usize::try_from(bytes).unwrap_or(MAX_CHUNK_BYTES);
+        let mut res = Response::new(chunked(n, bytes, Duration::from_millis(ms)));
+        *res.status_mut() = forced.unwrap_or(StatusCode::OK);
+        res.headers_mut().insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static(if sse {
+                "text/event-stream"
+            } else {
+                "text/plain"
+            }),
+        );
+        return Ok(res);
+    } else if path == "/webhooks/github" {
         let n = req
             .into_body()
             .collect()
@@ -132,7 +247,7 @@ async fn handle(req: Request<Incoming>) -> Result<Response<Body>, Infallible> {
     } else {
         ("application/json", echo.to_string())
     };
-    let mut res = Response::new(Full::new(Bytes::from(body)).boxed_unsync());
+    let mut res = Response::new(Reply::Whole(Full::new(Bytes::from(body))));
     *res.status_mut() = forced.unwrap_or(StatusCode::OK);
     res.headers_mut()
         .insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
@@ -141,7 +256,7 @@ async fn handle(req: Request<Incoming>) -> Result<Response<Body>, Infallible> {
 
 /// `GET /ws`: answers a WebSocket handshake (RFC 6455 §4.2) with 101 and echoes on the upgraded
 /// connection; anything else is a 400.
-fn websocket(mut req: Request<Incoming>) -> Response<Body> {
+fn websocket(mut req: Request<Incoming>) -> Response<Reply> {
     let headers = req.headers();
     let asked = headers
         .get(header::UPGRADE)
@@ -151,9 +266,9 @@ fn websocket(mut req: Request<Incoming>) -> Response<Body> {
         .get(header::SEC_WEBSOCKET_KEY)
         .map(|k| derive_accept_key(k.as_bytes()));
     let (true, Some(accept)) = (asked, key) else {
-        let mut res = Response::new(
-            Full::new(Bytes::from_static(b"a WebSocket handshake, please\n")).boxed_unsync(),
-        );
+        let mut res = Response::new(Reply::Whole(Full::new(Bytes::from_static(
+            b"a WebSocket handshake, please\n",
+        ))));
         *res.status_mut() = StatusCode::BAD_REQUEST;
         return res;
     };
@@ -172,7 +287,7 @@ fn websocket(mut req: Request<Incoming>) -> Response<Body> {
             }
         }
     });
-    let mut res = Response::new(Empty::new().boxed_unsync());
+    let mut res = Response::new(Reply::Whole(Full::new(Bytes::new())));
     *res.status_mut() = StatusCode::SWITCHING_PROTOCOLS;
     let h = res.headers_mut();
     h.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
@@ -185,7 +300,7 @@ fn websocket(mut req: Request<Incoming>) -> Response<Body> {
 
 /// `GET /events`: `data: tick N` every [`EVENT_EVERY`], the first at once, [`EVENTS`] at most.
 /// The stream (and its timer) is dropped when the client goes away.
-fn events() -> Response<Body> {
+fn events() -> Response<Reply> {
     let ticks = futures_util::stream::unfold(0u64, |n| async move {
         if n >= EVENTS {
             return None;
@@ -196,7 +311,7 @@ fn events() -> Response<Body> {
         let event = Frame::data(Bytes::from(format!("data: tick {n}\n\n")));
         Some((Ok::<_, Infallible>(event), n + 1))
     });
-    let mut res = Response::new(StreamBody::new(ticks).boxed_unsync());
+    let mut res = Response::new(Reply::Events(StreamBody::new(ticks).boxed_unsync()));
     let h = res.headers_mut();
     h.insert(
         header::CONTENT_TYPE,
