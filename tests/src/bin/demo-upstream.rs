@@ -6,8 +6,8 @@
 //! - `/healthz`: 200 `ok`.
 //! - `GET /ws` with `Upgrade: websocket`: 101, then a WebSocket echo (tokio-tungstenite): text and
 //!   binary messages come back as sent, pings are answered, a close is answered and ends it.
-//! - `GET /events`: 200 `text/event-stream`, `data: tick N` (N from 0) every 100 ms, at most
-//!   [`EVENTS`] of them (then the stream ends), until the client goes away.
+//! - `GET /events` (without a query): 200 `text/event-stream`, `data: tick N` (N from 0) every
+//!   100 ms, at most [`EVENTS`] of them (then the stream ends), until the client goes away.
 //! - `/slow`: as `?delay_ms=1000` below (`?ms=N` sets the delay).
 //! - `/stream`: as `?chunks=16&chunk_bytes=1024&chunk_ms=50` below.
 //! - `/echo-body`: as `?echo=1` below (`/echo` is the JSON echo of the next line).
@@ -156,7 +156,8 @@ fn chunked(chunks: u64, bytes: usize, every: Duration) -> Reply {
 }
 
 async fn handle(req: Request<Incoming>) -> Result<Response<Reply>, Infallible> {
-    if req.method() == Method::GET {
+    // A query (`?chunks=…&sse=1`, the soak's) asks for the generic streamed body instead.
+    if req.method() == Method::GET && req.uri().query().is_none() {
         match req.uri().path() {
             "/ws" => return Ok(websocket(req)),
             "/events" => return Ok(events()),
