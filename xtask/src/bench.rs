@@ -1,18 +1,31 @@
-//! `cargo xtask bench proxy`: door against Debian's nginx on loopback, same upstream, same load
-//! tools, same run.
+//! `cargo xtask bench proxy`: door against Debian's nginx and HAProxy on loopback, same upstream,
+//! same load tools, same run, in interleaved rounds.
 //!
-//! - Upstream: a static nginx `return 200` responder (127.0.0.1:18080), so neither front is
-//!   measured against a slow application.
-//! - door (release build) on 127.0.0.1:18443; nginx as the peer on 127.0.0.1:18444 (HTTP/1.1) and
-//!   18445 (h2c), configured the same way: `proxy_pass` to the upstream, `realip` from loopback,
-//!   and for the limited route a `limit_req` budget high enough that nothing is rejected (door's
-//!   group likewise).
-//! - Load: `wrk` (HTTP/1.1, 2 threads, 64 connections, 8 s, `--latency`) for a pass-through route
-//!   and a limited route; `h2load` (HTTP/2, 32 clients × 10 streams) for the pass-through route;
-//!   then one flooding client (`wrk`, 1 thread, 4 connections, 5 s) on door's default `link`
-//!   budget (1/s, burst 20) for the rate of 429s.
+//! - Upstream: a static nginx `return 200` responder (127.0.0.1:18080, one worker), so no front
+//!   is measured against a slow application.
+//! - The fronts, each one worker per core: door (release build, tokio's multi-threaded runtime)
+//!   on 127.0.0.1:18443 (HTTP/1.1 and h2c on one port); nginx (`worker_processes` = cores) on
+//!   18444 (HTTP/1.1) and 18445 (h2c); HAProxy (`nbthread` = cores) on 18446 (HTTP/1.1) and
+//!   18447 (`proto h2`, h2c with prior knowledge). Configured alike: keep-alive to the upstream
+//!   (nginx `keepalive 64`, HAProxy `http-reuse always`, door's pool), `X-Forwarded-For`
+//!   appended, the client address taken from `X-Forwarded-For` when the peer is loopback, and for
+//!   the limited route a per-client budget so high that nothing is rejected: door's `bench`
+//!   group, nginx's `limit_req`, HAProxy's stick table (`track-sc0 src` and a
+//!   `sc_http_req_rate` check).
+//! - Routes: HTTP/1.1 pass-through (`/static`), HTTP/1.1 limited (`/l/session/bench`), h2c
+//!   pass-through (`/static`). HTTP/1.1 load: `wrk -t1 -c64 --latency`; h2c load:
+//!   `h2load -t1 -c32 -m10 --log-file` (its per-request times give p50 and p99).
+//! - Rounds: every (route, proxy) pair runs once for [`WARM_UP_SECS`] unrecorded, then `rounds`
+//!   times for [`RUN_SECS`], each round visiting every pair once in an order rotated by the
+//!   round (routes and, within a route, proxies), so slow drift in the machine's load spreads
+//!   over all of them. The table shows per pair the medians across rounds (rps, p50, p99, and
+//!   the CPU time the proxy's processes spent per request, read from `/proc`, which the other
+//!   load on the machine disturbs less than rps) and door / best peer ratios. Then one flooding client (`wrk -t1 -c4`, 5 s) on door's default
+//!   `link` budget (1/s, burst 20) for the rate of 429s.
 //!
-//! Prints requests per second, p50/p99 latency and door/nginx ratios. About a minute.
+//! The load tool, the proxy under test and the upstream share the machine's cores; nothing is
+//! pinned. `nproc` and the load average are printed at the start and the end. About 40 s a
+//! round plus a minute of start-up.
 //!
 //! `cargo xtask bench xdp` (root): `xdp-bench` from the tests crate, release build. Nanoseconds
 //! per packet of door's XDP program with BPF_PROG_TEST_RUN against an empty program and a
@@ -20,6 +33,8 @@
 //! nftables per-/64 meter vs nothing, with a legitimate client's latency). About a minute.
 
 use std::{
+    collections::HashMap,
+    fmt::Write as _,
     path::{Path, PathBuf},
     process::{Child, Command, Stdio},
     time::Duration,
@@ -29,16 +44,107 @@ use anyhow::{Context as _, bail};
 
 use crate::{cargo, setup, sh, step};
 
-const UPSTREAM: &str = "127.0.0.1:18080";
-const DOOR: &str = "127.0.0.1:18443";
-const NGINX: &str = "127.0.0.1:18444";
-const NGINX_H2: &str = "127.0.0.1:18445";
+/// The rounds `cargo xtask bench proxy` runs without `--rounds`.
+pub(crate) const DEFAULT_ROUNDS: u32 = 5;
+/// Seconds of one recorded measurement of one (route, proxy) pair.
+const RUN_SECS: u32 = 5;
+/// Seconds of the unrecorded warm-up of each pair before the first round.
+const WARM_UP_SECS: u32 = 2;
+/// wrk's connections (one thread).
+const WRK_CONNECTIONS: u32 = 64;
+/// h2load's clients (connections), one thread.
+const H2_CLIENTS: u32 = 32;
+/// h2load's concurrent streams per connection.
+const H2_STREAMS: u32 = 10;
 
-/// Kills a child process when dropped.
+const UPSTREAM: &str = "127.0.0.1:18080";
+
+/// A front under test.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+enum Proxy {
+    Door,
+    Nginx,
+    Haproxy,
+}
+
+impl Proxy {
+    const ALL: [Self; 3] = [Self::Door, Self::Nginx, Self::Haproxy];
+
+    fn name(self) -> &'static str {
+        match self {
+            Self::Door => "door",
+            Self::Nginx => "nginx",
+            Self::Haproxy => "haproxy",
+        }
+    }
+
+    /// Its HTTP/1.1 listener.
+    fn h1(self) -> &'static str {
+        match self {
+            Self::Door => "127.0.0.1:18443",
+            Self::Nginx => "127.0.0.1:18444",
+            Self::Haproxy => "127.0.0.1:18446",
+        }
+    }
+
+    /// Its h2c (prior knowledge) listener.
+    fn h2(self) -> &'static str {
+        match self {
+            Self::Door => "127.0.0.1:18443",
+            Self::Nginx => "127.0.0.1:18445",
+            Self::Haproxy => "127.0.0.1:18447",
+        }
+    }
+}
+
+/// A route of the benchmark, with its protocol.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+enum Route {
+    /// HTTP/1.1, no limit.
+    Pass,
+    /// HTTP/1.1, a per-client budget that never rejects.
+    Limited,
+    /// h2c, no limit.
+    H2,
+}
+
+impl Route {
+    const ALL: [Self; 3] = [Self::Pass, Self::Limited, Self::H2];
+
+    fn name(self) -> &'static str {
+        match self {
+            Self::Pass => "h1 pass-through",
+            Self::Limited => "h1 limited",
+            Self::H2 => "h2c pass-through",
+        }
+    }
+
+    fn url(self, proxy: Proxy) -> String {
+        match self {
+            Self::Pass => format!("http://{}/static", proxy.h1()),
+            Self::Limited => format!("http://{}/l/session/bench", proxy.h1()),
+            Self::H2 => format!("http://{}/static", proxy.h2()),
+        }
+    }
+}
+
+/// Kills a child process when dropped: SIGTERM (nginx's master then stops its workers), SIGKILL
+/// if it is still there after 5 s.
 struct Guard(Child);
 
 impl Drop for Guard {
     fn drop(&mut self) {
+        let _ = Command::new("kill")
+            .arg("-TERM")
+            .arg(self.0.id().to_string())
+            .stderr(Stdio::null())
+            .status();
+        for _ in 0..100 {
+            if matches!(self.0.try_wait(), Ok(Some(_))) {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
         let _ = self.0.kill();
         let _ = self.0.wait();
     }
@@ -49,12 +155,17 @@ impl Drop for Guard {
 struct Run {
     rps: f64,
     p50_ms: f64,
-    p99_ms: f64,
+    /// `None` for h2load when its log gave no per-request times.
+    p99_ms: Option<f64>,
     requests: f64,
     non_2xx: f64,
+    /// wrk's socket errors (connect, read, write, timeout); h2load's failed and errored requests.
+    errors: f64,
+    /// CPU time (user + system) the proxy's processes spent per request during the run, in
+    /// microseconds; `None` when `/proc` could not tell.
+    cpu_us: Option<f64>,
 }
 
-/// Runs the `proxy` benchmark.
 /// `cargo xtask bench xdp`: builds the benchmark and the binaries it starts (release), installs
 /// nftables if missing, and runs it.
 pub(crate) fn xdp() -> anyhow::Result<()> {
@@ -82,8 +193,13 @@ pub(crate) fn xdp() -> anyhow::Result<()> {
     sh(Command::new(dir.join("release/xdp-bench")).arg("--veth"))
 }
 
-pub(crate) fn proxy() -> anyhow::Result<()> {
-    setup::require_debian_packages(&["wrk", "nginx-light", "nghttp2-client"])?;
+/// `cargo xtask bench proxy`: installs the load tools, nginx and HAProxy if missing, builds door
+/// (release) and runs `rounds` interleaved rounds.
+pub(crate) fn proxy(rounds: u32) -> anyhow::Result<()> {
+    if rounds == 0 {
+        bail!("--rounds must be at least 1");
+    }
+    setup::require_debian_packages(setup::BENCH_PROXY_PACKAGES)?;
     step("building door (release)");
     sh(cargo().args([
         "build",
@@ -95,18 +211,20 @@ pub(crate) fn proxy() -> anyhow::Result<()> {
     ]))?;
     let dir = std::env::temp_dir().join(format!("door-bench-{}", std::process::id()));
     std::fs::create_dir_all(&dir)?;
-    let result = run_all(&dir);
+    let result = run_all(&dir, rounds);
     let _ = std::fs::remove_dir_all(&dir);
     result
 }
 
-fn run_all(dir: &Path) -> anyhow::Result<()> {
-    step("starting the upstream (nginx return 200), nginx and door");
+fn run_all(dir: &Path, rounds: u32) -> anyhow::Result<()> {
+    let cores = std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get);
+    step("starting the upstream (nginx return 200), nginx, HAProxy and door");
     let _upstream = nginx(dir, "upstream", &upstream_conf(dir))?;
-    let _nginx = nginx(dir, "front", &front_conf(dir))?;
+    let front = nginx(dir, "front", &front_conf(dir, cores))?;
+    let haproxy = haproxy(dir, cores)?;
     let door_conf = dir.join("door.toml");
     std::fs::write(&door_conf, door_toml())?;
-    let _door = Guard(
+    let door = Guard(
         Command::new(crate::target_dir().join("release/door"))
             .args(["--config"])
             .arg(&door_conf)
@@ -115,43 +233,51 @@ fn run_all(dir: &Path) -> anyhow::Result<()> {
             .spawn()
             .context("starting door")?,
     );
-    for addr in [UPSTREAM, NGINX, NGINX_H2, DOOR] {
-        wait_listening(addr)?;
+    let pids = Pids {
+        door: door.0.id(),
+        nginx: front.0.id(),
+        haproxy: haproxy.0.id(),
+        ticks_per_sec: clock_ticks(),
+    };
+    wait_listening(UPSTREAM)?;
+    for p in Proxy::ALL {
+        wait_listening(p.h1())?;
+        wait_listening(p.h2())?;
     }
+    check_routes()?;
 
-    step("HTTP/1.1, wrk -t2 -c64 -d8s");
-    let mut rows = Vec::new();
-    for (route, path) in [("pass-through", "/static"), ("limited", "/l/session/bench")] {
-        let d = wrk(&format!("http://{DOOR}{path}"), 2, 64, 8)?;
-        let n = wrk(&format!("http://{NGINX}{path}"), 2, 64, 8)?;
-        rows.push((format!("{route} (h1)"), d, n));
+    let load_start = loadavg();
+    eprintln!("    nproc {cores}; load average at start: {load_start}");
+    step(&format!(
+        "warm-up: every (route, proxy) pair once for {WARM_UP_SECS} s, not recorded"
+    ));
+    for route in Route::ALL {
+        for proxy in Proxy::ALL {
+            measure(dir, &pids, route, proxy, WARM_UP_SECS)?;
+        }
     }
-    step("HTTP/2, h2load -c32 -m10 -n200000");
-    let d = h2load(&format!("http://{DOOR}/static"))?;
-    let n = h2load(&format!("http://{NGINX_H2}/static"))?;
-    rows.push(("pass-through (h2)".to_owned(), d, n));
+    let mut results: HashMap<(Route, Proxy), Vec<Run>> = HashMap::new();
+    for round in 0..rounds {
+        step(&format!(
+            "round {}/{rounds} ({RUN_SECS} s a pair; load average {})",
+            round + 1,
+            loadavg()
+        ));
+        for (route, proxy) in order(round) {
+            let run = measure(dir, &pids, route, proxy, RUN_SECS)?;
+            results.entry((route, proxy)).or_default().push(run);
+        }
+    }
 
     step("one flooding client on door's link budget (1/s, burst 20): wrk -t1 -c4 -d5s");
-    let flood = wrk(&format!("http://{DOOR}/flood/x"), 1, 4, 5)?;
+    let flood = wrk(&format!("http://{}/flood/x", Proxy::Door.h1()), 4, 5)?;
+    let load_end = loadavg();
 
     println!();
-    println!(
-        "{:<20} {:>12} {:>12} {:>8} {:>9} {:>9} {:>9} {:>9}",
-        "route", "door rps", "nginx rps", "ratio", "door p50", "nginx p50", "door p99", "nginx p99"
+    print!(
+        "{}",
+        report(&results, rounds, cores, &load_start, &load_end)
     );
-    for (name, d, n) in &rows {
-        println!(
-            "{:<20} {:>12.0} {:>12.0} {:>8.2} {:>7.2}ms {:>7.2}ms {:>7.2}ms {:>7.2}ms",
-            name,
-            d.rps,
-            n.rps,
-            d.rps / n.rps.max(1.0),
-            d.p50_ms,
-            n.p50_ms,
-            d.p99_ms,
-            n.p99_ms
-        );
-    }
     println!(
         "flood: {:.0} requests in 5 s, {:.0} answered 429 ({:.2}% rejected, {:.0} rps)",
         flood.requests,
@@ -159,13 +285,371 @@ fn run_all(dir: &Path) -> anyhow::Result<()> {
         100.0 * flood.non_2xx / flood.requests.max(1.0),
         flood.rps
     );
-    println!("(h2 latencies: h2load reports mean request time; shown as p50, p99 not measured)");
+    Ok(())
+}
+
+/// The pairs of round `round`: the routes rotated by `round`, and within each route the proxies
+/// rotated by `round`, so that over three rounds each proxy goes first, second and third.
+fn order(round: u32) -> Vec<(Route, Proxy)> {
+    let r = usize::try_from(round).unwrap_or(0);
+    let mut routes = Route::ALL;
+    routes.rotate_left(r % Route::ALL.len());
+    let mut proxies = Proxy::ALL;
+    proxies.rotate_left(r % Proxy::ALL.len());
+    routes
+        .iter()
+        .flat_map(|&route| proxies.iter().map(move |&proxy| (route, proxy)))
+        .collect()
+}
+
+/// The processes of each front, to read their CPU time from `/proc`.
+struct Pids {
+    door: u32,
+    /// nginx's master: its workers are its children.
+    nginx: u32,
+    haproxy: u32,
+    /// `getconf CLK_TCK`: the unit of `/proc/PID/stat`'s times.
+    ticks_per_sec: Option<f64>,
+}
+
+impl Pids {
+    /// The CPU time (user + system, all threads) of `proxy`'s processes so far, in seconds.
+    fn cpu_secs(&self, proxy: Proxy) -> Option<f64> {
+        let ticks = match proxy {
+            Proxy::Door => cpu_ticks(self.door)?,
+            Proxy::Haproxy => cpu_ticks(self.haproxy)?,
+            Proxy::Nginx => {
+                cpu_ticks(self.nginx)?
+                    + children(self.nginx)
+                        .into_iter()
+                        .filter_map(cpu_ticks)
+                        .sum::<u64>()
+            }
+        };
+        #[expect(clippy::cast_precision_loss, reason = "clock ticks far below 2^52")]
+        Some(ticks as f64 / self.ticks_per_sec?)
+    }
+}
+
+/// `/proc/PID/stat`'s utime + stime (fields 14 and 15, in clock ticks).
+fn cpu_ticks(pid: u32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name (field 2) is in parentheses and may hold spaces: count after it.
+    let rest = stat.rsplit_once(')')?.1;
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let utime: u64 = fields.get(11)?.parse().ok()?;
+    let stime: u64 = fields.get(12)?.parse().ok()?;
+    Some(utime + stime)
+}
+
+/// The processes whose parent is `pid` (nginx's workers).
+fn children(pid: u32) -> Vec<u32> {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    entries
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|&child| {
+            std::fs::read_to_string(format!("/proc/{child}/stat")).is_ok_and(|stat| {
+                stat.rsplit_once(')')
+                    .and_then(|(_, rest)| rest.split_whitespace().nth(1)?.parse::<u32>().ok())
+                    == Some(pid)
+            })
+        })
+        .collect()
+}
+
+/// `getconf CLK_TCK`.
+fn clock_ticks() -> Option<f64> {
+    capture(Command::new("getconf").arg("CLK_TCK"))
+        .ok()?
+        .trim()
+        .parse()
+        .ok()
+}
+
+fn measure(dir: &Path, pids: &Pids, route: Route, proxy: Proxy, secs: u32) -> anyhow::Result<Run> {
+    let url = route.url(proxy);
+    let cpu_before = pids.cpu_secs(proxy);
+    let mut run = match route {
+        Route::Pass | Route::Limited => wrk(&url, WRK_CONNECTIONS, secs)?,
+        Route::H2 => h2load(dir, &url, secs)?,
+    };
+    if let (Some(before), Some(after)) = (cpu_before, pids.cpu_secs(proxy))
+        && run.requests > 0.0
+    {
+        run.cpu_us = Some((after - before) * 1e6 / run.requests);
+    }
+    let p99 = run
+        .p99_ms
+        .map_or_else(|| "n/a".to_owned(), |v| format!("{v:.2} ms"));
+    let cpu = run
+        .cpu_us
+        .map_or_else(|| "n/a".to_owned(), |v| format!("{v:.1} us"));
+    eprintln!(
+        "    {:<17} {:<8} {:>9.0} rps  p50 {:.2} ms  p99 {p99}  cpu/req {cpu}{}",
+        route.name(),
+        proxy.name(),
+        run.rps,
+        run.p50_ms,
+        if run.non_2xx > 0.0 || run.errors > 0.0 {
+            format!("  ({} non-2xx, {} errors)", run.non_2xx, run.errors)
+        } else {
+            String::new()
+        }
+    );
+    Ok(run)
+}
+
+/// The result table: per pair the medians across rounds, then door / best peer.
+fn report(
+    results: &HashMap<(Route, Proxy), Vec<Run>>,
+    rounds: u32,
+    cores: usize,
+    load_start: &str,
+    load_end: &str,
+) -> String {
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "proxy benchmark: {rounds} interleaved round(s), {RUN_SECS} s per pair a round; medians \
+         across rounds (rps range in brackets)"
+    );
+    let medians = table(&mut out, results);
+    ratios(&mut out, &medians);
+    notes(&mut out, cores, load_start, load_end);
+    out
+}
+
+/// The medians table, one line per pair; returns the medians.
+fn table(
+    out: &mut String,
+    results: &HashMap<(Route, Proxy), Vec<Run>>,
+) -> HashMap<(Route, Proxy), Medians> {
+    let _ = writeln!(
+        out,
+        "{:<17} {:<8} {:>9} {:>19} {:>9} {:>9} {:>12} {:>8} {:>7}",
+        "route", "proxy", "rps", "[min-max]", "p50", "p99", "cpu/req", "non-2xx", "errors"
+    );
+    let mut medians: HashMap<(Route, Proxy), Medians> = HashMap::new();
+    for route in Route::ALL {
+        for proxy in Proxy::ALL {
+            let runs = results.get(&(route, proxy)).map_or(&[][..], Vec::as_slice);
+            let rps: Vec<f64> = runs.iter().map(|r| r.rps).collect();
+            let p50: Vec<f64> = runs.iter().map(|r| r.p50_ms).collect();
+            let p99: Option<Vec<f64>> = runs.iter().map(|r| r.p99_ms).collect();
+            let cpu: Option<Vec<f64>> = runs.iter().map(|r| r.cpu_us).collect();
+            let m = Medians {
+                rps: median(&rps),
+                p99_ms: p99.as_deref().map(median),
+                cpu_us: cpu.as_deref().map(median),
+            };
+            medians.insert((route, proxy), m);
+            let lo = rps.iter().copied().fold(f64::INFINITY, f64::min);
+            let hi = rps.iter().copied().fold(0.0, f64::max);
+            let _ = writeln!(
+                out,
+                "{:<17} {:<8} {:>9} {:>19} {:>6.2} ms {:>9} {:>12} {:>8.0} {:>7.0}",
+                route.name(),
+                proxy.name(),
+                thousands(m.rps),
+                format!("[{}-{}]", thousands(lo), thousands(hi)),
+                median(&p50),
+                m.p99_ms
+                    .map_or_else(|| "n/a".to_owned(), |v| format!("{v:.2} ms")),
+                m.cpu_us
+                    .map_or_else(|| "n/a".to_owned(), |v| format!("{v:.1} us")),
+                runs.iter().map(|r| r.non_2xx).sum::<f64>(),
+                runs.iter().map(|r| r.errors).sum::<f64>(),
+            );
+        }
+    }
+    medians
+}
+
+/// door / best peer per route: rps (the highest peer), p99 and CPU per request (the lowest).
+fn ratios(out: &mut String, medians: &HashMap<(Route, Proxy), Medians>) {
+    let _ = writeln!(out);
+    let _ = writeln!(
+        out,
+        "{:<17} {:<30} {:<30} cpu/req (lower is better)",
+        "door / best peer", "rps (higher is better)", "p99 (lower is better)",
+    );
+    for route in Route::ALL {
+        let door = medians
+            .get(&(route, Proxy::Door))
+            .copied()
+            .unwrap_or_default();
+        let peers = [Proxy::Nginx, Proxy::Haproxy]
+            .map(|p| (p, medians.get(&(route, p)).copied().unwrap_or_default()));
+        let rps_col = peers
+            .iter()
+            .max_by(|a, b| a.1.rps.total_cmp(&b.1.rps))
+            .map_or_else(String::new, |(p, m)| {
+                format!(
+                    "{:.2} ({} {})",
+                    door.rps / m.rps.max(1.0),
+                    p.name(),
+                    thousands(m.rps)
+                )
+            });
+        let lowest = |get: fn(&Medians) -> Option<f64>, unit: &str| {
+            let best = peers
+                .iter()
+                .filter_map(|(p, m)| get(m).map(|v| (p, v)))
+                .min_by(|a, b| a.1.total_cmp(&b.1));
+            match (get(&door), best) {
+                (Some(d), Some((p, v))) => format!(
+                    "{:.2} ({} {v:.2} {unit})",
+                    d / v.max(f64::MIN_POSITIVE),
+                    p.name()
+                ),
+                _ => "n/a".to_owned(),
+            }
+        };
+        let _ = writeln!(
+            out,
+            "{:<17} {rps_col:<30} {:<30} {}",
+            route.name(),
+            lowest(|m| m.p99_ms, "ms"),
+            lowest(|m| m.cpu_us, "us")
+        );
+    }
+}
+
+/// What shares the machine, how each front runs, what the h2c latencies are, the load.
+fn notes(out: &mut String, cores: usize, load_start: &str, load_end: &str) {
+    let _ = writeln!(out);
+    let _ = writeln!(
+        out,
+        "wrk -t1 -c{WRK_CONNECTIONS} (HTTP/1.1) or h2load -t1 -c{H2_CLIENTS} -m{H2_STREAMS} \
+         (h2c), the proxy under test and the upstream share {cores} core(s); nothing is pinned"
+    );
+    let _ = writeln!(
+        out,
+        "door: tokio multi-threaded runtime ({cores} workers); nginx: worker_processes {cores}; \
+         HAProxy: nbthread {cores}; upstream: nginx, 1 worker"
+    );
+    let _ = writeln!(
+        out,
+        "cpu/req: user + system CPU time of the proxy's processes during the run (nginx: master \
+         and workers) over the requests answered; less sensitive to the other load than rps"
+    );
+    let _ = writeln!(
+        out,
+        "h2c p50/p99: from h2load --log-file (per-request time until the end of the response, \
+         which includes waiting for one of the connection's {H2_STREAMS} stream slots)"
+    );
+    let _ = writeln!(
+        out,
+        "nproc {cores}; load average (1, 5, 15 min) at start: {load_start}; at end: {load_end}"
+    );
+}
+
+/// One pair's medians across rounds.
+#[derive(Debug, Default, Clone, Copy)]
+struct Medians {
+    rps: f64,
+    p99_ms: Option<f64>,
+    cpu_us: Option<f64>,
+}
+
+/// The median of `values` (the mean of the middle two for an even count); 0 for none.
+fn median(values: &[f64]) -> f64 {
+    let mut v = values.to_vec();
+    v.sort_by(f64::total_cmp);
+    let n = v.len();
+    match (v.get(n / 2), n.checked_sub(1).and_then(|m| v.get(m / 2))) {
+        (Some(&hi), Some(&lo)) if n.is_multiple_of(2) => f64::midpoint(lo, hi),
+        (Some(&mid), _) => mid,
+        _ => 0.0,
+    }
+}
+
+/// The nearest-rank `q` quantile (0 < q ≤ 1) of sorted `values`; 0 for none.
+fn quantile(sorted: &[f64], q: f64) -> f64 {
+    if sorted.is_empty() {
+        return 0.0;
+    }
+    #[expect(
+        clippy::cast_possible_truncation,
+        clippy::cast_sign_loss,
+        clippy::cast_precision_loss,
+        reason = "a rank within a slice's length, from a fraction in (0, 1]"
+    )]
+    let rank = ((q * sorted.len() as f64).ceil() as usize).clamp(1, sorted.len());
+    sorted.get(rank - 1).copied().unwrap_or(0.0)
+}
+
+/// `1234567.8` as `1,234,568`.
+fn thousands(v: f64) -> String {
+    if !v.is_finite() {
+        return "-".to_owned();
+    }
+    let digits = format!("{:.0}", v.abs());
+    let mut out = String::new();
+    for (i, c) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i) % 3 == 0 {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    if v < -0.5 { format!("-{out}") } else { out }
+}
+
+/// `/proc/loadavg`'s three averages.
+fn loadavg() -> String {
+    std::fs::read_to_string("/proc/loadavg").map_or_else(
+        |_| "unknown".to_owned(),
+        |s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" "),
+    )
+}
+
+/// One request on each route of each proxy must answer 200, before any load.
+fn check_routes() -> anyhow::Result<()> {
+    for proxy in Proxy::ALL {
+        for route in [Route::Pass, Route::Limited] {
+            let url = route.url(proxy);
+            let code = capture(Command::new("curl").args([
+                "-s",
+                "-o",
+                "/dev/null",
+                "-w",
+                "%{http_code}",
+                "--max-time",
+                "5",
+                &url,
+            ]))?;
+            if code.trim() != "200" {
+                bail!("{} answered {} to {url}", proxy.name(), code.trim());
+            }
+        }
+        let url = Route::H2.url(proxy);
+        let code = capture(Command::new("curl").args([
+            "-s",
+            "-o",
+            "/dev/null",
+            "-w",
+            "%{http_code} %{http_version}",
+            "--max-time",
+            "5",
+            "--http2-prior-knowledge",
+            &url,
+        ]))?;
+        if code.trim() != "200 2" {
+            bail!(
+                "{} answered {} over h2c to {url}",
+                proxy.name(),
+                code.trim()
+            );
+        }
+    }
     Ok(())
 }
 
 fn door_toml() -> String {
     format!(
-        r#"listen = ["{DOOR}"]
+        r#"listen = ["{door}"]
 upstream = "http://{UPSTREAM}"
 admin_listen = "off"
 trusted_proxies = ["127.0.0.1/32"]
@@ -182,7 +666,8 @@ rate = 1000000.0
 burst = 1000000
 per_client = 100000
 inflight = 100000
-"#
+"#,
+        door = Proxy::Door.h1()
     )
 }
 
@@ -196,22 +681,71 @@ fn upstream_conf(dir: &Path) -> String {
     )
 }
 
-fn front_conf(dir: &Path) -> String {
+fn front_conf(dir: &Path, workers: usize) -> String {
     format!(
-        "worker_processes 1;\ndaemon off;\npid {d}/front.pid;\nerror_log {d}/front.err;\n\
+        "worker_processes {workers};\ndaemon off;\npid {d}/front.pid;\nerror_log {d}/front.err;\n\
          events {{ worker_connections 4096; }}\n\
          http {{\n access_log off;\n\
           upstream app {{ server {UPSTREAM}; keepalive 64; }}\n\
           limit_req_zone $binary_remote_addr zone=bench:10m rate=1000000r/s;\n\
           set_real_ip_from 127.0.0.1/32; real_ip_header X-Forwarded-For;\n\
-          server {{ listen {NGINX}; listen {NGINX_H2} http2; keepalive_requests 1000000;\n\
+          server {{ listen {h1}; listen {h2} http2; keepalive_requests 1000000;\n\
            proxy_http_version 1.1; proxy_set_header Connection \"\";\n\
            proxy_set_header X-Forwarded-For $proxy_add_x_forwarded_for;\n\
            location /l/session/ {{ limit_req zone=bench burst=1000000 nodelay; proxy_pass http://app; }}\n\
            location / {{ proxy_pass http://app; }}\n\
           }}\n}}\n",
-        d = dir.display()
+        d = dir.display(),
+        h1 = Proxy::Nginx.h1(),
+        h2 = Proxy::Nginx.h2(),
     )
+}
+
+/// HAProxy configured like the nginx front: keep-alive to the upstream with `http-reuse always`,
+/// the client address from `X-Forwarded-For` when the peer is loopback (nginx's `realip`),
+/// `X-Forwarded-For` appended, and on the limited route a stick table keyed on that address
+/// with a request-rate check so high it never rejects (nginx's `limit_req`).
+fn haproxy_conf(threads: usize) -> String {
+    format!(
+        "global\n\
+         \x20   nbthread {threads}\n\
+         \x20   maxconn 4096\n\
+         defaults\n\
+         \x20   mode http\n\
+         \x20   timeout connect 5s\n\
+         \x20   timeout client 30s\n\
+         \x20   timeout server 30s\n\
+         \x20   option http-keep-alive\n\
+         frontend bench\n\
+         \x20   bind {h1}\n\
+         \x20   bind {h2} proto h2\n\
+         \x20   http-request set-src hdr_ip(x-forwarded-for,-1) if {{ src 127.0.0.1 }} {{ req.hdr(x-forwarded-for) -m found }}\n\
+         \x20   option forwardfor\n\
+         \x20   acl limited path_beg /l/session/\n\
+         \x20   http-request track-sc0 src table limits if limited\n\
+         \x20   http-request deny deny_status 429 if limited {{ sc_http_req_rate(0) gt 1000000000 }}\n\
+         \x20   default_backend app\n\
+         backend limits\n\
+         \x20   stick-table type ipv6 size 100k expire 60s store http_req_rate(1s)\n\
+         backend app\n\
+         \x20   http-reuse always\n\
+         \x20   server upstream {UPSTREAM}\n",
+        h1 = Proxy::Haproxy.h1(),
+        h2 = Proxy::Haproxy.h2(),
+    )
+}
+
+fn haproxy(dir: &Path, threads: usize) -> anyhow::Result<Guard> {
+    let path = dir.join("haproxy.cfg");
+    std::fs::write(&path, haproxy_conf(threads))?;
+    let child = Command::new("haproxy")
+        .arg("-db")
+        .arg("-f")
+        .arg(&path)
+        .stdin(Stdio::null())
+        .spawn()
+        .context("starting haproxy")?;
+    Ok(Guard(child))
 }
 
 fn nginx(dir: &Path, name: &str, conf: &str) -> anyhow::Result<Guard> {
@@ -246,21 +780,34 @@ fn capture(cmd: &mut Command) -> anyhow::Result<String> {
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
-fn wrk(url: &str, threads: u32, conns: u32, secs: u32) -> anyhow::Result<Run> {
-    let out = capture(Command::new("wrk").args([
-        &format!("-t{threads}"),
+/// `cmd ARGS` under coreutils' `timeout`: killed if it outlives its own duration by 30 s.
+fn bounded(secs: u32, program: &str) -> Command {
+    let mut cmd = Command::new("timeout");
+    cmd.args(["--kill-after=5", &format!("{}", secs + 30), program]);
+    cmd
+}
+
+fn wrk(url: &str, conns: u32, secs: u32) -> anyhow::Result<Run> {
+    let out = capture(bounded(secs, "wrk").args([
+        "-t1",
         &format!("-c{conns}"),
         &format!("-d{secs}s"),
         "--latency",
         url,
     ]))?;
+    Ok(parse_wrk(&out))
+}
+
+/// wrk's report: `Requests/sec:`, the `--latency` percentiles, the request count, `Non-2xx or
+/// 3xx responses:` and `Socket errors:`.
+fn parse_wrk(out: &str) -> Run {
     let mut run = Run::default();
     for line in out.lines().map(str::trim) {
         let mut words = line.split_whitespace();
         match (words.next(), words.next()) {
             (Some("Requests/sec:"), Some(v)) => run.rps = v.parse().unwrap_or(0.0),
             (Some("50%"), Some(v)) => run.p50_ms = ms(v),
-            (Some("99%"), Some(v)) => run.p99_ms = ms(v),
+            (Some("99%"), Some(v)) => run.p99_ms = Some(ms(v)),
             (Some(n), Some("requests")) => run.requests = n.parse().unwrap_or(0.0),
             (Some("Non-2xx"), _) => {
                 run.non_2xx = line
@@ -269,14 +816,17 @@ fn wrk(url: &str, threads: u32, conns: u32, secs: u32) -> anyhow::Result<Run> {
                     .and_then(|v| v.parse().ok())
                     .unwrap_or(0.0);
             }
+            (Some("Socket"), Some("errors:")) => {
+                // "Socket errors: connect 0, read 0, write 0, timeout 0"
+                run.errors = line
+                    .split(',')
+                    .filter_map(|part| part.split_whitespace().last()?.parse::<f64>().ok())
+                    .sum();
+            }
             _ => {}
         }
     }
-    eprintln!(
-        "    {url}: {:.0} rps, p50 {:.2} ms, p99 {:.2} ms",
-        run.rps, run.p50_ms, run.p99_ms
-    );
-    Ok(run)
+    run
 }
 
 /// wrk's latency with its unit (`812.00us`, `1.20ms`, `2.01s`) in milliseconds.
@@ -293,8 +843,36 @@ fn ms(v: &str) -> f64 {
     num.parse::<f64>().unwrap_or(0.0) * scale
 }
 
-fn h2load(url: &str) -> anyhow::Result<Run> {
-    let out = capture(Command::new("h2load").args(["-c32", "-m10", "-n200000", "-t2", url]))?;
+fn h2load(dir: &Path, url: &str, secs: u32) -> anyhow::Result<Run> {
+    let log = dir.join("h2load.log");
+    let _ = std::fs::remove_file(&log);
+    let out = capture(
+        bounded(secs, "h2load")
+            .args([
+                "-t1",
+                &format!("-c{H2_CLIENTS}"),
+                &format!("-m{H2_STREAMS}"),
+                &format!("-D{secs}"),
+            ])
+            .arg(format!("--log-file={}", log.display()))
+            .arg(url),
+    )?;
+    let mut run = parse_h2load(&out);
+    let (latencies, non_2xx) = h2load_log(&std::fs::read_to_string(&log).unwrap_or_default());
+    run.non_2xx = non_2xx;
+    if latencies.is_empty() {
+        // No per-request log: h2load's mean request time stands in for p50, no p99.
+        run.p99_ms = None;
+    } else {
+        run.p50_ms = quantile(&latencies, 0.50);
+        run.p99_ms = Some(quantile(&latencies, 0.99));
+    }
+    Ok(run)
+}
+
+/// h2load's summary: `finished in`'s req/s, `requests:` (total, failed, errored) and the mean of
+/// `time for request:` (kept as p50 until the log replaces it).
+fn parse_h2load(out: &str) -> Run {
     let mut run = Run::default();
     for line in out.lines().map(str::trim) {
         if let Some(rest) = line.strip_prefix("finished in") {
@@ -314,13 +892,110 @@ fn h2load(url: &str) -> anyhow::Result<Run> {
             }
         }
         if let Some(rest) = line.strip_prefix("requests:") {
-            run.requests = rest
-                .split_whitespace()
-                .next()
-                .and_then(|s| s.parse().ok())
-                .unwrap_or(0.0);
+            // "N total, N started, N done, N succeeded, N failed, N errored, N timeout"
+            for part in rest.split(',') {
+                let mut words = part.split_whitespace();
+                if let (Some(n), Some(what)) = (words.next(), words.next()) {
+                    let n = n.parse().unwrap_or(0.0);
+                    match what {
+                        "total" => run.requests = n,
+                        "failed" | "errored" => run.errors += n,
+                        _ => {}
+                    }
+                }
+            }
         }
     }
-    eprintln!("    {url}: {:.0} rps, mean {:.2} ms", run.rps, run.p50_ms);
-    Ok(run)
+    run
+}
+
+/// h2load's `--log-file` (start µs, status, µs until the end of the response, per line): the
+/// 2xx answers' times in milliseconds, sorted, and the count of the other answers.
+fn h2load_log(log: &str) -> (Vec<f64>, f64) {
+    let mut times = Vec::new();
+    let mut other = 0.0;
+    for line in log.lines() {
+        let cols: Vec<&str> = line.split('\t').collect();
+        let (Some(status), Some(us)) = (cols.get(1), cols.get(2)) else {
+            continue;
+        };
+        match (status.trim().parse::<i32>(), us.trim().parse::<f64>()) {
+            (Ok(200..=299), Ok(us)) => times.push(us / 1000.0),
+            _ => other += 1.0,
+        }
+    }
+    times.sort_by(f64::total_cmp);
+    (times, other)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashSet;
+
+    use super::{Proxy, Route, h2load_log, median, order, parse_h2load, parse_wrk, quantile};
+
+    #[test]
+    fn every_round_visits_every_pair_once_and_each_proxy_takes_each_place() {
+        for round in 0..6 {
+            let pairs = order(round);
+            assert_eq!(pairs.len(), 9);
+            assert_eq!(pairs.iter().collect::<HashSet<_>>().len(), 9);
+        }
+        for route in Route::ALL {
+            let firsts: HashSet<Proxy> = (0..3)
+                .filter_map(|r| order(r).into_iter().find(|p| p.0 == route).map(|p| p.1))
+                .collect();
+            assert_eq!(firsts.len(), 3, "{route:?}");
+        }
+    }
+
+    #[test]
+    fn medians_and_quantiles() {
+        assert!((median(&[3.0, 1.0, 2.0]) - 2.0).abs() < 1e-9);
+        assert!((median(&[4.0, 1.0, 2.0, 3.0]) - 2.5).abs() < 1e-9);
+        assert!(median(&[]).abs() < 1e-9);
+        let v: Vec<f64> = (1..=100).map(f64::from).collect();
+        assert!((quantile(&v, 0.5) - 50.0).abs() < 1e-9);
+        assert!((quantile(&v, 0.99) - 99.0).abs() < 1e-9);
+        assert!((quantile(&[7.0], 0.99) - 7.0).abs() < 1e-9);
+    }
+
+    #[test]
+    fn parses_wrk() {
+        let out = "Running 5s test @ http://127.0.0.1:18443/static
+  1 threads and 64 connections
+  Latency Distribution
+     50%    2.10ms
+     75%    2.50ms
+     90%    3.00ms
+     99%  812.00us
+  110000 requests in 5.00s, 9.00MB read
+  Socket errors: connect 0, read 2, write 0, timeout 1
+  Non-2xx or 3xx responses: 7
+Requests/sec:  22000.50
+";
+        let run = parse_wrk(out);
+        assert!((run.rps - 22000.5).abs() < 1e-6);
+        assert!((run.p50_ms - 2.1).abs() < 1e-9);
+        assert!((run.p99_ms.unwrap_or(0.0) - 0.812).abs() < 1e-9);
+        assert!((run.requests - 110_000.0).abs() < 1e-9);
+        assert!((run.non_2xx - 7.0).abs() < 1e-9);
+        assert!((run.errors - 3.0).abs() < 1e-9);
+    }
+
+    #[test]
+    fn parses_h2load_and_its_log() {
+        let out = "finished in 5.00s, 45000.10 req/s, 1.20MB/s
+requests: 225000 total, 225100 started, 225000 done, 224990 succeeded, 10 failed, 2 errored, 0 timeout
+time for request:      120us     20.1ms      6.91ms      1.2ms    70.00%
+";
+        let run = parse_h2load(out);
+        assert!((run.rps - 45000.1).abs() < 1e-6);
+        assert!((run.requests - 225_000.0).abs() < 1e-9);
+        assert!((run.errors - 12.0).abs() < 1e-9);
+        assert!((run.p50_ms - 6.91).abs() < 1e-9);
+        let (times, other) = h2load_log("1\t200\t3000\n2\t200\t1000\n3\t-1\t5\n4\t429\t9\n");
+        assert_eq!(times, vec![1.0, 3.0]);
+        assert!((other - 2.0).abs() < 1e-9);
+    }
 }

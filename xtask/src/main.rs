@@ -14,8 +14,9 @@
 //!   guests booting Debian's 6.1 and 6.12 kernels; ends with `N passed, N failed, N skipped`
 //!   (skipped: what could not run here, such as the privileged suites without root). `--vm` runs
 //!   only the guests, `--no-vm` skips them, `--kernel 6.1,6.12` chooses them.
-//! - `cargo xtask bench proxy|xdp`: door against nginx on loopback (see `bench.rs`); door's XDP
-//!   program against reference programs, and on a veth against nftables.
+//! - `cargo xtask bench proxy [--rounds N]`: door against nginx and HAProxy on loopback in N
+//!   interleaved rounds, medians (see `bench.rs`); `cargo xtask bench xdp`: door's XDP program
+//!   against reference programs, and on a veth against nftables.
 //! - `cargo xtask soak [--minutes N]` (root): door for N minutes (default 2) under faults (aborted
 //!   requests, slow readers, slowloris heads, oversized heads, upstream restarts, reloads) in two
 //!   network namespaces, then checks that it leaks nothing (see [`soak`]); `cargo xtask test`
@@ -74,11 +75,16 @@ enum Task {
         #[arg(long, value_delimiter = ',', default_values_t = vm::DEFAULT_KERNELS.map(String::from))]
         kernel: Vec<String>,
     },
-    /// Benchmarks: `proxy` compares door with nginx on loopback (wrk, h2load); `xdp` measures
-    /// door's XDP program per packet against reference programs and on a veth.
+    /// Benchmarks: `proxy` compares door with nginx and HAProxy on loopback (wrk, h2load) in
+    /// interleaved rounds; `xdp` measures door's XDP program per packet against reference
+    /// programs and on a veth.
     Bench {
         /// What to benchmark: `proxy` or `xdp`.
         target: String,
+        /// `proxy` only: rounds, each measuring every (route, proxy) pair once; the table shows
+        /// medians across them (default 5).
+        #[arg(long, value_name = "N")]
+        rounds: Option<u32>,
     },
     /// Soak test (root): door under faults in two network namespaces for N minutes, then checks
     /// that its memory, descriptors and slots are back to their baseline and every request was
@@ -125,8 +131,9 @@ fn main() -> anyhow::Result<()> {
             vm: true, kernel, ..
         } => test::vm_only(&kernel),
         Task::Test { no_vm, kernel, .. } => test::all((!no_vm).then_some(kernel.as_slice())),
-        Task::Bench { target } => match target.as_str() {
-            "proxy" => bench::proxy(),
+        Task::Bench { target, rounds } => match target.as_str() {
+            "proxy" => bench::proxy(rounds.unwrap_or(bench::DEFAULT_ROUNDS)),
+            "xdp" if rounds.is_some() => bail!("--rounds is for `bench proxy`"),
             "xdp" => bench::xdp(),
             other => bail!("unknown bench target {other:?} (known: proxy, xdp)"),
         },

@@ -18,6 +18,12 @@ const BPF_LINKER_VERSION: &str = "0.10.0";
 pub(crate) const DEBIAN_PACKAGES: &[&str] =
     &["iproute2", "curl", "nginx-light", "haproxy", "redis-server"];
 
+/// Debian packages `cargo xtask bench proxy` uses: the load tools (`wrk`; `h2load` from
+/// nghttp2-client), nginx (the upstream and a peer) and HAProxy (the other peer); curl checks
+/// each route before the load.
+pub(crate) const BENCH_PROXY_PACKAGES: &[&str] =
+    &["wrk", "nghttp2-client", "nginx-light", "haproxy", "curl"];
+
 /// Everything: toolchain pieces, then Debian packages. Returns the packages still missing (only
 /// when not root: nothing is installed then).
 pub(crate) fn all() -> anyhow::Result<Vec<&'static str>> {
