@@ -2,7 +2,8 @@
 //! 16,384 live keys (distinct IPv6 /64s, the default table size), one, two and four threads. door
 //! reports to no observer (`Unobserved`): the limiter alone, as governor.
 //!
-//! After criterion's report, a plain timed loop prints the door/governor ratio.
+//! After criterion's report, a plain timed loop prints the door/governor ratio at 1, 2 and 4
+//! threads, each the median of five interleaved runs.
 
 use std::{
     hint::black_box,
@@ -130,22 +131,52 @@ fn bench(c: &mut Criterion) {
     }
 }
 
+/// Runs per thread count behind each closing ratio line.
+const RATIO_RUNS: usize = 5;
+
+/// The median of `values` (the mean of the middle two for an even count); 0 for none.
+fn median(values: &[f64]) -> f64 {
+    let mut v = values.to_vec();
+    v.sort_by(f64::total_cmp);
+    let n = v.len();
+    match (v.get(n / 2), n.checked_sub(1).and_then(|m| v.get(m / 2))) {
+        (Some(&hi), Some(&lo)) if n.is_multiple_of(2) => f64::midpoint(lo, hi),
+        (Some(&mid), _) => mid,
+        _ => 0.0,
+    }
+}
+
+/// The closing lines: door/governor at 1, 2 and 4 threads from [`RATIO_RUNS`] interleaved runs
+/// (door then governor, then governor then door, ...), so a busy 2-core machine's load drifts
+/// over both alike: the median ns/op of each, and the median of the runs' paired ratios.
 fn ratio() {
     const OPS: u64 = 4_000_000;
     let keys = keys();
     let door = door(Charge::Always);
     let gov = governor();
+    #[expect(
+        clippy::cast_precision_loss,
+        reason = "an operation count far below 2^52"
+    )]
+    let ns = |t: Duration| t.as_secs_f64() * 1e9 / OPS as f64;
     for threads in [1u64, 2, 4] {
-        // Best of three, to damp a busy 2-core machine.
-        let best = |f: &dyn Fn() -> Duration| (0..3).map(|_| f()).min().unwrap_or_default();
-        let d = best(&|| run(&door, &keys, threads, OPS, door_op));
-        let g = best(&|| run(&gov, &keys, threads, OPS, governor_op));
-        let ns = |t: Duration| t.as_secs_f64() * 1e9 / 4e6;
+        let mut d = Vec::with_capacity(RATIO_RUNS);
+        let mut g = Vec::with_capacity(RATIO_RUNS);
+        for i in 0..RATIO_RUNS {
+            if i.is_multiple_of(2) {
+                d.push(ns(run(&door, &keys, threads, OPS, door_op)));
+                g.push(ns(run(&gov, &keys, threads, OPS, governor_op)));
+            } else {
+                g.push(ns(run(&gov, &keys, threads, OPS, governor_op)));
+                d.push(ns(run(&door, &keys, threads, OPS, door_op)));
+            }
+        }
+        let ratios: Vec<f64> = d.iter().zip(&g).map(|(d, g)| d / g).collect();
         println!(
-            "{threads} thread(s), {KEYS} live keys: door {:.1} ns/op, governor {:.1} ns/op, door/governor = {:.2}",
-            ns(d),
-            ns(g),
-            d.as_secs_f64() / g.as_secs_f64()
+            "{threads} thread(s), {KEYS} live keys, median of {RATIO_RUNS} interleaved runs: door {:.1} ns/op, governor {:.1} ns/op, door/governor = {:.2}",
+            median(&d),
+            median(&g),
+            median(&ratios)
         );
     }
 }
