@@ -19,13 +19,13 @@
 //!   times for [`RUN_SECS`], each round visiting every pair once in an order rotated by the
 //!   round (routes and, within a route, proxies), so slow drift in the machine's load spreads
 //!   over all of them. The table shows per pair the medians across rounds (rps, p50, p99, and
-//!   the CPU time the proxy's processes spent per request, read from `/proc`, which the other
-//!   load on the machine disturbs less than rps) and door / best peer ratios. Then one flooding client (`wrk -t1 -c4`, 5 s) on door's default
+//!   the CPU time the proxy's processes spent per request, read from `/proc`: what a request
+//!   costs the proxy, however much of a core it got) and door / best peer ratios. Then one flooding client (`wrk -t1 -c4`, 5 s) on door's default
 //!   `link` budget (1/s, burst 20) for the rate of 429s.
 //!
 //! The load tool, the proxy under test and the upstream share the machine's cores; nothing is
-//! pinned. `nproc` and the load average are printed at the start and the end. About 40 s a
-//! round plus a minute of start-up.
+//! pinned. `nproc` and the load average are printed at the start and the end. About 50 s a
+//! round plus half a minute of warm-up (docs/performance.md: the method and the latest numbers).
 //!
 //! `cargo xtask bench xdp` (root): `xdp-bench` from the tests crate, release build. Nanoseconds
 //! per packet of door's XDP program with BPF_PROG_TEST_RUN against an empty program and a
@@ -533,7 +533,8 @@ fn notes(out: &mut String, cores: usize, load_start: &str, load_end: &str) {
     let _ = writeln!(
         out,
         "cpu/req: user + system CPU time of the proxy's processes during the run (nginx: master \
-         and workers) over the requests answered; less sensitive to the other load than rps"
+         and workers) over the requests answered: what a request costs the proxy, however much of \
+         a core it got"
     );
     let _ = writeln!(
         out,
