@@ -70,10 +70,13 @@ pub enum Counter {
     DropUnwalkable = 16,
     /// Dropped: a SYN from an address on the operator's deny list (`deny`).
     DropDenied = 17,
+    /// Passed: a SYN within every budget while this CPU is in cookie mode. Answering it from XDP
+    /// with a SYN cookie is not implemented yet, so it goes to the kernel.
+    PassCookieUnavailable = 18,
 }
 
 /// Number of counters, the length of the per-CPU array [`crate::MAP_COUNTERS`].
-pub const COUNTER_COUNT: u32 = 18;
+pub const COUNTER_COUNT: u32 = 19;
 
 impl Counter {
     /// Every counter, in index order.
@@ -96,6 +99,7 @@ impl Counter {
         Counter::DropTinyFragment,
         Counter::DropUnwalkable,
         Counter::DropDenied,
+        Counter::PassCookieUnavailable,
     ];
 
     /// The index of this counter in [`crate::MAP_COUNTERS`].
@@ -117,7 +121,8 @@ impl Counter {
             | Counter::PassUnprotectedPort
             | Counter::PassExempt
             | Counter::PassTooManyHeaders
-            | Counter::PassOverflowSyn => Verdict::Pass,
+            | Counter::PassOverflowSyn
+            | Counter::PassCookieUnavailable => Verdict::Pass,
             Counter::DropSynBudget
             | Counter::DropOverflow
             | Counter::DropBlocked
@@ -148,6 +153,7 @@ impl Counter {
             Counter::DropTinyFragment => "tiny_fragment",
             Counter::DropUnwalkable => "unwalkable",
             Counter::DropDenied => "denied",
+            Counter::PassCookieUnavailable => "cookie_unavailable",
         }
     }
 }

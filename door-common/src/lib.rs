@@ -15,7 +15,7 @@ pub mod shield;
 
 pub use counter::{COUNTER_COUNT, Counter, Verdict};
 pub use prefix::PrefixKey;
-pub use shield::{ExemptKey, GuardState, ShieldConfig};
+pub use shield::{CookieState, ExemptKey, GuardState, ShieldConfig};
 
 /// Name of the XDP program inside the eBPF object (the function marked `#[xdp]`).
 pub const PROGRAM_NAME: &str = "door_xdp";
@@ -47,6 +47,9 @@ pub const MAP_BLOCKED: &str = "DOOR_BLOCKED";
 
 /// Name of the one-entry array holding the churn guard's [`GuardState`].
 pub const MAP_GUARD: &str = "DOOR_GUARD";
+
+/// Name of the per-CPU one-entry array of [`CookieState`]: each CPU's cookie-mode state.
+pub const MAP_COOKIE: &str = "DOOR_COOKIE";
 
 /// Entries of [`MAP_EXEMPT`].
 pub const EXEMPT_CAPACITY: u32 = 4_096;
@@ -98,4 +101,7 @@ mod pod {
     // SAFETY: `GuardState` is `#[repr(C)]`, a `u64` and a `PrefixState`, no padding (size
     // asserted in `shield`); every bit pattern is valid.
     unsafe impl aya::Pod for super::GuardState {}
+    // SAFETY: `CookieState` is `#[repr(C)]`, six `u64`, no padding (size asserted in `shield`);
+    // every bit pattern is valid.
+    unsafe impl aya::Pod for super::CookieState {}
 }

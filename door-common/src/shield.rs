@@ -14,6 +14,11 @@ pub const CONFIG_HAS_EXEMPT: u64 = 4;
 /// first insert; the program skips the lookup while it is clear).
 pub const CONFIG_HAS_BLOCKLIST: u64 = 8;
 
+/// [`ShieldConfig::flags`]: cookie mode is enabled (`[xdp] syn_cookies = "auto"`): while this
+/// CPU's SYN rate is over its share of `cookie_threshold`, SYNs that passed every other check are
+/// answered with a SYN-ACK carrying a SYN cookie.
+pub const CONFIG_COOKIES: u64 = 16;
+
 /// Words of the destination-port bitmap (65,536 bits).
 pub const PORT_WORDS: usize = 1_024;
 
@@ -39,11 +44,24 @@ pub struct ShieldConfig {
     pub overflow_interval_ns: u64,
     /// `overflow_syn_burst × overflow_interval_ns`, nanoseconds.
     pub overflow_tolerance_ns: u64,
+    /// Nanoseconds between two tokens of each CPU's cookie-mode bucket: this CPU's share of
+    /// `[xdp] cookie_threshold` (the threshold divided by the number of possible CPUs). Read only
+    /// with [`CONFIG_COOKIES`].
+    pub cookie_interval_ns: u64,
+    /// Tolerance of the cookie-mode bucket, nanoseconds (one second's worth of tokens, at least one
+    /// interval): how long the rate may stay over the threshold before cookie mode starts.
+    pub cookie_tolerance_ns: u64,
+    /// Interval of the bucket that ends cookie mode: 80% of the cookie-mode rate, nanoseconds.
+    pub cookie_leave_interval_ns: u64,
+    /// Tolerance of the bucket that ends cookie mode, nanoseconds.
+    pub cookie_leave_tolerance_ns: u64,
+    /// How long the SYN rate must stay within the leave bucket before cookie mode ends, ns.
+    pub cookie_hold_ns: u64,
     /// Protected destination ports, one bit each: port `p` is bit `p % 64` of word `p / 64`.
     pub ports: [u64; PORT_WORDS],
 }
 
-const _: () = assert!(size_of::<ShieldConfig>() == 7 * 8 + PORT_WORDS * 8);
+const _: () = assert!(size_of::<ShieldConfig>() == 12 * 8 + PORT_WORDS * 8);
 
 impl ShieldConfig {
     /// A configuration with no port protected and the guard off (flags: written).
@@ -56,6 +74,11 @@ impl ShieldConfig {
             new_prefix_tolerance_ns: 0,
             overflow_interval_ns: syn_interval_ns,
             overflow_tolerance_ns: syn_tolerance_ns,
+            cookie_interval_ns: 0,
+            cookie_tolerance_ns: 0,
+            cookie_leave_interval_ns: 0,
+            cookie_leave_tolerance_ns: 0,
+            cookie_hold_ns: 0,
             ports: [0; PORT_WORDS],
         }
     }
@@ -90,6 +113,28 @@ pub struct GuardState {
 }
 
 const _: () = assert!(size_of::<GuardState>() == 40);
+
+/// One CPU's cookie-mode state, in the per-CPU array [`crate::MAP_COOKIE`] (entry 0). Each CPU
+/// decides on its own from the SYNs it sees, so no two CPUs write the same value.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CookieState {
+    /// 1 while this CPU is in cookie mode, 0 otherwise.
+    pub active: u64,
+    /// Theoretical arrival time of the bucket that starts cookie mode, ns.
+    pub tat_ns: u64,
+    /// Theoretical arrival time of the bucket that ends it (80% of the rate), ns.
+    pub leave_tat_ns: u64,
+    /// Since when (ns) the rate has stayed within the leave bucket while in cookie mode; 0 when it
+    /// has not.
+    pub below_since_ns: u64,
+    /// Times this CPU entered cookie mode (events).
+    pub entered: u64,
+    /// Times this CPU left cookie mode (events).
+    pub left: u64,
+}
+
+const _: () = assert!(size_of::<CookieState>() == 48);
 
 /// Key of the exempt LPM trie: the address in [`crate::PrefixKey`]'s 16-byte form (IPv4 as
 /// `::ffff:a.b.c.d`) but not masked; an IPv4 CIDR `/n` is stored with prefix length `96 + n`.

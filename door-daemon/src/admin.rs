@@ -125,6 +125,15 @@ impl StatusSource {
             }
             Err(e) => json!({ "error": e.to_string() }),
         };
+        let cookies = match shield.cookies() {
+            Ok(c) => json!({
+                "active": c.active_cpus > 0,
+                "active_cpus": c.active_cpus,
+                "entered": c.entered,
+                "left": c.left,
+            }),
+            Err(e) => json!({ "error": e.to_string() }),
+        };
         let tracked = shield
             .tracked_prefixes()
             .map_or_else(|e| json!(e.to_string()), |n| json!(n));
@@ -133,6 +142,7 @@ impl StatusSource {
             "tracked_prefixes": tracked,
             "blocked": blocked,
             "churn_guard": guard,
+            "cookie_mode": cookies,
             "configured_mode": self.xdp_mode,
             "interface": attached.map(|(i, _)| i),
             "mode": attached.map(|(_, m)| m.as_str()),

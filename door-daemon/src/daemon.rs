@@ -289,6 +289,22 @@ fn start_shield(config: &Config) -> Result<Option<Arc<Mutex<Shield>>>, ServeErro
         return Ok(None);
     }
     let interface = config.xdp.interface.clone().unwrap_or_default();
+    if config.xdp.syn_cookies == crate::config::SynCookies::Auto {
+        let kernel = crate::shield::KernelCookies::read();
+        if kernel.works() {
+            tracing::info!(
+                threshold = config.xdp.cookie_threshold,
+                "{}",
+                kernel.describe()
+            );
+        } else {
+            tracing::warn!(
+                threshold = config.xdp.cookie_threshold,
+                "{}",
+                kernel.describe()
+            );
+        }
+    }
     let exempt = exempt_prefixes(config);
     let attached = Shield::load_with_capacity(config.xdp.max_prefixes).and_then(|mut s| {
         s.configure(&config.xdp, &exempt, &config.deny)?;

@@ -20,6 +20,12 @@
 //!    every new legitimate client; the guard bounds entry creation, so a tracked prefix idle for
 //!    less than `max_prefixes / new_prefix_rate` seconds is never evicted.
 //!
+//! 5. cookie mode ([`cookie_mode`], `[xdp] syn_cookies = "auto"`): while this CPU's rate of SYNs
+//!    that passed the steps above is over its share of `cookie_threshold`, the CPU is in cookie
+//!    mode (entered and left with hysteresis, counted as events in [`door_common::MAP_COOKIE`]).
+//!    Answering such a SYN from XDP with a SYN-ACK carrying the kernel's cookie is not done yet:
+//!    the SYN passes to the kernel, counted as [`Counter::PassCookieUnavailable`].
+//!
 //! Two shapes that could hide a SYN are judged too (see [`parse`]): a TCP first fragment too short
 //! for the TCP header to a protected port is dropped (RFC 1858 §3.1), and an IPv6 packet whose
 //! extension headers cannot be walked to the end is charged to its source's bucket like a SYN.
@@ -54,9 +60,11 @@ use aya_ebpf::{
     programs::XdpContext,
 };
 use door_common::{
-    BLOCKED_CAPACITY, COUNTER_COUNT, Counter, DENIED, EXEMPT_CAPACITY, ExemptKey, GuardState,
-    PREFIX_MAP_CAPACITY, PrefixKey, PrefixState, ShieldConfig, Verdict, gcra,
-    shield::{CONFIG_ALL_PORTS, CONFIG_HAS_BLOCKLIST, CONFIG_HAS_EXEMPT, CONFIG_WRITTEN},
+    BLOCKED_CAPACITY, COUNTER_COUNT, CookieState, Counter, DENIED, EXEMPT_CAPACITY, ExemptKey,
+    GuardState, PREFIX_MAP_CAPACITY, PrefixKey, PrefixState, ShieldConfig, Verdict, gcra,
+    shield::{
+        CONFIG_ALL_PORTS, CONFIG_COOKIES, CONFIG_HAS_BLOCKLIST, CONFIG_HAS_EXEMPT, CONFIG_WRITTEN,
+    },
 };
 
 use crate::{
@@ -90,6 +98,10 @@ static DOOR_BLOCKED: LruHashMap<PrefixKey, u64> = LruHashMap::with_max_entries(B
 #[map(name = "DOOR_GUARD")]
 static DOOR_GUARD: Array<GuardState> = Array::with_max_entries(1, 0);
 
+/// Each CPU's cookie-mode state (one entry).
+#[map(name = "DOOR_COOKIE")]
+static DOOR_COOKIE: PerCpuArray<CookieState> = PerCpuArray::with_max_entries(1, 0);
+
 /// The XDP entry point: classify, count, and return the verdict.
 #[xdp]
 #[expect(
@@ -99,7 +111,12 @@ static DOOR_GUARD: Array<GuardState> = Array::with_max_entries(1, 0);
 fn door_xdp(ctx: XdpContext) -> u32 {
     let counter = match parse(&Packet::new(&ctx)) {
         Parsed::Tcp(segment) if segment.is_syn() => {
-            judge(&segment.addr, Some(segment.dst_port), Kind::Syn)
+            match judge(&segment.addr, Some(segment.dst_port), Kind::Syn) {
+                Counter::PassSyn | Counter::PassOverflowSyn if cookie_mode(now_ns()) => {
+                    Counter::PassCookieUnavailable
+                }
+                c => c,
+            }
         }
         Parsed::Tcp(_) => Counter::PassNotSyn,
         Parsed::TinyFragment { addr, dst_port } => judge(&addr, dst_port, Kind::TinyFragment),
@@ -322,6 +339,62 @@ fn charge(
             kind.drop()
         }
     }
+}
+
+/// Whether cookie mode is on for this CPU after counting one more SYN, entering or leaving it as
+/// the rate says (see [`CookieState`]); `false` when cookie mode is not configured.
+#[inline(always)]
+fn cookie_mode(now: u64) -> bool {
+    let Some(cfg) = MapValue::in_array(&DOOR_CONFIG, 0) else {
+        return false;
+    };
+    if cfg.load(offset_of!(ShieldConfig, flags)) & CONFIG_COOKIES == 0 {
+        return false;
+    }
+    let Some(state) = MapValue::in_per_cpu_array(&DOOR_COOKIE, 0) else {
+        return false;
+    };
+    let active = offset_of!(CookieState, active);
+    let tat_at = offset_of!(CookieState, tat_ns);
+    let leave_at = offset_of!(CookieState, leave_tat_ns);
+    let since_at = offset_of!(CookieState, below_since_ns);
+    if state.load(active) == 0 {
+        let interval = cfg.load(offset_of!(ShieldConfig, cookie_interval_ns));
+        let tolerance = cfg.load(offset_of!(ShieldConfig, cookie_tolerance_ns));
+        if let Some(tat) = gcra::take(state.load(tat_at), now, interval, tolerance) {
+            state.store(tat_at, tat);
+            return false;
+        }
+        // Over the threshold: enter, with the leave bucket empty (it must drain first).
+        state.store(active, 1);
+        bump(&state, offset_of!(CookieState, entered));
+        let leave_tolerance = cfg.load(offset_of!(ShieldConfig, cookie_leave_tolerance_ns));
+        state.store(leave_at, now.saturating_add(leave_tolerance));
+        state.store(since_at, 0);
+        return true;
+    }
+    let interval = cfg.load(offset_of!(ShieldConfig, cookie_leave_interval_ns));
+    let tolerance = cfg.load(offset_of!(ShieldConfig, cookie_leave_tolerance_ns));
+    let Some(tat) = gcra::take(state.load(leave_at), now, interval, tolerance) else {
+        // Still over 80% of the threshold.
+        state.store(since_at, 0);
+        return true;
+    };
+    state.store(leave_at, tat);
+    let since = state.load(since_at);
+    if since == 0 {
+        state.store(since_at, now | 1);
+        return true;
+    }
+    if now.saturating_sub(since) < cfg.load(offset_of!(ShieldConfig, cookie_hold_ns)) {
+        return true;
+    }
+    // Under 80% for the hold time: leave, with a full bucket.
+    state.store(active, 0);
+    state.store(tat_at, 0);
+    state.store(since_at, 0);
+    bump(&state, offset_of!(CookieState, left));
+    false
 }
 
 /// Adds one to the `u64` at `offset` of a shared map value (see the crate docs on concurrency).

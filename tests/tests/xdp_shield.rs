@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use door_common::{Counter, PrefixKey};
 use door_daemon::{
-    config::{XdpConfig, XdpMode},
+    config::{SynCookies, XdpConfig, XdpMode},
     shield::Shield,
 };
 use door_tests::{
@@ -55,6 +55,8 @@ fn settings(syn_burst: u32) -> XdpConfig {
         escalate_after: 0,
         escalate_window: Duration::from_secs(10),
         block_for: Duration::from_mins(1),
+        syn_cookies: SynCookies::Off,
+        cookie_threshold: 20_000.0,
     }
 }
 
@@ -699,4 +701,73 @@ fn observing_never_drops() {
     // Once configured, the earlier block takes effect.
     s.configure(&settings(1_000_000), &[], &[]).unwrap();
     assert_eq!(verdict(&s, &syn4()), (XDP_DROP, Counter::DropBlocked));
+}
+
+/// Pins the calling thread to its current CPU, so that every test run sees the same per-CPU
+/// cookie-mode state.
+fn pin_to_one_cpu() {
+    // SAFETY: `sched_getcpu` takes no arguments; `sched_setaffinity` reads a `cpu_set_t` that
+    // lives on this stack for the call.
+    #[expect(unsafe_code, reason = "libc: pinning the test thread to one CPU")]
+    unsafe {
+        let cpu = usize::try_from(libc::sched_getcpu()).unwrap();
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(cpu, &mut set);
+        assert_eq!(
+            libc::sched_setaffinity(0, size_of::<libc::cpu_set_t>(), &raw const set),
+            0
+        );
+    }
+}
+
+#[test]
+fn cookie_mode_starts_over_the_threshold_and_stays_on() {
+    let mut cfg = settings(1000);
+    cfg.syn_cookies = SynCookies::Auto;
+    // One token per 1000 s for this CPU (the threshold is shared across CPUs): the first SYN
+    // fits the one-interval tolerance, the second is over the threshold.
+    let cpus = aya::util::nr_cpus().unwrap();
+    #[expect(clippy::cast_precision_loss, reason = "a CPU count")]
+    let threshold = FROZEN_RATE * cpus as f64;
+    cfg.cookie_threshold = threshold;
+    let Some(s) = shield(&cfg, &[]) else { return };
+    pin_to_one_cpu();
+    assert_eq!(verdict(&s, &syn4()), (XDP_PASS, Counter::PassSyn));
+    assert_eq!(s.cookies().unwrap().entered, 0);
+    assert_eq!(
+        verdict(&s, &syn4()),
+        (XDP_PASS, Counter::PassCookieUnavailable)
+    );
+    // Hysteresis: the leave bucket starts empty, so frozen time keeps cookie mode on.
+    for _ in 0..5 {
+        assert_eq!(
+            verdict(&s, &syn6()),
+            (XDP_PASS, Counter::PassCookieUnavailable)
+        );
+    }
+    let c = s.cookies().unwrap();
+    assert_eq!((c.active_cpus, c.entered, c.left), (1, 1, 0));
+    // Budgets apply first: a SYN over its prefix's budget is still dropped.
+    let mut tight = cfg.clone();
+    tight.syn_burst = 1;
+    let Some(t) = shield(&tight, &[]) else { return };
+    assert_eq!(verdict(&t, &syn4()), (XDP_PASS, Counter::PassSyn));
+    assert_eq!(verdict(&t, &syn4()), (XDP_DROP, Counter::DropSynBudget));
+}
+
+#[test]
+fn cookie_mode_off_or_under_the_threshold_changes_nothing() {
+    let mut cfg = settings(1000);
+    let Some(s) = shield(&cfg, &[]) else { return };
+    pin_to_one_cpu();
+    for _ in 0..5 {
+        assert_eq!(verdict(&s, &syn4()), (XDP_PASS, Counter::PassSyn));
+    }
+    cfg.syn_cookies = SynCookies::Auto;
+    cfg.cookie_threshold = 1e9;
+    let Some(s) = shield(&cfg, &[]) else { return };
+    for _ in 0..5 {
+        assert_eq!(verdict(&s, &syn4()), (XDP_PASS, Counter::PassSyn));
+    }
+    assert_eq!(s.cookies().unwrap().entered, 0);
 }

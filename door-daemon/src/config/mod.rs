@@ -170,6 +170,45 @@ impl XdpMode {
     }
 }
 
+/// Cookie mode of the flood shield (`[xdp] syn_cookies`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SynCookies {
+    /// While the SYN rate of all sources is over `cookie_threshold`, answer SYNs from XDP with a
+    /// SYN-ACK carrying the kernel's SYN cookie.
+    Auto,
+    /// Never (the default).
+    Off,
+}
+
+impl SynCookies {
+    /// Parses `auto|off`.
+    ///
+    /// # Errors
+    /// [`ConfigError::Invalid`] naming `xdp.syn_cookies` for anything else.
+    pub fn parse(s: &str) -> Result<Self, ConfigError> {
+        match s {
+            "auto" => Ok(Self::Auto),
+            "off" => Ok(Self::Off),
+            _ => Err(invalid(
+                "xdp.syn_cookies",
+                format!("{s:?}"),
+                "must be auto or off",
+            )),
+        }
+    }
+
+    /// `auto` or `off`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Auto => "auto",
+            Self::Off => "off",
+        }
+    }
+}
+
+/// Default `[xdp] cookie_threshold`, SYNs per second of all sources together.
+pub const DEFAULT_COOKIE_THRESHOLD: f64 = 20_000.0;
+
 /// The flood shield's settings (`[xdp]`).
 #[derive(Debug, Clone, PartialEq)]
 pub struct XdpConfig {
@@ -208,6 +247,11 @@ pub struct XdpConfig {
     pub escalate_window: Duration,
     /// How long an escalated key's SYNs are dropped. Default 60 s.
     pub block_for: Duration,
+    /// Cookie mode. Default [`SynCookies::Off`].
+    pub syn_cookies: SynCookies,
+    /// SYNs per second of all sources together (after the per-prefix budgets) above which cookie
+    /// mode starts. Default 20,000.
+    pub cookie_threshold: f64,
 }
 
 /// The lowest TLS protocol version door accepts (`[tls] min_version`).
@@ -796,6 +840,8 @@ struct XdpFile {
     escalate_after: Option<i64>,
     escalate_window: Option<String>,
     block_for: Option<String>,
+    syn_cookies: Option<String>,
+    cookie_threshold: Option<f64>,
 }
 
 impl Config {
@@ -1764,6 +1810,15 @@ fn build_xdp(
         Some(s) => parse_duration("xdp.block_for", s)?,
         None => DEFAULT_BLOCK_FOR,
     };
+    let syn_cookies = match f.syn_cookies.as_deref() {
+        Some(s) => SynCookies::parse(s)?,
+        None => SynCookies::Off,
+    };
+    let cookie_threshold = xdp_rate(
+        "xdp.cookie_threshold",
+        f.cookie_threshold,
+        DEFAULT_COOKIE_THRESHOLD,
+    )?;
     Ok(XdpConfig {
         interface,
         mode,
@@ -1779,6 +1834,8 @@ fn build_xdp(
         escalate_after,
         escalate_window,
         block_for,
+        syn_cookies,
+        cookie_threshold,
     })
 }
 

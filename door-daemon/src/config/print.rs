@@ -264,6 +264,8 @@ fn write_xdp(w: &mut TomlWriter, x: &XdpConfig) {
         escalate_after,
         escalate_window,
         block_for,
+        syn_cookies,
+        cookie_threshold,
     } = x;
     // No interface (mode "off") is the key's absence: TOML has no null.
     if let Some(interface) = interface {
@@ -288,6 +290,8 @@ fn write_xdp(w: &mut TomlWriter, x: &XdpConfig) {
     w.clear("escalate_after", i64::from(*escalate_after));
     w.clear("escalate_window", duration(*escalate_window));
     w.clear("block_for", duration(*block_for));
+    w.clear("syn_cookies", syn_cookies.as_str());
+    w.clear("cookie_threshold", *cookie_threshold);
 }
 
 /// Writes TOML one key at a time; every value goes through [`TomlWriter::clear`] or

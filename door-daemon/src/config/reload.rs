@@ -54,6 +54,8 @@ pub fn restart_only_changes(old: &Config, new: &Config) -> Vec<&'static str> {
         escalate_after: _,
         escalate_window: _,
         block_for: _,
+        syn_cookies: _,
+        cookie_threshold: _,
     } = xdp;
     let checks = [
         (

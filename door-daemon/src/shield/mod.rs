@@ -20,14 +20,83 @@ use aya::{
     programs::{ProgramError, TestRun, TestRunOptions, Xdp, XdpMode as AyaXdpMode, xdp::XdpLinkId},
 };
 use door_common::{
-    COUNTER_COUNT, Counter, ExemptKey, GuardState, MAP_BLOCKED, MAP_CONFIG, MAP_COUNTERS,
-    MAP_EXEMPT, MAP_GUARD, MAP_PREFIXES, PROGRAM_NAME, PrefixKey, PrefixState, ShieldConfig, gcra,
-    shield::{CONFIG_ALL_PORTS, CONFIG_HAS_BLOCKLIST, CONFIG_HAS_EXEMPT},
+    COUNTER_COUNT, CookieState, Counter, ExemptKey, GuardState, MAP_BLOCKED, MAP_CONFIG,
+    MAP_COOKIE, MAP_COUNTERS, MAP_EXEMPT, MAP_GUARD, MAP_PREFIXES, PROGRAM_NAME, PrefixKey,
+    PrefixState, ShieldConfig, gcra,
+    shield::{CONFIG_ALL_PORTS, CONFIG_COOKIES, CONFIG_HAS_BLOCKLIST, CONFIG_HAS_EXEMPT},
 };
 use ipnet::IpNet;
 use thiserror::Error;
 
-use crate::config::{XdpConfig, XdpMode};
+use crate::config::{SynCookies, XdpConfig, XdpMode};
+
+/// How long cookie mode lasts once the SYN rate is back under 80% of the threshold.
+const COOKIE_HOLD: Duration = Duration::from_secs(1);
+
+/// The cookie-mode state of every CPU, summed (see [`Shield::cookies`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CookieSummary {
+    /// CPUs in cookie mode now.
+    pub active_cpus: u32,
+    /// Times any CPU entered cookie mode.
+    pub entered: u64,
+    /// Times any CPU left cookie mode.
+    pub left: u64,
+}
+
+/// `net.ipv4.tcp_syncookies` of door's network namespace, and what it means for cookie mode.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KernelCookies {
+    /// 0: the kernel neither sends nor validates SYN cookies; cookie mode cannot work.
+    Disabled,
+    /// 1: the kernel hands out cookies only while a listener's SYN queue is full, so
+    /// `bpf_tcp_gen_syncookie` refuses otherwise and cookie mode passes SYNs instead.
+    OnOverflow,
+    /// 2: cookies on demand; cookie mode works. The kernel also answers every SYN that reaches
+    /// it with a cookie (no SYN queue).
+    Always,
+    /// The file could not be read or held another value.
+    Unknown,
+}
+
+impl KernelCookies {
+    /// Reads `/proc/sys/net/ipv4/tcp_syncookies` (of the calling thread's network namespace).
+    pub fn read() -> Self {
+        match std::fs::read_to_string("/proc/sys/net/ipv4/tcp_syncookies")
+            .ok()
+            .as_deref()
+            .map(str::trim)
+        {
+            Some("0") => Self::Disabled,
+            Some("1") => Self::OnOverflow,
+            Some("2") => Self::Always,
+            _ => Self::Unknown,
+        }
+    }
+
+    /// Whether `bpf_tcp_gen_syncookie` hands out cookies whenever cookie mode asks.
+    pub fn works(self) -> bool {
+        self == Self::Always
+    }
+
+    /// One sentence for the log: what was found and what it means.
+    pub fn describe(self) -> &'static str {
+        match self {
+            Self::Disabled => {
+                "net.ipv4.tcp_syncookies = 0: the kernel cannot validate SYN cookies; cookie mode will pass SYNs (counted as pass/cookie_unavailable); set it to 2"
+            }
+            Self::OnOverflow => {
+                "net.ipv4.tcp_syncookies = 1: the kernel makes cookies only while a listen queue is full, so cookie mode will mostly pass SYNs (pass/cookie_unavailable); set it to 2"
+            }
+            Self::Always => {
+                "net.ipv4.tcp_syncookies = 2: cookie mode answers SYNs from XDP while the SYN rate is over xdp.cookie_threshold; the kernel validates the cookies"
+            }
+            Self::Unknown => {
+                "net.ipv4.tcp_syncookies could not be read: cookie mode may pass SYNs instead of answering them"
+            }
+        }
+    }
+}
 
 /// The XDP object built by `build.rs` from `door-ebpf` (empty when built with `AYA_BUILD_SKIP=1`).
 /// The only eBPF object door carries: the benchmark's reference programs live in the tests crate
@@ -338,6 +407,18 @@ impl Shield {
         for &port in &xdp.ports {
             cfg.protect(port);
         }
+        if xdp.syn_cookies == SynCookies::Auto {
+            cfg.flags |= CONFIG_COOKIES;
+            let cpus = aya::util::nr_cpus().map_or(1, |n| n.max(1));
+            #[expect(clippy::cast_precision_loss, reason = "a CPU count is far below 2^52")]
+            let share = xdp.cookie_threshold / cpus as f64;
+            let second = u64::try_from(Duration::from_secs(1).as_nanos()).unwrap_or(u64::MAX);
+            cfg.cookie_interval_ns = gcra::interval_ns(share);
+            cfg.cookie_tolerance_ns = cfg.cookie_interval_ns.max(second);
+            cfg.cookie_leave_interval_ns = gcra::interval_ns(share * 0.8);
+            cfg.cookie_leave_tolerance_ns = cfg.cookie_leave_interval_ns.max(second);
+            cfg.cookie_hold_ns = u64::try_from(COOKIE_HOLD.as_nanos()).unwrap_or(u64::MAX);
+        }
         // The trie is filled before the flag that makes the program read it is written.
         let map_err = |source| ShieldError::Map {
             name: MAP_EXEMPT,
@@ -441,6 +522,27 @@ impl Shield {
         let map: HashMap<_, PrefixKey, u64> =
             HashMap::try_from(map_ref(&self.ebpf, MAP_BLOCKED)?).map_err(map_err)?;
         Ok(map.iter().filter_map(Result::ok).collect())
+    }
+
+    /// Cookie mode across CPUs: how many are in it, and the entered/left events.
+    ///
+    /// # Errors
+    /// [`ShieldError::Map`] if the cookie map cannot be read.
+    pub fn cookies(&self) -> Result<CookieSummary, ShieldError> {
+        let map_err = |source| ShieldError::Map {
+            name: MAP_COOKIE,
+            source,
+        };
+        let array: PerCpuArray<_, CookieState> =
+            PerCpuArray::try_from(map_ref(&self.ebpf, MAP_COOKIE)?).map_err(map_err)?;
+        let per_cpu = array.get(&0, 0).map_err(map_err)?;
+        Ok(per_cpu
+            .iter()
+            .fold(CookieSummary::default(), |s, c| CookieSummary {
+                active_cpus: s.active_cpus + u32::from(c.active != 0),
+                entered: s.entered + c.entered,
+                left: s.left + c.left,
+            }))
     }
 
     /// The churn guard: its new-prefix bucket and the shared overflow bucket's counts.

@@ -15,7 +15,7 @@ use std::time::Duration;
 use anyhow::Context as _;
 use clap::Parser;
 use door_daemon::{
-    config::{XdpConfig, XdpMode},
+    config::{SynCookies, XdpConfig, XdpMode},
     shield::Shield,
 };
 use door_tests::{
@@ -56,6 +56,8 @@ fn settings(syn_rate: f64, syn_burst: u32) -> XdpConfig {
         escalate_after: 0,
         escalate_window: Duration::from_secs(10),
         block_for: Duration::from_mins(1),
+        syn_cookies: SynCookies::Off,
+        cookie_threshold: 20_000.0,
     }
 }
 
