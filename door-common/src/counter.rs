@@ -9,14 +9,18 @@ pub enum Verdict {
     Pass,
     /// `XDP_DROP`: discarded at the driver.
     Drop,
+    /// `XDP_TX`: answered from the driver, out of the interface it came in on (a SYN rewritten
+    /// in place into a SYN-ACK carrying the kernel's SYN cookie).
+    Tx,
 }
 
 impl Verdict {
-    /// `"pass"` or `"drop"`, as exported in metrics and `/status`.
+    /// `"pass"`, `"drop"` or `"tx"`, as exported in metrics and `/status`.
     pub const fn as_str(self) -> &'static str {
         match self {
             Verdict::Pass => "pass",
             Verdict::Drop => "drop",
+            Verdict::Tx => "tx",
         }
     }
 }
@@ -70,13 +74,24 @@ pub enum Counter {
     DropUnwalkable = 16,
     /// Dropped: a SYN from an address on the operator's deny list (`deny`).
     DropDenied = 17,
-    /// Passed: a SYN within every budget while this CPU is in cookie mode. Answering it from XDP
-    /// with a SYN cookie is not implemented yet, so it goes to the kernel.
+    /// Passed: a SYN within every budget while this CPU is in cookie mode, of a shape the program
+    /// does not answer from XDP (IPv4 options, an IPv4 first fragment, IPv6 extension headers):
+    /// the kernel handles it as usual.
     PassCookieUnavailable = 18,
+    /// Answered (`XDP_TX`): a SYN within every budget while this CPU is in cookie mode, rewritten
+    /// into a SYN-ACK carrying the kernel's SYN cookie for the listening socket (RFC 4987 §3.6).
+    TxSynCookie = 19,
+    /// Passed: a SYN in cookie mode for which the kernel declined to make a cookie
+    /// (`bpf_tcp_gen_syncookie` failed: `-ENOENT` while `net.ipv4.tcp_syncookies = 1` and the
+    /// listener's SYN queue is not full, or with `tcp_syncookies = 0`, or its accept queue full).
+    PassCookieDeclined = 20,
+    /// Passed: a SYN in cookie mode to an address and port with no listening socket in the
+    /// interface's network namespace (the kernel answers it with a RST).
+    PassNoListener = 21,
 }
 
 /// Number of counters, the length of the per-CPU array [`crate::MAP_COUNTERS`].
-pub const COUNTER_COUNT: u32 = 19;
+pub const COUNTER_COUNT: u32 = 22;
 
 impl Counter {
     /// Every counter, in index order.
@@ -100,6 +115,9 @@ impl Counter {
         Counter::DropUnwalkable,
         Counter::DropDenied,
         Counter::PassCookieUnavailable,
+        Counter::TxSynCookie,
+        Counter::PassCookieDeclined,
+        Counter::PassNoListener,
     ];
 
     /// The index of this counter in [`crate::MAP_COUNTERS`].
@@ -122,13 +140,16 @@ impl Counter {
             | Counter::PassExempt
             | Counter::PassTooManyHeaders
             | Counter::PassOverflowSyn
-            | Counter::PassCookieUnavailable => Verdict::Pass,
+            | Counter::PassCookieUnavailable
+            | Counter::PassCookieDeclined
+            | Counter::PassNoListener => Verdict::Pass,
             Counter::DropSynBudget
             | Counter::DropOverflow
             | Counter::DropBlocked
             | Counter::DropTinyFragment
             | Counter::DropUnwalkable
             | Counter::DropDenied => Verdict::Drop,
+            Counter::TxSynCookie => Verdict::Tx,
         }
     }
 
@@ -154,6 +175,9 @@ impl Counter {
             Counter::DropUnwalkable => "unwalkable",
             Counter::DropDenied => "denied",
             Counter::PassCookieUnavailable => "cookie_unavailable",
+            Counter::TxSynCookie => "syn_cookie",
+            Counter::PassCookieDeclined => "cookie_declined",
+            Counter::PassNoListener => "no_listener",
         }
     }
 }

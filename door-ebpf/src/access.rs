@@ -1,5 +1,7 @@
-//! The only `unsafe` of the eBPF crate: bounds-checked reads of the packet, access to the values
-//! the kernel's map lookup helpers return, and the clock helper.
+//! The only `unsafe` of the eBPF crate: bounds-checked reads and writes of the packet, access to
+//! the values the kernel's map lookup helpers return, the clock helper, and the SYN cookie path's
+//! helpers (`bpf_skc_lookup_tcp`, `bpf_tcp_gen_syncookie`, `bpf_sk_release`,
+//! `bpf_xdp_adjust_tail`).
 //!
 //! The verifier rejects any packet access it cannot prove lies inside `[data, data_end)`; the
 //! checks below are the ones it looks for, so a program that passes them cannot read out of bounds.
@@ -12,7 +14,11 @@
 
 use core::ptr::NonNull;
 
+use core::mem::offset_of;
+
 use aya_ebpf::{
+    bindings::{bpf_sock_tuple, xdp_md},
+    helpers::{bpf_sk_release, bpf_skc_lookup_tcp, bpf_tcp_gen_syncookie, bpf_xdp_adjust_tail},
     maps::{Array, LruHashMap, PerCpuArray},
     programs::XdpContext,
 };
@@ -26,6 +32,7 @@ pub(crate) const MAX_OFFSET: usize = 1024;
 /// belong to the datagram being parsed (the rest is link-layer padding).
 #[derive(Clone, Copy)]
 pub(crate) struct Packet {
+    ctx: *mut xdp_md,
     start: usize,
     end: usize,
     limit: usize,
@@ -36,6 +43,7 @@ impl Packet {
     #[inline(always)]
     pub(crate) fn new(ctx: &XdpContext) -> Self {
         Self {
+            ctx: ctx.ctx,
             start: ctx.data(),
             end: ctx.data_end(),
             limit: usize::MAX,
@@ -83,6 +91,150 @@ impl Packet {
         Some(unsafe { core::ptr::read_unaligned(at as *const [u8; N]) })
     }
 }
+
+impl Packet {
+    /// The address of the `N` bytes at `offset`, checked exactly as [`Packet::read`] checks.
+    #[inline(always)]
+    fn pointer<const N: usize>(&self, offset: usize) -> Option<usize> {
+        if offset > MAX_OFFSET || offset + N > self.limit {
+            return None;
+        }
+        let at = self.start + offset;
+        if at + N > self.end {
+            return None;
+        }
+        Some(at)
+    }
+
+    /// Writes `bytes` at `offset` from the start of the packet; `false`, with nothing written,
+    /// where [`Packet::read`] of the same bytes would return `None`.
+    #[inline(always)]
+    pub(crate) fn write<const N: usize>(&self, offset: usize, bytes: [u8; N]) -> bool {
+        let Some(at) = self.pointer::<N>(offset) else {
+            return false;
+        };
+        // SAFETY: `[at, at + N)` lies inside `[data, data_end)` (checked by `pointer`); XDP
+        // packet memory is writable by the program for the whole invocation and nothing else
+        // accesses it meanwhile. Alignment 1: an unaligned write of a byte array.
+        unsafe { core::ptr::write_unaligned(at as *mut [u8; N], bytes) };
+        true
+    }
+
+    /// The frame's length in bytes (`data_end - data`), padding included.
+    #[inline(always)]
+    pub(crate) fn len(&self) -> usize {
+        self.end - self.start
+    }
+
+    /// Cuts the frame to its first `len` bytes (`bpf_xdp_adjust_tail`, Linux 4.18); `false` when
+    /// `len` is not shorter than the frame or the kernel refused. Consumes the packet: the helper
+    /// invalidates every pointer into it, so nothing may read or write it afterwards.
+    #[inline(always)]
+    pub(crate) fn truncate(self, len: usize) -> bool {
+        let cut = self.len().saturating_sub(len);
+        let Ok(delta) = i32::try_from(cut) else {
+            return false;
+        };
+        if delta == 0 {
+            return false;
+        }
+        // SAFETY: `ctx` is this invocation's context (from `Packet::new`); the helper only moves
+        // `data_end`. `self` is consumed, so no pointer derived from it is used afterwards.
+        unsafe { bpf_xdp_adjust_tail(self.ctx, -delta) == 0 }
+    }
+
+    /// Asks the kernel for a SYN cookie for the SYN whose IP and TCP headers were copied into
+    /// `scratch` (see [`CookieScratch`], with its `tuple` filled in), on behalf of the listening
+    /// socket the tuple reaches in the network namespace of the interface the packet arrived on:
+    /// `bpf_skc_lookup_tcp` (Linux 5.2, "bpf: add skc_lookup_tcp helper") and
+    /// `bpf_tcp_gen_syncookie` (Linux 5.4, "bpf: add bpf_tcp_gen_syncookie helper"). Returns the
+    /// cookie (the SYN-ACK's sequence number) and the MSS it encodes, in bytes. No state is kept: the reference to the socket is released before returning.
+    #[inline(always)]
+    pub(crate) fn syn_cookie(
+        &self,
+        scratch: &MapValue<CookieScratch>,
+        v6: bool,
+    ) -> Result<(u32, u16), CookieError> {
+        let base = scratch.ptr.as_ptr() as usize;
+        let tuple = base + offset_of!(CookieScratch, tuple);
+        let ip = base + offset_of!(CookieScratch, ip);
+        let tcp = base + offset_of!(CookieScratch, tcp);
+        // `struct bpf_sock_tuple`'s IPv4 member is 12 bytes, its IPv6 member 36.
+        let (tuple_len, ip_len) = if v6 { (36, 40) } else { (12, 20) };
+        // The helper checks that `th_len` is the header's data offset × 4 (byte 12, high nibble).
+        let doff = u32::from(
+            scratch
+                .load_u32(offset_of!(CookieScratch, tcp) + 12)
+                .to_ne_bytes()[0]
+                >> 4,
+        );
+        if doff < 5 {
+            return Err(CookieError::Declined);
+        }
+        let tcp_len = doff * 4;
+        // SAFETY: `ctx` is this invocation's context. `tuple` points at `tuple_len` (12 or 36)
+        // initialised bytes inside the scratch map value (40 bytes at that offset), laid out as
+        // `struct bpf_sock_tuple`. BPF_F_CURRENT_NETNS (-1 as u64): the namespace of the device
+        // the packet arrived on. The helper returns a referenced socket or null.
+        let sk = unsafe {
+            bpf_skc_lookup_tcp(
+                self.ctx.cast(),
+                tuple as *mut bpf_sock_tuple,
+                tuple_len,
+                u64::MAX,
+                0,
+            )
+        };
+        if sk.is_null() {
+            return Err(CookieError::NoListener);
+        }
+        let sk = sk.cast::<core::ffi::c_void>();
+        // SAFETY: `sk` is the live socket reference returned above. `ip` points at `ip_len` (20
+        // or 40) bytes and `tcp` at `tcp_len` (20 to 60) bytes inside the scratch map value (40
+        // and 64 bytes there); the helper only reads them.
+        let result =
+            unsafe { bpf_tcp_gen_syncookie(sk, ip as *mut _, ip_len, tcp as *mut _, tcp_len) };
+        // SAFETY: `sk` is the non-null reference `bpf_skc_lookup_tcp` returned, released exactly
+        // once, on every path.
+        unsafe { bpf_sk_release(sk) };
+        if result < 0 {
+            return Err(CookieError::Declined);
+        }
+        #[expect(
+            clippy::cast_possible_truncation,
+            clippy::cast_sign_loss,
+            reason = "the helper returns the cookie in the low 32 bits and the MSS in the next 16"
+        )]
+        Ok((result as u32, (result >> 32) as u16))
+    }
+}
+
+/// Why [`Packet::syn_cookie`] has no cookie.
+#[derive(Clone, Copy)]
+pub(crate) enum CookieError {
+    /// No listening socket for the SYN's destination address and port.
+    NoListener,
+    /// The kernel declined (`-ENOENT`: no SYN flood pressure on the listener, or SYN cookies
+    /// disabled, or its accept queue full; `-EINVAL`: a header it refuses).
+    Declined,
+}
+
+/// Per-CPU scratch space of the SYN cookie path, a map value rather than the 512-byte BPF stack:
+/// the lookup tuple and copies of the SYN's IP and TCP headers, as the helpers read them.
+/// 4-byte words holding the bytes in packet (network) order.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub(crate) struct CookieScratch {
+    /// `struct bpf_sock_tuple`: IPv4 `saddr`, `daddr` (4 bytes each), `sport`, `dport` (12
+    /// bytes), or IPv6 `saddr`, `daddr` (16 bytes each), `sport`, `dport` (36 bytes).
+    pub(crate) tuple: [u32; 10],
+    /// The SYN's IP header: IPv4 without options (20 bytes) or IPv6 (40 bytes).
+    pub(crate) ip: [u32; 10],
+    /// The SYN's TCP header with its options (20 to 60 bytes).
+    pub(crate) tcp: [u32; 16],
+}
+
+const _: () = assert!(size_of::<CookieScratch>() == 144);
 
 /// A value inside a BPF map, obtained from one of the lookup functions below during this
 /// invocation. The kernel keeps it alive until the program returns, and map values start 8-byte
@@ -157,6 +309,36 @@ impl<T> MapValue<T> {
             Some(field) => unsafe { field.read_volatile() },
             None => 0,
         }
+    }
+
+    /// Reads the `u32` at byte `offset`, a multiple of 4 inside `T`; 0 if `offset` is invalid.
+    /// For per-CPU scratch values only (no other CPU accesses them).
+    #[inline(always)]
+    pub(crate) fn load_u32(&self, offset: usize) -> u32 {
+        match self.field32(offset) {
+            // SAFETY: `field32` returned a pointer to a 4-aligned `u32` inside a live map value
+            // (this type's invariant; map values are 8-aligned).
+            Some(field) => unsafe { field.read_volatile() },
+            None => 0,
+        }
+    }
+
+    /// Writes the `u32` at byte `offset` (see [`MapValue::load_u32`]); nothing if invalid.
+    #[inline(always)]
+    pub(crate) fn store_u32(&self, offset: usize, value: u32) {
+        if let Some(field) = self.field32(offset) {
+            // SAFETY: as in `load_u32`; map values are writable by the program.
+            unsafe { field.write_volatile(value) }
+        }
+    }
+
+    /// Pointer to the `u32` at byte `offset`, or `None` unless it is 4-aligned inside `T`.
+    #[inline(always)]
+    fn field32(&self, offset: usize) -> Option<*mut u32> {
+        if !offset.is_multiple_of(align_of::<u32>()) || offset + size_of::<u32>() > size_of::<T>() {
+            return None;
+        }
+        Some(self.ptr.as_ptr().wrapping_byte_add(offset).cast::<u32>())
     }
 
     /// Writes the `u64` at byte `offset` (see [`MapValue::field`]); nothing if `offset` is invalid.

@@ -22,9 +22,12 @@
 //!
 //! 5. cookie mode ([`cookie_mode`], `[xdp] syn_cookies = "auto"`): while this CPU's rate of SYNs
 //!    that passed the steps above is over its share of `cookie_threshold`, the CPU is in cookie
-//!    mode (entered and left with hysteresis, counted as events in [`door_common::MAP_COOKIE`]).
-//!    Answering such a SYN from XDP with a SYN-ACK carrying the kernel's cookie is not done yet:
-//!    the SYN passes to the kernel, counted as [`Counter::PassCookieUnavailable`].
+//!    mode (entered and left with hysteresis, counted as events in [`door_common::MAP_COOKIE`]),
+//!    and such a SYN is answered in place with a SYN-ACK carrying the kernel's SYN cookie for the
+//!    listening socket ([`cookie`], `XDP_TX`, [`Counter::TxSynCookie`]); the client's ACK then
+//!    reaches the kernel, which validates the cookie. Without a listener, or when the kernel
+//!    declines to make a cookie, the SYN passes to the kernel ([`Counter::PassNoListener`],
+//!    [`Counter::PassCookieDeclined`]).
 //!
 //! Two shapes that could hide a SYN are judged too (see [`parse`]): a TCP first fragment too short
 //! for the TCP header to a protected port is dropped (RFC 1858 §3.1), and an IPv6 packet whose
@@ -49,6 +52,7 @@
 )]
 
 mod access;
+mod cookie;
 mod parse;
 
 use core::mem::offset_of;
@@ -68,7 +72,7 @@ use door_common::{
 };
 
 use crate::{
-    access::{MapValue, Packet, now_ns},
+    access::{CookieScratch, MapValue, Packet, now_ns},
     parse::{Parsed, parse},
 };
 
@@ -102,6 +106,10 @@ static DOOR_GUARD: Array<GuardState> = Array::with_max_entries(1, 0);
 #[map(name = "DOOR_COOKIE")]
 static DOOR_COOKIE: PerCpuArray<CookieState> = PerCpuArray::with_max_entries(1, 0);
 
+/// Scratch space of the SYN cookie path (one entry per CPU; see [`cookie`]): kept off the stack.
+#[map(name = "DOOR_SCRATCH")]
+static DOOR_SCRATCH: PerCpuArray<CookieScratch> = PerCpuArray::with_max_entries(1, 0);
+
 /// The XDP entry point: classify, count, and return the verdict.
 #[xdp]
 #[expect(
@@ -109,11 +117,12 @@ static DOOR_COOKIE: PerCpuArray<CookieState> = PerCpuArray::with_max_entries(1, 
     reason = "#[xdp] hands the context over by value"
 )]
 fn door_xdp(ctx: XdpContext) -> u32 {
-    let counter = match parse(&Packet::new(&ctx)) {
+    let packet = Packet::new(&ctx);
+    let counter = match parse(&packet) {
         Parsed::Tcp(segment) if segment.is_syn() => {
             match judge(&segment.addr, Some(segment.dst_port), Kind::Syn) {
                 Counter::PassSyn | Counter::PassOverflowSyn if cookie_mode(now_ns()) => {
-                    Counter::PassCookieUnavailable
+                    cookie::answer(&packet, &segment)
                 }
                 c => c,
             }
@@ -127,6 +136,7 @@ fn door_xdp(ctx: XdpContext) -> u32 {
     match counter.verdict() {
         Verdict::Pass => xdp_action::XDP_PASS,
         Verdict::Drop => xdp_action::XDP_DROP,
+        Verdict::Tx => xdp_action::XDP_TX,
     }
 }
 

@@ -48,6 +48,17 @@ pub(crate) struct TcpSegment {
     pub(crate) dst_port: u16,
     /// The TCP flags byte (CWR ECE URG ACK PSH RST SYN FIN).
     pub(crate) flags: u8,
+    /// Offset of the IP header from the start of the packet.
+    pub(crate) ip: usize,
+    /// Offset of the TCP header from the start of the packet.
+    pub(crate) tcp: usize,
+    /// The TCP header's length (data offset × 4), bytes.
+    pub(crate) tcp_len: usize,
+    /// IPv6 (otherwise IPv4).
+    pub(crate) v6: bool,
+    /// The TCP header follows a bare IP header: IPv4 without options and not a fragment, or IPv6
+    /// without extension headers. Only such a SYN is answered with a cookie.
+    pub(crate) bare: bool,
 }
 
 impl TcpSegment {
@@ -127,11 +138,17 @@ fn ipv4(pkt: &Packet, offset: usize) -> Parsed {
     }
     let addr = PrefixKey::from_ipv4([ip[12], ip[13], ip[14], ip[15]]).addr;
     let first_fragment = frag & 0x2000 != 0;
+    let at = L3 {
+        ip: offset,
+        v6: false,
+        bare: ihl == IPV4_MIN_HLEN && !first_fragment,
+    };
     tcp(
         &pkt.limited_to(offset + total),
         offset + ihl,
         addr,
         first_fragment,
+        at,
     )
 }
 
@@ -156,6 +173,7 @@ fn ipv6(pkt: &Packet, offset: usize) -> Parsed {
         ip[19], ip[20], ip[21], ip[22], ip[23],
     ];
     let mut next = ip[6];
+    let ip_at = offset;
     let mut offset = offset + IPV6_HLEN;
     let mut first_fragment = false;
     for _ in 0..MAX_EXT_HEADERS {
@@ -163,7 +181,14 @@ fn ipv6(pkt: &Packet, offset: usize) -> Parsed {
             return Parsed::Unwalkable { addr };
         }
         match next {
-            IPPROTO_TCP => return tcp(pkt, offset, addr, first_fragment),
+            IPPROTO_TCP => {
+                let at = L3 {
+                    ip: ip_at,
+                    v6: true,
+                    bare: offset == ip_at + IPV6_HLEN,
+                };
+                return tcp(pkt, offset, addr, first_fragment, at);
+            }
             IPPROTO_HOPOPTS | IPPROTO_ROUTING | IPPROTO_DSTOPTS => {
                 // Next header, length in 8-octet units not counting the first 8 (RFC 8200 §4.3).
                 let Some(h) = pkt.read::<2>(offset) else {
@@ -197,15 +222,28 @@ fn ipv6(pkt: &Packet, offset: usize) -> Parsed {
         }
     }
     if next == IPPROTO_TCP && offset <= MAX_OFFSET {
-        return tcp(pkt, offset, addr, first_fragment);
+        let at = L3 {
+            ip: ip_at,
+            v6: true,
+            bare: false,
+        };
+        return tcp(pkt, offset, addr, first_fragment, at);
     }
     Parsed::Unwalkable { addr }
+}
+
+/// Where the IP header of a segment is, and its shape.
+#[derive(Clone, Copy)]
+struct L3 {
+    ip: usize,
+    v6: bool,
+    bare: bool,
 }
 
 /// The TCP header at `offset`; `first_fragment` when the datagram is the first of several, in
 /// which case a header cut short is a tiny fragment rather than a truncated packet.
 #[inline(always)]
-fn tcp(pkt: &Packet, offset: usize, addr: [u8; 16], first_fragment: bool) -> Parsed {
+fn tcp(pkt: &Packet, offset: usize, addr: [u8; 16], first_fragment: bool, at: L3) -> Parsed {
     let Some(tcp) = pkt.read::<TCP_MIN_HLEN>(offset) else {
         // A datagram that says it ends inside the TCP header is a tiny fragment; a frame cut short
         // of its datagram is merely truncated (the kernel drops it too).
@@ -217,12 +255,18 @@ fn tcp(pkt: &Packet, offset: usize, addr: [u8; 16], first_fragment: bool) -> Par
         }
         return Parsed::Other(Counter::PassTruncated);
     };
-    if usize::from(tcp[12] >> 4) * 4 < TCP_MIN_HLEN {
+    let tcp_len = usize::from(tcp[12] >> 4) * 4;
+    if tcp_len < TCP_MIN_HLEN {
         return Parsed::Other(Counter::PassMalformed);
     }
     Parsed::Tcp(TcpSegment {
         addr,
         dst_port: u16::from_be_bytes([tcp[2], tcp[3]]),
         flags: tcp[13],
+        ip: at.ip,
+        tcp: offset,
+        tcp_len,
+        v6: at.v6,
+        bare: at.bare,
     })
 }

@@ -62,6 +62,47 @@ pub fn tcp6(src: [u8; 16], dst: [u8; 16], dport: u16, flags: Flags) -> Vec<u8> {
     segment(b.tcp(40_000, dport, 1, 64_240), flags)
 }
 
+/// An Ethernet/IPv4 TCP SYN from `src`:`sport` to `dst`:`dport` with sequence number `seq` and
+/// the raw TCP `options` (padded with zeros to a multiple of 4 bytes by etherparse), no payload.
+pub fn syn4_with_options(
+    src: [u8; 4],
+    dst: [u8; 4],
+    sport: u16,
+    dport: u16,
+    seq: u32,
+    options: &[u8],
+) -> Vec<u8> {
+    let b = PacketBuilder::ethernet2(SRC_MAC, DST_MAC).ipv4(src, dst, 64);
+    syn_with_options(b.tcp(sport, dport, seq, 64_240), options)
+}
+
+/// As [`syn4_with_options`], over IPv6.
+pub fn syn6_with_options(
+    src: [u8; 16],
+    dst: [u8; 16],
+    sport: u16,
+    dport: u16,
+    seq: u32,
+    options: &[u8],
+) -> Vec<u8> {
+    let b = PacketBuilder::ethernet2(SRC_MAC, DST_MAC).ipv6(src, dst, 64);
+    syn_with_options(b.tcp(sport, dport, seq, 64_240), options)
+}
+
+#[expect(
+    clippy::panic,
+    reason = "test support: options that cannot be set fail the test"
+)]
+fn syn_with_options(b: PacketBuilderStep<TcpHeader>, options: &[u8]) -> Vec<u8> {
+    let b = match b.syn().options_raw(options) {
+        Ok(b) => b,
+        Err(e) => panic!("TCP options of a test SYN: {e}"),
+    };
+    write(b.size(0), |out| {
+        b.write(out, &[]).map_err(|e| e.to_string())
+    })
+}
+
 /// Sets `flags` on a TCP segment being built and writes the frame (no payload).
 fn segment(mut b: PacketBuilderStep<TcpHeader>, flags: Flags) -> Vec<u8> {
     if flags.syn {

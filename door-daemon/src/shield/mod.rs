@@ -44,16 +44,19 @@ pub struct CookieSummary {
     pub left: u64,
 }
 
-/// `net.ipv4.tcp_syncookies` of door's network namespace, and what it means for cookie mode.
+/// `net.ipv4.tcp_syncookies` of door's network namespace, and what it means for cookie mode
+/// (docs/decisions.md, "SYN cookies"): the XDP program answers a SYN only when both door's
+/// threshold and the kernel agree; otherwise the SYN passes to the kernel.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum KernelCookies {
     /// 0: the kernel neither sends nor validates SYN cookies; cookie mode cannot work.
     Disabled,
-    /// 1: the kernel hands out cookies only while a listener's SYN queue is full, so
-    /// `bpf_tcp_gen_syncookie` refuses otherwise and cookie mode passes SYNs instead.
+    /// 1 (the kernel's default): `bpf_tcp_gen_syncookie` makes cookies only while the
+    /// listener's SYN queue is full, so in cookie mode the first SYNs of a flood fill the queue as
+    /// usual and the program answers the rest.
     OnOverflow,
-    /// 2: cookies on demand; cookie mode works. The kernel also answers every SYN that reaches
-    /// it with a cookie (no SYN queue).
+    /// 2: cookies on demand; cookie mode answers every SYN it judges. The kernel also answers
+    /// every SYN that reaches it with a cookie (no SYN queue), below the threshold too.
     Always,
     /// The file could not be read or held another value.
     Unknown,
@@ -74,25 +77,26 @@ impl KernelCookies {
         }
     }
 
-    /// Whether `bpf_tcp_gen_syncookie` hands out cookies whenever cookie mode asks.
+    /// Whether the kernel makes and validates the cookies cookie mode asks for (at once with 2,
+    /// once the listener's SYN queue is full with 1).
     pub fn works(self) -> bool {
-        self == Self::Always
+        matches!(self, Self::Always | Self::OnOverflow)
     }
 
     /// One sentence for the log: what was found and what it means.
     pub fn describe(self) -> &'static str {
         match self {
             Self::Disabled => {
-                "net.ipv4.tcp_syncookies = 0: the kernel cannot validate SYN cookies; cookie mode will pass SYNs (counted as pass/cookie_unavailable); set it to 2"
+                "net.ipv4.tcp_syncookies = 0: the kernel neither makes nor validates SYN cookies; in cookie mode SYNs pass to the kernel (counted as pass/cookie_declined); set it to 1 or 2"
             }
             Self::OnOverflow => {
-                "net.ipv4.tcp_syncookies = 1: the kernel makes cookies only while a listen queue is full, so cookie mode will mostly pass SYNs (pass/cookie_unavailable); set it to 2"
+                "net.ipv4.tcp_syncookies = 1: while the SYN rate is over xdp.cookie_threshold, XDP answers SYNs with the kernel's cookies once the listener's SYN queue is full (before that they pass, counted as pass/cookie_declined)"
             }
             Self::Always => {
-                "net.ipv4.tcp_syncookies = 2: cookie mode answers SYNs from XDP while the SYN rate is over xdp.cookie_threshold; the kernel validates the cookies"
+                "net.ipv4.tcp_syncookies = 2: while the SYN rate is over xdp.cookie_threshold, XDP answers every SYN with the kernel's cookie; below it the kernel answers SYNs with cookies itself"
             }
             Self::Unknown => {
-                "net.ipv4.tcp_syncookies could not be read: cookie mode may pass SYNs instead of answering them"
+                "net.ipv4.tcp_syncookies could not be read: in cookie mode SYNs may pass to the kernel instead of being answered"
             }
         }
     }
@@ -365,6 +369,34 @@ impl Shield {
             ..TestRunOptions::default()
         })?;
         Ok((result.return_value, result.duration))
+    }
+
+    /// Runs the program once on `packet` (`BPF_PROG_TEST_RUN`, as [`Shield::test_run`]) and
+    /// returns the XDP action and the frame as the program left it (rewritten in place, and cut
+    /// by `bpf_xdp_adjust_tail`), for tests of the SYN cookie answer. The lookups the program
+    /// makes see the network namespace of the calling thread (its loopback device stands in for
+    /// the interface).
+    ///
+    /// # Errors
+    /// [`ShieldError::Program`] if the kernel refuses the test run.
+    pub fn test_run_frame(&self, packet: &[u8]) -> Result<(u32, Vec<u8>), ShieldError> {
+        let program: &Xdp = self
+            .ebpf
+            .program(PROGRAM_NAME)
+            .ok_or(ProgramError::InvalidName {
+                name: PROGRAM_NAME.to_owned(),
+            })?
+            .try_into()?;
+        // Room for the frame as given: the program only ever shortens it.
+        let mut out = vec![0; packet.len().max(64)];
+        let result = program.test_run(TestRunOptions {
+            data_in: Some(packet),
+            data_out: Some(&mut out),
+            repeat: 1,
+            ..TestRunOptions::default()
+        })?;
+        out.truncate(usize::try_from(result.data_size_out).unwrap_or(usize::MAX));
+        Ok((result.return_value, out))
     }
 
     /// Writes the shield's settings (SYN budget, churn guard, protected ports) into the config map

@@ -1,0 +1,505 @@
+//! BPF_PROG_TEST_RUN suite of cookie mode's answer (docs/design.md, "Flood shield", SYN
+//! cookies): a SYN in cookie mode comes back as the SYN-ACK carrying the kernel's SYN cookie
+//! (`XDP_TX`), for IPv4 and IPv6, without and with VLAN tags, for each shape of TCP options; the
+//! output frame is parsed with etherparse and its fields and checksums checked.
+//!
+//! The kernel side is real, not faked: BPF_PROG_TEST_RUN runs an XDP program as if the packet had
+//! arrived on the loopback device of the calling thread's network namespace, so
+//! `bpf_skc_lookup_tcp` finds the listening sockets of that namespace. Each test moves its own
+//! thread (only that thread: `unshare(CLONE_NEWNET)`) into a new network namespace, sets
+//! `net.ipv4.tcp_syncookies` there (2: `bpf_tcp_gen_syncookie` makes a cookie whenever asked,
+//! without waiting for a full SYN queue) and listens on `[::]` (dual-stack) on an ephemeral port.
+//! The cookie's value depends on the kernel's secret and clock, so the tests check where it goes
+//! (the sequence number) and the MSS it encodes; the netns flood suite shows clients completing
+//! handshakes with it.
+//!
+//! Needs root; `cargo xtask test` runs it with `--test-threads=1`. Budgets and the cookie-mode
+//! threshold use rates so slow (one token per 1000 s) that `bpf_ktime_get_ns` makes no difference.
+#![expect(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::indexing_slicing,
+    reason = "test helpers: a failed step fails the test; offsets into frames built here"
+)]
+
+use std::{net::TcpListener, time::Duration};
+
+use door_common::Counter;
+use door_daemon::{
+    config::{SynCookies, XdpConfig, XdpMode},
+    shield::Shield,
+};
+use door_tests::{
+    packets::{
+        Ext, syn4_with_options, syn6_with_options, with_ipv4_options, with_ipv6_extensions,
+        with_vlans,
+    },
+    privileged_or_skip,
+};
+use etherparse::{LinkExtHeader, LinkHeader, NetHeaders, PacketHeaders, TransportHeader};
+
+const XDP_PASS: u32 = 2;
+const XDP_TX: u32 = 3;
+const CLIENT4: [u8; 4] = [198, 51, 100, 7];
+const SERVER4: [u8; 4] = [203, 0, 113, 1];
+const CLIENT6: [u8; 16] = [
+    0x20, 0x01, 0x0d, 0xb8, 0, 0xc1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 2,
+];
+const SERVER6: [u8; 16] = [
+    0x20, 0x01, 0x0d, 0xb8, 0, 0xd0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1,
+];
+const CLIENT_PORT: u16 = 40_123;
+const CLIENT_SEQ: u32 = 0xfedc_ba98;
+/// One token per 1000 s: nothing refills during a test.
+const FROZEN_RATE: f64 = 0.001;
+
+/// The shapes of TCP options a SYN can carry, with the MSS the kernel's cookie then encodes for
+/// IPv4 and for IPv6 (`bpf_tcp_gen_syncookie` rounds down to its tables: 536, 1300, 1440, 1460
+/// for IPv4; 1220, 1420, 1440, 8940 for IPv6; without a usable MSS option, 536 and 1220).
+struct Shape {
+    name: &'static str,
+    options: &'static [u8],
+    mss4: u16,
+    mss6: u16,
+}
+
+const SHAPES: [Shape; 5] = [
+    Shape {
+        name: "no options",
+        options: &[],
+        mss4: 536,
+        mss6: 1220,
+    },
+    Shape {
+        name: "MSS only",
+        options: &[2, 4, 0x05, 0xb4],
+        mss4: 1460,
+        mss6: 1440,
+    },
+    Shape {
+        // Linux's own SYN: MSS 1460, SACK permitted, timestamps, NOP, window scale 7 (20 bytes).
+        name: "Linux-style options",
+        options: &[
+            2, 4, 0x05, 0xb4, 4, 2, 8, 10, 0x12, 0x34, 0x56, 0x78, 0, 0, 0, 0, 1, 3, 3, 7,
+        ],
+        mss4: 1460,
+        mss6: 1440,
+    },
+    Shape {
+        // A "silly" option of length 1 before the MSS: the kernel stops parsing there.
+        name: "malformed: silly option length",
+        options: &[8, 1, 2, 4, 0x05, 0xb4, 0, 0],
+        mss4: 536,
+        mss6: 1220,
+    },
+    Shape {
+        // MSS 1300, then an option running past the header's end: the MSS found so far counts.
+        name: "malformed: option past the end",
+        options: &[2, 4, 0x05, 0x14, 3, 9, 1, 1],
+        mss4: 1300,
+        mss6: 1220,
+    },
+];
+
+/// The VLAN stacks tried: none, one 802.1Q tag, an 802.1ad tag over an 802.1Q tag.
+const VLANS: [&[u16]; 3] = [&[], &[0x8100], &[0x88a8, 0x8100]];
+
+/// Moves this thread into a new network namespace with `net.ipv4.tcp_syncookies = syncookies`.
+fn own_netns(syncookies: u8) {
+    #[expect(
+        unsafe_code,
+        reason = "libc: a network namespace for this test's thread"
+    )]
+    // SAFETY: `unshare` takes a flag word and only changes the calling thread's namespaces.
+    let rc = unsafe { libc::unshare(libc::CLONE_NEWNET) };
+    assert_eq!(
+        rc,
+        0,
+        "unshare(CLONE_NEWNET): {}",
+        std::io::Error::last_os_error()
+    );
+    // /proc/sys/net is the calling thread's namespace's.
+    std::fs::write(
+        "/proc/sys/net/ipv4/tcp_syncookies",
+        format!("{syncookies}\n"),
+    )
+    .unwrap();
+}
+
+/// Pins the calling thread to its current CPU, so that every run sees the same per-CPU
+/// cookie-mode state.
+fn pin_to_one_cpu() {
+    // SAFETY: `sched_getcpu` takes no arguments; `sched_setaffinity` reads a `cpu_set_t` that
+    // lives on this stack for the call.
+    #[expect(unsafe_code, reason = "libc: pinning the test thread to one CPU")]
+    unsafe {
+        let cpu = usize::try_from(libc::sched_getcpu()).unwrap();
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(cpu, &mut set);
+        assert_eq!(
+            libc::sched_setaffinity(0, size_of::<libc::cpu_set_t>(), &raw const set),
+            0
+        );
+    }
+}
+
+fn settings(port: u16) -> XdpConfig {
+    let cpus = aya::util::nr_cpus().unwrap();
+    #[expect(clippy::cast_precision_loss, reason = "a CPU count")]
+    let threshold = FROZEN_RATE * cpus as f64;
+    XdpConfig {
+        interface: None,
+        mode: XdpMode::Off,
+        syn_rate: FROZEN_RATE,
+        syn_burst: 1_000,
+        ports: vec![port],
+        new_prefix_rate: 0.0,
+        new_prefix_burst: 1,
+        overflow_syn_rate: FROZEN_RATE,
+        overflow_syn_burst: 1_000,
+        max_prefixes: door_common::PREFIX_MAP_CAPACITY,
+        allow: Vec::new(),
+        escalate_after: 0,
+        escalate_window: Duration::from_secs(10),
+        block_for: Duration::from_mins(1),
+        syn_cookies: SynCookies::Auto,
+        // This CPU's share is one token per 1000 s: the first SYN fits, every later one is over.
+        cookie_threshold: threshold,
+    }
+}
+
+/// A shield in cookie mode on this thread's CPU, in a network namespace of its own with
+/// `tcp_syncookies = syncookies` and a listener there on `[::]` (IPv4 too) on an ephemeral
+/// port, which the shield protects; cookie mode entered with one SYN. The listener is closed
+/// again unless `listen`; the port is returned either way.
+fn cookie_shield(syncookies: u8, listen: bool) -> Option<(Shield, Option<TcpListener>, u16)> {
+    if !privileged_or_skip("xdp_syn_cookie") {
+        return None;
+    }
+    own_netns(syncookies);
+    pin_to_one_cpu();
+    let listener = TcpListener::bind("[::]:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let listener = listen.then_some(listener);
+    let mut shield = Shield::load().expect("door's XDP program loads and passes the verifier");
+    shield.configure(&settings(port), &[], &[]).unwrap();
+    let warm_up = syn4_with_options([192, 0, 2, 200], SERVER4, 1, port, 1, &[]);
+    assert_eq!(run_frame(&shield, &warm_up).0, (XDP_PASS, Counter::PassSyn));
+    Some((shield, listener, port))
+}
+
+fn run_frame(shield: &Shield, frame: &[u8]) -> ((u32, Counter), Vec<u8>) {
+    let before = shield.counters().unwrap();
+    let (action, out) = shield.test_run_frame(frame).unwrap();
+    let after = shield.counters().unwrap();
+    let moved: Vec<Counter> = before
+        .iter()
+        .zip(&after)
+        .filter(|(b, a)| a.packets != b.packets)
+        .map(|(_, a)| a.counter)
+        .collect();
+    assert_eq!(moved.len(), 1, "exactly one counter per packet: {moved:?}");
+    ((action, moved[0]), out)
+}
+
+/// What the SYN said, read back with etherparse.
+struct Syn {
+    macs: ([u8; 6], [u8; 6]),
+    vlans: Vec<LinkExtHeader>,
+    ports: (u16, u16),
+    seq: u32,
+}
+
+fn read_syn(frame: &[u8]) -> Syn {
+    let h = PacketHeaders::from_ethernet_slice(frame).unwrap();
+    let Some(LinkHeader::Ethernet2(eth)) = h.link else {
+        panic!("not Ethernet II")
+    };
+    let Some(TransportHeader::Tcp(tcp)) = h.transport else {
+        panic!("not TCP")
+    };
+    Syn {
+        macs: (eth.source, eth.destination),
+        vlans: h.link_exts.to_vec(),
+        ports: (tcp.source_port, tcp.destination_port),
+        seq: tcp.sequence_number,
+    }
+}
+
+/// Checks that `out` is the SYN-ACK answering the SYN `input`, with MSS `mss` (as an option
+/// when `with_option`), and returns its sequence number (the cookie).
+fn check_syn_ack(input: &[u8], out: &[u8], mss: u16, with_option: bool, what: &str) -> u32 {
+    let syn = read_syn(input);
+    let h = PacketHeaders::from_ethernet_slice(out)
+        .unwrap_or_else(|e| panic!("{what}: the output does not parse: {e}"));
+    let Some(LinkHeader::Ethernet2(eth)) = &h.link else {
+        panic!("{what}: not Ethernet II")
+    };
+    assert_eq!(
+        (eth.destination, eth.source),
+        syn.macs,
+        "{what}: MAC addresses swapped"
+    );
+    assert_eq!(h.link_exts.to_vec(), syn.vlans, "{what}: VLAN tags kept");
+    let Some(TransportHeader::Tcp(tcp)) = &h.transport else {
+        panic!("{what}: not TCP")
+    };
+    assert!(
+        h.payload.slice().is_empty(),
+        "{what}: no payload, no padding"
+    );
+    let tcp_len = if with_option { 24 } else { 20 };
+    match &h.net {
+        Some(NetHeaders::Ipv4(ip, ext)) => {
+            assert!(ext.is_empty(), "{what}");
+            assert_eq!(
+                (ip.source, ip.destination),
+                (SERVER4, CLIENT4),
+                "{what}: addresses"
+            );
+            assert_eq!(ip.time_to_live, 64, "{what}");
+            assert!(ip.dont_fragment && !ip.more_fragments, "{what}: DF");
+            assert_eq!(ip.total_len, 20 + tcp_len, "{what}: total length");
+            assert_eq!(
+                ip.header_checksum,
+                ip.calc_header_checksum(),
+                "{what}: IPv4 checksum"
+            );
+            assert_eq!(
+                tcp.checksum,
+                tcp.calc_checksum_ipv4(ip, &[]).unwrap(),
+                "{what}: TCP checksum"
+            );
+        }
+        Some(NetHeaders::Ipv6(ip, ext)) => {
+            assert!(ext.is_empty(), "{what}");
+            assert_eq!(
+                (ip.source, ip.destination),
+                (SERVER6, CLIENT6),
+                "{what}: addresses"
+            );
+            assert_eq!(ip.hop_limit, 64, "{what}");
+            assert_eq!(ip.payload_length, tcp_len, "{what}: payload length");
+            assert_eq!(
+                tcp.checksum,
+                tcp.calc_checksum_ipv6(ip, &[]).unwrap(),
+                "{what}: TCP checksum"
+            );
+        }
+        other => panic!("{what}: not IP: {other:?}"),
+    }
+    assert_eq!(
+        (tcp.source_port, tcp.destination_port),
+        (syn.ports.1, syn.ports.0),
+        "{what}: ports swapped"
+    );
+    assert!(tcp.syn && tcp.ack, "{what}: SYN|ACK");
+    assert!(
+        !(tcp.fin || tcp.rst || tcp.psh || tcp.urg || tcp.ece || tcp.cwr),
+        "{what}"
+    );
+    assert_eq!(
+        tcp.acknowledgment_number,
+        syn.seq.wrapping_add(1),
+        "{what}: ack"
+    );
+    assert_eq!(tcp.urgent_pointer, 0, "{what}");
+    let [hi, lo] = mss.to_be_bytes();
+    let expected: &[u8] = if with_option { &[2, 4, hi, lo] } else { &[] };
+    assert_eq!(tcp.options.as_slice(), expected, "{what}: options");
+    let window = if mss > 1460 {
+        (14_600 / u32::from(mss)).max(2) * u32::from(mss)
+    } else {
+        10 * u32::from(mss)
+    };
+    assert_eq!(
+        u32::from(tcp.window_size),
+        window.min(65_535),
+        "{what}: window"
+    );
+    tcp.sequence_number
+}
+
+fn answers_every_shape(v6: bool) {
+    let Some((shield, _listener, port)) = cookie_shield(2, true) else {
+        return;
+    };
+    let mut sent = 0;
+    for vlans in VLANS {
+        for shape in &SHAPES {
+            let syn = if v6 {
+                syn6_with_options(
+                    CLIENT6,
+                    SERVER6,
+                    CLIENT_PORT,
+                    port,
+                    CLIENT_SEQ,
+                    shape.options,
+                )
+            } else {
+                syn4_with_options(
+                    CLIENT4,
+                    SERVER4,
+                    CLIENT_PORT,
+                    port,
+                    CLIENT_SEQ,
+                    shape.options,
+                )
+            };
+            let syn = with_vlans(&syn, vlans);
+            let what = format!("{} with VLAN tags {vlans:x?}", shape.name);
+            let ((action, counter), out) = run_frame(&shield, &syn);
+            assert_eq!((action, counter), (XDP_TX, Counter::TxSynCookie), "{what}");
+            let mss = if v6 { shape.mss6 } else { shape.mss4 };
+            check_syn_ack(&syn, &out, mss, !shape.options.is_empty(), &what);
+            sent += 1;
+        }
+    }
+    let tx = shield
+        .counters()
+        .unwrap()
+        .into_iter()
+        .find(|c| c.counter == Counter::TxSynCookie)
+        .unwrap();
+    assert_eq!(tx.packets, sent);
+    let c = shield.cookies().unwrap();
+    assert_eq!((c.active_cpus, c.entered, c.left), (1, 1, 0));
+}
+
+#[test]
+fn ipv4_syn_in_cookie_mode_is_answered_with_a_syn_ack_carrying_the_cookie() {
+    answers_every_shape(false);
+}
+
+#[test]
+fn ipv6_syn_in_cookie_mode_is_answered_with_a_syn_ack_carrying_the_cookie() {
+    answers_every_shape(true);
+}
+
+#[test]
+fn without_a_listener_the_syn_passes_unchanged() {
+    let Some((shield, _, port)) = cookie_shield(2, false) else {
+        return;
+    };
+    for syn in [
+        syn4_with_options(
+            CLIENT4,
+            SERVER4,
+            CLIENT_PORT,
+            port,
+            CLIENT_SEQ,
+            &[2, 4, 5, 0xb4],
+        ),
+        syn6_with_options(
+            CLIENT6,
+            SERVER6,
+            CLIENT_PORT,
+            port,
+            CLIENT_SEQ,
+            &[2, 4, 5, 0xb4],
+        ),
+    ] {
+        let (verdict, out) = run_frame(&shield, &syn);
+        assert_eq!(verdict, (XDP_PASS, Counter::PassNoListener));
+        assert_eq!(out, syn, "the SYN is left as it was");
+    }
+}
+
+#[test]
+fn when_the_kernel_declines_the_syn_passes_unchanged() {
+    // tcp_syncookies = 1 and an empty SYN queue: no flood pressure on the listener, so
+    // `bpf_tcp_gen_syncookie` returns -ENOENT and the kernel takes the SYN as usual.
+    let Some((shield, _listener, port)) = cookie_shield(1, true) else {
+        return;
+    };
+    for syn in [
+        syn4_with_options(
+            CLIENT4,
+            SERVER4,
+            CLIENT_PORT,
+            port,
+            CLIENT_SEQ,
+            &[2, 4, 5, 0xb4],
+        ),
+        syn6_with_options(
+            CLIENT6,
+            SERVER6,
+            CLIENT_PORT,
+            port,
+            CLIENT_SEQ,
+            &[2, 4, 5, 0xb4],
+        ),
+    ] {
+        let (verdict, out) = run_frame(&shield, &syn);
+        assert_eq!(verdict, (XDP_PASS, Counter::PassCookieDeclined));
+        assert_eq!(out, syn, "the SYN is left as it was");
+    }
+}
+
+#[test]
+fn ipv4_options_and_ipv6_extension_headers_are_left_to_the_kernel() {
+    let Some((shield, _listener, port)) = cookie_shield(2, true) else {
+        return;
+    };
+    let v4 = with_ipv4_options(
+        &syn4_with_options(
+            CLIENT4,
+            SERVER4,
+            CLIENT_PORT,
+            port,
+            CLIENT_SEQ,
+            &[2, 4, 5, 0xb4],
+        ),
+        2,
+    );
+    let v6 = with_ipv6_extensions(
+        &syn6_with_options(
+            CLIENT6,
+            SERVER6,
+            CLIENT_PORT,
+            port,
+            CLIENT_SEQ,
+            &[2, 4, 5, 0xb4],
+        ),
+        &[Ext::DestOpts { extra: 0 }],
+    );
+    for syn in [v4, v6] {
+        let (verdict, out) = run_frame(&shield, &syn);
+        assert_eq!(verdict, (XDP_PASS, Counter::PassCookieUnavailable));
+        assert_eq!(out, syn, "the SYN is left as it was");
+    }
+}
+
+#[test]
+fn the_cookie_encodes_the_mss_and_changes_with_the_connection() {
+    // Same connection twice within the same minute or so: the kernel's cookie depends on the
+    // addresses, ports, the client's sequence number and a coarse clock (RFC 4987 §3.6), so two
+    // different client ports give different cookies.
+    let Some((shield, _listener, port)) = cookie_shield(2, true) else {
+        return;
+    };
+    let a = syn4_with_options(
+        CLIENT4,
+        SERVER4,
+        CLIENT_PORT,
+        port,
+        CLIENT_SEQ,
+        &[2, 4, 5, 0xb4],
+    );
+    let b = syn4_with_options(
+        CLIENT4,
+        SERVER4,
+        CLIENT_PORT + 1,
+        port,
+        CLIENT_SEQ,
+        &[2, 4, 5, 0xb4],
+    );
+    let (verdict_a, out_a) = run_frame(&shield, &a);
+    let (verdict_b, out_b) = run_frame(&shield, &b);
+    assert_eq!(verdict_a, (XDP_TX, Counter::TxSynCookie));
+    assert_eq!(verdict_b, (XDP_TX, Counter::TxSynCookie));
+    let cookie_a = check_syn_ack(&a, &out_a, 1460, true, "first");
+    let cookie_b = check_syn_ack(&b, &out_b, 1460, true, "second");
+    assert_ne!(cookie_a, cookie_b);
+}
