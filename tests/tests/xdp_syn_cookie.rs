@@ -321,6 +321,46 @@ fn check_syn_ack(input: &[u8], out: &[u8], mss: u16, with_option: bool, what: &s
     tcp.sequence_number
 }
 
+/// The shield's OTLP instruments, collected once: `door.xdp.packets` for `tx/syn_cookie` and
+/// `door.xdp.cookie_mode` for `entered`.
+fn exported(shield: Shield) -> (u64, u64) {
+    use std::sync::{Arc, Mutex};
+
+    use opentelemetry::metrics::MeterProvider as _;
+    use opentelemetry_sdk::metrics::{
+        InMemoryMetricExporter, PeriodicReader, SdkMeterProvider,
+        data::{AggregatedMetrics, MetricData},
+    };
+
+    let shield = Arc::new(Mutex::new(shield));
+    let exporter = InMemoryMetricExporter::default();
+    let provider = SdkMeterProvider::builder()
+        .with_reader(PeriodicReader::builder(exporter.clone()).build())
+        .build();
+    let _instruments = door_daemon::shield::observe(&provider.meter("door"), &shield);
+    provider.force_flush().unwrap();
+    let (mut tx, mut entered) = (0, 0);
+    let all = exporter.get_finished_metrics().unwrap();
+    for scope in all.last().unwrap().scope_metrics() {
+        for metric in scope.metrics() {
+            let AggregatedMetrics::U64(MetricData::Sum(sum)) = metric.data() else {
+                continue;
+            };
+            for p in sum.data_points() {
+                let mut attrs: Vec<String> =
+                    p.attributes().map(|kv| kv.value.to_string()).collect();
+                attrs.sort();
+                match metric.name() {
+                    "door.xdp.packets" if attrs == ["syn_cookie", "tx"] => tx = p.value(),
+                    "door.xdp.cookie_mode" if attrs == ["entered"] => entered = p.value(),
+                    _ => {}
+                }
+            }
+        }
+    }
+    (tx, entered)
+}
+
 fn answers_every_shape(v6: bool) {
     let Some((shield, _listener, port)) = cookie_shield(2, true) else {
         return;
@@ -365,6 +405,7 @@ fn answers_every_shape(v6: bool) {
     assert_eq!(tx.packets, sent);
     let c = shield.cookies().unwrap();
     assert_eq!((c.active_cpus, c.entered, c.left), (1, 1, 0));
+    assert_eq!(exported(shield), (sent, 1), "OTLP: tx/syn_cookie and entered");
 }
 
 #[test]

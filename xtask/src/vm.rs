@@ -42,10 +42,12 @@ const TEST_TIMEOUT: Duration = Duration::from_mins(6);
 const RUN_TIMEOUT: Duration = Duration::from_mins(4);
 
 /// The `door-tests` suites the guests run: those that exercise the XDP program on the kernel
-/// (`netns_streams`: a WebSocket's 1 MiB and an event stream through door with XDP on the veth).
-const GUEST_SUITES: [&str; 5] = [
+/// (`netns_streams`: a WebSocket's 1 MiB and an event stream through door with XDP on the veth;
+/// `xdp_syn_cookie`: the SYN cookie answer against the guest kernel's own listeners).
+const GUEST_SUITES: [&str; 6] = [
     "bpf_test_run",
     "xdp_shield",
+    "xdp_syn_cookie",
     "netns_e2e",
     "netns_flood",
     "netns_streams",

@@ -1,6 +1,6 @@
 //! The shield's instruments (docs/design.md, "Observability"): `door.xdp.packets` from the
-//! per-CPU verdict counters and `door.xdp.tracked_prefixes`, read from the maps at each
-//! collection.
+//! per-CPU verdict counters, `door.xdp.tracked_prefixes`, and `door.xdp.cookie_mode` (cookie
+//! mode's entered/left events), read from the maps at each collection.
 
 use std::{
     sync::{Arc, Mutex, PoisonError},
@@ -22,7 +22,11 @@ use crate::obs::logging::RateLimitedWarn;
 pub struct ShieldInstruments {
     _packets: ObservableCounter<u64>,
     _tracked: ObservableGauge<u64>,
+    _cookie_mode: ObservableCounter<u64>,
 }
+
+/// Attribute of `door.xdp.cookie_mode`: `entered` or `left`.
+pub const ATTR_EVENT: &str = "door.xdp.event";
 
 /// Attribute of `door.xdp.packets`: `pass` or `drop`.
 pub const ATTR_VERDICT: &str = "door.xdp.verdict";
@@ -33,12 +37,17 @@ pub const ATTR_REASON: &str = "door.xdp.reason";
 static COUNTERS_UNREADABLE: RateLimitedWarn = RateLimitedWarn::new(Duration::from_mins(10));
 /// As [`COUNTERS_UNREADABLE`], for the prefix map.
 static PREFIXES_UNREADABLE: RateLimitedWarn = RateLimitedWarn::new(Duration::from_mins(10));
+/// As [`COUNTERS_UNREADABLE`], for the cookie-mode map.
+static COOKIES_UNREADABLE: RateLimitedWarn = RateLimitedWarn::new(Duration::from_mins(10));
 
 /// Registers the shield's instruments on `meter`, read from the maps at each collection:
 ///
 /// - `door.xdp.packets` (observable counter, `{packet}`): every packet the XDP program saw, by
 ///   `door.xdp.verdict` and `door.xdp.reason` (the per-CPU counters, summed);
-/// - `door.xdp.tracked_prefixes` (observable gauge, `{prefix}`): entries in the per-prefix map.
+/// - `door.xdp.tracked_prefixes` (observable gauge, `{prefix}`): entries in the per-prefix map;
+/// - `door.xdp.cookie_mode` (observable counter, `{event}`): times a CPU entered or left cookie
+///   mode, by `door.xdp.event` (`entered`, `left`), summed over CPUs. The SYN-ACKs sent with a
+///   cookie are `door.xdp.packets` with verdict `tx`, reason `syn_cookie`.
 ///
 /// A map that cannot be read is logged (at most once per 10 minutes) and reports nothing for that
 /// collection.
@@ -96,8 +105,32 @@ pub fn observe(meter: &Meter, shield: &Arc<Mutex<Shield>>) -> ShieldInstruments 
             }
         })
         .build();
+    let for_cookies = Arc::clone(shield);
+    let cookie_mode = meter
+        .u64_observable_counter("door.xdp.cookie_mode")
+        .with_description("Times a CPU entered or left the XDP flood shield's cookie mode")
+        .with_unit("{event}")
+        .with_callback(move |observer| {
+            let summary = for_cookies
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .cookies();
+            match summary {
+                Ok(c) => {
+                    observer.observe(c.entered, &[KeyValue::new(ATTR_EVENT, "entered")]);
+                    observer.observe(c.left, &[KeyValue::new(ATTR_EVENT, "left")]);
+                }
+                Err(e) => {
+                    if let Some(suppressed) = COOKIES_UNREADABLE.due() {
+                        tracing::warn!(error = %e, suppressed, "reading the XDP cookie-mode map (at most one line per 10 min)");
+                    }
+                }
+            }
+        })
+        .build();
     ShieldInstruments {
         _packets: packets,
         _tracked: tracked,
+        _cookie_mode: cookie_mode,
     }
 }
