@@ -405,7 +405,11 @@ fn answers_every_shape(v6: bool) {
     assert_eq!(tx.packets, sent);
     let c = shield.cookies().unwrap();
     assert_eq!((c.active_cpus, c.entered, c.left), (1, 1, 0));
-    assert_eq!(exported(shield), (sent, 1), "OTLP: tx/syn_cookie and entered");
+    assert_eq!(
+        exported(shield),
+        (sent, 1),
+        "OTLP: tx/syn_cookie and entered"
+    );
 }
 
 #[test]
