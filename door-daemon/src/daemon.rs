@@ -76,6 +76,7 @@ pub async fn run(config: Config, metrics: Metrics, reload: Reloader) -> Result<(
         .map(crate::http::tls::load)
         .transpose()?;
     let shield = start_shield(&config)?;
+    forward_xdp_log(shield.as_ref());
     let mut listeners = Vec::new();
     for addr in &config.listen {
         let l = TcpListener::bind(addr)
@@ -279,6 +280,18 @@ fn reconfigure_shield(shield: Option<&Arc<Mutex<Shield>>>, config: &Config) {
     let Some(shield) = shield else { return };
     if let Err(e) = lock(shield).configure(&config.xdp, &exempt_prefixes(config), &config.deny) {
         tracing::error!(error = %e, "reload: could not update the XDP maps; the shield keeps its previous settings where they were not written");
+    }
+}
+
+/// Forwards the XDP program's rare events (aya-log records) to door's log on a task of its own.
+fn forward_xdp_log(shield: Option<&Arc<Mutex<Shield>>>) {
+    let log = shield.and_then(|s| {
+        s.lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .take_log()
+    });
+    if let Some(log) = log {
+        tokio::spawn(crate::shield::forward_log(log));
     }
 }
 

@@ -357,3 +357,10 @@ pub(crate) fn now_ns() -> u64 {
     // SAFETY: `bpf_ktime_get_ns` takes no arguments, touches no memory and is allowed in XDP.
     unsafe { aya_ebpf::helpers::bpf_ktime_get_ns() }
 }
+
+/// The number of the CPU running the program (`bpf_get_smp_processor_id`, Linux 4.1).
+#[inline(always)]
+pub(crate) fn cpu() -> u32 {
+    // SAFETY: `bpf_get_smp_processor_id` takes no arguments and touches no memory.
+    unsafe { aya_ebpf::helpers::bpf_get_smp_processor_id() }
+}

@@ -53,6 +53,7 @@
 
 mod access;
 mod cookie;
+mod events;
 mod parse;
 
 use core::mem::offset_of;
@@ -120,16 +121,16 @@ fn door_xdp(ctx: XdpContext) -> u32 {
     let packet = Packet::new(&ctx);
     let counter = match parse(&packet) {
         Parsed::Tcp(segment) if segment.is_syn() => {
-            match judge(&segment.addr, Some(segment.dst_port), Kind::Syn) {
-                Counter::PassSyn | Counter::PassOverflowSyn if cookie_mode(now_ns()) => {
+            match judge(&ctx, &segment.addr, Some(segment.dst_port), Kind::Syn) {
+                Counter::PassSyn | Counter::PassOverflowSyn if cookie_mode(&ctx, now_ns()) => {
                     cookie::answer(&packet, &segment)
                 }
                 c => c,
             }
         }
         Parsed::Tcp(_) => Counter::PassNotSyn,
-        Parsed::TinyFragment { addr, dst_port } => judge(&addr, dst_port, Kind::TinyFragment),
-        Parsed::Unwalkable { addr } => judge(&addr, None, Kind::Unwalkable),
+        Parsed::TinyFragment { addr, dst_port } => judge(&ctx, &addr, dst_port, Kind::TinyFragment),
+        Parsed::Unwalkable { addr } => judge(&ctx, &addr, None, Kind::Unwalkable),
         Parsed::Other(counter) => counter,
     };
     count(counter);
@@ -251,7 +252,7 @@ fn settings(port: Option<u16>) -> Option<Settings> {
 
 /// Judges a packet from `addr` to `port` (see the crate docs for the order).
 #[inline(always)]
-fn judge(addr: &[u8; 16], port: Option<u16>, kind: Kind) -> Counter {
+fn judge(ctx: &XdpContext, addr: &[u8; 16], port: Option<u16>, kind: Kind) -> Counter {
     let Some(settings) = settings(port) else {
         return Counter::PassUnprotectedPort;
     };
@@ -292,18 +293,18 @@ fn judge(addr: &[u8; 16], port: Option<u16>, kind: Kind) -> Counter {
     {
         let tat_at = offset_of!(GuardState, new_prefix_tat_ns);
         let p = settings.new_prefix;
-        match gcra::take(guard.load(tat_at), now, p.interval, p.tolerance) {
-            Some(tat) => guard.store(tat_at, tat),
-            None => {
-                return match guard.project::<PrefixState>(offset_of!(GuardState, overflow)) {
-                    Some(overflow) => match charge(&overflow, now, settings.overflow, true, kind) {
-                        c if c == kind.pass() => Counter::PassOverflowSyn,
-                        _ => Counter::DropOverflow,
-                    },
-                    None => Counter::PassMapFull,
-                };
-            }
-        }
+        let Some(tat) = gcra::take(guard.load(tat_at), now, p.interval, p.tolerance) else {
+            events::guard_closed(ctx);
+            return match guard.project::<PrefixState>(offset_of!(GuardState, overflow)) {
+                Some(overflow) => match charge(&overflow, now, settings.overflow, true, kind) {
+                    c if c == kind.pass() => Counter::PassOverflowSyn,
+                    _ => Counter::DropOverflow,
+                },
+                None => Counter::PassMapFull,
+            };
+        };
+        guard.store(tat_at, tat);
+        events::guard_open();
     }
     // A new prefix: its bucket starts full, and this packet takes its first token.
     let fresh = PrefixState {
@@ -319,10 +320,11 @@ fn judge(addr: &[u8; 16], port: Option<u16>, kind: Kind) -> Counter {
     {
         return kind.pass();
     }
-    match MapValue::in_lru(&DOOR_PREFIXES, &src) {
-        Some(state) => charge(&state, now, settings.syn, settings.enforce, kind),
-        None => Counter::PassMapFull,
+    if let Some(state) = MapValue::in_lru(&DOOR_PREFIXES, &src) {
+        return charge(&state, now, settings.syn, settings.enforce, kind);
     }
+    events::map_full(ctx, now);
+    Counter::PassMapFull
 }
 
 /// Counts a SYN on `state` and takes a token from its bucket: `kind.pass()` when it had one (or
@@ -354,7 +356,7 @@ fn charge(
 /// Whether cookie mode is on for this CPU after counting one more SYN, entering or leaving it as
 /// the rate says (see [`CookieState`]); `false` when cookie mode is not configured.
 #[inline(always)]
-fn cookie_mode(now: u64) -> bool {
+fn cookie_mode(ctx: &XdpContext, now: u64) -> bool {
     let Some(cfg) = MapValue::in_array(&DOOR_CONFIG, 0) else {
         return false;
     };
@@ -378,6 +380,7 @@ fn cookie_mode(now: u64) -> bool {
         // Over the threshold: enter, with the leave bucket empty (it must drain first).
         state.store(active, 1);
         bump(&state, offset_of!(CookieState, entered));
+        events::cookie_mode(ctx, true);
         let leave_tolerance = cfg.load(offset_of!(ShieldConfig, cookie_leave_tolerance_ns));
         state.store(leave_at, now.saturating_add(leave_tolerance));
         state.store(since_at, 0);
@@ -404,6 +407,7 @@ fn cookie_mode(now: u64) -> bool {
     state.store(tat_at, 0);
     state.store(since_at, 0);
     bump(&state, offset_of!(CookieState, left));
+    events::cookie_mode(ctx, false);
     false
 }
 

@@ -509,6 +509,16 @@ fn churn_guard_keeps_tracked_prefixes_and_shares_one_overflow_bucket() {
         }
     }
     assert_eq!((passed, dropped), (SYN_BURST, 50 - SYN_BURST));
+    // The guard's closing is logged once (aya-log), not for each of the 50 SYNs.
+    let mut s = s;
+    let lines = s.take_log().expect("the program logs").drain();
+    assert_eq!(lines.len(), 1, "{lines:?}");
+    assert!(
+        lines
+            .first()
+            .is_some_and(|l| l.message.starts_with("churn guard closed")),
+        "{lines:?}"
+    );
     assert_eq!(
         s.tracked_prefixes().unwrap(),
         3,

@@ -9,7 +9,12 @@ pub mod metrics;
 pub use blocklist::BlocklistWriter;
 pub use metrics::{ShieldInstruments, observe};
 
-use std::{fmt, time::Duration};
+use std::{
+    fmt,
+    os::fd::{AsRawFd, RawFd},
+    sync::{Arc, Mutex, PoisonError},
+    time::Duration,
+};
 
 use aya::{
     Ebpf, EbpfError,
@@ -19,6 +24,7 @@ use aya::{
     },
     programs::{ProgramError, TestRun, TestRunOptions, Xdp, XdpMode as AyaXdpMode, xdp::XdpLinkId},
 };
+use aya_log::EbpfLogger;
 use door_common::{
     COUNTER_COUNT, CookieState, Counter, ExemptKey, GuardState, MAP_BLOCKED, MAP_CONFIG,
     MAP_COOKIE, MAP_COUNTERS, MAP_EXEMPT, MAP_GUARD, MAP_PREFIXES, PROGRAM_NAME, PrefixKey,
@@ -172,9 +178,118 @@ pub struct CounterValue {
     pub packets: u64,
 }
 
+/// The XDP program's log (aya-log records from its `AYA_LOGS` ring buffer: cookie mode entered
+/// and left, the churn guard closing, the prefix map full), taken from the [`Shield`] with
+/// [`Shield::take_log`]. It is readable (as a file descriptor) when records wait; [`XdpLog::drain`]
+/// forwards them to door's log (`tracing`, target `door::xdp`).
+pub struct XdpLog {
+    reader: EbpfLogger<Collector>,
+    lines: Arc<Mutex<Vec<XdpLogLine>>>,
+}
+
+/// One record of the XDP program's log.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct XdpLogLine {
+    /// Its level (the program logs at info and warn).
+    pub level: log::Level,
+    /// The message, formatted.
+    pub message: String,
+}
+
+/// The `log::Log` that aya-log's reader hands the records to: kept until [`XdpLog::drain`].
+struct Collector(Arc<Mutex<Vec<XdpLogLine>>>);
+
+impl log::Log for Collector {
+    fn enabled(&self, _: &log::Metadata<'_>) -> bool {
+        true
+    }
+
+    fn log(&self, record: &log::Record<'_>) {
+        self.0
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .push(XdpLogLine {
+                level: record.level(),
+                message: record.args().to_string(),
+            });
+    }
+
+    fn flush(&self) {}
+}
+
+impl XdpLog {
+    /// Reads every waiting record, logs each through `tracing` (target `door::xdp`, at its
+    /// level), and returns them.
+    pub fn drain(&mut self) -> Vec<XdpLogLine> {
+        self.reader.flush();
+        let lines = std::mem::take(&mut *self.lines.lock().unwrap_or_else(PoisonError::into_inner));
+        for line in &lines {
+            let message = &line.message;
+            match line.level {
+                log::Level::Error => tracing::error!(target: "door::xdp", "{message}"),
+                log::Level::Warn => tracing::warn!(target: "door::xdp", "{message}"),
+                log::Level::Info => tracing::info!(target: "door::xdp", "{message}"),
+                log::Level::Debug => tracing::debug!(target: "door::xdp", "{message}"),
+                log::Level::Trace => tracing::trace!(target: "door::xdp", "{message}"),
+            }
+        }
+        lines
+    }
+}
+
+impl AsRawFd for XdpLog {
+    fn as_raw_fd(&self) -> RawFd {
+        self.reader.as_raw_fd()
+    }
+}
+
+impl fmt::Debug for XdpLog {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("XdpLog").finish_non_exhaustive()
+    }
+}
+
+/// Forwards the XDP program's log to door's log for as long as the task runs: waits until the
+/// ring buffer is readable, then drains it.
+pub async fn forward_log(log: XdpLog) {
+    #[expect(
+        deprecated,
+        reason = "the safe constructor; XdpLog owns the ring buffer's fd for as long as the AsyncFd holds it, the I/O safety its unsafe successor asks the caller to promise"
+    )]
+    let registered = tokio::io::unix::AsyncFd::with_interest(log, tokio::io::Interest::READABLE);
+    let mut fd = match registered {
+        Ok(fd) => fd,
+        Err(e) => {
+            tracing::warn!(error = %e, "the XDP program's log cannot be read; its events are not logged");
+            return;
+        }
+    };
+    loop {
+        let Ok(mut guard) = fd.readable_mut().await else {
+            return;
+        };
+        guard.get_inner_mut().drain();
+        guard.clear_ready();
+    }
+}
+
+/// The aya-log level the program logs at (`AYA_LOG_LEVEL`: 0 off, 2 warn, 3 info), from what
+/// door's log lets through for target `door::xdp`.
+fn xdp_log_level() -> u8 {
+    if tracing::enabled!(target: "door::xdp", tracing::Level::INFO) {
+        3
+    } else if tracing::enabled!(target: "door::xdp", tracing::Level::WARN) {
+        2
+    } else {
+        0
+    }
+}
+
 /// The loaded XDP program and its maps.
 pub struct Shield {
     ebpf: Ebpf,
+    /// The program's log, until [`Shield::take_log`].
+    log: Option<XdpLog>,
     /// The configuration last written to the config map (`None` until [`Shield::configure`]).
     config: Option<Box<ShieldConfig>>,
     /// Whether anything was ever put on the blocklist (its flag then stays set).
@@ -206,7 +321,7 @@ impl Shield {
     /// # Errors
     /// As [`Shield::load`].
     pub fn load_with_capacity(max_prefixes: u32) -> Result<Self, ShieldError> {
-        Self::load_inner(PROGRAM, Some(max_prefixes))
+        Self::load_inner(PROGRAM, Some(max_prefixes), xdp_log_level())
     }
 
     /// Loads `object` (an eBPF ELF with door's program and maps), for tests and benchmarks.
@@ -214,10 +329,15 @@ impl Shield {
     /// # Errors
     /// As [`Shield::load`].
     pub fn load_object(object: &[u8]) -> Result<Self, ShieldError> {
-        Self::load_inner(object, None)
+        // Tests and benchmarks: every record the program makes (info and warn).
+        Self::load_inner(object, None, 3)
     }
 
-    fn load_inner(object: &[u8], max_prefixes: Option<u32>) -> Result<Self, ShieldError> {
+    fn load_inner(
+        object: &[u8],
+        max_prefixes: Option<u32>,
+        log_level: u8,
+    ) -> Result<Self, ShieldError> {
         if object.is_empty() {
             return Err(ShieldError::NoProgram);
         }
@@ -225,10 +345,17 @@ impl Shield {
         if let Some(n) = max_prefixes {
             loader.map_max_entries(MAP_PREFIXES, n);
         }
+        loader.override_global(aya_log::LEVEL, &log_level, false);
         let mut ebpf = loader.load(object)?;
         program_mut(&mut ebpf)?.load()?;
+        let lines = Arc::new(Mutex::new(Vec::new()));
+        // An object without aya-log records has no ring buffer: no log, nothing lost.
+        let log = EbpfLogger::init_with_logger(&mut ebpf, Collector(Arc::clone(&lines)))
+            .ok()
+            .map(|reader| XdpLog { reader, lines });
         Ok(Self {
             ebpf,
+            log,
             config: None,
             blocklist_used: false,
             attached: None,
@@ -271,6 +398,11 @@ impl Shield {
             interface: interface.to_owned(),
             attempts: failures.join("; "),
         })
+    }
+
+    /// The program's log, once (`None` afterwards, or for an object that logs nothing).
+    pub fn take_log(&mut self) -> Option<XdpLog> {
+        self.log.take()
     }
 
     /// Detaches the program if attached (packets then pass untouched: fail-open).
