@@ -43,14 +43,16 @@ const RUN_TIMEOUT: Duration = Duration::from_mins(4);
 
 /// The `door-tests` suites the guests run: those that exercise the XDP program on the kernel
 /// (`netns_streams`: a WebSocket's 1 MiB and an event stream through door with XDP on the veth;
-/// `xdp_syn_cookie`: the SYN cookie answer against the guest kernel's own listeners).
-const GUEST_SUITES: [&str; 6] = [
+/// `xdp_syn_cookie`: the SYN cookie answer against the guest kernel's own listeners;
+/// `netns_syn_cookies`: clients served through a spoofed flood answered with cookies).
+const GUEST_SUITES: [&str; 7] = [
     "bpf_test_run",
     "xdp_shield",
     "xdp_syn_cookie",
     "netns_e2e",
     "netns_flood",
     "netns_streams",
+    "netns_syn_cookies",
 ];
 
 /// Lines of the guest's log shown again when it crashed or hung.
