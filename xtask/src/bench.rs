@@ -31,8 +31,8 @@
 //! per packet of door's XDP program with BPF_PROG_TEST_RUN against an empty program and a
 //! minimal parse + LRU-update program in the same run, one run per call for the SYN cookie path
 //! (it rewrites its packet) next to the drop path and both references, then the veth flood
-//! comparison (XDP vs an
-//! nftables per-/64 meter vs nothing, with a legitimate client's latency). About a minute.
+//! comparison (XDP vs an nftables per-/64 meter vs nothing, with a legitimate client's latency).
+//! About a minute.
 
 use std::{
     collections::HashMap,
