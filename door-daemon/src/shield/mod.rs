@@ -483,7 +483,7 @@ impl Shield {
     }
 
     /// Runs the loaded program once per `repeat` on `packet` with `BPF_PROG_TEST_RUN`, returning
-    /// the XDP action (`XDP_DROP` = 1, `XDP_PASS` = 2) and the kernel's mean time per run.
+    /// the XDP action (`XDP_DROP` = 1, `XDP_PASS` = 2, `XDP_TX` = 3) and the kernel's mean time per run.
     ///
     /// # Errors
     /// [`ShieldError::Program`] if the kernel refuses the test run.
