@@ -215,12 +215,12 @@ fn a_spoofed_flood_is_answered_with_cookies_at_xdp_while_a_client_is_served() {
         (0, 0),
         "no listen queue overflow or drop: {run:?}"
     );
-    // The kernel answers only what reached it before cookie mode started (about a second at
-    // the threshold, less the SYN queue) and the odd SYN of the race in between.
-    let before_cookie_mode = 2 * u64::from(THRESHOLD);
+    // The kernel answers only what reached it before cookie mode started (about a second at the
+    // threshold, less the SYN queue, plus what was in flight): far less than XDP answered. In a
+    // slow emulated guest that first second is a larger share of the flood than here.
     assert!(
-        run.syncookies_sent <= before_cookie_mode + run.sent / 20,
-        "the kernel's own cookies do not account for the flood: {} of {}",
+        run.syncookies_sent * 2 <= tx,
+        "the kernel's own cookies do not account for the flood: {} against XDP's {tx}, of {}",
         run.syncookies_sent,
         run.sent
     );
