@@ -122,7 +122,7 @@ fn door_xdp(ctx: XdpContext) -> u32 {
     let counter = match parse(&packet) {
         Parsed::Tcp(segment) if segment.is_syn() => {
             match judge(&ctx, &segment.addr, Some(segment.dst_port), Kind::Syn) {
-                Counter::PassSyn | Counter::PassOverflowSyn if cookie_mode(&ctx, now_ns()) => {
+                Counter::PassSyn | Counter::PassOverflowSyn if cookie_mode(&ctx) => {
                     cookie::answer(&packet, &segment)
                 }
                 c => c,
@@ -356,7 +356,7 @@ fn charge(
 /// Whether cookie mode is on for this CPU after counting one more SYN, entering or leaving it as
 /// the rate says (see [`CookieState`]); `false` when cookie mode is not configured.
 #[inline(always)]
-fn cookie_mode(ctx: &XdpContext, now: u64) -> bool {
+fn cookie_mode(ctx: &XdpContext) -> bool {
     let Some(cfg) = MapValue::in_array(&DOOR_CONFIG, 0) else {
         return false;
     };
@@ -366,6 +366,9 @@ fn cookie_mode(ctx: &XdpContext, now: u64) -> bool {
     let Some(state) = MapValue::in_per_cpu_array(&DOOR_COOKIE, 0) else {
         return false;
     };
+    // The clock is read only once cookie mode is configured: a SYN counted with it off costs
+    // no helper call more than before.
+    let now = now_ns();
     let active = offset_of!(CookieState, active);
     let tat_at = offset_of!(CookieState, tat_ns);
     let leave_at = offset_of!(CookieState, leave_tat_ns);
