@@ -1,6 +1,7 @@
 //! The admin endpoint (`admin_listen`, loopback by default): `GET /status` answers JSON with the
 //! groups and their budgets, tracked clients, request outcome counts, whether the XDP program is
-//! attached and how, its counters, and the top source prefixes by SYN count.
+//! attached and how, its counters, and the top source prefixes by SYN count; `GET /metrics`
+//! answers the Prometheus text exposition of every door instrument ([`crate::obs::prometheus`]).
 
 use std::{
     convert::Infallible,
@@ -15,7 +16,11 @@ use hyper::body::Incoming;
 use serde_json::{Value, json};
 use tokio::net::TcpListener;
 
-use crate::{limit::GroupLimiter, obs::metrics::Metrics, shield::Shield};
+use crate::{
+    limit::GroupLimiter,
+    obs::{metrics::Metrics, prometheus::Exposition},
+    shield::Shield,
+};
 
 /// How many source prefixes `/status` lists.
 pub const TOP_PREFIXES: usize = 10;
@@ -36,6 +41,8 @@ pub struct StatusSource {
     pub xdp_mode: &'static str,
     /// The cluster sync's state (`"state": "off"` without `[cluster]`).
     pub cluster: Arc<crate::cluster::ClusterStatus>,
+    /// The Prometheus reader behind `GET /metrics` (`None`: answered 503).
+    pub exposition: Option<Exposition>,
 }
 
 impl std::fmt::Debug for StatusSource {
@@ -157,7 +164,7 @@ fn requests_json(limiters: &[Arc<GroupLimiter>], metrics: &Metrics) -> Value {
     Value::Object(out)
 }
 
-/// Serves `GET /status` on `listener` until the task is dropped.
+/// Serves `GET /status` and `GET /metrics` on `listener` until the task is dropped.
 pub async fn serve(listener: TcpListener, source: Arc<StatusSource>) {
     loop {
         let Ok((stream, _)) = listener.accept().await else {
@@ -183,33 +190,70 @@ async fn handle(
     req: Request<Incoming>,
     source: Arc<StatusSource>,
 ) -> Result<Response<Full<Bytes>>, Infallible> {
-    let (status, body) = if req.uri().path() != "/status" {
-        (
+    let path = req.uri().path();
+    if path != "/status" && path != "/metrics" {
+        return Ok(json_response(
             StatusCode::NOT_FOUND,
-            json!({ "code": "not-found", "message": "try GET /status" }),
-        )
-    } else if req.method() != Method::GET {
-        (
+            &json!({ "code": "not-found", "message": "try GET /status or GET /metrics" }),
+        ));
+    }
+    if req.method() != Method::GET {
+        return Ok(json_response(
             StatusCode::METHOD_NOT_ALLOWED,
-            json!({ "code": "method-not-allowed", "message": "GET only" }),
-        )
-    } else {
-        // Reading the maps is a few thousand syscalls at most: keep it off the async workers.
-        match tokio::task::spawn_blocking(move || source.snapshot()).await {
-            Ok(v) => (StatusCode::OK, v),
-            Err(e) => (
-                StatusCode::INTERNAL_SERVER_ERROR,
-                json!({ "code": "internal", "message": e.to_string() }),
-            ),
-        }
+            &json!({ "code": "method-not-allowed", "message": "GET only" }),
+        ));
+    }
+    if path == "/metrics" {
+        return Ok(metrics(source).await);
+    }
+    // Reading the maps is a few thousand syscalls at most: keep it off the async workers.
+    let (status, body) = match tokio::task::spawn_blocking(move || source.snapshot()).await {
+        Ok(v) => (StatusCode::OK, v),
+        Err(e) => (
+            StatusCode::INTERNAL_SERVER_ERROR,
+            json!({ "code": "internal", "message": e.to_string() }),
+        ),
     };
+    Ok(json_response(status, &body))
+}
+
+/// `GET /metrics`: collected off the async workers (the shield's callbacks read the XDP maps).
+async fn metrics(source: Arc<StatusSource>) -> Response<Full<Bytes>> {
+    let Some(exposition) = source.exposition.clone() else {
+        return json_response(
+            StatusCode::SERVICE_UNAVAILABLE,
+            &json!({ "code": "no-metrics", "message": "this door collects no metrics" }),
+        );
+    };
+    let rendered = tokio::task::spawn_blocking(move || exposition.render())
+        .await
+        .map_err(|e| e.to_string())
+        .and_then(|r| r.map_err(|e| e.to_string()));
+    match rendered {
+        Ok(text) => {
+            let mut res = Response::new(Full::new(Bytes::from(text)));
+            res.headers_mut().insert(
+                CONTENT_TYPE,
+                http::HeaderValue::from_static(crate::obs::prometheus::CONTENT_TYPE),
+            );
+            res
+        }
+        Err(e) => json_response(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            &json!({ "code": "internal", "message": e }),
+        ),
+    }
+}
+
+/// `body` as pretty JSON with a trailing newline.
+fn json_response(status: StatusCode, body: &Value) -> Response<Full<Bytes>> {
     let mut res = Response::new(Full::new(Bytes::from(format!("{body:#}\n"))));
     *res.status_mut() = status;
     res.headers_mut().insert(
         CONTENT_TYPE,
         http::HeaderValue::from_static("application/json"),
     );
-    Ok(res)
+    res
 }
 
 /// The address `/status` is served on, for log lines.

@@ -22,7 +22,7 @@ use crate::{
         request::App,
         tls::TlsError,
     },
-    obs::metrics::Metrics,
+    obs::{metrics::Metrics, prometheus::Exposition},
     shield::{BlocklistWriter, Shield, ShieldError, escalate::Blocklist},
     time::{Clock, MonotonicClock},
 };
@@ -66,10 +66,18 @@ pub type Reloader = Box<dyn Fn() -> Result<Config, ConfigError> + Send>;
 /// watchdog (`WATCHDOG_USEC`), `WATCHDOG=1` is sent from this serving loop, and only while every
 /// accept loop is alive, so a wedged runtime or a dead listener stops the pings.
 ///
+/// `metrics` are the instruments door records into; `exposition`, when given, is served as
+/// `GET /metrics` on the admin listener (built from the same meter provider as `metrics`).
+///
 /// # Errors
 /// [`ServeError`] when the TLS pair is unusable, a listener cannot be bound or a strict XDP mode
 /// cannot attach.
-pub async fn run(config: Config, metrics: Metrics, reload: Reloader) -> Result<(), ServeError> {
+pub async fn run(
+    config: Config,
+    metrics: Metrics,
+    exposition: Option<Exposition>,
+    reload: Reloader,
+) -> Result<(), ServeError> {
     let tls = config
         .tls
         .as_ref()
@@ -101,9 +109,10 @@ pub async fn run(config: Config, metrics: Metrics, reload: Reloader) -> Result<(
         .map(|s| Arc::new(BlocklistWriter::spawn(s)) as Arc<dyn Blocklist>);
     let _shield_instruments = shield
         .as_ref()
-        .map(|s| crate::shield::observe(&opentelemetry::global::meter("door"), s));
+        .map(|s| crate::shield::observe(metrics.meter(), s));
     let app = Arc::new(App::new(&config, &clock, &metrics, blocklist));
     let (cluster, cluster_status) = start_cluster(&config, &app)?;
+    let _budget_instruments = budget_instruments(&metrics, &app);
     let front = Front::new(Arc::clone(&app), ConnSettings::from_config(&config), tls);
     let proto = if config.tls.is_some() {
         "TLS: h2 and http/1.1 by ALPN"
@@ -127,6 +136,7 @@ pub async fn run(config: Config, metrics: Metrics, reload: Reloader) -> Result<(
             shield: shield.clone(),
             xdp_mode: config.xdp.mode.as_str(),
             cluster: cluster_status,
+            exposition,
         });
         tokio::spawn(crate::admin::serve(l, source))
     });
@@ -193,6 +203,12 @@ fn start_cluster(
     tracing::info!(interval = ?config.cluster.sync_interval, "cluster: sharing budgets");
     let status = c.status();
     Ok((Some(c), status))
+}
+
+/// `door.inflight_cap` and `door.max_clients`, read from the groups in force.
+fn budget_instruments(metrics: &Metrics, app: &Arc<App>) -> crate::obs::metrics::BudgetInstruments {
+    let app = Arc::clone(app);
+    crate::obs::metrics::observe_budgets(metrics.meter(), move || app.limiters())
 }
 
 /// Sends `states` to systemd when it is listening (`NOTIFY_SOCKET`); failures are logged, never

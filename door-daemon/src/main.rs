@@ -206,7 +206,12 @@ fn run(cli: &Cli) -> anyhow::Result<()> {
             let overrides = cli.settings.overrides.clone();
             let reload: door_daemon::daemon::Reloader =
                 Box::new(move || Config::load(path.as_deref(), &overrides));
-            let served = runtime.block_on(door_daemon::daemon::run(config, metrics, reload));
+            let served = runtime.block_on(door_daemon::daemon::run(
+                config,
+                metrics,
+                Some(telemetry.exposition()),
+                reload,
+            ));
             drop(runtime);
             telemetry.shutdown(std::time::Duration::from_secs(5));
             served?;

@@ -355,7 +355,7 @@ async fn a_bad_key_pair_fails_start_up_before_binding_naming_the_file() {
         cfg.listen = vec![SocketAddr::from(([127, 0, 0, 1], port))];
         let reload_same = cfg.clone();
         let reload: door_daemon::daemon::Reloader = Box::new(move || Ok(reload_same.clone()));
-        let e = door_daemon::daemon::run(cfg, Metrics::noop(), reload)
+        let e = door_daemon::daemon::run(cfg, Metrics::noop(), None, reload)
             .await
             .unwrap_err()
             .to_string();

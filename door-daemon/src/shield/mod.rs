@@ -7,7 +7,7 @@ pub mod escalate;
 pub mod metrics;
 
 pub use blocklist::BlocklistWriter;
-pub use metrics::{ShieldInstruments, observe};
+pub use metrics::{ShieldInstruments, XdpReadings, observe, observe_readings};
 
 use std::{fmt, time::Duration};
 
