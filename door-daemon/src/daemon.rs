@@ -15,7 +15,7 @@ use thiserror::Error;
 use tokio::net::TcpListener;
 
 use crate::{
-    admin::StatusSource,
+    admin::{AdminListener, StatusSource},
     config::{Config, ConfigError, XdpMode},
     http::{
         front::{ConnSettings, Front},
@@ -45,6 +45,14 @@ pub enum ServeError {
         mode: &'static str,
         /// Why.
         source: ShieldError,
+    },
+    /// The admin listener could not be bound (`admin_listen`).
+    #[error("admin_listen = {at}: {source}")]
+    AdminBind {
+        /// The address or Unix socket, as configured.
+        at: String,
+        /// The OS error.
+        source: std::io::Error,
     },
     /// The TLS certificate or key cannot be used (checked before anything is bound).
     #[error(transparent)]
@@ -94,14 +102,8 @@ pub async fn run(
             })?;
         listeners.push((l, config.requires_proxy_protocol(*addr)));
     }
-    let admin = match config.admin_listen {
-        Some(addr) => Some(
-            TcpListener::bind(addr)
-                .await
-                .map_err(|source| ServeError::Bind { addr, source })?,
-        ),
-        None => None,
-    };
+    // A Unix socket's file is removed when `_admin_socket` drops, at the end of this function.
+    let (admin, _admin_socket) = bind_admin(&config).await?;
 
     let clock: Arc<dyn Clock> = Arc::new(MonotonicClock::new());
     let blocklist = shield
@@ -126,9 +128,7 @@ pub async fn run(
         front.serve(l, proxy_protocol);
     }
     let admin_task = admin.map(|l| {
-        if let Ok(addr) = l.local_addr() {
-            tracing::info!(url = %crate::admin::url(addr), "admin status");
-        }
+        tracing::info!(at = %l.describe(), "admin status (GET /status, /metrics, /clients, /blocks)");
         let for_status = Arc::clone(&app);
         let source = Arc::new(StatusSource {
             limiters: Arc::new(move || for_status.limiters()),
@@ -137,6 +137,9 @@ pub async fn run(
             xdp_mode: config.xdp.mode.as_str(),
             cluster: cluster_status,
             exposition,
+            blocklist: shield
+                .clone()
+                .map(|s| s as Arc<dyn crate::admin::AdminBlocklist>),
         });
         tokio::spawn(crate::admin::serve(l, source))
     });
@@ -209,6 +212,22 @@ fn start_cluster(
 fn budget_instruments(metrics: &Metrics, app: &Arc<App>) -> crate::obs::metrics::BudgetInstruments {
     let app = Arc::clone(app);
     crate::obs::metrics::observe_budgets(metrics.meter(), move || app.limiters())
+}
+
+/// Binds `admin_listen` (nothing when it is `off`), with the Unix socket's file to keep.
+async fn bind_admin(
+    config: &Config,
+) -> Result<(Option<AdminListener>, Option<crate::admin::SocketFile>), ServeError> {
+    let Some(at) = &config.admin_listen else {
+        return Ok((None, None));
+    };
+    let (l, file) = AdminListener::bind(at)
+        .await
+        .map_err(|source| ServeError::AdminBind {
+            at: at.to_string(),
+            source,
+        })?;
+    Ok((Some(l), file))
 }
 
 /// Sends `states` to systemd when it is listening (`NOTIFY_SOCKET`); failures are logged, never

@@ -11,7 +11,7 @@
 //! | [`limit`] | the layer-7 limiter: token buckets, in-flight caps, the bounded table (no HTTP, no metrics) |
 //! | [`http`] | the request path: listeners, admit → forward → settle, door's own answers, the upstream client |
 //! | [`shield`] | the XDP flood shield's daemon side: load and attach, maps, blocklist, escalation, its metrics |
-//! | [`admin`] | the admin listener (`GET /status`, `GET /metrics`) |
+//! | [`admin`] | the admin listener: `GET /status`, `GET /metrics`, the operator's `/clients` and `/blocks` |
 //! | [`obs`] | observability: metric instruments, OTLP export, the Prometheus exposition, logging |
 //! | [`time`] | the one clock |
 

@@ -422,8 +422,10 @@ pub struct Config {
     pub proxy_protocol_listen: Vec<SocketAddr>,
     /// The application behind door. Default `http://127.0.0.1:3000`.
     pub upstream: Upstream,
-    /// Where `GET /status` is served; `None` disables it. Default `127.0.0.1:9901`.
-    pub admin_listen: Option<SocketAddr>,
+    /// Where the admin listener (`GET /status`, `/metrics`, `/clients`, `/blocks`) is served:
+    /// a TCP address or a Unix socket (`unix:/run/door/admin.sock`); `None` (`"off"`) disables
+    /// it. Default `127.0.0.1:9901`.
+    pub admin_listen: Option<AdminListen>,
     /// Proxies whose forwarding headers are believed. Default: none.
     pub trusted_proxies: TrustedProxies,
     /// Which header is authoritative when a trusted proxy sends both `X-Forwarded-For` and
@@ -1502,18 +1504,67 @@ fn proxy_protocol_listeners(
     Ok(out)
 }
 
-/// `admin_listen`: a socket address, or `off` (`None`).
-fn build_admin_listen(raw: &str) -> Result<Option<SocketAddr>, ConfigError> {
+/// The longest Unix socket path, in bytes: `sun_path` is 108 bytes with its terminating NUL.
+pub const MAX_UNIX_SOCKET_PATH: usize = 107;
+
+/// Where the admin listener is served (`admin_listen`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AdminListen {
+    /// A TCP socket address (`127.0.0.1:9901`).
+    Tcp(SocketAddr),
+    /// A Unix domain socket at this absolute path (`unix:/run/door/admin.sock`): created with
+    /// mode 0600 (the owner, root or the service's user, only), removed on exit.
+    Unix(PathBuf),
+}
+
+impl fmt::Display for AdminListen {
+    /// `127.0.0.1:9901` or `unix:/run/door/admin.sock`: the spelling `admin_listen` accepts.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Tcp(addr) => write!(f, "{addr}"),
+            Self::Unix(path) => write!(f, "unix:{}", path.display()),
+        }
+    }
+}
+
+impl std::str::FromStr for AdminListen {
+    type Err = ConfigError;
+
+    /// A socket address, or `unix:` and an absolute path of at most [`MAX_UNIX_SOCKET_PATH`]
+    /// bytes. `off` is not an address: see `admin_listen`.
+    fn from_str(raw: &str) -> Result<Self, ConfigError> {
+        let bad = |reason: &str| invalid("admin_listen", format!("{raw:?}"), reason);
+        if let Some(path) = raw.strip_prefix("unix:") {
+            if !path.starts_with('/') {
+                return Err(bad(
+                    "a Unix socket needs an absolute path (unix:/run/door/admin.sock)",
+                ));
+            }
+            if path.ends_with('/') {
+                return Err(bad("a Unix socket path must name a file, not a directory"));
+            }
+            if path.len() > MAX_UNIX_SOCKET_PATH {
+                return Err(bad(&format!(
+                    "a Unix socket path is at most {MAX_UNIX_SOCKET_PATH} bytes"
+                )));
+            }
+            if path.contains('\0') {
+                return Err(bad("a Unix socket path cannot contain a NUL byte"));
+            }
+            return Ok(Self::Unix(PathBuf::from(path)));
+        }
+        raw.parse::<SocketAddr>().map(Self::Tcp).map_err(|_| {
+            bad("not a socket address (ip:port, [v6]:port), unix:/absolute/path or \"off\"")
+        })
+    }
+}
+
+/// `admin_listen`: a socket address, `unix:/path`, or `off` (`None`).
+fn build_admin_listen(raw: &str) -> Result<Option<AdminListen>, ConfigError> {
     if raw == "off" {
         return Ok(None);
     }
-    raw.parse::<SocketAddr>().map(Some).map_err(|_| {
-        invalid(
-            "admin_listen",
-            format!("{raw:?}"),
-            "not a socket address (or \"off\")",
-        )
-    })
+    raw.parse().map(Some)
 }
 
 /// `max_connections` (`None`: derived at start), `max_connections_per_client` and

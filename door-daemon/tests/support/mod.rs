@@ -8,12 +8,20 @@
     reason = "test support shared by several test binaries; each uses a part"
 )]
 
-use std::{convert::Infallible, net::SocketAddr, sync::Arc};
+use std::{
+    collections::BTreeMap,
+    convert::Infallible,
+    net::SocketAddr,
+    path::Path,
+    sync::{Arc, Mutex},
+    time::Duration,
+};
 
 use bytes::Bytes;
+use door_common::PrefixKey;
 use door_daemon::{
-    admin::StatusSource,
-    config::Config,
+    admin::{AdminBlocklist, AdminListener, SocketFile, StatusSource},
+    config::{AdminListen, Config},
     http::{App, ConnSettings, Front},
     obs::{
         metrics::{BudgetInstruments, Metrics, observe_budgets},
@@ -104,6 +112,11 @@ pub struct Door {
 impl Door {
     /// door with `cfg` (its front on 127.0.0.1, an ephemeral port), no shield.
     pub async fn start(cfg: &Config) -> Self {
+        Self::start_with(cfg, None).await
+    }
+
+    /// As [`Door::start`], the admin API's `/blocks` on `blocklist`.
+    pub async fn start_with(cfg: &Config, blocklist: Option<Arc<dyn AdminBlocklist>>) -> Self {
         let telemetry = Telemetry::local();
         let metrics = Metrics::new(&telemetry.meter());
         let clock: Arc<dyn Clock> = Arc::new(MonotonicClock::new());
@@ -122,6 +135,7 @@ impl Door {
             xdp_mode: "off",
             cluster: Arc::new(door_daemon::cluster::ClusterStatus::off()),
             exposition: Some(telemetry.exposition()),
+            blocklist,
         });
         Self {
             addr,
@@ -136,8 +150,21 @@ impl Door {
     pub async fn admin(&self) -> SocketAddr {
         let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = l.local_addr().unwrap();
-        tokio::spawn(door_daemon::admin::serve(l, Arc::clone(&self.source)));
+        tokio::spawn(door_daemon::admin::serve(
+            AdminListener::Tcp(l),
+            Arc::clone(&self.source),
+        ));
         addr
+    }
+
+    /// Starts an admin listener on the Unix socket `path`; the socket file goes when the
+    /// returned value drops.
+    pub async fn admin_unix(&self, path: &Path) -> SocketFile {
+        let (l, file) = AdminListener::bind(&AdminListen::Unix(path.to_owned()))
+            .await
+            .unwrap();
+        tokio::spawn(door_daemon::admin::serve(l, Arc::clone(&self.source)));
+        file.unwrap()
     }
 
     /// One GET through door's front with `X-Forwarded-For: xff` (door trusts 127.0.0.1, so the
@@ -146,6 +173,46 @@ impl Door {
         let (status, _) = request(self.addr, "GET", path, &[("x-forwarded-for", xff)], "").await;
         status
     }
+}
+
+/// An in-memory blocklist: prefix → seconds left (time does not pass).
+#[derive(Debug, Default)]
+pub struct FakeBlocklist(pub Mutex<BTreeMap<PrefixKey, u64>>);
+
+impl AdminBlocklist for FakeBlocklist {
+    fn list(&self) -> Result<Vec<(PrefixKey, u64)>, door_daemon::shield::ShieldError> {
+        Ok(self
+            .0
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|(k, s)| (*k, *s))
+            .collect())
+    }
+
+    fn block(
+        &self,
+        key: PrefixKey,
+        duration: Duration,
+    ) -> Result<(), door_daemon::shield::ShieldError> {
+        self.0.lock().unwrap().insert(key, duration.as_secs());
+        Ok(())
+    }
+
+    fn unblock(&self, key: &PrefixKey) -> Result<bool, door_daemon::shield::ShieldError> {
+        Ok(self.0.lock().unwrap().remove(key).is_some())
+    }
+}
+
+/// One HTTP/1.1 request over the Unix socket `path`: status and body.
+pub async fn request_unix(
+    path: &Path,
+    method: &str,
+    target: &str,
+    body: &str,
+) -> (StatusCode, String) {
+    let s = tokio::net::UnixStream::connect(path).await.unwrap();
+    send(s, method, target, &[], body).await
 }
 
 /// One HTTP/1.1 request on a fresh connection to `addr`: status and body.
@@ -157,6 +224,19 @@ pub async fn request(
     body: &str,
 ) -> (StatusCode, String) {
     let s = TcpStream::connect(addr).await.unwrap();
+    send(s, method, path, headers, body).await
+}
+
+async fn send<S>(
+    s: S,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &str,
+) -> (StatusCode, String)
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
     let (mut send, conn) = hyper::client::conn::http1::handshake(TokioIo::new(s))
         .await
         .unwrap();

@@ -1,11 +1,25 @@
-//! The admin endpoint (`admin_listen`, loopback by default): `GET /status` answers JSON with the
-//! groups and their budgets, tracked clients, request outcome counts, whether the XDP program is
-//! attached and how, its counters, and the top source prefixes by SYN count; `GET /metrics`
-//! answers the Prometheus text exposition of every door instrument ([`crate::obs::prometheus`]).
+//! The admin listener (`admin_listen`: loopback by default, or a Unix socket, [`listen`]):
+//!
+//! - `GET /status`: JSON with the groups and their budgets, tracked clients, request outcome
+//!   counts, whether the XDP program is attached and how, its counters, the blocklist and the top
+//!   source prefixes by SYN count;
+//! - `GET /metrics`: the Prometheus text exposition of every door instrument
+//!   ([`crate::obs::prometheus`]);
+//! - `GET /clients`, `DELETE /clients/{prefix}`, `GET /blocks`, `POST /blocks`,
+//!   `DELETE /blocks/{prefix}`: the operator's endpoints ([`api`]).
+//!
+//! Every answer but `/metrics` is JSON; every refusal is `{"code", "message"}` with a 4xx naming
+//! the bad input (or 503 when the XDP shield is off). The admin listener has no authentication:
+//! keep it on loopback or a Unix socket.
+
+pub mod api;
+pub mod listen;
+
+pub use api::{AdminBlocklist, ApiError};
+pub use listen::{AdminListener, SocketFile};
 
 use std::{
     convert::Infallible,
-    net::SocketAddr,
     sync::{Arc, Mutex, PoisonError},
 };
 
@@ -14,7 +28,6 @@ use http::{Method, Request, Response, StatusCode, header::CONTENT_TYPE};
 use http_body_util::Full;
 use hyper::body::Incoming;
 use serde_json::{Value, json};
-use tokio::net::TcpListener;
 
 use crate::{
     limit::GroupLimiter,
@@ -43,6 +56,8 @@ pub struct StatusSource {
     pub cluster: Arc<crate::cluster::ClusterStatus>,
     /// The Prometheus reader behind `GET /metrics` (`None`: answered 503).
     pub exposition: Option<Exposition>,
+    /// The XDP blocklist for `/blocks` (`None` without the shield: answered 503).
+    pub blocklist: Option<Arc<dyn AdminBlocklist>>,
 }
 
 impl std::fmt::Debug for StatusSource {
@@ -50,6 +65,7 @@ impl std::fmt::Debug for StatusSource {
         f.debug_struct("StatusSource")
             .field("shield", &self.shield)
             .field("xdp_mode", &self.xdp_mode)
+            .field("blocklist", &self.blocklist.is_some())
             .finish_non_exhaustive()
     }
 }
@@ -164,25 +180,68 @@ fn requests_json(limiters: &[Arc<GroupLimiter>], metrics: &Metrics) -> Value {
     Value::Object(out)
 }
 
-/// Serves `GET /status` and `GET /metrics` on `listener` until the task is dropped.
-pub async fn serve(listener: TcpListener, source: Arc<StatusSource>) {
+/// Serves the admin API on `listener` until the task is dropped.
+pub async fn serve(listener: AdminListener, source: Arc<StatusSource>) {
     loop {
-        let Ok((stream, _)) = listener.accept().await else {
+        let accepted = match &listener {
+            AdminListener::Tcp(l) => l.accept().await.map(|(s, _)| {
+                tokio::spawn(connection(s, Arc::clone(&source)));
+            }),
+            AdminListener::Unix(l) => l.accept().await.map(|(s, _)| {
+                tokio::spawn(connection(s, Arc::clone(&source)));
+            }),
+        };
+        if accepted.is_err() {
             // EMFILE and friends: back off instead of spinning (found by hostile testing).
             tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-            continue;
-        };
-        let source = Arc::clone(&source);
-        tokio::spawn(async move {
-            let service = hyper::service::service_fn(move |req| handle(req, Arc::clone(&source)));
-            let io = hyper_util::rt::TokioIo::new(stream);
-            if let Err(e) = hyper::server::conn::http1::Builder::new()
-                .serve_connection(io, service)
-                .await
-            {
-                tracing::debug!(error = %e, "admin connection ended with an error");
-            }
-        });
+        }
+    }
+}
+
+/// Serves one admin connection (HTTP/1.1).
+async fn connection<S>(stream: S, source: Arc<StatusSource>)
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    let service = hyper::service::service_fn(move |req| handle(req, Arc::clone(&source)));
+    let io = hyper_util::rt::TokioIo::new(stream);
+    if let Err(e) = hyper::server::conn::http1::Builder::new()
+        .serve_connection(io, service)
+        .await
+    {
+        tracing::debug!(error = %e, "admin connection ended with an error");
+    }
+}
+
+/// The endpoints, for 404s.
+const ENDPOINTS: &str = "GET /status, GET /metrics, GET /clients?group=G&top=N, \
+                         DELETE /clients/{prefix}, GET /blocks, POST /blocks, DELETE /blocks/{prefix}";
+
+fn not_allowed(allow: &'static str) -> Response<Full<Bytes>> {
+    let mut res = json_response(
+        StatusCode::METHOD_NOT_ALLOWED,
+        &json!({ "code": "method-not-allowed", "message": format!("{allow} only") }),
+    );
+    res.headers_mut()
+        .insert(http::header::ALLOW, http::HeaderValue::from_static(allow));
+    res
+}
+
+/// Runs `f` off the async workers (the shield's maps and the limiters' tables are read under
+/// locks), as a JSON answer.
+async fn blocking(
+    f: impl FnOnce() -> Result<Value, ApiError> + Send + 'static,
+) -> Response<Full<Bytes>> {
+    let result = tokio::task::spawn_blocking(f).await.unwrap_or_else(|e| {
+        Err(ApiError {
+            status: StatusCode::INTERNAL_SERVER_ERROR,
+            code: "internal",
+            message: e.to_string(),
+        })
+    });
+    match result {
+        Ok(v) => json_response(StatusCode::OK, &v),
+        Err(e) => json_response(e.status, &e.body()),
     }
 }
 
@@ -190,31 +249,51 @@ async fn handle(
     req: Request<Incoming>,
     source: Arc<StatusSource>,
 ) -> Result<Response<Full<Bytes>>, Infallible> {
-    let path = req.uri().path();
-    if path != "/status" && path != "/metrics" {
-        return Ok(json_response(
-            StatusCode::NOT_FOUND,
-            &json!({ "code": "not-found", "message": "try GET /status or GET /metrics" }),
-        ));
-    }
-    if req.method() != Method::GET {
-        return Ok(json_response(
-            StatusCode::METHOD_NOT_ALLOWED,
-            &json!({ "code": "method-not-allowed", "message": "GET only" }),
-        ));
-    }
-    if path == "/metrics" {
-        return Ok(metrics(source).await);
-    }
-    // Reading the maps is a few thousand syscalls at most: keep it off the async workers.
-    let (status, body) = match tokio::task::spawn_blocking(move || source.snapshot()).await {
-        Ok(v) => (StatusCode::OK, v),
-        Err(e) => (
-            StatusCode::INTERNAL_SERVER_ERROR,
-            json!({ "code": "internal", "message": e.to_string() }),
-        ),
+    let method = req.method().clone();
+    let path = req.uri().path().to_owned();
+    let query = req.uri().query().map(str::to_owned);
+    let res = match (path.as_str(), method) {
+        ("/status", Method::GET) => blocking(move || Ok(source.snapshot())).await,
+        ("/metrics", Method::GET) => metrics(source).await,
+        ("/clients", Method::GET) => {
+            blocking(move || api::clients(&source, query.as_deref())).await
+        }
+        ("/status" | "/metrics" | "/clients", _) => not_allowed("GET"),
+        ("/blocks", Method::GET) => blocking(move || api::blocks(&source, query.as_deref())).await,
+        ("/blocks", Method::POST) => match api::read_body(req.into_body()).await {
+            Ok(body) => blocking(move || api::block(&source, query.as_deref(), &body)).await,
+            Err(e) => json_response(e.status, &e.body()),
+        },
+        ("/blocks", _) => not_allowed("GET, POST"),
+        (p, m) => match (p.strip_prefix("/clients/"), p.strip_prefix("/blocks/")) {
+            (Some(_), _) | (_, Some(_)) if m != Method::DELETE => not_allowed("DELETE"),
+            (Some(raw), _) => match decode(raw) {
+                Ok(raw) => blocking(move || api::forget(&source, &raw, query.as_deref())).await,
+                Err(e) => json_response(e.status, &e.body()),
+            },
+            (_, Some(raw)) => match decode(raw) {
+                Ok(raw) => blocking(move || api::unblock(&source, &raw, query.as_deref())).await,
+                Err(e) => json_response(e.status, &e.body()),
+            },
+            _ => json_response(
+                StatusCode::NOT_FOUND,
+                &json!({ "code": "not-found", "message": format!("no such endpoint; try {ENDPOINTS}") }),
+            ),
+        },
     };
-    Ok(json_response(status, &body))
+    Ok(res)
+}
+
+/// A path's `{prefix}`, percent-decoded (`198.51.100.7%2F32` and `198.51.100.7/32` alike).
+fn decode(raw: &str) -> Result<String, ApiError> {
+    percent_encoding::percent_decode_str(raw)
+        .decode_utf8()
+        .map(std::borrow::Cow::into_owned)
+        .map_err(|_| ApiError {
+            status: StatusCode::BAD_REQUEST,
+            code: "bad-prefix",
+            message: format!("{raw:?} is not UTF-8 once percent-decoded"),
+        })
 }
 
 /// `GET /metrics`: collected off the async workers (the shield's callbacks read the XDP maps).
@@ -254,9 +333,4 @@ fn json_response(status: StatusCode, body: &Value) -> Response<Full<Bytes>> {
         http::HeaderValue::from_static("application/json"),
     );
     res
-}
-
-/// The address `/status` is served on, for log lines.
-pub fn url(addr: SocketAddr) -> String {
-    format!("http://{addr}/status")
 }
