@@ -14,6 +14,7 @@
 //! | [`admin`] | the admin listener: `GET /status`, `GET /metrics`, the operator's `/clients` and `/blocks` |
 //! | [`obs`] | observability: metric instruments, OTLP export, the Prometheus exposition, logging |
 //! | [`time`] | the one clock |
+//! | [`top`] | `door top`: the terminal view of the admin API |
 
 pub mod admin;
 pub mod client;
@@ -25,3 +26,4 @@ pub mod limit;
 pub mod obs;
 pub mod shield;
 pub mod time;
+pub mod top;
