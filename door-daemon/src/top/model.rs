@@ -61,6 +61,30 @@ pub struct Xdp {
     pub tracked_prefixes: u64,
 }
 
+/// The cluster sync's state (`GET /status`, `cluster`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Cluster {
+    /// `off` (no `[cluster]`), `synced` or `degraded`.
+    pub state: String,
+    /// Doors alive by their heartbeats, this one included.
+    pub doors: u64,
+    /// Milliseconds since the last good sync; `None` before the first.
+    pub last_sync_age_ms: Option<u64>,
+}
+
+impl Cluster {
+    /// One line for the screen and the table, or `None` without `[cluster]`.
+    pub fn line(&self) -> Option<String> {
+        if self.state.is_empty() || self.state == "off" {
+            return None;
+        }
+        let age = self
+            .last_sync_age_ms
+            .map_or_else(|| "never synced".to_owned(), |ms| format!("last sync {ms} ms ago"));
+        Some(format!("cluster {}: {} doors, {age}", self.state, self.doors))
+    }
+}
+
 /// One refresh's data.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Snapshot {
@@ -68,6 +92,8 @@ pub struct Snapshot {
     pub groups: Vec<Group>,
     /// The shield.
     pub xdp: Xdp,
+    /// The cluster sync.
+    pub cluster: Cluster,
 }
 
 fn u(v: &Value) -> u64 {
@@ -147,7 +173,17 @@ impl Snapshot {
                 .map_or(0, |b| u64::try_from(b.len()).unwrap_or(u64::MAX)),
             tracked_prefixes: u(&x["tracked_prefixes"]),
         };
-        Self { groups, xdp }
+        let c = &status["cluster"];
+        let cluster = Cluster {
+            state: s(&c["state"]),
+            doors: u(&c["doors"]),
+            last_sync_age_ms: c["last_sync_age_ms"].as_u64(),
+        };
+        Self {
+            groups,
+            xdp,
+            cluster,
+        }
     }
 }
 
@@ -369,6 +405,24 @@ mod tests {
         assert_eq!(view.group().unwrap().name, "health");
         view.previous_group();
         assert_eq!(view.group().unwrap().name, "link");
+    }
+
+    #[test]
+    fn the_cluster_line_shows_only_with_a_cluster() {
+        let mut st = status(1, 1);
+        assert_eq!(Snapshot::from_json(&st, &clients()).cluster.line(), None);
+        st["cluster"] = json!({"state": "off", "doors": 0, "last_sync_age_ms": null});
+        assert_eq!(Snapshot::from_json(&st, &clients()).cluster.line(), None);
+        st["cluster"] = json!({"state": "degraded", "doors": 3, "last_sync_age_ms": 1200});
+        assert_eq!(
+            Snapshot::from_json(&st, &clients()).cluster.line().as_deref(),
+            Some("cluster degraded: 3 doors, last sync 1200 ms ago")
+        );
+        st["cluster"] = json!({"state": "synced", "doors": 1, "last_sync_age_ms": null});
+        assert_eq!(
+            Snapshot::from_json(&st, &clients()).cluster.line().as_deref(),
+            Some("cluster synced: 1 doors, never synced")
+        );
     }
 
     #[test]

@@ -42,7 +42,10 @@ pub fn draw(frame: &mut Frame<'_>, view: &View) {
     let state = match (&view.error, &view.snapshot) {
         (Some(e), _) => format!("  ERROR: {e}"),
         (None, None) => "  connecting…".to_owned(),
-        (None, Some(_)) => String::new(),
+        (None, Some(s)) => s
+            .cluster
+            .line()
+            .map_or_else(String::new, |c| format!("  {c}")),
     };
     frame.render_widget(
         Paragraph::new(format!("door top — {}{state}", view.admin)).style(bold()),
@@ -207,6 +210,9 @@ pub fn plain(view: &View) -> String {
     };
     // Writing to a String cannot fail.
     let _ = writeln!(out, "door top — {}", view.admin);
+    if let Some(c) = s.cluster.line() {
+        let _ = writeln!(out, "{c}");
+    }
     for g in &s.groups {
         let _ = writeln!(
             out,
@@ -267,7 +273,7 @@ mod tests {
     use ratatui::{Terminal, backend::TestBackend};
 
     use super::*;
-    use crate::top::model::{ClientRow, Snapshot, Xdp};
+    use crate::top::model::{ClientRow, Cluster, Snapshot, Xdp};
 
     fn view() -> View {
         let mut v = View::new("127.0.0.1:9901".to_owned());
@@ -294,6 +300,11 @@ mod tests {
                     counters: [("drop/syn_budget".to_owned(), 7)].into(),
                     top_prefixes: vec![("203.0.113.9/32".to_owned(), 9, 7)],
                     ..Xdp::default()
+                },
+                cluster: Cluster {
+                    state: "synced".to_owned(),
+                    doors: 3,
+                    last_sync_age_ms: Some(120),
                 },
             },
             1,
@@ -327,6 +338,7 @@ mod tests {
         assert!(big.contains("rate_limited"), "{big}");
         assert!(big.contains("203.0.113.9/32"), "{big}");
         assert!(big.contains("drop/syn_budget"), "{big}");
+        assert!(big.contains("cluster synced: 3 doors"), "{big}");
         let empty = screen(40, 5, &View::new("x".to_owned()));
         assert!(empty.contains("connecting"), "{empty}");
     }
@@ -334,6 +346,7 @@ mod tests {
     #[test]
     fn plain_lists_every_group_and_the_shield() {
         let text = plain(&view());
+        assert!(text.contains("cluster synced: 3 doors, last sync 120 ms ago"), "{text}");
         assert!(text.contains("== group link"), "{text}");
         assert!(text.contains("198.51.100.7/32"), "{text}");
         assert!(text.contains("0/3"), "{text}");
