@@ -481,6 +481,15 @@ pub struct Config {
     /// (`upstream_max_inflight`; `--upstream-max-inflight` / `DOOR_UPSTREAM_MAX_INFLIGHT`); past
     /// it door answers 503 with `Retry-After: 1`. Default 4096.
     pub upstream_max_inflight: u32,
+    /// Header fields an HTTP/1.1 request head may have (`max_header_fields`;
+    /// `--max-header-fields` / `DOOR_MAX_HEADER_FIELDS`); past it door answers 431 and closes the
+    /// connection. From 1 to [`MAX_HEADER_FIELDS_LIMIT`]; default
+    /// [`DEFAULT_MAX_HEADER_FIELDS`] (100, as HAProxy's `tune.http.maxhdr`, Envoy's
+    /// `max_headers_count` and Apache's `LimitRequestFields`). hyper prepares parse state for this
+    /// many fields on every request head: 100 fit on the stack, more cost a heap allocation of
+    /// 64 bytes per field per request. The head's 64 KiB byte bound applies either way; HTTP/2 has
+    /// only the byte bound (`SETTINGS_MAX_HEADER_LIST_SIZE`).
+    pub max_header_fields: usize,
     /// The per-session and per-IP request planes (`[plane.session]`, `[plane.ip]`); `None`
     /// (the default) when `[plane.session]` is absent.
     pub planes: Option<PlanesConfig>,
@@ -531,6 +540,12 @@ pub const DEFAULT_STREAM_IDLE_TIMEOUT: Duration = Duration::from_mins(5);
 pub const DEFAULT_MAX_CONNECTIONS_PER_CLIENT: u32 = 256;
 /// The default of [`Config::upstream_max_inflight`].
 pub const DEFAULT_UPSTREAM_MAX_INFLIGHT: u32 = 4096;
+/// The default of [`Config::max_header_fields`]: hyper's own default, the most it parses with
+/// no allocation.
+pub const DEFAULT_MAX_HEADER_FIELDS: usize = 100;
+/// The largest [`Config::max_header_fields`] accepted: at 1,024 hyper's per-request parse state
+/// is already 64 KiB, the size of the largest head door reads.
+pub const MAX_HEADER_FIELDS_LIMIT: usize = 1024;
 /// File descriptors [`derived_max_connections`] keeps aside for listeners, the admin endpoint,
 /// BPF maps, logs and the like.
 pub const RESERVED_FDS: u64 = 128;
@@ -668,6 +683,9 @@ pub struct Overrides {
     /// Pass-through requests forwarded upstream at once; past it, 503. Default 4096.
     #[arg(long, env = "DOOR_UPSTREAM_MAX_INFLIGHT", global = true)]
     pub upstream_max_inflight: Option<i64>,
+    /// Header fields an HTTP/1.1 request head may have (1 to 1024); past it, 431. Default 100.
+    #[arg(long, env = "DOOR_MAX_HEADER_FIELDS", global = true)]
+    pub max_header_fields: Option<i64>,
     /// Close a stream (WebSocket, server-sent events) silent this long (e.g. 5m). Default 5m.
     #[arg(long, env = "DOOR_STREAM_IDLE_TIMEOUT", global = true)]
     pub stream_idle_timeout: Option<String>,
@@ -708,6 +726,7 @@ struct File {
     max_connections: Option<i64>,
     max_connections_per_client: Option<i64>,
     upstream_max_inflight: Option<i64>,
+    max_header_fields: Option<i64>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -910,6 +929,8 @@ impl Config {
                 o,
             )?;
 
+        let max_header_fields = build_max_header_fields(file.max_header_fields, o)?;
+
         Ok(Self {
             listen,
             proxy_protocol_listen,
@@ -933,6 +954,7 @@ impl Config {
             max_connections,
             max_connections_per_client,
             upstream_max_inflight,
+            max_header_fields,
             planes,
             allow,
             deny,
@@ -1592,6 +1614,23 @@ fn build_connection_limits(
             positive_u32("upstream_max_inflight", v)
         })?;
     Ok((max_connections, per_client, upstream))
+}
+
+/// `max_header_fields`, the flag or env beating the file: from 1 to [`MAX_HEADER_FIELDS_LIMIT`].
+fn build_max_header_fields(file: Option<i64>, o: &Overrides) -> Result<usize, ConfigError> {
+    let Some(v) = o.max_header_fields.or(file) else {
+        return Ok(DEFAULT_MAX_HEADER_FIELDS);
+    };
+    usize::try_from(v)
+        .ok()
+        .filter(|n| (1..=MAX_HEADER_FIELDS_LIMIT).contains(n))
+        .ok_or_else(|| {
+            invalid(
+                "max_header_fields",
+                v,
+                format!("must be a whole number from 1 to {MAX_HEADER_FIELDS_LIMIT}"),
+            )
+        })
 }
 
 fn build_tls(file: Option<TlsFile>, o: &Overrides) -> Result<Option<TlsConfig>, ConfigError> {

@@ -61,6 +61,7 @@ impl Config {
             max_connections,
             max_connections_per_client,
             upstream_max_inflight,
+            max_header_fields,
             planes,
             allow,
             deny,
@@ -101,6 +102,10 @@ impl Config {
             *max_connections,
             *max_connections_per_client,
             *upstream_max_inflight,
+        );
+        w.clear(
+            "max_header_fields",
+            i64::try_from(*max_header_fields).unwrap_or(i64::MAX),
         );
         if let Some(tls) = tls {
             let crate::config::TlsConfig {

@@ -316,6 +316,12 @@ fn bad_front_keys_are_named() {
             .starts_with("otlp.endpoint = \"127.0.0.1:4318\"")
     );
     assert!(err("[otlp]\ninterval = \"0s\"").starts_with("otlp.interval = \"0s\""));
+    for v in ["0", "1025", "-3"] {
+        assert_eq!(
+            err(&format!("max_header_fields = {v}")),
+            format!("max_header_fields = {v}: must be a whole number from 1 to 1024")
+        );
+    }
     assert!(
         err("[cluster]\nredis = \"http://127.0.0.1:6379\"")
             .starts_with("cluster.redis = \"http://127.0.0.1:6379\"")
