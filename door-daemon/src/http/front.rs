@@ -154,6 +154,9 @@ impl ConnSettings {
             .header_read_timeout(self.header_read_timeout)
             .max_buf_size(MAX_HEADER_BYTES)
             .max_headers(self.max_header_fields);
+        // hyper's flow-control windows (1 MiB per stream and per connection, not adaptive) and
+        // one listening socket per address: both measured against the alternatives
+        // (docs/decisions.md, "Accept, upstream pool and HTTP/2 windows").
         b.http2()
             .timer(TokioTimer::new())
             .max_header_list_size(u32::try_from(MAX_HEADER_BYTES).unwrap_or(u32::MAX))
