@@ -96,14 +96,23 @@ pub async fn run(config: Config, metrics: Metrics, reload: Reloader) -> Result<(
     };
 
     let clock: Arc<dyn Clock> = Arc::new(MonotonicClock::new());
-    let blocklist = shield
+    let local_blocklist = shield
         .clone()
         .map(|s| Arc::new(BlocklistWriter::spawn(s)) as Arc<dyn Blocklist>);
+    // In cluster mode the shield's blocks are shared with the other doors (cluster::blocks).
+    let shared_blocklist = local_blocklist
+        .clone()
+        .filter(|_| config.cluster.redis.is_some())
+        .map(|local| crate::cluster::SharedBlocklist::new(local, Arc::clone(&clock)));
+    let blocklist = match &shared_blocklist {
+        Some(shared) => Some(Arc::clone(shared) as Arc<dyn Blocklist>),
+        None => local_blocklist,
+    };
     let _shield_instruments = shield
         .as_ref()
         .map(|s| crate::shield::observe(&opentelemetry::global::meter("door"), s));
     let app = Arc::new(App::new(&config, &clock, &metrics, blocklist));
-    let (cluster, cluster_status) = start_cluster(&config, &app)?;
+    let (cluster, cluster_status) = start_cluster(&config, &app, shared_blocklist)?;
     let front = Front::new(Arc::clone(&app), ConnSettings::from_config(&config), tls);
     let proto = if config.tls.is_some() {
         "TLS: h2 and http/1.1 by ALPN"
@@ -174,6 +183,7 @@ pub async fn run(config: Config, metrics: Metrics, reload: Reloader) -> Result<(
 fn start_cluster(
     config: &Config,
     app: &Arc<App>,
+    blocks: Option<Arc<crate::cluster::SharedBlocklist>>,
 ) -> Result<
     (
         Option<crate::cluster::Cluster>,
@@ -187,6 +197,7 @@ fn start_cluster(
     let c = crate::cluster::spawn(
         &config.cluster,
         Arc::clone(app),
+        blocks,
         crate::cluster::ClusterMetrics::new(&opentelemetry::global::meter("door")),
         crate::cluster::door_id(),
     )?;

@@ -14,16 +14,18 @@ use std::{
     io::Write as _,
     net::SocketAddr,
     process::{Child, Command, Stdio},
-    sync::Arc,
+    sync::{Arc, Mutex},
     time::Duration,
 };
 
 use bytes::Bytes;
+use door_common::prefix::PrefixKey;
 use door_daemon::{
-    cluster::{self, Cluster, ClusterMetrics, State},
+    cluster::{self, Cluster, ClusterMetrics, SharedBlocklist, State},
     config::Config,
     http::{App, ConnSettings, Front},
     obs::metrics::Metrics,
+    shield::escalate::{Blocklist, Escalator, KeySource},
     time::{Clock, MonotonicClock},
 };
 use http::{Request, Response, StatusCode};
@@ -163,11 +165,22 @@ struct Door {
 }
 
 async fn door(cfg: &Config, clock: Arc<dyn Clock>, id: &str) -> Door {
-    let app = Arc::new(App::new(cfg, &clock, &Metrics::noop(), None));
+    door_with(cfg, clock, id, None).await
+}
+
+async fn door_with(
+    cfg: &Config,
+    clock: Arc<dyn Clock>,
+    id: &str,
+    blocks: Option<Arc<SharedBlocklist>>,
+) -> Door {
+    let blocklist = blocks.clone().map(|b| b as Arc<dyn Blocklist>);
+    let app = Arc::new(App::new(cfg, &clock, &Metrics::noop(), blocklist));
     let meter = opentelemetry::global::meter("door-test");
     let cluster = cluster::spawn(
         &cfg.cluster,
         Arc::clone(&app),
+        blocks,
         ClusterMetrics::new(&meter),
         id.to_owned(),
     )
@@ -417,4 +430,183 @@ async fn without_the_store_doors_serve_at_rate_over_n_and_resync_when_it_returns
         let json = d.cluster.status().json();
         assert_eq!(json["state"], "synced");
     }
+}
+
+/// A door's shield as the sync task sees it: what was put on it, and for how long.
+#[derive(Debug, Default)]
+struct Shield(Mutex<Vec<(PrefixKey, Duration)>>);
+
+impl Blocklist for Shield {
+    fn block(&self, key: PrefixKey, duration: Duration) {
+        self.0.lock().unwrap().push((key, duration));
+    }
+}
+
+impl Shield {
+    /// The lifetimes `key` was put on this shield with, in order.
+    fn of(&self, key: PrefixKey) -> Vec<Duration> {
+        self.0
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|(k, _)| *k == key)
+            .map(|(_, d)| *d)
+            .collect()
+    }
+
+    /// Waits (at most `within`) until `key` is on this shield; its first lifetime.
+    async fn wait_for(&self, key: PrefixKey, within: Duration) -> Option<Duration> {
+        let deadline = Instant::now() + within;
+        loop {
+            if let Some(d) = self.of(key).first() {
+                return Some(*d);
+            }
+            if Instant::now() > deadline {
+                return None;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+}
+
+/// A door with a recording shield, sharing its blocks: the door, its shared blocklist, its shield.
+async fn door_with_shield(
+    cfg: &Config,
+    clock: Arc<dyn Clock>,
+    id: &str,
+) -> (Door, Arc<SharedBlocklist>, Arc<Shield>) {
+    let shield = Arc::new(Shield::default());
+    let shared = SharedBlocklist::new(shield.clone(), Arc::clone(&clock));
+    let d = door_with(cfg, clock, id, Some(Arc::clone(&shared))).await;
+    (d, shared, shield)
+}
+
+fn hex(key: PrefixKey) -> String {
+    key.addr.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_escalation_on_one_door_reaches_the_others_with_its_deadline_and_expires_everywhere() {
+    if !redis_or_skip() {
+        return;
+    }
+    let port = free_port();
+    let _redis = Redis::start(port).await;
+    let cfg = config(upstream().await, port);
+    let clock_a: Arc<dyn Clock> = Arc::new(Offset(MonotonicClock::new(), 0));
+    // Door B's clock is 7 s ahead: deadlines cross the wire as lifetimes, in the store's clock.
+    let clock_b: Arc<dyn Clock> = Arc::new(Offset(MonotonicClock::new(), 7_000_000_000));
+    let (a, shared_a, shield_a) = door_with_shield(&cfg, Arc::clone(&clock_a), "door-a").await;
+    let (b, _, shield_b) = door_with_shield(&cfg, clock_b, "door-b").await;
+    let both = [a, b];
+    assert!(
+        all_reach(&both, State::Synced, Duration::from_secs(3)).await,
+        "the doors did not sync"
+    );
+
+    // Door A's escalator blocks a peer for 60 s, and a second one for 300 ms.
+    let long = PrefixKey::from_ip("198.51.100.7".parse().unwrap());
+    let short = PrefixKey::from_ip("2001:db8:bad:1::9".parse().unwrap());
+    let esc_long = Escalator::new(
+        1,
+        Duration::from_secs(10),
+        Duration::from_secs(60),
+        Arc::clone(&clock_a),
+        shared_a.clone(),
+    );
+    let esc_short = Escalator::new(
+        1,
+        Duration::from_secs(10),
+        Duration::from_millis(300),
+        Arc::clone(&clock_a),
+        shared_a.clone(),
+    );
+    let escalated = Instant::now();
+    assert!(esc_long.on_rejection(long, KeySource::Peer));
+    assert!(esc_short.on_rejection(short, KeySource::Peer));
+    // On A's own shield at once, with the escalator's lifetime.
+    assert_eq!(shield_a.of(long).first(), Some(&Duration::from_secs(60)));
+
+    let got = shield_b
+        .wait_for(long, Duration::from_secs(2))
+        .await
+        .expect("door B's shield never got door A's block");
+    let took = escalated.elapsed();
+    eprintln!("door B blocked {long} for {got:?}, {took:?} after door A escalated");
+    // Within a sync interval of each door (A's publish, B's fetch) on a loaded machine.
+    assert!(took < SYNC * 2 + Duration::from_millis(400), "{took:?}");
+    // The lifetime left: 60 s less the time it took, to the store's millisecond.
+    assert!(got <= Duration::from_secs(60), "{got:?}");
+    assert!(
+        got + took >= Duration::from_secs(60) - Duration::from_millis(5),
+        "{got:?} after {took:?}"
+    );
+    let short_left = shield_b
+        .wait_for(short, Duration::from_secs(2))
+        .await
+        .expect("door B's shield never got the short block");
+    assert!(short_left <= Duration::from_millis(300), "{short_left:?}");
+
+    // Once its deadline passed, the short block is gone from the store (the next sync of either
+    // door deletes it).
+    let client = redis::Client::open(format!("redis://127.0.0.1:{port}/0")).unwrap();
+    let mut con = client.get_multiplexed_async_connection().await.unwrap();
+    let deadline = Instant::now() + Duration::from_secs(3);
+    loop {
+        let score: Option<f64> = redis::cmd("ZSCORE")
+            .arg(cluster::blocks::BLOCKS_KEY)
+            .arg(hex(short))
+            .query_async(&mut con)
+            .await
+            .unwrap();
+        let seq: Option<f64> = redis::cmd("ZSCORE")
+            .arg(cluster::blocks::BLOCKS_SEQ_KEY)
+            .arg(hex(short))
+            .query_async(&mut con)
+            .await
+            .unwrap();
+        if score.is_none() && seq.is_none() {
+            break;
+        }
+        assert!(
+            escalated.elapsed() < Duration::from_millis(300) || Instant::now() < deadline,
+            "the expired block is still in the store"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(escalated.elapsed() >= Duration::from_millis(300));
+    let long_score: Option<f64> = redis::cmd("ZSCORE")
+        .arg(cluster::blocks::BLOCKS_KEY)
+        .arg(hex(long))
+        .query_async(&mut con)
+        .await
+        .unwrap();
+    assert!(long_score.is_some(), "the live block was pruned");
+
+    // A door that joins now learns the live block with what is left of it, never the expired one.
+    let clock_c: Arc<dyn Clock> = Arc::new(Offset(MonotonicClock::new(), 3_000_000_000));
+    let (c, _, shield_c) = door_with_shield(&cfg, clock_c, "door-c").await;
+    let got_c = shield_c
+        .wait_for(long, Duration::from_secs(2))
+        .await
+        .expect("a joining door never got the live block");
+    let took_c = escalated.elapsed();
+    assert!(got_c + took_c >= Duration::from_secs(60) - Duration::from_millis(5));
+    assert!(got_c <= Duration::from_secs(60) - Duration::from_millis(300));
+    assert!(
+        all_reach(
+            std::slice::from_ref(&c),
+            State::Synced,
+            Duration::from_secs(2)
+        )
+        .await,
+        "door C did not sync"
+    );
+    assert!(
+        shield_c.of(short).is_empty(),
+        "the expired block reached door C"
+    );
+    // Door A's blocks were published once each: B saw the long one once, not at every sync.
+    assert_eq!(shield_b.of(long).len(), 1, "{:?}", shield_b.of(long));
+    drop(both);
 }
