@@ -6,6 +6,7 @@
 #![expect(
     clippy::unwrap_used,
     clippy::indexing_slicing,
+    clippy::panic,
     reason = "test helpers outside #[test] functions fail loudly by design"
 )]
 
@@ -609,4 +610,144 @@ async fn an_escalation_on_one_door_reaches_the_others_with_its_deadline_and_expi
     // Door A's blocks were published once each: B saw the long one once, not at every sync.
     assert_eq!(shield_b.of(long).len(), 1, "{:?}", shield_b.of(long));
     drop(both);
+}
+
+/// A certificate authority and a server certificate for 127.0.0.1 and `localhost` it signed,
+/// written as PEM to `dir`: (CA file, certificate file, key file).
+fn test_ca(dir: &std::path::Path) -> (std::path::PathBuf, std::path::PathBuf, std::path::PathBuf) {
+    use rcgen::{BasicConstraints, CertificateParams, IsCa, Issuer, KeyPair, KeyUsagePurpose};
+    let ca_key = KeyPair::generate().unwrap();
+    let mut ca_params = CertificateParams::new(Vec::<String>::new()).unwrap();
+    ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    ca_params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
+    ca_params
+        .distinguished_name
+        .push(rcgen::DnType::CommonName, "door test CA");
+    let ca = ca_params.self_signed(&ca_key).unwrap();
+    let issuer = Issuer::new(ca_params, ca_key);
+    let key = KeyPair::generate().unwrap();
+    let params =
+        CertificateParams::new(vec!["127.0.0.1".to_owned(), "localhost".to_owned()]).unwrap();
+    let cert = params.signed_by(&key, &issuer).unwrap();
+    let paths = (
+        dir.join("ca.pem"),
+        dir.join("redis.crt"),
+        dir.join("redis.key"),
+    );
+    std::fs::write(&paths.0, ca.pem()).unwrap();
+    std::fs::write(&paths.1, cert.pem()).unwrap();
+    std::fs::write(&paths.2, key.serialize_pem()).unwrap();
+    paths
+}
+
+/// A redis-server that listens only for TLS on 127.0.0.1:`port` with `cert` and `key`, killed on
+/// drop. Fails the test with redis-server's own words if it exits (a build without TLS says
+/// so) or does not accept connections within 5 s.
+async fn start_tls_redis(port: u16, cert: &std::path::Path, key: &std::path::Path) -> Redis {
+    let mut child = Command::new("redis-server")
+        .args(["--port", "0", "--tls-port", &port.to_string()])
+        .args(["--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
+        .arg("--tls-cert-file")
+        .arg(cert)
+        .arg("--tls-key-file")
+        .arg(key)
+        .args(["--tls-auth-clients", "no"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while TcpStream::connect(("127.0.0.1", port)).await.is_err() {
+        if let Some(status) = child.try_wait().unwrap() {
+            let out = child.wait_with_output().unwrap();
+            panic!(
+                "redis-server with --tls-port exited ({status}): this redis-server cannot serve TLS?\n{}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        assert!(
+            Instant::now() < deadline,
+            "redis-server with --tls-port did not listen within 5 s"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    Redis(child)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn doors_sync_over_rediss_verifying_the_store_against_the_configured_ca() {
+    if !redis_or_skip() {
+        return;
+    }
+    let dir = std::env::temp_dir().join(format!("door-rediss-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let (ca, cert, key) = test_ca(&dir);
+    // Another CA, which did not sign the store's certificate.
+    let other_dir = dir.join("other");
+    std::fs::create_dir_all(&other_dir).unwrap();
+    let (other_ca, _, _) = test_ca(&other_dir);
+    let port = free_port();
+    let _redis = start_tls_redis(port, &cert, &key).await;
+    let up = upstream().await;
+    let tls_config = |ca: &std::path::Path| {
+        let mut cfg = config(up, port);
+        cfg.cluster.redis = Some(format!("rediss://127.0.0.1:{port}/0"));
+        cfg.cluster.ca_file = Some(ca.to_owned());
+        cfg
+    };
+    // The key is what the file form spells, too.
+    let from_file = Config::from_toml(
+        "rediss.toml",
+        &format!(
+            "upstream = \"http://{up}\"\n[cluster]\nredis = \"rediss://127.0.0.1:{port}/0\"\nca_file = {:?}\n",
+            ca.display().to_string()
+        ),
+    )
+    .unwrap();
+    assert_eq!(from_file.cluster.ca_file.as_deref(), Some(ca.as_path()));
+
+    let cfg = tls_config(&ca);
+    let mut both = Vec::new();
+    for id in ["tls-a", "tls-b"] {
+        let clock: Arc<dyn Clock> = Arc::new(MonotonicClock::new());
+        both.push(door(&cfg, clock, id).await);
+    }
+    assert!(
+        all_reach(&both, State::Synced, Duration::from_secs(5)).await,
+        "the doors did not sync over rediss://: {:?}",
+        both.iter()
+            .map(|d| d.cluster.status().json())
+            .collect::<Vec<_>>()
+    );
+    let deadline = Instant::now() + Duration::from_secs(3);
+    while both
+        .iter()
+        .any(|d| d.cluster.status().snapshot().doors != 2)
+    {
+        assert!(
+            Instant::now() < deadline,
+            "the doors did not see each other"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+
+    // A door that trusts another CA never syncs: the store's certificate is verified.
+    let wrong = door(
+        &tls_config(&other_ca),
+        Arc::new(MonotonicClock::new()),
+        "tls-wrong",
+    )
+    .await;
+    tokio::time::timeout(Duration::from_secs(1), async {
+        // Several sync intervals, every one of them refused.
+        while wrong.cluster.status().snapshot().last_sync.is_none() {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await
+    .expect_err("a door that does not trust the store's CA synced");
+    assert_eq!(wrong.cluster.status().snapshot().state, State::Degraded);
+    drop(both);
+    let _ = std::fs::remove_dir_all(&dir);
 }
