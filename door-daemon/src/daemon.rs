@@ -96,18 +96,7 @@ pub async fn run(config: Config, metrics: Metrics, reload: Reloader) -> Result<(
     };
 
     let clock: Arc<dyn Clock> = Arc::new(MonotonicClock::new());
-    let local_blocklist = shield
-        .clone()
-        .map(|s| Arc::new(BlocklistWriter::spawn(s)) as Arc<dyn Blocklist>);
-    // In cluster mode the shield's blocks are shared with the other doors (cluster::blocks).
-    let shared_blocklist = local_blocklist
-        .clone()
-        .filter(|_| config.cluster.redis.is_some())
-        .map(|local| crate::cluster::SharedBlocklist::new(local, Arc::clone(&clock)));
-    let blocklist = match &shared_blocklist {
-        Some(shared) => Some(Arc::clone(shared) as Arc<dyn Blocklist>),
-        None => local_blocklist,
-    };
+    let (blocklist, shared_blocklist) = blocklists(shield.as_ref(), &config, &clock);
     let _shield_instruments = shield
         .as_ref()
         .map(|s| crate::shield::observe(&opentelemetry::global::meter("door"), s));
@@ -177,6 +166,30 @@ pub async fn run(config: Config, metrics: Metrics, reload: Reloader) -> Result<(
         tracing::info!("XDP flood shield detached");
     }
     Ok(())
+}
+
+/// The escalator's blocklist for `shield` (none without one) and, in cluster mode, the same
+/// blocklist shared with the other doors (`cluster::blocks`), for the sync task.
+fn blocklists(
+    shield: Option<&Arc<Mutex<Shield>>>,
+    config: &Config,
+    clock: &Arc<dyn Clock>,
+) -> (
+    Option<Arc<dyn Blocklist>>,
+    Option<Arc<crate::cluster::SharedBlocklist>>,
+) {
+    let local =
+        shield.map(|s| Arc::new(BlocklistWriter::spawn(Arc::clone(s))) as Arc<dyn Blocklist>);
+    match local {
+        Some(local) if config.cluster.redis.is_some() => {
+            let shared = crate::cluster::SharedBlocklist::new(local, Arc::clone(clock));
+            (
+                Some(Arc::clone(&shared) as Arc<dyn Blocklist>),
+                Some(shared),
+            )
+        }
+        local => (local, None),
+    }
 }
 
 /// Starts the cluster sync when `[cluster] redis` is set; the status `/status` shows either way.

@@ -171,14 +171,14 @@ fn wait_status(ns: &str, within: Duration, check: impl Fn(&Value) -> bool) -> (b
     }
 }
 
-#[test]
-fn an_escalation_on_one_door_drops_the_prefix_at_the_other_doors_shield() {
-    if !privileged_or_skip("netns_cluster") || !redis_or_skip() {
-        return;
-    }
-    let dir = TempDir::new("netns-cluster").unwrap();
-    let mut topo = Topology::new().unwrap();
-    let door_b = SecondDoor::new(&topo);
+/// Starts the store in the client namespace, then door A (with its upstream, in the topology's
+/// door namespace, configuration in `dir`) and door B (in its own, configuration in `dir_b`).
+fn start_all(
+    topo: &mut Topology,
+    door_b: &SecondDoor,
+    dir: &std::path::Path,
+    dir_b: &std::path::Path,
+) {
     let client_ns = topo.client_ns.clone();
     let redis = which("redis-server");
     let port = REDIS_PORT.to_string();
@@ -202,10 +202,9 @@ fn an_escalation_on_one_door_drops_the_prefix_at_the_other_doors_shield() {
     )
     .unwrap();
 
-    topo.start_door(&dir.0, &config(DOOR_ADDR, &topo.door_if))
+    topo.start_door(dir, &config(DOOR_ADDR, &topo.door_if))
         .unwrap();
-    let dir_b = TempDir::new("netns-cluster-b").unwrap();
-    let path_b = dir_b.0.join("door.toml");
+    let path_b = dir_b.join("door.toml");
     std::fs::write(&path_b, config(DOOR_B_ADDR, "veth-door")).unwrap();
     topo.spawn_until(
         &door_b.ns,
@@ -223,6 +222,19 @@ fn an_escalation_on_one_door_drops_the_prefix_at_the_other_doors_shield() {
         Duration::from_secs(30),
     )
     .unwrap();
+}
+
+#[test]
+fn an_escalation_on_one_door_drops_the_prefix_at_the_other_doors_shield() {
+    if !privileged_or_skip("netns_cluster") || !redis_or_skip() {
+        return;
+    }
+    let dir = TempDir::new("netns-cluster").unwrap();
+    let mut topo = Topology::new().unwrap();
+    let door_b = SecondDoor::new(&topo);
+    let dir_b = TempDir::new("netns-cluster-b").unwrap();
+    start_all(&mut topo, &door_b, &dir.0, &dir_b.0);
+    let client_ns = topo.client_ns.clone();
     for ns in [&topo.door_ns, &door_b.ns] {
         let (ok, st) = wait_status(ns, Duration::from_secs(10), |st| {
             st["cluster"]["state"] == "synced" && st["cluster"]["doors"] == 2

@@ -255,10 +255,10 @@ mod tests {
         let clock = Arc::new(ManualClock::at(1_000));
         let local = Arc::new(Recorder::default());
         let shared = SharedBlocklist::new(local.clone(), clock.clone());
-        shared.block(key("192.0.2.7"), Duration::from_secs(60));
+        shared.block(key("192.0.2.7"), Duration::from_mins(1));
         assert_eq!(
             *local.0.lock().unwrap(),
-            vec![(key("192.0.2.7"), Duration::from_secs(60))]
+            vec![(key("192.0.2.7"), Duration::from_mins(1))]
         );
         clock.advance(Duration::from_secs(2));
         let (taken, dropped) = shared.take();
