@@ -164,6 +164,9 @@ pub enum ClusterError {
     /// The script's answer was not what it returns.
     #[error("cluster store: unexpected answer ({0} values for {1} keys)")]
     Answer(usize, usize),
+    /// The blocks part of the script's answer was not `{epoch, seq, member, left_ms, …}`.
+    #[error("cluster store: unexpected answer for the blocklist ({0} values)")]
+    BlockAnswer(usize),
 }
 
 /// Where the cluster stands, for `/status`.
@@ -550,7 +553,7 @@ impl Syncer {
             }
             if first {
                 fetched =
-                    Some(blocks::parse_fetched(&bs).ok_or(ClusterError::Answer(bs.len(), 0))?);
+                    Some(blocks::parse_fetched(&bs).ok_or(ClusterError::BlockAnswer(bs.len()))?);
             }
             doors = u32::try_from(n_alive).unwrap_or(1);
             deficits.extend(ds.into_iter().map(|d| u64::try_from(d).unwrap_or(0)));
@@ -625,7 +628,7 @@ fn store_key(group: &str, key: &PrefixKey) -> String {
 fn reason(e: &ClusterError) -> &'static str {
     match e {
         ClusterError::Timeout(_) => "timeout",
-        ClusterError::Answer(..) => "answer",
+        ClusterError::Answer(..) | ClusterError::BlockAnswer(_) => "answer",
         ClusterError::Url(_) | ClusterError::Store(_) | ClusterError::CaFile { .. } => "store",
     }
 }
