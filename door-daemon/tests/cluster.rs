@@ -756,3 +756,64 @@ async fn doors_sync_over_rediss_verifying_the_store_against_the_configured_ca() 
     drop(both);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn blocks_made_while_the_store_is_gone_are_shared_when_it_returns_empty() {
+    if !redis_or_skip() {
+        return;
+    }
+    let port = free_port();
+    let redis = Redis::start(port).await;
+    let cfg = config(upstream().await, port);
+    let clock_a: Arc<dyn Clock> = Arc::new(MonotonicClock::new());
+    let (a, shared_a, _) = door_with_shield(&cfg, Arc::clone(&clock_a), "door-a").await;
+    let (b, _, shield_b) = door_with_shield(&cfg, Arc::new(MonotonicClock::new()), "door-b").await;
+    let both = [a, b];
+    assert!(
+        all_reach(&both, State::Synced, Duration::from_secs(3)).await,
+        "the doors did not sync"
+    );
+    let escalator = Escalator::new(
+        1,
+        Duration::from_secs(10),
+        Duration::from_mins(1),
+        Arc::clone(&clock_a),
+        shared_a.clone(),
+    );
+    let first = PrefixKey::from_ip("198.51.100.20".parse().unwrap());
+    assert!(escalator.on_rejection(first, KeySource::Peer));
+    assert!(
+        shield_b
+            .wait_for(first, Duration::from_secs(2))
+            .await
+            .is_some(),
+        "door B never got the first block"
+    );
+
+    // The store goes away, and comes back empty (no persistence): its block counter starts over,
+    // below door B's cursor. A block made meanwhile waits on door A, then reaches door B.
+    redis.kill();
+    assert!(
+        all_reach(&both, State::Degraded, Duration::from_secs(2)).await,
+        "the doors did not notice the store was gone"
+    );
+    let second = PrefixKey::from_ip("198.51.100.21".parse().unwrap());
+    assert!(escalator.on_rejection(second, KeySource::Peer));
+    let _redis = Redis::start(port).await;
+    let left = shield_b
+        .wait_for(second, Duration::from_secs(5))
+        .await
+        .expect("the block made while the store was gone never reached door B");
+    assert!(left <= Duration::from_mins(1), "{left:?}");
+    // And a block made after the store came back reaches it too.
+    let third = PrefixKey::from_ip("198.51.100.22".parse().unwrap());
+    assert!(escalator.on_rejection(third, KeySource::Peer));
+    assert!(
+        shield_b
+            .wait_for(third, Duration::from_secs(2))
+            .await
+            .is_some(),
+        "a block made after the store came back never reached door B"
+    );
+    drop(both);
+}
