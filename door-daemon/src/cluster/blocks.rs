@@ -2,7 +2,7 @@
 //! every door's within a sync interval, with its deadline, and an expired block vanishes
 //! everywhere.
 //!
-//! In the store (written by the sync script, [`super::SCRIPT`]):
+//! In the store (written by the sync task's Lua script, in `cluster/mod.rs`):
 //!
 //! - [`BLOCKS_KEY`], a sorted set: member the prefix (32 hex digits, the [`PrefixKey`]'s 16
 //!   bytes), score its deadline in the store's clock (`TIME`, ms). The script deletes members
