@@ -106,14 +106,12 @@ pub async fn run(
     let (admin, _admin_socket) = bind_admin(&config).await?;
 
     let clock: Arc<dyn Clock> = Arc::new(MonotonicClock::new());
-    let blocklist = shield
-        .clone()
-        .map(|s| Arc::new(BlocklistWriter::spawn(s)) as Arc<dyn Blocklist>);
+    let (blocklist, shared_blocklist) = blocklists(shield.as_ref(), &config, &clock);
     let _shield_instruments = shield
         .as_ref()
         .map(|s| crate::shield::observe(metrics.meter(), s));
     let app = Arc::new(App::new(&config, &clock, &metrics, blocklist));
-    let (cluster, cluster_status) = start_cluster(&config, &app)?;
+    let (cluster, cluster_status) = start_cluster(&config, &app, shared_blocklist)?;
     let _budget_instruments = budget_instruments(&metrics, &app);
     let front = Front::new(Arc::clone(&app), ConnSettings::from_config(&config), tls);
     let proto = if config.tls.is_some() {
@@ -183,10 +181,35 @@ pub async fn run(
     Ok(())
 }
 
+/// The escalator's blocklist for `shield` (none without one) and, in cluster mode, the same
+/// blocklist shared with the other doors (`cluster::blocks`), for the sync task.
+fn blocklists(
+    shield: Option<&Arc<Mutex<Shield>>>,
+    config: &Config,
+    clock: &Arc<dyn Clock>,
+) -> (
+    Option<Arc<dyn Blocklist>>,
+    Option<Arc<crate::cluster::SharedBlocklist>>,
+) {
+    let local =
+        shield.map(|s| Arc::new(BlocklistWriter::spawn(Arc::clone(s))) as Arc<dyn Blocklist>);
+    match local {
+        Some(local) if config.cluster.redis.is_some() => {
+            let shared = crate::cluster::SharedBlocklist::new(local, Arc::clone(clock));
+            (
+                Some(Arc::clone(&shared) as Arc<dyn Blocklist>),
+                Some(shared),
+            )
+        }
+        local => (local, None),
+    }
+}
+
 /// Starts the cluster sync when `[cluster] redis` is set; the status `/status` shows either way.
 fn start_cluster(
     config: &Config,
     app: &Arc<App>,
+    blocks: Option<Arc<crate::cluster::SharedBlocklist>>,
 ) -> Result<
     (
         Option<crate::cluster::Cluster>,
@@ -200,6 +223,7 @@ fn start_cluster(
     let c = crate::cluster::spawn(
         &config.cluster,
         Arc::clone(app),
+        blocks,
         crate::cluster::ClusterMetrics::new(&opentelemetry::global::meter("door")),
         crate::cluster::door_id(),
     )?;

@@ -5,7 +5,7 @@
 //! | module | what |
 //! |---|---|
 //! | [`daemon`] | the process's life: bind, shield start, systemd notifications, signals, reload, drain |
-//! | [`cluster`] | budget sharing between doors through Redis or Valkey: the sync task, membership, degraded mode |
+//! | [`cluster`] | budget sharing between doors through Redis or Valkey: the sync task, membership, degraded mode, the shared XDP blocklist |
 //! | [`config`] | the validated [`config::Config`], its errors, the file, flags and environment, the printer, the reload diff |
 //! | [`client`] | who the client is: the key, trusted proxies, forwarding headers, PROXY protocol |
 //! | [`limit`] | the layer-7 limiter: token buckets, in-flight caps, the bounded table (no HTTP, no metrics) |

@@ -274,6 +274,10 @@ pub struct ClusterConfig {
     /// How long one sync (connect, script) may take before the door counts it failed
     /// (`cluster.timeout`; `--cluster-timeout` / `DOOR_CLUSTER_TIMEOUT`). Default 100 ms.
     pub timeout: Duration,
+    /// PEM file of the certificate authorities a `rediss://` store's certificate must chain to,
+    /// instead of the system's roots (`cluster.ca_file`; `--cluster-ca-file` /
+    /// `DOOR_CLUSTER_CA_FILE`). Read when door starts. Default: none (the system's roots).
+    pub ca_file: Option<PathBuf>,
 }
 
 impl Default for ClusterConfig {
@@ -282,6 +286,7 @@ impl Default for ClusterConfig {
             redis: None,
             sync_interval: DEFAULT_CLUSTER_SYNC_INTERVAL,
             timeout: DEFAULT_CLUSTER_TIMEOUT,
+            ca_file: None,
         }
     }
 }
@@ -674,6 +679,10 @@ pub struct Overrides {
     /// How long one cluster sync may take (e.g. 100ms). Default 100ms.
     #[arg(long, env = "DOOR_CLUSTER_TIMEOUT", global = true)]
     pub cluster_timeout: Option<String>,
+
+    /// PEM file of the CAs a rediss:// store's certificate must chain to. Default: system roots.
+    #[arg(long, env = "DOOR_CLUSTER_CA_FILE", global = true)]
+    pub cluster_ca_file: Option<String>,
     /// Client connections served at once, door-wide. Default: from the open-file limit.
     #[arg(long, env = "DOOR_MAX_CONNECTIONS", global = true)]
     pub max_connections: Option<i64>,
@@ -743,6 +752,7 @@ struct ClusterFile {
     redis: Option<String>,
     sync_interval: Option<String>,
     timeout: Option<String>,
+    ca_file: Option<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -1711,10 +1721,21 @@ fn build_cluster(file: Option<ClusterFile>, o: &Overrides) -> Result<ClusterConf
         o.cluster_timeout.clone().or(f.timeout),
         DEFAULT_CLUSTER_TIMEOUT,
     )?;
+    let ca_file = o.cluster_ca_file.clone().or(f.ca_file);
+    if let Some(ca) = &ca_file
+        && !redis.as_deref().is_some_and(|u| u.starts_with("rediss://"))
+    {
+        return Err(invalid(
+            "cluster.ca_file",
+            format!("{ca:?}"),
+            "needs a rediss:// cluster.redis",
+        ));
+    }
     Ok(ClusterConfig {
         redis,
         sync_interval,
         timeout,
+        ca_file: ca_file.map(PathBuf::from),
     })
 }
 

@@ -203,6 +203,9 @@ fn write_cluster(w: &mut TomlWriter, cluster: &crate::config::ClusterConfig) {
         }
         w.clear("sync_interval", duration(cluster.sync_interval));
         w.clear("timeout", duration(cluster.timeout));
+        if let Some(ca) = &cluster.ca_file {
+            w.clear("ca_file", ca.display().to_string());
+        }
     }
 }
 

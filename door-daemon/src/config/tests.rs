@@ -330,6 +330,12 @@ fn bad_front_keys_are_named() {
         err("[cluster]\nredis = \"redis://h\"\nsync_interval = \"0s\"")
             .starts_with("cluster.sync_interval = \"0s\"")
     );
+    // A CA file is for a TLS store only.
+    assert!(
+        err("[cluster]\nredis = \"redis://h\"\nca_file = \"/etc/door/ca.pem\"")
+            .starts_with("cluster.ca_file = \"/etc/door/ca.pem\"")
+    );
+    assert!(err("[cluster]\nca_file = \"/etc/door/ca.pem\"").starts_with("cluster.ca_file"));
 }
 
 #[test]
