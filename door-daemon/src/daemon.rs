@@ -111,6 +111,7 @@ pub async fn run(
         .as_ref()
         .map(|s| crate::shield::observe(metrics.meter(), s));
     let app = Arc::new(App::new(&config, &clock, &metrics, blocklist));
+    let admin_blocklist = admin_blocklist(shield.as_ref(), shared_blocklist.as_ref());
     let (cluster, cluster_status) = start_cluster(&config, &app, shared_blocklist)?;
     let _budget_instruments = budget_instruments(&metrics, &app);
     let front = Front::new(Arc::clone(&app), ConnSettings::from_config(&config), tls);
@@ -135,9 +136,7 @@ pub async fn run(
             xdp_mode: config.xdp.mode.as_str(),
             cluster: cluster_status,
             exposition,
-            blocklist: shield
-                .clone()
-                .map(|s| s as Arc<dyn crate::admin::AdminBlocklist>),
+            blocklist: admin_blocklist,
         });
         tokio::spawn(crate::admin::serve(l, source))
     });
@@ -179,6 +178,22 @@ pub async fn run(
         tracing::info!("XDP flood shield detached");
     }
     Ok(())
+}
+
+/// The blocklist of `POST /blocks` and its kin: `shield`'s (none without one), and in cluster
+/// mode also published to every door through `shared`.
+fn admin_blocklist(
+    shield: Option<&Arc<Mutex<Shield>>>,
+    shared: Option<&Arc<crate::cluster::SharedBlocklist>>,
+) -> Option<Arc<dyn crate::admin::AdminBlocklist>> {
+    let local: Arc<dyn crate::admin::AdminBlocklist> = Arc::clone(shield?) as _;
+    Some(match shared {
+        Some(shared) => Arc::new(crate::admin::ClusterBlocklist {
+            local,
+            shared: Arc::clone(shared),
+        }),
+        None => local,
+    })
 }
 
 /// The escalator's blocklist for `shield` (none without one) and, in cluster mode, the same

@@ -23,11 +23,15 @@ use std::{
 use bytes::Bytes;
 use door_common::prefix::PrefixKey;
 use door_daemon::{
+    admin::{AdminBlocklist, ClusterBlocklist},
     cluster::{self, Cluster, ClusterMetrics, SharedBlocklist, State},
     config::Config,
     http::{App, ConnSettings, Front},
     obs::metrics::Metrics,
-    shield::escalate::{Blocklist, Escalator, KeySource},
+    shield::{
+        ShieldError,
+        escalate::{Blocklist, Escalator, KeySource},
+    },
     time::{Clock, MonotonicClock},
 };
 use http::{Request, Response, StatusCode};
@@ -614,6 +618,72 @@ async fn an_escalation_on_one_door_reaches_the_others_with_its_deadline_and_expi
     );
     // Door A's blocks were published once each: B saw the long one once, not at every sync.
     assert_eq!(shield_b.of(long).len(), 1, "{:?}", shield_b.of(long));
+    drop(both);
+}
+
+/// The operator's side of a door's shield (`GET`/`POST /blocks`, `DELETE /blocks/{prefix}`):
+/// what was blocked, for how long (whole seconds as listed).
+impl AdminBlocklist for Shield {
+    fn list(&self) -> Result<Vec<(PrefixKey, u64)>, ShieldError> {
+        Ok(self
+            .0
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|(k, d)| (*k, d.as_secs()))
+            .collect())
+    }
+
+    fn block(&self, key: PrefixKey, duration: Duration) -> Result<(), ShieldError> {
+        Blocklist::block(self, key, duration);
+        Ok(())
+    }
+
+    fn unblock(&self, key: &PrefixKey) -> Result<bool, ShieldError> {
+        let mut list = self.0.lock().unwrap();
+        let before = list.len();
+        list.retain(|(k, _)| k != key);
+        Ok(list.len() != before)
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_block_the_operator_posts_on_one_door_reaches_the_others_but_an_unblock_stays_local() {
+    if !redis_or_skip() {
+        return;
+    }
+    let port = free_port();
+    let _redis = Redis::start(port).await;
+    let cfg = config(upstream().await, port);
+    let clock: Arc<dyn Clock> = Arc::new(MonotonicClock::new());
+    let (a, shared_a, shield_a) = door_with_shield(&cfg, Arc::clone(&clock), "door-a").await;
+    let (b, _, shield_b) = door_with_shield(&cfg, clock, "door-b").await;
+    let both = [a, b];
+    assert!(
+        all_reach(&both, State::Synced, Duration::from_secs(3)).await,
+        "the doors did not sync"
+    );
+    // What POST /blocks on door A uses in cluster mode (the daemon builds the same).
+    let admin_a = ClusterBlocklist {
+        local: shield_a.clone(),
+        shared: shared_a,
+    };
+    let key = PrefixKey::from_ip("2001:db8:77::1".parse().unwrap());
+    let posted = Instant::now();
+    admin_a.block(key, Duration::from_mins(10)).unwrap();
+    assert_eq!(shield_a.of(key), vec![Duration::from_mins(10)]);
+    let got = shield_b
+        .wait_for(key, Duration::from_secs(2))
+        .await
+        .expect("door B's shield never got the block posted on door A");
+    let took = posted.elapsed();
+    assert!(took < SYNC * 2 + Duration::from_millis(400), "{took:?}");
+    assert!(got <= Duration::from_mins(10), "{got:?}");
+    assert!(got + took >= Duration::from_mins(10) - Duration::from_millis(5));
+    // DELETE /blocks/{prefix} on door A lifts it there only.
+    assert!(admin_a.unblock(&key).unwrap());
+    assert!(admin_a.list().unwrap().is_empty());
+    assert_eq!(shield_b.of(key).len(), 1);
     drop(both);
 }
 

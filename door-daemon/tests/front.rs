@@ -406,7 +406,11 @@ async fn http1_heads_are_bounded_at_64_kib_and_100_fields_by_default() {
     assert!(big.starts_with("HTTP/1.1 431"), "{big}");
     // Just under and just over the byte bound, in one field.
     let head = head_with(3, 0).len();
-    let under = raw(d.addr, head_with(3, MAX_HEADER_BYTES - head - 4096).as_bytes()).await;
+    let under = raw(
+        d.addr,
+        head_with(3, MAX_HEADER_BYTES - head - 4096).as_bytes(),
+    )
+    .await;
     assert!(
         under.starts_with("HTTP/1.1 200"),
         "{}",

@@ -19,6 +19,7 @@ use serde_json::{Value, json};
 
 use super::StatusSource;
 use crate::{
+    cluster::SharedBlocklist,
     limit::{GroupLimiter, RowSnapshot},
     shield::{Shield, ShieldError},
 };
@@ -81,6 +82,35 @@ pub trait AdminBlocklist: Send + Sync + 'static {
     /// # Errors
     /// [`ShieldError::Map`] if the blocklist cannot be written.
     fn unblock(&self, key: &PrefixKey) -> Result<bool, ShieldError>;
+}
+
+/// The admin blocklist in cluster mode: `POST /blocks` puts the block on this door's shield and
+/// publishes it to every door of the cluster ([`SharedBlocklist::publish`]), which apply it within
+/// a sync interval with the lifetime it has left. Listing and `DELETE /blocks/{prefix}` are this
+/// door's shield only: an unblock is not shared (the other doors keep the block until its
+/// deadline; docs/operations.md, "Cluster").
+pub struct ClusterBlocklist {
+    /// This door's blocklist (its shield in production).
+    pub local: Arc<dyn AdminBlocklist>,
+    /// The cluster's shared blocklist.
+    pub shared: Arc<SharedBlocklist>,
+}
+
+impl AdminBlocklist for ClusterBlocklist {
+    fn list(&self) -> Result<Vec<(PrefixKey, u64)>, ShieldError> {
+        self.local.list()
+    }
+
+    /// Blocks on this door first; published to the cluster only once that succeeded.
+    fn block(&self, key: PrefixKey, duration: Duration) -> Result<(), ShieldError> {
+        self.local.block(key, duration)?;
+        self.shared.publish(key, duration);
+        Ok(())
+    }
+
+    fn unblock(&self, key: &PrefixKey) -> Result<bool, ShieldError> {
+        self.local.unblock(key)
+    }
 }
 
 impl AdminBlocklist for Mutex<Shield> {

@@ -15,7 +15,7 @@
 pub mod api;
 pub mod listen;
 
-pub use api::{AdminBlocklist, ApiError};
+pub use api::{AdminBlocklist, ApiError, ClusterBlocklist};
 pub use listen::{AdminListener, SocketFile};
 
 use std::{

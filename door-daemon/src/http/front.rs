@@ -53,7 +53,6 @@ use crate::{
 /// "Connections and deadlines").
 pub const MAX_HEADER_BYTES: usize = 64 << 10;
 
-
 /// HTTP/2 streams a client may have open at once (`SETTINGS_MAX_CONCURRENT_STREAMS`, RFC 9113
 /// §6.5.2): 250, the default of Go's HTTP/2 server (`golang.org/x/net/http2`).
 pub const MAX_CONCURRENT_STREAMS: u32 = 250;

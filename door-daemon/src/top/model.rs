@@ -78,10 +78,14 @@ impl Cluster {
         if self.state.is_empty() || self.state == "off" {
             return None;
         }
-        let age = self
-            .last_sync_age_ms
-            .map_or_else(|| "never synced".to_owned(), |ms| format!("last sync {ms} ms ago"));
-        Some(format!("cluster {}: {} doors, {age}", self.state, self.doors))
+        let age = self.last_sync_age_ms.map_or_else(
+            || "never synced".to_owned(),
+            |ms| format!("last sync {ms} ms ago"),
+        );
+        Some(format!(
+            "cluster {}: {} doors, {age}",
+            self.state, self.doors
+        ))
     }
 }
 
@@ -415,12 +419,18 @@ mod tests {
         assert_eq!(Snapshot::from_json(&st, &clients()).cluster.line(), None);
         st["cluster"] = json!({"state": "degraded", "doors": 3, "last_sync_age_ms": 1200});
         assert_eq!(
-            Snapshot::from_json(&st, &clients()).cluster.line().as_deref(),
+            Snapshot::from_json(&st, &clients())
+                .cluster
+                .line()
+                .as_deref(),
             Some("cluster degraded: 3 doors, last sync 1200 ms ago")
         );
         st["cluster"] = json!({"state": "synced", "doors": 1, "last_sync_age_ms": null});
         assert_eq!(
-            Snapshot::from_json(&st, &clients()).cluster.line().as_deref(),
+            Snapshot::from_json(&st, &clients())
+                .cluster
+                .line()
+                .as_deref(),
             Some("cluster synced: 1 doors, never synced")
         );
     }

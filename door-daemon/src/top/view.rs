@@ -346,7 +346,10 @@ mod tests {
     #[test]
     fn plain_lists_every_group_and_the_shield() {
         let text = plain(&view());
-        assert!(text.contains("cluster synced: 3 doors, last sync 120 ms ago"), "{text}");
+        assert!(
+            text.contains("cluster synced: 3 doors, last sync 120 ms ago"),
+            "{text}"
+        );
         assert!(text.contains("== group link"), "{text}");
         assert!(text.contains("198.51.100.7/32"), "{text}");
         assert!(text.contains("0/3"), "{text}");
