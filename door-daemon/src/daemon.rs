@@ -15,14 +15,14 @@ use thiserror::Error;
 use tokio::net::TcpListener;
 
 use crate::{
-    admin::StatusSource,
+    admin::{AdminListener, StatusSource},
     config::{Config, ConfigError, XdpMode},
     http::{
         front::{ConnSettings, Front},
         request::App,
         tls::TlsError,
     },
-    obs::metrics::Metrics,
+    obs::{metrics::Metrics, prometheus::Exposition},
     shield::{BlocklistWriter, Shield, ShieldError, escalate::Blocklist},
     time::{Clock, MonotonicClock},
 };
@@ -46,6 +46,14 @@ pub enum ServeError {
         /// Why.
         source: ShieldError,
     },
+    /// The admin listener could not be bound (`admin_listen`).
+    #[error("admin_listen = {at}: {source}")]
+    AdminBind {
+        /// The address or Unix socket, as configured.
+        at: String,
+        /// The OS error.
+        source: std::io::Error,
+    },
     /// The TLS certificate or key cannot be used (checked before anything is bound).
     #[error(transparent)]
     Tls(#[from] TlsError),
@@ -66,10 +74,18 @@ pub type Reloader = Box<dyn Fn() -> Result<Config, ConfigError> + Send>;
 /// watchdog (`WATCHDOG_USEC`), `WATCHDOG=1` is sent from this serving loop, and only while every
 /// accept loop is alive, so a wedged runtime or a dead listener stops the pings.
 ///
+/// `metrics` are the instruments door records into; `exposition`, when given, is served as
+/// `GET /metrics` on the admin listener (built from the same meter provider as `metrics`).
+///
 /// # Errors
 /// [`ServeError`] when the TLS pair is unusable, a listener cannot be bound or a strict XDP mode
 /// cannot attach.
-pub async fn run(config: Config, metrics: Metrics, reload: Reloader) -> Result<(), ServeError> {
+pub async fn run(
+    config: Config,
+    metrics: Metrics,
+    exposition: Option<Exposition>,
+    reload: Reloader,
+) -> Result<(), ServeError> {
     let tls = config
         .tls
         .as_ref()
@@ -87,24 +103,18 @@ pub async fn run(config: Config, metrics: Metrics, reload: Reloader) -> Result<(
             })?;
         listeners.push((l, config.requires_proxy_protocol(*addr)));
     }
-    let admin = match config.admin_listen {
-        Some(addr) => Some(
-            TcpListener::bind(addr)
-                .await
-                .map_err(|source| ServeError::Bind { addr, source })?,
-        ),
-        None => None,
-    };
+    // A Unix socket's file is removed when `_admin_socket` drops, at the end of this function.
+    let (admin, _admin_socket) = bind_admin(&config).await?;
 
     let clock: Arc<dyn Clock> = Arc::new(MonotonicClock::new());
-    let blocklist = shield
-        .clone()
-        .map(|s| Arc::new(BlocklistWriter::spawn(s)) as Arc<dyn Blocklist>);
+    let (blocklist, shared_blocklist) = blocklists(shield.as_ref(), &config, &clock);
     let _shield_instruments = shield
         .as_ref()
-        .map(|s| crate::shield::observe(&opentelemetry::global::meter("door"), s));
+        .map(|s| crate::shield::observe(metrics.meter(), s));
     let app = Arc::new(App::new(&config, &clock, &metrics, blocklist));
-    let (cluster, cluster_status) = start_cluster(&config, &app)?;
+    let admin_blocklist = admin_blocklist(shield.as_ref(), shared_blocklist.as_ref());
+    let (cluster, cluster_status) = start_cluster(&config, &app, shared_blocklist)?;
+    let _budget_instruments = budget_instruments(&metrics, &app);
     let front = Front::new(Arc::clone(&app), ConnSettings::from_config(&config), tls);
     let proto = if config.tls.is_some() {
         "TLS: h2 and http/1.1 by ALPN"
@@ -118,9 +128,7 @@ pub async fn run(config: Config, metrics: Metrics, reload: Reloader) -> Result<(
         front.serve(l, proxy_protocol);
     }
     let admin_task = admin.map(|l| {
-        if let Ok(addr) = l.local_addr() {
-            tracing::info!(url = %crate::admin::url(addr), "admin status");
-        }
+        tracing::info!(at = %l.describe(), "admin status (GET /status, /metrics, /clients, /blocks)");
         let for_status = Arc::clone(&app);
         let source = Arc::new(StatusSource {
             limiters: Arc::new(move || for_status.limiters()),
@@ -128,6 +136,8 @@ pub async fn run(config: Config, metrics: Metrics, reload: Reloader) -> Result<(
             shield: shield.clone(),
             xdp_mode: config.xdp.mode.as_str(),
             cluster: cluster_status,
+            exposition,
+            blocklist: admin_blocklist,
         });
         tokio::spawn(crate::admin::serve(l, source))
     });
@@ -171,10 +181,51 @@ pub async fn run(config: Config, metrics: Metrics, reload: Reloader) -> Result<(
     Ok(())
 }
 
+/// The blocklist of `POST /blocks` and its kin: `shield`'s (none without one), and in cluster
+/// mode also published to every door through `shared`.
+fn admin_blocklist(
+    shield: Option<&Arc<Mutex<Shield>>>,
+    shared: Option<&Arc<crate::cluster::SharedBlocklist>>,
+) -> Option<Arc<dyn crate::admin::AdminBlocklist>> {
+    let local: Arc<dyn crate::admin::AdminBlocklist> = Arc::clone(shield?) as _;
+    Some(match shared {
+        Some(shared) => Arc::new(crate::admin::ClusterBlocklist {
+            local,
+            shared: Arc::clone(shared),
+        }),
+        None => local,
+    })
+}
+
+/// The escalator's blocklist for `shield` (none without one) and, in cluster mode, the same
+/// blocklist shared with the other doors (`cluster::blocks`), for the sync task.
+fn blocklists(
+    shield: Option<&Arc<Mutex<Shield>>>,
+    config: &Config,
+    clock: &Arc<dyn Clock>,
+) -> (
+    Option<Arc<dyn Blocklist>>,
+    Option<Arc<crate::cluster::SharedBlocklist>>,
+) {
+    let local =
+        shield.map(|s| Arc::new(BlocklistWriter::spawn(Arc::clone(s))) as Arc<dyn Blocklist>);
+    match local {
+        Some(local) if config.cluster.redis.is_some() => {
+            let shared = crate::cluster::SharedBlocklist::new(local, Arc::clone(clock));
+            (
+                Some(Arc::clone(&shared) as Arc<dyn Blocklist>),
+                Some(shared),
+            )
+        }
+        local => (local, None),
+    }
+}
+
 /// Starts the cluster sync when `[cluster] redis` is set; the status `/status` shows either way.
 fn start_cluster(
     config: &Config,
     app: &Arc<App>,
+    blocks: Option<Arc<crate::cluster::SharedBlocklist>>,
 ) -> Result<
     (
         Option<crate::cluster::Cluster>,
@@ -188,12 +239,35 @@ fn start_cluster(
     let c = crate::cluster::spawn(
         &config.cluster,
         Arc::clone(app),
+        blocks,
         crate::cluster::ClusterMetrics::new(&opentelemetry::global::meter("door")),
         crate::cluster::door_id(),
     )?;
     tracing::info!(interval = ?config.cluster.sync_interval, "cluster: sharing budgets");
     let status = c.status();
     Ok((Some(c), status))
+}
+
+/// `door.inflight_cap` and `door.max_clients`, read from the groups in force.
+fn budget_instruments(metrics: &Metrics, app: &Arc<App>) -> crate::obs::metrics::BudgetInstruments {
+    let app = Arc::clone(app);
+    crate::obs::metrics::observe_budgets(metrics.meter(), move || app.limiters())
+}
+
+/// Binds `admin_listen` (nothing when it is `off`), with the Unix socket's file to keep.
+async fn bind_admin(
+    config: &Config,
+) -> Result<(Option<AdminListener>, Option<crate::admin::SocketFile>), ServeError> {
+    let Some(at) = &config.admin_listen else {
+        return Ok((None, None));
+    };
+    let (l, file) = AdminListener::bind(at)
+        .await
+        .map_err(|source| ServeError::AdminBind {
+            at: at.to_string(),
+            source,
+        })?;
+    Ok((Some(l), file))
 }
 
 /// Sends `states` to systemd when it is listening (`NOTIFY_SOCKET`); failures are logged, never

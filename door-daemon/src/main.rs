@@ -40,6 +40,18 @@ enum Command {
         #[arg(long = "authorization")]
         authorization: Vec<String>,
     },
+    /// A live view of a running door, from its admin API: per group the keys with the most
+    /// rejections and spend, outcome rates, streams; XDP verdicts and top prefixes. Keys: tab or
+    /// arrows switch groups, s sorts, q quits.
+    Top {
+        /// The admin listener: host:port or unix:/path. Default: admin_listen of the
+        /// configuration (flags, DOOR_* variables, --config file), else 127.0.0.1:9901.
+        #[arg(long)]
+        admin: Option<String>,
+        /// Print one plain-text table and exit (for scripts).
+        #[arg(long)]
+        once: bool,
+    },
 }
 
 /// Settings: flag, then environment variable, then configuration file, then default.
@@ -145,7 +157,38 @@ fn print_effective_config(config: &Config) {
     println!("\n# configuration OK");
 }
 
+/// `door top`: `--admin`, else the configuration's `admin_listen`.
+fn top(cli: &Cli, admin: Option<&str>, once: bool) -> anyhow::Result<()> {
+    let raw = if let Some(a) = admin {
+        a.to_owned()
+    } else {
+        let config = Config::load(cli.settings.config.as_deref(), &cli.settings.overrides)
+            .context("invalid configuration")?;
+        let Some(at) = config.admin_listen else {
+            return Err(UsageError(
+                "admin_listen is \"off\": give door top --admin host:port or unix:/path".to_owned(),
+            )
+            .into());
+        };
+        at.to_string()
+    };
+    let addr = door_daemon::top::AdminAddr::parse(&raw).map_err(|e| UsageError(e.to_string()))?;
+    if once {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .context("starting the tokio runtime")?;
+        print!("{}", runtime.block_on(door_daemon::top::once(&addr))?);
+        return Ok(());
+    }
+    door_daemon::top::live(&addr)?;
+    Ok(())
+}
+
 fn run(cli: &Cli) -> anyhow::Result<()> {
+    if let Some(Command::Top { admin, once }) = &cli.command {
+        return top(cli, admin.as_deref(), *once);
+    }
     let config = Config::load(cli.settings.config.as_deref(), &cli.settings.overrides)
         .context("invalid configuration")?;
     match &cli.command {
@@ -190,6 +233,7 @@ fn run(cli: &Cli) -> anyhow::Result<()> {
             println!("{}", plane_line(&config, &headers, d.key));
             Ok(())
         }
+        Some(Command::Top { .. }) => Ok(()),
         None => {
             if door_daemon::shield::PROGRAM.is_empty() {
                 tracing::warn!(
@@ -206,7 +250,12 @@ fn run(cli: &Cli) -> anyhow::Result<()> {
             let overrides = cli.settings.overrides.clone();
             let reload: door_daemon::daemon::Reloader =
                 Box::new(move || Config::load(path.as_deref(), &overrides));
-            let served = runtime.block_on(door_daemon::daemon::run(config, metrics, reload));
+            let served = runtime.block_on(door_daemon::daemon::run(
+                config,
+                metrics,
+                Some(telemetry.exposition()),
+                reload,
+            ));
             drop(runtime);
             telemetry.shutdown(std::time::Duration::from_secs(5));
             served?;

@@ -6,24 +6,32 @@
 #![expect(
     clippy::unwrap_used,
     clippy::indexing_slicing,
+    clippy::panic,
     reason = "test helpers outside #[test] functions fail loudly by design"
 )]
 
 use std::{
     convert::Infallible,
+    fmt::Write as _,
     io::Write as _,
     net::SocketAddr,
     process::{Child, Command, Stdio},
-    sync::Arc,
+    sync::{Arc, Mutex},
     time::Duration,
 };
 
 use bytes::Bytes;
+use door_common::prefix::PrefixKey;
 use door_daemon::{
-    cluster::{self, Cluster, ClusterMetrics, State},
+    admin::{AdminBlocklist, ClusterBlocklist},
+    cluster::{self, Cluster, ClusterMetrics, SharedBlocklist, State},
     config::Config,
     http::{App, ConnSettings, Front},
     obs::metrics::Metrics,
+    shield::{
+        ShieldError,
+        escalate::{Blocklist, Escalator, KeySource},
+    },
     time::{Clock, MonotonicClock},
 };
 use http::{Request, Response, StatusCode};
@@ -163,11 +171,22 @@ struct Door {
 }
 
 async fn door(cfg: &Config, clock: Arc<dyn Clock>, id: &str) -> Door {
-    let app = Arc::new(App::new(cfg, &clock, &Metrics::noop(), None));
+    door_with(cfg, clock, id, None).await
+}
+
+async fn door_with(
+    cfg: &Config,
+    clock: Arc<dyn Clock>,
+    id: &str,
+    blocks: Option<Arc<SharedBlocklist>>,
+) -> Door {
+    let blocklist = blocks.clone().map(|b| b as Arc<dyn Blocklist>);
+    let app = Arc::new(App::new(cfg, &clock, &Metrics::noop(), blocklist));
     let meter = opentelemetry::global::meter("door-test");
     let cluster = cluster::spawn(
         &cfg.cluster,
         Arc::clone(&app),
+        blocks,
         ClusterMetrics::new(&meter),
         id.to_owned(),
     )
@@ -417,4 +436,454 @@ async fn without_the_store_doors_serve_at_rate_over_n_and_resync_when_it_returns
         let json = d.cluster.status().json();
         assert_eq!(json["state"], "synced");
     }
+}
+
+/// A door's shield as the sync task sees it: what was put on it, and for how long.
+#[derive(Debug, Default)]
+struct Shield(Mutex<Vec<(PrefixKey, Duration)>>);
+
+impl Blocklist for Shield {
+    fn block(&self, key: PrefixKey, duration: Duration) {
+        self.0.lock().unwrap().push((key, duration));
+    }
+}
+
+impl Shield {
+    /// The lifetimes `key` was put on this shield with, in order.
+    fn of(&self, key: PrefixKey) -> Vec<Duration> {
+        self.0
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|(k, _)| *k == key)
+            .map(|(_, d)| *d)
+            .collect()
+    }
+
+    /// Waits (at most `within`) until `key` is on this shield; its first lifetime.
+    async fn wait_for(&self, key: PrefixKey, within: Duration) -> Option<Duration> {
+        let deadline = Instant::now() + within;
+        loop {
+            if let Some(d) = self.of(key).first() {
+                return Some(*d);
+            }
+            if Instant::now() > deadline {
+                return None;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+}
+
+/// A door with a recording shield, sharing its blocks: the door, its shared blocklist, its shield.
+async fn door_with_shield(
+    cfg: &Config,
+    clock: Arc<dyn Clock>,
+    id: &str,
+) -> (Door, Arc<SharedBlocklist>, Arc<Shield>) {
+    let shield = Arc::new(Shield::default());
+    let shared = SharedBlocklist::new(shield.clone(), Arc::clone(&clock));
+    let d = door_with(cfg, clock, id, Some(Arc::clone(&shared))).await;
+    (d, shared, shield)
+}
+
+fn hex(key: PrefixKey) -> String {
+    key.addr.iter().fold(String::new(), |mut s, b| {
+        let _ = write!(s, "{b:02x}");
+        s
+    })
+}
+
+/// Whether `key` is in the store's blocks set and in its sequence set.
+async fn in_store(con: &mut redis::aio::MultiplexedConnection, key: PrefixKey) -> (bool, bool) {
+    let mut found = [false; 2];
+    for (i, set) in [cluster::blocks::BLOCKS_KEY, cluster::blocks::BLOCKS_SEQ_KEY]
+        .into_iter()
+        .enumerate()
+    {
+        let score: Option<f64> = redis::cmd("ZSCORE")
+            .arg(set)
+            .arg(hex(key))
+            .query_async(con)
+            .await
+            .unwrap();
+        found[i] = score.is_some();
+    }
+    (found[0], found[1])
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_escalation_on_one_door_reaches_the_others_with_its_deadline_and_expires_everywhere() {
+    if !redis_or_skip() {
+        return;
+    }
+    let port = free_port();
+    let _redis = Redis::start(port).await;
+    let cfg = config(upstream().await, port);
+    let clock_a: Arc<dyn Clock> = Arc::new(Offset(MonotonicClock::new(), 0));
+    // Door B's clock is 7 s ahead: deadlines cross the wire as lifetimes, in the store's clock.
+    let clock_b: Arc<dyn Clock> = Arc::new(Offset(MonotonicClock::new(), 7_000_000_000));
+    let (a, shared_a, shield_a) = door_with_shield(&cfg, Arc::clone(&clock_a), "door-a").await;
+    let (b, _, shield_b) = door_with_shield(&cfg, clock_b, "door-b").await;
+    let both = [a, b];
+    assert!(
+        all_reach(&both, State::Synced, Duration::from_secs(3)).await,
+        "the doors did not sync"
+    );
+
+    // Door A's escalator blocks a peer for 60 s, and a second one for 300 ms.
+    let long = PrefixKey::from_ip("198.51.100.7".parse().unwrap());
+    let short = PrefixKey::from_ip("2001:db8:bad:1::9".parse().unwrap());
+    let esc_long = Escalator::new(
+        1,
+        Duration::from_secs(10),
+        Duration::from_mins(1),
+        Arc::clone(&clock_a),
+        shared_a.clone(),
+    );
+    let esc_short = Escalator::new(
+        1,
+        Duration::from_secs(10),
+        Duration::from_millis(300),
+        Arc::clone(&clock_a),
+        shared_a.clone(),
+    );
+    let escalated = Instant::now();
+    assert!(esc_long.on_rejection(long, KeySource::Peer));
+    assert!(esc_short.on_rejection(short, KeySource::Peer));
+    // On A's own shield at once, with the escalator's lifetime.
+    assert_eq!(shield_a.of(long).first(), Some(&Duration::from_mins(1)));
+
+    let got = shield_b
+        .wait_for(long, Duration::from_secs(2))
+        .await
+        .expect("door B's shield never got door A's block");
+    let took = escalated.elapsed();
+    eprintln!("door B blocked {long} for {got:?}, {took:?} after door A escalated");
+    // Within a sync interval of each door (A's publish, B's fetch) on a loaded machine.
+    assert!(took < SYNC * 2 + Duration::from_millis(400), "{took:?}");
+    // The lifetime left: 60 s less the time it took, to the store's millisecond.
+    assert!(got <= Duration::from_mins(1), "{got:?}");
+    assert!(
+        got + took >= Duration::from_mins(1) - Duration::from_millis(5),
+        "{got:?} after {took:?}"
+    );
+    let short_left = shield_b
+        .wait_for(short, Duration::from_secs(2))
+        .await
+        .expect("door B's shield never got the short block");
+    assert!(short_left <= Duration::from_millis(300), "{short_left:?}");
+
+    // Once its deadline passed, the short block is gone from the store (the next sync of either
+    // door deletes it).
+    let client = redis::Client::open(format!("redis://127.0.0.1:{port}/0")).unwrap();
+    let mut con = client.get_multiplexed_async_connection().await.unwrap();
+    let deadline = Instant::now() + Duration::from_secs(3);
+    while in_store(&mut con, short).await != (false, false) {
+        assert!(
+            escalated.elapsed() < Duration::from_millis(300) || Instant::now() < deadline,
+            "the expired block is still in the store"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(escalated.elapsed() >= Duration::from_millis(300));
+    assert_eq!(
+        in_store(&mut con, long).await,
+        (true, true),
+        "the live block was pruned"
+    );
+
+    // A door that joins now learns the live block with what is left of it, never the expired one.
+    let clock_c: Arc<dyn Clock> = Arc::new(Offset(MonotonicClock::new(), 3_000_000_000));
+    let (c, _, shield_c) = door_with_shield(&cfg, clock_c, "door-c").await;
+    let got_c = shield_c
+        .wait_for(long, Duration::from_secs(2))
+        .await
+        .expect("a joining door never got the live block");
+    let took_c = escalated.elapsed();
+    assert!(got_c + took_c >= Duration::from_mins(1) - Duration::from_millis(5));
+    assert!(got_c <= Duration::from_mins(1) - Duration::from_millis(300));
+    assert!(
+        all_reach(
+            std::slice::from_ref(&c),
+            State::Synced,
+            Duration::from_secs(2)
+        )
+        .await,
+        "door C did not sync"
+    );
+    assert!(
+        shield_c.of(short).is_empty(),
+        "the expired block reached door C"
+    );
+    // Door A's blocks were published once each: B saw the long one once, not at every sync.
+    assert_eq!(shield_b.of(long).len(), 1, "{:?}", shield_b.of(long));
+    drop(both);
+}
+
+/// The operator's side of a door's shield (`GET`/`POST /blocks`, `DELETE /blocks/{prefix}`):
+/// what was blocked, for how long (whole seconds as listed).
+impl AdminBlocklist for Shield {
+    fn list(&self) -> Result<Vec<(PrefixKey, u64)>, ShieldError> {
+        Ok(self
+            .0
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|(k, d)| (*k, d.as_secs()))
+            .collect())
+    }
+
+    fn block(&self, key: PrefixKey, duration: Duration) -> Result<(), ShieldError> {
+        Blocklist::block(self, key, duration);
+        Ok(())
+    }
+
+    fn unblock(&self, key: &PrefixKey) -> Result<bool, ShieldError> {
+        let mut list = self.0.lock().unwrap();
+        let before = list.len();
+        list.retain(|(k, _)| k != key);
+        Ok(list.len() != before)
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_block_the_operator_posts_on_one_door_reaches_the_others_but_an_unblock_stays_local() {
+    if !redis_or_skip() {
+        return;
+    }
+    let port = free_port();
+    let _redis = Redis::start(port).await;
+    let cfg = config(upstream().await, port);
+    let clock: Arc<dyn Clock> = Arc::new(MonotonicClock::new());
+    let (a, shared_a, shield_a) = door_with_shield(&cfg, Arc::clone(&clock), "door-a").await;
+    let (b, _, shield_b) = door_with_shield(&cfg, clock, "door-b").await;
+    let both = [a, b];
+    assert!(
+        all_reach(&both, State::Synced, Duration::from_secs(3)).await,
+        "the doors did not sync"
+    );
+    // What POST /blocks on door A uses in cluster mode (the daemon builds the same).
+    let admin_a = ClusterBlocklist {
+        local: shield_a.clone(),
+        shared: shared_a,
+    };
+    let key = PrefixKey::from_ip("2001:db8:77::1".parse().unwrap());
+    let posted = Instant::now();
+    admin_a.block(key, Duration::from_mins(10)).unwrap();
+    assert_eq!(shield_a.of(key), vec![Duration::from_mins(10)]);
+    let got = shield_b
+        .wait_for(key, Duration::from_secs(2))
+        .await
+        .expect("door B's shield never got the block posted on door A");
+    let took = posted.elapsed();
+    assert!(took < SYNC * 2 + Duration::from_millis(400), "{took:?}");
+    assert!(got <= Duration::from_mins(10), "{got:?}");
+    assert!(got + took >= Duration::from_mins(10) - Duration::from_millis(5));
+    // DELETE /blocks/{prefix} on door A lifts it there only.
+    assert!(admin_a.unblock(&key).unwrap());
+    assert!(admin_a.list().unwrap().is_empty());
+    assert_eq!(shield_b.of(key).len(), 1);
+    drop(both);
+}
+
+/// A certificate authority and a server certificate for 127.0.0.1 and `localhost` it signed,
+/// written as PEM to `dir`: (CA file, certificate file, key file).
+fn test_ca(dir: &std::path::Path) -> (std::path::PathBuf, std::path::PathBuf, std::path::PathBuf) {
+    use rcgen::{BasicConstraints, CertificateParams, IsCa, Issuer, KeyPair, KeyUsagePurpose};
+    let ca_key = KeyPair::generate().unwrap();
+    let mut ca_params = CertificateParams::new(Vec::<String>::new()).unwrap();
+    ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    ca_params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
+    ca_params
+        .distinguished_name
+        .push(rcgen::DnType::CommonName, "door test CA");
+    let ca = ca_params.self_signed(&ca_key).unwrap();
+    let issuer = Issuer::new(ca_params, ca_key);
+    let key = KeyPair::generate().unwrap();
+    let params =
+        CertificateParams::new(vec!["127.0.0.1".to_owned(), "localhost".to_owned()]).unwrap();
+    let cert = params.signed_by(&key, &issuer).unwrap();
+    let paths = (
+        dir.join("ca.pem"),
+        dir.join("redis.crt"),
+        dir.join("redis.key"),
+    );
+    std::fs::write(&paths.0, ca.pem()).unwrap();
+    std::fs::write(&paths.1, cert.pem()).unwrap();
+    std::fs::write(&paths.2, key.serialize_pem()).unwrap();
+    paths
+}
+
+/// A redis-server that listens only for TLS on 127.0.0.1:`port` with `cert` and `key`, killed on
+/// drop. Fails the test with redis-server's own words if it exits (a build without TLS says
+/// so) or does not accept connections within 5 s.
+async fn start_tls_redis(port: u16, cert: &std::path::Path, key: &std::path::Path) -> Redis {
+    let mut child = Command::new("redis-server")
+        .args(["--port", "0", "--tls-port", &port.to_string()])
+        .args(["--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
+        .arg("--tls-cert-file")
+        .arg(cert)
+        .arg("--tls-key-file")
+        .arg(key)
+        .args(["--tls-auth-clients", "no"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while TcpStream::connect(("127.0.0.1", port)).await.is_err() {
+        if let Some(status) = child.try_wait().unwrap() {
+            let out = child.wait_with_output().unwrap();
+            panic!(
+                "redis-server with --tls-port exited ({status}): this redis-server cannot serve TLS?\n{}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        assert!(
+            Instant::now() < deadline,
+            "redis-server with --tls-port did not listen within 5 s"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    Redis(child)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn doors_sync_over_rediss_verifying_the_store_against_the_configured_ca() {
+    if !redis_or_skip() {
+        return;
+    }
+    let dir = std::env::temp_dir().join(format!("door-rediss-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let (ca, cert, key) = test_ca(&dir);
+    // Another CA, which did not sign the store's certificate.
+    let other_dir = dir.join("other");
+    std::fs::create_dir_all(&other_dir).unwrap();
+    let (other_ca, _, _) = test_ca(&other_dir);
+    let port = free_port();
+    let _redis = start_tls_redis(port, &cert, &key).await;
+    let up = upstream().await;
+    let tls_config = |ca: &std::path::Path| {
+        let mut cfg = config(up, port);
+        cfg.cluster.redis = Some(format!("rediss://127.0.0.1:{port}/0"));
+        cfg.cluster.ca_file = Some(ca.to_owned());
+        cfg
+    };
+    // The key is what the file form spells, too.
+    let from_file = Config::from_toml(
+        "rediss.toml",
+        &format!(
+            "upstream = \"http://{up}\"\n[cluster]\nredis = \"rediss://127.0.0.1:{port}/0\"\nca_file = {:?}\n",
+            ca.display().to_string()
+        ),
+    )
+    .unwrap();
+    assert_eq!(from_file.cluster.ca_file.as_deref(), Some(ca.as_path()));
+
+    let cfg = tls_config(&ca);
+    let mut both = Vec::new();
+    for id in ["tls-a", "tls-b"] {
+        let clock: Arc<dyn Clock> = Arc::new(MonotonicClock::new());
+        both.push(door(&cfg, clock, id).await);
+    }
+    assert!(
+        all_reach(&both, State::Synced, Duration::from_secs(5)).await,
+        "the doors did not sync over rediss://: {:?}",
+        both.iter()
+            .map(|d| d.cluster.status().json())
+            .collect::<Vec<_>>()
+    );
+    let deadline = Instant::now() + Duration::from_secs(3);
+    while both
+        .iter()
+        .any(|d| d.cluster.status().snapshot().doors != 2)
+    {
+        assert!(
+            Instant::now() < deadline,
+            "the doors did not see each other"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+
+    // A door that trusts another CA never syncs: the store's certificate is verified.
+    let wrong = door(
+        &tls_config(&other_ca),
+        Arc::new(MonotonicClock::new()),
+        "tls-wrong",
+    )
+    .await;
+    tokio::time::timeout(Duration::from_secs(1), async {
+        // Several sync intervals, every one of them refused.
+        while wrong.cluster.status().snapshot().last_sync.is_none() {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await
+    .expect_err("a door that does not trust the store's CA synced");
+    assert_eq!(wrong.cluster.status().snapshot().state, State::Degraded);
+    drop(both);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn blocks_made_while_the_store_is_gone_are_shared_when_it_returns_empty() {
+    if !redis_or_skip() {
+        return;
+    }
+    let port = free_port();
+    let redis = Redis::start(port).await;
+    let cfg = config(upstream().await, port);
+    let clock_a: Arc<dyn Clock> = Arc::new(MonotonicClock::new());
+    let (a, shared_a, _) = door_with_shield(&cfg, Arc::clone(&clock_a), "door-a").await;
+    let (b, _, shield_b) = door_with_shield(&cfg, Arc::new(MonotonicClock::new()), "door-b").await;
+    let both = [a, b];
+    assert!(
+        all_reach(&both, State::Synced, Duration::from_secs(3)).await,
+        "the doors did not sync"
+    );
+    let escalator = Escalator::new(
+        1,
+        Duration::from_secs(10),
+        Duration::from_mins(1),
+        Arc::clone(&clock_a),
+        shared_a.clone(),
+    );
+    let first = PrefixKey::from_ip("198.51.100.20".parse().unwrap());
+    assert!(escalator.on_rejection(first, KeySource::Peer));
+    assert!(
+        shield_b
+            .wait_for(first, Duration::from_secs(2))
+            .await
+            .is_some(),
+        "door B never got the first block"
+    );
+
+    // The store goes away, and comes back empty (no persistence): its block counter starts over,
+    // below door B's cursor. A block made meanwhile waits on door A, then reaches door B.
+    redis.kill();
+    assert!(
+        all_reach(&both, State::Degraded, Duration::from_secs(2)).await,
+        "the doors did not notice the store was gone"
+    );
+    let second = PrefixKey::from_ip("198.51.100.21".parse().unwrap());
+    assert!(escalator.on_rejection(second, KeySource::Peer));
+    let _redis = Redis::start(port).await;
+    let left = shield_b
+        .wait_for(second, Duration::from_secs(5))
+        .await
+        .expect("the block made while the store was gone never reached door B");
+    assert!(left <= Duration::from_mins(1), "{left:?}");
+    // And a block made after the store came back reaches it too.
+    let third = PrefixKey::from_ip("198.51.100.22".parse().unwrap());
+    assert!(escalator.on_rejection(third, KeySource::Peer));
+    assert!(
+        shield_b
+            .wait_for(third, Duration::from_secs(2))
+            .await
+            .is_some(),
+        "a block made after the store came back never reached door B"
+    );
+    drop(both);
 }

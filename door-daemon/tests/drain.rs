@@ -1,7 +1,8 @@
 //! End to end with the `door` binary: SIGTERM drains (health 503 at once, new connections
 //! refused, the in-flight request completes, exit 0), and the metrics reach an OTLP/HTTP receiver
 //! built on the official protobuf definitions (`opentelemetry-proto`), configured only through
-//! the standard `OTEL_EXPORTER_OTLP_ENDPOINT` variable.
+//! the standard `OTEL_EXPORTER_OTLP_ENDPOINT` variable, while `GET /metrics` on the admin
+//! listener shows the same counts (two readers on one meter provider).
 
 #![expect(
     clippy::unwrap_used,
@@ -157,9 +158,16 @@ async fn sigterm_drains_in_flight_requests_then_exits_0_and_exports_metrics() {
         .unwrap()
         .port();
     let door_addr = SocketAddr::from(([127, 0, 0, 1], port));
+    let admin_port = TcpListener::bind("127.0.0.1:0")
+        .await
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let admin_addr = SocketAddr::from(([127, 0, 0, 1], admin_port));
     let dir = std::env::temp_dir().join(format!("door-drain-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
-    let mut door = spawn_door(&dir, door_addr, upstream, otlp);
+    let mut door = spawn_door(&dir, door_addr, admin_addr, upstream, otlp);
 
     // Wait for door to listen.
     let mut probe = None;
@@ -174,6 +182,17 @@ async fn sigterm_drains_in_flight_requests_then_exits_0_and_exports_metrics() {
     let res = probe.send_request(get("/healthz")).await.unwrap();
     assert_eq!(res.status(), StatusCode::OK);
     res.into_body().collect().await.unwrap();
+
+    // The Prometheus reader sees it, beside the OTLP exporter.
+    let mut admin = h1(admin_addr).await.expect("the admin listener");
+    let res = admin.send_request(get("/metrics")).await.unwrap();
+    assert_eq!(res.status(), StatusCode::OK);
+    let text =
+        String::from_utf8(res.into_body().collect().await.unwrap().to_bytes().to_vec()).unwrap();
+    assert!(
+        text.contains("door_requests_total{door_group=\"health\",door_outcome=\"ok\"} 1\n"),
+        "{text}"
+    );
 
     // One request held in flight at the slow upstream.
     let mut slow = h1(door_addr).await.unwrap();
@@ -264,11 +283,12 @@ fn check_exported(points: &Points, healthy: u64) {
     assert_eq!(value("link", "ok"), Some(1), "{points:?}");
 }
 
-/// Starts the `door` binary on `addr` in front of `upstream`, exporting to `otlp` through the
-/// standard variable only.
+/// Starts the `door` binary on `door_addr` (its admin listener on `admin_addr`) in front of
+/// `upstream`, exporting to `otlp` through the standard variable only.
 fn spawn_door(
     dir: &std::path::Path,
     door_addr: SocketAddr,
+    admin_addr: SocketAddr,
     upstream: SocketAddr,
     otlp: SocketAddr,
 ) -> std::process::Child {
@@ -285,7 +305,12 @@ fn spawn_door(
         .arg(&config)
         .args(["--listen", &door_addr.to_string()])
         .args(["--upstream", &format!("http://{upstream}")])
-        .args(["--admin-listen", "off", "--xdp-mode", "off"])
+        .args([
+            "--admin-listen",
+            &admin_addr.to_string(),
+            "--xdp-mode",
+            "off",
+        ])
         .env("OTEL_EXPORTER_OTLP_ENDPOINT", format!("http://{otlp}"))
         .env_remove("DOOR_OTLP_ENDPOINT")
         .env("RUST_LOG", "warn")

@@ -355,7 +355,7 @@ async fn a_bad_key_pair_fails_start_up_before_binding_naming_the_file() {
         cfg.listen = vec![SocketAddr::from(([127, 0, 0, 1], port))];
         let reload_same = cfg.clone();
         let reload: door_daemon::daemon::Reloader = Box::new(move || Ok(reload_same.clone()));
-        let e = door_daemon::daemon::run(cfg, Metrics::noop(), reload)
+        let e = door_daemon::daemon::run(cfg, Metrics::noop(), None, reload)
             .await
             .unwrap_err()
             .to_string();
@@ -381,34 +381,54 @@ async fn a_bad_key_pair_fails_start_up_before_binding_naming_the_file() {
 
 // ---------------------------------------------------------------- 2. header bound
 
+/// An HTTP/1.1 request head with `fields` fields in all (`Host` and `Connection` included) of
+/// `size`-byte values.
+fn head_with(fields: usize, size: usize) -> String {
+    let mut r = String::from("GET /h HTTP/1.1\r\nHost: door.test\r\nConnection: close\r\n");
+    for i in 0..fields.saturating_sub(2) {
+        let _ = write!(r, "x-f{i}: {}\r\n", "a".repeat(size));
+    }
+    r.push_str("\r\n");
+    r
+}
+
 #[tokio::test]
-async fn http1_headers_are_bounded_at_64_kib_not_at_100_fields() {
+async fn http1_heads_are_bounded_at_64_kib_and_100_fields_by_default() {
     let up = upstream(echo()).await;
     let d = door(&config(up, "", "")).await;
-    let req = |fields: usize, size: usize| {
-        let mut r = String::from("GET /h HTTP/1.1\r\nHost: door.test\r\nConnection: close\r\n");
-        for i in 0..fields {
-            let _ = write!(r, "x-f{i}: {}\r\n", "a".repeat(size));
-        }
-        r.push_str("\r\n");
-        r
-    };
-    // 32 KiB in 320 fields: more than hyper's default 100 fields, well under 64 KiB.
-    let ok = raw(d.addr, req(320, 100).as_bytes()).await;
+    // 100 fields pass, the 101st is refused, as by HAProxy's and Envoy's defaults.
+    let ok = raw(d.addr, head_with(100, 10).as_bytes()).await;
     assert!(ok.starts_with("HTTP/1.1 200"), "{ok}");
-    // 128 KiB: 431.
-    let big = raw(d.addr, req(32, 4096).as_bytes()).await;
+    let many = raw(d.addr, head_with(101, 10).as_bytes()).await;
+    assert!(many.starts_with("HTTP/1.1 431"), "{many}");
+    // 128 KiB in 34 fields: 431.
+    let big = raw(d.addr, head_with(34, 4096).as_bytes()).await;
     assert!(big.starts_with("HTTP/1.1 431"), "{big}");
-    // Just under and just over the bound, in one field.
-    let head = "GET /h HTTP/1.1\r\nHost: door.test\r\nConnection: close\r\nx-big: \r\n\r\n".len();
-    let under = raw(d.addr, req(1, MAX_HEADER_BYTES - head - 4096).as_bytes()).await;
+    // Just under and just over the byte bound, in one field.
+    let head = head_with(3, 0).len();
+    let under = raw(
+        d.addr,
+        head_with(3, MAX_HEADER_BYTES - head - 4096).as_bytes(),
+    )
+    .await;
     assert!(
         under.starts_with("HTTP/1.1 200"),
         "{}",
         &under[..40.min(under.len())]
     );
-    let over = raw(d.addr, req(1, MAX_HEADER_BYTES).as_bytes()).await;
+    let over = raw(d.addr, head_with(3, MAX_HEADER_BYTES).as_bytes()).await;
     assert!(over.starts_with("HTTP/1.1 431"), "{over}");
+}
+
+#[tokio::test]
+async fn max_header_fields_raises_the_field_count_up_to_the_byte_bound() {
+    let up = upstream(echo()).await;
+    let d = door(&config(up, "max_header_fields = 1024", "")).await;
+    // 32 KiB in 320 fields: well under 64 KiB, so the byte bound does not bind either.
+    let ok = raw(d.addr, head_with(320, 100).as_bytes()).await;
+    assert!(ok.starts_with("HTTP/1.1 200"), "{ok}");
+    let many = raw(d.addr, head_with(1025, 1).as_bytes()).await;
+    assert!(many.starts_with("HTTP/1.1 431"), "{many}");
 }
 
 /// An HTTP/2 connection driven frame by frame with h2's codec (RFC 9113 framing, RFC 7541

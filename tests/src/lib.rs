@@ -41,6 +41,41 @@ pub fn privileged_or_skip(suite: &str) -> bool {
     );
 }
 
+/// Whether every one of `tools` is on `PATH` (Debian packages `cargo xtask setup` installs, such
+/// as `prometheus` and `promtool`). When one is missing and this process is not root (so setup
+/// could not install it), the test prints a [`SKIP_MARKER`] line and the caller returns early.
+///
+/// # Panics
+/// When one is missing and this process is root: `cargo xtask setup` (which `cargo xtask test`
+/// runs first) installs them.
+pub fn tools_or_skip(suite: &str, tools: &[&str]) -> bool {
+    let missing: Vec<&str> = tools.iter().copied().filter(|t| !on_path(t)).collect();
+    if missing.is_empty() {
+        return true;
+    }
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    #[expect(unsafe_code, reason = "geteuid is a libc call")]
+    let root = unsafe { libc::geteuid() } == 0;
+    assert!(
+        !root,
+        "{suite} needs {}: run `cargo xtask setup` (it installs the Debian packages)",
+        missing.join(", ")
+    );
+    mark_skipped(suite);
+    false
+}
+
+/// Whether an executable named `tool` is in a directory of `PATH`.
+fn on_path(tool: &str) -> bool {
+    use std::os::unix::fs::PermissionsExt as _;
+    std::env::var_os("PATH").is_some_and(|path| {
+        std::env::split_paths(&path).any(|dir| {
+            std::fs::metadata(dir.join(tool))
+                .is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+        })
+    })
+}
+
 /// Prints `SKIP_MARKER: SUITE TEST` once per test (libtest names each test's thread after it).
 ///
 /// Written to the process's stdout itself rather than with `println!`, which libtest captures and

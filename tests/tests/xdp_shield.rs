@@ -424,6 +424,33 @@ fn blocklist_drops_until_the_deadline_then_forgets() {
     );
 }
 
+/// The admin API's `POST /blocks` and `DELETE /blocks/{prefix}`, through the loaded shield.
+#[test]
+fn the_admin_blocklist_blocks_lists_and_unblocks() {
+    use door_daemon::admin::AdminBlocklist as _;
+    let Some(s) = shield(&settings(1000), &[]) else {
+        return;
+    };
+    let s = std::sync::Mutex::new(s);
+    let key = PrefixKey::from_ipv4(CLIENT4);
+    s.block(key, Duration::from_mins(10)).unwrap();
+    let listed = s.list().unwrap();
+    assert_eq!(listed.len(), 1);
+    assert_eq!(listed[0].0, key);
+    assert!((599..=600).contains(&listed[0].1), "{listed:?}");
+    assert_eq!(
+        verdict(&s.lock().unwrap(), &syn4()),
+        (XDP_DROP, Counter::DropBlocked)
+    );
+    assert!(s.unblock(&key).unwrap());
+    assert!(!s.unblock(&key).unwrap(), "already off the list");
+    assert!(s.list().unwrap().is_empty());
+    assert_eq!(
+        verdict(&s.lock().unwrap(), &syn4()),
+        (XDP_PASS, Counter::PassSyn)
+    );
+}
+
 #[test]
 fn exempt_prefixes_are_never_shed() {
     let Some(mut s) = shield(&settings(1), &["198.51.100.0/24", "2001:db8:c1::/48"]) else {

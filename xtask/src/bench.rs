@@ -23,6 +23,13 @@
 //!   costs the proxy, however much of a core it got) and door / best peer ratios. Then one flooding client (`wrk -t1 -c4`, 5 s) on door's default
 //!   `link` budget (1/s, burst 20) for the rate of 429s.
 //!
+//! With `--cluster`, a fourth front joins every round: a second door (`door+cl`, 127.0.0.1:18448)
+//! configured alike plus `[cluster]` on a `redis-server` the benchmark starts (127.0.0.1:18449, no
+//! persistence), so the same table shows it next to the single door; then, per route, its rps and
+//! p99 over the single door's and the store's operations per second at that load (from `INFO
+//! commandstats` before and after each run: script calls, and every command including those the
+//! script ran; one door, so per door).
+//!
 //! The load tool, the proxy under test and the upstream share the machine's cores; nothing is
 //! pinned. `nproc` and the load average are printed at the start and the end. About 50 s a
 //! round plus half a minute of warm-up (docs/performance.md: the method and the latest numbers).
@@ -60,6 +67,8 @@ const H2_CLIENTS: u32 = 32;
 const H2_STREAMS: u32 = 10;
 
 const UPSTREAM: &str = "127.0.0.1:18080";
+/// The store of `--cluster`.
+const REDIS_PORT: u16 = 18449;
 
 /// A front under test.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -67,16 +76,29 @@ enum Proxy {
     Door,
     Nginx,
     Haproxy,
+    /// door with `[cluster]` on (`--cluster`).
+    DoorCluster,
 }
 
 impl Proxy {
     const ALL: [Self; 3] = [Self::Door, Self::Nginx, Self::Haproxy];
+    const WITH_CLUSTER: [Self; 4] = [Self::Door, Self::Nginx, Self::Haproxy, Self::DoorCluster];
+
+    /// The fronts of a run: [`Proxy::ALL`], and door with `[cluster]` when `cluster`.
+    fn of_run(cluster: bool) -> &'static [Self] {
+        if cluster {
+            &Self::WITH_CLUSTER
+        } else {
+            &Self::ALL
+        }
+    }
 
     fn name(self) -> &'static str {
         match self {
             Self::Door => "door",
             Self::Nginx => "nginx",
             Self::Haproxy => "haproxy",
+            Self::DoorCluster => "door+cl",
         }
     }
 
@@ -86,6 +108,7 @@ impl Proxy {
             Self::Door => "127.0.0.1:18443",
             Self::Nginx => "127.0.0.1:18444",
             Self::Haproxy => "127.0.0.1:18446",
+            Self::DoorCluster => "127.0.0.1:18448",
         }
     }
 
@@ -95,6 +118,7 @@ impl Proxy {
             Self::Door => "127.0.0.1:18443",
             Self::Nginx => "127.0.0.1:18445",
             Self::Haproxy => "127.0.0.1:18447",
+            Self::DoorCluster => "127.0.0.1:18448",
         }
     }
 }
@@ -166,6 +190,9 @@ struct Run {
     /// CPU time (user + system) the proxy's processes spent per request during the run, in
     /// microseconds; `None` when `/proc` could not tell.
     cpu_us: Option<f64>,
+    /// door+cl only: the store's script calls and commands (those the script ran included) per
+    /// second during the run.
+    store_ops: Option<(f64, f64)>,
 }
 
 /// `cargo xtask bench xdp`: builds the benchmark and the binaries it starts (release), installs
@@ -196,12 +223,16 @@ pub(crate) fn xdp() -> anyhow::Result<()> {
 }
 
 /// `cargo xtask bench proxy`: installs the load tools, nginx and HAProxy if missing, builds door
-/// (release) and runs `rounds` interleaved rounds.
-pub(crate) fn proxy(rounds: u32) -> anyhow::Result<()> {
+/// (release) and runs `rounds` interleaved rounds; with `cluster`, door with `[cluster]` on a
+/// `redis-server` it starts is measured in every round too.
+pub(crate) fn proxy(rounds: u32, cluster: bool) -> anyhow::Result<()> {
     if rounds == 0 {
         bail!("--rounds must be at least 1");
     }
     setup::require_debian_packages(setup::BENCH_PROXY_PACKAGES)?;
+    if cluster {
+        setup::require_debian_packages(&["redis-server"])?;
+    }
     step("building door (release)");
     sh(cargo().args([
         "build",
@@ -213,40 +244,70 @@ pub(crate) fn proxy(rounds: u32) -> anyhow::Result<()> {
     ]))?;
     let dir = std::env::temp_dir().join(format!("door-bench-{}", std::process::id()));
     std::fs::create_dir_all(&dir)?;
-    let result = run_all(&dir, rounds);
+    let result = run_all(&dir, rounds, cluster);
     let _ = std::fs::remove_dir_all(&dir);
     result
 }
 
-fn run_all(dir: &Path, rounds: u32) -> anyhow::Result<()> {
+/// Starts `program` with `--config` `toml` (written to `dir/NAME.toml`).
+fn start_door(dir: &Path, name: &str, toml: &str) -> anyhow::Result<Guard> {
+    let conf = dir.join(format!("{name}.toml"));
+    std::fs::write(&conf, toml)?;
+    Ok(Guard(
+        Command::new(crate::target_dir().join("release/door"))
+            .args(["--config"])
+            .arg(&conf)
+            .env("RUST_LOG", "warn")
+            .stdin(Stdio::null())
+            .spawn()
+            .with_context(|| format!("starting {name}"))?,
+    ))
+}
+
+fn run_all(dir: &Path, rounds: u32, cluster: bool) -> anyhow::Result<()> {
     let cores = std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get);
     step("starting the upstream (nginx return 200), nginx, HAProxy and door");
     let _upstream = nginx(dir, "upstream", &upstream_conf(dir))?;
     let front = nginx(dir, "front", &front_conf(dir, cores))?;
     let haproxy = haproxy(dir, cores)?;
-    let door_conf = dir.join("door.toml");
-    std::fs::write(&door_conf, door_toml())?;
-    let door = Guard(
-        Command::new(crate::target_dir().join("release/door"))
-            .args(["--config"])
-            .arg(&door_conf)
-            .env("RUST_LOG", "warn")
-            .stdin(Stdio::null())
-            .spawn()
-            .context("starting door")?,
-    );
+    let door = start_door(dir, "door", &door_toml(Proxy::Door, false))?;
+    let redis = if cluster {
+        Some(Guard(
+            Command::new("redis-server")
+                .args(["--port", &REDIS_PORT.to_string(), "--bind", "127.0.0.1"])
+                .args(["--save", "", "--appendonly", "no", "--loglevel", "warning"])
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .spawn()
+                .context("starting redis-server")?,
+        ))
+    } else {
+        None
+    };
+    let door_cluster = if cluster {
+        wait_listening(&format!("127.0.0.1:{REDIS_PORT}"))?;
+        Some(start_door(
+            dir,
+            "door-cluster",
+            &door_toml(Proxy::DoorCluster, true),
+        )?)
+    } else {
+        None
+    };
     let pids = Pids {
         door: door.0.id(),
         nginx: front.0.id(),
         haproxy: haproxy.0.id(),
+        door_cluster: door_cluster.as_ref().map(|g| g.0.id()),
         ticks_per_sec: clock_ticks(),
     };
+    let proxies = Proxy::of_run(cluster);
     wait_listening(UPSTREAM)?;
-    for p in Proxy::ALL {
+    for &p in proxies {
         wait_listening(p.h1())?;
         wait_listening(p.h2())?;
     }
-    check_routes()?;
+    check_routes(proxies)?;
 
     let load_start = loadavg();
     eprintln!("    nproc {cores}; load average at start: {load_start}");
@@ -254,7 +315,7 @@ fn run_all(dir: &Path, rounds: u32) -> anyhow::Result<()> {
         "warm-up: every (route, proxy) pair once for {WARM_UP_SECS} s, not recorded"
     ));
     for route in Route::ALL {
-        for proxy in Proxy::ALL {
+        for &proxy in proxies {
             measure(dir, &pids, route, proxy, WARM_UP_SECS)?;
         }
     }
@@ -265,7 +326,7 @@ fn run_all(dir: &Path, rounds: u32) -> anyhow::Result<()> {
             round + 1,
             loadavg()
         ));
-        for (route, proxy) in order(round) {
+        for (route, proxy) in order(round, proxies) {
             let run = measure(dir, &pids, route, proxy, RUN_SECS)?;
             results.entry((route, proxy)).or_default().push(run);
         }
@@ -278,7 +339,7 @@ fn run_all(dir: &Path, rounds: u32) -> anyhow::Result<()> {
     println!();
     print!(
         "{}",
-        report(&results, rounds, cores, &load_start, &load_end)
+        report(&results, proxies, rounds, cores, &load_start, &load_end)
     );
     println!(
         "flood: {:.0} requests in 5 s, {:.0} answered 429 ({:.2}% rejected, {:.0} rps)",
@@ -287,17 +348,20 @@ fn run_all(dir: &Path, rounds: u32) -> anyhow::Result<()> {
         100.0 * flood.non_2xx / flood.requests.max(1.0),
         flood.rps
     );
+    drop(door_cluster);
+    drop(redis);
     Ok(())
 }
 
 /// The pairs of round `round`: the routes rotated by `round`, and within each route the proxies
-/// rotated by `round`, so that over three rounds each proxy goes first, second and third.
-fn order(round: u32) -> Vec<(Route, Proxy)> {
+/// (`of_run`) rotated by `round`, so that over as many rounds as proxies each goes first, second,
+/// and so on.
+fn order(round: u32, of_run: &[Proxy]) -> Vec<(Route, Proxy)> {
     let r = usize::try_from(round).unwrap_or(0);
     let mut routes = Route::ALL;
     routes.rotate_left(r % Route::ALL.len());
-    let mut proxies = Proxy::ALL;
-    proxies.rotate_left(r % Proxy::ALL.len());
+    let mut proxies = of_run.to_vec();
+    proxies.rotate_left(r % of_run.len().max(1));
     routes
         .iter()
         .flat_map(|&route| proxies.iter().map(move |&proxy| (route, proxy)))
@@ -310,6 +374,8 @@ struct Pids {
     /// nginx's master: its workers are its children.
     nginx: u32,
     haproxy: u32,
+    /// door with `[cluster]`, with `--cluster`.
+    door_cluster: Option<u32>,
     /// `getconf CLK_TCK`: the unit of `/proc/PID/stat`'s times.
     ticks_per_sec: Option<f64>,
 }
@@ -320,6 +386,7 @@ impl Pids {
         let ticks = match proxy {
             Proxy::Door => cpu_ticks(self.door)?,
             Proxy::Haproxy => cpu_ticks(self.haproxy)?,
+            Proxy::DoorCluster => cpu_ticks(self.door_cluster?)?,
             Proxy::Nginx => {
                 cpu_ticks(self.nginx)?
                     + children(self.nginx)
@@ -373,10 +440,18 @@ fn clock_ticks() -> Option<f64> {
 fn measure(dir: &Path, pids: &Pids, route: Route, proxy: Proxy, secs: u32) -> anyhow::Result<Run> {
     let url = route.url(proxy);
     let cpu_before = pids.cpu_secs(proxy);
+    let store_before = (proxy == Proxy::DoorCluster).then(store_calls).flatten();
     let mut run = match route {
         Route::Pass | Route::Limited => wrk(&url, WRK_CONNECTIONS, secs)?,
         Route::H2 => h2load(dir, &url, secs)?,
     };
+    if let (Some(before), Some(after)) = (
+        store_before,
+        store_before.is_some().then(store_calls).flatten(),
+    ) {
+        let s = f64::from(secs);
+        run.store_ops = Some(((after.0 - before.0) / s, (after.1 - before.1) / s));
+    }
     if let (Some(before), Some(after)) = (cpu_before, pids.cpu_secs(proxy))
         && run.requests > 0.0
     {
@@ -388,8 +463,11 @@ fn measure(dir: &Path, pids: &Pids, route: Route, proxy: Proxy, secs: u32) -> an
     let cpu = run
         .cpu_us
         .map_or_else(|| "n/a".to_owned(), |v| format!("{v:.1} us"));
+    let store = run.store_ops.map_or_else(String::new, |(calls, cmds)| {
+        format!("  store {calls:.1} scripts/s {cmds:.1} commands/s")
+    });
     eprintln!(
-        "    {:<17} {:<8} {:>9.0} rps  p50 {:.2} ms  p99 {p99}  cpu/req {cpu}{}",
+        "    {:<17} {:<8} {:>9.0} rps  p50 {:.2} ms  p99 {p99}  cpu/req {cpu}{store}{}",
         route.name(),
         proxy.name(),
         run.rps,
@@ -406,6 +484,7 @@ fn measure(dir: &Path, pids: &Pids, route: Route, proxy: Proxy, secs: u32) -> an
 /// The result table: per pair the medians across rounds, then door / best peer.
 fn report(
     results: &HashMap<(Route, Proxy), Vec<Run>>,
+    proxies: &[Proxy],
     rounds: u32,
     cores: usize,
     load_start: &str,
@@ -417,8 +496,11 @@ fn report(
         "proxy benchmark: {rounds} interleaved round(s), {RUN_SECS} s per pair a round; medians \
          across rounds (rps range in brackets)"
     );
-    let medians = table(&mut out, results);
+    let medians = table(&mut out, results, proxies);
     ratios(&mut out, &medians);
+    if proxies.contains(&Proxy::DoorCluster) {
+        cluster_lines(&mut out, &medians);
+    }
     notes(&mut out, cores, load_start, load_end);
     out
 }
@@ -427,6 +509,7 @@ fn report(
 fn table(
     out: &mut String,
     results: &HashMap<(Route, Proxy), Vec<Run>>,
+    proxies: &[Proxy],
 ) -> HashMap<(Route, Proxy), Medians> {
     let _ = writeln!(
         out,
@@ -435,16 +518,22 @@ fn table(
     );
     let mut medians: HashMap<(Route, Proxy), Medians> = HashMap::new();
     for route in Route::ALL {
-        for proxy in Proxy::ALL {
+        for &proxy in proxies {
             let runs = results.get(&(route, proxy)).map_or(&[][..], Vec::as_slice);
             let rps: Vec<f64> = runs.iter().map(|r| r.rps).collect();
             let p50: Vec<f64> = runs.iter().map(|r| r.p50_ms).collect();
             let p99: Option<Vec<f64>> = runs.iter().map(|r| r.p99_ms).collect();
             let cpu: Option<Vec<f64>> = runs.iter().map(|r| r.cpu_us).collect();
+            let store: Option<Vec<(f64, f64)>> = runs.iter().map(|r| r.store_ops).collect();
             let m = Medians {
                 rps: median(&rps),
                 p99_ms: p99.as_deref().map(median),
                 cpu_us: cpu.as_deref().map(median),
+                store_ops: store.filter(|v| !v.is_empty()).map(|v| {
+                    let calls: Vec<f64> = v.iter().map(|x| x.0).collect();
+                    let cmds: Vec<f64> = v.iter().map(|x| x.1).collect();
+                    (median(&calls), median(&cmds))
+                }),
             };
             medians.insert((route, proxy), m);
             let lo = rps.iter().copied().fold(f64::INFINITY, f64::min);
@@ -519,6 +608,75 @@ fn ratios(out: &mut String, medians: &HashMap<(Route, Proxy), Medians>) {
     }
 }
 
+/// door+cl / door per route: rps and p99, and the store's operations per second at that load.
+fn cluster_lines(out: &mut String, medians: &HashMap<(Route, Proxy), Medians>) {
+    let _ = writeln!(out);
+    let _ = writeln!(
+        out,
+        "{:<17} {:<14} {:<14} store operations per second (one door)",
+        "door+cl / door", "rps", "p99",
+    );
+    for route in Route::ALL {
+        let (Some(door), Some(cl)) = (
+            medians.get(&(route, Proxy::Door)),
+            medians.get(&(route, Proxy::DoorCluster)),
+        ) else {
+            continue;
+        };
+        let p99 = match (cl.p99_ms, door.p99_ms) {
+            (Some(c), Some(d)) => format!("{:.2}", c / d.max(f64::MIN_POSITIVE)),
+            _ => "n/a".to_owned(),
+        };
+        let store = cl.store_ops.map_or_else(
+            || "n/a".to_owned(),
+            |(calls, cmds)| format!("{calls:.1} script calls/s, {cmds:.1} commands/s"),
+        );
+        let _ = writeln!(
+            out,
+            "{:<17} {:<14} {p99:<14} {store}",
+            route.name(),
+            format!("{:.2}", cl.rps / door.rps.max(1.0)),
+        );
+    }
+}
+
+/// The store's script calls and commands so far (`INFO commandstats`: `evalsha` and `eval`
+/// calls, and the calls of every command, those run by scripts included); `None` if
+/// `redis-cli` fails.
+fn store_calls() -> Option<(f64, f64)> {
+    let out = capture(Command::new("redis-cli").args([
+        "-p",
+        &REDIS_PORT.to_string(),
+        "INFO",
+        "commandstats",
+    ]))
+    .ok()?;
+    Some(parse_commandstats(&out))
+}
+
+/// `(script calls, all calls)` of an `INFO commandstats` answer.
+fn parse_commandstats(out: &str) -> (f64, f64) {
+    let mut scripts = 0.0;
+    let mut all = 0.0;
+    for line in out.lines() {
+        let Some((name, rest)) = line.trim().split_once(':') else {
+            continue;
+        };
+        let Some(calls) = rest
+            .split(',')
+            .find_map(|kv| kv.strip_prefix("calls="))
+            .and_then(|v| v.parse::<f64>().ok())
+        else {
+            continue;
+        };
+        all += calls;
+        if matches!(name, "cmdstat_evalsha" | "cmdstat_eval") {
+            scripts += calls;
+        }
+    }
+    (scripts, all)
+}
+
 /// What shares the machine, how each front runs, what the h2c latencies are, the load.
 fn notes(out: &mut String, cores: usize, load_start: &str, load_end: &str) {
     let _ = writeln!(out);
@@ -555,6 +713,8 @@ struct Medians {
     rps: f64,
     p99_ms: Option<f64>,
     cpu_us: Option<f64>,
+    /// door+cl: the store's script calls and commands per second.
+    store_ops: Option<(f64, f64)>,
 }
 
 /// The median of `values` (the mean of the middle two for an even count); 0 for none.
@@ -609,8 +769,8 @@ fn loadavg() -> String {
 }
 
 /// One request on each route of each proxy must answer 200, before any load.
-fn check_routes() -> anyhow::Result<()> {
-    for proxy in Proxy::ALL {
+fn check_routes(proxies: &[Proxy]) -> anyhow::Result<()> {
+    for &proxy in proxies {
         for route in [Route::Pass, Route::Limited] {
             let url = route.url(proxy);
             let code = capture(Command::new("curl").args([
@@ -650,7 +810,14 @@ fn check_routes() -> anyhow::Result<()> {
     Ok(())
 }
 
-fn door_toml() -> String {
+/// door's configuration for `proxy` (door or door+cl), with `[cluster]` on the benchmark's
+/// store when `cluster`.
+fn door_toml(proxy: Proxy, cluster: bool) -> String {
+    let cluster = if cluster {
+        format!("[cluster]\nredis = \"redis://127.0.0.1:{REDIS_PORT}/0\"\n")
+    } else {
+        String::new()
+    };
     format!(
         r#"listen = ["{door}"]
 upstream = "http://{UPSTREAM}"
@@ -669,8 +836,8 @@ rate = 1000000.0
 burst = 1000000
 per_client = 100000
 inflight = 100000
-"#,
-        door = Proxy::Door.h1()
+{cluster}"#,
+        door = proxy.h1()
     )
 }
 
@@ -935,21 +1102,41 @@ fn h2load_log(log: &str) -> (Vec<f64>, f64) {
 mod tests {
     use std::collections::HashSet;
 
-    use super::{Proxy, Route, h2load_log, median, order, parse_h2load, parse_wrk, quantile};
+    use super::{
+        Proxy, Route, h2load_log, median, order, parse_commandstats, parse_h2load, parse_wrk,
+        quantile,
+    };
 
     #[test]
     fn every_round_visits_every_pair_once_and_each_proxy_takes_each_place() {
-        for round in 0..6 {
-            let pairs = order(round);
-            assert_eq!(pairs.len(), 9);
-            assert_eq!(pairs.iter().collect::<HashSet<_>>().len(), 9);
+        for cluster in [false, true] {
+            let proxies = Proxy::of_run(cluster);
+            let n = proxies.len();
+            for round in 0..6 {
+                let pairs = order(round, proxies);
+                assert_eq!(pairs.len(), 3 * n);
+                assert_eq!(pairs.iter().collect::<HashSet<_>>().len(), 3 * n);
+            }
+            for route in Route::ALL {
+                let firsts: HashSet<Proxy> = (0..u32::try_from(n).unwrap())
+                    .filter_map(|r| {
+                        order(r, proxies)
+                            .into_iter()
+                            .find(|p| p.0 == route)
+                            .map(|p| p.1)
+                    })
+                    .collect();
+                assert_eq!(firsts.len(), n, "{route:?}");
+            }
         }
-        for route in Route::ALL {
-            let firsts: HashSet<Proxy> = (0..3)
-                .filter_map(|r| order(r).into_iter().find(|p| p.0 == route).map(|p| p.1))
-                .collect();
-            assert_eq!(firsts.len(), 3, "{route:?}");
-        }
+    }
+
+    #[test]
+    fn commandstats_count_scripts_and_every_command() {
+        let out = "# Commandstats\r\ncmdstat_evalsha:calls=40,usec=900,usec_per_call=22.5,rejected_calls=0,failed_calls=0\r\n\
+                   cmdstat_zadd:calls=80,usec=100,usec_per_call=1.25,rejected_calls=0,failed_calls=0\r\n\
+                   cmdstat_script|load:calls=1,usec=50,usec_per_call=50.00,rejected_calls=0,failed_calls=0\r\n";
+        assert_eq!(parse_commandstats(out), (40.0, 121.0));
     }
 
     #[test]

@@ -111,6 +111,7 @@ fn checks_installed() -> anyhow::Result<()> {
         "/usr/share/doc/door/operations.md",
         "/usr/share/doc/door/configuration.md",
         "/usr/share/doc/door/troubleshooting.md",
+        "/usr/share/doc/door/grafana/door.json",
     ] {
         ensure!(
             files.lines().any(|l| l == f),

@@ -14,8 +14,9 @@
 //!   guests booting Debian's 6.1 and 6.12 kernels; ends with `N passed, N failed, N skipped`
 //!   (skipped: what could not run here, such as the privileged suites without root). `--vm` runs
 //!   only the guests, `--no-vm` skips them, `--kernel 6.1,6.12` chooses them.
-//! - `cargo xtask bench proxy [--rounds N]`: door against nginx and HAProxy on loopback in N
-//!   interleaved rounds, medians (see `bench.rs`); `cargo xtask bench xdp`: door's XDP program
+//! - `cargo xtask bench proxy [--rounds N] [--cluster]`: door against nginx and HAProxy on
+//!   loopback in N interleaved rounds, medians, and with `--cluster` door with `[cluster]` on a
+//!   local `redis-server` too (see `bench.rs`); `cargo xtask bench xdp`: door's XDP program
 //!   against reference programs, and on a veth against nftables.
 //! - `cargo xtask soak [--minutes N]` (root): door for N minutes (default 2) under faults (aborted
 //!   requests, slow readers, slowloris heads, oversized heads, upstream restarts, reloads) in two
@@ -85,6 +86,10 @@ enum Task {
         /// medians across them (default 5).
         #[arg(long, value_name = "N")]
         rounds: Option<u32>,
+        /// `proxy` only: also door with `[cluster]` on a `redis-server` the benchmark starts,
+        /// and the store's operations per second at that load.
+        #[arg(long)]
+        cluster: bool,
     },
     /// Soak test (root): door under faults in two network namespaces for N minutes, then checks
     /// that its memory, descriptors and slots are back to their baseline and every request was
@@ -131,9 +136,15 @@ fn main() -> anyhow::Result<()> {
             vm: true, kernel, ..
         } => test::vm_only(&kernel),
         Task::Test { no_vm, kernel, .. } => test::all((!no_vm).then_some(kernel.as_slice())),
-        Task::Bench { target, rounds } => match target.as_str() {
-            "proxy" => bench::proxy(rounds.unwrap_or(bench::DEFAULT_ROUNDS)),
-            "xdp" if rounds.is_some() => bail!("--rounds is for `bench proxy`"),
+        Task::Bench {
+            target,
+            rounds,
+            cluster,
+        } => match target.as_str() {
+            "proxy" => bench::proxy(rounds.unwrap_or(bench::DEFAULT_ROUNDS), cluster),
+            "xdp" if rounds.is_some() || cluster => {
+                bail!("--rounds and --cluster are for `bench proxy`")
+            }
             "xdp" => bench::xdp(),
             other => bail!("unknown bench target {other:?} (known: proxy, xdp)"),
         },

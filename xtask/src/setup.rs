@@ -14,9 +14,16 @@ const BPF_LINKER_VERSION: &str = "0.10.0";
 
 /// Debian packages the test suites and the demo use: `ip` (netns, veth), curl (the e2e client),
 /// nginx and HAProxy (the real proxies door runs behind in `tests/tests/proxies_e2e.rs`), Redis
-/// (the store three in-process doors share in `door-daemon/tests/cluster.rs`).
-pub(crate) const DEBIAN_PACKAGES: &[&str] =
-    &["iproute2", "curl", "nginx-light", "haproxy", "redis-server"];
+/// (the store three in-process doors share in `door-daemon/tests/cluster.rs`), Prometheus and its
+/// `promtool` (scraping door's `GET /metrics` in `tests/tests/prometheus_scrape.rs`).
+pub(crate) const DEBIAN_PACKAGES: &[&str] = &[
+    "iproute2",
+    "curl",
+    "nginx-light",
+    "haproxy",
+    "redis-server",
+    "prometheus",
+];
 
 /// Debian packages `cargo xtask bench proxy` uses: the load tools (`wrk`; `h2load` from
 /// nghttp2-client), nginx (the upstream and a peer) and HAProxy (the other peer); curl checks

@@ -15,6 +15,11 @@
 //!    `full_at = local now + max(local deficit, remote deficit)`. Only deficits (durations) cross
 //!    the wire, so a door whose clock is off by any amount decides exactly as the others.
 //!
+//! The first call of a sync also carries the shared blocklist ([`blocks`]): the blocks this door
+//! put on its shield since the last sync go up as lifetimes, the store prunes the expired ones
+//! and answers the blocks changed since this door's cursor with the lifetime they have left,
+//! which the door puts on its shield.
+//!
 //! The shared TAT is not capped at a full bucket: what the doors admitted together past the
 //! budget between syncs is a debt that the client repays before any door admits it again, so the
 //! cluster's long-run rate is the group's rate. The overshoot (docs/design.md, "Cluster") is at
@@ -29,6 +34,8 @@
 //!
 //! This module uses [`crate::limit`], [`crate::http::App`] (its limiters) and the `redis` crate;
 //! the limiter knows nothing of it.
+
+pub mod blocks;
 
 use std::{
     collections::HashMap,
@@ -48,6 +55,8 @@ use redis::{
 };
 use tokio::{task::JoinHandle, time::Instant};
 
+pub use blocks::SharedBlocklist;
+
 use crate::{
     config::ClusterConfig,
     http::App,
@@ -60,19 +69,64 @@ pub const BATCH: usize = 1_000;
 /// The sorted set of the doors alive (member: door id, score: the store's clock in µs).
 pub const ALIVE_KEY: &str = "door:alive";
 
-/// The sync script. `ARGV[1]`: door id, `ARGV[2]`: membership lifetime (ms), then per key in
-/// `KEYS`: tokens spent here, emission interval (ns), burst (tokens). Returns `{N, deficit_ns…}`.
-/// Times are µs in Lua's doubles (exact to 0.25 µs at today's epoch), deficits ns.
+/// The sync script. `KEYS`: [`ALIVE_KEY`], [`blocks::BLOCKS_KEY`], [`blocks::BLOCKS_SEQ_KEY`],
+/// [`blocks::BLOCKS_META_KEY`], then one per client. `ARGV[1]`: door id, `ARGV[2]`: membership
+/// lifetime (ms), `ARGV[3]`: `1` when this call also handles blocks (the first call of a sync),
+/// `ARGV[4]`, `ARGV[5]`: the door's block cursor (epoch, sequence number), `ARGV[6]`: `P`, the
+/// blocks published, then `P` pairs (member, lifetime ms), then per client key: tokens spent here,
+/// emission interval (ns), burst (tokens). Returns `{N, {deficit_ns…}, {epoch, seq, member,
+/// left_ms, …}}` (the last empty when `ARGV[3]` is not `1`). Times are µs in Lua's doubles (exact
+/// to 0.25 µs at today's epoch), deficits ns, block deadlines ms.
 const SCRIPT: &str = r"
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+local now_ms = now / 1000
 local life = tonumber(ARGV[2])
 redis.call('ZADD', KEYS[1], now, ARGV[1])
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now - life * 1000)
 redis.call('PEXPIRE', KEYS[1], life)
-local out = { redis.call('ZCARD', KEYS[1]) }
-for i = 2, #KEYS do
-  local a = 3 + (i - 2) * 3
+local p = tonumber(ARGV[6])
+local blocks = {}
+if ARGV[3] == '1' then
+  local epoch = redis.call('HGET', KEYS[4], 'epoch')
+  if not epoch then
+    epoch = t[1] .. '.' .. t[2]
+    redis.call('HSET', KEYS[4], 'epoch', epoch)
+  end
+  while true do
+    local gone = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', now_ms, 'LIMIT', 0, 1000)
+    if #gone == 0 then break end
+    redis.call('ZREM', KEYS[2], unpack(gone))
+    redis.call('ZREM', KEYS[3], unpack(gone))
+  end
+  for j = 0, p - 1 do
+    local m = ARGV[7 + 2 * j]
+    local deadline = now_ms + tonumber(ARGV[8 + 2 * j])
+    local cur = tonumber(redis.call('ZSCORE', KEYS[2], m))
+    if not cur or deadline > cur then
+      redis.call('ZADD', KEYS[2], deadline, m)
+      redis.call('ZADD', KEYS[3], redis.call('HINCRBY', KEYS[4], 'seq', 1), m)
+    end
+  end
+  local cursor = tonumber(ARGV[5])
+  if ARGV[4] ~= epoch then cursor = 0 end
+  local changed = redis.call('ZRANGEBYSCORE', KEYS[3], '(' .. string.format('%.0f', cursor),
+    '+inf', 'WITHSCORES', 'LIMIT', 0, 512)
+  blocks = { epoch, '' }
+  for j = 1, #changed, 2 do
+    local m = changed[j]
+    cursor = tonumber(changed[j + 1])
+    local deadline = tonumber(redis.call('ZSCORE', KEYS[2], m))
+    if deadline and deadline > now_ms then
+      blocks[#blocks + 1] = m
+      blocks[#blocks + 1] = string.format('%.0f', math.ceil(deadline - now_ms))
+    end
+  end
+  blocks[2] = string.format('%.0f', cursor)
+end
+local deficits = {}
+for i = 5, #KEYS do
+  local a = 7 + 2 * p + (i - 5) * 3
   local n = tonumber(ARGV[a])
   local interval = tonumber(ARGV[a + 1]) / 1000
   local burst = tonumber(ARGV[a + 2])
@@ -82,9 +136,9 @@ for i = 2, #KEYS do
   local window = math.ceil(burst * interval / 1000)
   local ttl = math.ceil((tat - now) / 1000) + 2 * window + 1
   redis.call('SET', KEYS[i], string.format('%.3f', tat), 'PX', ttl)
-  out[i] = math.floor((tat - now) * 1000)
+  deficits[i - 4] = math.floor((tat - now) * 1000)
 end
-return out
+return { redis.call('ZCARD', KEYS[1]), deficits, blocks }
 ";
 
 /// A failed sync.
@@ -96,12 +150,23 @@ pub enum ClusterError {
     /// The store answered with an error, or the connection failed.
     #[error("cluster store: {0}")]
     Store(#[from] redis::RedisError),
+    /// `cluster.ca_file` could not be read.
+    #[error("cluster.ca_file {path}: {source}")]
+    CaFile {
+        /// The file.
+        path: std::path::PathBuf,
+        /// Why it could not be read.
+        source: std::io::Error,
+    },
     /// The sync took longer than `cluster.timeout`.
     #[error("cluster sync timed out after {0:?}")]
     Timeout(Duration),
     /// The script's answer was not what it returns.
     #[error("cluster store: unexpected answer ({0} values for {1} keys)")]
     Answer(usize, usize),
+    /// The blocks part of the script's answer was not `{epoch, seq, member, left_ms, …}`.
+    #[error("cluster store: unexpected answer for the blocklist ({0} values)")]
+    BlockAnswer(usize),
 }
 
 /// Where the cluster stands, for `/status`.
@@ -246,20 +311,41 @@ pub fn door_id() -> String {
 }
 
 /// Starts the sync task for `app`'s groups and planes with `[cluster]` `config` (its `redis`
-/// set), as door `id`. The connection is made lazily: a store unreachable at start leaves the
-/// door [`State::Degraded`] until it answers.
+/// set), as door `id`. With `blocks` (the door has a shield), the task also publishes the blocks
+/// queued on it and puts the other doors' blocks on it ([`blocks`]). The connection is made
+/// lazily: a store unreachable at start leaves the door [`State::Degraded`] until it answers.
 ///
 /// # Errors
 ///
-/// [`ClusterError::Url`] when the URL cannot be used (the configuration checked its scheme).
+/// [`ClusterError::Url`] when the URL cannot be used (the configuration checked its scheme) or
+/// `cluster.ca_file` holds no usable PEM certificate; [`ClusterError::CaFile`] when that file
+/// cannot be read.
 pub fn spawn(
     config: &ClusterConfig,
     app: Arc<App>,
+    blocks: Option<Arc<SharedBlocklist>>,
     metrics: ClusterMetrics,
     id: String,
 ) -> Result<Cluster, ClusterError> {
     let url = config.redis.as_deref().unwrap_or_default();
-    let client = redis::Client::open(url).map_err(ClusterError::Url)?;
+    let client = match &config.ca_file {
+        // A `rediss://` store whose certificate chains to these CAs rather than the system's.
+        Some(path) => {
+            let pem = std::fs::read(path).map_err(|source| ClusterError::CaFile {
+                path: path.clone(),
+                source,
+            })?;
+            redis::Client::build_with_tls(
+                url,
+                redis::TlsCertificates {
+                    client_tls: None,
+                    root_cert: Some(pem),
+                },
+            )
+            .map_err(ClusterError::Url)?
+        }
+        None => redis::Client::open(url).map_err(ClusterError::Url)?,
+    };
     let manager_config = ConnectionManagerConfig::new()
         .set_connection_timeout(Some(config.timeout))
         .set_response_timeout(Some(config.timeout))
@@ -281,6 +367,8 @@ pub fn spawn(
         bases: HashMap::new(),
         degraded_for: None,
         spent: Vec::new(),
+        blocks,
+        cursor: blocks::Cursor::default(),
     };
     let task = tokio::spawn(async move {
         let mut tick = tokio::time::interval(syncer.interval);
@@ -311,6 +399,17 @@ struct Syncer {
     /// The `N` the groups are divided by while degraded.
     degraded_for: Option<u32>,
     spent: Vec<(PrefixKey, u32)>,
+    /// The door's shared blocklist, when it has a shield.
+    blocks: Option<Arc<SharedBlocklist>>,
+    /// The last block change fetched from the store.
+    cursor: blocks::Cursor,
+}
+
+/// What one sync's script calls answered.
+struct Answer {
+    doors: u32,
+    deficits: Vec<u64>,
+    fetched: Option<blocks::Fetched>,
 }
 
 impl Syncer {
@@ -337,7 +436,14 @@ impl Syncer {
                 entries.push((i, key));
             }
         }
-        let result = tokio::time::timeout(self.timeout, self.send(&keys, &args)).await;
+        let (published, dropped) = self.blocks.as_ref().map(|b| b.take()).unwrap_or_default();
+        if dropped > 0 {
+            tracing::warn!(
+                dropped,
+                "cluster: more blocks were waiting to be published than the queue holds; the newest were not shared"
+            );
+        }
+        let result = tokio::time::timeout(self.timeout, self.send(&keys, &args, &published)).await;
         let outcome = match result {
             Ok(Ok(answers)) => Ok(answers),
             Ok(Err(e)) => Err(e),
@@ -345,7 +451,17 @@ impl Syncer {
         };
         let took = started.elapsed().as_secs_f64();
         match outcome {
-            Ok((doors, deficits)) => {
+            Ok(Answer {
+                doors,
+                deficits,
+                fetched,
+            }) => {
+                if let (Some(b), Some(f)) = (&self.blocks, fetched) {
+                    for &(key, left_ms) in &f.blocks {
+                        b.apply(key, Duration::from_millis(left_ms));
+                    }
+                    self.cursor = f.cursor;
+                }
                 for (&(i, key), &d) in entries.iter().zip(&deficits) {
                     if d > 0
                         && let Some(l) = limiters.get(i)
@@ -364,6 +480,9 @@ impl Syncer {
                 self.metrics.duration.record(took, &[]);
             }
             Err(e) => {
+                if let Some(b) = &self.blocks {
+                    b.requeue(published);
+                }
                 let was = self.status.snapshot();
                 if was.state == State::Synced {
                     tracing::warn!(error = %e, doors = was.doors, "cluster: sync failed; enforcing rate / doors until the store answers");
@@ -377,42 +496,73 @@ impl Syncer {
         }
     }
 
-    /// The script calls for `keys` (in batches of [`BATCH`]): the doors alive and each key's
-    /// deficit (ns), in order.
+    /// The script calls for `keys` (in batches of [`BATCH`]), the first also publishing
+    /// `published` and fetching the block changes past the cursor: the doors alive, each key's
+    /// deficit (ns), in order, and the blocks fetched.
     async fn send(
         &mut self,
         keys: &[String],
         args: &[u64],
-    ) -> Result<(u32, Vec<u64>), ClusterError> {
+        published: &[blocks::Pending],
+    ) -> Result<Answer, ClusterError> {
         let life_ms = u64::try_from(self.interval.saturating_mul(3).as_millis())
             .unwrap_or(u64::MAX)
             .max(1);
         let mut doors = 1;
         let mut deficits = Vec::with_capacity(keys.len());
-        // An empty sync still refreshes membership.
+        let mut fetched = None;
+        // An empty sync still refreshes membership and the blocks.
         let batches: Vec<(&[String], &[u64])> = if keys.is_empty() {
             vec![(&[], &[])]
         } else {
             keys.chunks(BATCH).zip(args.chunks(BATCH * 3)).collect()
         };
-        for (ks, a) in batches {
+        let with_blocks = self.blocks.is_some();
+        for (n, (ks, a)) in batches.into_iter().enumerate() {
+            let first = n == 0 && with_blocks;
             let mut call = self.script.key(ALIVE_KEY);
-            call.arg(&self.id).arg(life_ms);
+            call.key(blocks::BLOCKS_KEY)
+                .key(blocks::BLOCKS_SEQ_KEY)
+                .key(blocks::BLOCKS_META_KEY);
+            call.arg(&self.id)
+                .arg(life_ms)
+                .arg(if first { "1" } else { "0" })
+                .arg(&self.cursor.epoch)
+                .arg(self.cursor.seq);
+            if first {
+                call.arg(published.len());
+                for p in published {
+                    let ms = u64::try_from(p.lifetime.as_millis())
+                        .unwrap_or(u64::MAX)
+                        .max(1);
+                    call.arg(blocks::member(&p.key)).arg(ms);
+                }
+            } else {
+                call.arg(0);
+            }
             for k in ks {
                 call.key(k);
             }
             for v in a {
                 call.arg(*v);
             }
-            let out: Vec<i64> = call.invoke_async(&mut self.conn).await?;
-            if out.len() != ks.len() + 1 {
-                return Err(ClusterError::Answer(out.len(), ks.len()));
+            let (n_alive, ds, bs): (i64, Vec<i64>, Vec<String>) =
+                call.invoke_async(&mut self.conn).await?;
+            if ds.len() != ks.len() {
+                return Err(ClusterError::Answer(ds.len(), ks.len()));
             }
-            let mut out = out.into_iter();
-            doors = out.next().and_then(|n| u32::try_from(n).ok()).unwrap_or(1);
-            deficits.extend(out.map(|d| u64::try_from(d).unwrap_or(0)));
+            if first {
+                fetched =
+                    Some(blocks::parse_fetched(&bs).ok_or(ClusterError::BlockAnswer(bs.len()))?);
+            }
+            doors = u32::try_from(n_alive).unwrap_or(1);
+            deficits.extend(ds.into_iter().map(|d| u64::try_from(d).unwrap_or(0)));
         }
-        Ok((doors, deficits))
+        Ok(Answer {
+            doors,
+            deficits,
+            fetched,
+        })
     }
 
     /// The budget `l` is configured with: the one saved when it was divided, unless a reload
@@ -478,8 +628,8 @@ fn store_key(group: &str, key: &PrefixKey) -> String {
 fn reason(e: &ClusterError) -> &'static str {
     match e {
         ClusterError::Timeout(_) => "timeout",
-        ClusterError::Answer(..) => "answer",
-        ClusterError::Url(_) | ClusterError::Store(_) => "store",
+        ClusterError::Answer(..) | ClusterError::BlockAnswer(_) => "answer",
+        ClusterError::Url(_) | ClusterError::Store(_) | ClusterError::CaFile { .. } => "store",
     }
 }
 
@@ -495,6 +645,11 @@ mod tests {
             store_key("webhook", &key),
             "door:{webhook}:000000000000000000000000000000ab"
         );
+    }
+
+    #[test]
+    fn the_script_fetches_at_most_fetch_blocks() {
+        assert!(SCRIPT.contains(&format!("'LIMIT', 0, {})", blocks::FETCH_BLOCKS)));
     }
 
     #[test]

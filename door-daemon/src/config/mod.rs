@@ -318,6 +318,10 @@ pub struct ClusterConfig {
     /// How long one sync (connect, script) may take before the door counts it failed
     /// (`cluster.timeout`; `--cluster-timeout` / `DOOR_CLUSTER_TIMEOUT`). Default 100 ms.
     pub timeout: Duration,
+    /// PEM file of the certificate authorities a `rediss://` store's certificate must chain to,
+    /// instead of the system's roots (`cluster.ca_file`; `--cluster-ca-file` /
+    /// `DOOR_CLUSTER_CA_FILE`). Read when door starts. Default: none (the system's roots).
+    pub ca_file: Option<PathBuf>,
 }
 
 impl Default for ClusterConfig {
@@ -326,6 +330,7 @@ impl Default for ClusterConfig {
             redis: None,
             sync_interval: DEFAULT_CLUSTER_SYNC_INTERVAL,
             timeout: DEFAULT_CLUSTER_TIMEOUT,
+            ca_file: None,
         }
     }
 }
@@ -466,8 +471,10 @@ pub struct Config {
     pub proxy_protocol_listen: Vec<SocketAddr>,
     /// The application behind door. Default `http://127.0.0.1:3000`.
     pub upstream: Upstream,
-    /// Where `GET /status` is served; `None` disables it. Default `127.0.0.1:9901`.
-    pub admin_listen: Option<SocketAddr>,
+    /// Where the admin listener (`GET /status`, `/metrics`, `/clients`, `/blocks`) is served:
+    /// a TCP address or a Unix socket (`unix:/run/door/admin.sock`); `None` (`"off"`) disables
+    /// it. Default `127.0.0.1:9901`.
+    pub admin_listen: Option<AdminListen>,
     /// Proxies whose forwarding headers are believed. Default: none.
     pub trusted_proxies: TrustedProxies,
     /// Which header is authoritative when a trusted proxy sends both `X-Forwarded-For` and
@@ -523,6 +530,15 @@ pub struct Config {
     /// (`upstream_max_inflight`; `--upstream-max-inflight` / `DOOR_UPSTREAM_MAX_INFLIGHT`); past
     /// it door answers 503 with `Retry-After: 1`. Default 4096.
     pub upstream_max_inflight: u32,
+    /// Header fields an HTTP/1.1 request head may have (`max_header_fields`;
+    /// `--max-header-fields` / `DOOR_MAX_HEADER_FIELDS`); past it door answers 431 and closes the
+    /// connection. From 1 to [`MAX_HEADER_FIELDS_LIMIT`]; default
+    /// [`DEFAULT_MAX_HEADER_FIELDS`] (100, as HAProxy's `tune.http.maxhdr`, Envoy's
+    /// `max_headers_count` and Apache's `LimitRequestFields`). hyper prepares parse state for this
+    /// many fields on every request head: 100 fit on the stack, more cost a heap allocation of
+    /// 64 bytes per field per request. The head's 64 KiB byte bound applies either way; HTTP/2 has
+    /// only the byte bound (`SETTINGS_MAX_HEADER_LIST_SIZE`).
+    pub max_header_fields: usize,
     /// The per-session and per-IP request planes (`[plane.session]`, `[plane.ip]`); `None`
     /// (the default) when `[plane.session]` is absent.
     pub planes: Option<PlanesConfig>,
@@ -573,6 +589,12 @@ pub const DEFAULT_STREAM_IDLE_TIMEOUT: Duration = Duration::from_mins(5);
 pub const DEFAULT_MAX_CONNECTIONS_PER_CLIENT: u32 = 256;
 /// The default of [`Config::upstream_max_inflight`].
 pub const DEFAULT_UPSTREAM_MAX_INFLIGHT: u32 = 4096;
+/// The default of [`Config::max_header_fields`]: hyper's own default, the most it parses with
+/// no allocation.
+pub const DEFAULT_MAX_HEADER_FIELDS: usize = 100;
+/// The largest [`Config::max_header_fields`] accepted: at 1,024 hyper's per-request parse state
+/// is already 64 KiB, the size of the largest head door reads.
+pub const MAX_HEADER_FIELDS_LIMIT: usize = 1024;
 /// File descriptors [`derived_max_connections`] keeps aside for listeners, the admin endpoint,
 /// BPF maps, logs and the like.
 pub const RESERVED_FDS: u64 = 128;
@@ -701,6 +723,10 @@ pub struct Overrides {
     /// How long one cluster sync may take (e.g. 100ms). Default 100ms.
     #[arg(long, env = "DOOR_CLUSTER_TIMEOUT", global = true)]
     pub cluster_timeout: Option<String>,
+
+    /// PEM file of the CAs a rediss:// store's certificate must chain to. Default: system roots.
+    #[arg(long, env = "DOOR_CLUSTER_CA_FILE", global = true)]
+    pub cluster_ca_file: Option<String>,
     /// Client connections served at once, door-wide. Default: from the open-file limit.
     #[arg(long, env = "DOOR_MAX_CONNECTIONS", global = true)]
     pub max_connections: Option<i64>,
@@ -710,6 +736,9 @@ pub struct Overrides {
     /// Pass-through requests forwarded upstream at once; past it, 503. Default 4096.
     #[arg(long, env = "DOOR_UPSTREAM_MAX_INFLIGHT", global = true)]
     pub upstream_max_inflight: Option<i64>,
+    /// Header fields an HTTP/1.1 request head may have (1 to 1024); past it, 431. Default 100.
+    #[arg(long, env = "DOOR_MAX_HEADER_FIELDS", global = true)]
+    pub max_header_fields: Option<i64>,
     /// Close a stream (WebSocket, server-sent events) silent this long (e.g. 5m). Default 5m.
     #[arg(long, env = "DOOR_STREAM_IDLE_TIMEOUT", global = true)]
     pub stream_idle_timeout: Option<String>,
@@ -750,6 +779,7 @@ struct File {
     max_connections: Option<i64>,
     max_connections_per_client: Option<i64>,
     upstream_max_inflight: Option<i64>,
+    max_header_fields: Option<i64>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -766,6 +796,7 @@ struct ClusterFile {
     redis: Option<String>,
     sync_interval: Option<String>,
     timeout: Option<String>,
+    ca_file: Option<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -954,6 +985,8 @@ impl Config {
                 o,
             )?;
 
+        let max_header_fields = build_max_header_fields(file.max_header_fields, o)?;
+
         Ok(Self {
             listen,
             proxy_protocol_listen,
@@ -977,6 +1010,7 @@ impl Config {
             max_connections,
             max_connections_per_client,
             upstream_max_inflight,
+            max_header_fields,
             planes,
             allow,
             deny,
@@ -1548,18 +1582,67 @@ fn proxy_protocol_listeners(
     Ok(out)
 }
 
-/// `admin_listen`: a socket address, or `off` (`None`).
-fn build_admin_listen(raw: &str) -> Result<Option<SocketAddr>, ConfigError> {
+/// The longest Unix socket path, in bytes: `sun_path` is 108 bytes with its terminating NUL.
+pub const MAX_UNIX_SOCKET_PATH: usize = 107;
+
+/// Where the admin listener is served (`admin_listen`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AdminListen {
+    /// A TCP socket address (`127.0.0.1:9901`).
+    Tcp(SocketAddr),
+    /// A Unix domain socket at this absolute path (`unix:/run/door/admin.sock`): created with
+    /// mode 0600 (the owner, root or the service's user, only), removed on exit.
+    Unix(PathBuf),
+}
+
+impl fmt::Display for AdminListen {
+    /// `127.0.0.1:9901` or `unix:/run/door/admin.sock`: the spelling `admin_listen` accepts.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Tcp(addr) => write!(f, "{addr}"),
+            Self::Unix(path) => write!(f, "unix:{}", path.display()),
+        }
+    }
+}
+
+impl std::str::FromStr for AdminListen {
+    type Err = ConfigError;
+
+    /// A socket address, or `unix:` and an absolute path of at most [`MAX_UNIX_SOCKET_PATH`]
+    /// bytes. `off` is not an address: see `admin_listen`.
+    fn from_str(raw: &str) -> Result<Self, ConfigError> {
+        let bad = |reason: &str| invalid("admin_listen", format!("{raw:?}"), reason);
+        if let Some(path) = raw.strip_prefix("unix:") {
+            if !path.starts_with('/') {
+                return Err(bad(
+                    "a Unix socket needs an absolute path (unix:/run/door/admin.sock)",
+                ));
+            }
+            if path.ends_with('/') {
+                return Err(bad("a Unix socket path must name a file, not a directory"));
+            }
+            if path.len() > MAX_UNIX_SOCKET_PATH {
+                return Err(bad(&format!(
+                    "a Unix socket path is at most {MAX_UNIX_SOCKET_PATH} bytes"
+                )));
+            }
+            if path.contains('\0') {
+                return Err(bad("a Unix socket path cannot contain a NUL byte"));
+            }
+            return Ok(Self::Unix(PathBuf::from(path)));
+        }
+        raw.parse::<SocketAddr>().map(Self::Tcp).map_err(|_| {
+            bad("not a socket address (ip:port, [v6]:port), unix:/absolute/path or \"off\"")
+        })
+    }
+}
+
+/// `admin_listen`: a socket address, `unix:/path`, or `off` (`None`).
+fn build_admin_listen(raw: &str) -> Result<Option<AdminListen>, ConfigError> {
     if raw == "off" {
         return Ok(None);
     }
-    raw.parse::<SocketAddr>().map(Some).map_err(|_| {
-        invalid(
-            "admin_listen",
-            format!("{raw:?}"),
-            "not a socket address (or \"off\")",
-        )
-    })
+    raw.parse().map(Some)
 }
 
 /// `max_connections` (`None`: derived at start), `max_connections_per_client` and
@@ -1587,6 +1670,23 @@ fn build_connection_limits(
             positive_u32("upstream_max_inflight", v)
         })?;
     Ok((max_connections, per_client, upstream))
+}
+
+/// `max_header_fields`, the flag or env beating the file: from 1 to [`MAX_HEADER_FIELDS_LIMIT`].
+fn build_max_header_fields(file: Option<i64>, o: &Overrides) -> Result<usize, ConfigError> {
+    let Some(v) = o.max_header_fields.or(file) else {
+        return Ok(DEFAULT_MAX_HEADER_FIELDS);
+    };
+    usize::try_from(v)
+        .ok()
+        .filter(|n| (1..=MAX_HEADER_FIELDS_LIMIT).contains(n))
+        .ok_or_else(|| {
+            invalid(
+                "max_header_fields",
+                v,
+                format!("must be a whole number from 1 to {MAX_HEADER_FIELDS_LIMIT}"),
+            )
+        })
 }
 
 fn build_tls(file: Option<TlsFile>, o: &Overrides) -> Result<Option<TlsConfig>, ConfigError> {
@@ -1667,10 +1767,21 @@ fn build_cluster(file: Option<ClusterFile>, o: &Overrides) -> Result<ClusterConf
         o.cluster_timeout.clone().or(f.timeout),
         DEFAULT_CLUSTER_TIMEOUT,
     )?;
+    let ca_file = o.cluster_ca_file.clone().or(f.ca_file);
+    if let Some(ca) = &ca_file
+        && !redis.as_deref().is_some_and(|u| u.starts_with("rediss://"))
+    {
+        return Err(invalid(
+            "cluster.ca_file",
+            format!("{ca:?}"),
+            "needs a rediss:// cluster.redis",
+        ));
+    }
     Ok(ClusterConfig {
         redis,
         sync_interval,
         timeout,
+        ca_file: ca_file.map(PathBuf::from),
     })
 }
 

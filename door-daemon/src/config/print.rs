@@ -25,6 +25,11 @@ use crate::{
     limit::Budget,
 };
 
+/// `admin_listen`'s spelling: the address or socket, or `off`.
+fn off_or(at: Option<&crate::config::AdminListen>) -> String {
+    at.map_or_else(|| "off".to_owned(), ToString::to_string)
+}
+
 /// What a secret value prints as.
 pub const ELIDED: &str = "<elided>";
 
@@ -56,6 +61,7 @@ impl Config {
             max_connections,
             max_connections_per_client,
             upstream_max_inflight,
+            max_header_fields,
             planes,
             allow,
             deny,
@@ -76,10 +82,7 @@ impl Config {
             .collect();
         w.clear("listen", listen);
         w.clear("upstream", upstream.to_string());
-        w.clear(
-            "admin_listen",
-            admin_listen.map_or_else(|| "off".to_owned(), |a| a.to_string()),
-        );
+        w.clear("admin_listen", off_or(admin_listen.as_ref()));
         w.clear("trusted_proxies", strings(trusted_proxies.nets()));
         w.clear("allow", strings(allow));
         w.clear("deny", strings(deny));
@@ -99,6 +102,10 @@ impl Config {
             *max_connections,
             *max_connections_per_client,
             *upstream_max_inflight,
+        );
+        w.clear(
+            "max_header_fields",
+            i64::try_from(*max_header_fields).unwrap_or(i64::MAX),
         );
         if let Some(tls) = tls {
             let crate::config::TlsConfig {
@@ -196,6 +203,9 @@ fn write_cluster(w: &mut TomlWriter, cluster: &crate::config::ClusterConfig) {
         }
         w.clear("sync_interval", duration(cluster.sync_interval));
         w.clear("timeout", duration(cluster.timeout));
+        if let Some(ca) = &cluster.ca_file {
+            w.clear("ca_file", ca.display().to_string());
+        }
     }
 }
 
@@ -516,6 +526,17 @@ block_for = "1h 30m"
         let printed = Config::from_toml("t", text).unwrap().to_toml();
         assert!(
             printed.lines().any(|l| l == "ports = [8080, 8443]"),
+            "{printed}"
+        );
+        round_trip(text);
+    }
+
+    #[test]
+    fn a_unix_admin_socket_prints_back() {
+        let text = "admin_listen = \"unix:/run/door/admin.sock\"\n";
+        let printed = Config::from_toml("t", text).unwrap().to_toml();
+        assert!(
+            printed.contains("admin_listen = \"unix:/run/door/admin.sock\""),
             "{printed}"
         );
         round_trip(text);

@@ -35,6 +35,7 @@ pub fn restart_only_changes(old: &Config, new: &Config) -> Vec<&'static str> {
         max_connections,
         max_connections_per_client,
         upstream_max_inflight,
+        max_header_fields,
         planes: _,
         allow: _,
         deny: _,
@@ -90,6 +91,10 @@ pub fn restart_only_changes(old: &Config, new: &Config) -> Vec<&'static str> {
         (
             "upstream_max_inflight",
             *upstream_max_inflight != new.upstream_max_inflight,
+        ),
+        (
+            "max_header_fields",
+            *max_header_fields != new.max_header_fields,
         ),
         ("xdp.interface", *interface != new.xdp.interface),
         ("xdp.mode", *mode != new.xdp.mode),

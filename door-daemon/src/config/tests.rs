@@ -65,6 +65,7 @@ fn defaults_without_a_file() {
         vec![DEFAULT_LISTEN.parse::<SocketAddr>().unwrap()]
     );
     assert_eq!(c.admin_listen, Some(DEFAULT_ADMIN_LISTEN.parse().unwrap()));
+    assert!(matches!(c.admin_listen, Some(AdminListen::Tcp(_))));
     assert_eq!(c.xdp.mode, XdpMode::Off);
     assert!(c.routes.is_empty());
     assert!(!c.disable_anon_route_limits);
@@ -107,9 +108,32 @@ fn bad_addresses_are_named() {
         "listen[0] = \"8443\": not a socket address (ip:port, [v6]:port)"
     );
     assert!(err("admin_listen = \"localhost:1\"").starts_with("admin_listen = \"localhost:1\""));
+    assert!(err("admin_listen = \"unix:admin.sock\"").contains("absolute path"));
+    assert!(err("admin_listen = \"unix:\"").contains("absolute path"));
+    assert!(err("admin_listen = \"unix:/run/door/\"").contains("not a directory"));
+    let long = format!(
+        "admin_listen = \"unix:/{}\"",
+        "a".repeat(MAX_UNIX_SOCKET_PATH)
+    );
+    assert!(err(&long).contains("at most 107 bytes"), "{}", err(&long));
     assert!(err("upstream = \"https://x:1\"").starts_with("upstream = \"https://x:1\""));
     assert!(err("upstream = \"http://x:1/app\"").contains("path"));
     assert!(err("upstream = \"127.0.0.1:3000\"").starts_with("upstream = \"127.0.0.1:3000\""));
+}
+
+#[test]
+fn admin_listen_may_be_a_unix_socket() {
+    let c = Config::from_toml("t", "admin_listen = \"unix:/run/door/admin.sock\"").unwrap();
+    assert_eq!(
+        c.admin_listen,
+        Some(AdminListen::Unix(PathBuf::from("/run/door/admin.sock")))
+    );
+    assert_eq!(
+        c.admin_listen.unwrap().to_string(),
+        "unix:/run/door/admin.sock"
+    );
+    let off = Config::from_toml("t", "admin_listen = \"off\"").unwrap();
+    assert_eq!(off.admin_listen, None);
 }
 
 #[test]
@@ -292,6 +316,12 @@ fn bad_front_keys_are_named() {
             .starts_with("otlp.endpoint = \"127.0.0.1:4318\"")
     );
     assert!(err("[otlp]\ninterval = \"0s\"").starts_with("otlp.interval = \"0s\""));
+    for v in ["0", "1025", "-3"] {
+        assert_eq!(
+            err(&format!("max_header_fields = {v}")),
+            format!("max_header_fields = {v}: must be a whole number from 1 to 1024")
+        );
+    }
     assert!(
         err("[cluster]\nredis = \"http://127.0.0.1:6379\"")
             .starts_with("cluster.redis = \"http://127.0.0.1:6379\"")
@@ -300,6 +330,12 @@ fn bad_front_keys_are_named() {
         err("[cluster]\nredis = \"redis://h\"\nsync_interval = \"0s\"")
             .starts_with("cluster.sync_interval = \"0s\"")
     );
+    // A CA file is for a TLS store only.
+    assert!(
+        err("[cluster]\nredis = \"redis://h\"\nca_file = \"/etc/door/ca.pem\"")
+            .starts_with("cluster.ca_file = \"/etc/door/ca.pem\"")
+    );
+    assert!(err("[cluster]\nca_file = \"/etc/door/ca.pem\"").starts_with("cluster.ca_file"));
 }
 
 #[test]

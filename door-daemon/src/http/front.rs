@@ -9,7 +9,7 @@
 //!
 //! - HTTP/1.1: hyper reads the request head into a buffer of at most [`MAX_HEADER_BYTES`]
 //!   (request line, fields and their CRLFs); a head that does not fit, or has more than
-//!   [`MAX_HEADER_FIELDS`] fields, gets 431 and the connection is closed.
+//!   [`Config::max_header_fields`] fields (default 100), gets 431 and the connection is closed.
 //! - HTTP/2: door advertises `SETTINGS_MAX_HEADER_LIST_SIZE = MAX_HEADER_BYTES`. h2 sums the
 //!   decoded fields as RFC 9113 §6.5.2 does (name + value + 32 octets each, pseudo-fields
 //!   included); a list of `MAX_HEADER_BYTES` or more gets a 431 on that stream (the connection
@@ -52,11 +52,6 @@ use crate::{
 /// The request-head bound, bytes: 64 KiB on both protocols (docs/design.md, "Limits",
 /// "Connections and deadlines").
 pub const MAX_HEADER_BYTES: usize = 64 << 10;
-
-/// HTTP/1.1 request fields door parses at most (hyper's default is 100). Raised so that the byte
-/// bound, not the count, is what binds for requests whose fields average 64 bytes or more; hyper
-/// allocates 64 bytes of parse state per allowed field for each request head.
-pub const MAX_HEADER_FIELDS: usize = 1024;
 
 /// HTTP/2 streams a client may have open at once (`SETTINGS_MAX_CONCURRENT_STREAMS`, RFC 9113
 /// §6.5.2): 250, the default of Go's HTTP/2 server (`golang.org/x/net/http2`).
@@ -135,6 +130,8 @@ pub struct ConnSettings {
     pub max_connections: u32,
     /// Client connections one peer may have open at once.
     pub max_connections_per_client: u32,
+    /// Header fields an HTTP/1.1 request head may have ([`Config::max_header_fields`]).
+    pub max_header_fields: usize,
 }
 
 impl ConnSettings {
@@ -145,6 +142,7 @@ impl ConnSettings {
             idle_timeout: config.idle_timeout,
             max_connections: config.effective_max_connections(),
             max_connections_per_client: config.max_connections_per_client,
+            max_header_fields: config.max_header_fields,
         }
     }
 
@@ -154,7 +152,10 @@ impl ConnSettings {
             .timer(TokioTimer::new())
             .header_read_timeout(self.header_read_timeout)
             .max_buf_size(MAX_HEADER_BYTES)
-            .max_headers(MAX_HEADER_FIELDS);
+            .max_headers(self.max_header_fields);
+        // hyper's flow-control windows (1 MiB per stream and per connection, not adaptive) and
+        // one listening socket per address: both measured against the alternatives
+        // (docs/decisions.md, "Accept, upstream pool and HTTP/2 windows").
         b.http2()
             .timer(TokioTimer::new())
             .max_header_list_size(u32::try_from(MAX_HEADER_BYTES).unwrap_or(u32::MAX))

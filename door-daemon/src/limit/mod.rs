@@ -404,7 +404,9 @@ impl Rejection {
 }
 
 /// One token bucket with its in-flight and held counts: a table entry or the shared row.
-/// 16 bytes.
+/// 24 bytes (20 used); with its 16-byte key and the LRU list's two links a table entry is a
+/// 56-byte allocation, which glibc serves from the same 64-byte chunk as the 48 bytes before
+/// `rejections` was added (docs/decisions.md, "Memory: about 100 bytes per tracked client").
 #[derive(Debug, Clone, Copy)]
 struct Row {
     /// Clock ns at which the bucket is (or was) full.
@@ -413,7 +415,12 @@ struct Row {
     held: u32,
     /// Requests admitted on this row and not yet settled.
     inflight: u32,
+    /// 429s decided on this row (rate and per-client cap; in shadow mode, the would-be ones),
+    /// saturating. For the admin API only: no decision reads it.
+    rejections: u32,
 }
+
+const _: () = assert!(size_of::<Row>() == 24);
 
 impl Row {
     const fn full(now: u64) -> Self {
@@ -421,8 +428,25 @@ impl Row {
             full_at: now,
             held: 0,
             inflight: 0,
+            rejections: 0,
         }
     }
+}
+
+/// One row as the admin API shows it ([`GroupLimiter::top`], [`GroupLimiter::shared_row`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RowSnapshot {
+    /// Whole tokens the row could spend now (held tokens subtracted), as
+    /// [`Quota::remaining`].
+    pub tokens: u32,
+    /// Whole tokens missing from the bucket (spent and not yet refilled, rounded up): 0 for a
+    /// full bucket, at most `burst`.
+    pub spent: u32,
+    /// Requests admitted on the row and not yet settled.
+    pub inflight: u32,
+    /// 429s decided on the row (rate and per-client cap; in shadow mode, the would-be ones)
+    /// since it was created, saturating at `u32::MAX`.
+    pub rejections: u32,
 }
 
 /// The bucket parameters in integer form.
@@ -462,6 +486,17 @@ impl Bucket {
         Quota {
             remaining: u32::try_from(remaining).unwrap_or(u32::MAX),
             reset_s: deficit.div_ceil(NS_PER_S),
+        }
+    }
+
+    /// The admin view of `row` at `now`.
+    fn snapshot(self, row: &Row, now: u64) -> RowSnapshot {
+        let missing = Self::deficit(row, now).div_ceil(self.interval);
+        RowSnapshot {
+            tokens: self.quota(row, now).remaining,
+            spent: u32::try_from(missing.min(u64::from(self.burst))).unwrap_or(u32::MAX),
+            inflight: row.inflight,
+            rejections: row.rejections,
         }
     }
 
@@ -962,6 +997,68 @@ impl GroupLimiter {
         }
     }
 
+    /// The `n` table entries with the most rejections, then the most tokens spent (ties by
+    /// key), most first: read-only (the LRU order is not refreshed). Walks every shard, one lock
+    /// at a time: O(`max_clients`), for the admin API, never the request path.
+    pub fn top(&self, n: usize) -> Vec<(PrefixKey, RowSnapshot)> {
+        let now = self.core.clock.now_ns();
+        let mut rows: Vec<(PrefixKey, RowSnapshot)> = Vec::new();
+        for shard in &self.shards {
+            let state = shard.lock();
+            let bucket = state.tuning.bucket;
+            rows.extend(
+                state
+                    .table
+                    .iter()
+                    .map(|(k, row)| (*k, bucket.snapshot(row, now))),
+            );
+        }
+        let order = |a: &(PrefixKey, RowSnapshot), b: &(PrefixKey, RowSnapshot)| {
+            b.1.rejections
+                .cmp(&a.1.rejections)
+                .then(b.1.spent.cmp(&a.1.spent))
+                .then(a.0.cmp(&b.0))
+        };
+        if n < rows.len() {
+            rows.select_nth_unstable_by(n, order);
+            rows.truncate(n);
+        }
+        rows.sort_unstable_by(order);
+        rows
+    }
+
+    /// The shared row (the clients the full table could not hold), read-only.
+    pub fn shared_row(&self) -> RowSnapshot {
+        let now = self.core.clock.now_ns();
+        let state = self.shared.lock();
+        state.tuning.bucket.snapshot(&state.shared, now)
+    }
+
+    /// Forgets `key` (the admin API's `DELETE /clients/{prefix}`): its entry is removed, so its
+    /// next request starts with a full bucket and no rejections. An entry with requests in
+    /// flight is kept for their slots (and held tokens) and reset instead: a full bucket, no
+    /// rejections. Returns whether the key had an entry.
+    pub fn forget(&self, key: &PrefixKey) -> bool {
+        let now = self.core.clock.now_ns();
+        let removed = {
+            let mut state = self.shard_of(key).lock();
+            match state.table.peek_mut(key) {
+                None => return false,
+                Some(row) if row.inflight > 0 => {
+                    // Full is always backed: held ≤ per_client ≤ burst under charge on failure.
+                    row.full_at = now;
+                    row.rejections = 0;
+                    false
+                }
+                Some(_) => state.table.pop(key).is_some(),
+            }
+        };
+        if removed {
+            self.core.observer.clients_changed(-1);
+        }
+        true
+    }
+
     /// Admits a request from client `key`, or rejects it (docs/design.md, "Limits").
     ///
     /// The group cap first (503, scope `group`: an atomic, before any lock), then, under the
@@ -1096,10 +1193,12 @@ fn shard_index(key: &PrefixKey, n: usize) -> usize {
 /// holds one under charge on failure).
 fn take(t: &Tuning, row: &mut Row, id: RowId, now: u64) -> Result<RowId, Rejection> {
     if row.inflight >= t.budget.per_client {
+        row.rejections = row.rejections.saturating_add(1);
         return Err(Rejection::cap(RejectReason::ClientConcurrency, id.scope()));
     }
     let need = 1 + u64::from(row.held);
     if !t.bucket.has(row, need, now) {
+        row.rejections = row.rejections.saturating_add(1);
         let wait = t.bucket.wait_ns(row, need, now);
         return Err(Rejection {
             reason: RejectReason::Rate,

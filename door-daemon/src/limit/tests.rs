@@ -286,12 +286,84 @@ fn quota_subtracts_held_tokens() {
     assert_eq!(lim.quota(&key(1)).remaining, 3);
 }
 
+#[test]
+fn top_orders_by_rejections_then_spend_and_forget_starts_afresh() {
+    let clock = Arc::new(ManualClock::at(0));
+    let lim = Arc::new(GroupLimiter::new(
+        "link",
+        Budget {
+            burst: 3,
+            rate: 0.001,
+            per_client: 2,
+            ..Budget::link()
+        },
+        true,
+        clock.clone(),
+        Arc::new(Unobserved),
+    ));
+    // key 1: 3 spent, 2 rejected; key 2: 1 spent; key 3: 2 spent, one in flight.
+    for _ in 0..5 {
+        if let Ok(p) = lim.admit(key(1)) {
+            p.settle(Spend::Nothing);
+        }
+    }
+    lim.admit(key(2)).unwrap().settle(Spend::Nothing);
+    lim.admit(key(3)).unwrap().settle(Spend::Nothing);
+    let busy = lim.admit(key(3)).unwrap();
+    let top = lim.top(10);
+    let keys: Vec<_> = top.iter().map(|(k, _)| *k).collect();
+    assert_eq!(keys, [key(1), key(3), key(2)]);
+    assert_eq!(
+        top[0].1,
+        RowSnapshot {
+            tokens: 0,
+            spent: 3,
+            inflight: 0,
+            rejections: 2
+        }
+    );
+    assert_eq!(top[1].1.inflight, 1);
+    assert_eq!(lim.top(1).len(), 1);
+    assert_eq!(lim.top(1)[0].0, key(1));
+    assert_eq!(lim.shared_row().tokens, 3, "the shared row was never used");
+    // A client at its per-client cap is counted too.
+    let busy2 = lim.admit(key(3)).unwrap();
+    let capped = lim.admit(key(3)).unwrap_err();
+    assert_eq!(capped.reason, RejectReason::ClientConcurrency);
+    assert_eq!(lim.top(3)[1].1.rejections, 1);
+
+    assert!(lim.forget(&key(1)));
+    assert!(!lim.is_tracked(&key(1)));
+    assert!(!lim.forget(&key(1)), "already forgotten");
+    assert_eq!(
+        lim.quota(&key(1)).remaining,
+        3,
+        "a forgotten key starts full"
+    );
+    // With a request in flight the entry stays, reset, and keeps its slot.
+    assert!(lim.forget(&key(3)));
+    assert!(lim.is_tracked(&key(3)));
+    let row = lim
+        .top(10)
+        .into_iter()
+        .find(|(k, _)| *k == key(3))
+        .unwrap()
+        .1;
+    assert_eq!((row.spent, row.rejections, row.inflight), (0, 0, 2));
+    assert_eq!(lim.inflight(), 2);
+    busy.settle(Spend::Nothing);
+    busy2.settle(Spend::Nothing);
+    assert_eq!(lim.inflight(), 0);
+    lim.check_invariants().unwrap();
+}
+
 #[derive(Debug, Clone)]
 enum Op {
     Admit(u32),
     Settle(usize, u16),
     Drop(usize),
     Advance(u64),
+    Forget(u32),
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -301,6 +373,7 @@ fn op() -> impl Strategy<Value = Op> {
             .prop_map(|(i, s)| Op::Settle(i, s)),
         1 => any::<usize>().prop_map(Op::Drop),
         2 => (0u64..3_000_000_000).prop_map(Op::Advance),
+        1 => (0u32..6).prop_map(Op::Forget),
     ]
 }
 
@@ -340,7 +413,7 @@ fn budget() -> impl Strategy<Value = Budget> {
 proptest! {
     #![proptest_config(ProptestConfig { cases: 512, ..ProptestConfig::default() })]
 
-    /// Random request/settle/clock sequences keep every invariant; Retry-After is exact; a
+    /// Random request/settle/forget/clock sequences keep every invariant; Retry-After is exact; a
     /// client alone in its row never gets more than burst + rate × elapsed tokens; everything
     /// returns to zero when all permits are gone.
     #[test]
@@ -408,6 +481,13 @@ proptest! {
                     }
                 }
                 Op::Advance(ns) => clock.advance(Duration::from_nanos(ns)),
+                Op::Forget(k) => {
+                    // A forgotten key starts afresh: its bound restarts now.
+                    if lim.forget(&key(k)) {
+                        first.insert(k, clock.now_ns());
+                        spent.insert(k, 0);
+                    }
+                }
             }
             if let Err(e) = lim.check_invariants() {
                 prop_assert!(false, "{}", e);

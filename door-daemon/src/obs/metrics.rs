@@ -16,8 +16,13 @@ use std::{
 
 use opentelemetry::{
     KeyValue,
-    metrics::{Counter, InstrumentProvider, Meter, ObservableCounter, ObservableUpDownCounter},
+    metrics::{
+        Counter, InstrumentProvider, Meter, ObservableCounter, ObservableGauge,
+        ObservableUpDownCounter,
+    },
 };
+
+use crate::limit::GroupLimiter;
 
 /// The attribute naming a route group (`webhook`, `link`, `health`, ...).
 pub const ATTR_GROUP: &str = "door.group";
@@ -123,8 +128,11 @@ impl core::fmt::Display for Outcome {
 ///   list (forwarded unlimited) and the `deny` list (answered 403).
 /// - `door.connections_refused` (counter, `{connection}`): client connections closed at accept,
 ///   per `door.reason` (`max_connections`, `max_connections_per_client`).
+///
+/// The groups' caps are registered separately, once the groups exist ([`observe_budgets`]).
 #[derive(Clone, Debug)]
 pub struct Metrics {
+    meter: Meter,
     /// `door.requests`, `door.inflight`, `door.streams` and `door.clients`, read from
     /// [`Counts`] at each collection: recording one is an atomic add on the request path, never
     /// an instrument call.
@@ -251,6 +259,7 @@ impl Metrics {
     pub fn new(meter: &Meter) -> Self {
         let totals: Registry = Arc::default();
         Self {
+            meter: meter.clone(),
             _observed: Arc::new(Observed::new(meter, &totals)),
             evictions: meter
                 .u64_counter("door.evictions")
@@ -293,6 +302,12 @@ impl Metrics {
                 .build(),
             totals,
         }
+    }
+
+    /// The meter these instruments were built from, for the instruments registered later (the
+    /// shield's, [`observe_budgets`]).
+    pub fn meter(&self) -> &Meter {
+        &self.meter
     }
 
     /// Counts one request on `door.untrusted_xff` (no attributes).
@@ -464,6 +479,58 @@ pub struct StreamOpen(GroupMetrics);
 impl Drop for StreamOpen {
     fn drop(&mut self) {
         self.0.totals.streams.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// The budget instruments of [`observe_budgets`]; they report for as long as this value lives.
+#[derive(Debug)]
+pub struct BudgetInstruments {
+    _inflight_cap: ObservableGauge<u64>,
+    _max_clients: ObservableGauge<u64>,
+}
+
+/// Registers, per `door.group`, read from `limiters` (the groups in force: a reload replaces
+/// them) at each collection:
+///
+/// - `door.inflight_cap` (observable gauge, `{request}`): the group's in-flight cap
+///   (`group.NAME.inflight`), to read `door.inflight` against;
+/// - `door.max_clients` (observable gauge, `{client}`): the size of the group's client table
+///   (`group.NAME.max_clients`), to read `door.clients` against.
+pub fn observe_budgets(
+    meter: &Meter,
+    limiters: impl Fn() -> Vec<Arc<GroupLimiter>> + Send + Sync + 'static,
+) -> BudgetInstruments {
+    let limiters = Arc::new(limiters);
+    let for_cap = Arc::clone(&limiters);
+    let inflight_cap = meter
+        .u64_observable_gauge("door.inflight_cap")
+        .with_description("The group's in-flight cap (group.NAME.inflight), by group")
+        .with_unit("{request}")
+        .with_callback(move |o| {
+            for l in for_cap() {
+                o.observe(
+                    u64::from(l.budget().inflight),
+                    &[KeyValue::new(ATTR_GROUP, l.group().to_owned())],
+                );
+            }
+        })
+        .build();
+    let max_clients = meter
+        .u64_observable_gauge("door.max_clients")
+        .with_description("Entries of the group's client table (group.NAME.max_clients), by group")
+        .with_unit("{client}")
+        .with_callback(move |o| {
+            for l in limiters() {
+                o.observe(
+                    u64::try_from(l.budget().max_clients).unwrap_or(u64::MAX),
+                    &[KeyValue::new(ATTR_GROUP, l.group().to_owned())],
+                );
+            }
+        })
+        .build();
+    BudgetInstruments {
+        _inflight_cap: inflight_cap,
+        _max_clients: max_clients,
     }
 }
 

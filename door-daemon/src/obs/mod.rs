@@ -1,7 +1,9 @@
 //! Observability (docs/design.md, "Observability"): the metric instruments door records into
-//! ([`metrics`]), their OTLP/HTTP export ([`otlp`]) and journald-friendly logging with warnings
+//! ([`metrics`]), their OTLP/HTTP export ([`otlp`]), their Prometheus text exposition
+//! ([`prometheus`], `GET /metrics`) and journald-friendly logging with warnings
 //! that never repeat per request ([`logging`]). Nothing here decides anything.
 
 pub mod logging;
 pub mod metrics;
 pub mod otlp;
+pub mod prometheus;

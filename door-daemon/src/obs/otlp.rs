@@ -7,7 +7,8 @@
 //! variable is; door's own key wins over the standard variables. The other standard variables
 //! (`OTEL_EXPORTER_OTLP_HEADERS`, `_TIMEOUT`, `_COMPRESSION`, `OTEL_METRIC_EXPORT_INTERVAL`,
 //! `OTEL_RESOURCE_ATTRIBUTES`, `OTEL_SERVICE_NAME`) apply as the SDK defines them. With neither,
-//! no exporter is built and the global meter stays the API's no-op.
+//! no exporter is built. Either way the provider carries the Prometheus reader of
+//! [`crate::obs::prometheus`] (`GET /metrics`): the two readers aggregate separately.
 
 use std::time::Duration;
 
@@ -19,7 +20,10 @@ use opentelemetry_sdk::{
 };
 use thiserror::Error;
 
-use crate::config::{DEFAULT_OTLP_INTERVAL, OtlpConfig};
+use crate::{
+    config::{DEFAULT_OTLP_INTERVAL, OtlpConfig},
+    obs::prometheus::Exposition,
+};
 
 /// The instrumentation scope door's instruments are created under.
 pub const SCOPE: &str = "door";
@@ -38,16 +42,35 @@ pub const ENDPOINT_VARS: [&str; 2] = [
 #[error("otlp.endpoint: cannot build the OTLP exporter: {0}")]
 pub struct TelemetryError(#[from] opentelemetry_otlp::ExporterBuildError);
 
-/// door's meter provider: an OTLP exporter, or none.
+/// door's meter provider: always the Prometheus reader behind `GET /metrics`
+/// ([`crate::obs::prometheus`]), and the OTLP exporter beside it when configured.
 #[derive(Debug)]
 pub struct Telemetry {
-    provider: Option<SdkMeterProvider>,
+    provider: SdkMeterProvider,
+    exposition: Exposition,
+    exporting: bool,
 }
 
 impl Telemetry {
-    /// Builds the exporter per `cfg` and the environment (see the module docs) and installs it
-    /// as the global meter provider. Blocking (it spawns the reader's thread); call it outside
-    /// async code or in `spawn_blocking`.
+    /// A provider with the Prometheus reader only, not installed as the global provider (for
+    /// tests, and a door without OTLP).
+    pub fn local() -> Self {
+        let exposition = Exposition::new();
+        let provider = SdkMeterProvider::builder()
+            .with_reader(exposition.reader())
+            .with_resource(resource())
+            .build();
+        Self {
+            provider,
+            exposition,
+            exporting: false,
+        }
+    }
+
+    /// Builds the provider: the Prometheus reader, plus the OTLP exporter per `cfg` and the
+    /// environment (see the module docs), and installs it as the global meter provider.
+    /// Blocking (the OTLP reader spawns its thread); call it outside async code or in
+    /// `spawn_blocking`.
     ///
     /// # Errors
     /// [`TelemetryError`] when the endpoint cannot be used.
@@ -55,51 +78,58 @@ impl Telemetry {
         let env_set = ENDPOINT_VARS
             .iter()
             .any(|v| std::env::var(v).is_ok_and(|s| !s.trim().is_empty()));
-        if cfg.endpoint.is_none() && !env_set {
-            return Ok(Self { provider: None });
+        let exposition = Exposition::new();
+        let mut provider = SdkMeterProvider::builder()
+            .with_reader(exposition.reader())
+            .with_resource(resource());
+        let exporting = cfg.endpoint.is_some() || env_set;
+        if exporting {
+            let mut builder = MetricExporter::builder()
+                .with_http()
+                .with_protocol(Protocol::HttpBinary);
+            if let Some(endpoint) = &cfg.endpoint {
+                builder = builder
+                    .with_endpoint(format!("{}{METRICS_PATH}", endpoint.trim_end_matches('/')));
+            }
+            let exporter = builder.build()?;
+            let mut reader = PeriodicReader::builder(exporter);
+            let sdk_env = std::env::var("OTEL_METRIC_EXPORT_INTERVAL").is_ok();
+            match cfg.interval {
+                Some(interval) => reader = reader.with_interval(interval),
+                None if !sdk_env => reader = reader.with_interval(DEFAULT_OTLP_INTERVAL),
+                None => {}
+            }
+            provider = provider.with_reader(reader.build());
         }
-        let mut builder = MetricExporter::builder()
-            .with_http()
-            .with_protocol(Protocol::HttpBinary);
-        if let Some(endpoint) = &cfg.endpoint {
-            builder =
-                builder.with_endpoint(format!("{}{METRICS_PATH}", endpoint.trim_end_matches('/')));
-        }
-        let exporter = builder.build()?;
-        let mut reader = PeriodicReader::builder(exporter);
-        let sdk_env = std::env::var("OTEL_METRIC_EXPORT_INTERVAL").is_ok();
-        match cfg.interval {
-            Some(interval) => reader = reader.with_interval(interval),
-            None if !sdk_env => reader = reader.with_interval(DEFAULT_OTLP_INTERVAL),
-            None => {}
-        }
-        let provider = SdkMeterProvider::builder()
-            .with_reader(reader.build())
-            .with_resource(Resource::builder().with_service_name("door").build())
-            .build();
+        let provider = provider.build();
         opentelemetry::global::set_meter_provider(provider.clone());
         Ok(Self {
-            provider: Some(provider),
+            provider,
+            exposition,
+            exporting,
         })
     }
 
-    /// Whether an exporter runs.
+    /// Whether the OTLP exporter runs.
     pub fn exporting(&self) -> bool {
-        self.provider.is_some()
+        self.exporting
     }
 
-    /// The meter door's instruments are built from: the exporter's, or the global (no-op) one.
+    /// The meter door's instruments are built from.
     pub fn meter(&self) -> Meter {
-        match &self.provider {
-            Some(p) => p.meter(SCOPE),
-            None => opentelemetry::global::meter(SCOPE),
-        }
+        self.provider.meter(SCOPE)
     }
 
-    /// Exports what has been recorded now (blocking, bounded by the exporter's timeout).
+    /// The Prometheus exposition of everything recorded through [`Telemetry::meter`].
+    pub fn exposition(&self) -> Exposition {
+        self.exposition.clone()
+    }
+
+    /// Exports what has been recorded now over OTLP (blocking, bounded by the exporter's
+    /// timeout); nothing without an exporter.
     pub fn flush(&self) {
-        if let Some(p) = &self.provider
-            && let Err(e) = p.force_flush()
+        if self.exporting
+            && let Err(e) = self.provider.force_flush()
         {
             tracing::warn!(error = %e, "OTLP export failed");
         }
@@ -107,10 +137,14 @@ impl Telemetry {
 
     /// Flushes and stops the exporter (blocking; at most `timeout`).
     pub fn shutdown(self, timeout: Duration) {
-        if let Some(p) = self.provider
-            && let Err(e) = p.shutdown_with_timeout(timeout)
+        if let Err(e) = self.provider.shutdown_with_timeout(timeout)
+            && self.exporting
         {
             tracing::warn!(error = %e, "OTLP exporter shutdown failed");
         }
     }
+}
+
+fn resource() -> Resource {
+    Resource::builder().with_service_name("door").build()
 }

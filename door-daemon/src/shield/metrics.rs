@@ -14,8 +14,51 @@ use opentelemetry::{
 
 use door_common::Counter;
 
-use super::Shield;
+use super::{CookieSummary, CounterValue, Shield, ShieldError};
 use crate::obs::logging::RateLimitedWarn;
+
+/// What the shield's instruments read at each collection: the loaded [`Shield`] in production
+/// (behind its mutex), fixed values in tests of the exposition.
+pub trait XdpReadings: Send + Sync + 'static {
+    /// Every counter, summed over CPUs, in [`Counter::ALL`] order.
+    ///
+    /// # Errors
+    /// [`ShieldError::Map`] if the counters cannot be read.
+    fn counters(&self) -> Result<Vec<CounterValue>, ShieldError>;
+    /// Prefixes in the per-prefix LRU map.
+    ///
+    /// # Errors
+    /// [`ShieldError::Map`] if the map cannot be read.
+    fn tracked_prefixes(&self) -> Result<usize, ShieldError>;
+    /// Cookie mode across CPUs (events entered and left, CPUs in it). Readings without cookie
+    /// mode report none.
+    ///
+    /// # Errors
+    /// [`ShieldError::Map`] if the cookie-mode map cannot be read.
+    fn cookies(&self) -> Result<CookieSummary, ShieldError> {
+        Ok(CookieSummary::default())
+    }
+}
+
+impl XdpReadings for Mutex<Shield> {
+    fn counters(&self) -> Result<Vec<CounterValue>, ShieldError> {
+        self.lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .counters()
+    }
+
+    fn tracked_prefixes(&self) -> Result<usize, ShieldError> {
+        self.lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .tracked_prefixes()
+    }
+
+    fn cookies(&self) -> Result<CookieSummary, ShieldError> {
+        self.lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .cookies()
+    }
+}
 
 /// The shield's OpenTelemetry instruments; they report for as long as this value lives.
 #[derive(Debug)]
@@ -52,6 +95,11 @@ static COOKIES_UNREADABLE: RateLimitedWarn = RateLimitedWarn::new(Duration::from
 /// A map that cannot be read is logged (at most once per 10 minutes) and reports nothing for that
 /// collection.
 pub fn observe(meter: &Meter, shield: &Arc<Mutex<Shield>>) -> ShieldInstruments {
+    observe_readings(meter, Arc::clone(shield) as Arc<dyn XdpReadings>)
+}
+
+/// As [`observe`], reading from `source`.
+pub fn observe_readings(meter: &Meter, source: Arc<dyn XdpReadings>) -> ShieldInstruments {
     let attrs: Vec<[KeyValue; 2]> = Counter::ALL
         .iter()
         .map(|c| {
@@ -61,17 +109,13 @@ pub fn observe(meter: &Meter, shield: &Arc<Mutex<Shield>>) -> ShieldInstruments 
             ]
         })
         .collect();
-    let for_packets = Arc::clone(shield);
+    let for_packets = Arc::clone(&source);
     let packets = meter
         .u64_observable_counter("door.xdp.packets")
         .with_description("Packets seen by the XDP flood shield, by verdict and reason")
         .with_unit("{packet}")
         .with_callback(move |observer| {
-            let counters = for_packets
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .counters();
-            match counters {
+            match for_packets.counters() {
                 Ok(values) => {
                     for (value, attrs) in values.iter().zip(&attrs) {
                         observer.observe(value.packets, attrs);
@@ -85,17 +129,13 @@ pub fn observe(meter: &Meter, shield: &Arc<Mutex<Shield>>) -> ShieldInstruments 
             }
         })
         .build();
-    let for_tracked = Arc::clone(shield);
+    let for_tracked = Arc::clone(&source);
     let tracked = meter
         .u64_observable_gauge("door.xdp.tracked_prefixes")
         .with_description("Source prefixes the XDP flood shield tracks in its LRU map")
         .with_unit("{prefix}")
         .with_callback(move |observer| {
-            let n = for_tracked
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .tracked_prefixes();
-            match n {
+            match for_tracked.tracked_prefixes() {
                 Ok(n) => observer.observe(u64::try_from(n).unwrap_or(u64::MAX), &[]),
                 Err(e) => {
                     if let Some(suppressed) = PREFIXES_UNREADABLE.due() {
@@ -105,17 +145,13 @@ pub fn observe(meter: &Meter, shield: &Arc<Mutex<Shield>>) -> ShieldInstruments 
             }
         })
         .build();
-    let for_cookies = Arc::clone(shield);
+    let for_cookies = source;
     let cookie_mode = meter
         .u64_observable_counter("door.xdp.cookie_mode")
         .with_description("Times a CPU entered or left the XDP flood shield's cookie mode")
         .with_unit("{event}")
         .with_callback(move |observer| {
-            let summary = for_cookies
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .cookies();
-            match summary {
+            match for_cookies.cookies() {
                 Ok(c) => {
                     observer.observe(c.entered, &[KeyValue::new(ATTR_EVENT, "entered")]);
                     observer.observe(c.left, &[KeyValue::new(ATTR_EVENT, "left")]);

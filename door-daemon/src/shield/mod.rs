@@ -7,7 +7,7 @@ pub mod escalate;
 pub mod metrics;
 
 pub use blocklist::BlocklistWriter;
-pub use metrics::{ShieldInstruments, observe};
+pub use metrics::{ShieldInstruments, XdpReadings, observe, observe_readings};
 
 use std::{
     fmt,
@@ -671,6 +671,29 @@ impl Shield {
             self.write_config(config)?;
         }
         Ok(())
+    }
+
+    /// Takes `key` off the blocklist (the admin API's `DELETE /blocks/{prefix}`): its SYNs pass
+    /// again at once. Returns whether it was on it (an expired entry not yet deleted counts).
+    ///
+    /// # Errors
+    /// [`ShieldError::Map`] if the blocklist cannot be written.
+    pub fn unblock(&mut self, key: &PrefixKey) -> Result<bool, ShieldError> {
+        let map_err = |source| ShieldError::Map {
+            name: MAP_BLOCKED,
+            source,
+        };
+        let mut map: HashMap<_, PrefixKey, u64> =
+            HashMap::try_from(map_mut(&mut self.ebpf, MAP_BLOCKED)?).map_err(map_err)?;
+        match map.remove(key) {
+            Ok(()) => Ok(true),
+            Err(MapError::KeyNotFound) => Ok(false),
+            // aya reports a missing key on delete as the syscall's ENOENT.
+            Err(MapError::SyscallError(e)) if e.io_error.raw_os_error() == Some(libc::ENOENT) => {
+                Ok(false)
+            }
+            Err(source) => Err(map_err(source)),
+        }
     }
 
     /// The blocklist: prefixes and their deadlines (ns, CLOCK_MONOTONIC), expired entries

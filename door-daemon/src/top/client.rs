@@ -1,0 +1,138 @@
+//! The admin API client of `door top`: `GET` a path on a TCP address or a Unix socket, JSON back.
+
+use std::{path::PathBuf, time::Duration};
+
+use bytes::Bytes;
+use http::{Request, StatusCode};
+use http_body_util::{BodyExt as _, Empty};
+use hyper_util::rt::TokioIo;
+use serde_json::Value;
+use tokio::net::{TcpStream, UnixStream};
+
+use super::TopError;
+
+/// How long one admin request may take, connection included.
+pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(3);
+
+/// Where the admin listener is: `host:port` or `unix:/path`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AdminAddr {
+    /// A TCP `host:port` (a name is resolved at each connection).
+    Tcp(String),
+    /// A Unix socket.
+    Unix(PathBuf),
+}
+
+impl AdminAddr {
+    /// Parses `host:port`, `[v6]:port` or `unix:/path`.
+    ///
+    /// # Errors
+    /// [`TopError::Address`] naming the input when it is neither.
+    pub fn parse(raw: &str) -> Result<Self, TopError> {
+        if let Some(path) = raw.strip_prefix("unix:") {
+            if path.is_empty() {
+                return Err(TopError::Address(raw.to_owned()));
+            }
+            return Ok(Self::Unix(PathBuf::from(path)));
+        }
+        // host:port, with a port that is a number.
+        match raw.rsplit_once(':') {
+            Some((host, port)) if !host.is_empty() && port.parse::<u16>().is_ok() => {
+                Ok(Self::Tcp(raw.to_owned()))
+            }
+            _ => Err(TopError::Address(raw.to_owned())),
+        }
+    }
+}
+
+impl std::fmt::Display for AdminAddr {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Tcp(a) => f.write_str(a),
+            Self::Unix(p) => write!(f, "unix:{}", p.display()),
+        }
+    }
+}
+
+/// `GET path` on `addr` (HTTP/1.1, a fresh connection), its JSON body.
+///
+/// # Errors
+/// [`TopError::Connect`] when nothing answers, [`TopError::Http`] for a broken exchange or a
+/// timeout, [`TopError::Status`] for a non-200 answer, [`TopError::Json`] for a body that is not
+/// JSON.
+pub async fn get_json(addr: &AdminAddr, path: &str) -> Result<Value, TopError> {
+    let exchange = async {
+        let (status, body) = match addr {
+            AdminAddr::Tcp(a) => {
+                let s = TcpStream::connect(a.as_str())
+                    .await
+                    .map_err(|e| TopError::Connect(addr.to_string(), e))?;
+                get(s, path).await?
+            }
+            AdminAddr::Unix(p) => {
+                let s = UnixStream::connect(p)
+                    .await
+                    .map_err(|e| TopError::Connect(addr.to_string(), e))?;
+                get(s, path).await?
+            }
+        };
+        if status != StatusCode::OK {
+            return Err(TopError::Status(
+                path.to_owned(),
+                status.as_u16(),
+                String::from_utf8_lossy(&body).trim().to_owned(),
+            ));
+        }
+        serde_json::from_slice(&body).map_err(|e| TopError::Json(path.to_owned(), e))
+    };
+    tokio::time::timeout(REQUEST_TIMEOUT, exchange)
+        .await
+        .unwrap_or_else(|_| Err(TopError::Http(path.to_owned(), "timed out".to_owned())))
+}
+
+async fn get<S>(stream: S, path: &str) -> Result<(StatusCode, Bytes), TopError>
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    let http = |e: hyper::Error| TopError::Http(path.to_owned(), e.to_string());
+    let (mut send, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+        .await
+        .map_err(http)?;
+    tokio::spawn(conn);
+    let req = Request::get(path)
+        .header(http::header::HOST, "door-admin")
+        .body(Empty::<Bytes>::new())
+        .map_err(|e| TopError::Http(path.to_owned(), e.to_string()))?;
+    let res = send.send_request(req).await.map_err(http)?;
+    let status = res.status();
+    let body = res.into_body().collect().await.map_err(http)?.to_bytes();
+    Ok((status, body))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn addresses_are_host_port_or_unix_paths() {
+        assert_eq!(
+            AdminAddr::parse("127.0.0.1:9901").unwrap(),
+            AdminAddr::Tcp("127.0.0.1:9901".to_owned())
+        );
+        assert_eq!(
+            AdminAddr::parse("[::1]:9901").unwrap(),
+            AdminAddr::Tcp("[::1]:9901".to_owned())
+        );
+        assert_eq!(
+            AdminAddr::parse("localhost:9901").unwrap().to_string(),
+            "localhost:9901"
+        );
+        assert_eq!(
+            AdminAddr::parse("unix:/run/door/admin.sock").unwrap(),
+            AdminAddr::Unix(PathBuf::from("/run/door/admin.sock"))
+        );
+        for bad in ["", "9901", "host:", ":9901", "host:99999", "unix:"] {
+            assert!(AdminAddr::parse(bad).is_err(), "{bad}");
+        }
+    }
+}

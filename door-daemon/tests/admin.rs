@@ -1,0 +1,667 @@
+//! The admin listener in-process: `GET /metrics` (the Prometheus text exposition of every door
+//! instrument, bounded labels only) beside `GET /status`; the operator's endpoints (`/clients`,
+//! `/blocks`) with their happy paths and bad inputs; the listener on a Unix socket.
+
+#![expect(
+    clippy::unwrap_used,
+    clippy::panic,
+    clippy::indexing_slicing,
+    reason = "test helpers fail loudly; serde_json's Index answers Null for a missing key"
+)]
+
+mod support;
+
+use std::{collections::BTreeSet, os::unix::fs::PermissionsExt as _, sync::Arc};
+
+use http::StatusCode;
+use serde_json::Value;
+use support::{Door, FakeBlocklist, config, request, request_unix, samples, upstream};
+
+/// The label keys door's series may carry: bounded by construction, never a client.
+const BOUNDED_LABELS: [&str; 5] = [
+    "door_group",
+    "door_outcome",
+    "door_reason",
+    "door_xdp_verdict",
+    "door_xdp_reason",
+];
+
+#[tokio::test]
+async fn metrics_exposes_every_instrument_with_prometheus_names_and_bounded_labels() {
+    let door = Door::start(&config(upstream().await, "")).await;
+    let admin = door.admin().await;
+    for _ in 0..5 {
+        door.get("/l/session/abc", "198.51.100.7").await;
+    }
+    assert_eq!(
+        door.get("/l/session/missing", "198.51.100.8").await,
+        StatusCode::NOT_FOUND
+    );
+    assert_eq!(door.get("/healthz", "198.51.100.9").await, StatusCode::OK);
+    assert_eq!(door.get("/events", "198.51.100.9").await, StatusCode::OK);
+
+    let (status, text) = request(admin, "GET", "/metrics", &[], "").await;
+    assert_eq!(status, StatusCode::OK, "{text}");
+    let samples = samples(&text);
+    let value = |name: &str, labels: &[(&str, &str)]| {
+        samples
+            .iter()
+            .find(|s| {
+                s.name == name
+                    && labels
+                        .iter()
+                        .all(|(k, v)| s.labels.iter().any(|(lk, lv)| lk == k && lv == v))
+            })
+            .map(|s| s.value.clone())
+    };
+    let link = ("door_group", "link");
+    assert_eq!(
+        value("door_requests_total", &[link, ("door_outcome", "ok")]).as_deref(),
+        Some("4"),
+        "{text}"
+    );
+    assert_eq!(
+        value(
+            "door_requests_total",
+            &[link, ("door_outcome", "rate_limited")]
+        )
+        .as_deref(),
+        Some("2"),
+        "{text}"
+    );
+    assert_eq!(
+        value(
+            "door_requests_total",
+            &[link, ("door_outcome", "client_error")]
+        )
+        .as_deref(),
+        Some("1"),
+        "{text}"
+    );
+    assert_eq!(
+        value("door_inflight", &[link]).as_deref(),
+        Some("0"),
+        "{text}"
+    );
+    assert_eq!(
+        value("door_inflight_cap", &[link]).as_deref(),
+        Some("4"),
+        "{text}"
+    );
+    assert_eq!(
+        value("door_clients", &[link]).as_deref(),
+        Some("3"),
+        "{text}"
+    );
+    assert_eq!(
+        value("door_max_clients", &[link]).as_deref(),
+        Some("16384"),
+        "{text}"
+    );
+    assert_eq!(
+        value("door_streams", &[link]).as_deref(),
+        Some("0"),
+        "{text}"
+    );
+    assert!(
+        value("door_requests_total", &[("door_group", "health")]).is_some(),
+        "{text}"
+    );
+
+    // Counters end in _total, and every family is typed.
+    for line in text.lines().filter(|l| l.starts_with("# TYPE ")) {
+        let mut parts = line.split(' ').skip(2);
+        let (name, kind) = (parts.next().unwrap(), parts.next().unwrap());
+        assert!(name.starts_with("door_"), "{line}");
+        assert_eq!(kind == "counter", name.ends_with("_total"), "{line}");
+    }
+    // Bounded labels only: no client address anywhere, no label outside the known keys.
+    assert!(!text.contains("198.51.100"), "{text}");
+    let keys: BTreeSet<String> = samples
+        .iter()
+        .flat_map(|s| s.labels.iter().map(|(k, _)| k.clone()))
+        .collect();
+    for k in &keys {
+        assert!(BOUNDED_LABELS.contains(&k.as_str()), "label {k} in {text}");
+    }
+
+    // /status still answers, and other methods and paths are refused with JSON.
+    let (status, body) = request(admin, "GET", "/status", &[], "").await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let (status, _) = request(admin, "POST", "/metrics", &[], "").await;
+    assert_eq!(status, StatusCode::METHOD_NOT_ALLOWED);
+    let (status, body) = request(admin, "GET", "/nope", &[], "").await;
+    assert_eq!(status, StatusCode::NOT_FOUND, "{body}");
+}
+
+#[tokio::test]
+async fn metrics_content_type_is_the_prometheus_text_format() {
+    let door = Door::start(&config(upstream().await, "")).await;
+    let admin = door.admin().await;
+    let s = tokio::net::TcpStream::connect(admin).await.unwrap();
+    let (mut send, conn) = hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(s))
+        .await
+        .unwrap();
+    tokio::spawn(conn);
+    let res = send
+        .send_request(
+            http::Request::get("/metrics")
+                .header("host", "admin")
+                .body(http_body_util::Empty::<bytes::Bytes>::new())
+                .unwrap(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        res.headers()["content-type"],
+        "text/plain; version=0.0.4; charset=utf-8"
+    );
+}
+
+fn json(body: &str) -> Value {
+    serde_json::from_str(body).unwrap_or_else(|e| panic!("not JSON ({e}): {body}"))
+}
+
+/// A refusal: `status`, JSON `{"code", "message"}` with `code`, and a message containing `names`.
+async fn refused(
+    admin: std::net::SocketAddr,
+    method: &str,
+    target: &str,
+    body: &str,
+    status: StatusCode,
+    code: &str,
+    names: &str,
+) {
+    let (got, text) = request(admin, method, target, &[], body).await;
+    assert_eq!(got, status, "{method} {target}: {text}");
+    let v = json(&text);
+    assert_eq!(v["code"], code, "{method} {target}: {text}");
+    assert!(
+        v["message"].as_str().unwrap().contains(names),
+        "{method} {target}: {text} does not name {names:?}"
+    );
+}
+
+#[tokio::test]
+async fn clients_lists_the_most_rejected_keys_and_forget_starts_them_afresh() {
+    let door = Door::start(&config(upstream().await, "")).await;
+    let admin = door.admin().await;
+    // 198.51.100.7: 3 admitted, 2 refused; .8: 1 admitted; 2001:db8:1:2::5: 2 admitted.
+    for _ in 0..5 {
+        door.get("/l/session/abc", "198.51.100.7").await;
+    }
+    door.get("/l/session/abc", "198.51.100.8").await;
+    for _ in 0..2 {
+        door.get("/l/session/abc", "2001:db8:1:2::5").await;
+    }
+
+    let (status, body) = request(admin, "GET", "/clients?group=link&top=2", &[], "").await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let v = json(&body);
+    let groups = v["groups"].as_array().unwrap();
+    assert_eq!(groups.len(), 1, "{body}");
+    let link = &groups[0];
+    assert_eq!(link["group"], "link");
+    assert_eq!(link["burst"], 3);
+    assert_eq!(link["tracked_clients"], 3);
+    let clients = link["clients"].as_array().unwrap();
+    assert_eq!(clients.len(), 2, "top=2: {body}");
+    assert_eq!(clients[0]["key"], "198.51.100.7/32", "{body}");
+    assert_eq!(clients[0]["tokens"], 0);
+    assert_eq!(clients[0]["spent"], 3);
+    assert_eq!(clients[0]["inflight"], 0);
+    assert_eq!(clients[0]["rejections"], 2);
+    assert_eq!(clients[1]["key"], "2001:db8:1:2::/64", "{body}");
+    assert_eq!(clients[1]["rejections"], 0);
+    assert_eq!(clients[1]["tokens"], 1);
+    assert_eq!(link["shared"]["tokens"], 3, "{body}");
+    // Without a group: every group, top 10 by default.
+    let (_, body) = request(admin, "GET", "/clients", &[], "").await;
+    let all = json(&body);
+    let names: Vec<&str> = all["groups"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|g| g["group"].as_str().unwrap())
+        .collect();
+    assert!(
+        names.contains(&"link") && names.contains(&"health"),
+        "{names:?}"
+    );
+    let (_, body) = request(admin, "GET", "/clients?group=link", &[], "").await;
+    assert_eq!(
+        json(&body)["groups"][0]["clients"]
+            .as_array()
+            .unwrap()
+            .len(),
+        3
+    );
+
+    // Forget it (the prefix percent-encoded or not): its next request is admitted.
+    assert_eq!(
+        door.get("/l/session/abc", "198.51.100.7").await,
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    let (status, body) = request(admin, "DELETE", "/clients/198.51.100.7%2F32", &[], "").await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(json(&body)["key"], "198.51.100.7/32");
+    assert_eq!(json(&body)["forgotten_in"], serde_json::json!(["link"]));
+    assert_eq!(
+        door.get("/l/session/abc", "198.51.100.7").await,
+        StatusCode::OK
+    );
+    // Only in one group; a bare IPv6 address names its /64.
+    let (status, body) = request(
+        admin,
+        "DELETE",
+        "/clients/2001:db8:1:2::99?group=link",
+        &[],
+        "",
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(json(&body)["key"], "2001:db8:1:2::/64");
+    refused(
+        admin,
+        "DELETE",
+        "/clients/2001:db8:1:2::/64",
+        "",
+        StatusCode::NOT_FOUND,
+        "not-tracked",
+        "2001:db8:1:2::/64",
+    )
+    .await;
+}
+
+/// (method, target, body, status, code, what the message names).
+type Refusal = (
+    &'static str,
+    &'static str,
+    &'static str,
+    StatusCode,
+    &'static str,
+    &'static str,
+);
+
+async fn all_refused(admin: std::net::SocketAddr, cases: &[Refusal]) {
+    for (method, target, body, status, code, names) in cases {
+        refused(admin, method, target, body, *status, code, names).await;
+    }
+}
+
+#[tokio::test]
+async fn clients_bad_inputs_are_named() {
+    let door = Door::start(&config(upstream().await, "")).await;
+    let admin = door.admin().await;
+    let bad = StatusCode::BAD_REQUEST;
+    let not_allowed = StatusCode::METHOD_NOT_ALLOWED;
+    all_refused(
+        admin,
+        &[
+            (
+                "GET",
+                "/clients?group=nope",
+                "",
+                bad,
+                "unknown-group",
+                "\"nope\"",
+            ),
+            (
+                "GET",
+                "/clients?group=nope",
+                "",
+                bad,
+                "unknown-group",
+                "link",
+            ),
+            ("GET", "/clients?top=0", "", bad, "bad-top", "top = \"0\""),
+            ("GET", "/clients?top=1001", "", bad, "bad-top", "1001"),
+            ("GET", "/clients?top=-1", "", bad, "bad-top", "-1"),
+            ("GET", "/clients?top=ten", "", bad, "bad-top", "ten"),
+            (
+                "GET",
+                "/clients?grup=link",
+                "",
+                bad,
+                "unknown-parameter",
+                "grup",
+            ),
+            (
+                "DELETE",
+                "/clients/198.51.100.0/24",
+                "",
+                bad,
+                "bad-prefix",
+                "/24",
+            ),
+            (
+                "DELETE",
+                "/clients/300.1.1.1",
+                "",
+                bad,
+                "bad-prefix",
+                "300.1.1.1",
+            ),
+            ("DELETE", "/clients/", "", bad, "bad-prefix", "empty"),
+            ("DELETE", "/clients/%ff", "", bad, "bad-prefix", "UTF-8"),
+            (
+                "DELETE",
+                "/clients/198.51.100.7?group=nope",
+                "",
+                bad,
+                "unknown-group",
+                "nope",
+            ),
+            (
+                "POST",
+                "/clients",
+                "",
+                not_allowed,
+                "method-not-allowed",
+                "GET",
+            ),
+            (
+                "GET",
+                "/clients/198.51.100.7",
+                "",
+                not_allowed,
+                "method-not-allowed",
+                "DELETE",
+            ),
+        ],
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn blocks_answer_503_without_the_shield() {
+    let door = Door::start(&config(upstream().await, "")).await;
+    let admin = door.admin().await;
+    let off = StatusCode::SERVICE_UNAVAILABLE;
+    refused(
+        admin,
+        "GET",
+        "/blocks",
+        "",
+        off,
+        "xdp-off",
+        "XDP shield is not running",
+    )
+    .await;
+    refused(
+        admin,
+        "POST",
+        "/blocks",
+        r#"{"prefix":"198.51.100.7/32","for_s":600}"#,
+        off,
+        "xdp-off",
+        "xdp.mode",
+    )
+    .await;
+    refused(
+        admin,
+        "DELETE",
+        "/blocks/198.51.100.7",
+        "",
+        off,
+        "xdp-off",
+        "blocklist",
+    )
+    .await;
+    // Bad input is still named first.
+    refused(
+        admin,
+        "POST",
+        "/blocks",
+        "{",
+        StatusCode::BAD_REQUEST,
+        "bad-json",
+        "prefix",
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn blocks_are_added_listed_and_removed_through_the_blocklist() {
+    let list = Arc::new(FakeBlocklist::default());
+    let door = Door::start_with(&config(upstream().await, ""), Some(list.clone())).await;
+    let admin = door.admin().await;
+    let (status, body) = request(admin, "GET", "/blocks", &[], "").await;
+    assert_eq!(
+        (status, json(&body)),
+        (StatusCode::OK, serde_json::json!({ "blocks": [] }))
+    );
+    let (status, body) = request(
+        admin,
+        "POST",
+        "/blocks",
+        &[("content-type", "application/json")],
+        r#"{"prefix":"198.51.100.7/32","for_s":600}"#,
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(json(&body)["prefix"], "198.51.100.7/32");
+    request(
+        admin,
+        "POST",
+        "/blocks",
+        &[],
+        r#"{"prefix":"2001:db8::1","for_s":1}"#,
+    )
+    .await;
+    let (_, body) = request(admin, "GET", "/blocks", &[], "").await;
+    assert_eq!(
+        json(&body),
+        serde_json::json!({ "blocks": [
+            { "prefix": "198.51.100.7/32", "seconds_left": 600 },
+            { "prefix": "2001:db8::/64", "seconds_left": 1 },
+        ]}),
+        "{body}"
+    );
+    let (status, body) = request(admin, "DELETE", "/blocks/198.51.100.7/32", &[], "").await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(list.0.lock().unwrap().len(), 1);
+    refused(
+        admin,
+        "DELETE",
+        "/blocks/198.51.100.7",
+        "",
+        StatusCode::NOT_FOUND,
+        "not-blocked",
+        "198.51.100.7/32",
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn blocks_bad_inputs_are_named() {
+    let list = Arc::new(FakeBlocklist::default());
+    let door = Door::start_with(&config(upstream().await, ""), Some(list.clone())).await;
+    let admin = door.admin().await;
+    let bad = StatusCode::BAD_REQUEST;
+    for (body, code, names) in [
+        ("", "bad-json", "EOF"),
+        ("not json", "bad-json", "prefix"),
+        (r#"{"prefix":"198.51.100.7"}"#, "bad-json", "for_s"),
+        (
+            r#"{"prefix":"198.51.100.7","for_s":-5}"#,
+            "bad-json",
+            "for_s",
+        ),
+        (
+            r#"{"prefix":"198.51.100.7","for_s":1.5}"#,
+            "bad-json",
+            "for_s",
+        ),
+        (
+            r#"{"prefix":"198.51.100.7","for_s":60,"x":1}"#,
+            "bad-json",
+            "unknown field `x`",
+        ),
+        (
+            r#"{"prefix":"198.51.100.7","for_s":0}"#,
+            "bad-for-s",
+            "for_s = 0",
+        ),
+        (
+            r#"{"prefix":"198.51.100.7","for_s":604801}"#,
+            "bad-for-s",
+            "604801",
+        ),
+        (
+            r#"{"prefix":"198.51.100.0/24","for_s":60}"#,
+            "bad-prefix",
+            "/24",
+        ),
+        (
+            r#"{"prefix":"example.com","for_s":60}"#,
+            "bad-prefix",
+            "example.com",
+        ),
+    ] {
+        refused(admin, "POST", "/blocks", body, bad, code, names).await;
+    }
+    let huge = format!(r#"{{"prefix":"{}","for_s":60}}"#, "1".repeat(10_000));
+    refused(
+        admin,
+        "POST",
+        "/blocks",
+        &huge,
+        StatusCode::PAYLOAD_TOO_LARGE,
+        "body-too-large",
+        "4096",
+    )
+    .await;
+    refused(
+        admin,
+        "POST",
+        "/blocks?x=1",
+        "{}",
+        bad,
+        "unknown-parameter",
+        "x",
+    )
+    .await;
+    refused(
+        admin,
+        "PUT",
+        "/blocks",
+        "",
+        StatusCode::METHOD_NOT_ALLOWED,
+        "method-not-allowed",
+        "GET, POST",
+    )
+    .await;
+    assert!(
+        list.0.lock().unwrap().is_empty(),
+        "no bad input reached the blocklist"
+    );
+}
+
+#[tokio::test]
+async fn hostile_requests_get_4xx_and_the_listener_keeps_serving() {
+    let door = Door::start_with(
+        &config(upstream().await, ""),
+        Some(Arc::new(FakeBlocklist::default())),
+    )
+    .await;
+    let admin = door.admin().await;
+    let long = "9".repeat(5_000);
+    let targets = [
+        (
+            "GET",
+            "/clients?top=99999999999999999999999".to_owned(),
+            String::new(),
+        ),
+        ("GET", format!("/clients?group={long}"), String::new()),
+        ("GET", "/clients?group=%00%ff".to_owned(), String::new()),
+        ("GET", "/clients?&&&=&=".to_owned(), String::new()),
+        ("DELETE", format!("/clients/{long}"), String::new()),
+        (
+            "DELETE",
+            "/clients/198.51.100.7/32/".to_owned(),
+            String::new(),
+        ),
+        ("DELETE", "/clients/::/0".to_owned(), String::new()),
+        ("DELETE", "/blocks/%".to_owned(), String::new()),
+        ("POST", "/blocks".to_owned(), "\u{0}\u{1}".to_owned()),
+        ("POST", "/blocks".to_owned(), "[1,2,3]".to_owned()),
+        (
+            "POST",
+            "/blocks".to_owned(),
+            r#"{"prefix":null,"for_s":1}"#.to_owned(),
+        ),
+        (
+            "POST",
+            "/blocks".to_owned(),
+            r#"{"prefix":"1.2.3.4","for_s":18446744073709551616}"#.to_owned(),
+        ),
+        ("POST", "/blocks".to_owned(), "[".repeat(3_000)),
+        ("GET", "/../status".to_owned(), String::new()),
+    ];
+    for (method, target, body) in &targets {
+        let (status, text) = request(admin, method, target, &[], body).await;
+        assert!(
+            status.is_client_error(),
+            "{method} {target}: {status} {text}"
+        );
+        let v = json(&text);
+        assert!(v["code"].is_string() && v["message"].is_string(), "{text}");
+    }
+    let (status, _) = request(admin, "GET", "/status", &[], "").await;
+    assert_eq!(status, StatusCode::OK);
+}
+
+#[tokio::test]
+async fn the_admin_listener_serves_on_a_unix_socket_with_mode_0600() {
+    let dir = std::env::temp_dir().join(format!("door-admin-unix-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("admin.sock");
+    let door = Door::start(&config(upstream().await, "")).await;
+    // A stale socket file (its door gone) is replaced.
+    drop(std::os::unix::net::UnixListener::bind(&path).unwrap());
+    assert!(path.exists());
+    let file = door.admin_unix(&path).await;
+    let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o600, "{mode:o}");
+
+    door.get("/l/session/abc", "198.51.100.7").await;
+    let (status, body) = request_unix(&path, "GET", "/status", "").await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let (status, body) = request_unix(&path, "GET", "/clients?group=link", "").await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(
+        json(&body)["groups"][0]["clients"][0]["key"],
+        "198.51.100.7/32"
+    );
+    let (status, text) = request_unix(&path, "GET", "/metrics", "").await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(text.contains("door_requests_total"), "{text}");
+    let (status, _) = request_unix(&path, "DELETE", "/clients/198.51.100.7", "").await;
+    assert_eq!(status, StatusCode::OK);
+
+    // A live socket is not taken over; a path that is not a socket is not removed.
+    let again = door_daemon::admin::AdminListener::bind(&door_daemon::config::AdminListen::Unix(
+        path.clone(),
+    ))
+    .await;
+    assert_eq!(again.unwrap_err().kind(), std::io::ErrorKind::AddrInUse);
+    let plain = dir.join("plain");
+    std::fs::write(&plain, "x").unwrap();
+    let refused = door_daemon::admin::AdminListener::bind(&door_daemon::config::AdminListen::Unix(
+        plain.clone(),
+    ))
+    .await;
+    assert_eq!(
+        refused.unwrap_err().kind(),
+        std::io::ErrorKind::AlreadyExists
+    );
+    assert!(plain.exists());
+
+    // Removed when door lets go of it.
+    assert_eq!(file.path(), path);
+    drop(file);
+    assert!(!path.exists());
+    std::fs::remove_dir_all(&dir).unwrap();
+}
