@@ -22,7 +22,7 @@ use std::{
 };
 
 use door_common::Counter;
-use door_daemon::shield::{CounterValue, ShieldError, XdpReadings};
+use door_daemon::shield::{CookieSummary, CounterValue, ShieldError, XdpReadings};
 use http::StatusCode;
 use serde_json::Value;
 use support::{Door, config, request, samples, upstream};
@@ -44,6 +44,14 @@ impl XdpReadings for FakeXdp {
 
     fn tracked_prefixes(&self) -> Result<usize, ShieldError> {
         Ok(3)
+    }
+
+    fn cookies(&self) -> Result<CookieSummary, ShieldError> {
+        Ok(CookieSummary {
+            active_cpus: 1,
+            entered: 2,
+            left: 1,
+        })
     }
 }
 
@@ -282,6 +290,7 @@ async fn every_metric_and_label_the_dashboard_uses_is_one_door_exports() {
         "door_streams",
         "door_xdp_packets_total",
         "door_xdp_tracked_prefixes",
+        "door_xdp_cookie_mode_total",
     ] {
         assert!(metrics.contains(m), "no panel reads {m}");
     }

@@ -59,6 +59,8 @@ pub struct Xdp {
     pub blocked: u64,
     /// Prefixes in the shield's LRU map.
     pub tracked_prefixes: u64,
+    /// Whether a CPU is in cookie mode now (SYNs answered with SYN cookies at XDP).
+    pub cookie_mode: bool,
 }
 
 /// The cluster sync's state (`GET /status`, `cluster`).
@@ -176,6 +178,11 @@ impl Snapshot {
                 .as_array()
                 .map_or(0, |b| u64::try_from(b.len()).unwrap_or(u64::MAX)),
             tracked_prefixes: u(&x["tracked_prefixes"]),
+            cookie_mode: x
+                .get("cookie_mode")
+                .and_then(|c| c.get("active"))
+                .and_then(Value::as_bool)
+                .unwrap_or(false),
         };
         let c = &status["cluster"];
         let cluster = Cluster {

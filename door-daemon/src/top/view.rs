@@ -11,7 +11,7 @@ use ratatui::{
     widgets::{Block, Borders, Cell, Paragraph, Row, Table, Tabs},
 };
 
-use super::model::{Group, View};
+use super::model::{Group, View, Xdp};
 
 /// The footer's key help.
 pub const HELP: &str = "tab/←→ group  s sort  q quit";
@@ -170,8 +170,11 @@ fn xdp_table<'a>(view: &View) -> Table<'a> {
     }
     let title = if shield.attached {
         format!(
-            " XDP ({}): {} tracked prefixes, {} blocked ",
-            shield.mode, shield.tracked_prefixes, shield.blocked
+            " XDP ({}): {} tracked prefixes, {} blocked{} ",
+            shield.mode,
+            shield.tracked_prefixes,
+            shield.blocked,
+            cookie_note(shield)
         )
     } else {
         format!(" XDP not attached (xdp.mode = {}) ", shield.mode)
@@ -199,6 +202,15 @@ fn xdp_table<'a>(view: &View) -> Table<'a> {
         .style(bold()),
     )
     .block(Block::default().borders(Borders::TOP).title(title))
+}
+
+/// `, cookie mode on` while the shield answers SYNs with cookies, else nothing.
+fn cookie_note(x: &Xdp) -> &'static str {
+    if x.cookie_mode {
+        ", cookie mode on"
+    } else {
+        ""
+    }
 }
 
 /// `door top --once`: every group's top keys, outcome counts (and rates, when `view` has two
@@ -251,8 +263,11 @@ pub fn plain(view: &View) -> String {
     if x.attached {
         let _ = writeln!(
             out,
-            "\n== XDP ({}): {} tracked prefixes, {} blocked",
-            x.mode, x.tracked_prefixes, x.blocked
+            "\n== XDP ({}): {} tracked prefixes, {} blocked{}",
+            x.mode,
+            x.tracked_prefixes,
+            x.blocked,
+            cookie_note(x)
         );
         let _ = writeln!(out, "{:<28} {:>14}", "VERDICT/REASON", "PACKETS");
         for (c, n) in x.counters.iter().filter(|(_, n)| **n > 0) {
@@ -273,7 +288,7 @@ mod tests {
     use ratatui::{Terminal, backend::TestBackend};
 
     use super::*;
-    use crate::top::model::{ClientRow, Cluster, Snapshot, Xdp};
+    use crate::top::model::{ClientRow, Cluster, Snapshot};
 
     fn view() -> View {
         let mut v = View::new("127.0.0.1:9901".to_owned());
@@ -299,6 +314,7 @@ mod tests {
                     mode: "skb".to_owned(),
                     counters: [("drop/syn_budget".to_owned(), 7)].into(),
                     top_prefixes: vec![("203.0.113.9/32".to_owned(), 9, 7)],
+                    cookie_mode: true,
                     ..Xdp::default()
                 },
                 cluster: Cluster {
@@ -351,6 +367,7 @@ mod tests {
             "{text}"
         );
         assert!(text.contains("== group link"), "{text}");
+        assert!(text.contains("blocked, cookie mode on"), "{text}");
         assert!(text.contains("198.51.100.7/32"), "{text}");
         assert!(text.contains("0/3"), "{text}");
         assert!(text.contains("rate_limited"), "{text}");
