@@ -491,9 +491,10 @@ impl Drop for TempDir {
 /// `prefixes` /64s starting at `src_prefix` (documentation range).
 #[derive(Debug, Clone, Copy)]
 pub struct SynFlood {
-    /// First source /64 (`2001:db8:bad::`).
+    /// First source prefix: an IPv6 /64 (`2001:db8:bad::`), flooding door's IPv6 address, or an
+    /// IPv4 /32 (`198.51.100.0`), flooding [`DOOR_ADDR`]; port 8443 either way.
     pub src_prefix: &'static str,
-    /// Distinct /64s to rotate through.
+    /// Distinct prefixes (/64s or /32s) to rotate through.
     pub prefixes: u64,
     /// SYNs to send, at most.
     pub count: u64,
@@ -534,13 +535,18 @@ impl Topology {
                 flood.count.to_string(),
                 flood.max_seconds.to_string(),
             );
+            let target = if flood.src_prefix.parse::<std::net::Ipv4Addr>().is_ok() {
+                format!("{DOOR_ADDR}:8443")
+            } else {
+                format!("[{DOOR_ADDR6}]:8443")
+            };
             let args = [
                 "--iface",
                 "veth-client",
                 "--dst-mac",
                 &mac,
                 "--target",
-                "[2001:db8:d00::1]:8443",
+                &target,
                 "--src-prefix",
                 flood.src_prefix,
                 "--prefixes",

@@ -1,8 +1,9 @@
 //! SYN cookie flood test in network namespaces (root): a spoofed-source SYN flood, rotated
-//! across tens of thousands of IPv6 /64s (every source new and under its budget, so per-prefix
-//! counting cannot help), written by `syn-flood` onto the client end of the veth at door's IPv6
-//! listener, above `xdp.cookie_threshold`, while a legitimate client makes HTTP requests through
-//! door to the same listener. Bounded in count and time; documentation-range addresses only.
+//! across tens of thousands of IPv6 /64s and across the 256 IPv4 /32s of 198.51.100.0/24 (every
+//! source new and under its budget, so per-prefix counting cannot help), written by two
+//! `syn-flood`s at once onto the client end of the veth at door's IPv6 and IPv4 listeners, above
+//! `xdp.cookie_threshold`, while a legitimate client makes HTTP requests through door to the same
+//! listeners, over IPv6 and IPv4 in turn. Bounded in count and time; documentation-range addresses only.
 //!
 //! With `syn_cookies = "auto"`: every request succeeds, door's namespace shows no listen queue
 //! overflow or drop (`TcpExtListenOverflows`, `TcpExtListenDrops` flat), and the kernel's own
@@ -27,7 +28,7 @@
 use std::{collections::HashMap, time::Instant};
 
 use door_tests::{
-    netns::{self, CLIENT_ADDR6, DOOR_ADDR, DOOR_ADDR6, SynFlood, TempDir, Topology},
+    netns::{self, CLIENT_ADDR, CLIENT_ADDR6, DOOR_ADDR, DOOR_ADDR6, SynFlood, TempDir, Topology},
     privileged_or_skip,
 };
 use serde_json::Value;
@@ -41,6 +42,11 @@ const PREFIXES: u64 = 50_000;
 /// The flood's sources (a /48 of documentation space: `PREFIXES` /64s fit).
 const FLOOD_PREFIX: &str = "2001:db8:bad::";
 const FLOOD_ROUTE: &str = "2001:db8:bad::/48";
+/// The IPv4 flood: at most this many SYNs, from the 256 /32s of a documentation /24.
+const FLOOD4: u64 = 200_000;
+const FLOOD4_PREFIX: &str = "198.51.100.0";
+const FLOOD4_PREFIXES: u64 = 256;
+const FLOOD4_ROUTE: &str = "198.51.100.0/24";
 
 fn config(topo: &Topology, cookies: &str) -> String {
     format!(
@@ -111,12 +117,9 @@ struct Run {
     status: Value,
 }
 
-fn flood_run(cookies: &str) -> Option<Run> {
-    if !privileged_or_skip("netns_syn_cookies") {
-        return None;
-    }
-    let dir = TempDir::new("cookies").unwrap();
-    let mut topo = Topology::new().unwrap();
+/// Routes to the floods' sources in door's namespace (via the client end, where their SYN-ACKs
+/// die), without which the kernel could not even queue their SYNs.
+fn route_floods_back(topo: &Topology) {
     netns::ip(&[
         "-n",
         &topo.door_ns,
@@ -130,38 +133,89 @@ fn flood_run(cookies: &str) -> Option<Run> {
         &topo.door_if,
     ])
     .unwrap();
-    topo.start_door(&dir.0, &config(&topo, cookies)).unwrap();
-    let url = format!("http://[{DOOR_ADDR6}]:8443/l/session/legit");
-    // One request before: the path works, and neighbour discovery is done.
-    assert_eq!(
-        netns::curl(&topo.client_ns, CLIENT_ADDR6, &["-g", &url])
-            .unwrap()
-            .0,
-        200
-    );
-    let before = tcp_ext(&topo.door_ns);
-    let flood = topo
-        .spawn_flood(SynFlood {
+    netns::ip(&[
+        "-n",
+        &topo.door_ns,
+        "route",
+        "add",
+        FLOOD4_ROUTE,
+        "via",
+        CLIENT_ADDR,
+        "dev",
+        &topo.door_if,
+    ])
+    .unwrap();
+}
+
+/// Starts both floods: IPv6 from `PREFIXES` /64s and IPv4 from `FLOOD4_PREFIXES` /32s.
+fn spawn_floods(topo: &Topology) -> [std::thread::JoinHandle<anyhow::Result<(u64, f64)>>; 2] {
+    [
+        topo.spawn_flood(SynFlood {
             src_prefix: FLOOD_PREFIX,
             prefixes: PREFIXES,
             count: FLOOD,
             max_seconds: FLOOD_SECONDS,
         })
-        .unwrap();
+        .unwrap(),
+        topo.spawn_flood(SynFlood {
+            src_prefix: FLOOD4_PREFIX,
+            prefixes: FLOOD4_PREFIXES,
+            count: FLOOD4,
+            max_seconds: FLOOD_SECONDS,
+        })
+        .unwrap(),
+    ]
+}
+
+fn flood_run(cookies: &str) -> Option<Run> {
+    if !privileged_or_skip("netns_syn_cookies") {
+        return None;
+    }
+    let dir = TempDir::new("cookies").unwrap();
+    let mut topo = Topology::new().unwrap();
+    route_floods_back(&topo);
+    topo.start_door(&dir.0, &config(&topo, cookies)).unwrap();
+    // The legitimate client, over IPv6 and IPv4 in turn.
+    let urls = [
+        (
+            CLIENT_ADDR6,
+            format!("http://[{DOOR_ADDR6}]:8443/l/session/legit"),
+        ),
+        (
+            CLIENT_ADDR,
+            format!("http://{DOOR_ADDR}:8443/l/session/legit"),
+        ),
+    ];
+    // One request each before: the paths work, and neighbour discovery is done.
+    for (from, url) in &urls {
+        assert_eq!(
+            netns::curl(&topo.client_ns, from, &["-g", url.as_str()])
+                .unwrap()
+                .0,
+            200
+        );
+    }
+    let before = tcp_ext(&topo.door_ns);
+    let floods = spawn_floods(&topo);
+    let flooding = |f: &[std::thread::JoinHandle<_>]| f.iter().any(|t| !t.is_finished());
     let (mut codes, mut during, mut slowest) = (Vec::new(), 0, 0.0_f64);
-    while codes.len() < 200 && (codes.len() < 3 || !flood.is_finished()) {
+    while codes.len() < 200 && (codes.len() < 4 || flooding(&floods)) {
         let start = Instant::now();
+        let (from, url) = &urls[codes.len() % 2];
         codes.push(
-            netns::curl(&topo.client_ns, CLIENT_ADDR6, &["-g", &url])
+            netns::curl(&topo.client_ns, from, &["-g", url.as_str()])
                 .unwrap()
                 .0,
         );
         slowest = slowest.max(start.elapsed().as_secs_f64());
-        if !flood.is_finished() {
+        if flooding(&floods) {
             during += 1;
         }
     }
-    let sent = flood.join().unwrap().unwrap().0;
+    let mut sent = 0;
+    for f in floods {
+        sent += f.join().unwrap().unwrap().0;
+    }
     let after = tcp_ext(&topo.door_ns);
     let status = netns::status(&topo.door_ns).unwrap();
     let run = Run {

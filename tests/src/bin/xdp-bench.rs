@@ -9,6 +9,10 @@
 //! meter, `limit rate over … drop`), and nothing — and reports the SYN rate the sender achieved
 //! (on a veth the receive path runs in the sender's context, so a cheaper drop means a faster
 //! flood: the rate the door namespace absorbs) and a legitimate client's request latency meanwhile.
+//! Then a spoofed flood, rotated over 50,000 /64s (every source new and under its budget), two
+//! ways: XDP answering it with SYN cookies (`syn_cookies = "auto"`, skb mode, as in the netns
+//! cookie suite) and the kernel's own syncookies (`tcp_syncookies = 1`, no XDP), with the same
+//! two measures.
 //!
 //! The cookie path (a SYN in cookie mode answered in place with a SYN-ACK and `XDP_TX`) cannot be
 //! timed with a repeat count: the program rewrites the packet, so a second run in the same call
@@ -40,7 +44,7 @@ struct Args {
     /// Measurements per case; the median is reported.
     #[arg(long, default_value_t = 7)]
     rounds: usize,
-    /// Also run the veth flood comparison (XDP, nftables, nothing).
+    /// Also run the veth flood comparisons (XDP, nftables, nothing; XDP cookies, kernel cookies).
     #[arg(long)]
     veth: bool,
     /// SYNs per veth flood.
@@ -266,7 +270,7 @@ mod veth {
     //! The veth flood comparison (see the crate docs).
 
     use anyhow::{Context as _, bail};
-    use door_tests::netns::{CLIENT_ADDR, DOOR_ADDR, SynFlood, TempDir, Topology};
+    use door_tests::netns::{CLIENT_ADDR, CLIENT_ADDR6, DOOR_ADDR, SynFlood, TempDir, Topology};
 
     /// nftables equivalent of door's SYN budget (100/s, burst 200 per /64) on the protected port.
     const NFT_RULES: &str = "table inet doorbench {
@@ -277,7 +281,21 @@ mod veth {
 }
 ";
 
-    fn config(topo: &Topology, xdp_mode: &str) -> String {
+    /// The spoofed flood's sources: `SPOOFED_PREFIXES` /64s of this /48 of documentation space.
+    const SPOOFED_SOURCE: &str = "2001:db8:bad::";
+    const SPOOFED_ROUTE: &str = "2001:db8:bad::/48";
+    const SPOOFED_PREFIXES: u64 = 50_000;
+
+    /// `[xdp]` keys of each run beyond the shared ones: cookie mode for `cookies`.
+    fn xdp_extra(mode: &str) -> &'static str {
+        if mode == "cookies" {
+            "syn_rate = 1000.0\nsyn_burst = 1000\nnew_prefix_rate = 0\nsyn_cookies = \"auto\"\ncookie_threshold = 500.0\n"
+        } else {
+            "syn_rate = 100.0\nsyn_burst = 200\n"
+        }
+    }
+
+    fn config(topo: &Topology, xdp_mode: &str, extra: &str) -> String {
         format!(
             r#"
 listen = ["{DOOR_ADDR}:8443", "[2001:db8:d00::1]:8443"]
@@ -293,9 +311,7 @@ burst = 1000
 interface = "{}"
 mode = "{xdp_mode}"
 ports = [8443]
-syn_rate = 100.0
-syn_burst = 200
-"#,
+{extra}"#,
             topo.door_if
         )
     }
@@ -310,11 +326,38 @@ syn_burst = 200
     }
 
     fn run(mode: &'static str, flood: u64) -> anyhow::Result<Outcome> {
-        eprintln!("  veth flood: {mode} ({flood} SYNs from one /64)");
+        let spoofed = matches!(mode, "cookies" | "kernel");
+        let prefixes = if spoofed { SPOOFED_PREFIXES } else { 1 };
+        eprintln!("  veth flood: {mode} ({flood} SYNs from {prefixes} /64s)");
         let dir = TempDir::new("bench")?;
         let mut topo = Topology::new()?;
-        let xdp_mode = if mode == "xdp" { "driver" } else { "off" };
-        topo.start_door(&dir.0, &config(&topo, xdp_mode))?;
+        let xdp_mode = match mode {
+            "xdp" => "driver",
+            // In driver mode a veth sends XDP_TX frames only to a peer with NAPI.
+            "cookies" => "skb",
+            _ => "off",
+        };
+        if spoofed {
+            // The kernel queues (and answers) SYNs only from sources it has a route back to.
+            let out = Topology::run(
+                &topo.door_ns,
+                "ip",
+                &[
+                    "-6",
+                    "route",
+                    "add",
+                    SPOOFED_ROUTE,
+                    "via",
+                    CLIENT_ADDR6,
+                    "dev",
+                    &topo.door_if,
+                ],
+            )?;
+            if !out.status.success() {
+                bail!("ip route: {}", String::from_utf8_lossy(&out.stderr));
+            }
+        }
+        topo.start_door(&dir.0, &config(&topo, xdp_mode, xdp_extra(mode)))?;
         if mode == "nftables" {
             let rules = dir.0.join("rules.nft");
             std::fs::write(&rules, NFT_RULES)?;
@@ -328,8 +371,8 @@ syn_burst = 200
             }
         }
         let flooder = topo.spawn_flood(SynFlood {
-            src_prefix: "2001:db8:bad::",
-            prefixes: 1,
+            src_prefix: SPOOFED_SOURCE,
+            prefixes,
             count: flood,
             max_seconds: 20,
         })?;
@@ -382,21 +425,33 @@ syn_burst = 200
         })
     }
 
-    /// Runs the three floods and prints the comparison.
+    /// Runs the floods and prints the comparisons: from one /64 (XDP's budget, nftables,
+    /// nothing), then spoofed (XDP's cookies, the kernel's).
     pub(crate) fn compare(flood: u64) -> anyhow::Result<()> {
-        let results = ["xdp", "nftables", "none"]
-            .into_iter()
+        table("veth", "x xdp", &["xdp", "nftables", "none"], flood)?;
+        table("spoofed", "x cookies", &["cookies", "kernel"], flood)
+    }
+
+    /// Runs `modes` in order and prints their table, rates relative to the first.
+    fn table(
+        title: &str,
+        relative: &str,
+        modes: &[&'static str],
+        flood: u64,
+    ) -> anyhow::Result<()> {
+        let results = modes
+            .iter()
             .map(|m| run(m, flood))
             .collect::<anyhow::Result<Vec<_>>>()?;
         let xdp_rate = results.first().map_or(1.0, |r| r.syn_per_s);
         println!();
         println!(
-            "{:<10} {:>12} {:>8} {:>14} {:>10} {:>8} {:>8}",
-            "veth", "SYN/s", "x xdp", "legit p50 ms", "max ms", "served", "failed"
+            "{:<10} {:>12} {:>9} {:>14} {:>10} {:>8} {:>8}",
+            title, "SYN/s", relative, "legit p50 ms", "max ms", "served", "failed"
         );
         for r in &results {
             println!(
-                "{:<10} {:>12.0} {:>8.2} {:>14.2} {:>10.2} {:>8} {:>8}",
+                "{:<10} {:>12.0} {:>9.2} {:>14.2} {:>10.2} {:>8} {:>8}",
                 r.mode,
                 r.syn_per_s,
                 r.syn_per_s / xdp_rate,
