@@ -40,7 +40,7 @@ pub const EXEMPT: u32 = 1;
 /// [`MAP_EXEMPT`] value: every SYN dropped.
 pub const DENIED: u32 = 2;
 
-/// Name of the hash map blocklist: [`PrefixKey`] → `u64` deadline (`bpf_ktime_get_ns` clock,
+/// Name of the hash map blocklist: [`PrefixKey`] → `u64` deadline (`bpf_ktime_get_coarse_ns` clock,
 /// nanoseconds). SYNs from a listed prefix are dropped until the deadline, then the entry is
 /// deleted.
 pub const MAP_BLOCKED: &str = "DOOR_BLOCKED";
@@ -73,9 +73,9 @@ pub struct PrefixState {
     pub syns: u64,
     /// SYNs from this prefix that the program dropped (`XDP_DROP`).
     pub drops: u64,
-    /// The SYN bucket's theoretical arrival time ([`gcra`]), `bpf_ktime_get_ns` clock, ns.
+    /// The SYN bucket's theoretical arrival time ([`gcra`]), `bpf_ktime_get_coarse_ns` clock, ns.
     pub tat_ns: u64,
-    /// `bpf_ktime_get_ns()` (CLOCK_MONOTONIC, nanoseconds) of the latest SYN seen.
+    /// `bpf_ktime_get_coarse_ns()` (CLOCK_MONOTONIC_COARSE, nanoseconds) of the latest SYN seen.
     pub last_ns: u64,
 }
 

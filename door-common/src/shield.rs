@@ -106,7 +106,7 @@ impl ShieldConfig {
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct GuardState {
-    /// Theoretical arrival time of the new-prefix bucket, `bpf_ktime_get_ns` clock, ns.
+    /// Theoretical arrival time of the new-prefix bucket, `bpf_ktime_get_coarse_ns` clock, ns.
     pub new_prefix_tat_ns: u64,
     /// The shared overflow bucket: SYN counts, drops and its SYN-bucket TAT.
     pub overflow: PrefixState,

@@ -7,7 +7,7 @@
 //! `clippy.toml` (this crate's) disallows `std::time::Instant::now` and `SystemTime::now`
 //! everywhere in door-daemon; production time comes from [`MonotonicClock`], built on
 //! `tokio::time::Instant`. The one other time source is [`kernel_monotonic_ns`]: the kernel's
-//! `CLOCK_MONOTONIC`, which the XDP program reads with `bpf_ktime_get_ns` and in which the
+//! `CLOCK_MONOTONIC_COARSE`, which the XDP program reads with `bpf_ktime_get_coarse_ns` and in which the
 //! blocklist's deadlines are therefore written.
 
 use std::{
@@ -57,11 +57,13 @@ pub fn now() -> tokio::time::Instant {
     tokio::time::Instant::now()
 }
 
-/// The kernel's `CLOCK_MONOTONIC` in nanoseconds: the clock the XDP program reads with
-/// `bpf_ktime_get_ns` (kernel/bpf/helpers.c uses `ktime_get_mono_fast_ns`), so deadlines written
-/// into BPF maps (the blocklist) use it. Not paused by tokio's test clock.
+/// The kernel's `CLOCK_MONOTONIC_COARSE` in nanoseconds (`CLOCK_MONOTONIC` as of the last timer
+/// tick): the clock the XDP program reads with `bpf_ktime_get_coarse_ns` (kernel/bpf/helpers.c
+/// returns `ktime_get_coarse_ns`, the value this clock id reads), so deadlines written into BPF
+/// maps (the blocklist) and the times read from them (a prefix's last SYN) are on the program's
+/// own clock. Not paused by tokio's test clock.
 pub fn kernel_monotonic_ns() -> u64 {
-    let t = rustix::time::clock_gettime(rustix::time::ClockId::Monotonic);
+    let t = rustix::time::clock_gettime(rustix::time::ClockId::MonotonicCoarse);
     u64::try_from(t.tv_sec)
         .unwrap_or(0)
         .saturating_mul(1_000_000_000)

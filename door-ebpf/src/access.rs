@@ -351,11 +351,14 @@ impl<T> MapValue<T> {
     }
 }
 
-/// The kernel's `CLOCK_MONOTONIC` in nanoseconds (`bpf_ktime_get_ns`, Linux 4.1).
+/// The kernel's `CLOCK_MONOTONIC_COARSE` in nanoseconds (`bpf_ktime_get_coarse_ns`, Linux 5.11):
+/// `CLOCK_MONOTONIC` as of the last timer tick (1 to 4 ms old), read without touching the clock
+/// source; the daemon reads the same clock (docs/decisions.md, "XDP: the coarse clock").
 #[inline(always)]
 pub(crate) fn now_ns() -> u64 {
-    // SAFETY: `bpf_ktime_get_ns` takes no arguments, touches no memory and is allowed in XDP.
-    unsafe { aya_ebpf::helpers::bpf_ktime_get_ns() }
+    // SAFETY: `bpf_ktime_get_coarse_ns` takes no arguments, touches no memory and is allowed in
+    // XDP for a program loaded with CAP_BPF, as door's is.
+    unsafe { aya_ebpf::helpers::bpf_ktime_get_coarse_ns() }
 }
 
 /// The number of the CPU running the program (`bpf_get_smp_processor_id`, Linux 4.1).

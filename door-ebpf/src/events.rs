@@ -23,7 +23,7 @@ pub(crate) struct EventState {
     /// 1 while the churn guard is closed (its new-prefix bucket was empty at the last new
     /// prefix), 0 otherwise.
     guard_closed: u64,
-    /// `bpf_ktime_get_ns` of the last "prefix map full" record, ns.
+    /// `bpf_ktime_get_coarse_ns` of the last "prefix map full" record, ns.
     map_full_ns: u64,
 }
 

@@ -94,7 +94,7 @@ static DOOR_CONFIG: Array<ShieldConfig> = Array::with_max_entries(1, 0);
 #[map(name = "DOOR_EXEMPT")]
 static DOOR_EXEMPT: LpmTrie<ExemptKey, u32> = LpmTrie::with_max_entries(EXEMPT_CAPACITY, 0);
 
-/// Blocklist: prefix → deadline (ns, `bpf_ktime_get_ns` clock). An LRU map, so that it can never
+/// Blocklist: prefix → deadline (ns, `bpf_ktime_get_coarse_ns` clock). An LRU map, so that it can never
 /// fill up: when full, the least recently used entry (most likely an expired one) makes room.
 #[map(name = "DOOR_BLOCKED")]
 static DOOR_BLOCKED: LruHashMap<PrefixKey, u64> = LruHashMap::with_max_entries(BLOCKED_CAPACITY, 0);
@@ -120,17 +120,34 @@ static DOOR_SCRATCH: PerCpuArray<CookieScratch> = PerCpuArray::with_max_entries(
 fn door_xdp(ctx: XdpContext) -> u32 {
     let packet = Packet::new(&ctx);
     let counter = match parse(&packet) {
-        Parsed::Tcp(segment) if segment.is_syn() => {
-            match judge(&ctx, &segment.addr, Some(segment.dst_port), Kind::Syn) {
+        Parsed::Syn(segment) => {
+            match judge(
+                &ctx,
+                &segment.addr,
+                segment.key(),
+                Some(segment.dst_port),
+                Kind::Syn,
+            ) {
                 Counter::PassSyn | Counter::PassOverflowSyn if cookie_mode(&ctx) => {
                     cookie::answer(&packet, &segment)
                 }
                 c => c,
             }
         }
-        Parsed::Tcp(_) => Counter::PassNotSyn,
-        Parsed::TinyFragment { addr, dst_port } => judge(&ctx, &addr, dst_port, Kind::TinyFragment),
-        Parsed::Unwalkable { addr } => judge(&ctx, &addr, None, Kind::Unwalkable),
+        Parsed::TinyFragment { addr, dst_port } => judge(
+            &ctx,
+            &addr,
+            PrefixKey::from_ipv6(addr),
+            dst_port,
+            Kind::TinyFragment,
+        ),
+        Parsed::Unwalkable { addr } => judge(
+            &ctx,
+            &addr,
+            PrefixKey::from_ipv6(addr),
+            None,
+            Kind::Unwalkable,
+        ),
         Parsed::Other(counter) => counter,
     };
     count(counter);
@@ -250,9 +267,16 @@ fn settings(port: Option<u16>) -> Option<Settings> {
     })
 }
 
-/// Judges a packet from `addr` to `port` (see the crate docs for the order).
+/// Judges a packet from `addr` (its prefix key `src`) to `port` (see the crate docs for the
+/// order).
 #[inline(always)]
-fn judge(ctx: &XdpContext, addr: &[u8; 16], port: Option<u16>, kind: Kind) -> Counter {
+fn judge(
+    ctx: &XdpContext,
+    addr: &[u8; 16],
+    src: PrefixKey,
+    port: Option<u16>,
+    kind: Kind,
+) -> Counter {
     let Some(settings) = settings(port) else {
         return Counter::PassUnprotectedPort;
     };
@@ -269,7 +293,6 @@ fn judge(ctx: &XdpContext, addr: &[u8; 16], port: Option<u16>, kind: Kind) -> Co
         };
     }
     let now = now_ns();
-    let src = PrefixKey::from_ipv6(*addr);
     // Expired entries are ignored, never deleted here: the daemon owns the blocklist's entries,
     // and the LRU map makes room for new ones on its own.
     if settings.blocklist

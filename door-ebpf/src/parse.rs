@@ -46,8 +46,6 @@ pub(crate) struct TcpSegment {
     pub(crate) addr: [u8; 16],
     /// The destination port, host order.
     pub(crate) dst_port: u16,
-    /// The TCP flags byte (CWR ECE URG ACK PSH RST SYN FIN).
-    pub(crate) flags: u8,
     /// Offset of the IP header from the start of the packet.
     pub(crate) ip: usize,
     /// Offset of the TCP header from the start of the packet.
@@ -62,16 +60,23 @@ pub(crate) struct TcpSegment {
 }
 
 impl TcpSegment {
-    /// A connection opening: SYN set, ACK clear (a SYN-ACK is the other side's answer).
-    pub(crate) fn is_syn(&self) -> bool {
-        self.flags & TCP_SYN != 0 && self.flags & TCP_ACK == 0
+    /// The source's prefix key: for IPv4, `addr` already is (the parser builds it with
+    /// [`PrefixKey::from_ipv4`]), so only IPv6 pays for [`PrefixKey::from_ipv6`]'s checks.
+    pub(crate) fn key(&self) -> PrefixKey {
+        if self.v6 {
+            PrefixKey::from_ipv6(self.addr)
+        } else {
+            PrefixKey { addr: self.addr }
+        }
     }
 }
 
 /// What the parser found.
 pub(crate) enum Parsed {
-    /// A TCP segment whose fixed header is entirely inside the datagram.
-    Tcp(TcpSegment),
+    /// A TCP SYN (SYN set, ACK clear: a connection opening; a SYN-ACK is the other side's
+    /// answer) whose fixed header is entirely inside the datagram. Any other TCP segment is
+    /// `Other(Counter::PassNotSyn)`.
+    Syn(TcpSegment),
     /// A TCP first fragment too short to hold the TCP header: its flags are unknown. The
     /// destination port, when its first 4 bytes are present.
     TinyFragment {
@@ -259,10 +264,14 @@ fn tcp(pkt: &Packet, offset: usize, addr: [u8; 16], first_fragment: bool, at: L3
     if tcp_len < TCP_MIN_HLEN {
         return Parsed::Other(Counter::PassMalformed);
     }
-    Parsed::Tcp(TcpSegment {
+    // Only a SYN is judged: any other segment is counted as such without building the rest.
+    let flags = tcp[13];
+    if flags & TCP_SYN == 0 || flags & TCP_ACK != 0 {
+        return Parsed::Other(Counter::PassNotSyn);
+    }
+    Parsed::Syn(TcpSegment {
         addr,
         dst_port: u16::from_be_bytes([tcp[2], tcp[3]]),
-        flags: tcp[13],
         ip: at.ip,
         tcp: offset,
         tcp_len,

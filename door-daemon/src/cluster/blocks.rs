@@ -18,7 +18,7 @@
 //!
 //! A door publishes a block as a lifetime (ms), not a deadline: the script turns it into a
 //! deadline with the store's clock, and answers every fetched block with its remaining lifetime
-//! (ms), which the door maps onto its own `CLOCK_MONOTONIC` when it puts the block on its shield
+//! (ms), which the door maps onto its own `CLOCK_MONOTONIC_COARSE` when it puts the block on its shield
 //! ([`crate::shield::Shield::block`]). No door's clock is compared with another's. A deadline is
 //! only ever extended: a shorter block of a prefix already blocked leaves the longer one.
 //!

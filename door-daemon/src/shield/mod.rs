@@ -632,8 +632,8 @@ impl Shield {
         self.block_until(key, crate::time::kernel_monotonic_ns().saturating_add(ns))
     }
 
-    /// Puts `key` on the blocklist until `deadline_ns` on the `bpf_ktime_get_ns` clock
-    /// (CLOCK_MONOTONIC). A deadline in the past is accepted: SYNs pass, and the next call
+    /// Puts `key` on the blocklist until `deadline_ns` on the `bpf_ktime_get_coarse_ns` clock
+    /// (CLOCK_MONOTONIC_COARSE). A deadline in the past is accepted: SYNs pass, and the next call
     /// deletes it. The
     /// program only enforces the blocklist once [`Shield::configure`] has run (before that it
     /// only observes).
@@ -696,7 +696,7 @@ impl Shield {
         }
     }
 
-    /// The blocklist: prefixes and their deadlines (ns, CLOCK_MONOTONIC), expired entries
+    /// The blocklist: prefixes and their deadlines (ns, CLOCK_MONOTONIC_COARSE), expired entries
     /// included until the next [`Shield::block`] deletes them.
     ///
     /// # Errors
