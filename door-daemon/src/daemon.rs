@@ -24,7 +24,7 @@ use crate::{
     },
     obs::{metrics::Metrics, prometheus::Exposition},
     shield::{BlocklistWriter, Shield, ShieldError, escalate::Blocklist},
-    time::{Clock, MonotonicClock},
+    time::Clock,
 };
 
 /// Start-up failures.
@@ -106,7 +106,7 @@ pub async fn run(
     // A Unix socket's file is removed when `_admin_socket` drops, at the end of this function.
     let (admin, _admin_socket) = bind_admin(&config).await?;
 
-    let clock: Arc<dyn Clock> = Arc::new(MonotonicClock::new());
+    let clock: Arc<dyn Clock> = crate::time::production_clock();
     let (blocklist, shared_blocklist) = blocklists(shield.as_ref(), &config, &clock);
     let _shield_instruments = shield
         .as_ref()

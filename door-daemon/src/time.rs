@@ -51,6 +51,57 @@ impl Clock for MonotonicClock {
     }
 }
 
+/// The production clock of the limiters and the other [`Clock`] users in a running door: the
+/// CPU's time-stamp counter, read with `rdtsc` through the `quanta` crate and scaled to
+/// nanoseconds since the clock was created (`quanta` calibrates the counter against
+/// `CLOCK_MONOTONIC` once per process, in at most 200 ms). A read costs a few nanoseconds against
+/// about 25 for `clock_gettime` (docs/decisions.md, "The limiter's clock: the TSC"). Where the
+/// CPU has no invariant TSC, `quanta` reads `CLOCK_MONOTONIC` instead. Monotonic on the terms
+/// `CLOCK_MONOTONIC` itself is when the kernel's clock source is the TSC (its vDSO reads the same
+/// counter): Linux uses the TSC as its clock source only after checking that the CPUs' counters
+/// are synchronized, which is why [`production_clock`] picks this clock only then. Not moved by
+/// tokio's paused test clock: tests use [`MonotonicClock`] or [`ManualClock`].
+#[derive(Debug, Clone)]
+pub struct TscClock {
+    clock: quanta::Clock,
+    origin: u64,
+}
+
+impl TscClock {
+    /// A clock whose origin is now (calibrating the counter first if this process has not yet).
+    pub fn new() -> Self {
+        let clock = quanta::Clock::new();
+        let origin = clock.raw();
+        Self { clock, origin }
+    }
+}
+
+impl Default for TscClock {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Clock for TscClock {
+    fn now_ns(&self) -> u64 {
+        self.clock.delta_as_nanos(self.origin, self.clock.raw())
+    }
+}
+
+/// The file naming the kernel's current clock source (Documentation/timers/timekeeping.rst).
+const CLOCKSOURCE: &str = "/sys/devices/system/clocksource/clocksource0/current_clocksource";
+
+/// The clock a running door injects everywhere: a [`TscClock`] when the kernel's own clock
+/// source is the TSC (read from sysfs), else a [`MonotonicClock`]. Read once, at start-up.
+pub fn production_clock() -> std::sync::Arc<dyn Clock> {
+    let tsc = std::fs::read_to_string(CLOCKSOURCE).is_ok_and(|s| s.trim() == "tsc");
+    if tsc {
+        std::sync::Arc::new(TscClock::new())
+    } else {
+        std::sync::Arc::new(MonotonicClock::new())
+    }
+}
+
 /// The instant door measures wall-clock-free intervals from (warning limits, connection idle
 /// deadlines): `tokio::time::Instant::now()`, so that paused-time tests move it too.
 pub fn now() -> tokio::time::Instant {
@@ -121,8 +172,47 @@ mod tests {
         assert!(clock.now_ns() >= a);
     }
 
+    #[test]
+    fn tsc_clock_never_goes_back_and_agrees_with_the_kernel() {
+        let clock = TscClock::new();
+        let kernel = kernel_monotonic_ns();
+        let origin = clock.now_ns();
+        let mut last = origin;
+        let mut kernel_elapsed = 0;
+        // Spin (bounded in reads) until the kernel's clock has moved 100 ms: both clocks
+        // measure the same interval.
+        for _ in 0..500_000_000_u64 {
+            let now = clock.now_ns();
+            assert!(
+                now >= last,
+                "the TSC clock went back from {last} to {now} ns"
+            );
+            last = now;
+            kernel_elapsed = kernel_monotonic_ns().saturating_sub(kernel);
+            if kernel_elapsed >= 100_000_000 {
+                break;
+            }
+        }
+        let tsc_elapsed = last - origin;
+        // The coarse clock is up to one tick (4 ms at CONFIG_HZ=250, 10 ms at 100) off at each
+        // end; an unscaled counter (cycles, not ns) would be off by a factor of the CPU's GHz.
+        assert!(
+            tsc_elapsed.abs_diff(kernel_elapsed) <= 25_000_000,
+            "TSC {tsc_elapsed} ns against the kernel's {kernel_elapsed} ns"
+        );
+    }
+
+    #[test]
+    fn the_production_clock_reads_forward() {
+        let clock = production_clock();
+        let a = clock.now_ns();
+        assert!(clock.now_ns() >= a);
+    }
+
+    /// [`MonotonicClock`], which the tests of the daemon's paths inject, moves with tokio's
+    /// paused time.
     #[tokio::test(start_paused = true)]
-    async fn the_production_clock_follows_paused_tokio_time() {
+    async fn the_monotonic_clock_follows_paused_tokio_time() {
         let clock = MonotonicClock::new();
         let a = clock.now_ns();
         tokio::time::advance(Duration::from_secs(3)).await;

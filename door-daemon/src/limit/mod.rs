@@ -39,6 +39,7 @@ use std::{
     },
 };
 
+use crossbeam_utils::CachePadded;
 use door_common::{gcra, prefix::PrefixKey};
 use lru::LruCache;
 
@@ -687,8 +688,10 @@ struct Shard {
 /// observer.
 #[derive(Debug)]
 struct Core {
-    /// Requests holding a slot in the whole group.
-    inflight: AtomicU32,
+    /// Requests holding a slot in the whole group: the one value every admission and settlement
+    /// of the group writes, alone on its cache line so that the read-mostly fields below are not
+    /// invalidated with it on every other core.
+    inflight: CachePadded<AtomicU32>,
     /// The group's in-flight cap (`inflight`), read before any shard lock.
     cap: AtomicU32,
     clock: Arc<dyn Clock>,
@@ -811,7 +814,7 @@ impl GroupLimiter {
         let tuning = Tuning::of(budget, enforce);
         let now = clock.now_ns();
         let core = Arc::new(Core {
-            inflight: AtomicU32::new(0),
+            inflight: CachePadded::new(AtomicU32::new(0)),
             cap: AtomicU32::new(tuning.budget.inflight),
             clock,
             observer,
