@@ -67,14 +67,14 @@ fn observed(
     enforce: bool,
     clock: &Arc<ManualClock>,
     metrics: &Metrics,
-) -> (Arc<GroupLimiter>, GroupMetrics) {
-    let group = metrics.clone().for_group(name);
+) -> (Arc<GroupLimiter>, Arc<GroupMetrics>) {
+    let group = Arc::new(metrics.clone().for_group(name));
     let lim = Arc::new(GroupLimiter::new(
         name,
         budget,
         enforce,
         clock.clone(),
-        Arc::new(group.clone()),
+        Arc::clone(&group) as Arc<dyn door_daemon::limit::Observer>,
     ));
     (lim, group)
 }

@@ -7,7 +7,7 @@
 use std::time::Duration;
 
 use bytes::Bytes;
-use http::{HeaderMap, HeaderName, HeaderValue, Response, StatusCode, header};
+use http::{HeaderMap, HeaderName, HeaderValue, Response, StatusCode, header, header::Entry};
 
 use crate::{
     http::{body::ResponseBody, upstream::ProxyError},
@@ -206,9 +206,20 @@ pub fn ratelimit_policy(sf_name: &str, burst: u32, window_s: u64) -> Option<Head
 /// carries another policy's fields (a request plane's and a group's) gets this one appended: both
 /// fields are lists (draft-ietf-httpapi-ratelimit-headers-10 §3, §4).
 pub fn ratelimit_fields(headers: &mut HeaderMap, policy: &HeaderValue, sf_name: &str, q: Quota) {
-    let item = format!("{sf_name};r={};t={}", q.remaining, q.reset_s);
-    append_item(headers, &RATELIMIT_POLICY, policy.as_bytes());
-    append_item(headers, &RATELIMIT, item.as_bytes());
+    // `NAME;r=REMAINING;t=RESET_S`, built without the formatting machinery: this runs on every
+    // limited response.
+    let mut remaining = itoa::Buffer::new();
+    let mut reset = itoa::Buffer::new();
+    let mut item = Vec::with_capacity(sf_name.len() + 48);
+    item.extend_from_slice(sf_name.as_bytes());
+    item.extend_from_slice(b";r=");
+    item.extend_from_slice(remaining.format(q.remaining).as_bytes());
+    item.extend_from_slice(b";t=");
+    item.extend_from_slice(reset.format(q.reset_s).as_bytes());
+    append_item(headers, &RATELIMIT_POLICY, policy.clone());
+    if let Ok(item) = HeaderValue::from_maybe_shared(Bytes::from(item)) {
+        append_item(headers, &RATELIMIT, item);
+    }
 }
 
 /// Removes `RateLimit-Policy` and `RateLimit` (an upstream's own): door's own fields describe door's limits.
@@ -217,19 +228,22 @@ pub fn clear_ratelimit_fields(headers: &mut HeaderMap) {
     headers.remove(&RATELIMIT);
 }
 
-/// Sets `name: item`, or appends `, item` to the value already there.
-fn append_item(headers: &mut HeaderMap, name: &HeaderName, item: &[u8]) {
-    let value = match headers.get(name) {
-        Some(old) => {
-            let mut v = old.as_bytes().to_vec();
-            v.extend_from_slice(b", ");
-            v.extend_from_slice(item);
-            HeaderValue::from_bytes(&v)
+/// Sets `name: item`, or appends `, item` to the value already there (one lookup either way).
+fn append_item(headers: &mut HeaderMap, name: &HeaderName, item: HeaderValue) {
+    match headers.entry(name) {
+        Entry::Vacant(slot) => {
+            slot.insert(item);
         }
-        None => HeaderValue::from_bytes(item),
-    };
-    if let Ok(v) = value {
-        headers.insert(name, v);
+        Entry::Occupied(mut slot) => {
+            let old = slot.get().as_bytes();
+            let mut v = Vec::with_capacity(old.len() + 2 + item.len());
+            v.extend_from_slice(old);
+            v.extend_from_slice(b", ");
+            v.extend_from_slice(item.as_bytes());
+            if let Ok(v) = HeaderValue::from_maybe_shared(Bytes::from(v)) {
+                slot.insert(v);
+            }
+        }
     }
 }
 

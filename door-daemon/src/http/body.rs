@@ -59,10 +59,6 @@ pub enum ResponseBodyError {
 /// started once the body has not ended at its first poll: a response sent at once (most are) never
 /// pays for a task.
 #[derive(Debug)]
-#[expect(
-    clippy::large_enum_variant,
-    reason = "Waiting is the common case; boxing it would allocate for every limited response"
-)]
 enum HeldPermit {
     /// Not armed yet: the permit, its status, and the instant its send deadline falls (`None` for
     /// a stream, which holds its slot until it ends).

@@ -121,7 +121,7 @@ pub const HEALTH_GROUP: &str = "health";
 struct Limited {
     limiter: Arc<GroupLimiter>,
     /// The group's instruments: admissions and settlements are counted here.
-    metrics: GroupMetrics,
+    metrics: Arc<GroupMetrics>,
     read_timeout: Duration,
     /// The precomputed `RateLimit-Policy` value; `None` when the fields are off (or the group
     /// name cannot be a structured-field string).
@@ -293,7 +293,7 @@ impl Policy {
                 {
                     l.retune(g.budget, enforce);
                 }
-                let group_metrics = metrics.clone().for_group(name);
+                let group_metrics = Arc::new(metrics.clone().for_group(name));
                 let limiter = match kept {
                     Some(l) => Arc::clone(l),
                     None => Arc::new(GroupLimiter::new(
@@ -301,7 +301,7 @@ impl Policy {
                         g.budget,
                         enforce,
                         Arc::clone(clock),
-                        Arc::new(group_metrics.clone()),
+                        Arc::clone(&group_metrics) as Arc<dyn crate::limit::Observer>,
                     )),
                 };
                 let sf_name = answer::sf_string(name);

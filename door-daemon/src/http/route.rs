@@ -7,6 +7,8 @@
 //! §5.2.4), and percent-encoded unreserved characters are decoded (RFC 3986 §6.2.2.2). A `GET`
 //! route also matches `HEAD` (RFC 9110 §9.3.2: HEAD is GET without the body).
 
+use std::borrow::Cow;
+
 use http::Method;
 use thiserror::Error;
 
@@ -68,12 +70,12 @@ impl PathPattern {
                     _ => {
                         return Err(RouteError::BadWildcard {
                             path: path.to_owned(),
-                            segment,
+                            segment: segment.into_owned(),
                         });
                     }
                 }
             } else {
-                segments.push(Segment::Literal(segment));
+                segments.push(Segment::Literal(segment.into_owned()));
             }
         }
         Ok(Self {
@@ -84,15 +86,16 @@ impl PathPattern {
 
     /// Whether the request path (without query) matches.
     pub fn matches(&self, path: &str) -> bool {
-        let mut want = self.segments.iter();
-        for got in normalise(path) {
-            match want.next() {
-                Some(Segment::Literal(lit)) if *lit == got => {}
-                Some(Segment::Wildcard) => {}
-                _ => return false,
-            }
-        }
-        want.next().is_none()
+        self.matches_segments(&normalise(path))
+    }
+
+    /// Whether the normalised segments of a path match this pattern.
+    fn matches_segments(&self, got: &[Cow<'_, str>]) -> bool {
+        self.segments.len() == got.len()
+            && self.segments.iter().zip(got).all(|(want, got)| match want {
+                Segment::Literal(lit) => lit.as_str() == got.as_ref(),
+                Segment::Wildcard => true,
+            })
     }
 
     /// The pattern as written in the configuration.
@@ -169,9 +172,12 @@ impl Router {
 
     /// The first route matching `method` and `path`, or `None` (pass-through).
     pub fn route_for(&self, method: &Method, path: &str) -> Option<&Route> {
+        // Normalised once for all the routes: one allocation, segments borrowed from `path`
+        // unless they carry an escape.
+        let segments = normalise(path);
         self.routes
             .iter()
-            .find(|r| r.method_matches(method) && r.path.matches(path))
+            .find(|r| r.method_matches(method) && r.path.matches_segments(&segments))
     }
 
     /// The routes, in order.
@@ -181,11 +187,11 @@ impl Router {
 }
 
 /// Splits a path into normalised segments (see the module docs).
-fn normalise(path: &str) -> Vec<String> {
-    let mut out: Vec<String> = Vec::new();
+fn normalise(path: &str) -> Vec<Cow<'_, str>> {
+    let mut out: Vec<Cow<'_, str>> = Vec::new();
     for raw in path.split('/') {
         let segment = decode_unreserved(raw);
-        match segment.as_str() {
+        match segment.as_ref() {
             "" | "." => {}
             ".." => {
                 out.pop();
@@ -198,8 +204,11 @@ fn normalise(path: &str) -> Vec<String> {
 
 /// Decodes `%XX` escapes of unreserved characters (ALPHA / DIGIT / `-` `.` `_` `~`), which
 /// RFC 3986 §6.2.2.2 says are equivalent to the character; other escapes stay as written, with
-/// their hex digits upper-cased (§6.2.2.1).
-fn decode_unreserved(segment: &str) -> String {
+/// their hex digits upper-cased (§6.2.2.1). A segment without `%` is returned as it is.
+fn decode_unreserved(segment: &str) -> Cow<'_, str> {
+    if !segment.contains('%') {
+        return Cow::Borrowed(segment);
+    }
     let bytes = segment.as_bytes();
     let mut out = String::with_capacity(segment.len());
     let mut i = 0;
@@ -226,7 +235,7 @@ fn decode_unreserved(segment: &str) -> String {
         out.push(c);
         i += c.len_utf8();
     }
-    out
+    Cow::Owned(out)
 }
 
 fn hex(b: u8) -> Option<u8> {

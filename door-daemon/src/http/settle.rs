@@ -73,7 +73,7 @@ pub const fn rejected_outcome(reason: RejectReason, shadow: bool) -> Outcome {
 /// The limiter's [`Rejection`] when enforcing and a check fails; it spends and holds nothing.
 pub fn admit(
     limiter: &std::sync::Arc<GroupLimiter>,
-    metrics: &GroupMetrics,
+    metrics: &std::sync::Arc<GroupMetrics>,
     key: PrefixKey,
 ) -> Result<Held, Rejection> {
     match limiter.admit(key) {
@@ -83,7 +83,7 @@ pub fn admit(
             }
             Ok(Held {
                 permit: Some(permit),
-                metrics: metrics.clone(),
+                metrics: std::sync::Arc::clone(metrics),
                 plane: None,
             })
         }
@@ -111,7 +111,8 @@ pub fn settle(permit: Permit, end: End, metrics: &GroupMetrics) {
 #[must_use = "dropping a held permit at once settles the request as abandoned"]
 pub struct Held {
     permit: Option<Permit>,
-    metrics: GroupMetrics,
+    /// The group's instruments: shared, so that holding them costs one reference count.
+    metrics: std::sync::Arc<GroupMetrics>,
     /// The request plane's permit the request also holds (docs/design.md, "Planes"), settled
     /// with this one.
     plane: Option<Box<Held>>,
