@@ -45,6 +45,10 @@ use lru::LruCache;
 
 use crate::time::Clock;
 
+mod table;
+
+use table::Table;
+
 /// How many of the oldest table entries a miss on a full table probes for a full, idle entry to
 /// replace (docs/design.md, "Limits").
 pub const EVICT_PROBE: usize = 8;
@@ -405,9 +409,9 @@ impl Rejection {
 }
 
 /// One token bucket with its in-flight and held counts: a table entry or the shared row.
-/// 24 bytes (20 used); with its 16-byte key and the LRU list's two links a table entry is a
-/// 56-byte allocation, which glibc serves from the same 64-byte chunk as the 48 bytes before
-/// `rejections` was added (docs/decisions.md, "Memory: about 100 bytes per tracked client").
+/// 24 bytes (20 used); with its 16-byte key and the recency list's two links a table entry is
+/// 48 bytes, stored inline in the shard's entry array ([`table`]; docs/decisions.md, "Memory:
+/// about 100 bytes per tracked client").
 #[derive(Debug, Clone, Copy)]
 struct Row {
     /// Clock ns at which the bucket is (or was) full.
@@ -533,17 +537,18 @@ pub struct Quota {
     pub reset_s: u64,
 }
 
-/// Which row a permit holds its slot on.
+/// Which row a permit holds its slot on: a table entry (the client's key and the entry's
+/// number, so that settling finds it without a lookup) or the shared row.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum RowId {
-    Key(PrefixKey),
+    Key(PrefixKey, u32),
     Shared,
 }
 
 impl RowId {
     const fn scope(self) -> Scope {
         match self {
-            RowId::Key(_) => Scope::Client,
+            RowId::Key(..) => Scope::Client,
             RowId::Shared => Scope::Shared,
         }
     }
@@ -642,7 +647,7 @@ pub const fn shards_for(max_clients: usize) -> usize {
 #[derive(Debug)]
 struct ShardState {
     tuning: Tuning,
-    table: LruCache<PrefixKey, Row>,
+    table: Table<Row>,
     /// The shared row (used in the group's shared shard only).
     shared: Row,
     /// Tokens spent per client since the last [`GroupLimiter::drain_spent`], when
@@ -731,7 +736,7 @@ impl Shard {
             let state = &mut *state;
             let t = state.tuning;
             let row = match id {
-                RowId::Key(k) => state.table.peek_mut(&k),
+                RowId::Key(k, at) => state.table.at_mut(at, &k),
                 RowId::Shared => Some(&mut state.shared),
             };
             if let Some(row) = row {
@@ -741,7 +746,7 @@ impl Shard {
                     if spend == Spend::Token {
                         // The clock is read only when a token is spent.
                         t.bucket.spend(row, self.core.clock.now_ns());
-                        if let RowId::Key(k) = id {
+                        if let RowId::Key(k, _) = id {
                             state.note(k, true);
                         }
                     }
@@ -759,7 +764,7 @@ impl Shard {
             let state = &mut *state;
             let t = state.tuning;
             let row = match id {
-                RowId::Key(k) => state.table.peek_mut(&k),
+                RowId::Key(k, at) => state.table.at_mut(at, &k),
                 RowId::Shared => Some(&mut state.shared),
             };
             if let Some(row) = row {
@@ -768,7 +773,7 @@ impl Shard {
                     Charge::OnFailure => row.held = row.held.saturating_sub(1),
                     Charge::Always => {
                         row.full_at = row.full_at.saturating_sub(t.bucket.interval);
-                        if let RowId::Key(k) = id {
+                        if let RowId::Key(k, _) = id {
                             state.note(k, false);
                         }
                     }
@@ -824,7 +829,7 @@ impl GroupLimiter {
             Arc::new(Shard {
                 state: Mutex::new(ShardState {
                     tuning,
-                    table: LruCache::new(NonZeroUsize::new(cap).unwrap_or(NonZeroUsize::MIN)),
+                    table: Table::new(cap),
                     shared: Row::full(now),
                     journal: None,
                 }),
@@ -873,16 +878,12 @@ impl GroupLimiter {
         for (i, shard) in self.shards.iter().chain([&self.shared]).enumerate() {
             let mut state = shard.lock();
             let old = state.tuning.bucket;
-            for (_, row) in &mut state.table {
+            for row in state.table.values_mut() {
                 old.rescale(new.bucket, row, now);
             }
             old.rescale(new.bucket, &mut state.shared, now);
             if i < n {
-                let before = state.table.len();
-                if let Some(cap) = NonZeroUsize::new(share(new.budget.max_clients, n, i)) {
-                    state.table.resize(cap);
-                }
-                dropped += before - state.table.len();
+                dropped += state.table.resize(share(new.budget.max_clients, n, i));
             }
             state.tuning = new;
         }
@@ -920,9 +921,7 @@ impl GroupLimiter {
             let state = self.shard_of(key).lock();
             match state.table.peek(key) {
                 Some(row) => (Some(*row), state.tuning.bucket),
-                None if state.table.len() < state.table.cap().get() => {
-                    (Some(Row::full(now)), state.tuning.bucket)
-                }
+                None if !state.table.is_full() => (Some(Row::full(now)), state.tuning.bucket),
                 None => (None, state.tuning.bucket),
             }
         };
@@ -1053,7 +1052,7 @@ impl GroupLimiter {
                     row.rejections = 0;
                     false
                 }
-                Some(_) => state.table.pop(key).is_some(),
+                Some(_) => state.table.remove(key).is_some(),
             }
         };
         if removed {
@@ -1128,16 +1127,16 @@ impl GroupLimiter {
             let t = state.tuning;
             let spends = t.budget.charge == Charge::Always;
             // Hit: one lookup (which also refreshes the entry).
-            if let Some(row) = state.table.get_mut(&key) {
-                let decision = take(&t, row, RowId::Key(key), now);
+            if let Some((at, row)) = state.table.get_mut(&key) {
+                let decision = take(&t, row, RowId::Key(key, at), now);
                 if spends && decision.is_ok() {
                     state.note(key, true);
                 }
                 return (decision.map(|id| (Arc::clone(shard), id)), change);
             }
-            if find_row(&mut state.table, key, now, &mut change) {
-                let decision = match state.table.peek_mut(&key) {
-                    Some(row) => take(&t, row, RowId::Key(key), now),
+            if let Some(at) = find_row(&mut state.table, key, now, &mut change) {
+                let decision = match state.table.at_mut(at, &key) {
+                    Some(row) => take(&t, row, RowId::Key(key, at), now),
                     // find_row only says so for a key it just inserted; unreachable, and
                     // harmless: the request is refused rather than admitted without accounting.
                     None => Err(Rejection::cap(
@@ -1219,38 +1218,31 @@ fn take(t: &Tuning, row: &mut Row, id: RowId, now: u64) -> Result<RowId, Rejecti
 
 /// Finds a place for `key`, which is not in `table`: a new full entry if the table has room,
 /// else the first full and idle entry among the [`EVICT_PROBE`] oldest, replaced in place (each
-/// ineligible one probed is refreshed). `false` when there is none (the shared row decides).
+/// ineligible one probed is refreshed). Returns the entry's number; `None` when there is none
+/// (the shared row decides).
 fn find_row(
-    table: &mut LruCache<PrefixKey, Row>,
+    table: &mut Table<Row>,
     key: PrefixKey,
     now: u64,
     change: &mut TableChange,
-) -> bool {
-    if table.len() < table.cap().get() {
-        table.put(key, Row::full(now));
-        change.inserted = true;
-        return true;
+) -> Option<u32> {
+    if !table.is_full() {
+        let at = table.insert(key, Row::full(now));
+        change.inserted = at.is_some();
+        return at;
     }
-    let mut oldest = [PrefixKey::default(); EVICT_PROBE];
-    let mut probed = 0;
-    for (slot, (k, _)) in oldest.iter_mut().zip(table.iter().rev()) {
-        *slot = *k;
-        probed += 1;
-    }
-    for k in oldest.iter().take(probed) {
+    let (oldest, probed) = table.oldest::<EVICT_PROBE>();
+    for &at in oldest.iter().take(probed) {
         let eligible = table
-            .peek(k)
+            .value_at(at)
             .is_some_and(|row| row.inflight == 0 && Bucket::is_full(row, now));
-        if eligible {
-            // Make it the least recently used, so that push replaces it in place.
-            table.demote(k);
-            table.push(key, Row::full(now));
+        if eligible && table.replace(at, key, Row::full(now)) {
             change.evicted = true;
-            return true;
+            return Some(at);
         }
-        table.promote(k);
+        table.promote(at);
     }
-    false
+    None
 }
 
 /// An admitted request's slot (docs/design.md, "Limits": settle always runs).

@@ -1,0 +1,510 @@
+//! The client table of one limiter shard: a bounded map from [`PrefixKey`] to a value (the
+//! limiter's `Row`), kept in least-recently-used order.
+//!
+//! The entries sit inline in one array (key, value and the two links of the recency list
+//! together, 48 bytes for a `Row`), reached through an open-addressing index of entry numbers
+//! (linear probing, at most half full, deletion by backward shift: Knuth, *The Art of Computer
+//! Programming* vol. 3, §6.4, algorithm R). Entries never move: an entry's number stays valid
+//! until the entry is removed, so a permit can keep it and settle without a lookup
+//! ([`Table::at_mut`]). Keys are hashed with a per-table random seed (`foldhash`), so a client
+//! cannot choose addresses that collide in the index.
+//!
+//! The table allocates its entry array (`cap` entries) and its index when it is created or
+//! resized, never on the request path.
+
+use core::hash::BuildHasher as _;
+
+use door_common::prefix::PrefixKey;
+
+/// No entry: the end of the recency list.
+const NIL: u32 = u32::MAX;
+
+/// The `prev` link of an entry on the free list (not in the table).
+const FREE: u32 = u32::MAX - 1;
+
+/// One entry: a key, its value, and its neighbours in recency order (`prev` is more recent).
+#[derive(Debug, Clone, Copy)]
+struct Entry<V> {
+    key: PrefixKey,
+    value: V,
+    prev: u32,
+    next: u32,
+}
+
+/// A bounded map from [`PrefixKey`] to `V` in least-recently-used order (see the module docs).
+#[derive(Debug)]
+pub(super) struct Table<V> {
+    /// Every entry ever allocated, live or on the free list.
+    entries: Vec<Entry<V>>,
+    /// Numbers of the entries on the free list.
+    free: Vec<u32>,
+    /// `entry number + 1` per slot, `0` for an empty slot; a power of two long, at least twice
+    /// `cap`.
+    index: Box<[u32]>,
+    hasher: foldhash::fast::RandomState,
+    /// The most recently used entry.
+    head: u32,
+    /// The least recently used entry.
+    tail: u32,
+    len: usize,
+    cap: usize,
+}
+
+impl<V: Copy> Table<V> {
+    /// An empty table of at most `cap` entries (at least 1).
+    pub(super) fn new(cap: usize) -> Self {
+        let cap = cap.max(1);
+        Self {
+            entries: Vec::with_capacity(cap),
+            free: Vec::new(),
+            index: empty_index(cap),
+            hasher: foldhash::fast::RandomState::default(),
+            head: NIL,
+            tail: NIL,
+            len: 0,
+            cap,
+        }
+    }
+
+    /// Entries in the table.
+    pub(super) fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether the table holds `cap` entries.
+    pub(super) fn is_full(&self) -> bool {
+        self.len >= self.cap
+    }
+
+    fn mask(&self) -> usize {
+        self.index.len() - 1
+    }
+
+    fn home(&self, key: &PrefixKey) -> usize {
+        #[expect(
+            clippy::cast_possible_truncation,
+            reason = "only the low bits select a slot"
+        )]
+        let h = self.hasher.hash_one(key.addr) as usize;
+        h & self.mask()
+    }
+
+    /// The index slot and entry number of `key`.
+    fn find(&self, key: &PrefixKey) -> Option<(usize, u32)> {
+        let mask = self.mask();
+        let mut slot = self.home(key);
+        // The index is at most half full, so an empty slot ends every probe; the bound only
+        // makes that visible.
+        for _ in 0..self.index.len() {
+            let n = *self.index.get(slot)?;
+            let at = n.checked_sub(1)?;
+            if self.entries.get(at as usize).is_some_and(|e| e.key == *key) {
+                return Some((slot, at));
+            }
+            slot = (slot + 1) & mask;
+        }
+        None
+    }
+
+    fn entry(&self, at: u32) -> Option<&Entry<V>> {
+        self.entries.get(at as usize)
+    }
+
+    fn entry_mut(&mut self, at: u32) -> Option<&mut Entry<V>> {
+        self.entries.get_mut(at as usize)
+    }
+
+    /// Whether `key` has an entry.
+    pub(super) fn contains(&self, key: &PrefixKey) -> bool {
+        self.find(key).is_some()
+    }
+
+    /// The value of `key`, leaving the recency order alone.
+    pub(super) fn peek(&self, key: &PrefixKey) -> Option<&V> {
+        let (_, at) = self.find(key)?;
+        self.entry(at).map(|e| &e.value)
+    }
+
+    /// The value of `key`, mutable, leaving the recency order alone.
+    pub(super) fn peek_mut(&mut self, key: &PrefixKey) -> Option<&mut V> {
+        let (_, at) = self.find(key)?;
+        self.entry_mut(at).map(|e| &mut e.value)
+    }
+
+    /// The entry number and value of `key`, made the most recently used.
+    pub(super) fn get_mut(&mut self, key: &PrefixKey) -> Option<(u32, &mut V)> {
+        let (_, at) = self.find(key)?;
+        self.promote(at);
+        self.entry_mut(at).map(|e| (at, &mut e.value))
+    }
+
+    /// The value of entry `at` if it is still `key`'s (an entry number kept since
+    /// [`Table::get_mut`] or [`Table::insert`]), without a lookup; the recency order is left
+    /// alone. `None` when the entry was removed since, even if `key` has another entry now.
+    pub(super) fn at_mut(&mut self, at: u32, key: &PrefixKey) -> Option<&mut V> {
+        self.entry_mut(at)
+            .filter(|e| e.prev != FREE && e.key == *key)
+            .map(|e| &mut e.value)
+    }
+
+    /// Adds `key`, which has no entry, as the most recently used with `value`; `None` (nothing
+    /// changed) when the table is full or `key` has an entry already.
+    pub(super) fn insert(&mut self, key: PrefixKey, value: V) -> Option<u32> {
+        if self.is_full() || self.contains(&key) {
+            return None;
+        }
+        let entry = Entry {
+            key,
+            value,
+            prev: NIL,
+            next: NIL,
+        };
+        let at = if let Some(at) = self.free.pop() {
+            *self.entry_mut(at)? = entry;
+            at
+        } else {
+            let at = u32::try_from(self.entries.len())
+                .ok()
+                .filter(|&n| n < FREE)?;
+            self.entries.push(entry);
+            at
+        };
+        self.index_insert(&key, at);
+        self.link_front(at);
+        self.len += 1;
+        Some(at)
+    }
+
+    /// Gives entry `at` to `key` (which has no entry) with `value`, as the most recently used:
+    /// the entry's old key leaves the table. Returns `false`, changing nothing, when `at` is not
+    /// in the table or `key` already is.
+    pub(super) fn replace(&mut self, at: u32, key: PrefixKey, value: V) -> bool {
+        let Some(old) = self.entry(at).filter(|e| e.prev != FREE).map(|e| e.key) else {
+            return false;
+        };
+        if self.contains(&key) {
+            return false;
+        }
+        if let Some((slot, _)) = self.find(&old) {
+            self.index_remove(slot);
+        }
+        if let Some(e) = self.entry_mut(at) {
+            e.key = key;
+            e.value = value;
+        }
+        self.index_insert(&key, at);
+        self.promote(at);
+        true
+    }
+
+    /// Removes `key`'s entry and returns its value.
+    pub(super) fn remove(&mut self, key: &PrefixKey) -> Option<V> {
+        let (slot, at) = self.find(key)?;
+        self.index_remove(slot);
+        self.unlink(at);
+        let e = self.entry_mut(at)?;
+        e.prev = FREE;
+        e.next = NIL;
+        let value = e.value;
+        self.free.push(at);
+        self.len -= 1;
+        Some(value)
+    }
+
+    /// Removes the least recently used entry and returns it.
+    pub(super) fn pop_lru(&mut self) -> Option<(PrefixKey, V)> {
+        let key = self.entry(self.tail)?.key;
+        self.remove(&key).map(|v| (key, v))
+    }
+
+    /// Makes entry `at` the most recently used.
+    pub(super) fn promote(&mut self, at: u32) {
+        if self.head != at && self.entry(at).is_some_and(|e| e.prev != FREE) {
+            self.unlink(at);
+            self.link_front(at);
+        }
+    }
+
+    /// The numbers of up to `N` least recently used entries, oldest first, and how many there
+    /// are.
+    pub(super) fn oldest<const N: usize>(&self) -> ([u32; N], usize) {
+        let mut out = [NIL; N];
+        let mut n = 0;
+        let mut at = self.tail;
+        for slot in &mut out {
+            let Some(e) = self.entry(at) else { break };
+            *slot = at;
+            n += 1;
+            at = e.prev;
+        }
+        (out, n)
+    }
+
+    /// The value of entry `at`, if it is in the table.
+    pub(super) fn value_at(&self, at: u32) -> Option<&V> {
+        self.entry(at).filter(|e| e.prev != FREE).map(|e| &e.value)
+    }
+
+    /// Changes the capacity to `cap` (at least 1), removing the least recently used entries
+    /// past it; returns how many were removed. Entry numbers of the remaining entries stay
+    /// valid.
+    pub(super) fn resize(&mut self, cap: usize) -> usize {
+        let cap = cap.max(1);
+        let mut removed = 0;
+        while self.len > cap && self.pop_lru().is_some() {
+            removed += 1;
+        }
+        self.cap = cap;
+        self.entries
+            .reserve_exact(cap.saturating_sub(self.entries.len()));
+        if self.index.len() < cap * 2 {
+            self.index = empty_index(cap);
+            let mut at = self.head;
+            while let Some(e) = self.entry(at) {
+                let (key, next) = (e.key, e.next);
+                self.index_insert(&key, at);
+                at = next;
+            }
+        }
+        removed
+    }
+
+    /// Every entry, most recently used first.
+    pub(super) fn iter(&self) -> impl Iterator<Item = (&PrefixKey, &V)> {
+        let mut at = self.head;
+        core::iter::from_fn(move || {
+            let e = self.entry(at)?;
+            at = e.next;
+            Some((&e.key, &e.value))
+        })
+    }
+
+    /// Every value, mutable, in no particular order.
+    pub(super) fn values_mut(&mut self) -> impl Iterator<Item = &mut V> {
+        self.entries
+            .iter_mut()
+            .filter(|e| e.prev != FREE)
+            .map(|e| &mut e.value)
+    }
+
+    fn index_insert(&mut self, key: &PrefixKey, at: u32) {
+        let mask = self.mask();
+        let mut slot = self.home(key);
+        for _ in 0..self.index.len() {
+            match self.index.get_mut(slot) {
+                Some(s) if *s == 0 => {
+                    *s = at + 1;
+                    return;
+                }
+                Some(_) => slot = (slot + 1) & mask,
+                None => return,
+            }
+        }
+    }
+
+    /// Empties `slot` and moves later entries of its probe run back into the hole, so that
+    /// every key stays reachable from its home slot without tombstones.
+    fn index_remove(&mut self, slot: usize) {
+        let mask = self.mask();
+        let mut hole = slot;
+        let mut i = (slot + 1) & mask;
+        for _ in 0..self.index.len() {
+            let n = self.index.get(i).copied().unwrap_or(0);
+            let Some(key) = n
+                .checked_sub(1)
+                .and_then(|at| self.entry(at))
+                .map(|e| e.key)
+            else {
+                break;
+            };
+            let start = self.home(&key);
+            // The entry may fill the hole if the hole lies between its home and its slot.
+            if (i.wrapping_sub(start) & mask) >= (i.wrapping_sub(hole) & mask) {
+                if let Some(h) = self.index.get_mut(hole) {
+                    *h = n;
+                }
+                hole = i;
+            }
+            i = (i + 1) & mask;
+        }
+        if let Some(h) = self.index.get_mut(hole) {
+            *h = 0;
+        }
+    }
+
+    fn unlink(&mut self, at: u32) {
+        let Some(&Entry { prev, next, .. }) = self.entry(at) else {
+            return;
+        };
+        match self.entry_mut(prev) {
+            Some(p) => p.next = next,
+            None => self.head = next,
+        }
+        match self.entry_mut(next) {
+            Some(n) => n.prev = prev,
+            None => self.tail = prev,
+        }
+    }
+
+    fn link_front(&mut self, at: u32) {
+        let head = self.head;
+        if let Some(e) = self.entry_mut(at) {
+            e.prev = NIL;
+            e.next = head;
+        }
+        match self.entry_mut(head) {
+            Some(h) => h.prev = at,
+            None => self.tail = at,
+        }
+        self.head = at;
+    }
+}
+
+/// An index for `cap` entries: empty, a power of two slots, at least twice `cap`.
+fn empty_index(cap: usize) -> Box<[u32]> {
+    vec![0; cap.saturating_mul(2).next_power_of_two().max(8)].into_boxed_slice()
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::VecDeque;
+
+    use proptest::prelude::*;
+
+    use super::*;
+
+    fn key(i: u16) -> PrefixKey {
+        let [hi, lo] = i.to_be_bytes();
+        PrefixKey::from_ipv4([10, 0, hi, lo])
+    }
+
+    #[test]
+    fn keeps_recency_order_and_replaces_in_place() {
+        let mut t = Table::new(3);
+        let a = t.insert(key(1), 10).unwrap();
+        t.insert(key(2), 20).unwrap();
+        t.insert(key(3), 30).unwrap();
+        assert!(t.insert(key(4), 40).is_none(), "full");
+        assert_eq!(t.get_mut(&key(1)).map(|(at, v)| (at, *v)), Some((a, 10)));
+        let order: Vec<_> = t.iter().map(|(k, v)| (*k, *v)).collect();
+        assert_eq!(order, [(key(1), 10), (key(3), 30), (key(2), 20)]);
+        let (oldest, n) = t.oldest::<8>();
+        assert_eq!(n, 3);
+        assert_eq!(t.value_at(oldest[0]), Some(&20));
+        assert!(t.replace(oldest[0], key(4), 40));
+        assert!(!t.contains(&key(2)));
+        assert_eq!(t.peek(&key(4)), Some(&40));
+        assert_eq!(t.iter().next().map(|(k, _)| *k), Some(key(4)));
+        assert_eq!(t.at_mut(a, &key(1)).copied(), Some(10));
+        assert_eq!(t.at_mut(a, &key(4)), None, "entry a is key 1's");
+    }
+
+    #[test]
+    fn a_removed_entry_number_no_longer_reaches_its_key() {
+        let mut t = Table::new(2);
+        let a = t.insert(key(1), 1).unwrap();
+        assert_eq!(t.remove(&key(1)), Some(1));
+        assert_eq!(t.at_mut(a, &key(1)), None);
+        let b = t.insert(key(2), 2).unwrap();
+        assert_eq!(b, a, "the free entry is reused");
+        assert_eq!(t.at_mut(a, &key(1)), None);
+        assert_eq!(t.at_mut(b, &key(2)).copied(), Some(2));
+    }
+
+    #[test]
+    fn resize_drops_the_least_recently_used_and_keeps_entry_numbers() {
+        let mut t = Table::new(4);
+        let ats: Vec<u32> = (0..4).map(|i| t.insert(key(i), i).unwrap()).collect();
+        assert_eq!(t.resize(2), 2);
+        assert_eq!(t.len(), 2);
+        assert!(!t.contains(&key(0)) && !t.contains(&key(1)));
+        assert_eq!(t.resize(64), 0);
+        assert_eq!(t.at_mut(ats[3], &key(3)).copied(), Some(3));
+        assert_eq!(t.peek(&key(2)), Some(&2));
+        for i in 10..72 {
+            t.insert(key(i), i);
+        }
+        assert_eq!(t.len(), 64);
+    }
+
+    #[derive(Debug, Clone)]
+    enum Op {
+        Insert(u16),
+        Get(u16),
+        Remove(u16),
+        ReplaceOldest(u16),
+        PopLru,
+        Resize(usize),
+    }
+
+    fn op() -> impl Strategy<Value = Op> {
+        // Few keys, so that operations meet the same keys often.
+        prop_oneof![
+            (0u16..24).prop_map(Op::Insert),
+            (0u16..24).prop_map(Op::Get),
+            (0u16..24).prop_map(Op::Remove),
+            (0u16..24).prop_map(Op::ReplaceOldest),
+            Just(Op::PopLru),
+            (1usize..20).prop_map(Op::Resize),
+        ]
+    }
+
+    proptest! {
+        /// The table behaves as a list in recency order (the model: most recent first).
+        #[test]
+        fn matches_a_recency_list(cap in 1usize..16, ops in prop::collection::vec(op(), 1..300)) {
+            let mut t = Table::new(cap);
+            let mut model: VecDeque<(PrefixKey, u16)> = VecDeque::new();
+            let mut cap = cap;
+            for op in ops {
+                match op {
+                    Op::Insert(i) => {
+                        let fits = model.len() < cap && !model.iter().any(|(k, _)| *k == key(i));
+                        prop_assert_eq!(t.insert(key(i), i).is_some(), fits);
+                        if fits {
+                            model.push_front((key(i), i));
+                        }
+                    }
+                    Op::Get(i) => {
+                        let got = t.get_mut(&key(i)).map(|(_, v)| *v);
+                        let pos = model.iter().position(|(k, _)| *k == key(i));
+                        prop_assert_eq!(got, pos.and_then(|p| model.get(p)).map(|e| e.1));
+                        if let Some(e) = pos.and_then(|p| model.remove(p)) {
+                            model.push_front(e);
+                        }
+                    }
+                    Op::Remove(i) => {
+                        let pos = model.iter().position(|(k, _)| *k == key(i));
+                        let want = pos.and_then(|p| model.remove(p)).map(|e| e.1);
+                        prop_assert_eq!(t.remove(&key(i)), want);
+                    }
+                    Op::ReplaceOldest(i) => {
+                        let (oldest, n) = t.oldest::<1>();
+                        let taken = model.iter().any(|(k, _)| *k == key(i));
+                        let done = n == 1 && t.replace(oldest[0], key(i), i);
+                        prop_assert_eq!(done, n == 1 && !taken);
+                        if done {
+                            model.pop_back();
+                            model.push_front((key(i), i));
+                        }
+                    }
+                    Op::PopLru => {
+                        prop_assert_eq!(t.pop_lru(), model.pop_back());
+                    }
+                    Op::Resize(c) => {
+                        let before = model.len();
+                        model.truncate(c);
+                        prop_assert_eq!(t.resize(c), before - model.len());
+                        cap = c;
+                    }
+                }
+                let got: Vec<(PrefixKey, u16)> = t.iter().map(|(k, v)| (*k, *v)).collect();
+                prop_assert_eq!(&got, &model.iter().copied().collect::<Vec<_>>());
+                prop_assert_eq!(t.len(), model.len());
+                for (k, v) in &model {
+                    prop_assert_eq!(t.peek(k), Some(v));
+                }
+            }
+        }
+    }
+}
