@@ -60,6 +60,9 @@ pub enum ServeError {
     /// `[cluster] redis` cannot be used.
     #[error(transparent)]
     Cluster(#[from] crate::cluster::ClusterError),
+    /// The worker threads that serve connections could not be started.
+    #[error("starting the worker threads: {0}")]
+    Workers(std::io::Error),
 }
 
 /// Re-reads the configuration for a reload (flags, environment and the file, as at start).
@@ -115,7 +118,13 @@ pub async fn run(
     let admin_blocklist = admin_blocklist(shield.as_ref(), shared_blocklist.as_ref());
     let (cluster, cluster_status) = start_cluster(&config, &app, shared_blocklist)?;
     let _budget_instruments = budget_instruments(&metrics, &app);
-    let front = Front::new(Arc::clone(&app), ConnSettings::from_config(&config), tls);
+    let front = Front::with_workers(
+        Arc::clone(&app),
+        ConnSettings::from_config(&config),
+        tls,
+        crate::http::worker::count(),
+    )
+    .map_err(ServeError::Workers)?;
     let proto = if config.tls.is_some() {
         "TLS: h2 and http/1.1 by ALPN"
     } else {

@@ -169,6 +169,47 @@ impl ConnSettings {
 /// The TLS acceptor shared by a front's accept loops (`None`: cleartext).
 type Tls = Arc<RwLock<Option<TlsAcceptor>>>;
 
+/// The threads a [`Front`] serves connections on when built with [`Front::with_workers`]: each
+/// runs a single-threaded tokio runtime, accepts from every listener (a duplicate of the
+/// listening socket registered with its own reactor) and serves the connections it accepted
+/// to the end, so a request never moves between threads (docs/decisions.md, "Serving: a
+/// single-threaded runtime per core").
+struct Workers {
+    handles: Vec<tokio::runtime::Handle>,
+    /// Dropped with the front: each worker thread then returns, dropping its runtime.
+    _stop: Vec<tokio::sync::oneshot::Sender<()>>,
+}
+
+impl Workers {
+    /// Starts `n` worker threads (at least 1).
+    ///
+    /// # Errors
+    /// The I/O error of a runtime or thread that could not be started.
+    fn start(n: usize) -> std::io::Result<Self> {
+        let mut handles = Vec::new();
+        let mut stop = Vec::new();
+        for i in 0..n.max(1) {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()?;
+            handles.push(runtime.handle().clone());
+            let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+            stop.push(tx);
+            std::thread::Builder::new()
+                .name(format!("door-worker-{i}"))
+                .spawn(move || {
+                    crate::http::worker::set(i);
+                    // Returns when the front drops its sender; the runtime's tasks go with it.
+                    let _ = runtime.block_on(rx);
+                })?;
+        }
+        Ok(Self {
+            handles,
+            _stop: stop,
+        })
+    }
+}
+
 /// door's listeners and their connections: serves, and drains on request.
 pub struct Front {
     app: Arc<App>,
@@ -183,6 +224,9 @@ pub struct Front {
     limits: Arc<ConnLimits>,
     /// Set when an accept loop ended before the drain (its listener is gone).
     loop_died: AtomicBool,
+    /// The worker threads ([`Front::with_workers`]); `None`: connections are served on the
+    /// runtime that called [`Front::serve`].
+    workers: Option<Workers>,
 }
 
 impl Front {
@@ -215,7 +259,25 @@ impl Front {
                 settings.max_connections_per_client,
             ),
             loop_died: AtomicBool::new(false),
+            workers: None,
         }
+    }
+
+    /// As [`Front::new`], serving on `workers` threads of its own, each with a single-threaded
+    /// runtime (what a running door uses: one per core).
+    ///
+    /// # Errors
+    /// The I/O error of a worker thread or runtime that could not be started.
+    pub fn with_workers(
+        app: Arc<App>,
+        settings: ConnSettings,
+        tls: Option<Arc<rustls::ServerConfig>>,
+        workers: usize,
+    ) -> std::io::Result<Self> {
+        Ok(Self {
+            workers: Some(Workers::start(workers)?),
+            ..Self::new(app, settings, tls)
+        })
     }
 
     /// Re-reads the TLS certificate and key of `config` (a renewal reloaded with SIGHUP): new
@@ -240,19 +302,60 @@ impl Front {
 
     /// Serves `listener` until [`Front::drain`]; with `proxy_protocol`, every connection must
     /// start with a PROXY protocol header from a trusted proxy.
+    ///
+    /// With workers ([`Front::with_workers`]), every worker accepts from `listener` through a
+    /// duplicate of its socket: one accept queue, taken from by whichever worker is free (as
+    /// nginx's workers share a listening socket), and a port in use still fails the bind.
     pub fn serve(&self, listener: TcpListener, proxy_protocol: bool) {
-        let task = accept_loop(
-            listener,
-            Arc::clone(&self.app),
-            self.settings,
-            Arc::clone(&self.builder),
-            Arc::clone(&self.tls),
-            self.stop.subscribe(),
-            Arc::clone(&self.connections),
-            Arc::clone(&self.limits),
+        let Some(workers) = &self.workers else {
+            lock(&self.loops).spawn(accept_loop(listener, self.accept(proxy_protocol)));
+            return;
+        };
+        let Some(listener) = self.or_dead(listener.into_std(), "handed to the workers") else {
+            return;
+        };
+        let mut loops = lock(&self.loops);
+        for handle in &workers.handles {
+            let Some(copy) = self.or_dead(listener.try_clone(), "duplicated for a worker") else {
+                continue;
+            };
+            let accept = self.accept(proxy_protocol);
+            // Registered with the reactor of the worker that runs the loop.
+            let serve = async move {
+                match TcpListener::from_std(copy) {
+                    Ok(l) => accept_loop(l, accept).await,
+                    Err(e) => tracing::error!(error = %e, "a worker could not register a listener"),
+                }
+            };
+            loops.spawn_on(serve, handle);
+        }
+    }
+
+    /// The listener of `result`; on an error, logs that the listener could not be `what` and
+    /// marks the front as not accepting (the watchdog notices).
+    fn or_dead<T>(&self, result: std::io::Result<T>, what: &str) -> Option<T> {
+        match result {
+            Ok(l) => Some(l),
+            Err(e) => {
+                tracing::error!(error = %e, "a listener could not be {what}");
+                self.loop_died.store(true, Ordering::Release);
+                None
+            }
+        }
+    }
+
+    /// What an accept loop of this front shares with it.
+    fn accept(&self, proxy_protocol: bool) -> Accept {
+        Accept {
+            app: Arc::clone(&self.app),
+            settings: self.settings,
+            builder: Arc::clone(&self.builder),
+            tls: Arc::clone(&self.tls),
+            stop: self.stop.subscribe(),
+            connections: Arc::clone(&self.connections),
+            limits: Arc::clone(&self.limits),
             proxy_protocol,
-        );
-        lock(&self.loops).spawn(task);
+        }
     }
 
     /// Drains (docs/design.md, "Operating contract"): health turns 503 at once, the listeners are
@@ -301,12 +404,9 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
-#[expect(
-    clippy::too_many_arguments,
-    reason = "the listener's inputs, passed once from Front::serve"
-)]
-async fn accept_loop(
-    listener: TcpListener,
+/// An accept loop's share of its [`Front`]: the request path, the connection settings and
+/// builder, the TLS acceptor, the drain signal, the connection set and the connection limits.
+struct Accept {
     app: Arc<App>,
     settings: ConnSettings,
     builder: Arc<auto::Builder<TokioExecutor>>,
@@ -314,8 +414,21 @@ async fn accept_loop(
     stop: watch::Receiver<bool>,
     connections: Arc<Mutex<JoinSet<()>>>,
     limits: Arc<ConnLimits>,
+    /// Every connection must start with a PROXY protocol header from a trusted proxy.
     proxy_protocol: bool,
-) {
+}
+
+async fn accept_loop(listener: TcpListener, accept: Accept) {
+    let Accept {
+        app,
+        settings,
+        builder,
+        tls,
+        stop,
+        connections,
+        limits,
+        proxy_protocol,
+    } = accept;
     loop {
         let (stream, peer) = match listener.accept().await {
             Ok(a) => a,

@@ -3,7 +3,7 @@
 //! body and `RateLimit` fields ([`answer`]), the *one* function that decides whether a request's
 //! end spends a token ([`settle`]), the streamed response body that holds the permit ([`body`]),
 //! the upstream client and forwarding-header rewrite ([`upstream`]), routes ([`route`]), cached
-//! health ([`health`]) and TLS ([`tls`]).
+//! health ([`health`]), TLS ([`tls`]) and the worker threads' identity ([`worker`]).
 //!
 //! May use [`crate::client`], [`crate::limit`], [`crate::obs`], [`crate::shield::escalate`] and
 //! [`crate::time`]; it never touches the XDP program itself.
@@ -21,6 +21,7 @@ pub mod tls;
 pub mod tunnel;
 pub mod upgrade;
 pub mod upstream;
+pub mod worker;
 
 pub use front::{ConnInfo, ConnSettings, Front, MAX_CONCURRENT_STREAMS, MAX_HEADER_BYTES};
 pub use request::{App, HEALTH_GROUP};

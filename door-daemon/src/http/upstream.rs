@@ -179,10 +179,14 @@ pub struct Origin {
 /// connection closed under before sending anything is retried on a new one.
 pub const POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(90);
 
-/// The upstream client.
+/// The upstream client: one connection pool per worker thread ([`crate::http::worker`]), so
+/// that a request's upstream connection is one its own thread opened and drives.
 #[derive(Debug, Clone)]
 pub struct Proxy {
-    client: Client<HttpConnector, UpstreamBody>,
+    /// Worker 0's client (and that of every thread that is not a worker).
+    first: Client<HttpConnector, UpstreamBody>,
+    /// The clients of workers 1, 2, ...
+    others: std::sync::Arc<[Client<HttpConnector, UpstreamBody>]>,
     upstream: Upstream,
 }
 
@@ -192,14 +196,33 @@ impl Proxy {
     /// caps), each closed after [`POOL_IDLE_TIMEOUT`] unused. A smaller pool measured 2.4 times
     /// door's CPU per request under 64 clients (docs/decisions.md, "Accept, upstream pool and
     /// HTTP/2 windows").
+    ///
+    /// One pool per worker a running door starts ([`crate::http::worker::count`]); an empty
+    /// pool costs nothing until it opens a connection.
     pub fn new(upstream: Upstream) -> Self {
-        let mut connector = HttpConnector::new();
-        connector.set_nodelay(true);
-        let client = Client::builder(TokioExecutor::new())
-            .pool_max_idle_per_host(usize::MAX)
-            .pool_idle_timeout(POOL_IDLE_TIMEOUT)
-            .build(connector);
-        Self { client, upstream }
+        let client = || {
+            let mut connector = HttpConnector::new();
+            connector.set_nodelay(true);
+            Client::builder(TokioExecutor::new())
+                .pool_max_idle_per_host(usize::MAX)
+                .pool_idle_timeout(POOL_IDLE_TIMEOUT)
+                .build(connector)
+        };
+        Self {
+            first: client(),
+            others: (1..crate::http::worker::count())
+                .map(|_| client())
+                .collect(),
+            upstream,
+        }
+    }
+
+    /// The calling worker's client.
+    fn client(&self) -> &Client<HttpConnector, UpstreamBody> {
+        crate::http::worker::index()
+            .checked_sub(1)
+            .and_then(|i| self.others.get(i))
+            .unwrap_or(&self.first)
     }
 
     /// Sends `req` (already prepared with [`prepare`]) upstream and returns its response head;
@@ -212,7 +235,7 @@ impl Proxy {
         req: Request<UpstreamBody>,
     ) -> Result<Response<Incoming>, ProxyError> {
         let mut res = self
-            .client
+            .client()
             .request(req)
             .await
             .map_err(|source| ProxyError {
