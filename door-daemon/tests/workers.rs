@@ -2,7 +2,6 @@
 //! accepted and served by several single-threaded runtimes, each with its own upstream pool,
 //! while the limiters stay one per group, so a client's budget is exact whichever worker serves
 //! its connections; the drain stops every worker's accept loop.
-#![expect(clippy::unwrap_used, reason = "tests")]
 
 mod support;
 
