@@ -687,7 +687,7 @@ fn notes(out: &mut String, cores: usize, load_start: &str, load_end: &str) {
     );
     let _ = writeln!(
         out,
-        "door: tokio multi-threaded runtime ({cores} workers); nginx: worker_processes {cores}; \
+        "door: {cores} worker threads, a single-threaded tokio runtime each; nginx: worker_processes {cores}; \
          HAProxy: nbthread {cores}; upstream: nginx, 1 worker"
     );
     let _ = writeln!(

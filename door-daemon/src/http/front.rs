@@ -170,12 +170,11 @@ impl ConnSettings {
 type Tls = Arc<RwLock<Option<TlsAcceptor>>>;
 
 /// The threads a [`Front`] serves connections on when built with [`Front::with_workers`]: each
-/// runs a single-threaded tokio runtime, accepts from every listener (a duplicate of the
-/// listening socket registered with its own reactor) and serves the connections it accepted
-/// to the end, so a request never moves between threads (docs/decisions.md, "Serving: a
+/// runs a single-threaded tokio runtime and serves the connections the accept loop hands it to
+/// their end, so a request never moves between threads (docs/decisions.md, "Serving: a
 /// single-threaded runtime per core").
 struct Workers {
-    handles: Vec<tokio::runtime::Handle>,
+    handles: Arc<[tokio::runtime::Handle]>,
     /// Dropped with the front: each worker thread then returns, dropping its runtime.
     _stop: Vec<tokio::sync::oneshot::Sender<()>>,
 }
@@ -204,7 +203,7 @@ impl Workers {
                 })?;
         }
         Ok(Self {
-            handles,
+            handles: handles.into(),
             _stop: stop,
         })
     }
@@ -303,45 +302,11 @@ impl Front {
     /// Serves `listener` until [`Front::drain`]; with `proxy_protocol`, every connection must
     /// start with a PROXY protocol header from a trusted proxy.
     ///
-    /// With workers ([`Front::with_workers`]), every worker accepts from `listener` through a
-    /// duplicate of its socket: one accept queue, taken from by whichever worker is free (as
-    /// nginx's workers share a listening socket), and a port in use still fails the bind.
+    /// The accept loop runs on the calling runtime. With workers ([`Front::with_workers`]), it
+    /// hands each accepted connection to the next worker in turn (round robin, as actix-server's
+    /// acceptor does), which serves it to its end.
     pub fn serve(&self, listener: TcpListener, proxy_protocol: bool) {
-        let Some(workers) = &self.workers else {
-            lock(&self.loops).spawn(accept_loop(listener, self.accept(proxy_protocol)));
-            return;
-        };
-        let Some(listener) = self.or_dead(listener.into_std(), "handed to the workers") else {
-            return;
-        };
-        let mut loops = lock(&self.loops);
-        for handle in &workers.handles {
-            let Some(copy) = self.or_dead(listener.try_clone(), "duplicated for a worker") else {
-                continue;
-            };
-            let accept = self.accept(proxy_protocol);
-            // Registered with the reactor of the worker that runs the loop.
-            let serve = async move {
-                match TcpListener::from_std(copy) {
-                    Ok(l) => accept_loop(l, accept).await,
-                    Err(e) => tracing::error!(error = %e, "a worker could not register a listener"),
-                }
-            };
-            loops.spawn_on(serve, handle);
-        }
-    }
-
-    /// The listener of `result`; on an error, logs that the listener could not be `what` and
-    /// marks the front as not accepting (the watchdog notices).
-    fn or_dead<T>(&self, result: std::io::Result<T>, what: &str) -> Option<T> {
-        match result {
-            Ok(l) => Some(l),
-            Err(e) => {
-                tracing::error!(error = %e, "a listener could not be {what}");
-                self.loop_died.store(true, Ordering::Release);
-                None
-            }
-        }
+        lock(&self.loops).spawn(accept_loop(listener, self.accept(proxy_protocol)));
     }
 
     /// What an accept loop of this front shares with it.
@@ -355,6 +320,7 @@ impl Front {
             connections: Arc::clone(&self.connections),
             limits: Arc::clone(&self.limits),
             proxy_protocol,
+            workers: self.workers.as_ref().map(|w| Arc::clone(&w.handles)),
         }
     }
 
@@ -416,6 +382,9 @@ struct Accept {
     limits: Arc<ConnLimits>,
     /// Every connection must start with a PROXY protocol header from a trusted proxy.
     proxy_protocol: bool,
+    /// The workers connections are handed to, in turn; `None`: served on the accept loop's
+    /// runtime.
+    workers: Option<Arc<[tokio::runtime::Handle]>>,
 }
 
 async fn accept_loop(listener: TcpListener, accept: Accept) {
@@ -428,7 +397,9 @@ async fn accept_loop(listener: TcpListener, accept: Accept) {
         connections,
         limits,
         proxy_protocol,
+        workers,
     } = accept;
+    let mut next = 0_usize;
     loop {
         let (stream, peer) = match listener.accept().await {
             Ok(a) => a,
@@ -455,24 +426,71 @@ async fn accept_loop(listener: TcpListener, accept: Accept) {
             }
         };
         let _ = stream.set_nodelay(true);
-        let task = connection(
-            stream,
-            peer,
-            proxy_protocol,
-            Arc::clone(&app),
-            settings,
-            Arc::clone(&builder),
-            tls.read().unwrap_or_else(PoisonError::into_inner).clone(),
-            stop.clone(),
-        );
-        let mut set = lock(&connections);
-        // Reap finished connections so the set does not grow with every connection ever served.
-        while set.try_join_next().is_some() {}
-        set.spawn(async move {
-            task.await;
+        let (app, builder) = (Arc::clone(&app), Arc::clone(&builder));
+        let tls = tls.read().unwrap_or_else(PoisonError::into_inner).clone();
+        let stop = stop.clone();
+        let Some(handles) = &workers else {
+            spawn_connection(&connections, None, async move {
+                connection(
+                    stream,
+                    peer,
+                    proxy_protocol,
+                    app,
+                    settings,
+                    builder,
+                    tls,
+                    stop,
+                )
+                .await;
+                drop(slot);
+            });
+            continue;
+        };
+        // Handed over: deregistered from this runtime's reactor, registered with the worker's.
+        let stream = match stream.into_std() {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::warn!(error = %e, %peer, "a connection could not be handed to a worker");
+                continue;
+            }
+        };
+        let handle = handles.get(next % handles.len().max(1));
+        next = next.wrapping_add(1);
+        spawn_connection(&connections, handle, async move {
+            match TcpStream::from_std(stream) {
+                Ok(stream) => {
+                    connection(
+                        stream,
+                        peer,
+                        proxy_protocol,
+                        app,
+                        settings,
+                        builder,
+                        tls,
+                        stop,
+                    )
+                    .await;
+                }
+                Err(e) => tracing::warn!(error = %e, %peer, "a worker could not take a connection"),
+            }
             drop(slot);
         });
     }
+}
+
+/// Adds a connection's task to the front's set, on `worker` (the accept loop's runtime when
+/// `None`), reaping finished ones first so the set does not grow with every connection served.
+fn spawn_connection(
+    connections: &Mutex<JoinSet<()>>,
+    worker: Option<&tokio::runtime::Handle>,
+    task: impl Future<Output = ()> + Send + 'static,
+) {
+    let mut set = lock(connections);
+    while set.try_join_next().is_some() {}
+    match worker {
+        Some(handle) => set.spawn_on(task, handle),
+        None => set.spawn(task),
+    };
 }
 
 /// Counts and (at most once a minute per reason) logs a connection refused at accept.
