@@ -426,22 +426,18 @@ async fn accept_loop(listener: TcpListener, accept: Accept) {
             }
         };
         let _ = stream.set_nodelay(true);
-        let (app, builder) = (Arc::clone(&app), Arc::clone(&builder));
-        let tls = tls.read().unwrap_or_else(PoisonError::into_inner).clone();
-        let stop = stop.clone();
+        let conn = Connection {
+            peer,
+            proxy_protocol,
+            app: Arc::clone(&app),
+            settings,
+            builder: Arc::clone(&builder),
+            tls: tls.read().unwrap_or_else(PoisonError::into_inner).clone(),
+            stop: stop.clone(),
+        };
         let Some(handles) = &workers else {
             spawn_connection(&connections, None, async move {
-                connection(
-                    stream,
-                    peer,
-                    proxy_protocol,
-                    app,
-                    settings,
-                    builder,
-                    tls,
-                    stop,
-                )
-                .await;
+                connection(stream, conn).await;
                 drop(slot);
             });
             continue;
@@ -458,19 +454,7 @@ async fn accept_loop(listener: TcpListener, accept: Accept) {
         next = next.wrapping_add(1);
         spawn_connection(&connections, handle, async move {
             match TcpStream::from_std(stream) {
-                Ok(stream) => {
-                    connection(
-                        stream,
-                        peer,
-                        proxy_protocol,
-                        app,
-                        settings,
-                        builder,
-                        tls,
-                        stop,
-                    )
-                    .await;
-                }
+                Ok(stream) => connection(stream, conn).await,
                 Err(e) => tracing::warn!(error = %e, %peer, "a worker could not take a connection"),
             }
             drop(slot);
@@ -510,12 +494,10 @@ fn refused(app: &App, refusal: Refusal, peer: SocketAddr) {
     }
 }
 
-#[expect(
-    clippy::too_many_arguments,
-    reason = "one connection's inputs, passed once from the accept loop"
-)]
-async fn connection(
-    mut stream: TcpStream,
+/// One accepted connection's inputs: its peer, whether it starts with a PROXY protocol header,
+/// the request path, the connection settings and builder, the TLS acceptor in force when it was
+/// accepted, and the drain signal.
+struct Connection {
     peer: SocketAddr,
     proxy_protocol: bool,
     app: Arc<App>,
@@ -523,7 +505,18 @@ async fn connection(
     builder: Arc<auto::Builder<TokioExecutor>>,
     tls: Option<TlsAcceptor>,
     stop: watch::Receiver<bool>,
-) {
+}
+
+async fn connection(mut stream: TcpStream, conn: Connection) {
+    let Connection {
+        peer,
+        proxy_protocol,
+        app,
+        settings,
+        builder,
+        tls,
+        stop,
+    } = conn;
     // PROXY protocol listener: the header, read before any TLS, names the peer.
     let peer = if proxy_protocol {
         let policy = app.policy();
