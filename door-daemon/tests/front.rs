@@ -7,6 +7,8 @@
     reason = "test helpers outside #[test] functions fail loudly by design"
 )]
 
+mod serving;
+
 use std::{
     convert::Infallible,
     fmt::Write as _,
@@ -34,6 +36,7 @@ use hyper_util::{
     rt::{TokioExecutor, TokioIo},
     server::conn::auto,
 };
+use serving::{Door, door_with};
 use tokio::{
     io::{AsyncReadExt, AsyncWriteExt},
     net::{TcpListener, TcpStream},
@@ -127,59 +130,6 @@ inflight = 1000
 "#
     );
     Config::from_toml("front.toml", &text).unwrap()
-}
-
-struct Door {
-    addr: SocketAddr,
-    front: Front,
-}
-
-impl Door {
-    fn app(&self) -> &Arc<App> {
-        self.front.app()
-    }
-
-    fn inflight(&self, group: &str) -> u32 {
-        self.app()
-            .limiters()
-            .iter()
-            .find(|l| l.group() == group)
-            .unwrap()
-            .inflight()
-    }
-
-    fn count(&self, group: &str, outcome: Outcome) -> u64 {
-        self.app()
-            .outcome_totals(group)
-            .into_iter()
-            .find(|(o, _)| *o == outcome)
-            .unwrap()
-            .1
-    }
-
-    /// Waits (yielding, bounded) until `f` holds: for counts that settle on another task.
-    async fn eventually(&self, what: &str, f: impl Fn(&Self) -> bool) {
-        for _ in 0..500 {
-            if f(self) {
-                return;
-            }
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-        panic!("never: {what}");
-    }
-}
-
-async fn door_with(
-    cfg: &Config,
-    clock: Arc<dyn Clock>,
-    tls: Option<Arc<rustls::ServerConfig>>,
-) -> Door {
-    let app = Arc::new(App::new(cfg, &clock, &Metrics::noop(), None));
-    let front = Front::new(app, ConnSettings::from_config(cfg), tls);
-    let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = l.local_addr().unwrap();
-    front.serve(l, false);
-    Door { addr, front }
 }
 
 async fn door(cfg: &Config) -> Door {

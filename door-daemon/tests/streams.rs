@@ -10,6 +10,8 @@
     reason = "test helpers outside #[test] functions fail loudly by design"
 )]
 
+mod serving;
+
 use std::{
     convert::Infallible,
     net::SocketAddr,
@@ -18,17 +20,13 @@ use std::{
 };
 
 use bytes::Bytes;
-use door_daemon::{
-    config::Config,
-    http::{App, ConnSettings, Front},
-    obs::metrics::{Metrics, Outcome},
-    time::{Clock, MonotonicClock},
-};
+use door_daemon::{config::Config, obs::metrics::Outcome, time::MonotonicClock};
 use futures_util::{SinkExt as _, StreamExt as _};
 use http::{Request, Response, StatusCode};
 use http_body_util::{BodyExt as _, Empty, StreamBody, combinators::BoxBody};
 use hyper::body::{Frame, Incoming};
 use hyper_util::rt::{TokioExecutor, TokioIo};
+use serving::{Door, door_with};
 use tokio::{
     io::{AsyncReadExt as _, AsyncWriteExt as _},
     net::{TcpListener, TcpStream},
@@ -112,54 +110,8 @@ stream = true
     .unwrap()
 }
 
-struct Door {
-    addr: SocketAddr,
-    front: Front,
-}
-
-impl Door {
-    fn app(&self) -> &Arc<App> {
-        self.front.app()
-    }
-
-    fn inflight(&self, group: &str) -> u32 {
-        self.app()
-            .limiters()
-            .iter()
-            .find(|l| l.group() == group)
-            .unwrap()
-            .inflight()
-    }
-
-    fn count(&self, group: &str, outcome: Outcome) -> u64 {
-        self.app()
-            .outcome_totals(group)
-            .into_iter()
-            .find(|(o, _)| *o == outcome)
-            .unwrap()
-            .1
-    }
-
-    /// Waits (yielding, bounded) until `f` holds: for counts that settle on another task.
-    async fn eventually(&self, what: &str, f: impl Fn(&Self) -> bool) {
-        for _ in 0..500 {
-            if f(self) {
-                return;
-            }
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-        panic!("never: {what}");
-    }
-}
-
 async fn door(cfg: &Config, tls: Option<Arc<rustls::ServerConfig>>) -> Door {
-    let clock: Arc<dyn Clock> = Arc::new(MonotonicClock::new());
-    let app = Arc::new(App::new(cfg, &clock, &Metrics::noop(), None));
-    let front = Front::new(app, ConnSettings::from_config(cfg), tls);
-    let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = l.local_addr().unwrap();
-    front.serve(l, false);
-    Door { addr, front }
+    door_with(cfg, Arc::new(MonotonicClock::new()), tls).await
 }
 
 // ---------------------------------------------------------------- TLS
