@@ -75,7 +75,8 @@ pub type Reloader = Box<dyn Fn() -> Result<Config, ConfigError> + Send>;
 /// (see [`App::reload`]; the XDP settings and exempt prefixes are updated in place); a
 /// configuration that does not validate is logged and the running one kept. Under systemd's
 /// watchdog (`WATCHDOG_USEC`), `WATCHDOG=1` is sent from this serving loop, and only while every
-/// accept loop is alive, so a wedged runtime or a dead listener stops the pings.
+/// accept loop is alive and every worker thread answers its pings ([`Front::accepting`]), so
+/// a wedged runtime, a wedged worker or a dead listener stops the pings.
 ///
 /// `metrics` are the instruments door records into; `exposition`, when given, is served as
 /// `GET /metrics` on the admin listener (built from the same meter provider as `metrics`).
@@ -336,7 +337,7 @@ async fn serve_until_term(
                 if front.accepting() {
                     notify(&[sd_notify::NotifyState::Watchdog]);
                 } else {
-                    tracing::error!("an accept loop has stopped: no longer pinging the watchdog");
+                    tracing::error!("an accept loop has stopped or a worker thread is wedged: no longer pinging the watchdog");
                 }
             }
         }

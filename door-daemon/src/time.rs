@@ -5,10 +5,11 @@
 //! sleeps for time to pass.
 //!
 //! `clippy.toml` (this crate's) disallows `std::time::Instant::now` and `SystemTime::now`
-//! everywhere in door-daemon; production time comes from [`MonotonicClock`], built on
-//! `tokio::time::Instant`. The one other time source is [`kernel_monotonic_ns`]: the kernel's
-//! `CLOCK_MONOTONIC_COARSE`, which the XDP program reads with `bpf_ktime_get_coarse_ns` and in which the
-//! blocklist's deadlines are therefore written.
+//! everywhere in door-daemon. A running door injects [`production_clock`]: the TSC
+//! ([`TscClock`]) where the kernel itself uses it, else [`MonotonicClock`], built on
+//! `tokio::time::Instant`, which is also what the tests inject. The one other time source is
+//! [`kernel_monotonic_ns`]: the kernel's `CLOCK_MONOTONIC_COARSE`, which the XDP program reads
+//! with `bpf_ktime_get_coarse_ns` and in which the blocklist's deadlines are therefore written.
 
 use std::{
     fmt::Debug,
@@ -22,8 +23,9 @@ pub trait Clock: Send + Sync + Debug + 'static {
     fn now_ns(&self) -> u64;
 }
 
-/// The production clock: `tokio::time::Instant` (`CLOCK_MONOTONIC` on Linux, or tokio's paused
-/// test clock when the runtime is paused) measured from the moment the clock was created.
+/// A clock on `tokio::time::Instant` (`CLOCK_MONOTONIC` on Linux, or tokio's paused test clock
+/// when the runtime is paused) measured from the moment the clock was created: what the tests
+/// inject, and a running door where the kernel does not use the TSC ([`production_clock`]).
 #[derive(Debug, Clone, Copy)]
 pub struct MonotonicClock {
     origin: tokio::time::Instant,
@@ -114,11 +116,27 @@ pub fn now() -> tokio::time::Instant {
 /// maps (the blocklist) and the times read from them (a prefix's last SYN) are on the program's
 /// own clock. Not paused by tokio's test clock.
 pub fn kernel_monotonic_ns() -> u64 {
-    let t = rustix::time::clock_gettime(rustix::time::ClockId::MonotonicCoarse);
+    timespec_ns(rustix::time::clock_gettime(
+        rustix::time::ClockId::MonotonicCoarse,
+    ))
+}
+
+/// A `timespec` in nanoseconds (0 for a negative one, saturating).
+fn timespec_ns(t: rustix::time::Timespec) -> u64 {
     u64::try_from(t.tv_sec)
         .unwrap_or(0)
         .saturating_mul(1_000_000_000)
         .saturating_add(u64::try_from(t.tv_nsec).unwrap_or(0))
+}
+
+/// The step of [`kernel_monotonic_ns`] and of the XDP program's clock, in nanoseconds: the
+/// resolution `clock_getres(CLOCK_MONOTONIC_COARSE)` reports (one timer tick, 4 ms at
+/// `CONFIG_HZ=250`). The shield adds it to its buckets' tolerances, so that a bucket's rate
+/// holds although its clock stands still for a tick at a time. 0 if the kernel does not say.
+pub fn kernel_coarse_step_ns() -> u64 {
+    timespec_ns(rustix::time::clock_getres(
+        rustix::time::ClockId::MonotonicCoarse,
+    ))
 }
 
 /// A clock that only moves when told to: for tests and benchmarks.
@@ -199,6 +217,16 @@ mod tests {
         assert!(
             tsc_elapsed.abs_diff(kernel_elapsed) <= 25_000_000,
             "TSC {tsc_elapsed} ns against the kernel's {kernel_elapsed} ns"
+        );
+    }
+
+    #[test]
+    fn the_coarse_clock_steps_by_one_tick() {
+        // One tick: 1 ms (HZ=1000) to 10 ms (HZ=100).
+        let step = kernel_coarse_step_ns();
+        assert!(
+            (1_000_000..=10_000_000).contains(&step),
+            "CLOCK_MONOTONIC_COARSE resolution {step} ns"
         );
     }
 

@@ -1,7 +1,7 @@
 //! BPF_PROG_TEST_RUN suite for the flood shield (docs/design.md, "Flood shield"): parsing
 //! that real networks need, the per-prefix SYN budget, the blocklist, exempt prefixes, the churn
 //! guard and protected ports. Each test loads its own copy of the program (fresh maps). Budgets
-//! use rates so slow (one token per 1000 s) that `bpf_ktime_get_ns`, which cannot be faked, makes
+//! use rates so slow (one token per 1000 s) that the program's clock (`bpf_ktime_get_coarse_ns`), which cannot be faked, makes
 //! no difference. Needs root; `cargo xtask test` runs it with `--test-threads=1`.
 #![expect(
     clippy::unwrap_used,

@@ -14,7 +14,7 @@
 //! handshakes with it.
 //!
 //! Needs root; `cargo xtask test` runs it with `--test-threads=1`. Budgets and the cookie-mode
-//! threshold use rates so slow (one token per 1000 s) that `bpf_ktime_get_ns` makes no difference.
+//! threshold use rates so slow (one token per 1000 s) that the program's clock makes no difference.
 #![expect(
     clippy::unwrap_used,
     clippy::expect_used,

@@ -175,8 +175,17 @@ type Tls = Arc<RwLock<Option<TlsAcceptor>>>;
 /// single-threaded runtime per core").
 struct Workers {
     handles: Arc<[tokio::runtime::Handle]>,
+    /// Per worker: the last ping sent to it and the last one it answered ([`Workers::alive`]).
+    pings: Arc<[Ping]>,
     /// Dropped with the front: each worker thread then returns, dropping its runtime.
     _stop: Vec<tokio::sync::oneshot::Sender<()>>,
+}
+
+/// One worker's liveness probe: numbered pings, each answered by a task on the worker.
+#[derive(Debug, Default)]
+struct Ping {
+    sent: AtomicU64,
+    answered: AtomicU64,
 }
 
 impl Workers {
@@ -185,9 +194,10 @@ impl Workers {
     /// # Errors
     /// The I/O error of a runtime or thread that could not be started.
     fn start(n: usize) -> std::io::Result<Self> {
+        let n = n.max(1);
         let mut handles = Vec::new();
         let mut stop = Vec::new();
-        for i in 0..n.max(1) {
+        for i in 0..n {
             let runtime = tokio::runtime::Builder::new_current_thread()
                 .enable_all()
                 .build()?;
@@ -204,8 +214,33 @@ impl Workers {
         }
         Ok(Self {
             handles: handles.into(),
+            pings: (0..n).map(|_| Ping::default()).collect(),
             _stop: stop,
         })
+    }
+
+    /// Whether every worker answered the last ping it was sent; sends each worker that did a
+    /// new one (a task that records its number). A worker that has not run that task since the
+    /// previous call is wedged (a task that blocks or spins without yielding holds its whole
+    /// runtime) or too busy to run a trivial task within a watchdog period: `false`.
+    fn alive(&self) -> bool {
+        let mut all = true;
+        for (i, (handle, ping)) in self.handles.iter().zip(self.pings.iter()).enumerate() {
+            let sent = ping.sent.load(Ordering::Acquire);
+            if ping.answered.load(Ordering::Acquire) < sent {
+                all = false;
+                continue;
+            }
+            let next = sent + 1;
+            ping.sent.store(next, Ordering::Release);
+            let pings = Arc::clone(&self.pings);
+            handle.spawn(async move {
+                if let Some(p) = pings.get(i) {
+                    p.answered.store(next, Ordering::Release);
+                }
+            });
+        }
+        all
     }
 }
 
@@ -229,14 +264,18 @@ pub struct Front {
 }
 
 impl Front {
-    /// Whether every accept loop is still running. An accept loop only ends at the drain, so one
-    /// that ended before means a listener stopped serving (and the watchdog should notice).
+    /// Whether every accept loop is still running and every worker thread is alive. An accept
+    /// loop only ends at the drain, so one that ended before means a listener stopped serving; a
+    /// worker that has not answered the ping the previous call sent it is wedged. Either way
+    /// the watchdog (which calls this once per period) should notice.
     pub fn accepting(&self) -> bool {
         let mut loops = lock(&self.loops);
         while loops.try_join_next().is_some() {
             self.loop_died.store(true, Ordering::Release);
         }
-        !self.loop_died.load(Ordering::Acquire) && !loops.is_empty()
+        !self.loop_died.load(Ordering::Acquire)
+            && !loops.is_empty()
+            && self.workers.as_ref().is_none_or(Workers::alive)
     }
 
     /// A front for `app`; `tls` (from [`crate::http::tls::load`]) terminates TLS on every listener.
@@ -602,4 +641,54 @@ async fn serve_io<I>(
     // A client that ignores the HTTP/2 GOAWAY and PING would keep this forever (found by hostile
     // testing): after the header read timeout more, the connection is dropped.
     let _ = tokio::time::timeout(settings.header_read_timeout, conn).await;
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::mpsc;
+
+    use super::*;
+
+    /// Spins (bounded, yielding the CPU) until `f` holds: for work another thread does.
+    fn until(what: &str, f: impl Fn() -> bool) {
+        for _ in 0..50_000_000_u64 {
+            if f() {
+                return;
+            }
+            std::thread::yield_now();
+        }
+        panic!("never: {what}");
+    }
+
+    fn answered(w: &Workers, i: usize) -> u64 {
+        w.pings
+            .get(i)
+            .map_or(0, |p| p.answered.load(Ordering::Acquire))
+    }
+
+    #[test]
+    fn a_wedged_worker_stops_answering_and_comes_back() {
+        let w = Workers::start(2).unwrap();
+        assert!(w.alive(), "nothing sent yet");
+        until("both answer ping 1", || {
+            answered(&w, 0) == 1 && answered(&w, 1) == 1
+        });
+        // Worker 1 runs a task that blocks its thread until the test lets it go.
+        let (started_tx, started) = mpsc::channel();
+        let (release, released) = mpsc::channel::<()>();
+        w.handles[1].spawn(async move {
+            let _ = started_tx.send(());
+            let _ = released.recv();
+        });
+        started.recv().unwrap();
+        assert!(w.alive(), "ping 1 was answered by both; ping 2 goes out");
+        until("worker 0 answers ping 2", || answered(&w, 0) == 2);
+        assert!(!w.alive(), "worker 1 cannot answer ping 2");
+        assert_eq!(answered(&w, 1), 1);
+        release.send(()).unwrap();
+        until("worker 1 answers ping 2", || answered(&w, 1) == 2);
+        until("worker 0 answers ping 3", || {
+            w.alive() && answered(&w, 0) >= 2
+        });
+    }
 }

@@ -217,9 +217,10 @@ impl Proxy {
         }
     }
 
-    /// The calling worker's client.
+    /// The calling worker's client (workers past the pools' count share them in turn).
     fn client(&self) -> &Client<HttpConnector, UpstreamBody> {
-        crate::http::worker::index()
+        let pools = self.others.len() + 1;
+        (crate::http::worker::index() % pools)
             .checked_sub(1)
             .and_then(|i| self.others.get(i))
             .unwrap_or(&self.first)

@@ -545,18 +545,24 @@ impl Shield {
         exempt: &[IpNet],
         deny: &[IpNet],
     ) -> Result<(), ShieldError> {
+        // The program's clock moves a timer tick at a time (CLOCK_MONOTONIC_COARSE): within a
+        // tick it stands still, so each bucket may also spend the tokens one tick buys, or a
+        // bucket whose burst is less than a tick's worth would pass fewer SYNs than its rate
+        // (docs/decisions.md, "XDP: the coarse clock").
+        let step = crate::time::kernel_coarse_step_ns();
+        let tolerance =
+            |interval: u64, burst: u32| gcra::tolerance_ns(interval, burst).saturating_add(step);
         let syn_interval = gcra::interval_ns(xdp.syn_rate);
         let mut cfg = Box::new(ShieldConfig::new(
             syn_interval,
-            gcra::tolerance_ns(syn_interval, xdp.syn_burst),
+            tolerance(syn_interval, xdp.syn_burst),
         ));
         cfg.overflow_interval_ns = gcra::interval_ns(xdp.overflow_syn_rate);
-        cfg.overflow_tolerance_ns =
-            gcra::tolerance_ns(cfg.overflow_interval_ns, xdp.overflow_syn_burst);
+        cfg.overflow_tolerance_ns = tolerance(cfg.overflow_interval_ns, xdp.overflow_syn_burst);
         if xdp.new_prefix_rate > 0.0 {
             cfg.new_prefix_interval_ns = gcra::interval_ns(xdp.new_prefix_rate);
             cfg.new_prefix_tolerance_ns =
-                gcra::tolerance_ns(cfg.new_prefix_interval_ns, xdp.new_prefix_burst);
+                tolerance(cfg.new_prefix_interval_ns, xdp.new_prefix_burst);
         }
         if xdp.ports.is_empty() {
             cfg.flags |= CONFIG_ALL_PORTS;
