@@ -175,6 +175,9 @@ type Tls = Arc<RwLock<Option<TlsAcceptor>>>;
 /// single-threaded runtime per core").
 struct Workers {
     handles: Arc<[tokio::runtime::Handle]>,
+    /// Connections handed out so far, by every listener: the next goes to this modulo the
+    /// workers' count.
+    handed: Arc<AtomicUsize>,
     /// Per worker: the last ping sent to it and the last one it answered ([`Workers::alive`]).
     pings: Arc<[Ping]>,
     /// Dropped with the front: each worker thread then returns, dropping its runtime.
@@ -214,6 +217,7 @@ impl Workers {
         }
         Ok(Self {
             handles: handles.into(),
+            handed: Arc::new(AtomicUsize::new(0)),
             pings: (0..n).map(|_| Ping::default()).collect(),
             _stop: stop,
         })
@@ -359,7 +363,10 @@ impl Front {
             connections: Arc::clone(&self.connections),
             limits: Arc::clone(&self.limits),
             proxy_protocol,
-            workers: self.workers.as_ref().map(|w| Arc::clone(&w.handles)),
+            workers: self
+                .workers
+                .as_ref()
+                .map(|w| (Arc::clone(&w.handles), Arc::clone(&w.handed))),
         }
     }
 
@@ -421,9 +428,9 @@ struct Accept {
     limits: Arc<ConnLimits>,
     /// Every connection must start with a PROXY protocol header from a trusted proxy.
     proxy_protocol: bool,
-    /// The workers connections are handed to, in turn; `None`: served on the accept loop's
-    /// runtime.
-    workers: Option<Arc<[tokio::runtime::Handle]>>,
+    /// The workers connections are handed to, in turn, and the count of connections handed out
+    /// by every listener; `None`: served on the accept loop's runtime.
+    workers: Option<(Arc<[tokio::runtime::Handle]>, Arc<AtomicUsize>)>,
 }
 
 async fn accept_loop(listener: TcpListener, accept: Accept) {
@@ -438,7 +445,6 @@ async fn accept_loop(listener: TcpListener, accept: Accept) {
         proxy_protocol,
         workers,
     } = accept;
-    let mut next = 0_usize;
     loop {
         let (stream, peer) = match listener.accept().await {
             Ok(a) => a,
@@ -474,7 +480,7 @@ async fn accept_loop(listener: TcpListener, accept: Accept) {
             tls: tls.read().unwrap_or_else(PoisonError::into_inner).clone(),
             stop: stop.clone(),
         };
-        let Some(handles) = &workers else {
+        let Some((handles, handed)) = &workers else {
             spawn_connection(&connections, None, async move {
                 connection(stream, conn).await;
                 drop(slot);
@@ -489,8 +495,8 @@ async fn accept_loop(listener: TcpListener, accept: Accept) {
                 continue;
             }
         };
-        let handle = handles.get(next % handles.len().max(1));
-        next = next.wrapping_add(1);
+        let turn = handed.fetch_add(1, Ordering::Relaxed);
+        let handle = handles.get(turn % handles.len().max(1));
         spawn_connection(&connections, handle, async move {
             match TcpStream::from_std(stream) {
                 Ok(stream) => connection(stream, conn).await,
