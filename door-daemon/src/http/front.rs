@@ -616,10 +616,12 @@ async fn serve_io<I>(
 {
     let peer = info.peer;
     let conn_info = Arc::clone(&info);
+    // The request's future is boxed where it is made: hyper moves the service's future into
+    // its dispatcher, and for HTTP/2 into a task of its own, and each move copies it whole
+    // (docs/decisions.md, "A request's future on the heap").
     let service = hyper::service::service_fn(move |req| {
-        let app = Arc::clone(&app);
-        let info = Arc::clone(&conn_info);
-        async move { Ok::<_, Infallible>(app.handle(info, req).await) }
+        let handled = Box::pin(Arc::clone(&app).handle(Arc::clone(&conn_info), req));
+        async move { Ok::<_, Infallible>(handled.await) }
     });
     let conn = builder.serve_connection_with_upgrades(TokioIo::new(io), service);
     tokio::pin!(conn);
