@@ -306,35 +306,54 @@ pub fn join_cookies(headers: &mut HeaderMap) {
     }
 }
 
-/// Removes the hop-by-hop fields: those named in `Connection`, and the fixed list of RFC 9110
-/// §7.6.1 (plus the legacy `Keep-Alive` and `Proxy-Connection`).
+/// The hop-by-hop fields of RFC 9110 §7.6.1 (plus the legacy `Keep-Alive` and
+/// `Proxy-Connection`), `Connection` first.
+static HOP_BY_HOP: [&HeaderName; 9] = [
+    &CONNECTION,
+    &KEEP_ALIVE,
+    &PROXY_CONNECTION,
+    &PROXY_AUTHENTICATE,
+    &PROXY_AUTHORIZATION,
+    &TE,
+    &TRAILER,
+    &TRANSFER_ENCODING,
+    &UPGRADE,
+];
+
+/// Removes the hop-by-hop fields: those named in `Connection`, and those of [`HOP_BY_HOP`].
+///
+/// One pass over the message's field names (compared, not hashed) finds which are present, and
+/// only those are removed: most messages carry none of them or only `Connection`, and a removal
+/// hashes its name.
 pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
-    let named: Vec<HeaderName> = headers
-        .get_all(CONNECTION)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
-        .filter_map(|name| HeaderName::from_bytes(name.trim().as_bytes()).ok())
-        .collect();
-    for name in named {
-        // `Connection: Host` or `Connection: X-Forwarded-For` must not remove what door itself
-        // relies on or rewrites (found by hostile testing).
-        if !PROTECTED.contains(&&name) {
-            headers.remove(name);
+    let mut present = [false; HOP_BY_HOP.len()];
+    for name in headers.keys() {
+        if let Some(i) = HOP_BY_HOP.iter().position(|h| *h == name)
+            && let Some(p) = present.get_mut(i)
+        {
+            *p = true;
         }
     }
-    for name in [
-        &CONNECTION,
-        &KEEP_ALIVE,
-        &PROXY_CONNECTION,
-        &PROXY_AUTHENTICATE,
-        &PROXY_AUTHORIZATION,
-        &TE,
-        &TRAILER,
-        &TRANSFER_ENCODING,
-        &UPGRADE,
-    ] {
-        headers.remove(name);
+    if present.first() == Some(&true) {
+        let named: Vec<HeaderName> = headers
+            .get_all(CONNECTION)
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .flat_map(|v| v.split(','))
+            .filter_map(|name| HeaderName::from_bytes(name.trim().as_bytes()).ok())
+            .collect();
+        for name in named {
+            // `Connection: Host` or `Connection: X-Forwarded-For` must not remove what door
+            // itself relies on or rewrites (found by hostile testing).
+            if !PROTECTED.contains(&&name) {
+                headers.remove(name);
+            }
+        }
+    }
+    for (name, here) in HOP_BY_HOP.iter().zip(present) {
+        if here {
+            headers.remove(*name);
+        }
     }
 }
 
@@ -360,7 +379,8 @@ static IDENTITY: [HeaderName; 7] = [
 /// are kept byte for byte and the peer appended. `X-Forwarded-Proto` always says what door
 /// received.
 pub fn rewrite_forwarding(headers: &mut HeaderMap, origin: &Origin) {
-    if !origin.peer_trusted {
+    // Compared first, removed only when present: a removal hashes the name.
+    if !origin.peer_trusted && headers.keys().any(|k| IDENTITY.contains(k)) {
         for name in &IDENTITY {
             headers.remove(name);
         }
@@ -547,6 +567,20 @@ mod tests {
         assert_eq!(
             h["x-real-ip"], "203.0.113.9",
             "a trusted proxy's fields are kept"
+        );
+    }
+
+    #[test]
+    fn a_message_without_hop_by_hop_fields_keeps_every_field() {
+        let mut h = headers(&[("host", "door.test"), ("x-kept", "1"), ("x-kept", "2")]);
+        strip_hop_by_hop(&mut h);
+        assert_eq!(h.len(), 3, "{h:?}");
+        let mut h = headers(&[("keep-alive", "timeout=5"), ("x-kept", "1")]);
+        strip_hop_by_hop(&mut h);
+        assert_eq!(h.len(), 1, "{h:?}");
+        assert!(
+            h.get("keep-alive").is_none(),
+            "found without a Connection field"
         );
     }
 
