@@ -585,6 +585,21 @@ mod tests {
     }
 
     #[test]
+    fn every_connection_line_counts_and_may_name_hop_by_hop_fields() {
+        let mut h = headers(&[
+            ("connection", "x-one"),
+            ("connection", "Connection, TE, x-two"),
+            ("te", "trailers"),
+            ("x-one", "1"),
+            ("x-two", "2"),
+            ("x-kept", "yes"),
+        ]);
+        strip_hop_by_hop(&mut h);
+        assert_eq!(h.len(), 1, "{h:?}");
+        assert_eq!(h["x-kept"], "yes");
+    }
+
+    #[test]
     fn hop_by_hop_headers_are_removed() {
         let mut h = headers(&[
             ("connection", "keep-alive, x-secret"),

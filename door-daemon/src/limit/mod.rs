@@ -1166,13 +1166,14 @@ fn share(max_clients: usize, n: usize, i: usize) -> usize {
 
 /// The shard of `key` among `n` (a power of two): a multiplicative hash of its 16 bytes.
 fn shard_index(key: &PrefixKey, n: usize) -> usize {
+    // Little-endian: the low half is the key's first eight bytes, the high half its last eight.
     let x = u128::from_le_bytes(key.addr);
     #[expect(
         clippy::cast_possible_truncation,
         reason = "the two 64-bit halves of the key"
     )]
-    let (hi, lo) = (x as u64, (x >> 64) as u64);
-    let h = (hi ^ lo.rotate_left(29)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    let (first, last) = (x as u64, (x >> 64) as u64);
+    let h = (first ^ last.rotate_left(29)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
     // The top bits mix best; n ≤ MAX_SHARDS.
     usize::try_from(h >> 60).unwrap_or(0) & (n.max(1) - 1)
 }
