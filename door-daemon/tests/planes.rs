@@ -9,6 +9,14 @@
     reason = "test helpers outside #[test] functions fail loudly by design"
 )]
 
+#[expect(
+    dead_code,
+    clippy::panic,
+    reason = "the planes read outcome counts only, not the in-flight slots the other suites wait \
+              on (whose helper panics when they never settle)"
+)]
+mod serving;
+
 use std::{
     convert::Infallible,
     net::SocketAddr,
@@ -21,14 +29,14 @@ use std::{
 use bytes::Bytes;
 use door_daemon::{
     config::Config,
-    http::{App, ConnSettings, Front},
-    obs::metrics::{Metrics, Outcome},
+    obs::metrics::Outcome,
     time::{Clock, MonotonicClock},
 };
 use http::{Request, Response, StatusCode};
 use http_body_util::{BodyExt as _, Empty, Full};
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioExecutor, TokioIo};
+use serving::{Door, door_with};
 use tokio::net::{TcpListener, TcpStream};
 
 /// The tokens (and session cookie values) the upstream accepts.
@@ -116,31 +124,9 @@ burst = 5
     .unwrap()
 }
 
-struct Door {
-    addr: SocketAddr,
-    front: Front,
-}
-
-impl Door {
-    fn count(&self, group: &str, outcome: Outcome) -> u64 {
-        self.front
-            .app()
-            .outcome_totals(group)
-            .into_iter()
-            .find(|(o, _)| *o == outcome)
-            .unwrap()
-            .1
-    }
-}
-
 async fn door(cfg: &Config) -> Door {
     let clock: Arc<dyn Clock> = Arc::new(MonotonicClock::new());
-    let app = Arc::new(App::new(cfg, &clock, &Metrics::noop(), None));
-    let front = Front::new(app, ConnSettings::from_config(cfg), None);
-    let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = l.local_addr().unwrap();
-    front.serve(l, false);
-    Door { addr, front }
+    door_with(cfg, clock, None).await
 }
 
 /// What came back: status, the JSON body's `details.scope`, `Retry-After`, `RateLimit`.
