@@ -211,6 +211,21 @@ async fn doors(cfg: &Config, offsets_s: [u64; 3]) -> Vec<Door> {
     v
 }
 
+/// Three doors on `cfg` (clocks `offsets_s` ahead), once every one has synced and sees the
+/// other two.
+async fn synced_doors(cfg: &Config, offsets_s: [u64; 3]) -> Vec<Door> {
+    let doors = doors(cfg, offsets_s).await;
+    assert!(
+        all_reach(&doors, State::Synced, Duration::from_secs(3)).await,
+        "the doors did not sync"
+    );
+    assert!(
+        all_see_each_other(&doors).await,
+        "the doors did not see each other"
+    );
+    doors
+}
+
 /// Waits (at most `within`) until every door is in `state`; false if not all got there.
 async fn all_reach(doors: &[Door], state: State, within: Duration) -> bool {
     let deadline = Instant::now() + within;
@@ -323,15 +338,7 @@ async fn a_client_spread_over_three_doors_gets_one_budget_whatever_their_clocks(
     let _redis = Redis::start(port).await;
     let cfg = config(upstream().await, port);
     // The third door's clock is 7 s ahead of the others': only the store's clock counts.
-    let doors = doors(&cfg, [0, 0, 7]).await;
-    assert!(
-        all_reach(&doors, State::Synced, Duration::from_secs(3)).await,
-        "the doors did not sync"
-    );
-    assert!(
-        all_see_each_other(&doors).await,
-        "the doors did not see each other"
-    );
+    let doors = synced_doors(&cfg, [0, 0, 7]).await;
     let refs: Vec<&Door> = doors.iter().collect();
     let (admitted, latencies, took) = spread(
         &refs,
@@ -386,15 +393,7 @@ async fn without_the_store_doors_serve_at_rate_over_n_and_resync_when_it_returns
     let port = free_port();
     let redis = Redis::start(port).await;
     let cfg = config(upstream().await, port);
-    let doors = doors(&cfg, [0, 0, 0]).await;
-    assert!(
-        all_reach(&doors, State::Synced, Duration::from_secs(3)).await,
-        "the doors did not sync"
-    );
-    assert!(
-        all_see_each_other(&doors).await,
-        "the doors did not see each other"
-    );
+    let doors = synced_doors(&cfg, [0, 0, 0]).await;
 
     redis.kill();
     assert!(
