@@ -2,8 +2,9 @@
 //! admission to settlement ([`request`]), the *one* place a limiter decision becomes a status,
 //! body and `RateLimit` fields ([`answer`]), the *one* function that decides whether a request's
 //! end spends a token ([`settle`]), the streamed response body that holds the permit ([`body`]),
-//! the upstream client and forwarding-header rewrite ([`upstream`]), routes ([`route`]), cached
-//! health ([`health`]), TLS ([`tls`]) and the worker threads' identity ([`worker`]).
+//! the upstream client and forwarding-header rewrite ([`upstream`]) and its connector
+//! ([`connect`]), routes ([`route`]), cached health ([`health`]), TLS ([`tls`]) and the worker
+//! threads' identity ([`worker`]).
 //!
 //! May use [`crate::client`], [`crate::limit`], [`crate::obs`], [`crate::shield::escalate`] and
 //! [`crate::time`]; it never touches the XDP program itself.
@@ -11,6 +12,7 @@
 pub mod answer;
 pub mod body;
 pub mod conn_limit;
+pub mod connect;
 pub mod front;
 pub mod health;
 pub mod plane;

@@ -24,13 +24,10 @@ use http::{
     uri::PathAndQuery,
 };
 use hyper::body::Incoming;
-use hyper_util::{
-    client::legacy::{Client, connect::HttpConnector},
-    rt::TokioExecutor,
-};
+use hyper_util::{client::legacy::Client, rt::TokioExecutor};
 use thiserror::Error;
 
-use crate::{client::X_FORWARDED_FOR, config::Upstream};
+use crate::{client::X_FORWARDED_FOR, config::Upstream, http::connect::Connector};
 
 /// `X-Forwarded-Proto`.
 pub static X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
@@ -184,9 +181,9 @@ pub const POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(90);
 #[derive(Debug, Clone)]
 pub struct Proxy {
     /// Worker 0's client (and that of every thread that is not a worker).
-    first: Client<HttpConnector, UpstreamBody>,
+    first: Client<Connector, UpstreamBody>,
     /// The clients of workers 1, 2, ...
-    others: std::sync::Arc<[Client<HttpConnector, UpstreamBody>]>,
+    others: std::sync::Arc<[Client<Connector, UpstreamBody>]>,
     upstream: Upstream,
 }
 
@@ -201,12 +198,10 @@ impl Proxy {
     /// pool costs nothing until it opens a connection.
     pub fn new(upstream: Upstream) -> Self {
         let client = || {
-            let mut connector = HttpConnector::new();
-            connector.set_nodelay(true);
             Client::builder(TokioExecutor::new())
                 .pool_max_idle_per_host(usize::MAX)
                 .pool_idle_timeout(POOL_IDLE_TIMEOUT)
-                .build(connector)
+                .build(Connector::new())
         };
         Self {
             first: client(),
@@ -218,7 +213,7 @@ impl Proxy {
     }
 
     /// The calling worker's client (workers past the pools' count share them in turn).
-    fn client(&self) -> &Client<HttpConnector, UpstreamBody> {
+    fn client(&self) -> &Client<Connector, UpstreamBody> {
         let pools = self.others.len() + 1;
         (crate::http::worker::index() % pools)
             .checked_sub(1)
@@ -323,17 +318,28 @@ static HOP_BY_HOP: [&HeaderName; 9] = [
 /// Removes the hop-by-hop fields: those named in `Connection`, and those of [`HOP_BY_HOP`].
 ///
 /// Most requests carry none of them: one pass over the field names (compared, not hashed)
-/// finds that out, and then nothing is removed (a removal hashes its name).
+/// finds that out, and then nothing is removed (a removal hashes its name). Most responses carry
+/// `Connection: keep-alive`: an option naming a field of [`HOP_BY_HOP`], or no field present,
+/// allocates no name.
 pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
     if !headers.keys().any(|name| HOP_BY_HOP.contains(&name)) {
         return;
     }
+    // Options that name a field of HOP_BY_HOP (`keep-alive`, usually) or no field present
+    // (`close`) make no name: only a field still to remove allocates one.
     let named: Vec<HeaderName> = headers
         .get_all(CONNECTION)
         .iter()
         .filter_map(|v| v.to_str().ok())
         .flat_map(|v| v.split(','))
-        .filter_map(|name| HeaderName::from_bytes(name.trim().as_bytes()).ok())
+        .map(str::trim)
+        .filter(|name| {
+            !HOP_BY_HOP
+                .iter()
+                .any(|h| h.as_str().eq_ignore_ascii_case(name))
+                && headers.contains_key(*name)
+        })
+        .filter_map(|name| HeaderName::from_bytes(name.as_bytes()).ok())
         .collect();
     for name in named {
         // `Connection: Host` or `Connection: X-Forwarded-For` must not remove what door itself
@@ -598,6 +604,23 @@ mod tests {
             ("te", "trailers"),
             ("upgrade", "h2c"),
             ("transfer-encoding", "chunked"),
+            ("x-kept", "yes"),
+        ]);
+        strip_hop_by_hop(&mut h);
+        assert_eq!(h.len(), 1, "{h:?}");
+        assert_eq!(h["x-kept"], "yes");
+    }
+
+    #[test]
+    fn options_are_matched_without_regard_to_case_and_absent_ones_change_nothing() {
+        let mut h = headers(&[
+            (
+                "connection",
+                " Keep-Alive ,close,, X-Secret, x-absent, bad name",
+            ),
+            ("keep-alive", "timeout=5"),
+            ("x-secret", "1"),
+            ("close", "a field named by an option"),
             ("x-kept", "yes"),
         ]);
         strip_hop_by_hop(&mut h);
