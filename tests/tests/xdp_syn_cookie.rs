@@ -189,6 +189,28 @@ fn cookie_shield(syncookies: u8, listen: bool) -> Option<(Shield, Option<TcpList
     Some((shield, listener, port))
 }
 
+/// The client's SYN to `port` over IPv4 with one option, MSS 1460 (the shape most cases use).
+fn mss_syn4(port: u16) -> Vec<u8> {
+    mss_syn4_from(CLIENT_PORT, port)
+}
+
+/// [`mss_syn4`] from the client's port `from`.
+fn mss_syn4_from(from: u16, port: u16) -> Vec<u8> {
+    syn4_with_options(CLIENT4, SERVER4, from, port, CLIENT_SEQ, &[2, 4, 5, 0xb4])
+}
+
+/// The client's SYN to `port` over IPv6 with one option, MSS 1460.
+fn mss_syn6(port: u16) -> Vec<u8> {
+    syn6_with_options(
+        CLIENT6,
+        SERVER6,
+        CLIENT_PORT,
+        port,
+        CLIENT_SEQ,
+        &[2, 4, 5, 0xb4],
+    )
+}
+
 fn run_frame(shield: &Shield, frame: &[u8]) -> ((u32, Counter), Vec<u8>) {
     let before = shield.counters().unwrap();
     let (action, out) = shield.test_run_frame(frame).unwrap();
@@ -427,24 +449,7 @@ fn without_a_listener_the_syn_passes_unchanged() {
     let Some((shield, _, port)) = cookie_shield(2, false) else {
         return;
     };
-    for syn in [
-        syn4_with_options(
-            CLIENT4,
-            SERVER4,
-            CLIENT_PORT,
-            port,
-            CLIENT_SEQ,
-            &[2, 4, 5, 0xb4],
-        ),
-        syn6_with_options(
-            CLIENT6,
-            SERVER6,
-            CLIENT_PORT,
-            port,
-            CLIENT_SEQ,
-            &[2, 4, 5, 0xb4],
-        ),
-    ] {
+    for syn in [mss_syn4(port), mss_syn6(port)] {
         let (verdict, out) = run_frame(&shield, &syn);
         assert_eq!(verdict, (XDP_PASS, Counter::PassNoListener));
         assert_eq!(out, syn, "the SYN is left as it was");
@@ -458,24 +463,7 @@ fn when_the_kernel_declines_the_syn_passes_unchanged() {
     let Some((shield, _listener, port)) = cookie_shield(1, true) else {
         return;
     };
-    for syn in [
-        syn4_with_options(
-            CLIENT4,
-            SERVER4,
-            CLIENT_PORT,
-            port,
-            CLIENT_SEQ,
-            &[2, 4, 5, 0xb4],
-        ),
-        syn6_with_options(
-            CLIENT6,
-            SERVER6,
-            CLIENT_PORT,
-            port,
-            CLIENT_SEQ,
-            &[2, 4, 5, 0xb4],
-        ),
-    ] {
+    for syn in [mss_syn4(port), mss_syn6(port)] {
         let (verdict, out) = run_frame(&shield, &syn);
         assert_eq!(verdict, (XDP_PASS, Counter::PassCookieDeclined));
         assert_eq!(out, syn, "the SYN is left as it was");
@@ -487,28 +475,8 @@ fn ipv4_options_and_ipv6_extension_headers_are_left_to_the_kernel() {
     let Some((shield, _listener, port)) = cookie_shield(2, true) else {
         return;
     };
-    let v4 = with_ipv4_options(
-        &syn4_with_options(
-            CLIENT4,
-            SERVER4,
-            CLIENT_PORT,
-            port,
-            CLIENT_SEQ,
-            &[2, 4, 5, 0xb4],
-        ),
-        2,
-    );
-    let v6 = with_ipv6_extensions(
-        &syn6_with_options(
-            CLIENT6,
-            SERVER6,
-            CLIENT_PORT,
-            port,
-            CLIENT_SEQ,
-            &[2, 4, 5, 0xb4],
-        ),
-        &[Ext::DestOpts { extra: 0 }],
-    );
+    let v4 = with_ipv4_options(&mss_syn4(port), 2);
+    let v6 = with_ipv6_extensions(&mss_syn6(port), &[Ext::DestOpts { extra: 0 }]);
     for syn in [v4, v6] {
         let (verdict, out) = run_frame(&shield, &syn);
         assert_eq!(verdict, (XDP_PASS, Counter::PassCookieUnavailable));
@@ -524,22 +492,8 @@ fn the_cookie_encodes_the_mss_and_changes_with_the_connection() {
     let Some((shield, _listener, port)) = cookie_shield(2, true) else {
         return;
     };
-    let a = syn4_with_options(
-        CLIENT4,
-        SERVER4,
-        CLIENT_PORT,
-        port,
-        CLIENT_SEQ,
-        &[2, 4, 5, 0xb4],
-    );
-    let b = syn4_with_options(
-        CLIENT4,
-        SERVER4,
-        CLIENT_PORT + 1,
-        port,
-        CLIENT_SEQ,
-        &[2, 4, 5, 0xb4],
-    );
+    let a = mss_syn4(port);
+    let b = mss_syn4_from(CLIENT_PORT + 1, port);
     let (verdict_a, out_a) = run_frame(&shield, &a);
     let (verdict_b, out_b) = run_frame(&shield, &b);
     assert_eq!(verdict_a, (XDP_TX, Counter::TxSynCookie));
