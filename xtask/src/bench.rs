@@ -1121,9 +1121,18 @@ mod tests {
     use std::collections::HashSet;
 
     use super::{
-        Proxy, Route, h2load_log, median, order, parse_commandstats, parse_h2load, parse_wrk,
-        quantile,
+        Proxy, Route, cpu_column, cpu_ticks, h2load_log, median, order, parse_commandstats,
+        parse_h2load, parse_wrk, quantile,
     };
+
+    #[test]
+    fn cpu_times_are_read_for_a_live_process_and_shown_with_their_user_part() {
+        // The test's own process is alive; no process has the largest pid.
+        assert!(cpu_ticks(std::process::id()).is_some());
+        assert_eq!(cpu_ticks(u32::MAX), None);
+        assert_eq!(cpu_column(Some(21.94), Some(8.66)), "21.9 us (8.7 user)");
+        assert_eq!(cpu_column(Some(21.9), None), "n/a");
+    }
 
     #[test]
     fn every_round_visits_every_pair_once_and_each_proxy_takes_each_place() {
