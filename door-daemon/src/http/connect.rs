@@ -25,7 +25,8 @@ use tokio::net::TcpStream;
 use tower_service::Service;
 
 /// A connector for the upstream: [`HttpConnector`] with `TCP_NODELAY` set, yielding
-/// [`UpstreamIo`]. Its errors are the connector's (refused, unresolvable, timed out).
+/// [`UpstreamIo`]. Its errors are the connector's: refused, unresolvable, or the operating
+/// system's connect timeout (no timeout of its own is set).
 #[derive(Debug, Clone)]
 pub struct Connector(HttpConnector);
 

@@ -326,12 +326,14 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
         return;
     }
     // Options that name a field of HOP_BY_HOP (`keep-alive`, usually) or no field present
-    // (`close`) make no name: only a field still to remove allocates one.
+    // (`close`) make no name: only a field still to remove allocates one. The value is split as
+    // bytes, so that an option that is not a field name (non-ASCII bytes) spares none of the
+    // others in its line.
     let named: Vec<HeaderName> = headers
         .get_all(CONNECTION)
         .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
+        .flat_map(|v| v.as_bytes().split(|&b| b == b','))
+        .filter_map(|option| core::str::from_utf8(option).ok())
         .map(str::trim)
         .filter(|name| {
             !HOP_BY_HOP
@@ -613,16 +615,34 @@ mod tests {
 
     #[test]
     fn options_are_matched_without_regard_to_case_and_absent_ones_change_nothing() {
+        let long = format!("X-{}", "Long-Field-Name".repeat(6));
+        let options = format!(" Keep-Alive ,close,, X-Secret, x-absent, bad name, HOST, {long}");
+        let lower = long.to_ascii_lowercase();
         let mut h = headers(&[
-            (
-                "connection",
-                " Keep-Alive ,close,, X-Secret, x-absent, bad name",
-            ),
+            ("connection", &options),
             ("keep-alive", "timeout=5"),
             ("x-secret", "1"),
             ("close", "a field named by an option"),
+            (&lower, "a name longer than 64 bytes"),
+            ("host", "app.example"),
             ("x-kept", "yes"),
         ]);
+        strip_hop_by_hop(&mut h);
+        assert_eq!(h.len(), 2, "{h:?}");
+        assert_eq!(h["x-kept"], "yes");
+        assert_eq!(h["host"], "app.example", "Host is never removed");
+    }
+
+    #[test]
+    fn an_option_that_is_not_a_field_name_spares_none_of_the_others() {
+        let mut h = HeaderMap::new();
+        h.append(
+            CONNECTION,
+            HeaderValue::from_bytes(b"x-one, caf\xc3\xa9, x-two").unwrap(),
+        );
+        h.append("x-one", HeaderValue::from_static("1"));
+        h.append("x-two", HeaderValue::from_static("2"));
+        h.append("x-kept", HeaderValue::from_static("yes"));
         strip_hop_by_hop(&mut h);
         assert_eq!(h.len(), 1, "{h:?}");
         assert_eq!(h["x-kept"], "yes");
