@@ -190,7 +190,8 @@ struct Run {
     /// CPU time (user + system) the proxy's processes spent per request during the run, in
     /// microseconds; `None` when `/proc` could not tell.
     cpu_us: Option<f64>,
-    /// The user-space part of `cpu_us`, in microseconds per request.
+    /// The user-space part of `cpu_us`, in microseconds per request; `None` when `/proc` could
+    /// not tell.
     user_us: Option<f64>,
     /// door+cl only: the store's script calls and commands (those the script ran included) per
     /// second during the run.
@@ -402,8 +403,13 @@ impl Pids {
 
 /// `/proc/PID/stat`'s utime and stime (fields 14 and 15, in clock ticks).
 fn cpu_ticks(pid: u32) -> Option<(u64, u64)> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // The command name (field 2) is in parentheses and may hold spaces: count after it.
+    parse_stat(&std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?)
+}
+
+/// utime and stime from the text of a `/proc/PID/stat` (proc(5)).
+fn parse_stat(stat: &str) -> Option<(u64, u64)> {
+    // The command name (field 2) is in parentheses and may hold spaces and parentheses: count
+    // after the last `)`.
     let rest = stat.rsplit_once(')')?.1;
     let fields: Vec<&str> = rest.split_whitespace().collect();
     let utime: u64 = fields.get(11)?.parse().ok()?;
@@ -1122,7 +1128,7 @@ mod tests {
 
     use super::{
         Proxy, Route, cpu_column, cpu_ticks, h2load_log, median, order, parse_commandstats,
-        parse_h2load, parse_wrk, quantile,
+        parse_h2load, parse_stat, parse_wrk, quantile,
     };
 
     #[test]
@@ -1132,6 +1138,11 @@ mod tests {
         assert_eq!(cpu_ticks(u32::MAX), None);
         assert_eq!(cpu_column(Some(21.94), Some(8.66)), "21.9 us (8.7 user)");
         assert_eq!(cpu_column(Some(21.9), None), "n/a");
+        // proc(5): pid (comm) state ppid pgrp session tty_nr tpgid flags minflt cminflt majflt
+        // cmajflt utime stime ...; a command name may hold spaces and parentheses.
+        let stat = "4242 (door) (a b) S 1 4242 4242 0 -1 4194560 812 0 3 0 1234 567 8 9 20 0";
+        assert_eq!(parse_stat(stat), Some((1234, 567)));
+        assert_eq!(parse_stat("4242 (door"), None);
     }
 
     #[test]
