@@ -334,7 +334,8 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
         .iter()
         .flat_map(|v| v.as_bytes().split(|&b| b == b','))
         .filter_map(|option| core::str::from_utf8(option).ok())
-        .map(str::trim)
+        // OWS is spaces and tabs (RFC 9110 §5.6.3), not every Unicode space.
+        .map(|option| option.trim_matches([' ', '\t']))
         .filter(|name| {
             !HOP_BY_HOP
                 .iter()
@@ -455,6 +456,8 @@ fn join_lines(headers: &HeaderMap, name: &HeaderName) -> Option<Vec<u8>> {
 
 #[cfg(test)]
 mod tests {
+    use proptest::prelude::*;
+
     use super::*;
 
     fn origin(peer: &str, trusted: bool) -> Origin {
@@ -646,5 +649,91 @@ mod tests {
         strip_hop_by_hop(&mut h);
         assert_eq!(h.len(), 1, "{h:?}");
         assert_eq!(h["x-kept"], "yes");
+    }
+
+    /// Field names the generated messages draw from: hop-by-hop ones, protected ones, others.
+    const NAMES: [&str; 10] = [
+        "connection",
+        "keep-alive",
+        "te",
+        "upgrade",
+        "host",
+        "x-forwarded-for",
+        "close",
+        "x-a",
+        "x-b",
+        "x-long-field-name-x-long-field-name-x-long-field-name-x-long-field-name",
+    ];
+
+    /// One `Connection` option as a client might spell it: a name in any case, padded with
+    /// spaces, tabs or a no-break space, or something that is no field name at all.
+    fn option() -> impl Strategy<Value = Vec<u8>> {
+        prop_oneof![
+            (0..NAMES.len(), any::<bool>(), 0..4usize).prop_map(|(i, upper, pad)| {
+                let name = NAMES.get(i).copied().unwrap_or("x-a");
+                let name = if upper {
+                    name.to_ascii_uppercase()
+                } else {
+                    name.to_owned()
+                };
+                let pad = [&b""[..], b" ", b"\t ", "\u{a0}".as_bytes()]
+                    .get(pad)
+                    .copied()
+                    .unwrap_or_default();
+                [pad, name.as_bytes(), pad].concat()
+            }),
+            Just(b"".to_vec()),
+            Just(b"bad name".to_vec()),
+            Just(b"caf\xc3\xa9".to_vec()),
+            Just(b"\xff".to_vec()),
+        ]
+    }
+
+    /// A message's fields: names from [`NAMES`], `Connection` lines of generated options.
+    fn fields() -> impl Strategy<Value = Vec<(String, Vec<u8>)>> {
+        let field = prop_oneof![
+            (0..NAMES.len()).prop_map(|i| {
+                let name = NAMES.get(i).copied().unwrap_or("x-a").to_owned();
+                (name, b"v".to_vec())
+            }),
+            prop::collection::vec(option(), 1..5)
+                .prop_map(|options| ("connection".to_owned(), options.join(&b","[..]))),
+        ];
+        prop::collection::vec(field, 0..12)
+    }
+
+    proptest::proptest! {
+        /// What remains is exactly the fields that are not hop-by-hop and not named by a
+        /// `Connection` option (unless protected), each with all its lines in order.
+        #[test]
+        fn removes_exactly_the_hop_by_hop_fields(fields in fields()) {
+            let mut h = HeaderMap::new();
+            for (name, value) in &fields {
+                if let (Ok(n), Ok(v)) = (HeaderName::from_bytes(name.as_bytes()), HeaderValue::from_bytes(value)) {
+                    h.append(n, v);
+                }
+            }
+            let named: Vec<HeaderName> = fields
+                .iter()
+                .filter(|(name, _)| name == "connection")
+                .flat_map(|(_, value)| value.split(|&b| b == b','))
+                .map(<[u8]>::trim_ascii)
+                .filter_map(|option| HeaderName::from_bytes(option).ok())
+                .collect();
+            let kept = |name: &HeaderName| {
+                !HOP_BY_HOP.contains(&name)
+                    && (!named.contains(name) || PROTECTED.contains(&name))
+            };
+            // Per name, its lines in order (a removal may reorder the names in the map).
+            let lines = |h: &HeaderMap| -> std::collections::BTreeMap<String, Vec<HeaderValue>> {
+                h.keys()
+                    .map(|n| (n.as_str().to_owned(), h.get_all(n).iter().cloned().collect()))
+                    .collect()
+            };
+            let mut want = lines(&h);
+            want.retain(|name, _| HeaderName::from_bytes(name.as_bytes()).is_ok_and(|n| kept(&n)));
+            strip_hop_by_hop(&mut h);
+            prop_assert_eq!(lines(&h), want);
+        }
     }
 }
