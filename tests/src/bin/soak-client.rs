@@ -583,24 +583,26 @@ async fn h2_task(ctx: Ctx, peer: Peer, task: u64) {
     }
 }
 
-/// Half a request head, then a hang-up, every 100 ms or so.
-async fn abort_head_task(ctx: Ctx, peer: Peer, task: u64) {
+/// Connections that each send what `send` makes, wait a random `hold` (ms, `lo..hi`) and hang
+/// up, one every 100 ms or so, counted under `kind` (`aborted`, or `connect_failed`).
+async fn hang_up_loop(
+    ctx: &Ctx,
+    peer: Peer,
+    task: u64,
+    kind: &'static str,
+    hold: (u64, u64),
+    mut send: impl FnMut(&mut Rng) -> Vec<u8>,
+) {
     let mut rng = Rng::new(task);
-    let kind = "h1 abort head";
     for _ in 0..MAX_ROUNDS {
         if ctx.over() {
             break;
         }
         match connect(peer, None).await {
             Ok(mut s) => {
-                let target = if rng.range(0, 2) == 0 {
-                    "/l/session/abort"
-                } else {
-                    "/pass/abort"
-                };
-                let half = format!("GET {target} HTTP/1.1\r\nHost: {}\r\nUser-Ag", peer.door);
-                let _ = s.write_all(half.as_bytes()).await;
-                ctx.pause(Duration::from_millis(rng.range(0, 500))).await;
+                let _ = s.write_all(&send(&mut rng)).await;
+                ctx.pause(Duration::from_millis(rng.range(hold.0, hold.1)))
+                    .await;
                 drop(s);
                 ctx.with(kind, |k| k.aborted += 1);
             }
@@ -610,72 +612,58 @@ async fn abort_head_task(ctx: Ctx, peer: Peer, task: u64) {
     }
 }
 
+/// Half a request head, then a hang-up.
+async fn abort_head_task(ctx: Ctx, peer: Peer, task: u64) {
+    hang_up_loop(&ctx, peer, task, "h1 abort head", (0, 500), |rng| {
+        let target = if rng.range(0, 2) == 0 {
+            "/l/session/abort"
+        } else {
+            "/pass/abort"
+        };
+        format!("GET {target} HTTP/1.1\r\nHost: {}\r\nUser-Ag", peer.door).into_bytes()
+    })
+    .await;
+}
+
 /// A `Content-Length` of 64 KiB, 1,000 bytes of it sent, then a hang-up (HTTP/1.1), to a
 /// limited route charged on failure and to the pass-through echo in turn.
 async fn abort_body_task(ctx: Ctx, peer: Peer, task: u64) {
-    let mut rng = Rng::new(task);
-    let kind = "h1 abort body";
-    for _ in 0..MAX_ROUNDS {
-        if ctx.over() {
-            break;
-        }
-        match connect(peer, None).await {
-            Ok(mut s) => {
-                let target = if rng.range(0, 2) == 0 {
-                    "/webhooks/github"
-                } else {
-                    "/echo-body"
-                };
-                let head = format!(
-                    "POST {target} HTTP/1.1\r\nHost: {}\r\nContent-Length: 65536\r\n\
-                     Content-Type: application/octet-stream\r\n\r\n",
-                    peer.door
-                );
-                let _ = s.write_all(head.as_bytes()).await;
-                let _ = s.write_all(&rng.bytes(1000)).await;
-                ctx.pause(Duration::from_millis(rng.range(100, 600))).await;
-                drop(s);
-                ctx.with(kind, |k| k.aborted += 1);
-            }
-            Err(_) => ctx.with(kind, |k| k.connect_failed += 1),
-        }
-        ctx.pause(Duration::from_millis(rng.range(50, 150))).await;
-    }
+    hang_up_loop(&ctx, peer, task, "h1 abort body", (100, 600), |rng| {
+        let target = if rng.range(0, 2) == 0 {
+            "/webhooks/github"
+        } else {
+            "/echo-body"
+        };
+        let head = format!(
+            "POST {target} HTTP/1.1\r\nHost: {}\r\nContent-Length: 65536\r\n\
+             Content-Type: application/octet-stream\r\n\r\n",
+            peer.door
+        );
+        [head.as_bytes(), &rng.bytes(1000)].concat()
+    })
+    .await;
 }
 
 /// Whole requests to slow answers (a limited route, a webhook, a pass-through route), the
 /// client hanging up while door waits for the upstream: door must abort the upstream call and
 /// release the request's slot.
 async fn abort_wait_task(ctx: Ctx, peer: Peer, task: u64) {
-    let mut rng = Rng::new(task);
-    let kind = "h1 abort waiting";
-    for _ in 0..MAX_ROUNDS {
-        if ctx.over() {
-            break;
+    hang_up_loop(&ctx, peer, task, "h1 abort waiting", (100, 800), |rng| {
+        match rng.range(0, 3) {
+            0 => format!(
+                "GET /l/session/wait?delay_ms=2000 HTTP/1.1\r\nHost: {}\r\n\r\n",
+                peer.door
+            ),
+            1 => format!(
+                "POST /webhooks/github?delay_ms=2000 HTTP/1.1\r\nHost: {}\r\n\
+                 Content-Length: 2\r\n\r\n{{}}",
+                peer.door
+            ),
+            _ => format!("GET /slow?ms=2000 HTTP/1.1\r\nHost: {}\r\n\r\n", peer.door),
         }
-        match connect(peer, None).await {
-            Ok(mut s) => {
-                let request = match rng.range(0, 3) {
-                    0 => format!(
-                        "GET /l/session/wait?delay_ms=2000 HTTP/1.1\r\nHost: {}\r\n\r\n",
-                        peer.door
-                    ),
-                    1 => format!(
-                        "POST /webhooks/github?delay_ms=2000 HTTP/1.1\r\nHost: {}\r\n\
-                         Content-Length: 2\r\n\r\n{{}}",
-                        peer.door
-                    ),
-                    _ => format!("GET /slow?ms=2000 HTTP/1.1\r\nHost: {}\r\n\r\n", peer.door),
-                };
-                let _ = s.write_all(request.as_bytes()).await;
-                ctx.pause(Duration::from_millis(rng.range(100, 800))).await;
-                drop(s);
-                ctx.with(kind, |k| k.aborted += 1);
-            }
-            Err(_) => ctx.with(kind, |k| k.connect_failed += 1),
-        }
-        ctx.pause(Duration::from_millis(rng.range(50, 150))).await;
-    }
+        .into_bytes()
+    })
+    .await;
 }
 
 /// A request body fed from a channel, so that it can be broken off.
