@@ -197,18 +197,29 @@ fn tls_client(cert: &rcgen::Certificate, alpn: &[u8]) -> tokio_rustls::TlsConnec
     tokio_rustls::TlsConnector::from(Arc::new(cfg))
 }
 
-#[tokio::test]
-async fn tls_negotiates_h2_and_http11_by_alpn_and_says_https_upstream() {
-    let dir = tempdir("tls");
-    let (cert, key, c) = tls_pair(&dir);
+/// door over TLS in front of the echo upstream, with a new self-signed pair for `door.test` in
+/// `dir` and `min_version` in its `[tls]` table; returns door and the pair's certificate.
+#[expect(
+    clippy::unnecessary_debug_formatting,
+    reason = "Debug quotes and escapes the paths as TOML basic strings"
+)]
+async fn tls_door(dir: &std::path::Path, min_version: &str) -> (Door, rcgen::Certificate) {
+    let (cert, key, c) = tls_pair(dir);
     let up = upstream(echo()).await;
     let cfg = config(
         up,
         "",
-        &format!("[tls]\ncert = {cert:?}\nkey = {key:?}\nmin_version = \"1.2\""),
+        &format!("[tls]\ncert = {cert:?}\nkey = {key:?}\nmin_version = {min_version:?}"),
     );
     let tls = door_daemon::http::tls::load(cfg.tls.as_ref().unwrap()).unwrap();
     let d = door_with(&cfg, Arc::new(MonotonicClock::new()), Some(tls)).await;
+    (d, c)
+}
+
+#[tokio::test]
+async fn tls_negotiates_h2_and_http11_by_alpn_and_says_https_upstream() {
+    let dir = tempdir("tls");
+    let (d, c) = tls_door(&dir, "1.2").await;
     let name = rustls::pki_types::ServerName::try_from("door.test").unwrap();
 
     // h2 by ALPN.
@@ -252,15 +263,7 @@ async fn tls_negotiates_h2_and_http11_by_alpn_and_says_https_upstream() {
 #[tokio::test]
 async fn tls_min_version_13_refuses_a_tls12_client() {
     let dir = tempdir("tls13");
-    let (cert, key, c) = tls_pair(&dir);
-    let up = upstream(echo()).await;
-    let cfg = config(
-        up,
-        "",
-        &format!("[tls]\ncert = {cert:?}\nkey = {key:?}\nmin_version = \"1.3\""),
-    );
-    let tls = door_daemon::http::tls::load(cfg.tls.as_ref().unwrap()).unwrap();
-    let d = door_with(&cfg, Arc::new(MonotonicClock::new()), Some(tls)).await;
+    let (d, c) = tls_door(&dir, "1.3").await;
     let mut roots = rustls::RootCertStore::empty();
     roots.add(c.der().clone()).unwrap();
     let client12 = rustls::ClientConfig::builder_with_provider(Arc::new(
