@@ -768,42 +768,21 @@ fn door_limits_group_cap_holds_across_shards_under_contention() {
 
 #[test]
 fn budget_defaults_match_the_design_table() {
-    let w = Budget::webhook();
-    assert_eq!(
+    // rate, burst, per client, in the group, clients, charge.
+    let row = |b: Budget| {
         (
-            w.rate,
-            w.burst,
-            w.per_client,
-            w.inflight,
-            w.max_clients,
-            w.charge
-        ),
-        (50.0, 500, 16, 64, 16_384, Charge::OnFailure)
-    );
-    let l = Budget::link();
-    assert_eq!(
-        (
-            l.rate,
-            l.burst,
-            l.per_client,
-            l.inflight,
-            l.max_clients,
-            l.charge
-        ),
-        (1.0, 20, 2, 4, 16_384, Charge::Always)
-    );
-    let h = Budget::health();
-    assert_eq!(
-        (
-            h.rate,
-            h.burst,
-            h.per_client,
-            h.inflight,
-            h.max_clients,
-            h.charge
-        ),
-        (5.0, 20, 4, 32, 16_384, Charge::Always)
-    );
+            b.rate,
+            b.burst,
+            b.per_client,
+            b.inflight,
+            b.max_clients,
+            b.charge,
+        )
+    };
+    let (w, l, h) = (Budget::webhook(), Budget::link(), Budget::health());
+    assert_eq!(row(w), (50.0, 500, 16, 64, 16_384, Charge::OnFailure));
+    assert_eq!(row(l), (1.0, 20, 2, 4, 16_384, Charge::Always));
+    assert_eq!(row(h), (5.0, 20, 4, 32, 16_384, Charge::Always));
     for (name, b) in [("webhook", w), ("link", l), ("health", h)] {
         b.validate(name).unwrap();
         assert_eq!(Budget::default_for(name), Some(b));
