@@ -140,22 +140,28 @@ async fn v1_longest_line_is_accepted() {
     assert_eq!(rest, HTTP);
 }
 
+/// `header` (then an HTTP request) reads as `Header::Unknown`, leaving exactly the request, and
+/// a trusted peer that sends it stays the connection's peer.
+async fn unknown_keeps_the_real_peer(header: &[u8]) {
+    let input = with_http(header);
+    let (parsed, rest) = read_all_at_once(&input).await;
+    assert_eq!(parsed.unwrap(), Header::Unknown, "{header:02x?}");
+    assert_eq!(rest, HTTP);
+    let mut r = input.as_slice();
+    assert_eq!(
+        accept(&mut r, proxy_peer(), &trusted()).await.unwrap(),
+        proxy_peer()
+    );
+    assert_eq!(r, HTTP);
+}
+
 #[tokio::test]
 async fn v1_unknown_keeps_the_real_peer() {
     for line in [
         &b"PROXY UNKNOWN\r\n"[..],
         b"PROXY UNKNOWN ffff:f::1 ffff:f::2 1 2\r\n",
     ] {
-        let input = with_http(line);
-        let (header, rest) = read_all_at_once(&input).await;
-        assert_eq!(header.unwrap(), Header::Unknown, "{line:?}");
-        assert_eq!(rest, HTTP);
-        let mut r = input.as_slice();
-        assert_eq!(
-            accept(&mut r, proxy_peer(), &trusted()).await.unwrap(),
-            proxy_peer()
-        );
-        assert_eq!(r, HTTP);
+        unknown_keeps_the_real_peer(line).await;
     }
 }
 
@@ -291,16 +297,7 @@ async fn v2_local_keeps_the_real_peer_and_skips_its_addresses() {
         v2(0, 0x00, &[]),
         v2(0, 0x11, &v2_ipv4_body([203, 0, 113, 7], 1)),
     ] {
-        let input = with_http(&header);
-        let (parsed, rest) = read_all_at_once(&input).await;
-        assert_eq!(parsed.unwrap(), Header::Unknown);
-        assert_eq!(rest, HTTP);
-        let mut r = input.as_slice();
-        assert_eq!(
-            accept(&mut r, proxy_peer(), &trusted()).await.unwrap(),
-            proxy_peer()
-        );
-        assert_eq!(r, HTTP);
+        unknown_keeps_the_real_peer(&header).await;
     }
 }
 
