@@ -583,15 +583,16 @@ async fn h2_task(ctx: Ctx, peer: Peer, task: u64) {
     }
 }
 
-/// Connections that each send what `send` makes, wait a random `hold` (ms, `lo..hi`) and hang
-/// up, one every 100 ms or so, counted under `kind` (`aborted`, or `connect_failed`).
+/// Connections that each send the chunks `send` makes (one write each), wait a random `hold`
+/// (ms, `lo..hi`) and hang up, one every 100 ms or so, counted under `kind` (`aborted`, or
+/// `connect_failed`).
 async fn hang_up_loop(
     ctx: &Ctx,
     peer: Peer,
     task: u64,
     kind: &'static str,
     hold: (u64, u64),
-    mut send: impl FnMut(&mut Rng) -> Vec<u8>,
+    mut send: impl FnMut(&mut Rng) -> Vec<Vec<u8>>,
 ) {
     let mut rng = Rng::new(task);
     for _ in 0..MAX_ROUNDS {
@@ -600,7 +601,9 @@ async fn hang_up_loop(
         }
         match connect(peer, None).await {
             Ok(mut s) => {
-                let _ = s.write_all(&send(&mut rng)).await;
+                for chunk in send(&mut rng) {
+                    let _ = s.write_all(&chunk).await;
+                }
                 ctx.pause(Duration::from_millis(rng.range(hold.0, hold.1)))
                     .await;
                 drop(s);
@@ -620,7 +623,7 @@ async fn abort_head_task(ctx: Ctx, peer: Peer, task: u64) {
         } else {
             "/pass/abort"
         };
-        format!("GET {target} HTTP/1.1\r\nHost: {}\r\nUser-Ag", peer.door).into_bytes()
+        vec![format!("GET {target} HTTP/1.1\r\nHost: {}\r\nUser-Ag", peer.door).into_bytes()]
     })
     .await;
 }
@@ -639,7 +642,7 @@ async fn abort_body_task(ctx: Ctx, peer: Peer, task: u64) {
              Content-Type: application/octet-stream\r\n\r\n",
             peer.door
         );
-        [head.as_bytes(), &rng.bytes(1000)].concat()
+        vec![head.into_bytes(), rng.bytes(1000).to_vec()]
     })
     .await;
 }
@@ -649,7 +652,7 @@ async fn abort_body_task(ctx: Ctx, peer: Peer, task: u64) {
 /// release the request's slot.
 async fn abort_wait_task(ctx: Ctx, peer: Peer, task: u64) {
     hang_up_loop(&ctx, peer, task, "h1 abort waiting", (100, 800), |rng| {
-        match rng.range(0, 3) {
+        let request = match rng.range(0, 3) {
             0 => format!(
                 "GET /l/session/wait?delay_ms=2000 HTTP/1.1\r\nHost: {}\r\n\r\n",
                 peer.door
@@ -661,7 +664,8 @@ async fn abort_wait_task(ctx: Ctx, peer: Peer, task: u64) {
             ),
             _ => format!("GET /slow?ms=2000 HTTP/1.1\r\nHost: {}\r\n\r\n", peer.door),
         }
-        .into_bytes()
+        .into_bytes();
+        vec![request]
     })
     .await;
 }
