@@ -40,7 +40,7 @@ use tokio::{
 use tokio_rustls::TlsAcceptor;
 
 use crate::{
-    config::{Config, TlsConfig},
+    config::{Config, DEFAULT_MAX_HEADER_FIELDS, TlsConfig},
     http::{
         conn_limit::{ConnLimits, Refusal},
         request::App,
@@ -151,8 +151,13 @@ impl ConnSettings {
         b.http1()
             .timer(TokioTimer::new())
             .header_read_timeout(self.header_read_timeout)
-            .max_buf_size(MAX_HEADER_BYTES)
-            .max_headers(self.max_header_fields);
+            .max_buf_size(MAX_HEADER_BYTES);
+        // hyper's own limit, the default, is 100 fields parsed into arrays on its stack; any
+        // limit set, even 100, makes it build and fill two arrays of that many entries for every
+        // request head (hyper's `Server::parse`: `smallvec!` instead of `smallvec_inline!`).
+        if self.max_header_fields != DEFAULT_MAX_HEADER_FIELDS {
+            b.http1().max_headers(self.max_header_fields);
+        }
         // hyper's flow-control windows (1 MiB per stream and per connection, not adaptive) and
         // one listening socket per address: both measured against the alternatives
         // (docs/decisions.md, "Accept, upstream pool and HTTP/2 windows").
