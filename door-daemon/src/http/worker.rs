@@ -3,7 +3,7 @@
 //! is the worker's own and a request's upstream connection is driven by the thread that serves
 //! the request.
 
-use std::cell::Cell;
+use std::{cell::Cell, sync::OnceLock};
 
 thread_local! {
     static WORKER: Cell<usize> = const { Cell::new(0) };
@@ -20,7 +20,12 @@ pub(crate) fn set(i: usize) {
     WORKER.with(|w| w.set(i));
 }
 
-/// How many worker threads a running door starts: one per CPU it may run on.
+/// How many worker threads a running door starts: one per CPU it may run on, as the kernel said
+/// the first time door asked, so that everything sized by it (the front's workers, the upstream
+/// client's pools) agrees even if door's CPU set changes later.
 pub fn count() -> usize {
-    std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get)
+    static COUNT: OnceLock<usize> = OnceLock::new();
+    *COUNT.get_or_init(|| {
+        std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get)
+    })
 }
