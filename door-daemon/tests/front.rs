@@ -384,6 +384,16 @@ async fn max_header_fields_raises_the_field_count_up_to_the_byte_bound() {
     assert!(many.starts_with("HTTP/1.1 431"), "{many}");
 }
 
+#[tokio::test]
+async fn max_header_fields_lowers_the_field_count() {
+    let up = upstream(echo()).await;
+    let d = door(&config(up, "max_header_fields = 20", "")).await;
+    let ok = raw(d.addr, head_with(20, 10).as_bytes()).await;
+    assert!(ok.starts_with("HTTP/1.1 200"), "{ok}");
+    let many = raw(d.addr, head_with(21, 10).as_bytes()).await;
+    assert!(many.starts_with("HTTP/1.1 431"), "{many}");
+}
+
 /// An HTTP/2 connection driven frame by frame with h2's codec (RFC 9113 framing, RFC 7541
 /// HPACK; h2's `unstable` API, dev-only): the client preface, then an empty SETTINGS.
 async fn h2_raw(addr: SocketAddr) -> h2::Codec<TcpStream, Bytes> {

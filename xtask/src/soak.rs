@@ -17,8 +17,8 @@
 //! - First a warm-up of [`WARMUP_SECONDS`] with the same traffic; then the baseline is measured
 //!   with nothing in flight: door's VmRSS (`/proc/PID/status`) and open descriptors
 //!   (`/proc/PID/fd`). Before that measurement and the final one the upstream is restarted once
-//!   more, so that door's pool of idle upstream connections (kept up to 90 s by design, not a
-//!   leak) is empty both times; a descriptor door did not close then shows up.
+//!   more, so that door's pool of idle upstream connections (kept 90 to 180 s after their last use
+//!   by design, not a leak) is empty both times; a descriptor door did not close then shows up.
 //! - After the traffic, a settle period (at least [`SETTLE_MIN`], polling up to [`SETTLE_MAX`]),
 //!   then the checks: RSS within [`RSS_MARGIN_KIB`] of the baseline, descriptors within
 //!   [`FD_MARGIN`], every group's `inflight` and `streams` at 0, no "panicked" in door's log,

@@ -195,9 +195,9 @@ pub struct Proxy {
 impl Proxy {
     /// A pooled HTTP/1.1 client for `upstream`: every idle connection kept (the pool is bounded
     /// by the requests in flight, themselves bounded by `upstream_max_inflight` and the groups'
-    /// caps), each closed once [`POOL_IDLE_TIMEOUT`] unused. A smaller pool measured 2.4 times
-    /// door's CPU per request under 64 clients (docs/decisions.md, "Accept, upstream pool and
-    /// HTTP/2 windows").
+    /// caps), each closed 90 to 180 s after its last use ([`POOL_IDLE_TIMEOUT`]). A smaller pool
+    /// measured 2.4 times door's CPU per request under 64 clients (docs/decisions.md, "Accept,
+    /// upstream pool and HTTP/2 windows").
     ///
     /// One pool per worker a running door starts ([`crate::http::worker::count`]); an empty
     /// pool costs nothing until it opens a connection.

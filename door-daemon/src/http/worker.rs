@@ -25,7 +25,6 @@ pub(crate) fn set(i: usize) {
 /// client's pools) agrees even if door's CPU set changes later.
 pub fn count() -> usize {
     static COUNT: OnceLock<usize> = OnceLock::new();
-    *COUNT.get_or_init(|| {
-        std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get)
-    })
+    *COUNT
+        .get_or_init(|| std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get))
 }

@@ -1,5 +1,5 @@
 //! An in-process door serving one configuration on 127.0.0.1, for the request-path suites
-//! (`front.rs`, `streams.rs`, `planes.rs`): its address, its front, and the counts a test reads back.
+//! (`front.rs`, `streams.rs`, `planes.rs`, `upstream_pool.rs`): its address, its front, and the counts a test reads back.
 #![expect(
     clippy::unwrap_used,
     unreachable_pub,
