@@ -109,6 +109,7 @@ enum Task {
 
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
+    std::sync::LazyLock::force(&STARTED);
     let root = workspace_root()?;
     std::env::set_current_dir(&root).with_context(|| format!("entering {}", root.display()))?;
     match cli.command {
@@ -196,9 +197,20 @@ impl std::fmt::Display for Skipped {
 
 impl std::error::Error for Skipped {}
 
-/// Prints a step banner.
+/// When this xtask started: the origin of the elapsed time every step banner shows.
+static STARTED: std::sync::LazyLock<std::time::Instant> =
+    std::sync::LazyLock::new(std::time::Instant::now);
+
+/// The time since this xtask started, as `m:ss`.
+fn elapsed() -> String {
+    let s = STARTED.elapsed().as_secs();
+    format!("{}:{:02}", s / 60, s % 60)
+}
+
+/// Prints a step banner, with the minutes and seconds since this xtask started, so that a log
+/// shows where a long run's time went.
 fn step(what: &str) {
-    eprintln!("\n==> {what}");
+    eprintln!("\n==> [{}] {what}", elapsed());
 }
 
 /// Runs `cmd` with inherited stdio, failing when it exits non-zero.
