@@ -339,7 +339,7 @@ impl Tally {
         for f in &self.failures {
             eprintln!("FAILED: {f}");
         }
-        eprintln!("\n==> [{}] done", crate::elapsed());
+        step("done");
         println!("{}", total_line(self.passed, self.failed, self.skipped));
         if self.failed > 0 || !self.failures.is_empty() {
             bail!("{} failed", self.failures.len().max(1));
