@@ -19,9 +19,10 @@ use door_daemon::{
         settle::{self, End},
     },
     limit::{
-        Budget, Charge, DEFAULT_MAX_CLIENTS, GroupLimiter, Permit, RejectReason, Scope, Unobserved,
+        Budget, Charge, DEFAULT_MAX_CLIENTS, GroupLimiter, LimiterRef, Permit, RejectReason, Scope,
+        Unobserved,
     },
-    obs::metrics::{GroupMetrics, Metrics, Outcome},
+    obs::metrics::{Metrics, Outcome},
     time::ManualClock,
 };
 use http::StatusCode;
@@ -50,13 +51,10 @@ trait Answered {
     fn answered(self, status: StatusCode);
 }
 
-impl Answered for Permit {
+impl<H: LimiterRef> Answered for Permit<H> {
     fn answered(self, status: StatusCode) {
-        settle::settle(
-            self,
-            End::Answered(status),
-            &Metrics::noop().for_group("test"),
-        );
+        let (spend, _) = settle::charge(End::Answered(status));
+        self.settle(spend);
     }
 }
 
@@ -67,7 +65,7 @@ fn observed(
     enforce: bool,
     clock: &Arc<ManualClock>,
     metrics: &Metrics,
-) -> (Arc<GroupLimiter>, Arc<GroupMetrics>) {
+) -> Arc<settle::Group> {
     let group = Arc::new(metrics.clone().for_group(name));
     let lim = Arc::new(GroupLimiter::new(
         name,
@@ -76,7 +74,10 @@ fn observed(
         clock.clone(),
         Arc::clone(&group) as Arc<dyn door_daemon::limit::Observer>,
     ));
-    (lim, group)
+    Arc::new(settle::Group {
+        limiter: lim,
+        metrics: group,
+    })
 }
 
 fn limiter(budget: Budget, clock: &Arc<ManualClock>) -> Arc<GroupLimiter> {
@@ -507,11 +508,11 @@ fn door_limits_metrics() {
         max_clients: 1,
         charge: Charge::Always,
     };
-    let (enforce, enforce_m) = observed("link", budget, true, &clock, &metrics);
-    let (shadow, shadow_m) = observed("shadow", budget, false, &clock, &metrics);
+    let enforce = observed("link", budget, true, &clock, &metrics);
+    let shadow = observed("shadow", budget, false, &clock, &metrics);
 
-    for (lim, m) in [(&enforce, &enforce_m), (&shadow, &shadow_m)] {
-        let admit = |k| settle::admit(lim, m, k);
+    for group in [&enforce, &shadow] {
+        let admit = |k| settle::admit(group, k);
         admit(peer(1))
             .unwrap()
             .settle(End::Answered(StatusCode::OK)); // ok
@@ -529,7 +530,7 @@ fn door_limits_metrics() {
     }
     // Peer 1 refills, idle: a new peer evicts it.
     clock.advance(Duration::from_secs(2));
-    settle::admit(&enforce, &enforce_m, peer(5))
+    settle::admit(&enforce, peer(5))
         .unwrap()
         .settle(End::Answered(StatusCode::OK)); // ok
     metrics.clone().for_group("health").record(Outcome::Cached);
@@ -597,7 +598,7 @@ fn door_limits_metrics_count_inflight_while_held() {
         .build();
     let metrics = Metrics::new(&provider.meter("door"));
     let clock = Arc::new(ManualClock::at(0));
-    let (lim, _) = observed("webhook", Budget::webhook(), true, &clock, &metrics);
+    let lim = Arc::clone(&observed("webhook", Budget::webhook(), true, &clock, &metrics).limiter);
     let held: Vec<_> = (0..3).map(|i| lim.admit(peer(i)).unwrap()).collect();
     provider.force_flush().unwrap();
     let inflight = points(&exporter, "door.inflight");

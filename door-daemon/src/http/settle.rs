@@ -7,13 +7,31 @@
 //! it [`End`]ed, or until it is dropped (the client went away: [`End::Abandoned`]). [`charge`] is the whole
 //! rule.
 
+use std::sync::Arc;
+
 use door_common::prefix::PrefixKey;
 use http::StatusCode;
 
 use crate::{
-    limit::{GroupLimiter, Permit, RejectReason, Rejection, Spend},
+    limit::{GroupLimiter, LimiterRef, Permit, RejectReason, Rejection, Spend},
     obs::metrics::{GroupMetrics, Outcome},
 };
+
+/// One limited group as the request path holds it: its limiter and the instruments its requests
+/// are counted on, behind one `Arc` so that a held permit keeps both for one reference count.
+#[derive(Debug)]
+pub struct Group {
+    /// The group's limiter (shared with the admin API, the metrics and the cluster sync).
+    pub limiter: Arc<GroupLimiter>,
+    /// The group's instruments: admissions and settlements are counted here.
+    pub metrics: Arc<GroupMetrics>,
+}
+
+impl LimiterRef for Arc<Group> {
+    fn limiter(&self) -> &GroupLimiter {
+        &self.limiter
+    }
+}
 
 /// How a limited request ended, as far as its budget is concerned.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -66,40 +84,37 @@ pub const fn rejected_outcome(reason: RejectReason, shadow: bool) -> Outcome {
     }
 }
 
-/// Admits a request of client `key` on `limiter`, counting a rejection on `metrics` (in shadow
-/// mode the would-be rejection, and the request is admitted).
+/// Admits a request of client `key` on `group`'s limiter, counting a rejection on its metrics
+/// (in shadow mode the would-be rejection, and the request is admitted).
 ///
 /// # Errors
 /// The limiter's [`Rejection`] when enforcing and a check fails; it spends and holds nothing.
-pub fn admit(
-    limiter: &std::sync::Arc<GroupLimiter>,
-    metrics: &std::sync::Arc<GroupMetrics>,
-    key: PrefixKey,
-) -> Result<Held, Rejection> {
-    match limiter.admit(key) {
+pub fn admit(group: &Arc<Group>, key: PrefixKey) -> Result<Held, Rejection> {
+    match Permit::admit(group, key) {
         Ok(permit) => {
             if let Some(reason) = permit.shadow_rejection() {
-                metrics.record(rejected_outcome(reason, true));
+                group.metrics.record(rejected_outcome(reason, true));
             }
             Ok(Held {
                 permit: Some(permit),
-                metrics: std::sync::Arc::clone(metrics),
                 plane: None,
             })
         }
         Err(rejection) => {
-            metrics.record(rejected_outcome(rejection.reason, false));
+            group
+                .metrics
+                .record(rejected_outcome(rejection.reason, false));
             Err(rejection)
         }
     }
 }
 
-/// Settles `permit` as `end` by [`charge`]'s rule, counting the outcome on `metrics` unless the
-/// permit holds no slot (a shadow-mode would-be rejection, counted at admission).
-pub fn settle(permit: Permit, end: End, metrics: &GroupMetrics) {
+/// Settles `permit` as `end` by [`charge`]'s rule, counting the outcome on its group's metrics
+/// unless the permit holds no slot (a shadow-mode would-be rejection, counted at admission).
+pub fn settle(permit: Permit<Arc<Group>>, end: End) {
     let (spend, outcome) = charge(end);
     if permit.holds_slot() {
-        metrics.record(outcome);
+        permit.holder().metrics.record(outcome);
     }
     permit.settle(spend);
 }
@@ -110,9 +125,8 @@ pub fn settle(permit: Permit, end: End, metrics: &GroupMetrics) {
 #[derive(Debug)]
 #[must_use = "dropping a held permit at once settles the request as abandoned"]
 pub struct Held {
-    permit: Option<Permit>,
-    /// The group's instruments: shared, so that holding them costs one reference count.
-    metrics: std::sync::Arc<GroupMetrics>,
+    /// `None` only once settled or refunded (the drop then has nothing left to do).
+    permit: Option<Permit<Arc<Group>>>,
     /// The request plane's permit the request also holds (docs/design.md, "Planes"), settled
     /// with this one.
     plane: Option<Box<Held>>,
@@ -122,7 +136,7 @@ impl Held {
     /// Settles the request as `end` (see [`charge`]), and its plane's permit with it.
     pub fn settle(mut self, end: End) {
         if let Some(permit) = self.permit.take() {
-            settle(permit, end, &self.metrics);
+            settle(permit, end);
         }
         if let Some(plane) = self.plane.take() {
             plane.settle(end);
@@ -146,13 +160,13 @@ impl Held {
         self
     }
 
-    /// The instruments this request is counted on.
-    pub fn metrics(&self) -> &GroupMetrics {
-        &self.metrics
+    /// The instruments this request is counted on (`None` once settled).
+    pub fn metrics(&self) -> Option<&GroupMetrics> {
+        self.permit.as_ref().map(|p| &*p.holder().metrics)
     }
 
-    /// The permit (its scope, its limiter).
-    pub fn permit(&self) -> Option<&Permit> {
+    /// The permit (its scope, its group).
+    pub fn permit(&self) -> Option<&Permit<Arc<Group>>> {
         self.permit.as_ref()
     }
 }
@@ -160,7 +174,7 @@ impl Held {
 impl Drop for Held {
     fn drop(&mut self) {
         if let Some(permit) = self.permit.take() {
-            settle(permit, End::Abandoned, &self.metrics);
+            settle(permit, End::Abandoned);
         }
     }
 }

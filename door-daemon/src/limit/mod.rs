@@ -681,12 +681,15 @@ impl ShardState {
     }
 }
 
-/// One shard: a part of the table behind its own mutex. A permit holds its shard (not the
-/// whole limiter), so settling touches only that shard and the group's counters.
+/// One shard: a part of the table behind its own mutex. Settling a permit locks only the
+/// shard its row is on (found again from the key) and touches the group's counters.
+///
+/// The shards of a group sit side by side in one slice; each is aligned and padded to its own
+/// cache lines, so that one core's admissions on a shard (its lock word, its recency list's
+/// head) do not invalidate a neighbouring shard's lines on another core.
 #[derive(Debug)]
 struct Shard {
-    state: Mutex<ShardState>,
-    core: Arc<Core>,
+    state: CachePadded<Mutex<ShardState>>,
 }
 
 /// What every shard of a group shares: its in-flight count against the cap, the clock and the
@@ -730,7 +733,7 @@ impl Shard {
 
     /// Frees a slot taken on row `id` of this shard; under charge on failure, releases the held
     /// token and spends it if `spend` says so.
-    fn release(&self, id: RowId, spend: Spend) {
+    fn release(&self, core: &Core, id: RowId, spend: Spend) {
         {
             let mut state = self.lock();
             let state = &mut *state;
@@ -745,7 +748,7 @@ impl Shard {
                     row.held = row.held.saturating_sub(1);
                     if spend == Spend::Token {
                         // The clock is read only when a token is spent.
-                        t.bucket.spend(row, self.core.clock.now_ns());
+                        t.bucket.spend(row, core.clock.now_ns());
                         if let RowId::Key(k, _) = id {
                             state.note(k, true);
                         }
@@ -753,12 +756,12 @@ impl Shard {
                 }
             }
         }
-        self.core.free_slot();
-        self.core.observer.inflight_changed(-1);
+        core.free_slot();
+        core.observer.inflight_changed(-1);
     }
 
     /// Frees a slot and un-spends its token ([`Permit::refund`]).
-    fn refund(&self, id: RowId) {
+    fn refund(&self, core: &Core, id: RowId) {
         {
             let mut state = self.lock();
             let state = &mut *state;
@@ -780,8 +783,8 @@ impl Shard {
                 }
             }
         }
-        self.core.free_slot();
-        self.core.observer.inflight_changed(-1);
+        core.free_slot();
+        core.observer.inflight_changed(-1);
     }
 }
 
@@ -796,9 +799,9 @@ impl Shard {
 #[derive(Debug)]
 pub struct GroupLimiter {
     group: String,
-    core: Arc<Core>,
-    shards: Box<[Arc<Shard>]>,
-    shared: Arc<Shard>,
+    core: Core,
+    shards: Box<[Shard]>,
+    shared: Shard,
     /// `false` in shadow mode.
     enforce: AtomicBool,
 }
@@ -818,23 +821,20 @@ impl GroupLimiter {
     ) -> Self {
         let tuning = Tuning::of(budget, enforce);
         let now = clock.now_ns();
-        let core = Arc::new(Core {
+        let core = Core {
             inflight: CachePadded::new(AtomicU32::new(0)),
             cap: AtomicU32::new(tuning.budget.inflight),
             clock,
             observer,
-        });
+        };
         let n = shards_for(tuning.budget.max_clients);
-        let shard = |cap: usize| {
-            Arc::new(Shard {
-                state: Mutex::new(ShardState {
-                    tuning,
-                    table: Table::new(cap),
-                    shared: Row::full(now),
-                    journal: None,
-                }),
-                core: Arc::clone(&core),
-            })
+        let shard = |cap: usize| Shard {
+            state: CachePadded::new(Mutex::new(ShardState {
+                tuning,
+                table: Table::new(cap),
+                shared: Row::full(now),
+                journal: None,
+            })),
         };
         let shards = (0..n)
             .map(|i| shard(share(tuning.budget.max_clients, n, i)))
@@ -907,7 +907,7 @@ impl GroupLimiter {
         self.core.inflight.load(Ordering::Acquire)
     }
 
-    fn shard_of(&self, key: &PrefixKey) -> &Arc<Shard> {
+    fn shard_of(&self, key: &PrefixKey) -> &Shard {
         let i = shard_index(key, self.shards.len());
         self.shards.get(i).unwrap_or(&self.shared)
     }
@@ -1061,7 +1061,9 @@ impl GroupLimiter {
         true
     }
 
-    /// Admits a request from client `key`, or rejects it (docs/design.md, "Limits").
+    /// Admits a request from client `key`, or rejects it (docs/design.md, "Limits"); the
+    /// permit borrows this limiter. [`Permit::admit`] makes one that owns a handle to it
+    /// instead (an `Arc`), for a permit that outlives the caller's borrow.
     ///
     /// The group cap first (503, scope `group`: an atomic, before any lock), then, under the
     /// client's shard lock, the per-client cap of the client's row (429, scope `client` or
@@ -1079,7 +1081,12 @@ impl GroupLimiter {
     /// A [`Rejection`] when enforcing and a check fails; it spends and holds nothing. In shadow
     /// mode this never fails: the permit says what would have happened
     /// ([`Permit::shadow_rejection`]) and holds nothing either.
-    pub fn admit(self: &Arc<Self>, key: PrefixKey) -> Result<Permit, Rejection> {
+    pub fn admit(&self, key: PrefixKey) -> Result<Permit<&Self>, Rejection> {
+        Permit::admit(&self, key)
+    }
+
+    /// The admission decision of [`GroupLimiter::admit`], without the permit around it.
+    fn admission(&self, key: PrefixKey) -> Result<Admission, Rejection> {
         let enforce = self.enforcing();
         let decision = if self.core.take_slot() {
             let (decision, change) = self.decide(key);
@@ -1097,19 +1104,17 @@ impl GroupLimiter {
             Err(Rejection::cap(RejectReason::GroupConcurrency, Scope::Group))
         };
         match decision {
-            Ok((shard, row)) => {
+            Ok(row) => {
                 self.core.observer.inflight_changed(1);
-                Ok(Permit {
-                    shard: Some(shard),
-                    slot: row,
+                Ok(Admission {
+                    slot: Some(row),
                     scope: row.scope(),
                     shadow: None,
                 })
             }
             Err(rejection) if enforce => Err(rejection),
-            Err(rejection) => Ok(Permit {
-                shard: None,
-                slot: RowId::Shared,
+            Err(rejection) => Ok(Admission {
+                slot: None,
                 scope: rejection.scope,
                 shadow: Some(rejection.reason),
             }),
@@ -1118,12 +1123,11 @@ impl GroupLimiter {
 
     /// The decision after the group cap, with one of the group's slots taken; on admission the
     /// row's slot (and token) is taken too.
-    fn decide(&self, key: PrefixKey) -> (Result<(Arc<Shard>, RowId), Rejection>, TableChange) {
+    fn decide(&self, key: PrefixKey) -> (Result<RowId, Rejection>, TableChange) {
         let mut change = TableChange::default();
         let now = self.core.clock.now_ns();
-        let shard = self.shard_of(&key);
         {
-            let mut state = shard.lock();
+            let mut state = self.shard_of(&key).lock();
             let t = state.tuning;
             let spends = t.budget.charge == Charge::Always;
             // Hit: one lookup (which also refreshes the entry).
@@ -1132,7 +1136,7 @@ impl GroupLimiter {
                 if spends && decision.is_ok() {
                     state.note(key, true);
                 }
-                return (decision.map(|id| (Arc::clone(shard), id)), change);
+                return (decision, change);
             }
             if let Some(at) = find_row(&mut state.table, key, now, &mut change) {
                 let decision = match state.table.at_mut(at, &key) {
@@ -1147,13 +1151,30 @@ impl GroupLimiter {
                 if spends && decision.is_ok() {
                     state.note(key, true);
                 }
-                return (decision.map(|id| (Arc::clone(shard), id)), change);
+                return (decision, change);
             }
         }
         let mut state = self.shared.lock();
         let t = state.tuning;
-        let decision = take(&t, &mut state.shared, RowId::Shared, now);
-        (decision.map(|id| (Arc::clone(&self.shared), id)), change)
+        (take(&t, &mut state.shared, RowId::Shared, now), change)
+    }
+
+    /// The shard row `id` is on.
+    fn shard_of_row(&self, id: RowId) -> &Shard {
+        match id {
+            RowId::Key(k, _) => self.shard_of(&k),
+            RowId::Shared => &self.shared,
+        }
+    }
+
+    /// Frees the slot of row `id` ([`Permit::settle`]).
+    fn release(&self, id: RowId, spend: Spend) {
+        self.shard_of_row(id).release(&self.core, id, spend);
+    }
+
+    /// Frees the slot of row `id` and un-spends its token ([`Permit::refund`]).
+    fn refund(&self, id: RowId) {
+        self.shard_of_row(id).refund(&self.core, id);
     }
 }
 
@@ -1232,7 +1253,37 @@ fn find_row(
     None
 }
 
-/// An admitted request's slot (docs/design.md, "Limits": settle always runs).
+/// What a [`Permit`] holds to reach its limiter when it settles: a borrow of the limiter, an
+/// `Arc` of it, or a caller's own handle that holds the limiter with other things (the request
+/// path keeps its metrics with it, so that a permit costs it one reference count).
+pub trait LimiterRef {
+    /// The limiter the permit was admitted by.
+    fn limiter(&self) -> &GroupLimiter;
+}
+
+impl LimiterRef for &GroupLimiter {
+    fn limiter(&self) -> &GroupLimiter {
+        self
+    }
+}
+
+impl LimiterRef for Arc<GroupLimiter> {
+    fn limiter(&self) -> &GroupLimiter {
+        self
+    }
+}
+
+/// An admission: the row whose slot it took (`None` for a shadow-mode rejection), and what the
+/// permit reports.
+#[derive(Debug, Clone, Copy)]
+struct Admission {
+    slot: Option<RowId>,
+    scope: Scope,
+    shadow: Option<RejectReason>,
+}
+
+/// An admitted request's slot (docs/design.md, "Limits": settle always runs), holding its
+/// limiter through `H` ([`LimiterRef`]).
 ///
 /// Call [`Permit::settle`] when the request ends, saying whether it spends its held token.
 /// Dropping a permit without settling it (panic, cancelled future) frees the slot and releases
@@ -1243,20 +1294,38 @@ fn find_row(
 /// `false`), so that later decisions stay exactly those enforcement would have made.
 #[derive(Debug)]
 #[must_use = "dropping a permit at once frees its slot"]
-pub struct Permit {
-    /// The shard the slot is on; `None` once settled, and for a shadow rejection.
-    shard: Option<Arc<Shard>>,
-    slot: RowId,
+pub struct Permit<H: LimiterRef> {
+    holder: H,
+    /// The row the slot is on; `None` once settled, and for a shadow rejection.
+    slot: Option<RowId>,
     scope: Scope,
     shadow: Option<RejectReason>,
 }
 
-impl Permit {
+impl<H: LimiterRef + Clone> Permit<H> {
+    /// Admits a request from client `key` on `holder`'s limiter, as [`GroupLimiter::admit`]
+    /// does; the permit keeps a clone of `holder` (made only when a permit is handed out).
+    ///
+    /// # Errors
+    ///
+    /// As [`GroupLimiter::admit`].
+    pub fn admit(holder: &H, key: PrefixKey) -> Result<Self, Rejection> {
+        let a = holder.limiter().admission(key)?;
+        Ok(Self {
+            holder: holder.clone(),
+            slot: a.slot,
+            scope: a.scope,
+            shadow: a.shadow,
+        })
+    }
+}
+
+impl<H: LimiterRef> Permit<H> {
     /// Ends the request: frees the slot, and under [`Charge::OnFailure`] releases the held token,
     /// spending it when `spend` is [`Spend::Token`].
     pub fn settle(mut self, spend: Spend) {
-        if let Some(shard) = self.shard.take() {
-            shard.release(self.slot, spend);
+        if let Some(id) = self.slot.take() {
+            self.holder.limiter().release(id, spend);
         }
     }
 
@@ -1266,15 +1335,15 @@ impl Permit {
     /// (docs/design.md, "Planes": a request rejected by one plane or group spends nothing in the
     /// others).
     pub fn refund(mut self) {
-        if let Some(shard) = self.shard.take() {
-            shard.refund(self.slot);
+        if let Some(id) = self.slot.take() {
+            self.holder.limiter().refund(id);
         }
     }
 
     /// Whether this permit holds a slot (and, under charge on failure, a token): `false` only for
     /// a shadow-mode permit of a request enforcement would have rejected.
     pub fn holds_slot(&self) -> bool {
-        self.shard.is_some()
+        self.slot.is_some()
     }
 
     /// In shadow mode, the rejection enforcement would have made; `None` when enforcing or when
@@ -1288,12 +1357,17 @@ impl Permit {
     pub fn scope(&self) -> Scope {
         self.scope
     }
+
+    /// What the permit holds its limiter through.
+    pub fn holder(&self) -> &H {
+        &self.holder
+    }
 }
 
-impl Drop for Permit {
+impl<H: LimiterRef> Drop for Permit<H> {
     fn drop(&mut self) {
-        if let Some(shard) = self.shard.take() {
-            shard.release(self.slot, Spend::Nothing);
+        if let Some(id) = self.slot.take() {
+            self.holder.limiter().release(id, Spend::Nothing);
         }
     }
 }

@@ -425,7 +425,7 @@ proptest! {
         prop_assert!(budget.validate("p").is_ok());
         let clock = Arc::new(ManualClock::at(1_000));
         let lim = Arc::new(GroupLimiter::new("p", budget, enforce, clock.clone(), Arc::new(Unobserved)));
-        let mut permits: Vec<(u32, Permit)> = Vec::new();
+        let mut permits: Vec<(u32, Permit<&GroupLimiter>)> = Vec::new();
         // Per key: first-seen time and tokens spent while on its own row.
         let mut first: HashMap<u32, u64> = HashMap::new();
         let mut spent: HashMap<u32, u64> = HashMap::new();
