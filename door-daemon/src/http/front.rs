@@ -258,7 +258,7 @@ pub struct Front {
     app: Arc<App>,
     settings: ConnSettings,
     builder: Arc<auto::Builder<TokioExecutor>>,
-    /// The TLS acceptor new connections use; [`Front::set_tls`] swaps it (a certificate renewal
+    /// The TLS acceptor new connections use; [`Front::reload_tls`] swaps it (a certificate renewal
     /// reloaded with SIGHUP) without touching open connections.
     tls: Tls,
     stop: watch::Sender<bool>,

@@ -323,11 +323,12 @@ static HOP_BY_HOP: [&HeaderName; 9] = [
     &UPGRADE,
 ];
 
-/// Removes the hop-by-hop fields: those named in `Connection`, and those of [`HOP_BY_HOP`].
+/// Removes the hop-by-hop fields (RFC 9110 §7.6.1): those named in `Connection`, and those of
+/// `HOP_BY_HOP`.
 ///
 /// Most requests carry none of them: one pass over the field names (compared, not hashed)
 /// finds that out, and then nothing is removed (a removal hashes its name). Most responses carry
-/// `Connection: keep-alive`: an option naming a field of [`HOP_BY_HOP`], or no field present,
+/// `Connection: keep-alive`: an option naming a field of `HOP_BY_HOP`, or no field present,
 /// allocates no name.
 pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
     if !headers.keys().any(|name| HOP_BY_HOP.contains(&name)) {
@@ -382,7 +383,7 @@ static IDENTITY: [HeaderName; 7] = [
 ];
 
 /// From an untrusted peer, client-sent `X-Forwarded-For` and `Forwarded` (and the other identity
-/// fields of [`IDENTITY`]) are dropped and replaced by the peer; from a trusted proxy the chains
+/// fields of `IDENTITY`) are dropped and replaced by the peer; from a trusted proxy the chains
 /// are kept byte for byte and the peer appended. `X-Forwarded-Proto` always says what door
 /// received.
 pub fn rewrite_forwarding(headers: &mut HeaderMap, origin: &Origin) {

@@ -10,7 +10,7 @@ thread_local! {
 }
 
 /// The number of the worker thread running this code: set once by the worker at its start
-/// ([`set`]); 0 on every other thread (a test's runtime, the control plane's).
+/// (`set`); 0 on every other thread (a test's runtime, the control plane's).
 pub fn index() -> usize {
     WORKER.with(Cell::get)
 }
