@@ -65,7 +65,7 @@ fn observed(
     enforce: bool,
     clock: &Arc<ManualClock>,
     metrics: &Metrics,
-) -> Arc<settle::Group> {
+) -> Arc<settle::LimitedGroup> {
     let group = Arc::new(metrics.clone().for_group(name));
     let lim = Arc::new(GroupLimiter::new(
         name,
@@ -74,7 +74,7 @@ fn observed(
         clock.clone(),
         Arc::clone(&group) as Arc<dyn door_daemon::limit::Observer>,
     ));
-    Arc::new(settle::Group {
+    Arc::new(settle::LimitedGroup {
         limiter: lim,
         metrics: group,
     })

@@ -120,7 +120,7 @@ pub const HEALTH_GROUP: &str = "health";
 #[derive(Debug)]
 struct Limited {
     /// The group's limiter and instruments, which every held permit of the group keeps.
-    group: Arc<settle::Group>,
+    group: Arc<settle::LimitedGroup>,
     read_timeout: Duration,
     /// The precomputed `RateLimit-Policy` value; `None` when the fields are off (or the group
     /// name cannot be a structured-field string).
@@ -309,7 +309,7 @@ impl Policy {
                     .then(|| answer::ratelimit_policy(&sf_name, g.budget.burst, limiter.window_s()))
                     .flatten();
                 let l = Limited {
-                    group: Arc::new(settle::Group {
+                    group: Arc::new(settle::LimitedGroup {
                         limiter,
                         metrics: group_metrics,
                     }),

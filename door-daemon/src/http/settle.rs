@@ -20,14 +20,14 @@ use crate::{
 /// One limited group as the request path holds it: its limiter and the instruments its requests
 /// are counted on, behind one `Arc` so that a held permit keeps both for one reference count.
 #[derive(Debug)]
-pub struct Group {
+pub struct LimitedGroup {
     /// The group's limiter (shared with the admin API, the metrics and the cluster sync).
     pub limiter: Arc<GroupLimiter>,
     /// The group's instruments: admissions and settlements are counted here.
     pub metrics: Arc<GroupMetrics>,
 }
 
-impl LimiterRef for Arc<Group> {
+impl LimiterRef for Arc<LimitedGroup> {
     fn limiter(&self) -> &GroupLimiter {
         &self.limiter
     }
@@ -89,7 +89,7 @@ pub const fn rejected_outcome(reason: RejectReason, shadow: bool) -> Outcome {
 ///
 /// # Errors
 /// The limiter's [`Rejection`] when enforcing and a check fails; it spends and holds nothing.
-pub fn admit(group: &Arc<Group>, key: PrefixKey) -> Result<Held, Rejection> {
+pub fn admit(group: &Arc<LimitedGroup>, key: PrefixKey) -> Result<Held, Rejection> {
     match Permit::admit(group, key) {
         Ok(permit) => {
             if let Some(reason) = permit.shadow_rejection() {
@@ -111,10 +111,10 @@ pub fn admit(group: &Arc<Group>, key: PrefixKey) -> Result<Held, Rejection> {
 
 /// Settles `permit` as `end` by [`charge`]'s rule, counting the outcome on its group's metrics
 /// unless the permit holds no slot (a shadow-mode would-be rejection, counted at admission).
-pub fn settle(permit: Permit<Arc<Group>>, end: End) {
+pub fn settle(permit: Permit<Arc<LimitedGroup>>, end: End) {
     let (spend, outcome) = charge(end);
     if permit.holds_slot() {
-        permit.holder().metrics.record(outcome);
+        permit.handle().metrics.record(outcome);
     }
     permit.settle(spend);
 }
@@ -125,8 +125,9 @@ pub fn settle(permit: Permit<Arc<Group>>, end: End) {
 #[derive(Debug)]
 #[must_use = "dropping a held permit at once settles the request as abandoned"]
 pub struct Held {
-    /// `None` only once settled or refunded (the drop then has nothing left to do).
-    permit: Option<Permit<Arc<Group>>>,
+    /// `None` only inside [`Held::settle`] and [`Held::refund`], which take it out before the
+    /// drop runs (which then has nothing left to do).
+    permit: Option<Permit<Arc<LimitedGroup>>>,
     /// The request plane's permit the request also holds (docs/design.md, "Planes"), settled
     /// with this one.
     plane: Option<Box<Held>>,
@@ -160,13 +161,14 @@ impl Held {
         self
     }
 
-    /// The instruments this request is counted on (`None` once settled).
+    /// The instruments this request is counted on: `Some` for as long as the `Held` exists
+    /// (settling and refunding consume it; the `None` is only the inside of that).
     pub fn metrics(&self) -> Option<&GroupMetrics> {
-        self.permit.as_ref().map(|p| &*p.holder().metrics)
+        self.permit.as_ref().map(|p| &*p.handle().metrics)
     }
 
     /// The permit (its scope, its group).
-    pub fn permit(&self) -> Option<&Permit<Arc<Group>>> {
+    pub fn permit(&self) -> Option<&Permit<Arc<LimitedGroup>>> {
         self.permit.as_ref()
     }
 }

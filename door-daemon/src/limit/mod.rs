@@ -6,9 +6,10 @@
 //! ([`Spend`], decided in `crate::http::settle`). Its bucket arithmetic is
 //! [`door_common::gcra`], the same GCRA the XDP program runs.
 //!
-//! A [`GroupLimiter`] guards one route group (`webhook`, `link`, `health`, ...). Under one mutex it
-//! holds a bounded LRU table of per-client rows (a token bucket, the tokens held by unsettled
-//! requests, the requests in flight) and one *shared row* for the clients the table cannot hold.
+//! A [`GroupLimiter`] guards one route group (`webhook`, `link`, `health`, ...). It holds a bounded
+//! LRU table of per-client rows (a token bucket, the tokens held by unsettled requests, the
+//! requests in flight), split by key hash into shards each behind its own mutex, and one *shared
+//! row* for the clients the table cannot hold.
 //! [`GroupLimiter::admit`] checks, in order, the group's in-flight cap (503), the row's in-flight
 //! cap (429) and the row's bucket (429), and hands out a [`Permit`]: an RAII guard that frees the
 //! slot however the request ends, and under [`Charge::OnFailure`] spends a token only when the
@@ -692,7 +693,7 @@ struct Shard {
     state: CachePadded<Mutex<ShardState>>,
 }
 
-/// What every shard of a group shares: its in-flight count against the cap, the clock and the
+/// The group's state outside its shards: its in-flight count against the cap, the clock and the
 /// observer.
 #[derive(Debug)]
 struct Core {
@@ -1062,8 +1063,8 @@ impl GroupLimiter {
     }
 
     /// Admits a request from client `key`, or rejects it (docs/design.md, "Limits"); the
-    /// permit borrows this limiter. [`Permit::admit`] makes one that owns a handle to it
-    /// instead (an `Arc`), for a permit that outlives the caller's borrow.
+    /// permit borrows this limiter. [`Permit::admit`] makes one that keeps a handle to it
+    /// instead ([`LimiterRef`]), for a permit that outlives the caller's borrow.
     ///
     /// The group cap first (503, scope `group`: an atomic, before any lock), then, under the
     /// client's shard lock, the per-client cap of the client's row (429, scope `client` or
@@ -1253,21 +1254,19 @@ fn find_row(
     None
 }
 
-/// What a [`Permit`] holds to reach its limiter when it settles: a borrow of the limiter, an
-/// `Arc` of it, or a caller's own handle that holds the limiter with other things (the request
-/// path keeps its metrics with it, so that a permit costs it one reference count).
+/// What a [`Permit`] holds to reach its limiter when it settles: a borrow of the limiter, or a
+/// caller's own handle that holds the limiter with other things (the request path keeps the
+/// group's metrics with it, so that a permit costs it one reference count).
+///
+/// An implementation must return the same limiter from every call, on the handle and on all its
+/// clones: a permit settles on the limiter its handle returns, and one that never admitted it
+/// would free a slot it does not hold.
 pub trait LimiterRef {
     /// The limiter the permit was admitted by.
     fn limiter(&self) -> &GroupLimiter;
 }
 
 impl LimiterRef for &GroupLimiter {
-    fn limiter(&self) -> &GroupLimiter {
-        self
-    }
-}
-
-impl LimiterRef for Arc<GroupLimiter> {
     fn limiter(&self) -> &GroupLimiter {
         self
     }
@@ -1292,27 +1291,39 @@ struct Admission {
 /// A shadow-mode permit for a request enforcement would have rejected
 /// ([`Permit::shadow_rejection`] is `Some`) holds no slot and no token ([`Permit::holds_slot`] is
 /// `false`), so that later decisions stay exactly those enforcement would have made.
-#[derive(Debug)]
 #[must_use = "dropping a permit at once frees its slot"]
 pub struct Permit<H: LimiterRef> {
-    holder: H,
+    handle: H,
     /// The row the slot is on; `None` once settled, and for a shadow rejection.
     slot: Option<RowId>,
     scope: Scope,
     shadow: Option<RejectReason>,
 }
 
+/// The group, the row and the outcome; not the limiter's tables, which a derived `Debug` would
+/// print in full through the handle.
+impl<H: LimiterRef> core::fmt::Debug for Permit<H> {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("Permit")
+            .field("group", &self.handle.limiter().group())
+            .field("slot", &self.slot)
+            .field("scope", &self.scope)
+            .field("shadow", &self.shadow)
+            .finish()
+    }
+}
+
 impl<H: LimiterRef + Clone> Permit<H> {
-    /// Admits a request from client `key` on `holder`'s limiter, as [`GroupLimiter::admit`]
-    /// does; the permit keeps a clone of `holder` (made only when a permit is handed out).
+    /// Admits a request from client `key` on `handle`'s limiter, as [`GroupLimiter::admit`]
+    /// does; the permit keeps a clone of `handle` (made only when a permit is handed out).
     ///
     /// # Errors
     ///
     /// As [`GroupLimiter::admit`].
-    pub fn admit(holder: &H, key: PrefixKey) -> Result<Self, Rejection> {
-        let a = holder.limiter().admission(key)?;
+    pub fn admit(handle: &H, key: PrefixKey) -> Result<Self, Rejection> {
+        let a = handle.limiter().admission(key)?;
         Ok(Self {
-            holder: holder.clone(),
+            handle: handle.clone(),
             slot: a.slot,
             scope: a.scope,
             shadow: a.shadow,
@@ -1325,7 +1336,7 @@ impl<H: LimiterRef> Permit<H> {
     /// spending it when `spend` is [`Spend::Token`].
     pub fn settle(mut self, spend: Spend) {
         if let Some(id) = self.slot.take() {
-            self.holder.limiter().release(id, spend);
+            self.handle.limiter().release(id, spend);
         }
     }
 
@@ -1336,7 +1347,7 @@ impl<H: LimiterRef> Permit<H> {
     /// others).
     pub fn refund(mut self) {
         if let Some(id) = self.slot.take() {
-            self.holder.limiter().refund(id);
+            self.handle.limiter().refund(id);
         }
     }
 
@@ -1359,15 +1370,15 @@ impl<H: LimiterRef> Permit<H> {
     }
 
     /// What the permit holds its limiter through.
-    pub fn holder(&self) -> &H {
-        &self.holder
+    pub fn handle(&self) -> &H {
+        &self.handle
     }
 }
 
 impl<H: LimiterRef> Drop for Permit<H> {
     fn drop(&mut self) {
         if let Some(id) = self.slot.take() {
-            self.holder.limiter().release(id, Spend::Nothing);
+            self.handle.limiter().release(id, Spend::Nothing);
         }
     }
 }

@@ -115,6 +115,75 @@ fn retune_keeps_the_missing_fraction_and_the_slots() {
     lim.check_invariants().unwrap();
 }
 
+/// With the table split into shards, every permit settles on the row that admitted it, however
+/// it ends (settled spending or not, refunded, dropped), on its own entry or on the shared row,
+/// across a retune: the rows' counts add up to the group's at every step and all return to zero.
+#[test]
+fn permits_settle_on_their_own_shard() {
+    let clock = Arc::new(ManualClock::at(1_000));
+    let budget = Budget {
+        rate: 1_000.0,
+        burst: 1_000,
+        // The shared row's cap too: room for every client the table cannot hold.
+        per_client: 1_000,
+        inflight: 100_000,
+        max_clients: 2 * MIN_SHARD_ENTRIES,
+        charge: Charge::OnFailure,
+    };
+    let lim = GroupLimiter::new("s", budget, true, clock.clone(), Arc::new(Unobserved));
+    assert_eq!(lim.shards.len(), 2);
+    // More clients than the table holds, each with two requests in flight: the table fills with
+    // busy entries, and the rest are decided on the shared row.
+    let n = u32::try_from(2 * MIN_SHARD_ENTRIES + 200).unwrap();
+    let mut permits: Vec<_> = (0..n)
+        .flat_map(|i| [lim.admit(key(i)).unwrap(), lim.admit(key(i)).unwrap()])
+        .collect();
+    let shared = permits
+        .iter()
+        .filter(|p| p.scope() == Scope::Shared)
+        .count();
+    assert!(
+        shared > 0 && shared < permits.len(),
+        "{shared} on the shared row"
+    );
+    assert_eq!(lim.inflight(), 2 * n);
+    lim.check_invariants().unwrap();
+    let mut rest = permits.split_off(permits.len() / 2);
+    for (i, p) in permits.into_iter().enumerate() {
+        match i % 3 {
+            0 => p.settle(Spend::Token),
+            1 => p.settle(Spend::Nothing),
+            _ => p.refund(),
+        }
+    }
+    lim.check_invariants().unwrap();
+    lim.retune(
+        Budget {
+            rate: 500.0,
+            ..budget
+        },
+        true,
+    );
+    clock.advance(Duration::from_millis(10));
+    lim.check_invariants().unwrap();
+    for p in rest.drain(..rest.len() / 2) {
+        p.settle(Spend::Token);
+    }
+    drop(rest);
+    assert_eq!(lim.inflight(), 0);
+    lim.check_invariants().unwrap();
+    for shard in lim.shards.iter().chain([&lim.shared]) {
+        let state = shard.lock();
+        assert!(
+            state
+                .table
+                .iter()
+                .all(|(_, r)| r.inflight == 0 && r.held == 0)
+        );
+        assert_eq!((state.shared.inflight, state.shared.held), (0, 0));
+    }
+}
+
 #[test]
 fn interval_rounds_up() {
     let b = |rate| {
