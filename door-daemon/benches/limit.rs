@@ -77,12 +77,13 @@ fn governor() -> DefaultKeyedRateLimiter<PrefixKey> {
 
 /// The synchronisation an admit + settle pair of door's limiter needs, without its table or its
 /// arithmetic: the group's in-flight count (an atomic on its own cache line, taken and freed),
-/// one clock read, and the shard's mutex (on cache lines of its own) taken at admission and
-/// again at settlement. 16 shards, as a 16,384-entry table has.
+/// one clock read, the shard's mutex taken at admission and again at settlement, and the
+/// permit's reference to its shard (an `Arc` cloned and dropped). 16 shards, as a 16,384-entry
+/// table has.
 struct Floor {
     inflight: CachePadded<AtomicU32>,
     clock: TscClock,
-    shards: Box<[CachePadded<Mutex<u64>>]>,
+    shards: Box<[Arc<Mutex<u64>>]>,
 }
 
 impl Floor {
@@ -90,7 +91,7 @@ impl Floor {
         Self {
             inflight: CachePadded::new(AtomicU32::new(0)),
             clock: TscClock::new(),
-            shards: (0..16).map(|_| CachePadded::new(Mutex::new(0))).collect(),
+            shards: (0..16).map(|_| Arc::new(Mutex::new(0))).collect(),
         }
     }
 }
@@ -104,10 +105,12 @@ fn floor_op(f: &Floor, k: PrefixKey) {
     if let Ok(mut v) = shard.lock() {
         *v = black_box(now);
     }
-    if let Ok(mut v) = shard.lock() {
+    let permit = Arc::clone(shard);
+    if let Ok(mut v) = permit.lock() {
         *v += 1;
     }
     f.inflight.fetch_sub(1, Ordering::AcqRel);
+    drop(permit);
 }
 
 fn door_op(lim: &Arc<GroupLimiter>, k: PrefixKey) {

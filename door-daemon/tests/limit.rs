@@ -19,10 +19,9 @@ use door_daemon::{
         settle::{self, End},
     },
     limit::{
-        Budget, Charge, DEFAULT_MAX_CLIENTS, GroupLimiter, LimiterRef, Permit, RejectReason, Scope,
-        Unobserved,
+        Budget, Charge, DEFAULT_MAX_CLIENTS, GroupLimiter, Permit, RejectReason, Scope, Unobserved,
     },
-    obs::metrics::{Metrics, Outcome},
+    obs::metrics::{GroupMetrics, Metrics, Outcome},
     time::ManualClock,
 };
 use http::StatusCode;
@@ -51,10 +50,13 @@ trait Answered {
     fn answered(self, status: StatusCode);
 }
 
-impl<H: LimiterRef> Answered for Permit<H> {
+impl Answered for Permit {
     fn answered(self, status: StatusCode) {
-        let (spend, _) = settle::charge(End::Answered(status));
-        self.settle(spend);
+        settle::settle(
+            self,
+            End::Answered(status),
+            &Metrics::noop().for_group("test"),
+        );
     }
 }
 
@@ -65,7 +67,7 @@ fn observed(
     enforce: bool,
     clock: &Arc<ManualClock>,
     metrics: &Metrics,
-) -> Arc<settle::LimitedGroup> {
+) -> (Arc<GroupLimiter>, Arc<GroupMetrics>) {
     let group = Arc::new(metrics.clone().for_group(name));
     let lim = Arc::new(GroupLimiter::new(
         name,
@@ -74,10 +76,7 @@ fn observed(
         clock.clone(),
         Arc::clone(&group) as Arc<dyn door_daemon::limit::Observer>,
     ));
-    Arc::new(settle::LimitedGroup {
-        limiter: lim,
-        metrics: group,
-    })
+    (lim, group)
 }
 
 fn limiter(budget: Budget, clock: &Arc<ManualClock>) -> Arc<GroupLimiter> {
@@ -508,11 +507,11 @@ fn door_limits_metrics() {
         max_clients: 1,
         charge: Charge::Always,
     };
-    let enforce = observed("link", budget, true, &clock, &metrics);
-    let shadow = observed("shadow", budget, false, &clock, &metrics);
+    let (enforce, enforce_m) = observed("link", budget, true, &clock, &metrics);
+    let (shadow, shadow_m) = observed("shadow", budget, false, &clock, &metrics);
 
-    for group in [&enforce, &shadow] {
-        let admit = |k| settle::admit(group, k);
+    for (lim, m) in [(&enforce, &enforce_m), (&shadow, &shadow_m)] {
+        let admit = |k| settle::admit(lim, m, k);
         admit(peer(1))
             .unwrap()
             .settle(End::Answered(StatusCode::OK)); // ok
@@ -530,7 +529,7 @@ fn door_limits_metrics() {
     }
     // Peer 1 refills, idle: a new peer evicts it.
     clock.advance(Duration::from_secs(2));
-    settle::admit(&enforce, peer(5))
+    settle::admit(&enforce, &enforce_m, peer(5))
         .unwrap()
         .settle(End::Answered(StatusCode::OK)); // ok
     metrics.clone().for_group("health").record(Outcome::Cached);
@@ -598,7 +597,7 @@ fn door_limits_metrics_count_inflight_while_held() {
         .build();
     let metrics = Metrics::new(&provider.meter("door"));
     let clock = Arc::new(ManualClock::at(0));
-    let lim = Arc::clone(&observed("webhook", Budget::webhook(), true, &clock, &metrics).limiter);
+    let (lim, _) = observed("webhook", Budget::webhook(), true, &clock, &metrics);
     let held: Vec<_> = (0..3).map(|i| lim.admit(peer(i)).unwrap()).collect();
     provider.force_flush().unwrap();
     let inflight = points(&exporter, "door.inflight");

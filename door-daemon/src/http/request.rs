@@ -119,8 +119,9 @@ pub const HEALTH_GROUP: &str = "health";
 /// One limited group on the request path.
 #[derive(Debug)]
 struct Limited {
-    /// The group's limiter and instruments, which every held permit of the group keeps.
-    group: Arc<settle::LimitedGroup>,
+    limiter: Arc<GroupLimiter>,
+    /// The group's instruments: admissions and settlements are counted here.
+    metrics: Arc<GroupMetrics>,
     read_timeout: Duration,
     /// The precomputed `RateLimit-Policy` value; `None` when the fields are off (or the group
     /// name cannot be a structured-field string).
@@ -135,7 +136,7 @@ impl Limited {
     /// response (appended to another group's or plane's, as a list), when they are on.
     fn ratelimit_fields(&self, headers: &mut http::HeaderMap, key: &PrefixKey) {
         if let Some(policy) = &self.policy {
-            let q = self.group.limiter.quota(key);
+            let q = self.limiter.quota(key);
             answer::ratelimit_fields(headers, policy, &self.sf_name, q);
         }
     }
@@ -285,7 +286,7 @@ impl Policy {
                 let g = &g;
                 let kept = previous
                     .and_then(|p| p.limited.get(name))
-                    .map(|l| &l.group.limiter)
+                    .map(|l| &l.limiter)
                     .filter(|l| l.budget().charge == g.budget.charge);
                 if let Some(l) = kept
                     && (l.budget() != g.budget || l.enforcing() != enforce)
@@ -309,10 +310,8 @@ impl Policy {
                     .then(|| answer::ratelimit_policy(&sf_name, g.budget.burst, limiter.window_s()))
                     .flatten();
                 let l = Limited {
-                    group: Arc::new(settle::LimitedGroup {
-                        limiter,
-                        metrics: group_metrics,
-                    }),
+                    limiter,
+                    metrics: group_metrics,
                     read_timeout: g.read_timeout,
                     policy,
                     sf_name,
@@ -415,11 +414,7 @@ impl App {
     /// The groups' limiters, sorted by name.
     pub fn limiters(&self) -> Vec<Arc<GroupLimiter>> {
         let policy = self.policy();
-        let mut v: Vec<_> = policy
-            .limited
-            .values()
-            .map(|l| Arc::clone(&l.group.limiter))
-            .collect();
+        let mut v: Vec<_> = policy.limited.values().map(|l| l.limiter.clone()).collect();
         v.sort_by(|a, b| a.group().cmp(b.group()));
         v
     }
@@ -565,7 +560,7 @@ impl App {
         let Some(decision) = decision else {
             return answer::failure_response(&Failure::UpstreamTimeout);
         };
-        let mut res = match settle::admit(&limited.group, decision.key) {
+        let mut res = match settle::admit(&limited.limiter, &limited.metrics, decision.key) {
             Ok(permit) => {
                 let permit = match job.plane.take() {
                     Some(plane) => permit.with_plane(plane),
@@ -583,7 +578,7 @@ impl App {
                 if limited.health {
                     self.cached_health(limited, req, job.origin).await
                 } else {
-                    answer::rejected(limited.group.limiter.group(), &rejection)
+                    answer::rejected(limited.limiter.group(), &rejection)
                 }
             }
         };
@@ -636,7 +631,7 @@ impl App {
         let Some(p) = policy.limited.get(choice.plane) else {
             return Ok(None);
         };
-        match settle::admit(&p.group, choice.key) {
+        match settle::admit(&p.limiter, &p.metrics, choice.key) {
             Ok(held) => {
                 job.plane = Some(held);
                 Ok(Some((p, choice.key)))
@@ -757,7 +752,7 @@ impl App {
             let permit = match (permit, sse_key) {
                 (Some(p), _) => Some(p),
                 (None, Some(key)) => match policy.limited.get(STREAM_GROUP) {
-                    Some(streams) => match settle::admit(&streams.group, key) {
+                    Some(streams) => match settle::admit(&streams.limiter, &streams.metrics, key) {
                         Ok(p) => Some(p),
                         Err(r) => return answer::rejected(STREAM_GROUP, &r),
                     },
@@ -765,10 +760,7 @@ impl App {
                 },
                 (None, None) => None,
             };
-            let open = permit
-                .as_ref()
-                .and_then(Held::metrics)
-                .map(GroupMetrics::stream_opened);
+            let open = permit.as_ref().map(|p| p.metrics().stream_opened());
             let idle = self.stream_idle_timeout;
             let mut out =
                 res.map(|b| ResponseBody::stream(b, permit.map(|p| (p, status)), idle, open));
@@ -855,10 +847,7 @@ impl App {
         };
         let on_upstream = hyper::upgrade::on(&mut res);
         let answer = upgrade.client_response(res.headers());
-        let open = permit
-            .as_ref()
-            .and_then(Held::metrics)
-            .map(GroupMetrics::stream_opened);
+        let open = permit.as_ref().map(|p| p.metrics().stream_opened());
         // In flight until it closes: the drain waits for it within its grace period.
         let active = ActiveGuard::new(self, conn);
         let conn = Arc::clone(conn);
@@ -921,7 +910,7 @@ impl App {
                 }
             })
             .await;
-        limited.group.metrics.record(Outcome::Cached);
+        limited.metrics.record(Outcome::Cached);
         answer::health_response(status, "door; hit")
     }
 }

@@ -7,31 +7,13 @@
 //! it [`End`]ed, or until it is dropped (the client went away: [`End::Abandoned`]). [`charge`] is the whole
 //! rule.
 
-use std::sync::Arc;
-
 use door_common::prefix::PrefixKey;
 use http::StatusCode;
 
 use crate::{
-    limit::{GroupLimiter, LimiterRef, Permit, RejectReason, Rejection, Spend},
+    limit::{GroupLimiter, Permit, RejectReason, Rejection, Spend},
     obs::metrics::{GroupMetrics, Outcome},
 };
-
-/// One limited group as the request path holds it: its limiter and the instruments its requests
-/// are counted on, behind one `Arc` so that a held permit keeps both for one reference count.
-#[derive(Debug)]
-pub struct LimitedGroup {
-    /// The group's limiter (shared with the admin API, the metrics and the cluster sync).
-    pub limiter: Arc<GroupLimiter>,
-    /// The group's instruments: admissions and settlements are counted here.
-    pub metrics: Arc<GroupMetrics>,
-}
-
-impl LimiterRef for Arc<LimitedGroup> {
-    fn limiter(&self) -> &GroupLimiter {
-        &self.limiter
-    }
-}
 
 /// How a limited request ended, as far as its budget is concerned.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -84,37 +66,40 @@ pub const fn rejected_outcome(reason: RejectReason, shadow: bool) -> Outcome {
     }
 }
 
-/// Admits a request of client `key` on `group`'s limiter, counting a rejection on its metrics
-/// (in shadow mode the would-be rejection, and the request is admitted).
+/// Admits a request of client `key` on `limiter`, counting a rejection on `metrics` (in shadow
+/// mode the would-be rejection, and the request is admitted).
 ///
 /// # Errors
 /// The limiter's [`Rejection`] when enforcing and a check fails; it spends and holds nothing.
-pub fn admit(group: &Arc<LimitedGroup>, key: PrefixKey) -> Result<Held, Rejection> {
-    match Permit::admit(group, key) {
+pub fn admit(
+    limiter: &std::sync::Arc<GroupLimiter>,
+    metrics: &std::sync::Arc<GroupMetrics>,
+    key: PrefixKey,
+) -> Result<Held, Rejection> {
+    match limiter.admit(key) {
         Ok(permit) => {
             if let Some(reason) = permit.shadow_rejection() {
-                group.metrics.record(rejected_outcome(reason, true));
+                metrics.record(rejected_outcome(reason, true));
             }
             Ok(Held {
                 permit: Some(permit),
+                metrics: std::sync::Arc::clone(metrics),
                 plane: None,
             })
         }
         Err(rejection) => {
-            group
-                .metrics
-                .record(rejected_outcome(rejection.reason, false));
+            metrics.record(rejected_outcome(rejection.reason, false));
             Err(rejection)
         }
     }
 }
 
-/// Settles `permit` as `end` by [`charge`]'s rule, counting the outcome on its group's metrics
-/// unless the permit holds no slot (a shadow-mode would-be rejection, counted at admission).
-pub fn settle(permit: Permit<Arc<LimitedGroup>>, end: End) {
+/// Settles `permit` as `end` by [`charge`]'s rule, counting the outcome on `metrics` unless the
+/// permit holds no slot (a shadow-mode would-be rejection, counted at admission).
+pub fn settle(permit: Permit, end: End, metrics: &GroupMetrics) {
     let (spend, outcome) = charge(end);
     if permit.holds_slot() {
-        permit.handle().metrics.record(outcome);
+        metrics.record(outcome);
     }
     permit.settle(spend);
 }
@@ -125,9 +110,9 @@ pub fn settle(permit: Permit<Arc<LimitedGroup>>, end: End) {
 #[derive(Debug)]
 #[must_use = "dropping a held permit at once settles the request as abandoned"]
 pub struct Held {
-    /// `None` only inside [`Held::settle`] and [`Held::refund`], which take it out before the
-    /// drop runs (which then has nothing left to do).
-    permit: Option<Permit<Arc<LimitedGroup>>>,
+    permit: Option<Permit>,
+    /// The group's instruments: shared, so that holding them costs one reference count.
+    metrics: std::sync::Arc<GroupMetrics>,
     /// The request plane's permit the request also holds (docs/design.md, "Planes"), settled
     /// with this one.
     plane: Option<Box<Held>>,
@@ -137,7 +122,7 @@ impl Held {
     /// Settles the request as `end` (see [`charge`]), and its plane's permit with it.
     pub fn settle(mut self, end: End) {
         if let Some(permit) = self.permit.take() {
-            settle(permit, end);
+            settle(permit, end, &self.metrics);
         }
         if let Some(plane) = self.plane.take() {
             plane.settle(end);
@@ -161,14 +146,13 @@ impl Held {
         self
     }
 
-    /// The instruments this request is counted on: `Some` for as long as the `Held` exists
-    /// (settling and refunding consume it; the `None` is only the inside of that).
-    pub fn metrics(&self) -> Option<&GroupMetrics> {
-        self.permit.as_ref().map(|p| &*p.handle().metrics)
+    /// The instruments this request is counted on.
+    pub fn metrics(&self) -> &GroupMetrics {
+        &self.metrics
     }
 
-    /// The permit (its scope, its group).
-    pub fn permit(&self) -> Option<&Permit<Arc<LimitedGroup>>> {
+    /// The permit (its scope, its limiter).
+    pub fn permit(&self) -> Option<&Permit> {
         self.permit.as_ref()
     }
 }
@@ -176,7 +160,7 @@ impl Held {
 impl Drop for Held {
     fn drop(&mut self) {
         if let Some(permit) = self.permit.take() {
-            settle(permit, End::Abandoned);
+            settle(permit, End::Abandoned, &self.metrics);
         }
     }
 }

@@ -6,10 +6,9 @@
 //! ([`Spend`], decided in `crate::http::settle`). Its bucket arithmetic is
 //! [`door_common::gcra`], the same GCRA the XDP program runs.
 //!
-//! A [`GroupLimiter`] guards one route group (`webhook`, `link`, `health`, ...). It holds a bounded
-//! LRU table of per-client rows (a token bucket, the tokens held by unsettled requests, the
-//! requests in flight), split by key hash into shards each behind its own mutex, and one *shared
-//! row* for the clients the table cannot hold.
+//! A [`GroupLimiter`] guards one route group (`webhook`, `link`, `health`, ...). Under one mutex it
+//! holds a bounded LRU table of per-client rows (a token bucket, the tokens held by unsettled
+//! requests, the requests in flight) and one *shared row* for the clients the table cannot hold.
 //! [`GroupLimiter::admit`] checks, in order, the group's in-flight cap (503), the row's in-flight
 //! cap (429) and the row's bucket (429), and hands out a [`Permit`]: an RAII guard that frees the
 //! slot however the request ends, and under [`Charge::OnFailure`] spends a token only when the
@@ -682,18 +681,15 @@ impl ShardState {
     }
 }
 
-/// One shard: a part of the table behind its own mutex. Settling a permit locks only the
-/// shard its row is on (found again from the key) and touches the group's counters.
-///
-/// The shards of a group sit side by side in one slice; each is aligned and padded to its own
-/// cache lines, so that one core's admissions on a shard (its lock word, its recency list's
-/// head) do not invalidate a neighbouring shard's lines on another core.
+/// One shard: a part of the table behind its own mutex. A permit holds its shard (not the
+/// whole limiter), so settling touches only that shard and the group's counters.
 #[derive(Debug)]
 struct Shard {
-    state: CachePadded<Mutex<ShardState>>,
+    state: Mutex<ShardState>,
+    core: Arc<Core>,
 }
 
-/// The group's state outside its shards: its in-flight count against the cap, the clock and the
+/// What every shard of a group shares: its in-flight count against the cap, the clock and the
 /// observer.
 #[derive(Debug)]
 struct Core {
@@ -734,7 +730,7 @@ impl Shard {
 
     /// Frees a slot taken on row `id` of this shard; under charge on failure, releases the held
     /// token and spends it if `spend` says so.
-    fn release(&self, core: &Core, id: RowId, spend: Spend) {
+    fn release(&self, id: RowId, spend: Spend) {
         {
             let mut state = self.lock();
             let state = &mut *state;
@@ -749,7 +745,7 @@ impl Shard {
                     row.held = row.held.saturating_sub(1);
                     if spend == Spend::Token {
                         // The clock is read only when a token is spent.
-                        t.bucket.spend(row, core.clock.now_ns());
+                        t.bucket.spend(row, self.core.clock.now_ns());
                         if let RowId::Key(k, _) = id {
                             state.note(k, true);
                         }
@@ -757,12 +753,12 @@ impl Shard {
                 }
             }
         }
-        core.free_slot();
-        core.observer.inflight_changed(-1);
+        self.core.free_slot();
+        self.core.observer.inflight_changed(-1);
     }
 
     /// Frees a slot and un-spends its token ([`Permit::refund`]).
-    fn refund(&self, core: &Core, id: RowId) {
+    fn refund(&self, id: RowId) {
         {
             let mut state = self.lock();
             let state = &mut *state;
@@ -784,8 +780,8 @@ impl Shard {
                 }
             }
         }
-        core.free_slot();
-        core.observer.inflight_changed(-1);
+        self.core.free_slot();
+        self.core.observer.inflight_changed(-1);
     }
 }
 
@@ -800,9 +796,9 @@ impl Shard {
 #[derive(Debug)]
 pub struct GroupLimiter {
     group: String,
-    core: Core,
-    shards: Box<[Shard]>,
-    shared: Shard,
+    core: Arc<Core>,
+    shards: Box<[Arc<Shard>]>,
+    shared: Arc<Shard>,
     /// `false` in shadow mode.
     enforce: AtomicBool,
 }
@@ -822,20 +818,23 @@ impl GroupLimiter {
     ) -> Self {
         let tuning = Tuning::of(budget, enforce);
         let now = clock.now_ns();
-        let core = Core {
+        let core = Arc::new(Core {
             inflight: CachePadded::new(AtomicU32::new(0)),
             cap: AtomicU32::new(tuning.budget.inflight),
             clock,
             observer,
-        };
+        });
         let n = shards_for(tuning.budget.max_clients);
-        let shard = |cap: usize| Shard {
-            state: CachePadded::new(Mutex::new(ShardState {
-                tuning,
-                table: Table::new(cap),
-                shared: Row::full(now),
-                journal: None,
-            })),
+        let shard = |cap: usize| {
+            Arc::new(Shard {
+                state: Mutex::new(ShardState {
+                    tuning,
+                    table: Table::new(cap),
+                    shared: Row::full(now),
+                    journal: None,
+                }),
+                core: Arc::clone(&core),
+            })
         };
         let shards = (0..n)
             .map(|i| shard(share(tuning.budget.max_clients, n, i)))
@@ -908,7 +907,7 @@ impl GroupLimiter {
         self.core.inflight.load(Ordering::Acquire)
     }
 
-    fn shard_of(&self, key: &PrefixKey) -> &Shard {
+    fn shard_of(&self, key: &PrefixKey) -> &Arc<Shard> {
         let i = shard_index(key, self.shards.len());
         self.shards.get(i).unwrap_or(&self.shared)
     }
@@ -1062,9 +1061,7 @@ impl GroupLimiter {
         true
     }
 
-    /// Admits a request from client `key`, or rejects it (docs/design.md, "Limits"); the
-    /// permit borrows this limiter. [`Permit::admit`] makes one that keeps a handle to it
-    /// instead ([`LimiterRef`]), for a permit that outlives the caller's borrow.
+    /// Admits a request from client `key`, or rejects it (docs/design.md, "Limits").
     ///
     /// The group cap first (503, scope `group`: an atomic, before any lock), then, under the
     /// client's shard lock, the per-client cap of the client's row (429, scope `client` or
@@ -1082,12 +1079,7 @@ impl GroupLimiter {
     /// A [`Rejection`] when enforcing and a check fails; it spends and holds nothing. In shadow
     /// mode this never fails: the permit says what would have happened
     /// ([`Permit::shadow_rejection`]) and holds nothing either.
-    pub fn admit(&self, key: PrefixKey) -> Result<Permit<&Self>, Rejection> {
-        Permit::admit(&self, key)
-    }
-
-    /// The admission decision of [`GroupLimiter::admit`], without the permit around it.
-    fn admission(&self, key: PrefixKey) -> Result<Admission, Rejection> {
+    pub fn admit(self: &Arc<Self>, key: PrefixKey) -> Result<Permit, Rejection> {
         let enforce = self.enforcing();
         let decision = if self.core.take_slot() {
             let (decision, change) = self.decide(key);
@@ -1105,17 +1097,19 @@ impl GroupLimiter {
             Err(Rejection::cap(RejectReason::GroupConcurrency, Scope::Group))
         };
         match decision {
-            Ok(row) => {
+            Ok((shard, row)) => {
                 self.core.observer.inflight_changed(1);
-                Ok(Admission {
-                    slot: Some(row),
+                Ok(Permit {
+                    shard: Some(shard),
+                    slot: row,
                     scope: row.scope(),
                     shadow: None,
                 })
             }
             Err(rejection) if enforce => Err(rejection),
-            Err(rejection) => Ok(Admission {
-                slot: None,
+            Err(rejection) => Ok(Permit {
+                shard: None,
+                slot: RowId::Shared,
                 scope: rejection.scope,
                 shadow: Some(rejection.reason),
             }),
@@ -1124,11 +1118,12 @@ impl GroupLimiter {
 
     /// The decision after the group cap, with one of the group's slots taken; on admission the
     /// row's slot (and token) is taken too.
-    fn decide(&self, key: PrefixKey) -> (Result<RowId, Rejection>, TableChange) {
+    fn decide(&self, key: PrefixKey) -> (Result<(Arc<Shard>, RowId), Rejection>, TableChange) {
         let mut change = TableChange::default();
         let now = self.core.clock.now_ns();
+        let shard = self.shard_of(&key);
         {
-            let mut state = self.shard_of(&key).lock();
+            let mut state = shard.lock();
             let t = state.tuning;
             let spends = t.budget.charge == Charge::Always;
             // Hit: one lookup (which also refreshes the entry).
@@ -1137,7 +1132,7 @@ impl GroupLimiter {
                 if spends && decision.is_ok() {
                     state.note(key, true);
                 }
-                return (decision, change);
+                return (decision.map(|id| (Arc::clone(shard), id)), change);
             }
             if let Some(at) = find_row(&mut state.table, key, now, &mut change) {
                 let decision = match state.table.at_mut(at, &key) {
@@ -1152,30 +1147,13 @@ impl GroupLimiter {
                 if spends && decision.is_ok() {
                     state.note(key, true);
                 }
-                return (decision, change);
+                return (decision.map(|id| (Arc::clone(shard), id)), change);
             }
         }
         let mut state = self.shared.lock();
         let t = state.tuning;
-        (take(&t, &mut state.shared, RowId::Shared, now), change)
-    }
-
-    /// The shard row `id` is on.
-    fn shard_of_row(&self, id: RowId) -> &Shard {
-        match id {
-            RowId::Key(k, _) => self.shard_of(&k),
-            RowId::Shared => &self.shared,
-        }
-    }
-
-    /// Frees the slot of row `id` ([`Permit::settle`]).
-    fn release(&self, id: RowId, spend: Spend) {
-        self.shard_of_row(id).release(&self.core, id, spend);
-    }
-
-    /// Frees the slot of row `id` and un-spends its token ([`Permit::refund`]).
-    fn refund(&self, id: RowId) {
-        self.shard_of_row(id).refund(&self.core, id);
+        let decision = take(&t, &mut state.shared, RowId::Shared, now);
+        (decision.map(|id| (Arc::clone(&self.shared), id)), change)
     }
 }
 
@@ -1254,35 +1232,7 @@ fn find_row(
     None
 }
 
-/// What a [`Permit`] holds to reach its limiter when it settles: a borrow of the limiter, or a
-/// caller's own handle that holds the limiter with other things (the request path keeps the
-/// group's metrics with it, so that a permit costs it one reference count).
-///
-/// An implementation must return the same limiter from every call, on the handle and on all its
-/// clones: a permit settles on the limiter its handle returns, and one that never admitted it
-/// would free a slot it does not hold.
-pub trait LimiterRef {
-    /// The limiter the permit was admitted by.
-    fn limiter(&self) -> &GroupLimiter;
-}
-
-impl LimiterRef for &GroupLimiter {
-    fn limiter(&self) -> &GroupLimiter {
-        self
-    }
-}
-
-/// An admission: the row whose slot it took (`None` for a shadow-mode rejection), and what the
-/// permit reports.
-#[derive(Debug, Clone, Copy)]
-struct Admission {
-    slot: Option<RowId>,
-    scope: Scope,
-    shadow: Option<RejectReason>,
-}
-
-/// An admitted request's slot (docs/design.md, "Limits": settle always runs), holding its
-/// limiter through `H` ([`LimiterRef`]).
+/// An admitted request's slot (docs/design.md, "Limits": settle always runs).
 ///
 /// Call [`Permit::settle`] when the request ends, saying whether it spends its held token.
 /// Dropping a permit without settling it (panic, cancelled future) frees the slot and releases
@@ -1291,52 +1241,22 @@ struct Admission {
 /// A shadow-mode permit for a request enforcement would have rejected
 /// ([`Permit::shadow_rejection`] is `Some`) holds no slot and no token ([`Permit::holds_slot`] is
 /// `false`), so that later decisions stay exactly those enforcement would have made.
+#[derive(Debug)]
 #[must_use = "dropping a permit at once frees its slot"]
-pub struct Permit<H: LimiterRef> {
-    handle: H,
-    /// The row the slot is on; `None` once settled, and for a shadow rejection.
-    slot: Option<RowId>,
+pub struct Permit {
+    /// The shard the slot is on; `None` once settled, and for a shadow rejection.
+    shard: Option<Arc<Shard>>,
+    slot: RowId,
     scope: Scope,
     shadow: Option<RejectReason>,
 }
 
-/// The group, the row and the outcome; not the limiter's tables, which a derived `Debug` would
-/// print in full through the handle.
-impl<H: LimiterRef> core::fmt::Debug for Permit<H> {
-    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
-        f.debug_struct("Permit")
-            .field("group", &self.handle.limiter().group())
-            .field("slot", &self.slot)
-            .field("scope", &self.scope)
-            .field("shadow", &self.shadow)
-            .finish()
-    }
-}
-
-impl<H: LimiterRef + Clone> Permit<H> {
-    /// Admits a request from client `key` on `handle`'s limiter, as [`GroupLimiter::admit`]
-    /// does; the permit keeps a clone of `handle` (made only when a permit is handed out).
-    ///
-    /// # Errors
-    ///
-    /// As [`GroupLimiter::admit`].
-    pub fn admit(handle: &H, key: PrefixKey) -> Result<Self, Rejection> {
-        let a = handle.limiter().admission(key)?;
-        Ok(Self {
-            handle: handle.clone(),
-            slot: a.slot,
-            scope: a.scope,
-            shadow: a.shadow,
-        })
-    }
-}
-
-impl<H: LimiterRef> Permit<H> {
+impl Permit {
     /// Ends the request: frees the slot, and under [`Charge::OnFailure`] releases the held token,
     /// spending it when `spend` is [`Spend::Token`].
     pub fn settle(mut self, spend: Spend) {
-        if let Some(id) = self.slot.take() {
-            self.handle.limiter().release(id, spend);
+        if let Some(shard) = self.shard.take() {
+            shard.release(self.slot, spend);
         }
     }
 
@@ -1346,15 +1266,15 @@ impl<H: LimiterRef> Permit<H> {
     /// (docs/design.md, "Planes": a request rejected by one plane or group spends nothing in the
     /// others).
     pub fn refund(mut self) {
-        if let Some(id) = self.slot.take() {
-            self.handle.limiter().refund(id);
+        if let Some(shard) = self.shard.take() {
+            shard.refund(self.slot);
         }
     }
 
     /// Whether this permit holds a slot (and, under charge on failure, a token): `false` only for
     /// a shadow-mode permit of a request enforcement would have rejected.
     pub fn holds_slot(&self) -> bool {
-        self.slot.is_some()
+        self.shard.is_some()
     }
 
     /// In shadow mode, the rejection enforcement would have made; `None` when enforcing or when
@@ -1368,17 +1288,12 @@ impl<H: LimiterRef> Permit<H> {
     pub fn scope(&self) -> Scope {
         self.scope
     }
-
-    /// What the permit holds its limiter through.
-    pub fn handle(&self) -> &H {
-        &self.handle
-    }
 }
 
-impl<H: LimiterRef> Drop for Permit<H> {
+impl Drop for Permit {
     fn drop(&mut self) {
-        if let Some(id) = self.slot.take() {
-            self.handle.limiter().release(id, Spend::Nothing);
+        if let Some(shard) = self.shard.take() {
+            shard.release(self.slot, Spend::Nothing);
         }
     }
 }

@@ -130,7 +130,13 @@ fn permits_settle_on_their_own_shard() {
         max_clients: 2 * MIN_SHARD_ENTRIES,
         charge: Charge::OnFailure,
     };
-    let lim = GroupLimiter::new("s", budget, true, clock.clone(), Arc::new(Unobserved));
+    let lim = Arc::new(GroupLimiter::new(
+        "s",
+        budget,
+        true,
+        clock.clone(),
+        Arc::new(Unobserved),
+    ));
     assert_eq!(lim.shards.len(), 2);
     // More clients than the table holds, each with two requests in flight: the table fills with
     // busy entries, and the rest are decided on the shared row.
@@ -494,7 +500,7 @@ proptest! {
         prop_assert!(budget.validate("p").is_ok());
         let clock = Arc::new(ManualClock::at(1_000));
         let lim = Arc::new(GroupLimiter::new("p", budget, enforce, clock.clone(), Arc::new(Unobserved)));
-        let mut permits: Vec<(u32, Permit<&GroupLimiter>)> = Vec::new();
+        let mut permits: Vec<(u32, Permit)> = Vec::new();
         // Per key: first-seen time and tokens spent while on its own row.
         let mut first: HashMap<u32, u64> = HashMap::new();
         let mut spent: HashMap<u32, u64> = HashMap::new();
