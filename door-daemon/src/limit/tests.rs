@@ -10,6 +10,15 @@ fn key(i: u32) -> PrefixKey {
     PrefixKey::from_ipv4(i.to_be_bytes())
 }
 
+/// Every row of a shard: its table entries (with their keys), then its shared row (`None`).
+fn rows_of(state: &ShardState) -> impl Iterator<Item = (Option<PrefixKey>, &Row)> {
+    state
+        .table
+        .iter()
+        .map(|(k, r)| (Some(*k), r))
+        .chain(core::iter::once((None, &state.shared)))
+}
+
 impl GroupLimiter {
     /// Checks every invariant of the state; returns a description of the first violation.
     fn check_invariants(&self) -> Result<(), String> {
@@ -24,11 +33,7 @@ impl GroupLimiter {
             let bucket = state.tuning.bucket;
             b = Some(budget);
             tracked += state.table.len();
-            let rows = state
-                .table
-                .iter()
-                .map(|(k, r)| (Some(*k), r))
-                .chain(core::iter::once((None, &state.shared)));
+            let rows = rows_of(&state);
             for (k, row) in rows {
                 sum += row.inflight;
                 if enforce && row.inflight > budget.per_client {
@@ -57,6 +62,24 @@ impl GroupLimiter {
         }
         if sum != inflight {
             return Err(format!("rows hold {sum}, group counts {inflight}"));
+        }
+        Ok(())
+    }
+
+    /// Checks that no row, in the table or shared, holds a slot or a token (every permit is
+    /// gone); returns the first row that does.
+    fn check_idle(&self) -> Result<(), String> {
+        for shard in self.shards.iter().chain([&self.shared]) {
+            let state = shard.lock();
+            let rows = rows_of(&state);
+            for (k, row) in rows {
+                if row.inflight != 0 || row.held != 0 {
+                    return Err(format!(
+                        "{k:?} holds {} slots, {} tokens",
+                        row.inflight, row.held
+                    ));
+                }
+            }
         }
         Ok(())
     }
@@ -178,16 +201,7 @@ fn permits_settle_on_their_own_shard() {
     drop(rest);
     assert_eq!(lim.inflight(), 0);
     lim.check_invariants().unwrap();
-    for shard in lim.shards.iter().chain([&lim.shared]) {
-        let state = shard.lock();
-        assert!(
-            state
-                .table
-                .iter()
-                .all(|(_, r)| r.inflight == 0 && r.held == 0)
-        );
-        assert_eq!((state.shared.inflight, state.shared.held), (0, 0));
-    }
+    lim.check_idle().unwrap();
 }
 
 #[test]
@@ -588,11 +602,8 @@ proptest! {
         if let Err(e) = lim.check_invariants() {
             prop_assert!(false, "{}", e);
         }
-        for shard in lim.shards.iter().chain([&lim.shared]) {
-            let state = shard.lock();
-            prop_assert!(state.table.iter().all(|(_, r)| r.inflight == 0 && r.held == 0));
-            prop_assert_eq!(state.shared.inflight, 0);
-            prop_assert_eq!(state.shared.held, 0);
+        if let Err(e) = lim.check_idle() {
+            prop_assert!(false, "{}", e);
         }
     }
 }
