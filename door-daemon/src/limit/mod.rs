@@ -664,6 +664,18 @@ struct Journal {
 }
 
 impl ShardState {
+    /// Removes `key`'s entry number `at` if it is idle and the table is over its capacity (a
+    /// reload shrank `max_clients` while the entry was busy: [`GroupLimiter::retune`]); returns
+    /// whether it did.
+    fn shed_if_over(&mut self, key: &PrefixKey, at: u32) -> bool {
+        self.table.over_cap()
+            && self
+                .table
+                .at_mut(at, key)
+                .is_some_and(|row| row.inflight == 0)
+            && self.table.remove(key).is_some()
+    }
+
     /// Records that `key` spent one token (`+1`) or had one refunded (`-1`).
     fn note(&mut self, key: PrefixKey, spent: bool) {
         let Some(j) = self.journal.as_mut() else {
@@ -729,8 +741,10 @@ impl Shard {
     }
 
     /// Frees a slot taken on row `id` of this shard; under charge on failure, releases the held
-    /// token and spends it if `spend` says so.
+    /// token and spends it if `spend` says so. A table entry left idle past a shrunk capacity
+    /// leaves the table.
     fn release(&self, id: RowId, spend: Spend) {
+        let shed;
         {
             let mut state = self.lock();
             let state = &mut *state;
@@ -752,13 +766,19 @@ impl Shard {
                     }
                 }
             }
+            shed = matches!(id, RowId::Key(k, at) if state.shed_if_over(&k, at));
         }
         self.core.free_slot();
         self.core.observer.inflight_changed(-1);
+        if shed {
+            self.core.observer.clients_changed(-1);
+        }
     }
 
-    /// Frees a slot and un-spends its token ([`Permit::refund`]).
+    /// Frees a slot and un-spends its token ([`Permit::refund`]); as [`Shard::release`], an
+    /// idle entry past a shrunk capacity leaves the table.
     fn refund(&self, id: RowId) {
+        let shed;
         {
             let mut state = self.lock();
             let state = &mut *state;
@@ -779,9 +799,13 @@ impl Shard {
                     }
                 }
             }
+            shed = matches!(id, RowId::Key(k, at) if state.shed_if_over(&k, at));
         }
         self.core.free_slot();
         self.core.observer.inflight_changed(-1);
+        if shed {
+            self.core.observer.clients_changed(-1);
+        }
     }
 }
 
@@ -867,8 +891,10 @@ impl GroupLimiter {
     /// client's row: a bucket keeps the *fraction* of its burst it was missing (a drained client
     /// stays drained, a half-full one is half full of the new burst; nothing is refilled to
     /// full), in-flight requests keep their slots (caps lowered below them admit nothing new until
-    /// they settle), and a smaller `max_clients` drops each shard's least recently used entries
-    /// (the number of shards stays). The charge mode must not change (a held token's meaning
+    /// they settle), and a smaller `max_clients` drops each shard's least recently used idle
+    /// entries (the number of shards stays). Entries with requests in flight stay, so their
+    /// per-client caps hold and their permits settle on them; each leaves the table when its last
+    /// request settles, until the table is within its new size. The charge mode must not change (a held token's meaning
     /// would); the caller builds a new limiter then.
     pub fn retune(&self, budget: Budget, enforce: bool) {
         let new = Tuning::of(budget, enforce);
@@ -883,7 +909,9 @@ impl GroupLimiter {
             }
             old.rescale(new.bucket, &mut state.shared, now);
             if i < n {
-                dropped += state.table.resize(share(new.budget.max_clients, n, i));
+                dropped += state
+                    .table
+                    .resize(share(new.budget.max_clients, n, i), |row| row.inflight > 0);
             }
             state.tuning = new;
         }
@@ -896,7 +924,9 @@ impl GroupLimiter {
         }
     }
 
-    /// Entries in the client table (for `/status` and `door.clients`); at most `max_clients`.
+    /// Entries in the client table (for `/status` and `door.clients`); at most `max_clients`,
+    /// except after a reload shrank it while more clients had requests in flight
+    /// ([`GroupLimiter::retune`]).
     pub fn tracked_clients(&self) -> usize {
         self.shards.iter().map(|s| s.lock().table.len()).sum()
     }

@@ -211,12 +211,6 @@ impl<V: Copy> Table<V> {
         Some(value)
     }
 
-    /// Removes the least recently used entry and returns it.
-    pub(super) fn pop_lru(&mut self) -> Option<(PrefixKey, V)> {
-        let key = self.entry(self.tail)?.key;
-        self.remove(&key).map(|v| (key, v))
-    }
-
     /// Makes entry `at` the most recently used.
     pub(super) fn promote(&mut self, at: u32) {
         if self.head != at && self.entry(at).is_some_and(|e| e.prev != FREE) {
@@ -246,13 +240,20 @@ impl<V: Copy> Table<V> {
     }
 
     /// Changes the capacity to `cap` (at least 1), removing the least recently used entries
-    /// past it; returns how many were removed. Entry numbers of the remaining entries stay
-    /// valid.
-    pub(super) fn resize(&mut self, cap: usize) -> usize {
+    /// past it that are not `busy`; returns how many were removed. Busy entries stay (their
+    /// numbers are held by someone), so the table may stay over `cap` until they are removed
+    /// ([`Table::over_cap`]). Entry numbers of the remaining entries stay valid.
+    pub(super) fn resize(&mut self, cap: usize, busy: impl Fn(&V) -> bool) -> usize {
         let cap = cap.max(1);
         let mut removed = 0;
-        while self.len > cap && self.pop_lru().is_some() {
-            removed += 1;
+        let mut at = self.tail;
+        while self.len > cap {
+            let Some(e) = self.entry(at) else { break };
+            let (key, prev, keep) = (e.key, e.prev, busy(&e.value));
+            if !keep && self.remove(&key).is_some() {
+                removed += 1;
+            }
+            at = prev;
         }
         self.cap = cap;
         self.entries
@@ -267,6 +268,12 @@ impl<V: Copy> Table<V> {
             }
         }
         removed
+    }
+
+    /// Whether the table holds more entries than its capacity (after [`Table::resize`] kept
+    /// busy entries past a smaller one).
+    pub(super) fn over_cap(&self) -> bool {
+        self.len > self.cap
     }
 
     /// Every entry, most recently used first.
@@ -415,10 +422,11 @@ mod tests {
     fn resize_drops_the_least_recently_used_and_keeps_entry_numbers() {
         let mut t = Table::new(4);
         let ats: Vec<u32> = (0..4).map(|i| t.insert(key(i), i).unwrap()).collect();
-        assert_eq!(t.resize(2), 2);
+        assert_eq!(t.resize(2, |_| false), 2);
         assert_eq!(t.len(), 2);
+        assert!(!t.over_cap());
         assert!(!t.contains(&key(0)) && !t.contains(&key(1)));
-        assert_eq!(t.resize(64), 0);
+        assert_eq!(t.resize(64, |_| false), 0);
         assert_eq!(t.at_mut(ats[3], &key(3)).copied(), Some(3));
         assert_eq!(t.peek(&key(2)), Some(&2));
         for i in 10..72 {
@@ -433,7 +441,6 @@ mod tests {
         Get(u16),
         Remove(u16),
         ReplaceOldest(u16),
-        PopLru,
         Resize(usize),
     }
 
@@ -444,7 +451,6 @@ mod tests {
             (0u16..24).prop_map(Op::Get),
             (0u16..24).prop_map(Op::Remove),
             (0u16..24).prop_map(Op::ReplaceOldest),
-            Just(Op::PopLru),
             (1usize..20).prop_map(Op::Resize),
         ]
     }
@@ -488,13 +494,20 @@ mod tests {
                             model.push_front((key(i), i));
                         }
                     }
-                    Op::PopLru => {
-                        prop_assert_eq!(t.pop_lru(), model.pop_back());
-                    }
                     Op::Resize(c) => {
+                        // Odd values are busy: they stay, and only they may stay past `c`.
+                        let busy = |v: &u16| v % 2 == 1;
                         let before = model.len();
-                        model.truncate(c);
-                        prop_assert_eq!(t.resize(c), before - model.len());
+                        let mut i = model.len();
+                        while model.len() > c && i > 0 {
+                            i -= 1;
+                            if !busy(&model[i].1) {
+                                model.remove(i);
+                            }
+                        }
+                        prop_assert_eq!(t.resize(c, busy), before - model.len());
+                        prop_assert_eq!(t.over_cap(), model.len() > c);
+                        prop_assert!(model.len() <= c || model.iter().all(|(_, v)| busy(v)));
                         cap = c;
                     }
                 }

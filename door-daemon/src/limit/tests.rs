@@ -26,6 +26,7 @@ impl GroupLimiter {
         let enforce = self.enforcing();
         let mut sum = 0u32;
         let mut tracked = 0;
+        let mut busy = 0;
         let mut b = None;
         for shard in self.shards.iter().chain([&self.shared]) {
             let state = shard.lock();
@@ -33,6 +34,14 @@ impl GroupLimiter {
             let bucket = state.tuning.bucket;
             b = Some(budget);
             tracked += state.table.len();
+            let shard_busy = state.table.iter().filter(|(_, r)| r.inflight > 0).count();
+            busy += shard_busy;
+            if state.table.over_cap() && shard_busy < state.table.len() {
+                return Err(format!(
+                    "{} entries past the shard's capacity, {shard_busy} busy",
+                    state.table.len()
+                ));
+            }
             let rows = rows_of(&state);
             for (k, row) in rows {
                 sum += row.inflight;
@@ -53,8 +62,11 @@ impl GroupLimiter {
             }
         }
         let b = b.ok_or("no shard")?;
-        if tracked > b.max_clients {
-            return Err(format!("table {tracked} > max {}", b.max_clients));
+        if tracked > b.max_clients.max(busy) {
+            return Err(format!(
+                "table {tracked} > max {} with {busy} busy",
+                b.max_clients
+            ));
         }
         let inflight = self.inflight();
         if enforce && inflight > b.inflight {
@@ -136,6 +148,70 @@ fn retune_keeps_the_missing_fraction_and_the_slots() {
     assert_eq!(lim.tracked_clients(), 1);
     assert!(lim.is_tracked(&key(2)));
     lim.check_invariants().unwrap();
+}
+
+/// A reload that shrinks `max_clients` below the clients with requests in flight keeps their
+/// entries: their per-client caps still hold, and each entry leaves the table when its last
+/// request settles, until the table is within its new size.
+#[test]
+fn a_shrinking_reload_keeps_busy_clients_until_they_settle() {
+    let clock = Arc::new(ManualClock::at(1_000));
+    let budget = Budget {
+        rate: 100.0,
+        burst: 100,
+        per_client: 1,
+        inflight: 10,
+        max_clients: 4,
+        charge: Charge::OnFailure,
+    };
+    let lim = Arc::new(GroupLimiter::new(
+        "k",
+        budget,
+        true,
+        clock,
+        Arc::new(Unobserved),
+    ));
+    let a = lim.admit(key(1)).unwrap();
+    let b = lim.admit(key(2)).unwrap();
+    lim.admit(key(3)).unwrap().settle(Spend::Nothing);
+    lim.retune(
+        Budget {
+            max_clients: 1,
+            ..budget
+        },
+        true,
+    );
+    assert_eq!(
+        lim.tracked_clients(),
+        2,
+        "the idle client left, the busy ones stayed"
+    );
+    assert!(!lim.is_tracked(&key(3)));
+    let again = lim.admit(key(1)).map(|p| p.scope());
+    assert_eq!(
+        again.err().map(|r| r.reason),
+        Some(RejectReason::ClientConcurrency),
+        "client 1 still holds its one slot"
+    );
+    lim.check_invariants().unwrap();
+    a.settle(Spend::Token);
+    assert_eq!(lim.tracked_clients(), 1, "client 1 left as it went idle");
+    assert!(lim.is_tracked(&key(2)));
+    // Client 1 comes back while the table is full of a busy client: the shared row decides, and
+    // its slot is the shared row's, not client 2's.
+    let c = lim.admit(key(1)).unwrap();
+    assert_eq!(c.scope(), Scope::Shared);
+    lim.check_invariants().unwrap();
+    b.settle(Spend::Nothing);
+    c.settle(Spend::Nothing);
+    assert_eq!(
+        lim.tracked_clients(),
+        1,
+        "within the new size, client 2 stays"
+    );
+    assert_eq!(lim.inflight(), 0);
+    lim.check_invariants().unwrap();
+    lim.check_idle().unwrap();
 }
 
 /// With the table split into shards, every permit settles on the row that admitted it, however
@@ -453,6 +529,8 @@ enum Op {
     Drop(usize),
     Advance(u64),
     Forget(u32),
+    /// A reload that changes only `max_clients`.
+    Resize(usize),
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -463,6 +541,7 @@ fn op() -> impl Strategy<Value = Op> {
         1 => any::<usize>().prop_map(Op::Drop),
         2 => (0u64..3_000_000_000).prop_map(Op::Advance),
         1 => (0u32..6).prop_map(Op::Forget),
+        1 => (1usize..8).prop_map(Op::Resize),
     ]
 }
 
@@ -519,7 +598,7 @@ proptest! {
         let mut first: HashMap<u32, u64> = HashMap::new();
         let mut spent: HashMap<u32, u64> = HashMap::new();
         // Keys that ever used the shared row or lost their entry are excluded from the bound.
-        let own_rows_only = budget.max_clients >= 6;
+        let mut own_rows_only = budget.max_clients >= 6;
         for op in ops {
             match op {
                 Op::Admit(k) => {
@@ -577,11 +656,14 @@ proptest! {
                         spent.insert(k, 0);
                     }
                 }
+                Op::Resize(n) => {
+                    own_rows_only &= n >= 6;
+                    lim.retune(Budget { max_clients: n, ..budget }, enforce);
+                }
             }
             if let Err(e) = lim.check_invariants() {
                 prop_assert!(false, "{}", e);
             }
-            prop_assert!(lim.tracked_clients() <= budget.max_clients);
             if own_rows_only {
                 let interval = budget.interval_ns();
                 for (k, n) in &spent {
