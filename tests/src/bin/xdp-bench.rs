@@ -2,7 +2,8 @@
 //! with BPF_PROG_TEST_RUN and a large repeat count, against two references measured in the same
 //! run: the empty program (the floor) and a minimal program that parses Ethernet/IPv4/TCP and
 //! does one LRU-hash update keyed by the source prefix (the irreducible work of per-prefix
-//! state). Needs root. Numbers are medians of several rounds; ratios are what to compare.
+//! state). Needs root. Numbers are medians of several interleaved rounds (each round runs every
+//! case once, in a rotated order); ratios are what to compare.
 //!
 //! With `--veth`, it also floods door's namespace over a veth pair (one /64, spoofed, from
 //! `syn-flood`) three ways — XDP dropping over budget, an equivalent nftables rule (a per-/64
@@ -76,14 +77,77 @@ fn settings(syn_rate: f64, syn_burst: u32) -> XdpConfig {
     }
 }
 
-fn median_ns(shield: &Shield, packet: &[u8], args: &Args) -> anyhow::Result<f64> {
-    let mut samples = Vec::with_capacity(args.rounds);
-    for _ in 0..args.rounds {
-        let (_, mean) = shield.test_run(packet, args.repeat)?;
-        samples.push(mean.as_secs_f64() * 1e9);
+/// The repeat table's cases, in the order printed.
+const CASES: [&str; 5] = [
+    "reference: empty program (floor)",
+    "reference: parse + one LRU update",
+    "door: pass path (TCP ACK)",
+    "door: SYN counted, within budget",
+    "door: SYN dropped, over budget",
+];
+
+/// The programs of the repeat table. Loaded afresh for every round, so that the median spans
+/// loads: with one load per process, the same build measured door's counted SYN at about 90 ns
+/// in some processes and about 110 in others, steadily through each process's rounds.
+struct Programs {
+    floor: Shield,
+    minimal: Shield,
+    /// door's program with a SYN budget that never runs out (1e9 tokens/s, burst 2^32 - 1).
+    counting: Shield,
+    /// door's program with one token per 1000 s, burst 1, spent by a first SYN.
+    dropping: Shield,
+}
+
+impl Programs {
+    fn load(syn: &[u8]) -> anyhow::Result<Self> {
+        let floor = Shield::load_object(reference::EMPTY).context("loading the empty reference")?;
+        let minimal =
+            Shield::load_object(reference::MINIMAL).context("loading the minimal reference")?;
+        let mut counting = Shield::load().context("loading door's program")?;
+        counting.configure(&settings(1e9, u32::MAX), &[], &[])?;
+        let mut dropping = Shield::load().context("loading door's program")?;
+        dropping.configure(&settings(0.001, 1), &[], &[])?;
+        dropping.test_run(syn, 1)?;
+        Ok(Self {
+            floor,
+            minimal,
+            counting,
+            dropping,
+        })
     }
-    samples.sort_by(f64::total_cmp);
-    samples.get(samples.len() / 2).copied().context("no rounds")
+}
+
+/// The median over `args.rounds` rounds of each of [`CASES`], ns per packet. Rounds are
+/// interleaved: each loads the programs afresh ([`Programs`]) and runs every case once, starting
+/// one case later than the round before, so a noisy stretch of the machine falls on every case
+/// alike.
+fn interleaved_medians(args: &Args, syn: &[u8], ack: &[u8]) -> anyhow::Result<Vec<f64>> {
+    let n = CASES.len();
+    let mut samples = vec![Vec::with_capacity(args.rounds); n];
+    for round in 0..args.rounds {
+        let p = Programs::load(syn)?;
+        let runs = [
+            (&p.floor, syn),
+            (&p.minimal, syn),
+            (&p.counting, ack),
+            (&p.counting, syn),
+            (&p.dropping, syn),
+        ];
+        let mut order: Vec<_> = CASES.iter().zip(runs).zip(&mut samples).collect();
+        order.rotate_left(round % n);
+        for ((name, (shield, packet)), out) in order {
+            let (_, mean) = shield.test_run(packet, args.repeat).context(*name)?;
+            out.push(mean.as_secs_f64() * 1e9);
+        }
+        eprintln!("  round {}/{} measured", round + 1, args.rounds);
+    }
+    samples
+        .into_iter()
+        .map(|mut s| {
+            s.sort_by(f64::total_cmp);
+            s.get(s.len() / 2).copied().context("no rounds")
+        })
+        .collect()
 }
 
 fn main() -> anyhow::Result<()> {
@@ -94,33 +158,12 @@ fn main() -> anyhow::Result<()> {
     let ack = tcp4(client, server, 443, Flags::ACK);
 
     eprintln!(
-        "xdp bench: BPF_PROG_TEST_RUN, {} runs x {} rounds per case (median of the kernel's mean)",
+        "xdp bench: BPF_PROG_TEST_RUN, {} runs x {} interleaved rounds per case, the programs \
+         loaded afresh each round (median of the kernel's mean)",
         args.repeat, args.rounds
     );
-    let floor = Shield::load_object(reference::EMPTY).context("loading the empty reference")?;
-    let minimal =
-        Shield::load_object(reference::MINIMAL).context("loading the minimal reference")?;
-    // SYN-counted path: a budget that never runs out (1e9 tokens/s, burst 2^32 - 1).
-    let mut counting = Shield::load().context("loading door's program")?;
-    counting.configure(&settings(1e9, u32::MAX), &[], &[])?;
-    // Drop path: one token per 1000 s, burst 1, spent by a first SYN.
-    let mut dropping = Shield::load()?;
-    dropping.configure(&settings(0.001, 1), &[], &[])?;
-    dropping.test_run(&syn, 1)?;
-
-    let cases = [
-        ("reference: empty program (floor)", &floor, &syn),
-        ("reference: parse + one LRU update", &minimal, &syn),
-        ("door: pass path (TCP ACK)", &counting, &ack),
-        ("door: SYN counted, within budget", &counting, &syn),
-        ("door: SYN dropped, over budget", &dropping, &syn),
-    ];
-    let mut results = Vec::new();
-    for (name, shield, packet) in cases {
-        let ns = median_ns(shield, packet, &args).with_context(|| name.to_owned())?;
-        eprintln!("  measured {name}");
-        results.push((name, ns));
-    }
+    let medians = interleaved_medians(&args, &syn, &ack)?;
+    let results: Vec<(&str, f64)> = CASES.into_iter().zip(medians).collect();
     let floor_ns = results.first().map_or(1.0, |r| r.1).max(0.1);
     let minimal_ns = results.get(1).map_or(1.0, |r| r.1).max(0.1);
     println!(
