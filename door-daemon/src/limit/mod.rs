@@ -892,10 +892,11 @@ impl GroupLimiter {
     /// stays drained, a half-full one is half full of the new burst; nothing is refilled to
     /// full), in-flight requests keep their slots (caps lowered below them admit nothing new until
     /// they settle), and a smaller `max_clients` drops each shard's least recently used idle
-    /// entries (the number of shards stays). Entries with requests in flight stay, so their
-    /// per-client caps hold and their permits settle on them; each leaves the table when its last
-    /// request settles, until the table is within its new size. The charge mode must not change (a held token's meaning
-    /// would); the caller builds a new limiter then.
+    /// entries (the number of shards stays, each keeping room for at least one entry). Entries
+    /// with requests in flight stay, so their per-client caps hold and their permits settle on
+    /// them; each leaves the table when its last request settles, until the table is within its
+    /// new size. The charge mode must not change (a held token's meaning would); the caller
+    /// builds a new limiter then.
     pub fn retune(&self, budget: Budget, enforce: bool) {
         let new = Tuning::of(budget, enforce);
         let now = self.core.clock.now_ns();
@@ -925,8 +926,8 @@ impl GroupLimiter {
     }
 
     /// Entries in the client table (for `/status` and `door.clients`); at most `max_clients`,
-    /// except after a reload shrank it while more clients had requests in flight
-    /// ([`GroupLimiter::retune`]).
+    /// except after a reload shrank it while more clients had requests in flight, or below the
+    /// number of shards ([`GroupLimiter::retune`]).
     pub fn tracked_clients(&self) -> usize {
         self.shards.iter().map(|s| s.lock().table.len()).sum()
     }

@@ -39,7 +39,8 @@ pub(super) struct Table<V> {
     /// Numbers of the entries on the free list.
     free: Vec<u32>,
     /// `entry number + 1` per slot, `0` for an empty slot; a power of two long, at least twice
-    /// `cap`.
+    /// `cap` and twice `len` (never shrunk, so at most half full when busy entries keep `len`
+    /// past a smaller `cap`).
     index: Box<[u32]>,
     hasher: foldhash::fast::RandomState,
     /// The most recently used entry.
@@ -71,7 +72,8 @@ impl<V: Copy> Table<V> {
         self.len
     }
 
-    /// Whether the table holds `cap` entries.
+    /// Whether the table holds `cap` entries or more (more only after [`Table::resize`] kept busy
+    /// entries past a smaller `cap`).
     pub(super) fn is_full(&self) -> bool {
         self.len >= self.cap
     }
@@ -259,7 +261,7 @@ impl<V: Copy> Table<V> {
         self.entries
             .reserve_exact(cap.saturating_sub(self.entries.len()));
         if self.index.len() < cap * 2 {
-            self.index = empty_index(cap);
+            self.index = empty_index(cap.max(self.len));
             let mut at = self.head;
             while let Some(e) = self.entry(at) {
                 let (key, next) = (e.key, e.next);
@@ -267,6 +269,7 @@ impl<V: Copy> Table<V> {
                 at = next;
             }
         }
+        debug_assert!(self.index.len() >= 2 * self.len.max(self.cap));
         removed
     }
 
@@ -507,7 +510,7 @@ mod tests {
                         }
                         prop_assert_eq!(t.resize(c, busy), before - model.len());
                         prop_assert_eq!(t.over_cap(), model.len() > c);
-                        prop_assert!(model.len() <= c || model.iter().all(|(_, v)| busy(v)));
+                        prop_assert!(t.len() <= c || t.iter().all(|(_, v)| busy(v)));
                         cap = c;
                     }
                 }

@@ -10,6 +10,44 @@ fn key(i: u32) -> PrefixKey {
     PrefixKey::from_ipv4(i.to_be_bytes())
 }
 
+/// An [`Observer`] that keeps the running totals it is told, as the metrics do.
+#[derive(Debug, Default)]
+struct Totals {
+    clients: std::sync::atomic::AtomicI64,
+    inflight: std::sync::atomic::AtomicI64,
+}
+
+impl Observer for Totals {
+    fn clients_changed(&self, delta: i64) {
+        self.clients.fetch_add(delta, Ordering::Relaxed);
+    }
+    fn evicted(&self) {}
+    fn inflight_changed(&self, delta: i64) {
+        self.inflight.fetch_add(delta, Ordering::Relaxed);
+    }
+}
+
+impl Totals {
+    /// Checks that the totals reported match the limiter's own counts.
+    fn check(&self, lim: &GroupLimiter) -> Result<(), String> {
+        let clients = self.clients.load(Ordering::Relaxed);
+        let inflight = self.inflight.load(Ordering::Relaxed);
+        if usize::try_from(clients).ok() != Some(lim.tracked_clients()) {
+            return Err(format!(
+                "observer counts {clients} clients, the table {}",
+                lim.tracked_clients()
+            ));
+        }
+        if inflight != i64::from(lim.inflight()) {
+            return Err(format!(
+                "observer counts {inflight} in flight, the group {}",
+                lim.inflight()
+            ));
+        }
+        Ok(())
+    }
+}
+
 /// Every row of a shard: its table entries (with their keys), then its shared row (`None`).
 fn rows_of(state: &ShardState) -> impl Iterator<Item = (Option<PrefixKey>, &Row)> {
     state
@@ -216,7 +254,9 @@ fn a_shrinking_reload_keeps_busy_clients_until_they_settle() {
 
 /// With the table split into shards, every permit settles on the row that admitted it, however
 /// it ends (settled spending or not, refunded, dropped), on its own entry or on the shared row,
-/// across a retune: the rows' counts add up to the group's at every step and all return to zero.
+/// across a retune that also shrinks the table below its busy entries: the rows' counts add up
+/// to the group's at every step, the observer's totals match, and all return to zero with the
+/// table within its new size.
 #[test]
 fn permits_settle_on_their_own_shard() {
     let clock = Arc::new(ManualClock::at(1_000));
@@ -229,12 +269,13 @@ fn permits_settle_on_their_own_shard() {
         max_clients: 2 * MIN_SHARD_ENTRIES,
         charge: Charge::OnFailure,
     };
+    let totals = Arc::new(Totals::default());
     let lim = Arc::new(GroupLimiter::new(
         "s",
         budget,
         true,
         clock.clone(),
-        Arc::new(Unobserved),
+        totals.clone(),
     ));
     assert_eq!(lim.shards.len(), 2);
     // More clients than the table holds, each with two requests in flight: the table fills with
@@ -262,22 +303,36 @@ fn permits_settle_on_their_own_shard() {
         }
     }
     lim.check_invariants().unwrap();
+    // The first half of the clients is idle now, the table's others busy; a table of a quarter
+    // of its size keeps the busy ones, past it.
+    let smaller = MIN_SHARD_ENTRIES / 2;
     lim.retune(
         Budget {
             rate: 500.0,
+            max_clients: smaller,
             ..budget
         },
         true,
     );
+    assert_eq!(lim.shards.len(), 2, "the number of shards stays");
+    assert!(lim.tracked_clients() > smaller, "busy entries stay");
     clock.advance(Duration::from_millis(10));
     lim.check_invariants().unwrap();
+    totals.check(&lim).unwrap();
     for p in rest.drain(..rest.len() / 2) {
         p.settle(Spend::Token);
     }
+    lim.check_invariants().unwrap();
     drop(rest);
     assert_eq!(lim.inflight(), 0);
+    assert!(
+        lim.tracked_clients() <= smaller,
+        "{}",
+        lim.tracked_clients()
+    );
     lim.check_invariants().unwrap();
     lim.check_idle().unwrap();
+    totals.check(&lim).unwrap();
 }
 
 #[test]
@@ -527,6 +582,7 @@ enum Op {
     Admit(u32),
     Settle(usize, u16),
     Drop(usize),
+    Refund(usize),
     Advance(u64),
     Forget(u32),
     /// A reload that changes only `max_clients`.
@@ -539,6 +595,7 @@ fn op() -> impl Strategy<Value = Op> {
         2 => (any::<usize>(), prop_oneof![Just(200u16), Just(404), Just(500)])
             .prop_map(|(i, s)| Op::Settle(i, s)),
         1 => any::<usize>().prop_map(Op::Drop),
+        1 => any::<usize>().prop_map(Op::Refund),
         2 => (0u64..3_000_000_000).prop_map(Op::Advance),
         1 => (0u32..6).prop_map(Op::Forget),
         1 => (1usize..8).prop_map(Op::Resize),
@@ -592,7 +649,8 @@ proptest! {
     ) {
         prop_assert!(budget.validate("p").is_ok());
         let clock = Arc::new(ManualClock::at(1_000));
-        let lim = Arc::new(GroupLimiter::new("p", budget, enforce, clock.clone(), Arc::new(Unobserved)));
+        let totals = Arc::new(Totals::default());
+        let lim = Arc::new(GroupLimiter::new("p", budget, enforce, clock.clone(), totals.clone()));
         let mut permits: Vec<(u32, Permit)> = Vec::new();
         // Per key: first-seen time and tokens spent while on its own row.
         let mut first: HashMap<u32, u64> = HashMap::new();
@@ -648,6 +706,19 @@ proptest! {
                         drop(permits.swap_remove(i % permits.len()));
                     }
                 }
+                Op::Refund(i) => {
+                    if !permits.is_empty() {
+                        let (k, p) = permits.swap_remove(i % permits.len());
+                        let counts = p.shadow_rejection().is_none();
+                        p.refund();
+                        if counts && budget.charge == Charge::Always {
+                            // The token admission spent is given back.
+                            if let Some(n) = spent.get_mut(&k) {
+                                *n = n.saturating_sub(1);
+                            }
+                        }
+                    }
+                }
                 Op::Advance(ns) => clock.advance(Duration::from_nanos(ns)),
                 Op::Forget(k) => {
                     // A forgotten key starts afresh: its bound restarts now.
@@ -661,7 +732,7 @@ proptest! {
                     lim.retune(Budget { max_clients: n, ..budget }, enforce);
                 }
             }
-            if let Err(e) = lim.check_invariants() {
+            if let Err(e) = lim.check_invariants().and_then(|()| totals.check(&lim)) {
                 prop_assert!(false, "{}", e);
             }
             if own_rows_only {

@@ -92,7 +92,9 @@ const CASES: [&str; 5] = [
 struct Programs {
     floor: Shield,
     minimal: Shield,
-    /// door's program with a SYN budget that never runs out (1e9 tokens/s, burst 2^32 - 1).
+    /// door's program with a SYN budget that never runs out (1e9 tokens/s, burst 2^32 - 1). It
+    /// runs both the pass path and the counted SYN, in either order: an ACK touches no
+    /// per-prefix state.
     counting: Shield,
     /// door's program with one token per 1000 s, burst 1, spent by a first SYN.
     dropping: Shield,
