@@ -740,6 +740,16 @@ impl Shard {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
+    /// What follows a freed slot once the lock is released: the group's in-flight count and the
+    /// observer; `shed` when the slot's entry left the table with it ([`ShardState::shed_if_over`]).
+    fn slot_freed(&self, shed: bool) {
+        self.core.free_slot();
+        self.core.observer.inflight_changed(-1);
+        if shed {
+            self.core.observer.clients_changed(-1);
+        }
+    }
+
     /// Frees a slot taken on row `id` of this shard; under charge on failure, releases the held
     /// token and spends it if `spend` says so. A table entry left idle past a shrunk capacity
     /// leaves the table.
@@ -768,11 +778,7 @@ impl Shard {
             }
             shed = matches!(id, RowId::Key(k, at) if state.shed_if_over(&k, at));
         }
-        self.core.free_slot();
-        self.core.observer.inflight_changed(-1);
-        if shed {
-            self.core.observer.clients_changed(-1);
-        }
+        self.slot_freed(shed);
     }
 
     /// Frees a slot and un-spends its token ([`Permit::refund`]); as [`Shard::release`], an
@@ -801,11 +807,7 @@ impl Shard {
             }
             shed = matches!(id, RowId::Key(k, at) if state.shed_if_over(&k, at));
         }
-        self.core.free_slot();
-        self.core.observer.inflight_changed(-1);
-        if shed {
-            self.core.observer.clients_changed(-1);
-        }
+        self.slot_freed(shed);
     }
 }
 
