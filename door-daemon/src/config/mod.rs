@@ -626,8 +626,16 @@ impl Config {
 /// the file, declared once: its flag, variable and help are the attributes below.
 #[derive(Debug, Clone, Default, clap::Args)]
 pub struct Overrides {
-    /// Address to serve on (repeatable or comma-separated). Default [::]:8443.
-    #[arg(long, env = "DOOR_LISTEN", value_delimiter = ',', global = true)]
+    /// Address to serve on (repeatable or comma-separated). Default `[::]:8443`: port 8443 on
+    /// every IPv6 address, and on every IPv4 address too under Linux's default
+    /// `net.ipv6.bindv6only = 0`.
+    #[arg(
+        long,
+        env = "DOOR_LISTEN",
+        value_delimiter = ',',
+        global = true,
+        help = "Address to serve on (repeatable or comma-separated). Default [::]:8443."
+    )]
     pub listen: Option<Vec<String>>,
 
     /// Address to serve on whose connections must start with a PROXY protocol v1/v2 header from a
