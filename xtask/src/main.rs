@@ -203,8 +203,13 @@ static STARTED: std::sync::LazyLock<std::time::Instant> =
 
 /// The time since this xtask started, as `m:ss`.
 fn elapsed() -> String {
-    let s = STARTED.elapsed().as_secs();
-    format!("{}:{:02}", s / 60, s % 60)
+    minutes_seconds(STARTED.elapsed().as_secs())
+}
+
+/// `secs` seconds as `m:ss`: minutes unbounded (a run of over an hour shows `75:03`), seconds
+/// two digits.
+fn minutes_seconds(secs: u64) -> String {
+    format!("{}:{:02}", secs / 60, secs % 60)
 }
 
 /// Prints a step banner, with the minutes and seconds since this xtask started, so that a log
@@ -280,4 +285,17 @@ fn run(args: &[String]) -> anyhow::Result<()> {
         bail!("door exited with {status}");
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::minutes_seconds;
+
+    #[test]
+    fn step_banners_show_minutes_and_two_digit_seconds() {
+        assert_eq!(minutes_seconds(0), "0:00");
+        assert_eq!(minutes_seconds(59), "0:59");
+        assert_eq!(minutes_seconds(60), "1:00");
+        assert_eq!(minutes_seconds(4_503), "75:03");
+    }
 }

@@ -253,14 +253,14 @@ pub(crate) fn all(kernels: Option<&[String]>) -> anyhow::Result<()> {
     } else {
         // Without root nothing is installed either: the suites that need the missing packages
         // (ip, curl, nginx, HAProxy) are among those that skip themselves.
-        eprintln!(
-            "\n==> privileged suites SKIPPED: not root (CI runs them as root){}",
+        step(&format!(
+            "privileged suites SKIPPED: not root (CI runs them as root){}",
             if missing.is_empty() {
                 String::new()
             } else {
                 format!("; missing Debian packages: {}", missing.join(" "))
             }
-        );
+        ));
         privileged.env("DOOR_SKIP_PRIVILEGED", "1");
         t.suite(
             "privileged suites (each skips itself without root; the others run)",
@@ -271,7 +271,7 @@ pub(crate) fn all(kernels: Option<&[String]>) -> anyhow::Result<()> {
     if setup::is_root() {
         t.task("Debian package", deb::install_test);
     } else {
-        eprintln!("\n==> Debian package install test SKIPPED: not root (dpkg -i needs it)");
+        step("Debian package install test SKIPPED: not root (dpkg -i needs it)");
         t.skip(
             1,
             "Debian package install test: not root (dpkg -i needs it)".to_owned(),
