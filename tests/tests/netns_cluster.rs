@@ -3,22 +3,19 @@
 //! namespace (192.0.2.0/24), and Debian's `redis-server` on 192.0.2.5 there (no persistence). A
 //! client that door A escalates to its blocklist (429s past `escalate_after`) has its SYNs dropped
 //! at door B's shield within a few sync intervals, while another client still reaches door B.
-//! Without `redis-server` the test prints `door-test: skipped (needs redis-server): …` and passes.
+//! Without root the test prints `door-test: skipped (needs root): …` and passes; as root a
+//! missing `redis-server` (which `cargo xtask setup` installs) fails it.
 #![expect(
     clippy::unwrap_used,
     clippy::panic,
     reason = "test helpers: a failed step fails the test"
 )]
 
-use std::{
-    io::Write as _,
-    process::{Command, Stdio},
-    time::{Duration, Instant},
-};
+use std::time::{Duration, Instant};
 
 use door_tests::{
     netns::{self, CLIENT_ADDR, CLIENT2_ADDR, DOOR_ADDR, TempDir, Topology, ip},
-    privileged_or_skip,
+    privileged_or_skip, tools_or_skip,
 };
 use serde_json::Value;
 
@@ -29,25 +26,6 @@ const REDIS_ADDR: &str = "192.0.2.5";
 const REDIS_PORT: u16 = 6390;
 /// 429s that escalate a client.
 const ESCALATE_AFTER: u32 = 3;
-
-fn redis_or_skip() -> bool {
-    let found = Command::new("redis-server")
-        .arg("--version")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success());
-    if !found {
-        let thread = std::thread::current();
-        let line = format!(
-            "\ndoor-test: skipped (needs redis-server): netns_cluster {}\n",
-            thread.name().unwrap_or("(unnamed)")
-        );
-        let mut out = std::io::stdout().lock();
-        let _ = out.write_all(line.as_bytes()).and_then(|()| out.flush());
-    }
-    found
-}
 
 fn config(addr: &str, interface: &str) -> String {
     format!(
@@ -226,7 +204,7 @@ fn start_all(
 
 #[test]
 fn an_escalation_on_one_door_drops_the_prefix_at_the_other_doors_shield() {
-    if !privileged_or_skip("netns_cluster") || !redis_or_skip() {
+    if !privileged_or_skip("netns_cluster") || !tools_or_skip("netns_cluster", &["redis-server"]) {
         return;
     }
     let dir = TempDir::new("netns-cluster").unwrap();
