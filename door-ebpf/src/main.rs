@@ -120,34 +120,23 @@ static DOOR_SCRATCH: PerCpuArray<CookieScratch> = PerCpuArray::with_max_entries(
 fn door_xdp(ctx: XdpContext) -> u32 {
     let packet = Packet::new(&ctx);
     let counter = match parse(&packet) {
-        Parsed::Syn(segment) => {
-            match judge(
-                &ctx,
-                &segment.addr,
-                segment.key(),
-                Some(segment.dst_port),
-                Kind::Syn,
-            ) {
-                Counter::PassSyn | Counter::PassOverflowSyn if cookie_mode(&ctx) => {
-                    cookie::answer(&packet, &segment)
+        Parsed::Syn(segment) => match Settings::read(Some(segment.dst_port)) {
+            None => Counter::PassUnprotectedPort,
+            Some(settings) => {
+                match judge(&ctx, &settings, &segment.addr, segment.key(), Kind::Syn) {
+                    Counter::PassSyn | Counter::PassOverflowSyn
+                        if settings.cookies().is_some_and(|cfg| cookie_mode(&ctx, cfg)) =>
+                    {
+                        cookie::answer(&packet, &segment)
+                    }
+                    c => c,
                 }
-                c => c,
             }
+        },
+        Parsed::TinyFragment { addr, dst_port } => {
+            judge_at(&ctx, &addr, dst_port, Kind::TinyFragment)
         }
-        Parsed::TinyFragment { addr, dst_port } => judge(
-            &ctx,
-            &addr,
-            PrefixKey::from_ipv6(addr),
-            dst_port,
-            Kind::TinyFragment,
-        ),
-        Parsed::Unwalkable { addr } => judge(
-            &ctx,
-            &addr,
-            PrefixKey::from_ipv6(addr),
-            None,
-            Kind::Unwalkable,
-        ),
+        Parsed::Unwalkable { addr } => judge_at(&ctx, &addr, None, Kind::Unwalkable),
         Parsed::Other(counter) => counter,
     };
     count(counter);
@@ -191,14 +180,14 @@ impl Kind {
     }
 }
 
-/// The shield's settings as the program uses them.
+/// The shield's settings as the program uses them: the configuration map's value, read field by
+/// field where a path needs it (a counted SYN reads its own bucket, not the churn guard's or the
+/// overflow bucket's), or nothing while the daemon has not written it (observe only).
 struct Settings {
-    enforce: bool,
-    exempt: bool,
-    blocklist: bool,
-    syn: Bucket,
-    new_prefix: Bucket,
-    overflow: Bucket,
+    /// `None` while only observing.
+    cfg: Option<MapValue<ShieldConfig>>,
+    /// [`ShieldConfig::flags`]; 0 while only observing.
+    flags: u64,
 }
 
 /// A GCRA bucket's parameters, nanoseconds.
@@ -208,82 +197,142 @@ struct Bucket {
     tolerance: u64,
 }
 
-/// Reads the settings, or `None` when `port` is known and not protected (an unknown port counts
-/// as protected). Without a written configuration: observe only (every port, nothing dropped).
-#[inline(always)]
-fn settings(port: Option<u16>) -> Option<Settings> {
-    let observe = Settings {
-        enforce: false,
-        exempt: false,
-        blocklist: false,
-        syn: Bucket {
-            interval: 0,
-            tolerance: u64::MAX,
-        },
-        new_prefix: Bucket {
-            interval: 0,
-            tolerance: 0,
-        },
-        overflow: Bucket {
-            interval: 0,
-            tolerance: u64::MAX,
-        },
-    };
-    let Some(cfg) = MapValue::in_array(&DOOR_CONFIG, 0) else {
-        return Some(observe);
-    };
-    let flags = cfg.load(offset_of!(ShieldConfig, flags));
-    if flags & CONFIG_WRITTEN == 0 {
-        return Some(observe);
+impl Settings {
+    /// Reads the settings, or `None` when `port` is known and not protected (an unknown port
+    /// counts as protected). Without a written configuration: observe only (every port, nothing
+    /// dropped).
+    #[inline(always)]
+    fn read(port: Option<u16>) -> Option<Self> {
+        let observe = Self {
+            cfg: None,
+            flags: 0,
+        };
+        let Some(cfg) = MapValue::in_array(&DOOR_CONFIG, 0) else {
+            return Some(observe);
+        };
+        let flags = cfg.load(offset_of!(ShieldConfig, flags));
+        if flags & CONFIG_WRITTEN == 0 {
+            return Some(observe);
+        }
+        if flags & CONFIG_ALL_PORTS == 0
+            && let Some(port) = port
+        {
+            let word = offset_of!(ShieldConfig, ports) + usize::from(port / 64) * 8;
+            if cfg.load(word) & (1 << (port % 64)) == 0 {
+                return None;
+            }
+        }
+        Some(Self {
+            cfg: Some(cfg),
+            flags,
+        })
     }
-    if flags & CONFIG_ALL_PORTS == 0
-        && let Some(port) = port
-    {
-        let word = offset_of!(ShieldConfig, ports) + usize::from(port / 64) * 8;
-        if cfg.load(word) & (1 << (port % 64)) == 0 {
-            return None;
+
+    /// Whether over-budget packets are dropped (the daemon wrote the configuration).
+    #[inline(always)]
+    fn enforce(&self) -> bool {
+        self.cfg.is_some()
+    }
+
+    /// Whether the exempt trie may have entries.
+    #[inline(always)]
+    fn exempt(&self) -> bool {
+        self.flags & CONFIG_HAS_EXEMPT != 0
+    }
+
+    /// Whether the blocklist may have entries.
+    #[inline(always)]
+    fn blocklist(&self) -> bool {
+        self.flags & CONFIG_HAS_BLOCKLIST != 0
+    }
+
+    /// The configuration, when cookie mode is configured (`syn_cookies = "auto"`).
+    #[inline(always)]
+    fn cookies(&self) -> Option<&MapValue<ShieldConfig>> {
+        self.cfg
+            .as_ref()
+            .filter(|_| self.flags & CONFIG_COOKIES != 0)
+    }
+
+    /// The bucket at the two fields `interval` and `tolerance`, or `observe` while observing.
+    #[inline(always)]
+    fn bucket(&self, interval: usize, tolerance: usize, observe: Bucket) -> Bucket {
+        match &self.cfg {
+            Some(cfg) => Bucket {
+                interval: cfg.load(interval),
+                tolerance: cfg.load(tolerance),
+            },
+            None => observe,
         }
     }
-    let bucket = |interval: usize, tolerance: usize| Bucket {
-        interval: cfg.load(interval),
-        tolerance: cfg.load(tolerance),
-    };
-    Some(Settings {
-        enforce: true,
-        exempt: flags & CONFIG_HAS_EXEMPT != 0,
-        blocklist: flags & CONFIG_HAS_BLOCKLIST != 0,
-        syn: bucket(
+
+    /// Each prefix's SYN bucket (`syn_rate`, `syn_burst`); while observing, one that never
+    /// runs out.
+    #[inline(always)]
+    fn syn(&self) -> Bucket {
+        self.bucket(
             offset_of!(ShieldConfig, syn_interval_ns),
             offset_of!(ShieldConfig, syn_tolerance_ns),
-        ),
-        new_prefix: bucket(
+            Bucket {
+                interval: 0,
+                tolerance: u64::MAX,
+            },
+        )
+    }
+
+    /// The churn guard's new-prefix bucket (`new_prefix_rate`, `new_prefix_burst`); interval 0
+    /// when the guard is off, and while observing.
+    #[inline(always)]
+    fn new_prefix(&self) -> Bucket {
+        self.bucket(
             offset_of!(ShieldConfig, new_prefix_interval_ns),
             offset_of!(ShieldConfig, new_prefix_tolerance_ns),
-        ),
-        overflow: bucket(
+            Bucket {
+                interval: 0,
+                tolerance: 0,
+            },
+        )
+    }
+
+    /// The overflow bucket new prefixes share while the guard is closed (`overflow_syn_rate`,
+    /// `overflow_syn_burst`).
+    #[inline(always)]
+    fn overflow(&self) -> Bucket {
+        self.bucket(
             offset_of!(ShieldConfig, overflow_interval_ns),
             offset_of!(ShieldConfig, overflow_tolerance_ns),
-        ),
-    })
+            Bucket {
+                interval: 0,
+                tolerance: u64::MAX,
+            },
+        )
+    }
 }
 
-/// Judges a packet from `addr` (its prefix key `src`) to `port` (see the crate docs for the
-/// order).
+/// Judges a packet that may hide a SYN (`kind` is not [`Kind::Syn`]) from `addr` to `port`.
+#[inline(always)]
+fn judge_at(ctx: &XdpContext, addr: &[u8; 16], port: Option<u16>, kind: Kind) -> Counter {
+    match Settings::read(port) {
+        Some(settings) => judge(ctx, &settings, addr, PrefixKey::from_ipv6(*addr), kind),
+        None => Counter::PassUnprotectedPort,
+    }
+}
+
+/// Judges a packet from `addr` (its prefix key `src`) to a protected port under `settings` (see
+/// the crate docs for the order).
 #[inline(always)]
 fn judge(
     ctx: &XdpContext,
+    settings: &Settings,
     addr: &[u8; 16],
     src: PrefixKey,
-    port: Option<u16>,
     kind: Kind,
 ) -> Counter {
-    let Some(settings) = settings(port) else {
-        return Counter::PassUnprotectedPort;
-    };
-    if !settings.enforce && kind != Kind::Syn {
+    let enforce = settings.enforce();
+    if !enforce && kind != Kind::Syn {
         return kind.pass();
     }
-    if settings.exempt
+    if settings.exempt()
         && let Some(listed) = DOOR_EXEMPT.get(Key::new(128, *addr))
     {
         return if *listed == DENIED {
@@ -295,7 +344,7 @@ fn judge(
     let now = now_ns();
     // Expired entries are ignored, never deleted here: the daemon owns the blocklist's entries,
     // and the LRU map makes room for new ones on its own.
-    if settings.blocklist
+    if settings.blocklist()
         && let Some(deadline) = MapValue::in_lru(&DOOR_BLOCKED, &src)
         && now < deadline.load(0)
     {
@@ -308,18 +357,18 @@ fn judge(
         return kind.drop();
     }
     if let Some(state) = MapValue::in_lru(&DOOR_PREFIXES, &src) {
-        return charge(&state, now, settings.syn, settings.enforce, kind);
+        return charge(&state, now, settings.syn(), enforce, kind);
     }
-    if settings.enforce
-        && settings.new_prefix.interval != 0
+    let p = settings.new_prefix();
+    if enforce
+        && p.interval != 0
         && let Some(guard) = MapValue::in_array(&DOOR_GUARD, 0)
     {
         let tat_at = offset_of!(GuardState, new_prefix_tat_ns);
-        let p = settings.new_prefix;
         let Some(tat) = gcra::take(guard.load(tat_at), now, p.interval, p.tolerance) else {
             events::guard_closed(ctx);
             return match guard.project::<PrefixState>(offset_of!(GuardState, overflow)) {
-                Some(overflow) => match charge(&overflow, now, settings.overflow, true, kind) {
+                Some(overflow) => match charge(&overflow, now, settings.overflow(), true, kind) {
                     c if c == kind.pass() => Counter::PassOverflowSyn,
                     _ => Counter::DropOverflow,
                 },
@@ -330,10 +379,11 @@ fn judge(
         events::guard_open();
     }
     // A new prefix: its bucket starts full, and this packet takes its first token.
+    let syn = settings.syn();
     let fresh = PrefixState {
         syns: 1,
         drops: 0,
-        tat_ns: gcra::take(0, now, settings.syn.interval, settings.syn.tolerance).unwrap_or(now),
+        tat_ns: gcra::take(0, now, syn.interval, syn.tolerance).unwrap_or(now),
         last_ns: now,
     };
     // BPF_NOEXIST: if another CPU created the entry since our lookup, charge that one.
@@ -344,7 +394,7 @@ fn judge(
         return kind.pass();
     }
     if let Some(state) = MapValue::in_lru(&DOOR_PREFIXES, &src) {
-        return charge(&state, now, settings.syn, settings.enforce, kind);
+        return charge(&state, now, syn, enforce, kind);
     }
     events::map_full(ctx, now);
     Counter::PassMapFull
@@ -377,15 +427,10 @@ fn charge(
 }
 
 /// Whether cookie mode is on for this CPU after counting one more SYN, entering or leaving it as
-/// the rate says (see [`CookieState`]); `false` when cookie mode is not configured.
+/// the rate says (see [`CookieState`]), under the configuration `cfg` (cookie mode configured:
+/// [`Settings::cookies`]).
 #[inline(always)]
-fn cookie_mode(ctx: &XdpContext) -> bool {
-    let Some(cfg) = MapValue::in_array(&DOOR_CONFIG, 0) else {
-        return false;
-    };
-    if cfg.load(offset_of!(ShieldConfig, flags)) & CONFIG_COOKIES == 0 {
-        return false;
-    }
+fn cookie_mode(ctx: &XdpContext, cfg: &MapValue<ShieldConfig>) -> bool {
     let Some(state) = MapValue::in_per_cpu_array(&DOOR_COOKIE, 0) else {
         return false;
     };
