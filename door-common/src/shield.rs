@@ -27,7 +27,8 @@ pub const PORT_WORDS: usize = 1_024;
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ShieldConfig {
-    /// [`CONFIG_WRITTEN`] | [`CONFIG_ALL_PORTS`] | [`CONFIG_HAS_EXEMPT`] | [`CONFIG_HAS_BLOCKLIST`].
+    /// [`CONFIG_WRITTEN`] | [`CONFIG_ALL_PORTS`] | [`CONFIG_HAS_EXEMPT`] | [`CONFIG_HAS_BLOCKLIST`]
+    /// | [`CONFIG_COOKIES`].
     pub flags: u64,
     /// Nanoseconds between two SYN tokens of a prefix (`[xdp] syn_rate`, see
     /// [`crate::gcra::interval_ns`]).

@@ -1,9 +1,9 @@
 //! door's XDP program (docs/design.md, "Flood shield").
 //!
-//! Every packet is parsed down to TCP ([`parse`]) and increments exactly one verdict/reason
-//! counter in the per-CPU array [`door_common::MAP_COUNTERS`]. Only a SYN (SYN set, ACK clear) to a
-//! protected port can be dropped; everything else passes (fail-open), and so does anything the
-//! program cannot parse. A SYN is judged in this order:
+//! Every packet is parsed down to TCP ([`parse`](mod@parse)) and increments exactly one
+//! verdict/reason counter in the per-CPU array [`door_common::MAP_COUNTERS`]. Only a SYN (SYN set,
+//! ACK clear) to a protected port can be dropped; everything else passes (fail-open), and so does
+//! anything the program cannot parse. A SYN is judged in this order:
 //!
 //! 1. an address in the LPM trie of the operator's lists ([`door_common::MAP_EXEMPT`]) passes
 //!    when its longest matching prefix is exempt (a trusted proxy, `allow`), and is dropped when
@@ -29,9 +29,10 @@
 //!    declines to make a cookie, the SYN passes to the kernel ([`Counter::PassNoListener`],
 //!    [`Counter::PassCookieDeclined`]).
 //!
-//! Two shapes that could hide a SYN are judged too (see [`parse`]): a TCP first fragment too short
-//! for the TCP header to a protected port is dropped (RFC 1858 §3.1), and an IPv6 packet whose
-//! extension headers cannot be walked to the end is charged to its source's bucket like a SYN.
+//! Two shapes that could hide a SYN are judged too (see [`parse`](mod@parse)): a TCP first
+//! fragment too short for the TCP header to a protected port is dropped (RFC 1858 §3.1), and an
+//! IPv6 packet whose extension headers cannot be walked to the end is charged to its source's
+//! bucket like a SYN.
 //!
 //! Until the daemon writes [`door_common::MAP_CONFIG`], the program only observes: it counts
 //! SYNs per prefix on every port and drops nothing. The exempt trie and the blocklist are only
@@ -190,10 +191,12 @@ struct Settings {
     flags: u64,
 }
 
-/// A GCRA bucket's parameters, nanoseconds.
+/// A GCRA bucket's parameters ([`gcra::take`]).
 #[derive(Clone, Copy)]
 struct Bucket {
+    /// Nanoseconds between two tokens; 0 for a bucket that is never charged.
     interval: u64,
+    /// Nanoseconds a bucket's TAT may run ahead of now: burst × interval.
     tolerance: u64,
 }
 
@@ -254,7 +257,8 @@ impl Settings {
             .filter(|_| self.flags & CONFIG_COOKIES != 0)
     }
 
-    /// The bucket at the two fields `interval` and `tolerance`, or `observe` while observing.
+    /// The bucket whose interval and tolerance (nanoseconds) are the `u64` fields at byte
+    /// offsets `interval` and `tolerance` of [`ShieldConfig`], or `observe` while observing.
     #[inline(always)]
     fn bucket(&self, interval: usize, tolerance: usize, observe: Bucket) -> Bucket {
         match &self.cfg {
@@ -295,7 +299,8 @@ impl Settings {
     }
 
     /// The overflow bucket new prefixes share while the guard is closed (`overflow_syn_rate`,
-    /// `overflow_syn_burst`).
+    /// `overflow_syn_burst`); while observing, one that never runs out (unused: the guard runs
+    /// only when enforcing).
     #[inline(always)]
     fn overflow(&self) -> Bucket {
         self.bucket(
@@ -309,7 +314,9 @@ impl Settings {
     }
 }
 
-/// Judges a packet that may hide a SYN (`kind` is not [`Kind::Syn`]) from `addr` to `port`.
+/// Judges a packet that may hide a SYN (`kind` is not [`Kind::Syn`]) from `addr`, charged to
+/// `addr`'s prefix, to `port`: [`Counter::PassUnprotectedPort`] when `port` is known and not
+/// protected; `None` (the port is not in the packet) counts as protected.
 #[inline(always)]
 fn judge_at(ctx: &XdpContext, addr: &[u8; 16], port: Option<u16>, kind: Kind) -> Counter {
     match Settings::read(port) {

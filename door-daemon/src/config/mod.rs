@@ -634,7 +634,7 @@ pub struct Overrides {
         env = "DOOR_LISTEN",
         value_delimiter = ',',
         global = true,
-        help = "Address to serve on (repeatable or comma-separated). Default [::]:8443."
+        help = "Address to serve on (repeatable or comma-separated). Default [::]:8443"
     )]
     pub listen: Option<Vec<String>>,
 
