@@ -75,7 +75,7 @@ use door_common::{
 
 use crate::{
     access::{CookieScratch, MapValue, Packet, now_ns},
-    parse::{Parsed, parse},
+    parse::{Parsed, TcpSegment, parse},
 };
 
 /// Per-prefix SYN state; name and layout shared with the daemon through `door-common`.
@@ -121,19 +121,7 @@ static DOOR_SCRATCH: PerCpuArray<CookieScratch> = PerCpuArray::with_max_entries(
 fn door_xdp(ctx: XdpContext) -> u32 {
     let packet = Packet::new(&ctx);
     let counter = match parse(&packet) {
-        Parsed::Syn(segment) => match Settings::read(Some(segment.dst_port)) {
-            None => Counter::PassUnprotectedPort,
-            Some(settings) => {
-                match judge(&ctx, &settings, &segment.addr, segment.key(), Kind::Syn) {
-                    Counter::PassSyn | Counter::PassOverflowSyn
-                        if settings.cookies().is_some_and(|cfg| cookie_mode(&ctx, cfg)) =>
-                    {
-                        cookie::answer(&packet, &segment)
-                    }
-                    c => c,
-                }
-            }
-        },
+        Parsed::Syn(segment) => syn(&ctx, &packet, &segment),
         Parsed::TinyFragment { addr, dst_port } => {
             judge_at(&ctx, &addr, dst_port, Kind::TinyFragment)
         }
@@ -311,6 +299,23 @@ impl Settings {
                 tolerance: u64::MAX,
             },
         )
+    }
+}
+
+/// Judges a SYN (see the crate docs for the order) and, when it passes within budget while this
+/// CPU is in cookie mode, answers it with a SYN cookie ([`cookie::answer`]).
+#[inline(always)]
+fn syn(ctx: &XdpContext, packet: &Packet, segment: &TcpSegment) -> Counter {
+    let Some(settings) = Settings::read(Some(segment.dst_port)) else {
+        return Counter::PassUnprotectedPort;
+    };
+    match judge(ctx, &settings, &segment.addr, segment.key(), Kind::Syn) {
+        Counter::PassSyn | Counter::PassOverflowSyn
+            if settings.cookies().is_some_and(|cfg| cookie_mode(ctx, cfg)) =>
+        {
+            cookie::answer(packet, segment)
+        }
+        c => c,
     }
 }
 
