@@ -204,15 +204,15 @@ fn run(cli: &Cli) -> anyhow::Result<()> {
             authorization,
         }) => {
             let mut headers = http::HeaderMap::new();
-            for (name, lines) in [
-                ("x-forwarded-for", xff),
-                ("forwarded", forwarded),
-                ("cookie", cookie),
-                ("authorization", authorization),
+            for (flag, name, lines) in [
+                ("xff", "x-forwarded-for", xff),
+                ("forwarded", "forwarded", forwarded),
+                ("cookie", "cookie", cookie),
+                ("authorization", "authorization", authorization),
             ] {
                 for line in lines {
                     let value = http::HeaderValue::from_str(line).map_err(|_| {
-                        UsageError(format!("--{name} {line:?} is not a valid header value"))
+                        UsageError(format!("--{flag} {line:?} is not a valid header value"))
                     })?;
                     headers.append(name, value);
                 }

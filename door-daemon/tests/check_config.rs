@@ -330,3 +330,14 @@ fn door_key_says_which_plane_a_credential_is_charged_to_and_never_prints_it() {
         "{stdout}"
     );
 }
+
+#[test]
+fn door_key_names_the_flag_of_a_header_line_no_header_can_carry() {
+    let out = door(&["key", "--peer", "198.51.100.7", "--xff", "a\u{1}b"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(78), "{out:?}");
+    assert!(
+        stderr.contains("--xff \"a\\u{1}b\" is not a valid header value"),
+        "{stderr}"
+    );
+}
