@@ -2,7 +2,9 @@
 //! connection timers ask a [`Clock`] (or tokio's timer, which reads the same time); nothing else in
 //! door reads the system clock, so a test under `#[tokio::test(start_paused = true)]` moves all of
 //! them together with `tokio::time::advance`, and unit tests drive a [`ManualClock`]. No test
-//! sleeps for time to pass.
+//! sleeps for time to pass, with one exception: the cluster tests against a real Redis
+//! (`tests/cluster.rs`), whose sync script reads the store's own clock (`TIME`), which no test
+//! can move; they pace their requests on tokio's real time, every wait bounded.
 //!
 //! `clippy.toml` (this crate's) disallows `std::time::Instant::now` and `SystemTime::now`
 //! everywhere in door-daemon. A running door injects [`production_clock`]: the TSC

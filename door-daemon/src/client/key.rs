@@ -26,11 +26,12 @@ use crate::client::forwarded::{
 
 /// Errors from reading the trusted-proxy list or the forwarding-header choice.
 ///
-/// Each message names the offending value so that `door` can exit before binding anything with a
-/// message an operator can act on (docs/design.md, "Operating contract").
+/// Every variant carries the offending value, so that `door` can exit before binding anything
+/// with a message an operator can act on (docs/design.md, "Operating contract"). The CIDR
+/// variants' messages describe the fault only, and callers prefix the key and the value
+/// (`trusted_proxies = "0.0.0.0/0": a /0 covers …`); [`KeyError::BadSource`]'s message quotes the
+/// value itself.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-/// Messages describe the fault only; callers prefix the key and the value (`trusted_proxies =
-/// "0.0.0.0/0": a /0 covers …`), which each variant carries.
 pub enum KeyError {
     /// The text is neither an IP address nor `address/length` with a length that fits the family.
     #[error("not an IP address or CIDR (expected e.g. 10.0.0.0/8, 192.0.2.7 or 2001:db8::/48)")]

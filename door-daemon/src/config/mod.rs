@@ -483,13 +483,15 @@ pub struct Config {
     pub forwarded_header: ForwardedSource,
     /// Shadow mode: admit everything, count what would have been refused. Default `false`.
     pub disable_anon_route_limits: bool,
-    /// Route table, first match wins.
+    /// Route table (`[[route]]`), first match wins; a request matching none passes through
+    /// unlimited. Default: empty.
     pub routes: Vec<Route>,
     /// Limit groups by name: the defaults (webhook, link, health) merged with `[group.NAME]`.
     pub groups: BTreeMap<String, GroupConfig>,
     /// The flood shield.
     pub xdp: XdpConfig,
-    /// TLS termination on every `listen` address; `None` serves cleartext HTTP/1.1 and h2c.
+    /// TLS termination on every `listen` address (`[tls]`); `None`, the default, serves
+    /// cleartext HTTP/1.1 and h2c.
     pub tls: Option<TlsConfig>,
     /// Time allowed for a request head (request line and header fields) to arrive, from the
     /// moment door waits for it (`header_read_timeout`; `--header-read-timeout` /
