@@ -6,7 +6,7 @@
 //! (linear probing, at most half full, deletion by backward shift: Knuth, *The Art of Computer
 //! Programming* vol. 3, §6.4, algorithm R). Entries never move: an entry's number stays valid
 //! until the entry is removed, so a permit can keep it and settle without a lookup
-//! ([`Table::at_mut`]). Keys are hashed with a per-table random seed (`foldhash`), so a client
+//! ([`Table::at_mut`]). Keys are hashed with a per-table random key (`foldhash`), so a client
 //! cannot choose addresses that collide in the index.
 //!
 //! The table allocates its entry array (`cap` entries) and its index when it is created or

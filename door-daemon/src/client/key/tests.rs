@@ -139,7 +139,7 @@ const fn f1() -> Rule {
 // ----- The rules of docs/design.md, "Client key", in one table -------------------------------
 
 #[test]
-fn seed_client_key_table() {
+fn client_key_rules_table() {
     // A /64 is one key.
     let a = key_of("2001:db8:1:2::1", "", &[], &[], XFF);
     let b = key_of("2001:db8:1:2:ffff:ffff:ffff:ffff", "", &[], &[], XFF);
