@@ -13,8 +13,6 @@ use std::{
     time::{Duration, Instant},
 };
 
-use anyhow::{Context as _, bail};
-
 static NEXT: AtomicU32 = AtomicU32::new(0);
 
 /// The door side's address on the veth.
@@ -28,21 +26,56 @@ pub const DOOR_ADDR6: &str = "2001:db8:d00::1";
 /// The client's IPv6 address.
 pub const CLIENT_ADDR6: &str = "2001:db8:c1::2";
 
+/// What a namespace helper failed at: the step it was taking, and why.
+#[derive(Debug, thiserror::Error)]
+pub enum NetnsError {
+    /// A file, a process or a system call failed: `what` says which step.
+    #[error("{what}")]
+    Io {
+        /// The step (`running ip (iproute2)`, `opening /run/netns/NS`, …).
+        what: String,
+        /// The operating system's error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A program ran but failed, or did not report what was expected: `what` says which, with
+    /// its output.
+    #[error("{what}")]
+    Failed {
+        /// The program, its arguments and what it printed.
+        what: String,
+    },
+}
+
+/// The result of a namespace helper.
+pub type Result<T> = std::result::Result<T, NetnsError>;
+
+/// An I/O error of the step `what`.
+fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> NetnsError {
+    let what = what.into();
+    move |source| NetnsError::Io { what, source }
+}
+
+/// A failure described by `what`.
+fn failed(what: impl Into<String>) -> NetnsError {
+    NetnsError::Failed { what: what.into() }
+}
+
 /// Runs `ip` with `args`, failing with its stderr.
 ///
 /// # Errors
 /// When `ip` cannot be run or exits non-zero.
-pub fn ip(args: &[&str]) -> anyhow::Result<()> {
+pub fn ip(args: &[&str]) -> Result<()> {
     let out = Command::new("ip")
         .args(args)
         .output()
-        .context("running ip (iproute2)")?;
+        .map_err(io("running ip (iproute2)"))?;
     if !out.status.success() {
-        bail!(
+        return Err(failed(format!(
             "ip {}: {}",
             args.join(" "),
             String::from_utf8_lossy(&out.stderr).trim()
-        );
+        )));
     }
     Ok(())
 }
@@ -65,7 +98,7 @@ impl Topology {
     ///
     /// # Errors
     /// When any `ip` command fails (not root, no veth support).
-    pub fn new() -> anyhow::Result<Self> {
+    pub fn new() -> Result<Self> {
         let id = format!(
             "{}x{}",
             std::process::id(),
@@ -161,15 +194,20 @@ impl Topology {
     ///
     /// # Errors
     /// When it cannot be started or runs longer than 30 s.
-    pub fn run(ns: &str, program: &str, args: &[&str]) -> anyhow::Result<Output> {
+    pub fn run(ns: &str, program: &str, args: &[&str]) -> Result<Output> {
         let child = Self::command(ns, program)
             .args(args)
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()
-            .with_context(|| format!("running {program} in {ns}"))?;
-        wait_bounded(child, Duration::from_secs(30))
-            .with_context(|| format!("{program} {}", args.join(" ")))
+            .map_err(io(format!("running {program} in {ns}")))?;
+        wait_bounded(child, Duration::from_secs(30)).map_err(|e| match e {
+            NetnsError::Io { what, source } => NetnsError::Io {
+                what: format!("{program} {}: {what}", args.join(" ")),
+                source,
+            },
+            NetnsError::Failed { what } => failed(format!("{program} {}: {what}", args.join(" "))),
+        })
     }
 
     /// Starts `program args` in `ns`, kept until the topology drops, and waits (at most
@@ -184,13 +222,13 @@ impl Topology {
         args: &[&str],
         ready: &str,
         deadline: Duration,
-    ) -> anyhow::Result<()> {
+    ) -> Result<()> {
         let mut child = Self::command(ns, program)
             .args(args)
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()
-            .with_context(|| format!("starting {}", program.display()))?;
+            .map_err(io(format!("starting {}", program.display())))?;
         let (tx, rx) = mpsc::channel::<String>();
         for stream in [
             child
@@ -207,7 +245,10 @@ impl Topology {
         {
             let tx = tx.clone();
             std::thread::spawn(move || {
-                for line in BufReader::new(stream).lines().map_while(Result::ok) {
+                for line in BufReader::new(stream)
+                    .lines()
+                    .map_while(std::result::Result::ok)
+                {
                     eprintln!("    | {line}");
                     if tx.send(line).is_err() {
                         // Nobody listens any more; keep draining so the child never blocks.
@@ -223,18 +264,20 @@ impl Topology {
                 Ok(line) if line.contains(ready) => return Ok(()),
                 Ok(line) => seen.push(line),
                 Err(mpsc::RecvTimeoutError::Timeout) => break,
-                Err(mpsc::RecvTimeoutError::Disconnected) => bail!(
-                    "{} exited before printing {ready:?}:\n{}",
-                    program.display(),
-                    seen.join("\n")
-                ),
+                Err(mpsc::RecvTimeoutError::Disconnected) => {
+                    return Err(failed(format!(
+                        "{} exited before printing {ready:?}:\n{}",
+                        program.display(),
+                        seen.join("\n")
+                    )));
+                }
             }
         }
-        bail!(
+        Err(failed(format!(
             "{} did not print {ready:?} within {deadline:?}:\n{}",
             program.display(),
             seen.join("\n")
-        )
+        )))
     }
 
     /// Sends SIGTERM to every started process and waits (bounded) for them.
@@ -276,16 +319,16 @@ impl Drop for Topology {
 ///
 /// # Errors
 /// When it had to be killed, or waiting failed.
-pub fn wait_bounded(mut child: Child, limit: Duration) -> anyhow::Result<Output> {
+pub fn wait_bounded(mut child: Child, limit: Duration) -> Result<Output> {
     let start = Instant::now();
     loop {
-        if child.try_wait()?.is_some() {
-            return Ok(child.wait_with_output()?);
+        if child.try_wait().map_err(io("waiting"))?.is_some() {
+            return child.wait_with_output().map_err(io("reading its output"));
         }
         if start.elapsed() > limit {
             let _ = child.kill();
             let _ = child.wait();
-            bail!("timed out after {limit:?}");
+            return Err(failed(format!("timed out after {limit:?}")));
         }
         std::thread::sleep(Duration::from_millis(5));
     }
@@ -296,7 +339,7 @@ pub fn wait_bounded(mut child: Child, limit: Duration) -> anyhow::Result<Output>
 ///
 /// # Errors
 /// When neither exists.
-pub fn door_bin() -> anyhow::Result<PathBuf> {
+pub fn door_bin() -> Result<PathBuf> {
     if let Some(p) = std::env::var_os("DOOR_BIN") {
         return Ok(PathBuf::from(p));
     }
@@ -309,19 +352,23 @@ pub fn door_bin() -> anyhow::Result<PathBuf> {
 ///
 /// # Errors
 /// When it does not exist.
-pub fn sibling_bin(name: &str) -> anyhow::Result<PathBuf> {
-    let exe = std::env::current_exe()?;
-    let mut dir = exe.parent().context("locating target/<profile>")?;
+pub fn sibling_bin(name: &str) -> Result<PathBuf> {
+    let exe = std::env::current_exe().map_err(io("locating the running executable"))?;
+    let mut dir = exe
+        .parent()
+        .ok_or_else(|| failed(format!("{} has no parent directory", exe.display())))?;
     // Test executables live in target/<profile>/deps; binaries in target/<profile>.
     if dir.file_name().is_some_and(|n| n == "deps") {
-        dir = dir.parent().context("locating target/<profile>")?;
+        dir = dir
+            .parent()
+            .ok_or_else(|| failed(format!("{} has no parent directory", dir.display())))?;
     }
     let candidate = dir.join(name);
     if !candidate.exists() {
-        bail!(
+        return Err(failed(format!(
             "{} not found: build the workspace's binaries first (cargo build --workspace)",
             candidate.display()
-        );
+        )));
     }
     Ok(candidate)
 }
@@ -331,7 +378,7 @@ pub fn sibling_bin(name: &str) -> anyhow::Result<PathBuf> {
 ///
 /// # Errors
 /// When curl cannot be run or runs longer than 30 s.
-pub fn curl(ns: &str, source: &str, args: &[&str]) -> anyhow::Result<(u16, String)> {
+pub fn curl(ns: &str, source: &str, args: &[&str]) -> Result<(u16, String)> {
     let mut all = vec![
         "-s",
         "-i",
@@ -360,7 +407,7 @@ pub fn curl(ns: &str, source: &str, args: &[&str]) -> anyhow::Result<(u16, Strin
 /// # Panics
 /// When the future panics: its panic is resumed on the calling thread, so a failed assertion in
 /// it fails the calling test with its own message.
-pub fn block_on_in<F, Fut>(ns: &str, make: F) -> anyhow::Result<Fut::Output>
+pub fn block_on_in<F, Fut>(ns: &str, make: F) -> Result<Fut::Output>
 where
     F: FnOnce() -> Fut + Send,
     Fut: Future,
@@ -376,31 +423,30 @@ where
                 let rt = tokio::runtime::Builder::new_current_thread()
                     .enable_all()
                     .build()
-                    .context("building the client's runtime")?;
+                    .map_err(io("building the client's runtime"))?;
                 Ok(rt.block_on(make()))
             });
         thread
-            .context("starting the namespace's thread")?
+            .map_err(io("starting the namespace's thread"))?
             .join()
             .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
     })
 }
 
 /// Moves the calling thread (only it) into the network namespace `ns`.
-fn enter_netns(ns: &str) -> anyhow::Result<()> {
+fn enter_netns(ns: &str) -> Result<()> {
     use std::os::fd::AsRawFd as _;
     let path = Path::new("/run/netns").join(ns);
-    let file = std::fs::File::open(&path).with_context(|| format!("opening {}", path.display()))?;
+    let file = std::fs::File::open(&path).map_err(io(format!("opening {}", path.display())))?;
     // SAFETY: setns(2) on a file descriptor we own and keep open for the call; it changes only
     // this thread's network namespace.
     #[expect(unsafe_code, reason = "setns(2) via libc")]
     let rc = unsafe { libc::setns(file.as_raw_fd(), libc::CLONE_NEWNET) };
     if rc != 0 {
-        bail!(
-            "setns({}): {}",
-            path.display(),
-            std::io::Error::last_os_error()
-        );
+        return Err(NetnsError::Io {
+            what: format!("setns({})", path.display()),
+            source: std::io::Error::last_os_error(),
+        });
     }
     Ok(())
 }
@@ -409,13 +455,18 @@ fn enter_netns(ns: &str) -> anyhow::Result<()> {
 ///
 /// # Errors
 /// When curl fails or the answer is not JSON.
-pub fn status(door_ns: &str) -> anyhow::Result<serde_json::Value> {
+pub fn status(door_ns: &str) -> Result<serde_json::Value> {
     let out = Topology::run(
         door_ns,
         "curl",
         &["-s", "--max-time", "10", "http://127.0.0.1:9901/status"],
     )?;
-    serde_json::from_slice(&out.stdout).context("/status is not JSON")
+    serde_json::from_slice(&out.stdout).map_err(|e| {
+        failed(format!(
+            "/status is not JSON ({e}): {}",
+            String::from_utf8_lossy(&out.stdout)
+        ))
+    })
 }
 
 /// The SYN count `/status` lists for `prefix` (`192.0.2.2/32`, `2001:db8:c1::/64`) among the top
@@ -436,7 +487,7 @@ impl Topology {
     ///
     /// # Errors
     /// When either fails to start (their output is included).
-    pub fn start_door(&mut self, dir: &Path, config_toml: &str) -> anyhow::Result<()> {
+    pub fn start_door(&mut self, dir: &Path, config_toml: &str) -> Result<()> {
         let deadline = Duration::from_secs(30);
         let ns = self.door_ns.clone();
         self.spawn_until(
@@ -447,9 +498,11 @@ impl Topology {
             deadline,
         )?;
         let path = dir.join("door.toml");
-        std::fs::write(&path, config_toml)
-            .with_context(|| format!("writing {}", path.display()))?;
-        let path = path.to_str().context("temp path is not UTF-8")?.to_owned();
+        std::fs::write(&path, config_toml).map_err(io(format!("writing {}", path.display())))?;
+        let path = path
+            .to_str()
+            .ok_or_else(|| failed(format!("{} is not UTF-8", path.display())))?
+            .to_owned();
         self.spawn_until(
             &ns,
             &door_bin()?,
@@ -469,13 +522,13 @@ impl TempDir {
     ///
     /// # Errors
     /// When it cannot be created.
-    pub fn new(tag: &str) -> anyhow::Result<Self> {
+    pub fn new(tag: &str) -> Result<Self> {
         let dir = std::env::temp_dir().join(format!(
             "door-{tag}-{}-{}",
             std::process::id(),
             NEXT.fetch_add(1, Ordering::Relaxed)
         ));
-        std::fs::create_dir_all(&dir)?;
+        std::fs::create_dir_all(&dir).map_err(io(format!("creating {}", dir.display())))?;
         Ok(Self(dir))
     }
 }
@@ -523,9 +576,9 @@ impl Topology {
     pub fn spawn_flood(
         &self,
         flood: SynFlood,
-    ) -> anyhow::Result<std::thread::JoinHandle<anyhow::Result<(u64, f64)>>> {
+    ) -> Result<std::thread::JoinHandle<Result<(u64, f64)>>> {
         let mac = Self::run(&self.door_ns, "cat", &["/sys/class/net/veth-door/address"])?;
-        let mac = String::from_utf8(mac.stdout)?.trim().to_owned();
+        let mac = String::from_utf8_lossy(&mac.stdout).trim().to_owned();
         let syn_flood = sibling_bin("syn-flood")?;
         let client_ns = self.client_ns.clone();
         Ok(std::thread::spawn(move || {
@@ -558,18 +611,20 @@ impl Topology {
             ];
             let out = Self::run(
                 &client_ns,
-                syn_flood.to_str().context("syn-flood path")?,
+                syn_flood
+                    .to_str()
+                    .ok_or_else(|| failed(format!("{} is not UTF-8", syn_flood.display())))?,
                 &args,
             )?;
             let text = String::from_utf8_lossy(&out.stdout);
             let sent = syn_flood_sent(&text)
                 .filter(|_| out.status.success())
-                .with_context(|| {
-                    format!(
+                .ok_or_else(|| {
+                    failed(format!(
                         "syn-flood ({}) said {text:?}, {}",
                         out.status,
                         String::from_utf8_lossy(&out.stderr)
-                    )
+                    ))
                 })?;
             Ok((sent, start.elapsed().as_secs_f64()))
         }))

@@ -148,7 +148,7 @@ fn route_floods_back(topo: &Topology) {
 }
 
 /// Starts both floods: IPv6 from `PREFIXES` /64s and IPv4 from `FLOOD4_PREFIXES` /32s.
-fn spawn_floods(topo: &Topology) -> [std::thread::JoinHandle<anyhow::Result<(u64, f64)>>; 2] {
+fn spawn_floods(topo: &Topology) -> [std::thread::JoinHandle<netns::Result<(u64, f64)>>; 2] {
     [
         topo.spawn_flood(SynFlood {
             src_prefix: FLOOD_PREFIX,
