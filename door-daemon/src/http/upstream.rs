@@ -369,17 +369,29 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
 /// rewrites itself.
 static PROTECTED: [&HeaderName; 4] = [&HOST, &X_FORWARDED_FOR, &FORWARDED, &X_FORWARDED_PROTO];
 
-/// Client-identity fields other proxies and frameworks read (`X-Real-IP` by nginx's realip and
-/// chi's RealIP, `True-Client-IP` by Akamai and chi, …): from an untrusted peer they are dropped,
-/// so that the application can trust exactly one hop, door (docs/design.md, "Client key").
-static IDENTITY: [HeaderName; 7] = [
+/// Client-identity and client-scheme fields other proxies and frameworks read (`X-Real-IP` by
+/// nginx's realip and chi's RealIP, `True-Client-IP` by Akamai and chi, `X-Forwarded-Ssl` and
+/// `X-Forwarded-Port` by Rack and Werkzeug's `ProxyFix`, `Front-End-Https` by IIS, `Client-IP`
+/// by PHP applications, …): from an untrusted peer they are dropped, so that the application can
+/// trust exactly one hop, door (docs/design.md, "Client key"). door's own `X-Forwarded-Proto`
+/// says which scheme the client used.
+static IDENTITY: [HeaderName; 16] = [
     HeaderName::from_static("x-real-ip"),
     HeaderName::from_static("true-client-ip"),
     HeaderName::from_static("x-client-ip"),
     HeaderName::from_static("x-cluster-client-ip"),
     HeaderName::from_static("cf-connecting-ip"),
     HeaderName::from_static("fastly-client-ip"),
+    HeaderName::from_static("client-ip"),
+    HeaderName::from_static("x-originating-ip"),
+    HeaderName::from_static("x-original-forwarded-for"),
     HeaderName::from_static("x-forwarded-host"),
+    HeaderName::from_static("x-forwarded-server"),
+    HeaderName::from_static("x-forwarded-port"),
+    HeaderName::from_static("x-forwarded-ssl"),
+    HeaderName::from_static("x-forwarded-scheme"),
+    HeaderName::from_static("x-url-scheme"),
+    HeaderName::from_static("front-end-https"),
 ];
 
 /// From an untrusted peer, client-sent `X-Forwarded-For` and `Forwarded` (and the other identity
@@ -552,16 +564,28 @@ mod tests {
 
     #[test]
     fn identity_fields_from_untrusted_peers_are_dropped_and_chains_kept_byte_for_byte() {
-        let mut h = headers(&[
+        let sent = [
             ("x-real-ip", "6.6.6.6"),
             ("true-client-ip", "6.6.6.6"),
+            ("client-ip", "6.6.6.6"),
+            ("x-originating-ip", "6.6.6.6"),
+            ("x-original-forwarded-for", "6.6.6.6"),
             ("x-forwarded-host", "evil"),
-        ]);
+            ("x-forwarded-server", "evil"),
+            ("x-forwarded-port", "443"),
+            ("x-forwarded-ssl", "on"),
+            ("x-forwarded-scheme", "https"),
+            ("x-url-scheme", "https"),
+            ("front-end-https", "on"),
+        ];
+        let mut h = headers(&sent);
         rewrite_forwarding(&mut h, &origin("192.0.2.7", false));
-        assert!(
-            h.get("x-real-ip").is_none()
-                && h.get("true-client-ip").is_none()
-                && h.get("x-forwarded-host").is_none()
+        for (name, _) in sent {
+            assert!(h.get(name).is_none(), "{name} reached the upstream");
+        }
+        assert_eq!(
+            h["x-forwarded-proto"], "http",
+            "door says the scheme itself"
         );
         let mut h = HeaderMap::new();
         h.append(
