@@ -167,7 +167,7 @@ pub fn upstream_busy() -> Response<ResponseBody> {
 }
 
 /// The answer to an upgrade door does not carry (an extended CONNECT for a protocol other than
-/// `websocket`): 501 (RFC 9110 §15.6.2).
+/// `websocket`, or a plain CONNECT): 501 (RFC 9110 §15.6.2).
 pub fn bad_upgrade(e: &crate::http::upgrade::UpgradeError) -> Response<ResponseBody> {
     json_response(
         StatusCode::NOT_IMPLEMENTED,

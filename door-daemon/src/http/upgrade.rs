@@ -61,6 +61,10 @@ pub enum UpgradeError {
     /// An extended CONNECT for a protocol other than `websocket` (RFC 8441 defines only it).
     #[error("extended CONNECT for a protocol door does not carry")]
     Protocol,
+    /// A plain CONNECT (RFC 9110 §9.3.6): door fronts one application and tunnels to no other
+    /// host.
+    #[error("door does not tunnel CONNECT to other hosts")]
+    Connect,
 }
 
 /// Reads how `req` asks to upgrade, and makes it safe to forward: `h2c` tokens and
@@ -69,12 +73,14 @@ pub enum UpgradeError {
 /// request that does not ask (or only asked for `h2c`, which is dropped).
 ///
 /// # Errors
-/// [`UpgradeError::Protocol`] for an extended CONNECT that is not `websocket`.
+/// [`UpgradeError::Protocol`] for an extended CONNECT that is not `websocket`;
+/// [`UpgradeError::Connect`] for a plain CONNECT, in either protocol.
 pub fn classify<B>(req: &mut Request<B>) -> Result<Option<Upgrade>, UpgradeError> {
     req.headers_mut().remove(&HTTP2_SETTINGS);
-    if req.version() == Version::HTTP_2 && req.method() == Method::CONNECT {
-        let Some(protocol) = req.extensions_mut().remove::<hyper::ext::Protocol>() else {
-            return Ok(None);
+    if req.method() == Method::CONNECT {
+        let protocol = req.extensions_mut().remove::<hyper::ext::Protocol>();
+        let Some(protocol) = protocol.filter(|_| req.version() == Version::HTTP_2) else {
+            return Err(UpgradeError::Connect);
         };
         if !protocol.as_str().eq_ignore_ascii_case("websocket") {
             return Err(UpgradeError::Protocol);
@@ -253,6 +259,40 @@ mod tests {
         // Without Connection: upgrade, Upgrade is only a hop-by-hop field.
         let mut req = h1(&[("upgrade", "websocket")]);
         assert_eq!(classify(&mut req).unwrap(), None);
+    }
+
+    #[test]
+    fn a_plain_connect_is_refused_and_an_extended_one_needs_websocket() {
+        for version in [Version::HTTP_11, Version::HTTP_2] {
+            let mut req = Request::connect("127.0.0.1:22")
+                .version(version)
+                .body(())
+                .unwrap();
+            assert_eq!(
+                classify(&mut req),
+                Err(UpgradeError::Connect),
+                "{version:?}"
+            );
+        }
+        let extended = |protocol: &str| {
+            let mut req = Request::connect("/chat")
+                .version(Version::HTTP_2)
+                .body(())
+                .unwrap();
+            req.extensions_mut()
+                .insert(hyper::ext::Protocol::from(protocol));
+            req
+        };
+        assert_eq!(
+            classify(&mut extended("connect-udp")),
+            Err(UpgradeError::Protocol)
+        );
+        let mut req = extended("websocket");
+        assert!(matches!(
+            classify(&mut req),
+            Ok(Some(Upgrade::ExtendedConnect { .. }))
+        ));
+        assert_eq!(req.method(), Method::GET);
     }
 
     #[test]
