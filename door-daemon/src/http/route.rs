@@ -146,10 +146,20 @@ impl Route {
         Self { stream, ..self }
     }
 
+    /// Whether the route covers `method`: its methods compared without regard to case (methods
+    /// are case-sensitive in HTTP, RFC 9110 §9.1, but an application may treat `get` as `GET`,
+    /// and a limit must not be stepped around by spelling); `HEAD` with `GET`.
     fn method_matches(&self, method: &Method) -> bool {
-        self.methods.is_empty()
-            || self.methods.contains(method)
-            || (*method == Method::HEAD && self.methods.contains(&Method::GET))
+        let covers = |m: &Method| {
+            self.methods.contains(m) || (*m == Method::HEAD && self.methods.contains(&Method::GET))
+        };
+        if self.methods.is_empty() || covers(method) {
+            return true;
+        }
+        // A spelling with lower case (rare: one allocation) is compared in upper case.
+        method.as_str().bytes().any(|b| b.is_ascii_lowercase())
+            && Method::from_bytes(method.as_str().to_ascii_uppercase().as_bytes())
+                .is_ok_and(|m| covers(&m))
     }
 }
 
@@ -301,6 +311,24 @@ mod tests {
             Some("link")
         );
         assert_eq!(router().group_for(&Method::HEAD, "/webhooks/github"), None);
+    }
+
+    #[test]
+    fn a_method_in_lower_case_is_still_limited() {
+        for spelling in ["get", "Get", "head"] {
+            let method = Method::from_bytes(spelling.as_bytes()).unwrap();
+            assert_eq!(
+                router().group_for(&method, "/l/session/abc"),
+                Some("link"),
+                "{spelling}"
+            );
+        }
+        let post = Method::from_bytes(b"post").unwrap();
+        assert_eq!(
+            router().group_for(&post, "/webhooks/github"),
+            Some("webhook")
+        );
+        assert_eq!(router().group_for(&post, "/l/session/abc"), None);
     }
 
     #[test]
