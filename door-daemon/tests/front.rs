@@ -584,6 +584,28 @@ async fn slowloris_headers_are_closed_at_the_header_timeout() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn a_connection_whose_first_head_never_comes_is_closed_at_the_header_timeout() {
+    let up = upstream(echo()).await;
+    let d = door(&config(up, "", "")).await;
+    // Nothing at all, a byte of a request line, part of the HTTP/2 preface, and the preface with
+    // its SETTINGS but no HEADERS (that connection gets a GOAWAY at 10 s, and the header read
+    // timeout once more to leave).
+    let preface: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\0\0\0\x04\0\0\0\0\0";
+    for sent in [&b""[..], b"G", b"PRI * HTTP/2.0\r\n", preface] {
+        let start = tokio::time::Instant::now();
+        let mut s = TcpStream::connect(d.addr).await.unwrap();
+        s.write_all(sent).await.unwrap();
+        let mut out = Vec::new();
+        let _ = s.read_to_end(&mut out).await;
+        let waited = start.elapsed();
+        assert!(
+            waited >= Duration::from_secs(10) && waited < Duration::from_secs(21),
+            "sent {sent:?}: header_read_timeout is 10 s, idle_timeout 60 s: closed after {waited:?}"
+        );
+    }
+}
+
+#[tokio::test(start_paused = true)]
 async fn idle_http2_connections_are_closed_at_the_idle_timeout() {
     let up = upstream(echo()).await;
     let d = door(&config(up, "idle_timeout = \"30s\"", "")).await;

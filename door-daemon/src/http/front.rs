@@ -70,6 +70,8 @@ pub struct ConnInfo {
     pub(crate) peer_value: http::HeaderValue,
     origin: Instant,
     active: AtomicUsize,
+    /// A request has started on this connection (until then its first head is awaited).
+    started: AtomicBool,
     /// Nanoseconds after `origin` of the last request start or end.
     last_ns: AtomicU64,
 }
@@ -87,6 +89,7 @@ impl ConnInfo {
                 .unwrap_or_else(|_| http::HeaderValue::from_static("unknown")),
             origin: crate::time::now(),
             active: AtomicUsize::new(0),
+            started: AtomicBool::new(false),
             last_ns: AtomicU64::new(0),
         }
     }
@@ -94,6 +97,9 @@ impl ConnInfo {
     /// A request on this connection started.
     pub(crate) fn request_started(&self) {
         self.active.fetch_add(1, Ordering::AcqRel);
+        if !self.started.load(Ordering::Relaxed) {
+            self.started.store(true, Ordering::Release);
+        }
         self.touch();
     }
 
@@ -109,10 +115,16 @@ impl ConnInfo {
     }
 
     /// When the connection becomes idle-expired if nothing happens: `None` while a request is in
-    /// flight.
-    fn idle_deadline(&self, idle: Duration) -> Option<Instant> {
+    /// flight; `first` (the header read timeout, at most `idle`) after the connection was made
+    /// while its first request head has not arrived, in either protocol (a client that connects
+    /// and sends nothing, or only part of the HTTP/2 preface or of a first HEADERS frame, holds a
+    /// connection slot no longer than a slow HTTP/1.1 head would).
+    fn idle_deadline(&self, idle: Duration, first: Duration) -> Option<Instant> {
         if self.active.load(Ordering::Acquire) > 0 {
             return None;
+        }
+        if !self.started.load(Ordering::Acquire) {
+            return Some(self.origin + first.min(idle));
         }
         let last = Duration::from_nanos(self.last_ns.load(Ordering::Acquire));
         Some(self.origin + last + idle)
@@ -632,7 +644,7 @@ async fn serve_io<I>(
     tokio::pin!(conn);
     loop {
         let idle_at = info
-            .idle_deadline(settings.idle_timeout)
+            .idle_deadline(settings.idle_timeout, settings.header_read_timeout)
             .unwrap_or_else(|| crate::time::now() + settings.idle_timeout);
         tokio::select! {
             r = conn.as_mut() => {
@@ -643,7 +655,10 @@ async fn serve_io<I>(
             }
             _ = stop.changed() => break,
             () = tokio::time::sleep_until(idle_at) => {
-                if info.idle_deadline(settings.idle_timeout).is_some_and(|d| d <= crate::time::now()) {
+                if info
+                    .idle_deadline(settings.idle_timeout, settings.header_read_timeout)
+                    .is_some_and(|d| d <= crate::time::now())
+                {
                     tracing::debug!(%peer, "closing an idle connection");
                     break;
                 }
