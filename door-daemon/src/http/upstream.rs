@@ -370,12 +370,13 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
 static PROTECTED: [&HeaderName; 4] = [&HOST, &X_FORWARDED_FOR, &FORWARDED, &X_FORWARDED_PROTO];
 
 /// Client-identity and client-scheme fields other proxies and frameworks read (`X-Real-IP` by
-/// nginx's realip and chi's RealIP, `True-Client-IP` by Akamai and chi, `X-Forwarded-Ssl` and
-/// `X-Forwarded-Port` by Rack and Werkzeug's `ProxyFix`, `Front-End-Https` by IIS, `Client-IP`
-/// by PHP applications, …): from an untrusted peer they are dropped, so that the application can
-/// trust exactly one hop, door (docs/design.md, "Client key"). door's own `X-Forwarded-Proto`
-/// says which scheme the client used.
-static IDENTITY: [HeaderName; 16] = [
+/// nginx's realip and chi's RealIP, `True-Client-IP` by Akamai and chi, `X-Forwarded-Ssl`,
+/// `X-Forwarded-Scheme` and `X-Forwarded-Port` by Rack, `X-Forwarded-Port` and
+/// `X-Forwarded-Prefix` by Werkzeug's `ProxyFix` and Spring, `Front-End-Https` by IIS,
+/// `Client-IP` by PHP applications, …): from an untrusted peer they are dropped, so that the
+/// application can trust exactly one hop, door (docs/design.md, "Client key"). door's own
+/// `X-Forwarded-Proto` says which scheme the client used.
+static IDENTITY: [HeaderName; 17] = [
     HeaderName::from_static("x-real-ip"),
     HeaderName::from_static("true-client-ip"),
     HeaderName::from_static("x-client-ip"),
@@ -390,9 +391,33 @@ static IDENTITY: [HeaderName; 16] = [
     HeaderName::from_static("x-forwarded-port"),
     HeaderName::from_static("x-forwarded-ssl"),
     HeaderName::from_static("x-forwarded-scheme"),
+    HeaderName::from_static("x-forwarded-prefix"),
     HeaderName::from_static("x-url-scheme"),
     HeaderName::from_static("front-end-https"),
 ];
+
+/// Drops the fields whose name, with `_` read as `-`, is a forwarding or identity field door
+/// rewrites or drops (`X_Forwarded_For`, `Client_IP`, …): CGI, WSGI, Rack and PHP turn both
+/// spellings into the same `HTTP_X_FORWARDED_FOR` variable, so the underscore one would stand in
+/// for the field door wrote (the trick behind CVE-2024-45614 in Puma).
+fn drop_underscore_aliases(headers: &mut HeaderMap) {
+    let aliases: Vec<HeaderName> = headers
+        .keys()
+        .filter(|k| {
+            k.as_str().contains('_') && {
+                let dashed = k.as_str().replace('_', "-");
+                IDENTITY
+                    .iter()
+                    .chain([&X_FORWARDED_FOR, &FORWARDED, &X_FORWARDED_PROTO])
+                    .any(|n| n.as_str() == dashed)
+            }
+        })
+        .cloned()
+        .collect();
+    for name in aliases {
+        headers.remove(name);
+    }
+}
 
 /// From an untrusted peer, client-sent `X-Forwarded-For` and `Forwarded` (and the other identity
 /// fields of `IDENTITY`) are dropped and replaced by the peer; from a trusted proxy the chains
@@ -404,6 +429,9 @@ pub fn rewrite_forwarding(headers: &mut HeaderMap, origin: &Origin) {
         for name in &IDENTITY {
             headers.remove(name);
         }
+    }
+    if !origin.peer_trusted && headers.keys().any(|k| k.as_str().contains('_')) {
+        drop_underscore_aliases(headers);
     }
     let peer = origin.peer_value.as_bytes();
     let forwarded_for = || {
@@ -577,6 +605,11 @@ mod tests {
             ("x-forwarded-scheme", "https"),
             ("x-url-scheme", "https"),
             ("front-end-https", "on"),
+            ("x-forwarded-prefix", "/admin"),
+            ("x_forwarded_for", "6.6.6.6"),
+            ("x_forwarded_proto", "https"),
+            ("client_ip", "6.6.6.6"),
+            ("x-forwarded_ssl", "on"),
         ];
         let mut h = headers(&sent);
         rewrite_forwarding(&mut h, &origin("192.0.2.7", false));
@@ -587,6 +620,10 @@ mod tests {
             h["x-forwarded-proto"], "http",
             "door says the scheme itself"
         );
+        let mut h = headers(&[("x_request_id", "7"), ("x_forwarded_for", "6.6.6.6")]);
+        rewrite_forwarding(&mut h, &origin("192.0.2.7", false));
+        assert_eq!(h["x_request_id"], "7", "other underscore fields pass");
+        assert!(h.get("x_forwarded_for").is_none());
         let mut h = HeaderMap::new();
         h.append(
             "x-forwarded-for",
