@@ -26,8 +26,8 @@ pub enum RouteError {
         /// The offending segment.
         segment: String,
     },
-    /// A method name is not an HTTP token.
-    #[error("route.methods = {0:?}: not an HTTP method")]
+    /// A method name is not an HTTP token, or is longer than 32 bytes.
+    #[error("route.methods = {0:?}: not an HTTP method (a token of at most 32 characters)")]
     BadMethod(String),
 }
 
@@ -129,7 +129,9 @@ impl Route {
             .iter()
             .map(|m| {
                 Method::from_bytes(m.to_ascii_uppercase().as_bytes())
-                    .map_err(|_| RouteError::BadMethod(m.clone()))
+                    .ok()
+                    .filter(|_| m.len() <= LONGEST_METHOD)
+                    .ok_or_else(|| RouteError::BadMethod(m.clone()))
             })
             .collect::<Result<Vec<_>, _>>()?;
         Ok(Self {
@@ -149,18 +151,26 @@ impl Route {
     /// Whether the route covers `method`: its methods compared without regard to case (methods
     /// are case-sensitive in HTTP, RFC 9110 §9.1, but an application may treat `get` as `GET`,
     /// and a limit must not be stepped around by spelling); `HEAD` with `GET`.
+    /// `method` is the request's, already in upper case ([`Router::route_for`]).
     fn method_matches(&self, method: &Method) -> bool {
-        let covers = |m: &Method| {
-            self.methods.contains(m) || (*m == Method::HEAD && self.methods.contains(&Method::GET))
-        };
-        if self.methods.is_empty() || covers(method) {
-            return true;
-        }
-        // A spelling with lower case (rare: one allocation) is compared in upper case.
-        method.as_str().bytes().any(|b| b.is_ascii_lowercase())
-            && Method::from_bytes(method.as_str().to_ascii_uppercase().as_bytes())
-                .is_ok_and(|m| covers(&m))
+        self.methods.is_empty()
+            || self.methods.contains(method)
+            || (*method == Method::HEAD && self.methods.contains(&Method::GET))
     }
+}
+
+/// The longest method name a route may list that [`upper_case`] compares: longer request methods
+/// are left as they are (no route lists one).
+const LONGEST_METHOD: usize = 32;
+
+/// `method` in upper case when it has a lower-case letter and is at most [`LONGEST_METHOD`]
+/// bytes (one allocation for such a rare spelling); `None` when it is fine as it is.
+fn upper_case(method: &Method) -> Option<Method> {
+    let name = method.as_str();
+    if name.len() > LONGEST_METHOD || !name.bytes().any(|b| b.is_ascii_lowercase()) {
+        return None;
+    }
+    Method::from_bytes(name.to_ascii_uppercase().as_bytes()).ok()
 }
 
 /// The ordered route table.
@@ -185,6 +195,8 @@ impl Router {
         // Normalised once for all the routes: one allocation, segments borrowed from `path`
         // unless they carry an escape.
         let segments = normalise(path);
+        let upper = upper_case(method);
+        let method = upper.as_ref().unwrap_or(method);
         self.routes
             .iter()
             .find(|r| r.method_matches(method) && r.path.matches_segments(&segments))
@@ -365,6 +377,11 @@ mod tests {
         assert_eq!(
             Route::new("link", &["GE T".into()], "/x").unwrap_err(),
             RouteError::BadMethod("GE T".into())
+        );
+        let long = "M".repeat(33);
+        assert_eq!(
+            Route::new("link", std::slice::from_ref(&long), "/x").unwrap_err(),
+            RouteError::BadMethod(long)
         );
     }
 
