@@ -115,8 +115,9 @@ impl ConnInfo {
     }
 
     /// When the connection becomes idle-expired if nothing happens: `None` while a request is in
-    /// flight; `first` (the header read timeout, at most `idle`) after the connection was made
-    /// while its first request head has not arrived, in either protocol (a client that connects
+    /// flight; `first` (the header read timeout, at most `idle`) after this value was made (at the
+    /// end of the TLS handshake or the PROXY protocol header) while its first request head has
+    /// not arrived, in either protocol (a client that connects
     /// and sends nothing, or only part of the HTTP/2 preface or of a first HEADERS frame, holds a
     /// connection slot no longer than a slow HTTP/1.1 head would).
     fn idle_deadline(&self, idle: Duration, first: Duration) -> Option<Instant> {
@@ -134,9 +135,10 @@ impl ConnInfo {
 /// Connection settings shared by every listener.
 #[derive(Debug, Clone, Copy)]
 pub struct ConnSettings {
-    /// Request head timeout (HTTP/1.1, and the TLS handshake).
+    /// Request head timeout: every HTTP/1.1 head, the TLS handshake, and a connection's first
+    /// head in either protocol.
     pub header_read_timeout: Duration,
-    /// A connection with no request in flight for this long is closed.
+    /// A connection with no request in flight for this long, after its first request, is closed.
     pub idle_timeout: Duration,
     /// Client connections served at once ([`Config::effective_max_connections`]).
     pub max_connections: u32,
@@ -667,8 +669,21 @@ async fn serve_io<I>(
     }
     conn.as_mut().graceful_shutdown();
     // A client that ignores the HTTP/2 GOAWAY and PING would keep this forever (found by hostile
-    // testing): after the header read timeout more, the connection is dropped.
-    let _ = tokio::time::timeout(settings.header_read_timeout, conn).await;
+    // testing): after the header read timeout more with no request in flight, the connection is
+    // dropped. A request accepted while the GOAWAY was on its way is served to its end (its own
+    // deadlines bound it; a drain ends with the process after `drain_grace`).
+    loop {
+        let until = crate::time::now() + settings.header_read_timeout;
+        tokio::select! {
+            _ = conn.as_mut() => return,
+            () = tokio::time::sleep_until(until) => {
+                if info.idle_deadline(settings.idle_timeout, settings.header_read_timeout).is_some() {
+                    tracing::debug!(%peer, "dropping a connection that did not close after GOAWAY");
+                    return;
+                }
+            }
+        }
+    }
 }
 
 #[cfg(test)]

@@ -462,22 +462,29 @@ impl App {
     }
 
     /// Handles one request on connection `conn`.
-    pub async fn handle(
+    ///
+    /// The request counts as in flight (on the connection and door-wide) from this call, before
+    /// the returned future is first polled: hyper calls the service when it has read a request
+    /// head, and spawns an HTTP/2 stream's future to be polled later, so a connection's timers
+    /// see the request as soon as its head has arrived.
+    pub fn handle(
         self: Arc<Self>,
         conn: Arc<ConnInfo>,
         req: Request<Incoming>,
-    ) -> Response<ResponseBody> {
+    ) -> impl Future<Output = Response<ResponseBody>> + Send + 'static {
         let guard = ActiveGuard::new(&self, &conn);
-        // Decided when the request starts, like the health answer, so that a response to a
-        // request that began before the drain never closes the connection under its client.
-        let close = req.version() < Version::HTTP_2 && self.draining();
-        let mut res = self.route(&conn, req).await;
-        if close {
-            res.headers_mut()
-                .insert(header::CONNECTION, HeaderValue::from_static("close"));
+        async move {
+            // Decided when the request starts, like the health answer, so that a response to a
+            // request that began before the drain never closes the connection under its client.
+            let close = req.version() < Version::HTTP_2 && self.draining();
+            let mut res = self.route(&conn, req).await;
+            if close {
+                res.headers_mut()
+                    .insert(header::CONNECTION, HeaderValue::from_static("close"));
+            }
+            res.body_mut().active = Some(guard);
+            res
         }
-        res.body_mut().active = Some(guard);
-        res
     }
 
     async fn route(
