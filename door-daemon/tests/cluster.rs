@@ -1,9 +1,10 @@
 //! Budget sharing between doors (docs/design.md, "Cluster"): Debian's `redis-server` on a free
 //! loopback port, three door fronts in-process on 127.0.0.1 sharing it, each with its own clock.
 //! The sync task runs on tokio's real time, because the store's script reads Redis's own clock
-//! (`TIME`), which a paused tokio clock cannot move; every wait is bounded, and the latency checks
-//! (p99 under 50 ms on loopback) leave a wide margin over the few milliseconds a request takes. Without `redis-server` each
-//! test prints `door-test: skipped (needs redis-server): cluster TEST` and passes.
+//! (`TIME`), which a paused tokio clock cannot move; every wait is bounded, and the latency
+//! checks (p99 under 50 ms on loopback) leave a wide margin over the few milliseconds a request
+//! takes. Without `redis-server` each test prints `door-test: skipped (needs redis-server):
+//! cluster TEST` and passes.
 
 #![expect(
     clippy::unwrap_used,
