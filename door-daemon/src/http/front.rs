@@ -117,9 +117,9 @@ impl ConnInfo {
     /// When the connection becomes idle-expired if nothing happens: `None` while a request is in
     /// flight; `first` (the header read timeout, at most `idle`) after this value was made (at the
     /// end of the TLS handshake or the PROXY protocol header) while its first request head has
-    /// not arrived, in either protocol (a client that connects
-    /// and sends nothing, or only part of the HTTP/2 preface or of a first HEADERS frame, holds a
-    /// connection slot no longer than a slow HTTP/1.1 head would).
+    /// not arrived, in either protocol (a client that connects and sends nothing, or only part of
+    /// the HTTP/2 preface or of a first HEADERS frame, holds a connection slot no longer than a
+    /// slow HTTP/1.1 head would); `idle` after the last request ended otherwise.
     fn idle_deadline(&self, idle: Duration, first: Duration) -> Option<Instant> {
         if self.active.load(Ordering::Acquire) > 0 {
             return None;
