@@ -166,6 +166,31 @@ async fn body_string(res: Response<Incoming>) -> String {
     String::from_utf8_lossy(&res.into_body().collect().await.unwrap().to_bytes()).into_owned()
 }
 
+/// Opens a stream for `req` (no body) on an HTTP/2 connection once it has room.
+async fn h2_start(
+    c: &h2::client::SendRequest<Bytes>,
+    req: Request<()>,
+) -> (h2::client::ResponseFuture, h2::SendStream<Bytes>) {
+    c.clone()
+        .ready()
+        .await
+        .unwrap()
+        .send_request(req, true)
+        .unwrap()
+}
+
+/// Sends `req` (no body) on an HTTP/2 connection: the answer's status and body.
+async fn h2_send(c: &h2::client::SendRequest<Bytes>, req: Request<()>) -> (StatusCode, String) {
+    let res = h2_start(c, req).await.0.await.unwrap();
+    let status = res.status();
+    let mut body = res.into_body();
+    let mut got = Vec::new();
+    while let Some(chunk) = body.data().await {
+        got.extend_from_slice(&chunk.unwrap());
+    }
+    (status, String::from_utf8_lossy(&got).into_owned())
+}
+
 // ---------------------------------------------------------------- 1. TLS
 
 fn tls_pair(dir: &std::path::Path) -> (std::path::PathBuf, std::path::PathBuf, rcgen::Certificate) {
@@ -229,20 +254,12 @@ async fn tls_negotiates_h2_and_http11_by_alpn_and_says_https_upstream() {
         .await
         .unwrap();
     assert_eq!(s.get_ref().1.alpn_protocol(), Some(&b"h2"[..]));
-    let (mut h2c, conn) = h2::client::handshake(s).await.unwrap();
+    let (h2c, conn) = h2::client::handshake(s).await.unwrap();
     tokio::spawn(conn);
     let req = Request::get("https://door.test/anything").body(()).unwrap();
-    let (res, _) = h2c.send_request(req, true).unwrap();
-    let res = res.await.unwrap();
-    assert_eq!(res.status(), StatusCode::OK);
-    let mut body = res.into_body();
-    let mut got = Vec::new();
-    while let Some(chunk) = body.data().await {
-        got.extend_from_slice(&chunk.unwrap());
-    }
     assert_eq!(
-        String::from_utf8_lossy(&got),
-        "GET /anything xfp=https len=0"
+        h2_send(&h2c, req).await,
+        (StatusCode::OK, "GET /anything xfp=https len=0".to_owned())
     );
 
     // http/1.1 by ALPN.
@@ -479,15 +496,8 @@ async fn http2_client_over_the_list_limit_gets_431() {
             http::HeaderValue::from_str(&"a".repeat(4096)).unwrap(),
         );
     }
-    let (res, _) = c
-        .clone()
-        .ready()
-        .await
-        .unwrap()
-        .send_request(req, true)
-        .unwrap();
     assert_eq!(
-        res.await.unwrap().status(),
+        h2_send(&c, req).await.0,
         StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE
     );
     let mut req = Request::get("http://door.test/h2").body(()).unwrap();
@@ -495,8 +505,7 @@ async fn http2_client_over_the_list_limit_gets_431() {
         "x-ok",
         http::HeaderValue::from_str(&"a".repeat(32 << 10)).unwrap(),
     );
-    let (res, _) = c.ready().await.unwrap().send_request(req, true).unwrap();
-    assert_eq!(res.await.unwrap().status(), StatusCode::OK);
+    assert_eq!(h2_send(&c, req).await.0, StatusCode::OK);
 }
 
 // ---------------------------------------------------------------- 3. deadlines
@@ -889,6 +898,108 @@ async fn http1_pipelined_requests_are_answered_in_order() {
     assert_eq!(out.matches("HTTP/1.1 200").count(), 4);
 }
 
+/// Answers `host=<Host the upstream received>` and counts its calls.
+fn host_echo(calls: Arc<AtomicUsize>) -> Handler {
+    Arc::new(move |req: Request<Incoming>| {
+        calls.fetch_add(1, Ordering::SeqCst);
+        let host = req
+            .headers()
+            .get_all("host")
+            .iter()
+            .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned())
+            .collect::<Vec<_>>()
+            .join("|");
+        Box::pin(async move { Response::new(full(format!("host={host}"))) })
+    })
+}
+
+/// RFC 9112 §3.2 and §6.1: an HTTP/1.1 head without `Host`, with two, or with a transfer coding
+/// door cannot undo is refused before the upstream (400, 501) and the connection closed; an
+/// absolute-form target's authority replaces `Host`; HTTP/1.0 may omit it.
+#[tokio::test]
+async fn http1_heads_with_a_bad_host_or_transfer_coding_are_refused_before_the_upstream() {
+    let calls = Arc::new(AtomicUsize::new(0));
+    let up = upstream(host_echo(Arc::clone(&calls))).await;
+    let d = door(&config(up, "", "")).await;
+    for (head, status, reason) in [
+        (&b"GET /p HTTP/1.1\r\n\r\n"[..], "400", "needs a Host"),
+        (
+            b"GET /p HTTP/1.1\r\nHost: a.test\r\nHost: b.test\r\n\r\n",
+            "400",
+            "2 Host fields",
+        ),
+        (
+            b"GET /p HTTP/1.1\r\nHost: a.test:http\r\n\r\n",
+            "400",
+            "not a host",
+        ),
+        (
+            b"POST /webhooks/github HTTP/1.1\r\nHost: a.test\r\n\
+              Transfer-Encoding: gzip, chunked\r\n\r\n3\r\nabc\r\n0\r\n\r\n",
+            "501",
+            "transfer coding \\\"gzip\\\"",
+        ),
+    ] {
+        // No `Connection: close` asked: door closes after its answer, or `raw` would not return.
+        let out = raw(d.addr, head).await;
+        assert!(out.starts_with(&format!("HTTP/1.1 {status}")), "{out}");
+        assert!(out.contains(reason), "{out}");
+        assert!(
+            out.to_ascii_lowercase().contains("connection: close"),
+            "{out}"
+        );
+    }
+    assert_eq!(
+        calls.load(Ordering::SeqCst),
+        0,
+        "a refused head reached the upstream"
+    );
+
+    let out = raw(
+        d.addr,
+        b"GET http://door.test/p HTTP/1.1\r\nHost: other.test\r\nConnection: close\r\n\r\n",
+    )
+    .await;
+    assert!(out.starts_with("HTTP/1.1 200"), "{out}");
+    assert!(out.ends_with("host=door.test"), "{out}");
+    let out = raw(d.addr, b"GET /p HTTP/1.0\r\n\r\n").await;
+    assert!(out.starts_with("HTTP/1.0 200"), "{out}");
+    assert_eq!(calls.load(Ordering::SeqCst), 2);
+}
+
+/// RFC 9113 §8.3.1: an HTTP/2 request whose `Host` names another authority than `:authority` is
+/// malformed (400); one that agrees, or sends `:authority` alone, reaches the upstream with that
+/// authority as `Host`.
+#[tokio::test]
+async fn http2_host_must_agree_with_the_authority() {
+    let calls = Arc::new(AtomicUsize::new(0));
+    let up = upstream(host_echo(Arc::clone(&calls))).await;
+    let d = door(&config(up, "", "")).await;
+    let s = TcpStream::connect(d.addr).await.unwrap();
+    let (c, conn) = h2::client::handshake(s).await.unwrap();
+    let conn = tokio::spawn(conn);
+    for (host, status, body) in [
+        (
+            Some("other.test"),
+            StatusCode::BAD_REQUEST,
+            "differs from :authority",
+        ),
+        (Some("DOOR.test"), StatusCode::OK, "host=door.test"),
+        (None, StatusCode::OK, "host=door.test"),
+    ] {
+        let mut req = Request::get("http://door.test/p").body(()).unwrap();
+        if let Some(h) = host {
+            req.headers_mut()
+                .insert("host", http::HeaderValue::from_static(h));
+        }
+        let (got, text) = h2_send(&c, req).await;
+        assert_eq!(got, status, "{host:?}");
+        assert!(text.contains(body), "{host:?}: {text}");
+    }
+    assert_eq!(calls.load(Ordering::SeqCst), 2);
+    conn.abort();
+}
+
 #[tokio::test]
 async fn expect_100_continue_on_a_webhook() {
     let up = upstream(echo()).await;
@@ -1065,14 +1176,7 @@ async fn http2_rst_stream_frees_the_slot_and_closes_the_upstream_call() {
         let req = Request::get("http://door.test/l/session/slow")
             .body(())
             .unwrap();
-        let (res, body) = c
-            .clone()
-            .ready()
-            .await
-            .unwrap()
-            .send_request(req, true)
-            .unwrap();
-        streams.push((res, body));
+        streams.push(h2_start(&c, req).await);
     }
     d.eventually("both admitted", |d| d.inflight("link") == 2)
         .await;
@@ -1197,15 +1301,10 @@ async fn http2_cookie_fields_reach_an_http11_upstream_as_one_line_in_order() {
         req.headers_mut()
             .append("cookie", http::HeaderValue::from_static(pair));
     }
-    let (res, _) = c.ready().await.unwrap().send_request(req, true).unwrap();
-    let res = res.await.unwrap();
-    assert_eq!(res.status(), StatusCode::OK);
-    let mut body = res.into_body();
-    let mut text = Vec::new();
-    while let Some(chunk) = body.data().await {
-        text.extend_from_slice(&chunk.unwrap());
-    }
-    assert_eq!(String::from_utf8_lossy(&text), "a=1; session=s3cr3t; b=2");
+    assert_eq!(
+        h2_send(&c, req).await,
+        (StatusCode::OK, "a=1; session=s3cr3t; b=2".to_owned())
+    );
     conn.abort();
 }
 

@@ -10,7 +10,7 @@ use bytes::Bytes;
 use http::{HeaderMap, HeaderName, HeaderValue, Response, StatusCode, header, header::Entry};
 
 use crate::{
-    http::{body::ResponseBody, upstream::ProxyError},
+    http::{body::ResponseBody, head::HeadError, upstream::ProxyError},
     limit::{Quota, RejectReason, Rejection},
     obs::logging::RateLimitedWarn,
 };
@@ -173,6 +173,27 @@ pub fn bad_upgrade(e: &crate::http::upgrade::UpgradeError) -> Response<ResponseB
         StatusCode::NOT_IMPLEMENTED,
         &serde_json::json!({ "code": "not-implemented", "message": e.to_string() }),
     )
+}
+
+/// door's answer to a request head it refuses ([`HeadError`]): 400 (`bad-request`) or 501
+/// (`not-implemented`) with the reason; over HTTP/1.x the connection is closed after it, as the
+/// head's framing is in doubt.
+pub fn bad_head(e: &HeadError, version: http::Version) -> Response<ResponseBody> {
+    let status = e.status();
+    let code = if status == StatusCode::NOT_IMPLEMENTED {
+        "not-implemented"
+    } else {
+        "bad-request"
+    };
+    let mut res = json_response(
+        status,
+        &serde_json::json!({ "code": code, "message": e.to_string() }),
+    );
+    if version < http::Version::HTTP_2 {
+        res.headers_mut()
+            .insert(header::CONNECTION, HeaderValue::from_static("close"));
+    }
+    res
 }
 
 /// The answer to a client on the `deny` list: 403 with `{"code":"forbidden"}`, before any bucket.

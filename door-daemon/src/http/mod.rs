@@ -3,7 +3,7 @@
 //! body and `RateLimit` fields ([`answer`]), the *one* function that decides whether a request's
 //! end spends a token ([`settle`]), the streamed response body that holds the permit ([`body`]),
 //! the upstream client and forwarding-header rewrite ([`upstream`]) and its connector
-//! ([`connect`]), routes ([`route`]), cached health ([`health`]), TLS ([`tls`]) and the worker
+//! ([`connect`]), the checks of a request head ([`head`]), routes ([`route`]), cached health ([`health`]), TLS ([`tls`]) and the worker
 //! threads' identity ([`worker`]).
 //!
 //! May use [`crate::client`], [`crate::limit`], [`crate::obs`], [`crate::shield::escalate`] and
@@ -14,6 +14,7 @@ pub mod body;
 pub mod conn_limit;
 pub mod connect;
 pub mod front;
+pub mod head;
 pub mod health;
 pub mod plane;
 pub mod request;

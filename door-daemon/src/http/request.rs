@@ -32,6 +32,7 @@ use crate::{
         answer::{self, Failure},
         body::ResponseBody,
         front::ConnInfo,
+        head,
         health::{CachedHealth, HEALTH_TTL},
         plane::Sessions,
         route::Router,
@@ -477,7 +478,11 @@ impl App {
             // Decided when the request starts, like the health answer, so that a response to a
             // request that began before the drain never closes the connection under its client.
             let close = req.version() < Version::HTTP_2 && self.draining();
-            let mut res = self.route(&conn, req).await;
+            // A head door refuses is answered before routing: it spends and holds nothing.
+            let mut res = match head::check(&req) {
+                Ok(()) => self.route(&conn, req).await,
+                Err(e) => answer::bad_head(&e, req.version()),
+            };
             if close {
                 res.headers_mut()
                     .insert(header::CONNECTION, HeaderValue::from_static("close"));

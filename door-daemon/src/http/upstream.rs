@@ -259,12 +259,13 @@ impl Proxy {
     }
 }
 
-/// Rewrites a client's request for the upstream: absolute URI on the upstream, HTTP/1.1, original
-/// `Host` kept (taken from the HTTP/2 `:authority` when there is no `Host`), hop-by-hop headers
-/// removed, forwarding headers rewritten per `origin`.
+/// Rewrites a client's request for the upstream: absolute URI on the upstream, HTTP/1.1, the
+/// client's `Host` kept, or, when the request target has an authority (HTTP/2's `:authority`, an
+/// HTTP/1.1 absolute-form target), `Host` set to it (RFC 9113 §8.3.1, RFC 9112 §3.2.2; the head
+/// passed [`crate::http::head::check`], so an HTTP/2 `Host` already agrees with it), hop-by-hop
+/// headers removed, forwarding headers rewritten per `origin`.
 pub fn prepare<B>(mut req: Request<B>, upstream: &Upstream, origin: &Origin) -> Request<B> {
-    if !req.headers().contains_key(HOST)
-        && let Some(authority) = req.uri().authority()
+    if let Some(authority) = req.uri().authority()
         && let Ok(host) = HeaderValue::from_str(authority.as_str())
     {
         req.headers_mut().insert(HOST, host);
