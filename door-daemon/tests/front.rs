@@ -913,9 +913,10 @@ fn host_echo(calls: Arc<AtomicUsize>) -> Handler {
     })
 }
 
-/// RFC 9112 §3.2 and §6.1: an HTTP/1.1 head without `Host`, with two, or with a transfer coding
-/// door cannot undo is refused before the upstream (400, 501) and the connection closed; an
-/// absolute-form target's authority replaces `Host`; HTTP/1.0 may omit it.
+/// RFC 9112 §3.2 and §6.1: an HTTP/1.1 head without `Host` (whatever its target), with two, with
+/// an authority-form target on a method other than CONNECT, or with a transfer coding door
+/// cannot undo or `chunked` twice is refused before the upstream (400, 501) and the connection
+/// closed; an absolute-form target's authority replaces `Host`; HTTP/1.0 may omit it.
 #[tokio::test]
 async fn http1_heads_with_a_bad_host_or_transfer_coding_are_refused_before_the_upstream() {
     let calls = Arc::new(AtomicUsize::new(0));
@@ -934,10 +935,28 @@ async fn http1_heads_with_a_bad_host_or_transfer_coding_are_refused_before_the_u
             "not a host",
         ),
         (
+            b"GET http://door.test/p HTTP/1.1\r\n\r\n",
+            "400",
+            "needs a Host",
+        ),
+        (
+            b"GET door.test:443 HTTP/1.1\r\nHost: a.test\r\n\r\n",
+            "400",
+            "not an http or https URI",
+        ),
+        (
             b"POST /webhooks/github HTTP/1.1\r\nHost: a.test\r\n\
               Transfer-Encoding: gzip, chunked\r\n\r\n3\r\nabc\r\n0\r\n\r\n",
             "501",
             "transfer coding \\\"gzip\\\"",
+        ),
+        (
+            // Chunked twice: hyper would remove one layer and the other reach the application.
+            b"POST /webhooks/github HTTP/1.1\r\nHost: a.test\r\n\
+              Transfer-Encoding: chunked, chunked\r\n\r\n\
+              f\r\n5\r\nhello\r\n0\r\n\r\n\r\n0\r\n\r\n",
+            "400",
+            "chunked once",
         ),
     ] {
         // No `Connection: close` asked: door closes after its answer, or `raw` would not return.

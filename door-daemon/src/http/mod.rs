@@ -3,8 +3,8 @@
 //! body and `RateLimit` fields ([`answer`]), the *one* function that decides whether a request's
 //! end spends a token ([`settle`]), the streamed response body that holds the permit ([`body`]),
 //! the upstream client and forwarding-header rewrite ([`upstream`]) and its connector
-//! ([`connect`]), the checks of a request head ([`head`]), routes ([`route`]), cached health ([`health`]), TLS ([`tls`]) and the worker
-//! threads' identity ([`worker`]).
+//! ([`connect`]), the checks of a request head ([`head`]), routes ([`route`]), cached health
+//! ([`health`]), TLS ([`tls`]) and the worker threads' identity ([`worker`]).
 //!
 //! May use [`crate::client`], [`crate::limit`], [`crate::obs`], [`crate::shield::escalate`] and
 //! [`crate::time`]; it never touches the XDP program itself.

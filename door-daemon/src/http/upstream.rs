@@ -266,6 +266,10 @@ impl Proxy {
 /// headers removed, forwarding headers rewritten per `origin`.
 pub fn prepare<B>(mut req: Request<B>, upstream: &Upstream, origin: &Origin) -> Request<B> {
     if let Some(authority) = req.uri().authority()
+        && req
+            .headers()
+            .get(HOST)
+            .is_none_or(|h| h.as_bytes() != authority.as_str().as_bytes())
         && let Ok(host) = HeaderValue::from_str(authority.as_str())
     {
         req.headers_mut().insert(HOST, host);
