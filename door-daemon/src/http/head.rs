@@ -1,10 +1,10 @@
 //! What a request head must satisfy before door routes it: the `Host` rules of RFC 9112 §3.2 and
-//! RFC 9113 §8.3.1, a request target without userinfo (RFC 9110 §4.2.4), and `chunked` as the
-//! only transfer coding, applied once (RFC 9112 §6.1). hyper parses the framing; these are the
-//! rules it leaves to the server. door itself routes on the method and path alone, but the
-//! application, or a cache in front of or behind it, may resolve an ambiguous `Host` another
-//! way than the next hop; and a body whose coding door dropped would reach the application as
-//! bytes it cannot read.
+//! RFC 9113 §8.3.1, a target whose authority is a valid `http` or `https` host without userinfo
+//! (RFC 9110 §4.2), and `chunked` as the only transfer coding, applied once (RFC 9112 §6.1). hyper
+//! parses the framing; these are the rules it leaves to the server. door itself routes on the
+//! method and path alone, but the application, or a cache in front of or behind it, may resolve
+//! an ambiguous `Host` another way than the next hop; and a body whose coding door dropped would
+//! reach the application as bytes it cannot read.
 
 use http::{Method, Request, StatusCode, Version, header};
 
@@ -20,8 +20,8 @@ pub enum HeadError {
     /// More than one `Host` field line (RFC 9112 §3.2: 400).
     #[error("the request has {0} Host fields; one is allowed")]
     RepeatedHost(usize),
-    /// A `Host` value that is neither empty nor a host with an optional port (RFC 9110 §7.2; see
-    /// [`split_host`] for the forms door accepts). The value as shown: at most 64 characters.
+    /// A `Host` value that is neither empty nor a host with an optional port (RFC 9110 §7.2; the
+    /// forms door accepts are listed at `split_host`). The value as shown: at most 64 characters.
     #[error("Host {0:?} is not a host with an optional port")]
     BadHost(String),
     /// A request target with an authority that is not an `http` or `https` URI with a host and
