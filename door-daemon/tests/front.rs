@@ -914,41 +914,53 @@ fn host_echo(calls: Arc<AtomicUsize>) -> Handler {
 }
 
 /// RFC 9112 §3.2 and §6.1: an HTTP/1.1 head without `Host` (whatever its target), with two, with
-/// an authority-form target on a method other than CONNECT, or with a transfer coding door
-/// cannot undo or `chunked` twice is refused before the upstream (400, 501) and the connection
-/// closed; an absolute-form target's authority replaces `Host`; HTTP/1.0 may omit it.
+/// an authority-form target on a method other than CONNECT, with a transfer coding door cannot
+/// undo or `chunked` twice, or a plain CONNECT, is refused before the upstream (400, 501), the
+/// connection closed and the refusal counted by reason; an absolute-form target's authority
+/// replaces `Host`; HTTP/1.0 may omit it.
 #[tokio::test]
 async fn http1_heads_with_a_bad_host_or_transfer_coding_are_refused_before_the_upstream() {
     let calls = Arc::new(AtomicUsize::new(0));
     let up = upstream(host_echo(Arc::clone(&calls))).await;
-    let d = door(&config(up, "", "")).await;
-    for (head, status, reason) in [
-        (&b"GET /p HTTP/1.1\r\n\r\n"[..], "400", "needs a Host"),
+    let cfg = config(up, "", "");
+    let (d, counted, _provider) = door_counting(&cfg).await;
+    for (head, status, message, reason) in [
+        (
+            &b"GET /p HTTP/1.1\r\n\r\n"[..],
+            "400",
+            "needs a Host",
+            "missing_host",
+        ),
         (
             b"GET /p HTTP/1.1\r\nHost: a.test\r\nHost: b.test\r\n\r\n",
             "400",
             "2 Host fields",
+            "repeated_host",
         ),
         (
             b"GET /p HTTP/1.1\r\nHost: a.test:http\r\n\r\n",
             "400",
             "not a host",
+            "bad_host",
         ),
         (
             b"GET http://door.test/p HTTP/1.1\r\n\r\n",
             "400",
             "needs a Host",
+            "missing_host",
         ),
         (
             b"GET door.test:443 HTTP/1.1\r\nHost: a.test\r\n\r\n",
             "400",
             "not an http or https URI",
+            "bad_target",
         ),
         (
             b"POST /webhooks/github HTTP/1.1\r\nHost: a.test\r\n\
               Transfer-Encoding: gzip, chunked\r\n\r\n3\r\nabc\r\n0\r\n\r\n",
             "501",
             "transfer coding \\\"gzip\\\"",
+            "transfer_coding",
         ),
         (
             // Chunked twice: hyper would remove one layer and the other reach the application.
@@ -957,17 +969,31 @@ async fn http1_heads_with_a_bad_host_or_transfer_coding_are_refused_before_the_u
               f\r\n5\r\nhello\r\n0\r\n\r\n\r\n0\r\n\r\n",
             "400",
             "chunked once",
+            "bad_transfer_encoding",
+        ),
+        (
+            b"CONNECT door.test:443 HTTP/1.1\r\nHost: door.test:443\r\n\r\n",
+            "501",
+            "does not tunnel CONNECT",
+            "connect",
         ),
     ] {
+        let before = counted("door.requests_refused", reason);
         // No `Connection: close` asked: door closes after its answer, or `raw` would not return.
         let out = raw(d.addr, head).await;
         assert!(out.starts_with(&format!("HTTP/1.1 {status}")), "{out}");
-        assert!(out.contains(reason), "{out}");
+        assert!(out.contains(message), "{out}");
         assert!(
             out.to_ascii_lowercase().contains("connection: close"),
             "{out}"
         );
+        assert_eq!(
+            counted("door.requests_refused", reason),
+            before + 1,
+            "{reason}: {out}"
+        );
     }
+    assert_eq!(counted("door.requests_refused", ""), 8);
     assert_eq!(
         calls.load(Ordering::SeqCst),
         0,
@@ -987,13 +1013,14 @@ async fn http1_heads_with_a_bad_host_or_transfer_coding_are_refused_before_the_u
 }
 
 /// RFC 9113 §8.3.1: an HTTP/2 request whose `Host` names another authority than `:authority` is
-/// malformed (400); one that agrees, or sends `:authority` alone, reaches the upstream with that
+/// malformed (400, counted, the connection kept); one that agrees, or sends `:authority` alone, reaches the upstream with that
 /// authority as `Host`.
 #[tokio::test]
 async fn http2_host_must_agree_with_the_authority() {
     let calls = Arc::new(AtomicUsize::new(0));
     let up = upstream(host_echo(Arc::clone(&calls))).await;
-    let d = door(&config(up, "", "")).await;
+    let cfg = config(up, "", "");
+    let (d, counted, _provider) = door_counting(&cfg).await;
     let s = TcpStream::connect(d.addr).await.unwrap();
     let (c, conn) = h2::client::handshake(s).await.unwrap();
     let conn = tokio::spawn(conn);
@@ -1016,6 +1043,7 @@ async fn http2_host_must_agree_with_the_authority() {
         assert!(text.contains(body), "{host:?}: {text}");
     }
     assert_eq!(calls.load(Ordering::SeqCst), 2);
+    assert_eq!(counted("door.requests_refused", "host_not_authority"), 1);
     conn.abort();
 }
 

@@ -489,9 +489,10 @@ impl Syncer {
                 }
                 self.status.set(|s| s.state = State::Degraded);
                 self.divide(&limiters, was.doors);
-                self.metrics
-                    .errors
-                    .add(1, &[KeyValue::new("door.reason", reason(&e))]);
+                self.metrics.errors.add(
+                    1,
+                    &[KeyValue::new(crate::obs::metrics::ATTR_REASON, reason(&e))],
+                );
             }
         }
     }

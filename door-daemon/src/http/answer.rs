@@ -167,19 +167,29 @@ pub fn upstream_busy() -> Response<ResponseBody> {
 }
 
 /// The answer to an upgrade door does not carry (an extended CONNECT for a protocol other than
-/// `websocket`, or a plain CONNECT): 501 (RFC 9110 §15.6.2).
-pub fn bad_upgrade(e: &crate::http::upgrade::UpgradeError) -> Response<ResponseBody> {
-    json_response(
-        StatusCode::NOT_IMPLEMENTED,
-        &serde_json::json!({ "code": "not-implemented", "message": e.to_string() }),
-    )
+/// `websocket`, or a plain CONNECT): 501 (RFC 9110 §15.6.2), closing an HTTP/1.x connection as
+/// [`bad_head`] does.
+pub fn bad_upgrade(
+    e: &crate::http::upgrade::UpgradeError,
+    version: http::Version,
+) -> Response<ResponseBody> {
+    refused_head(StatusCode::NOT_IMPLEMENTED, &e.to_string(), version)
 }
 
 /// door's answer to a request head it refuses ([`HeadError`]): 400 (`bad-request`) or 501
 /// (`not-implemented`) with the reason; over HTTP/1.x the connection is closed after it, as the
 /// head's framing is in doubt.
 pub fn bad_head(e: &HeadError, version: http::Version) -> Response<ResponseBody> {
-    let status = e.status();
+    refused_head(e.status(), &e.to_string(), version)
+}
+
+/// A 400 or 501 before routing, `{"code":"bad-request"|"not-implemented","message":…}`, with
+/// `Connection: close` below HTTP/2.
+fn refused_head(
+    status: StatusCode,
+    message: &str,
+    version: http::Version,
+) -> Response<ResponseBody> {
     let code = if status == StatusCode::NOT_IMPLEMENTED {
         "not-implemented"
     } else {
@@ -187,7 +197,7 @@ pub fn bad_head(e: &HeadError, version: http::Version) -> Response<ResponseBody>
     };
     let mut res = json_response(
         status,
-        &serde_json::json!({ "code": code, "message": e.to_string() }),
+        &serde_json::json!({ "code": code, "message": message }),
     );
     if version < http::Version::HTTP_2 {
         res.headers_mut()

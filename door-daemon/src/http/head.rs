@@ -65,6 +65,23 @@ impl HeadError {
             _ => StatusCode::BAD_REQUEST,
         }
     }
+
+    /// A short fixed name for the `door.reason` attribute of `door.requests_refused`
+    /// ([`crate::obs::metrics::Metrics::request_refused`]): one of `missing_host`,
+    /// `repeated_host`, `bad_host`, `bad_target`, `userinfo`, `host_not_authority`,
+    /// `transfer_coding`, `bad_transfer_encoding`.
+    pub const fn reason(&self) -> &'static str {
+        match self {
+            Self::MissingHost => "missing_host",
+            Self::RepeatedHost(_) => "repeated_host",
+            Self::BadHost(_) => "bad_host",
+            Self::BadTarget(_) => "bad_target",
+            Self::Userinfo => "userinfo",
+            Self::HostNotAuthority { .. } => "host_not_authority",
+            Self::TransferCoding(_) => "transfer_coding",
+            Self::BadTransferEncoding => "bad_transfer_encoding",
+        }
+    }
 }
 
 /// Checks `req`'s head (see the module docs). Reads the `Host` and `Transfer-Encoding` fields
@@ -176,7 +193,8 @@ fn split_host(value: &[u8]) -> Option<HostPort<'_>> {
     }
 }
 
-/// A port's digits as a TCP port number (at most 65535); `None` for anything else.
+/// A port's digits as a TCP port number (at most 65535); `None` for anything else. Not
+/// `str::parse::<u16>`, which also takes a leading `+` (RFC 3986 §3.2.3: `port = *DIGIT`).
 fn port_number(digits: &[u8]) -> Option<u16> {
     if digits.is_empty() || digits.len() > 5 || !digits.iter().all(u8::is_ascii_digit) {
         return None;
@@ -274,6 +292,7 @@ mod tests {
             "door.test/x",
             "door.test:port",
             "door.test:65536",
+            "door.test:+80",
             ":80",
             "a%zz",
             "%",

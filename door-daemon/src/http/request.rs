@@ -471,7 +471,7 @@ impl App {
     pub fn handle(
         self: Arc<Self>,
         conn: Arc<ConnInfo>,
-        req: Request<Incoming>,
+        mut req: Request<Incoming>,
     ) -> impl Future<Output = Response<ResponseBody>> + Send + 'static {
         let guard = ActiveGuard::new(&self, &conn);
         async move {
@@ -479,9 +479,9 @@ impl App {
             // request that began before the drain never closes the connection under its client.
             let close = req.version() < Version::HTTP_2 && self.draining();
             // A head door refuses is answered before routing: it spends and holds nothing.
-            let mut res = match head::check(&req) {
-                Ok(()) => self.route(&conn, req).await,
-                Err(e) => answer::bad_head(&e, req.version()),
+            let mut res = match self.check_head(&mut req) {
+                Ok(upgrade) => self.route(&conn, req, upgrade).await,
+                Err(refused) => *refused,
             };
             if close {
                 res.headers_mut()
@@ -492,10 +492,31 @@ impl App {
         }
     }
 
+    /// Checks `req`'s head ([`head::check`]) and reads how it asks to upgrade
+    /// ([`upgrade::classify`], which makes the upgrade safe to forward).
+    ///
+    /// # Errors
+    ///
+    /// door's 400 or 501 for a head it refuses, counted in `door.requests_refused`.
+    fn check_head(
+        &self,
+        req: &mut Request<Incoming>,
+    ) -> Result<Option<Upgrade>, Box<Response<ResponseBody>>> {
+        if let Err(e) = head::check(req) {
+            self.metrics.request_refused(e.reason());
+            return Err(Box::new(answer::bad_head(&e, req.version())));
+        }
+        upgrade::classify(req).map_err(|e| {
+            self.metrics.request_refused(e.reason());
+            Box::new(answer::bad_upgrade(&e, req.version()))
+        })
+    }
+
     async fn route(
         self: &Arc<Self>,
         conn: &Arc<ConnInfo>,
-        mut req: Request<Incoming>,
+        req: Request<Incoming>,
+        upgrade: Option<Upgrade>,
     ) -> Response<ResponseBody> {
         let policy = self.policy();
         let peer_ip = conn.peer_ip;
@@ -504,10 +525,6 @@ impl App {
             peer_value: conn.peer_value.clone(),
             peer_trusted: policy.trusted.contains(peer_ip),
             tls: conn.tls,
-        };
-        let upgrade = match upgrade::classify(&mut req) {
-            Ok(u) => u,
-            Err(e) => return answer::bad_upgrade(&e),
         };
         let route = policy.router.route_for(req.method(), req.uri().path());
         let stream_route = route.is_some_and(|r| r.stream);

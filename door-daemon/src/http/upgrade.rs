@@ -67,6 +67,21 @@ pub enum UpgradeError {
     Connect,
 }
 
+impl UpgradeError {
+    /// A short fixed name for the `door.reason` attribute of `door.requests_refused`: `connect`
+    /// and `connect_protocol` for the two a client's request causes ([`classify`]), and
+    /// `unrequested`, `not_get`, `bad_accept` for the upstream's answers (not counted there).
+    pub const fn reason(self) -> &'static str {
+        match self {
+            Self::Unrequested => "unrequested",
+            Self::NotGet => "not_get",
+            Self::BadAccept => "bad_accept",
+            Self::Protocol => "connect_protocol",
+            Self::Connect => "connect",
+        }
+    }
+}
+
 /// Reads how `req` asks to upgrade, and makes it safe to forward: `h2c` tokens and
 /// `HTTP2-Settings` are removed in every case; an extended CONNECT becomes an HTTP/1.1
 /// WebSocket handshake (`GET`, `Upgrade: websocket`, a fresh `Sec-WebSocket-Key`). `None` for a

@@ -28,7 +28,8 @@ use crate::limit::GroupLimiter;
 pub const ATTR_GROUP: &str = "door.group";
 /// The attribute naming a request's [`Outcome`].
 pub const ATTR_OUTCOME: &str = "door.outcome";
-/// The attribute naming why a connection was dropped (`door.proxy_protocol_rejected`).
+/// The attribute naming why a connection or request was refused (`door.proxy_protocol_rejected`,
+/// `door.connections_refused`, `door.requests_refused`, `door.cluster.errors`).
 pub const ATTR_REASON: &str = "door.reason";
 
 /// What happened to one request of a limited group: the value of `door.outcome` on
@@ -128,6 +129,9 @@ impl core::fmt::Display for Outcome {
 ///   list (forwarded unlimited) and the `deny` list (answered 403).
 /// - `door.connections_refused` (counter, `{connection}`): client connections closed at accept,
 ///   per `door.reason` (`max_connections`, `max_connections_per_client`).
+/// - `door.requests_refused` (counter, `{request}`): requests answered 400 or 501 before routing,
+///   per `door.reason` ([`crate::http::head::HeadError::reason`] and the client-side
+///   [`crate::http::upgrade::UpgradeError::reason`]s: a fixed set of ten values).
 ///
 /// The groups' caps are registered separately, once the groups exist ([`observe_budgets`]).
 #[derive(Clone, Debug)]
@@ -141,6 +145,7 @@ pub struct Metrics {
     untrusted_xff: Counter<u64>,
     proxy_protocol_rejected: Counter<u64>,
     connections_refused: Counter<u64>,
+    requests_refused: Counter<u64>,
     allowed: Counter<u64>,
     denied: Counter<u64>,
     /// Per-group outcome totals by group name, shared by every [`GroupMetrics`] of that name, so
@@ -290,6 +295,14 @@ impl Metrics {
                 )
                 .with_unit("{connection}")
                 .build(),
+            requests_refused: meter
+                .u64_counter("door.requests_refused")
+                .with_description(
+                    "Requests answered 400 or 501 before routing: a head that breaks HTTP's rules \
+                     (Host, target, transfer coding) or a CONNECT door does not carry, by reason",
+                )
+                .with_unit("{request}")
+                .build(),
             allowed: meter
                 .u64_counter("door.allowed")
                 .with_description("Requests from clients on the allow list, forwarded unlimited")
@@ -326,6 +339,13 @@ impl Metrics {
     /// (`max_connections` or `max_connections_per_client`).
     pub fn connection_refused(&self, reason: &'static str) {
         self.connections_refused
+            .add(1, &[KeyValue::new(ATTR_REASON, reason)]);
+    }
+
+    /// Counts one request on `door.requests_refused`, with `door.reason` = `reason` (a
+    /// [`crate::http::head::HeadError::reason`] or [`crate::http::upgrade::UpgradeError::reason`]).
+    pub fn request_refused(&self, reason: &'static str) {
+        self.requests_refused
             .add(1, &[KeyValue::new(ATTR_REASON, reason)]);
     }
 
