@@ -972,6 +972,12 @@ async fn http1_heads_with_a_bad_host_or_transfer_coding_are_refused_before_the_u
             "bad_transfer_encoding",
         ),
         (
+            b"GET http://user:secret@door.test/p HTTP/1.1\r\nHost: door.test\r\n\r\n",
+            "400",
+            "carries userinfo",
+            "userinfo",
+        ),
+        (
             b"CONNECT door.test:443 HTTP/1.1\r\nHost: door.test:443\r\n\r\n",
             "501",
             "does not tunnel CONNECT",
@@ -980,7 +986,10 @@ async fn http1_heads_with_a_bad_host_or_transfer_coding_are_refused_before_the_u
     ] {
         let before = counted("door.requests_refused", reason);
         // No `Connection: close` asked: door closes after its answer, or `raw` would not return.
-        let out = raw(d.addr, head).await;
+        let out = tokio::time::timeout(Duration::from_secs(5), raw(d.addr, head))
+            .await
+            .unwrap_or_else(|_| panic!("{reason}: door kept the connection open"));
+        assert!(!out.contains("secret"), "{out}");
         assert!(out.starts_with(&format!("HTTP/1.1 {status}")), "{out}");
         assert!(out.contains(message), "{out}");
         assert!(
@@ -993,7 +1002,6 @@ async fn http1_heads_with_a_bad_host_or_transfer_coding_are_refused_before_the_u
             "{reason}: {out}"
         );
     }
-    assert_eq!(counted("door.requests_refused", ""), 8);
     assert_eq!(
         calls.load(Ordering::SeqCst),
         0,
@@ -1010,11 +1018,17 @@ async fn http1_heads_with_a_bad_host_or_transfer_coding_are_refused_before_the_u
     let out = raw(d.addr, b"GET /p HTTP/1.0\r\n\r\n").await;
     assert!(out.starts_with("HTTP/1.0 200"), "{out}");
     assert_eq!(calls.load(Ordering::SeqCst), 2);
+    assert_eq!(
+        counted("door.requests_refused", ""),
+        9,
+        "one count per refusal, none for the heads forwarded"
+    );
 }
 
 /// RFC 9113 §8.3.1: an HTTP/2 request whose `Host` names another authority than `:authority` is
-/// malformed (400, counted, the connection kept); one that agrees, or sends `:authority` alone, reaches the upstream with that
-/// authority as `Host`.
+/// malformed (400, counted, the connection kept); one that agrees, or sends `:authority` alone,
+/// reaches the upstream with that authority as `Host`. A CONNECT door does not carry is a 501 on
+/// its stream.
 #[tokio::test]
 async fn http2_host_must_agree_with_the_authority() {
     let calls = Arc::new(AtomicUsize::new(0));
@@ -1042,8 +1056,22 @@ async fn http2_host_must_agree_with_the_authority() {
         assert_eq!(got, status, "{host:?}");
         assert!(text.contains(body), "{host:?}: {text}");
     }
-    assert_eq!(calls.load(Ordering::SeqCst), 2);
+    // A plain CONNECT, and an extended CONNECT for a protocol other than WebSocket: 501 on the
+    // stream, the connection kept.
+    let (got, text) = h2_send(&c, Request::connect("door.test:443").body(()).unwrap()).await;
+    assert_eq!(got, StatusCode::NOT_IMPLEMENTED, "{text}");
+    let mut udp = Request::connect("http://door.test/udp").body(()).unwrap();
+    udp.extensions_mut()
+        .insert(h2::ext::Protocol::from_static("connect-udp"));
+    let (got, text) = h2_send(&c, udp).await;
+    assert_eq!(got, StatusCode::NOT_IMPLEMENTED, "{text}");
+    let (got, _) = h2_send(&c, Request::get("http://door.test/p").body(()).unwrap()).await;
+    assert_eq!(got, StatusCode::OK);
+    assert_eq!(calls.load(Ordering::SeqCst), 3);
     assert_eq!(counted("door.requests_refused", "host_not_authority"), 1);
+    assert_eq!(counted("door.requests_refused", "connect"), 1);
+    assert_eq!(counted("door.requests_refused", "connect_protocol"), 1);
+    assert_eq!(counted("door.requests_refused", ""), 3);
     conn.abort();
 }
 
@@ -1456,7 +1484,8 @@ async fn reload_tls_serves_the_renewed_pair_to_new_handshakes_and_refuses_a_bad_
 // ---------------------------------------------------------------- connection limits
 
 /// door with its instruments exported to memory, and a reader of a counter's value: `(name,
-/// attribute value)`, the attribute value empty for a counter without attributes.
+/// attribute value)`, the attribute value empty to add up every data point (a counter without
+/// attributes, or all of its reasons).
 async fn door_counting(
     cfg: &Config,
 ) -> (
@@ -1481,7 +1510,7 @@ async fn door_counting(
     let addr = l.local_addr().unwrap();
     front.serve(l, false);
     let for_reader = provider.clone();
-    let refused = move |name: &str, attr: &str| {
+    let counted = move |name: &str, attr: &str| {
         for_reader.force_flush().unwrap();
         let mut n = 0;
         for batch in exporter
@@ -1506,7 +1535,7 @@ async fn door_counting(
         }
         n
     };
-    (Door { addr, front }, refused, provider)
+    (Door { addr, front }, counted, provider)
 }
 
 /// Whether door closes `s` without answering (EOF, or a reset, before any byte).

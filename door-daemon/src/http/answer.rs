@@ -166,30 +166,12 @@ pub fn upstream_busy() -> Response<ResponseBody> {
     res
 }
 
-/// The answer to an upgrade door does not carry (an extended CONNECT for a protocol other than
-/// `websocket`, or a plain CONNECT): 501 (RFC 9110 §15.6.2), closing an HTTP/1.x connection as
-/// [`bad_head`] does.
-pub fn bad_upgrade(
-    e: &crate::http::upgrade::UpgradeError,
-    version: http::Version,
-) -> Response<ResponseBody> {
-    refused_head(StatusCode::NOT_IMPLEMENTED, &e.to_string(), version)
-}
-
 /// door's answer to a request head it refuses ([`HeadError`]): 400 (`bad-request`) or 501
-/// (`not-implemented`) with the reason; over HTTP/1.x the connection is closed after it, as the
-/// head's framing is in doubt.
+/// (`not-implemented`) with the reason. Over HTTP/1.x the connection is closed after it: the
+/// head's framing is in doubt, and after a refused CONNECT the client may already be sending the
+/// tunnel's bytes, which must not be read as a request.
 pub fn bad_head(e: &HeadError, version: http::Version) -> Response<ResponseBody> {
-    refused_head(e.status(), &e.to_string(), version)
-}
-
-/// A 400 or 501 before routing, `{"code":"bad-request"|"not-implemented","message":…}`, with
-/// `Connection: close` below HTTP/2.
-fn refused_head(
-    status: StatusCode,
-    message: &str,
-    version: http::Version,
-) -> Response<ResponseBody> {
+    let status = e.status();
     let code = if status == StatusCode::NOT_IMPLEMENTED {
         "not-implemented"
     } else {
@@ -197,7 +179,7 @@ fn refused_head(
     };
     let mut res = json_response(
         status,
-        &serde_json::json!({ "code": code, "message": message }),
+        &serde_json::json!({ "code": code, "message": e.to_string() }),
     );
     if version < http::Version::HTTP_2 {
         res.headers_mut()

@@ -4,7 +4,9 @@
 //! parses the framing; these are the rules it leaves to the server. door itself routes on the
 //! method and path alone, but the application, or a cache in front of or behind it, may resolve
 //! an ambiguous `Host` another way than the next hop; and a body whose coding door dropped would
-//! reach the application as bytes it cannot read.
+//! reach the application as bytes it cannot read. [`HeadError`] is also how
+//! [`crate::http::upgrade::classify`] refuses a CONNECT door does not carry; every refusal is
+//! answered by [`crate::http::answer::bad_head`] and counted in `door.requests_refused`.
 
 use http::{Method, Request, StatusCode, Version, header};
 
@@ -54,22 +56,30 @@ pub enum HeadError {
     /// visible ASCII (400).
     #[error("Transfer-Encoding must name chunked once")]
     BadTransferEncoding,
+    /// A plain CONNECT, in either protocol (RFC 9110 §9.3.6): door fronts one application and
+    /// tunnels to no other host (501; [`crate::http::upgrade::classify`]).
+    #[error("door does not tunnel CONNECT to other hosts")]
+    Connect,
+    /// An HTTP/2 extended CONNECT (RFC 8441) for a protocol other than `websocket`, the only one
+    /// door carries (501; [`crate::http::upgrade::classify`]).
+    #[error("extended CONNECT for a protocol door does not carry")]
+    ConnectProtocol,
 }
 
 impl HeadError {
-    /// The status door answers with: 501 for a transfer coding it does not implement, 400 for
-    /// the rest.
+    /// The status door answers with: 501 for a transfer coding or a CONNECT it does not
+    /// implement, 400 for the rest.
     pub const fn status(&self) -> StatusCode {
         match self {
-            Self::TransferCoding(_) => StatusCode::NOT_IMPLEMENTED,
+            Self::TransferCoding(_) | Self::Connect | Self::ConnectProtocol => {
+                StatusCode::NOT_IMPLEMENTED
+            }
             _ => StatusCode::BAD_REQUEST,
         }
     }
 
     /// A short fixed name for the `door.reason` attribute of `door.requests_refused`
-    /// ([`crate::obs::metrics::Metrics::request_refused`]): one of `missing_host`,
-    /// `repeated_host`, `bad_host`, `bad_target`, `userinfo`, `host_not_authority`,
-    /// `transfer_coding`, `bad_transfer_encoding`.
+    /// ([`crate::obs::metrics::Metrics::request_refused`]): one of [`HeadError::REASONS`].
     pub const fn reason(&self) -> &'static str {
         match self {
             Self::MissingHost => "missing_host",
@@ -80,8 +90,24 @@ impl HeadError {
             Self::HostNotAuthority { .. } => "host_not_authority",
             Self::TransferCoding(_) => "transfer_coding",
             Self::BadTransferEncoding => "bad_transfer_encoding",
+            Self::Connect => "connect",
+            Self::ConnectProtocol => "connect_protocol",
         }
     }
+
+    /// Every value [`HeadError::reason`] returns, in the order docs/operations.md lists them.
+    pub const REASONS: [&'static str; 10] = [
+        "missing_host",
+        "repeated_host",
+        "bad_host",
+        "bad_target",
+        "userinfo",
+        "host_not_authority",
+        "bad_transfer_encoding",
+        "transfer_coding",
+        "connect",
+        "connect_protocol",
+    ];
 }
 
 /// Checks `req`'s head (see the module docs). Reads the `Host` and `Transfer-Encoding` fields
@@ -251,6 +277,39 @@ mod tests {
     use http::{Method, Request, StatusCode, Version};
 
     use super::{HeadError, check};
+
+    /// Every variant has its own `door.reason`, listed in `REASONS` (which the docs repeat), and
+    /// its status.
+    #[test]
+    fn each_refusal_has_its_own_reason_and_status() {
+        let s = String::new;
+        let all = [
+            HeadError::MissingHost,
+            HeadError::RepeatedHost(2),
+            HeadError::BadHost(s()),
+            HeadError::BadTarget(s()),
+            HeadError::Userinfo,
+            HeadError::HostNotAuthority {
+                host: s(),
+                authority: s(),
+            },
+            HeadError::BadTransferEncoding,
+            HeadError::TransferCoding(s()),
+            HeadError::Connect,
+            HeadError::ConnectProtocol,
+        ];
+        let reasons: Vec<_> = all.iter().map(HeadError::reason).collect();
+        assert_eq!(reasons, HeadError::REASONS);
+        let not_implemented: Vec<_> = all
+            .iter()
+            .filter(|e| e.status() == StatusCode::NOT_IMPLEMENTED)
+            .map(HeadError::reason)
+            .collect();
+        assert_eq!(
+            not_implemented,
+            ["transfer_coding", "connect", "connect_protocol"]
+        );
+    }
 
     fn req(version: Version, target: &str, fields: &[(&str, &str)]) -> Request<()> {
         let mut b = Request::get(target).version(version);

@@ -479,9 +479,13 @@ impl App {
             // request that began before the drain never closes the connection under its client.
             let close = req.version() < Version::HTTP_2 && self.draining();
             // A head door refuses is answered before routing: it spends and holds nothing.
-            let mut res = match self.check_head(&mut req) {
+            let version = req.version();
+            let mut res = match head::check(&req).and_then(|()| upgrade::classify(&mut req)) {
                 Ok(upgrade) => self.route(&conn, req, upgrade).await,
-                Err(refused) => *refused,
+                Err(e) => {
+                    self.metrics.request_refused(e.reason());
+                    answer::bad_head(&e, version)
+                }
             };
             if close {
                 res.headers_mut()
@@ -490,26 +494,6 @@ impl App {
             res.body_mut().active = Some(guard);
             res
         }
-    }
-
-    /// Checks `req`'s head ([`head::check`]) and reads how it asks to upgrade
-    /// ([`upgrade::classify`], which makes the upgrade safe to forward).
-    ///
-    /// # Errors
-    ///
-    /// door's 400 or 501 for a head it refuses, counted in `door.requests_refused`.
-    fn check_head(
-        &self,
-        req: &mut Request<Incoming>,
-    ) -> Result<Option<Upgrade>, Box<Response<ResponseBody>>> {
-        if let Err(e) = head::check(req) {
-            self.metrics.request_refused(e.reason());
-            return Err(Box::new(answer::bad_head(&e, req.version())));
-        }
-        upgrade::classify(req).map_err(|e| {
-            self.metrics.request_refused(e.reason());
-            Box::new(answer::bad_upgrade(&e, req.version()))
-        })
     }
 
     async fn route(

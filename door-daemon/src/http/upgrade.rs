@@ -14,6 +14,8 @@
 //!   not a `GET` (RFC 6455 §4.1): door answers 502 instead.
 
 use base64::{Engine as _, engine::general_purpose::STANDARD as BASE64};
+
+use crate::http::head::HeadError;
 use http::{
     HeaderMap, HeaderName, HeaderValue, Method, Request, Response, StatusCode, Version,
     header::{
@@ -46,7 +48,8 @@ pub enum Upgrade {
     },
 }
 
-/// Why an upgrade cannot go on.
+/// Why door cannot carry the upstream's answer to an upgrade (a 502). A client's upgrade door
+/// refuses is a [`HeadError`] ([`classify`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 pub enum UpgradeError {
     /// The upstream answered `101` to a request that asked for no upgrade.
@@ -58,28 +61,6 @@ pub enum UpgradeError {
     /// The upstream's `101` does not carry the `Sec-WebSocket-Accept` of door's key.
     #[error("the upstream's Sec-WebSocket-Accept does not match door's key")]
     BadAccept,
-    /// An extended CONNECT for a protocol other than `websocket` (RFC 8441 defines only it).
-    #[error("extended CONNECT for a protocol door does not carry")]
-    Protocol,
-    /// A plain CONNECT (RFC 9110 §9.3.6): door fronts one application and tunnels to no other
-    /// host.
-    #[error("door does not tunnel CONNECT to other hosts")]
-    Connect,
-}
-
-impl UpgradeError {
-    /// A short fixed name for the `door.reason` attribute of `door.requests_refused`: `connect`
-    /// and `connect_protocol` for the two a client's request causes ([`classify`]), and
-    /// `unrequested`, `not_get`, `bad_accept` for the upstream's answers (not counted there).
-    pub const fn reason(self) -> &'static str {
-        match self {
-            Self::Unrequested => "unrequested",
-            Self::NotGet => "not_get",
-            Self::BadAccept => "bad_accept",
-            Self::Protocol => "connect_protocol",
-            Self::Connect => "connect",
-        }
-    }
 }
 
 /// Reads how `req` asks to upgrade, and makes it safe to forward: `h2c` tokens and
@@ -88,17 +69,17 @@ impl UpgradeError {
 /// request that does not ask (or only asked for `h2c`, which is dropped).
 ///
 /// # Errors
-/// [`UpgradeError::Protocol`] for an extended CONNECT that is not `websocket`;
-/// [`UpgradeError::Connect`] for a plain CONNECT, in either protocol.
-pub fn classify<B>(req: &mut Request<B>) -> Result<Option<Upgrade>, UpgradeError> {
+/// [`HeadError::ConnectProtocol`] for an extended CONNECT that is not `websocket`;
+/// [`HeadError::Connect`] for a plain CONNECT, in either protocol.
+pub fn classify<B>(req: &mut Request<B>) -> Result<Option<Upgrade>, HeadError> {
     req.headers_mut().remove(&HTTP2_SETTINGS);
     if req.method() == Method::CONNECT {
         let protocol = req.extensions_mut().remove::<hyper::ext::Protocol>();
         let Some(protocol) = protocol.filter(|_| req.version() == Version::HTTP_2) else {
-            return Err(UpgradeError::Connect);
+            return Err(HeadError::Connect);
         };
         if !protocol.as_str().eq_ignore_ascii_case("websocket") {
-            return Err(UpgradeError::Protocol);
+            return Err(HeadError::ConnectProtocol);
         }
         let key = websocket_key();
         *req.method_mut() = Method::GET;
@@ -283,11 +264,7 @@ mod tests {
                 .version(version)
                 .body(())
                 .unwrap();
-            assert_eq!(
-                classify(&mut req),
-                Err(UpgradeError::Connect),
-                "{version:?}"
-            );
+            assert_eq!(classify(&mut req), Err(HeadError::Connect), "{version:?}");
         }
         let extended = |protocol: &str| {
             let mut req = Request::connect("/chat")
@@ -300,7 +277,7 @@ mod tests {
         };
         assert_eq!(
             classify(&mut extended("connect-udp")),
-            Err(UpgradeError::Protocol)
+            Err(HeadError::ConnectProtocol)
         );
         let mut req = extended("websocket");
         assert!(matches!(

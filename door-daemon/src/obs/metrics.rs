@@ -129,9 +129,9 @@ impl core::fmt::Display for Outcome {
 ///   list (forwarded unlimited) and the `deny` list (answered 403).
 /// - `door.connections_refused` (counter, `{connection}`): client connections closed at accept,
 ///   per `door.reason` (`max_connections`, `max_connections_per_client`).
-/// - `door.requests_refused` (counter, `{request}`): requests answered 400 or 501 before routing,
-///   per `door.reason` ([`crate::http::head::HeadError::reason`] and the client-side
-///   [`crate::http::upgrade::UpgradeError::reason`]s: a fixed set of ten values).
+/// - `door.requests_refused` (counter, `{request}`): requests door answers 400 or 501 itself
+///   before routing, per `door.reason` ([`crate::http::head::HeadError::REASONS`]). hyper's own
+///   answers to a head it cannot parse (400, 431) are not counted.
 ///
 /// The groups' caps are registered separately, once the groups exist ([`observe_budgets`]).
 #[derive(Clone, Debug)]
@@ -298,8 +298,9 @@ impl Metrics {
             requests_refused: meter
                 .u64_counter("door.requests_refused")
                 .with_description(
-                    "Requests answered 400 or 501 before routing: a head that breaks HTTP's rules \
-                     (Host, target, transfer coding) or a CONNECT door does not carry, by reason",
+                    "Requests door answered 400 or 501 before routing: a head that breaks HTTP's \
+                     rules (Host, target, transfer coding) or a CONNECT door does not carry, by \
+                     reason",
                 )
                 .with_unit("{request}")
                 .build(),
@@ -342,8 +343,8 @@ impl Metrics {
             .add(1, &[KeyValue::new(ATTR_REASON, reason)]);
     }
 
-    /// Counts one request on `door.requests_refused`, with `door.reason` = `reason` (a
-    /// [`crate::http::head::HeadError::reason`] or [`crate::http::upgrade::UpgradeError::reason`]).
+    /// Counts one request on `door.requests_refused`, with `door.reason` = `reason` (one of
+    /// [`crate::http::head::HeadError::REASONS`]).
     pub fn request_refused(&self, reason: &'static str) {
         self.requests_refused
             .add(1, &[KeyValue::new(ATTR_REASON, reason)]);
