@@ -1381,6 +1381,15 @@ fn positive_u32(key: &str, v: i64) -> Result<u32, ConfigError> {
 }
 
 /// Parses a duration such as `"30s"`, `"1500ms"` or `"2m"` (humantime syntax); zero is refused.
+/// The shortest duration a setting takes: 1 ms. Every duration is a timeout or an interval, and
+/// a shorter one would fire before a request could arrive (or spin a sync loop).
+pub const MIN_DURATION: Duration = Duration::from_millis(1);
+
+/// The longest duration a setting takes: 365 days. door computes deadlines as now plus the
+/// setting, which overflows the clock (a panic on the request path) past a few hundred years;
+/// no timeout or interval of door is meant to be longer than a year.
+pub const MAX_DURATION: Duration = Duration::from_secs(365 * 24 * 60 * 60);
+
 fn parse_duration(key: &str, s: &str) -> Result<Duration, ConfigError> {
     let d = humantime::parse_duration(s).map_err(|e| {
         invalid(
@@ -1391,6 +1400,12 @@ fn parse_duration(key: &str, s: &str) -> Result<Duration, ConfigError> {
     })?;
     if d.is_zero() {
         return Err(invalid(key, format!("{s:?}"), "must be longer than zero"));
+    }
+    if d < MIN_DURATION {
+        return Err(invalid(key, format!("{s:?}"), "must be at least 1ms"));
+    }
+    if d > MAX_DURATION {
+        return Err(invalid(key, format!("{s:?}"), "must be at most 365 days"));
     }
     Ok(d)
 }

@@ -354,6 +354,23 @@ fn bad_durations_are_named() {
             .starts_with("group.link.read_timeout = \"30 parsecs\": not a duration")
     );
     assert!(err("[group.link]\nread_timeout = \"0s\"").contains("longer than zero"));
+    // Past the clock's range, a deadline computed from it panicked on the request path.
+    assert_eq!(
+        err("header_read_timeout = \"9223372036854775807s\""),
+        "header_read_timeout = \"9223372036854775807s\": must be at most 365 days"
+    );
+    assert_eq!(
+        err("[group.link]\nread_timeout = \"366days\""),
+        "group.link.read_timeout = \"366days\": must be at most 365 days"
+    );
+    assert_eq!(
+        err("header_read_timeout = \"999us\""),
+        "header_read_timeout = \"999us\": must be at least 1ms"
+    );
+    for ok in ["1ms", "365days"] {
+        let text = format!("[group.link]\nread_timeout = \"{ok}\"");
+        assert!(Config::from_toml("door.toml", &text).is_ok(), "{ok}");
+    }
 }
 
 #[test]
