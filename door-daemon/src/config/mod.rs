@@ -6,6 +6,7 @@
 //! number of tokens per second`); unknown keys are errors too, so a typo never silently falls
 //! back to a default.
 
+mod addresses;
 pub mod print;
 mod reload;
 
@@ -454,6 +455,16 @@ impl Upstream {
         }
         if uri.path_and_query().is_some_and(|pq| pq.as_str() != "/") {
             return Err(bad("must not have a path or query"));
+        }
+        // The `http` crate keeps a port it cannot read as a number without complaint.
+        let port_text = (!authority.as_str().ends_with(']'))
+            .then(|| authority.as_str().rsplit_once(':'))
+            .flatten()
+            .map(|(_, p)| p);
+        if let Some(p) = port_text
+            && (!p.bytes().all(|b| b.is_ascii_digit()) || !p.parse::<u16>().is_ok_and(|n| n > 0))
+        {
+            return Err(bad(&format!("port {p:?} is not a TCP port (1-65535)")));
         }
         Ok(Self { scheme, authority })
     }
@@ -998,6 +1009,9 @@ impl Config {
             )?;
 
         let max_header_fields = build_max_header_fields(file.max_header_fields, o)?;
+        let keyed: Vec<(String, SocketAddr)> =
+            listeners.iter().map(|l| (l.key.clone(), l.addr)).collect();
+        addresses::check(&keyed, admin_listen.as_ref(), &upstream)?;
 
         Ok(Self {
             listen,
@@ -1388,7 +1402,7 @@ pub const MIN_DURATION: Duration = Duration::from_millis(1);
 /// The longest duration a setting takes: 365 days. door computes deadlines as now plus the
 /// setting, which overflows the clock (a panic on the request path) past a few hundred years;
 /// no timeout or interval of door is meant to be longer than a year.
-pub const MAX_DURATION: Duration = Duration::from_secs(365 * 24 * 60 * 60);
+pub const MAX_DURATION: Duration = Duration::from_hours(365 * 24);
 
 fn parse_duration(key: &str, s: &str) -> Result<Duration, ConfigError> {
     let d = humantime::parse_duration(s).map_err(|e| {
@@ -1933,9 +1947,7 @@ fn build_xdp(
         Some(v) => positive_u32("xdp.max_prefixes", v)?,
         None => DEFAULT_MAX_PREFIXES,
     };
-    let allow = parse_cidrs("xdp.allow", &f.allow.unwrap_or_default())?
-        .nets()
-        .to_vec();
+    let allow = access_list("xdp.allow", &f.allow.unwrap_or_default())?;
     let escalate_after = match f.escalate_after {
         Some(0) | None => 0,
         Some(v) => positive_u32("xdp.escalate_after", v)?,

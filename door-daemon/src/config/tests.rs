@@ -553,3 +553,34 @@ fn listeners_on_port_0_give_no_default_xdp_ports() {
     let c = Config::from_toml("t", "listen = [\"127.0.0.1:0\"]").unwrap();
     assert!(c.xdp.ports.is_empty(), "no shield, no ports to protect");
 }
+
+#[test]
+fn sockets_bound_twice_and_an_upstream_that_is_door_are_named() {
+    assert_eq!(
+        err("listen = [\"127.0.0.1:8443\", \"0.0.0.0:8443\"]"),
+        "listen[1] = \"0.0.0.0:8443\": is the same socket as listen[0]"
+    );
+    assert!(
+        err("listen = [\"[::]:8443\"]\nadmin_listen = \"[::1]:8443\"")
+            .starts_with("admin_listen = \"[::1]:8443\": is the same socket as listen[0]")
+    );
+    assert_eq!(
+        err("listen = [\"[::]:8443\"]\nupstream = \"http://127.0.0.1:8443\""),
+        "upstream = \"http://127.0.0.1:8443\": is door's own listen[0]: every request would come \
+         back into door"
+    );
+    assert_eq!(
+        err("upstream = \"http://127.0.0.1:99999\""),
+        "upstream = \"http://127.0.0.1:99999\": port \"99999\" is not a TCP port (1-65535)"
+    );
+    assert!(err("upstream = \"http://127.0.0.1:0\"").contains("is not a TCP port"));
+    // IPv6 and IPv4 wildcards may both bind (IPV6_V6ONLY); an upstream on another port is fine.
+    let text = "listen = [\"[::]:8443\", \"0.0.0.0:8443\"]\nupstream = \"http://[::1]:3000\"";
+    assert!(Config::from_toml("door.toml", text).is_ok());
+}
+
+#[test]
+fn xdp_allow_refuses_a_zero_prefix_in_its_own_words() {
+    let e = err("[xdp]\nmode = \"off\"\nallow = [\"0.0.0.0/0\"]");
+    assert!(e.starts_with("xdp.allow = \"0.0.0.0/0\": a /0 covers every address"), "{e}");
+}

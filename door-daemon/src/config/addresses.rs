@@ -1,0 +1,128 @@
+//! Checks across the addresses door binds and calls: two `listen` entries that are the same
+//! socket, an `admin_listen` on a `listen` socket, an `upstream` that is one of door's own
+//! listeners. Each would pass every key's own check and then fail at start with "address already
+//! in use" (exit 1, restarted by systemd in a loop), or, for the upstream, send every request
+//! back into door until a limit stopped it.
+
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+
+use super::{AdminListen, ConfigError, Upstream, invalid};
+
+/// Whether a socket bound to `a` and one bound to `b` would claim the same port: the same port
+/// (not 0, which the kernel picks) and the same address, or the unspecified address of the same
+/// family on one side. `[::]` and `0.0.0.0` are not taken to overlap: with `IPV6_V6ONLY` (or
+/// `net.ipv6.bindv6only = 1`) both bind.
+fn same_socket(a: SocketAddr, b: SocketAddr) -> bool {
+    a.port() != 0
+        && a.port() == b.port()
+        && (a.ip() == b.ip()
+            || (a.is_ipv4() == b.is_ipv4() && (a.ip().is_unspecified() || b.ip().is_unspecified())))
+}
+
+/// Whether a connection to `upstream` (the host as written, `port` its port) would reach a
+/// listener bound to `listen`: the same port, and the host is the listener's address, or the
+/// listener is on an unspecified address and the host is a loopback or unspecified address
+/// (or `localhost`), of either family: `[::]` accepts IPv4 too where the kernel allows it. A
+/// name other than `localhost` is not resolved, and an address of this machine's that the
+/// listener covers through its wildcard is not known here: neither is refused.
+fn reaches(host: &str, port: u16, listen: SocketAddr) -> bool {
+    if listen.port() == 0 || port != listen.port() {
+        return false;
+    }
+    let host = host
+        .strip_prefix('[')
+        .and_then(|h| h.strip_suffix(']'))
+        .unwrap_or(host);
+    let ip = if host.eq_ignore_ascii_case("localhost") {
+        IpAddr::V4(Ipv4Addr::LOCALHOST)
+    } else if let Ok(ip) = host.parse::<IpAddr>() {
+        ip
+    } else {
+        // A name door does not resolve here: it may well be another machine.
+        return false;
+    };
+    if listen.ip().is_unspecified() {
+        ip.is_loopback() || ip.is_unspecified()
+    } else {
+        let unmapped = |ip: IpAddr| match ip {
+            IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(IpAddr::V6(v6), IpAddr::V4),
+            v4 @ IpAddr::V4(_) => v4,
+        };
+        unmapped(ip) == unmapped(listen.ip())
+    }
+}
+
+/// Checks `listen` (each entry with its key, `listen[i]`), `admin_listen` and `upstream`
+/// against each other.
+///
+/// # Errors
+///
+/// [`ConfigError::Invalid`] naming the later of two `listen` entries on the same socket,
+/// `admin_listen` on a `listen` socket, or `upstream` when it is one of door's listeners.
+pub(super) fn check(
+    listen: &[(String, SocketAddr)],
+    admin: Option<&AdminListen>,
+    upstream: &Upstream,
+) -> Result<(), ConfigError> {
+    for (i, (key, addr)) in listen.iter().enumerate() {
+        if let Some((other, _)) = listen.iter().take(i).find(|(_, a)| same_socket(*a, *addr)) {
+            return Err(invalid(
+                key.as_str(),
+                format!("{:?}", addr.to_string()),
+                format!("is the same socket as {other}"),
+            ));
+        }
+    }
+    if let Some(AdminListen::Tcp(admin)) = admin
+        && let Some((other, _)) = listen.iter().find(|(_, a)| same_socket(*a, *admin))
+    {
+        return Err(invalid(
+            "admin_listen",
+            format!("{:?}", admin.to_string()),
+            format!("is the same socket as {other}: give the admin listener a port of its own"),
+        ));
+    }
+    let host = upstream.authority.host();
+    let port = upstream.authority.port_u16().unwrap_or(80);
+    if let Some((other, _)) = listen.iter().find(|(_, a)| reaches(host, port, *a)) {
+        return Err(invalid(
+            "upstream",
+            format!("{:?}", upstream.to_string()),
+            format!("is door's own {other}: every request would come back into door"),
+        ));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{reaches, same_socket};
+
+    fn a(s: &str) -> std::net::SocketAddr {
+        s.parse().unwrap()
+    }
+
+    #[test]
+    fn sockets_overlap_on_the_same_port_and_address_or_a_wildcard_of_the_family() {
+        assert!(same_socket(a("127.0.0.1:8443"), a("127.0.0.1:8443")));
+        assert!(same_socket(a("0.0.0.0:8443"), a("127.0.0.1:8443")));
+        assert!(same_socket(a("[::1]:8443"), a("[::]:8443")));
+        assert!(!same_socket(a("[::]:8443"), a("0.0.0.0:8443")));
+        assert!(!same_socket(a("127.0.0.1:8443"), a("127.0.0.2:8443")));
+        assert!(!same_socket(a("127.0.0.1:8443"), a("127.0.0.1:8444")));
+        assert!(!same_socket(a("127.0.0.1:0"), a("127.0.0.1:0")));
+    }
+
+    #[test]
+    fn an_upstream_reaches_a_listener_on_its_address_or_a_wildcard() {
+        assert!(reaches("127.0.0.1", 8443, a("[::]:8443")));
+        assert!(reaches("localhost", 8443, a("0.0.0.0:8443")));
+        assert!(reaches("[::1]", 8443, a("[::1]:8443")));
+        assert!(reaches("192.0.2.1", 8443, a("192.0.2.1:8443")));
+        assert!(reaches("[::ffff:192.0.2.1]", 8443, a("192.0.2.1:8443")));
+        assert!(!reaches("192.0.2.1", 8443, a("[::]:8443")));
+        assert!(!reaches("127.0.0.1", 3000, a("[::]:8443")));
+        assert!(!reaches("app.internal", 8443, a("[::]:8443")));
+        assert!(!reaches("127.0.0.1", 0, a("127.0.0.1:0")));
+    }
+}
