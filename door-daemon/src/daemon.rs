@@ -65,6 +65,38 @@ pub enum ServeError {
     Workers(std::io::Error),
 }
 
+impl ServeError {
+    /// Whether the configuration is at fault (the TLS pair, the cluster store's URL or CA file),
+    /// so that restarting cannot help: `door` exits with `EX_CONFIG` for these.
+    pub const fn is_config(&self) -> bool {
+        matches!(
+            self,
+            Self::Tls(_)
+                | Self::Cluster(
+                    crate::cluster::ClusterError::Url(_)
+                        | crate::cluster::ClusterError::CaFile { .. }
+                )
+        )
+    }
+}
+
+/// What start-up reads besides the configuration, read without binding or connecting anything:
+/// the TLS pair, and the cluster store's URL and CA file. `door check-config` runs it, so that a
+/// configuration it accepts does not fail at start on these.
+///
+/// # Errors
+///
+/// [`ServeError::Tls`], [`ServeError::Cluster`]: see [`ServeError::is_config`].
+pub fn preflight(config: &Config) -> Result<(), ServeError> {
+    if let Some(tls) = &config.tls {
+        crate::http::tls::load(tls)?;
+    }
+    if config.cluster.redis.is_some() {
+        crate::cluster::client(&config.cluster)?;
+    }
+    Ok(())
+}
+
 /// Re-reads the configuration for a reload (flags, environment and the file, as at start).
 pub type Reloader = Box<dyn Fn() -> Result<Config, ConfigError> + Send>;
 

@@ -90,9 +90,12 @@ fn main() -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("door: {}", describe(&e));
-            if e.chain()
-                .any(|c| c.is::<ConfigError>() || c.is::<UsageError>())
-            {
+            if e.chain().any(|c| {
+                c.is::<ConfigError>()
+                    || c.is::<UsageError>()
+                    || c.downcast_ref::<door_daemon::daemon::ServeError>()
+                        .is_some_and(door_daemon::daemon::ServeError::is_config)
+            }) {
                 ExitCode::from(EX_CONFIG)
             } else {
                 ExitCode::from(EX_FAILURE)
@@ -193,6 +196,7 @@ fn run(cli: &Cli) -> anyhow::Result<()> {
         .context("invalid configuration")?;
     match &cli.command {
         Some(Command::CheckConfig) => {
+            door_daemon::daemon::preflight(&config)?;
             print_effective_config(&config);
             Ok(())
         }

@@ -341,3 +341,43 @@ fn door_key_names_the_flag_of_a_header_line_no_header_can_carry() {
         "{stderr}"
     );
 }
+
+/// The files the configuration names are read by `check-config` as at start: a certificate that
+/// is not PEM, a path to something endless, and a cluster CA file that is missing each exit 78
+/// naming the file, where start-up used to fail with 1 (or read `/dev/zero` without end).
+#[test]
+fn unusable_tls_and_cluster_files_exit_78_naming_the_file() {
+    let notes = TempFile::new("not-pem", "");
+    let not_pem = notes.dir.join("cert.pem");
+    std::fs::write(&not_pem, "not a certificate\n").expect("write the file");
+    for (name, text, named) in [
+        (
+            "tls-not-pem",
+            format!(
+                "listen = [\"127.0.0.1:0\"]\n[tls]\ncert = {:?}\nkey = {:?}\n",
+                not_pem.display().to_string(),
+                not_pem.display().to_string()
+            ),
+            format!("tls.cert = {not_pem:?}: no PEM CERTIFICATE block"),
+        ),
+        (
+            "tls-endless",
+            "listen = [\"127.0.0.1:0\"]\n[tls]\ncert = \"/dev/zero\"\nkey = \"/dev/zero\"\n"
+                .to_owned(),
+            "tls.cert = \"/dev/zero\": larger than 1048576 bytes".to_owned(),
+        ),
+        (
+            "cluster-ca",
+            "[cluster]\nredis = \"rediss://127.0.0.1:6380\"\nca_file = \"/nonexistent/ca.pem\"\n"
+                .to_owned(),
+            "cluster.ca_file /nonexistent/ca.pem".to_owned(),
+        ),
+    ] {
+        let file = TempFile::new(name, &text);
+        let out = check_config(&file);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(78), "{name}: {stderr}");
+        assert!(stderr.contains(&named), "{name}: {stderr}");
+        assert!(out.stdout.is_empty(), "{name}: nothing printed on stdout");
+    }
+}

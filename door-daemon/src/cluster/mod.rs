@@ -310,6 +310,38 @@ pub fn door_id() -> String {
     )
 }
 
+/// The Redis client of `[cluster]` `config` (its `redis` set; none is the empty URL, refused):
+/// the URL parsed and `cluster.ca_file` read, nothing connected. [`spawn`] uses it, and
+/// `door check-config` calls it so that a file start would fail on fails the check too.
+///
+/// # Errors
+///
+/// [`ClusterError::Url`] when the URL cannot be used or `cluster.ca_file` holds no usable PEM
+/// certificate; [`ClusterError::CaFile`] when that file cannot be read.
+pub fn client(config: &ClusterConfig) -> Result<redis::Client, ClusterError> {
+    let url = config.redis.as_deref().unwrap_or_default();
+    let client = match &config.ca_file {
+        // A `rediss://` store whose certificate chains to these CAs rather than the system's.
+        Some(path) => {
+            let pem =
+                crate::http::tls::read_pem_file(path).map_err(|source| ClusterError::CaFile {
+                    path: path.clone(),
+                    source,
+                })?;
+            redis::Client::build_with_tls(
+                url,
+                redis::TlsCertificates {
+                    client_tls: None,
+                    root_cert: Some(pem),
+                },
+            )
+            .map_err(ClusterError::Url)?
+        }
+        None => redis::Client::open(url).map_err(ClusterError::Url)?,
+    };
+    Ok(client)
+}
+
 /// Starts the sync task for `app`'s groups and planes with `[cluster]` `config` (its `redis`
 /// set), as door `id`. With `blocks` (the door has a shield), the task also publishes the blocks
 /// queued on it and puts the other doors' blocks on it ([`blocks`]). The connection is made
@@ -327,25 +359,7 @@ pub fn spawn(
     metrics: ClusterMetrics,
     id: String,
 ) -> Result<Cluster, ClusterError> {
-    let url = config.redis.as_deref().unwrap_or_default();
-    let client = match &config.ca_file {
-        // A `rediss://` store whose certificate chains to these CAs rather than the system's.
-        Some(path) => {
-            let pem = std::fs::read(path).map_err(|source| ClusterError::CaFile {
-                path: path.clone(),
-                source,
-            })?;
-            redis::Client::build_with_tls(
-                url,
-                redis::TlsCertificates {
-                    client_tls: None,
-                    root_cert: Some(pem),
-                },
-            )
-            .map_err(ClusterError::Url)?
-        }
-        None => redis::Client::open(url).map_err(ClusterError::Url)?,
-    };
+    let client = client(config)?;
     let manager_config = ConnectionManagerConfig::new()
         .set_connection_timeout(Some(config.timeout))
         .set_response_timeout(Some(config.timeout))

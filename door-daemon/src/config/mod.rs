@@ -1773,20 +1773,41 @@ fn build_tls(file: Option<TlsFile>, o: &Overrides) -> Result<Option<TlsConfig>, 
     }))
 }
 
+/// `url` as an error message may show it: a password or user name in it replaced by `<elided>`
+/// (the message reaches the journal).
+fn redis_url_shown(url: &str) -> String {
+    match url.split_once("://") {
+        Some((scheme, rest)) => {
+            let authority_end = rest.find('/').unwrap_or(rest.len());
+            match rest.get(..authority_end).and_then(|a| a.rfind('@')) {
+                Some(at) => format!("{scheme}://<elided>{}", rest.get(at..).unwrap_or_default()),
+                None => url.to_owned(),
+            }
+        }
+        None => url.to_owned(),
+    }
+}
+
 fn build_cluster(file: Option<ClusterFile>, o: &Overrides) -> Result<ClusterConfig, ConfigError> {
     let f = file.unwrap_or_default();
     let redis = o.cluster_redis.clone().or(f.redis);
     if let Some(url) = &redis {
+        let shown = format!("{:?}", redis_url_shown(url));
         let scheme_ok = url
             .split_once("://")
             .is_some_and(|(scheme, rest)| matches!(scheme, "redis" | "rediss") && !rest.is_empty());
         if !scheme_ok {
             return Err(invalid(
                 "cluster.redis",
-                format!("{url:?}"),
+                shown,
                 "not a redis:// or rediss:// URL",
             ));
         }
+        // What the Redis client will read at start: host, a port up to 65535, a database number.
+        let parsed = url::Url::parse(url)
+            .map_err(|e| invalid("cluster.redis", &shown, format!("not a URL ({e})")))?;
+        redis::IntoConnectionInfo::into_connection_info(parsed)
+            .map_err(|e| invalid("cluster.redis", &shown, e.to_string()))?;
     }
     let nonzero = |key: &str, s: Option<String>, default: Duration| match s {
         Some(s) => {

@@ -582,5 +582,25 @@ fn sockets_bound_twice_and_an_upstream_that_is_door_are_named() {
 #[test]
 fn xdp_allow_refuses_a_zero_prefix_in_its_own_words() {
     let e = err("[xdp]\nmode = \"off\"\nallow = [\"0.0.0.0/0\"]");
-    assert!(e.starts_with("xdp.allow = \"0.0.0.0/0\": a /0 covers every address"), "{e}");
+    assert!(
+        e.starts_with("xdp.allow = \"0.0.0.0/0\": a /0 covers every address"),
+        "{e}"
+    );
+}
+
+#[test]
+fn a_redis_url_the_client_cannot_read_is_named_without_its_password() {
+    let e = err("[cluster]\nredis = \"redis://:hunter2@127.0.0.1:99999/0\"");
+    assert_eq!(
+        e,
+        "cluster.redis = \"redis://<elided>@127.0.0.1:99999/0\": not a URL (invalid port number)"
+    );
+    let e = err("[cluster]\nredis = \"redis://127.0.0.1:6379/notanumber\"");
+    assert!(
+        e.starts_with("cluster.redis = \"redis://127.0.0.1:6379/notanumber\": "),
+        "{e}"
+    );
+    assert!(e.to_lowercase().contains("database"), "{e}");
+    let ok = "[cluster]\nredis = \"rediss://door:pw@redis.internal:6380/2\"";
+    assert!(Config::from_toml("door.toml", ok).is_ok());
 }

@@ -5,7 +5,11 @@
 //! [`load`] reads and checks the certificate chain and key before anything is bound, so a bad
 //! or missing pair stops start-up with an error naming the file.
 
-use std::{path::PathBuf, sync::Arc};
+use std::{
+    io::Read as _,
+    path::{Path, PathBuf},
+    sync::Arc,
+};
 
 use rustls::{
     ServerConfig,
@@ -50,9 +54,32 @@ pub enum TlsError {
     },
 }
 
-/// Builds the rustls server configuration of `cfg`: reads the PEM chain and key, checks that the
-/// key signs for the leaf certificate, restricts the protocol versions and offers ALPN
-/// [`ALPN`].
+/// The largest certificate or key file door reads, in bytes: 1 MiB. A chain of a few
+/// certificates in PEM is a few KiB; a path to something else (`/dev/zero`, a log) must not be
+/// read without end.
+pub const MAX_PEM_FILE: u64 = 1024 * 1024;
+
+/// Reads the PEM file at `path` whole (a certificate chain, a key, `cluster.ca_file`'s CAs).
+///
+/// # Errors
+///
+/// The I/O error; [`std::io::ErrorKind::FileTooLarge`] past [`MAX_PEM_FILE`] bytes.
+pub fn read_pem_file(path: &Path) -> std::io::Result<Vec<u8>> {
+    let file = std::fs::File::open(path)?;
+    let mut bytes = Vec::new();
+    file.take(MAX_PEM_FILE + 1).read_to_end(&mut bytes)?;
+    if bytes.len() as u64 > MAX_PEM_FILE {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::FileTooLarge,
+            format!("larger than {MAX_PEM_FILE} bytes: not a PEM file"),
+        ));
+    }
+    Ok(bytes)
+}
+
+/// Builds the rustls server configuration of `cfg`: reads the PEM chain and key (at most
+/// [`MAX_PEM_FILE`] bytes each), checks that the key signs for the leaf certificate, restricts
+/// the protocol versions and offers ALPN [`ALPN`].
 ///
 /// # Errors
 /// [`TlsError`] naming the certificate or key file.
@@ -61,17 +88,19 @@ pub fn load(cfg: &TlsConfig) -> Result<Arc<ServerConfig>, TlsError> {
         path: cfg.cert.clone(),
         reason,
     };
-    let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(&cfg.cert)
-        .map_err(|e| cert_err(e.to_string()))?
+    let pem = read_pem_file(&cfg.cert).map_err(|e| cert_err(e.to_string()))?;
+    let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_slice_iter(&pem)
         .collect::<Result<_, _>>()
         .map_err(|e| cert_err(e.to_string()))?;
     if certs.is_empty() {
         return Err(cert_err("no PEM CERTIFICATE block".to_owned()));
     }
-    let key = PrivateKeyDer::from_pem_file(&cfg.key).map_err(|e| TlsError::Key {
+    let key_err = |reason: String| TlsError::Key {
         path: cfg.key.clone(),
-        reason: e.to_string(),
-    })?;
+        reason,
+    };
+    let pem = read_pem_file(&cfg.key).map_err(|e| key_err(e.to_string()))?;
+    let key = PrivateKeyDer::from_pem_slice(&pem).map_err(|e| key_err(e.to_string()))?;
     let mismatch = |reason: String| TlsError::Mismatch {
         cert: cfg.cert.clone(),
         key: cfg.key.clone(),
