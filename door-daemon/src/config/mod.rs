@@ -1298,11 +1298,30 @@ fn default_groups() -> BTreeMap<String, GroupConfig> {
     ])
 }
 
+/// The longest group name, in bytes.
+const LONGEST_GROUP_NAME: usize = 64;
+
+/// A group's name is shown in metrics (`door.group`), `/status`, the 429 body, `door top`'s
+/// terminal and the printed configuration (as a TOML key on one line): 1 to
+/// [`LONGEST_GROUP_NAME`] bytes without control characters.
+fn check_group_name(name: &str) -> Result<(), ConfigError> {
+    if !name.is_empty() && name.len() <= LONGEST_GROUP_NAME && !name.chars().any(char::is_control) {
+        Ok(())
+    } else {
+        Err(invalid(
+            "group",
+            format!("{name:?}"),
+            "a group name is 1 to 64 bytes without control characters",
+        ))
+    }
+}
+
 fn build_groups(
     files: BTreeMap<String, GroupFile>,
 ) -> Result<BTreeMap<String, GroupConfig>, ConfigError> {
     let mut groups = default_groups();
     for (name, g) in files {
+        check_group_name(&name)?;
         let key = |k: &str| format!("group.{name}.{k}");
         let mut cfg = if let Some(existing) = groups.get(&name) {
             existing.clone()

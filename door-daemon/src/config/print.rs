@@ -183,7 +183,13 @@ fn write_otlp(w: &mut TomlWriter, otlp: &crate::config::OtlpConfig) {
     if endpoint.is_some() || interval.is_some() {
         w.table("otlp");
         if let Some(endpoint) = endpoint {
-            w.clear("endpoint", endpoint.clone());
+            // As `cluster.redis`: a URL with credentials (`https://user:token@collector`) is a
+            // secret, and check-config's output reaches the journal.
+            if endpoint.contains('@') {
+                w.clear("endpoint", ELIDED);
+            } else {
+                w.clear("endpoint", endpoint.clone());
+            }
         }
         if let Some(interval) = interval {
             w.clear("interval", duration(*interval));
@@ -557,6 +563,16 @@ block_for = "1h 30m"
             printed.contains("trusted_proxies = [\"192.0.2.10/32\", \"2001:db8::/64\"]"),
             "{printed}"
         );
+    }
+
+    #[test]
+    fn urls_with_credentials_print_elided() {
+        let text = "[otlp]\nendpoint = \"http://user:secret@collector:4318\"\n\
+                    [cluster]\nredis = \"redis://:secret@127.0.0.1:6379\"\n";
+        let printed = Config::from_toml("door.toml", text).unwrap().to_toml();
+        assert!(!printed.contains("secret"), "{printed}");
+        assert!(printed.contains("endpoint = \"<elided>\""), "{printed}");
+        assert!(printed.contains("redis = \"<elided>\""), "{printed}");
     }
 
     #[test]

@@ -604,3 +604,18 @@ fn a_redis_url_the_client_cannot_read_is_named_without_its_password() {
     let ok = "[cluster]\nredis = \"rediss://door:pw@redis.internal:6380/2\"";
     assert!(Config::from_toml("door.toml", ok).is_ok());
 }
+
+#[test]
+fn group_names_have_no_control_characters() {
+    // An escape sequence would reach door top's terminal; a newline broke the printed file.
+    assert_eq!(
+        err("[group.\"a\\u001b[2J\"]\nrate = 1.0\nburst = 1"),
+        "group = \"a\\u{1b}[2J\": a group name is 1 to 64 bytes without control characters"
+    );
+    assert!(err("[group.\"a\\nb\"]\nrate = 1.0\nburst = 1").starts_with("group = \"a\\nb\""));
+    assert!(err("[group.\"\"]\nrate = 1.0\nburst = 1").starts_with("group = \"\""));
+    let long = "g".repeat(65);
+    assert!(err(&format!("[group.{long}]\nrate = 1.0\nburst = 1")).contains("1 to 64 bytes"));
+    let ok = "[group.\"api v2_write\"]\nrate = 1.0\nburst = 1";
+    assert!(Config::from_toml("door.toml", ok).is_ok());
+}

@@ -26,6 +26,19 @@ pub enum RouteError {
         /// The offending segment.
         segment: String,
     },
+    /// The path holds a character no request path can carry: a `?` or `#` (a request's query
+    /// and fragment are not part of its path), a space, a control character or a character
+    /// outside ASCII (request paths carry those percent-encoded). Such a route would never match.
+    #[error(
+        "route.path = {path:?}: {found:?} never appears in a request path (routes match the path \
+         alone, without the query; other characters percent-encoded), so the route would never match"
+    )]
+    NeverMatches {
+        /// The offending path.
+        path: String,
+        /// The first such character.
+        found: char,
+    },
     /// A method name is not an HTTP token, or is longer than 32 bytes.
     #[error("route.methods = {0:?}: not an HTTP method (a token of at most 32 characters)")]
     BadMethod(String),
@@ -51,11 +64,21 @@ impl PathPattern {
     /// Parses `/a/{name}/b`.
     ///
     /// # Errors
-    /// [`RouteError::NotAbsolute`] without a leading `/`; [`RouteError::BadWildcard`] for a
-    /// segment like `x{id}` or `{}`.
+    /// [`RouteError::NotAbsolute`] without a leading `/`; [`RouteError::NeverMatches`] for a
+    /// character no request path carries; [`RouteError::BadWildcard`] for a segment like `x{id}`
+    /// or `{}`.
     pub fn parse(path: &str) -> Result<Self, RouteError> {
         if !path.starts_with('/') {
             return Err(RouteError::NotAbsolute(path.to_owned()));
+        }
+        if let Some(found) = path
+            .chars()
+            .find(|&c| matches!(c, '?' | '#') || !c.is_ascii_graphic())
+        {
+            return Err(RouteError::NeverMatches {
+                path: path.to_owned(),
+                found,
+            });
         }
         let mut segments = Vec::new();
         for segment in normalise(path) {
@@ -374,6 +397,18 @@ mod tests {
             PathPattern::parse("/l/{}"),
             Err(RouteError::BadWildcard { .. })
         ));
+        // A request's query is not part of its path; a space or `ü` arrives percent-encoded.
+        for (path, found) in [("/q?x=1", '?'), ("/a#b", '#'), ("/a b", ' '), ("/ü", 'ü')] {
+            assert_eq!(
+                PathPattern::parse(path),
+                Err(RouteError::NeverMatches {
+                    path: path.into(),
+                    found
+                }),
+                "{path}"
+            );
+        }
+        assert!(PathPattern::parse("/a/%C3%BC/{id}/~x!$&'()*+,;=:@").is_ok());
         assert_eq!(
             Route::new("link", &["GE T".into()], "/x").unwrap_err(),
             RouteError::BadMethod("GE T".into())
