@@ -351,6 +351,13 @@ async fn serve_until_term(
                 notify(&[sd_notify::NotifyState::Reloading]);
                 match reload() {
                     Ok(new) => {
+                        if new.routes.is_empty() && !config.routes.is_empty() {
+                            // An emptied or truncated file is a valid configuration of defaults.
+                            tracing::warn!(
+                                before = config.routes.len(),
+                                "the reloaded configuration has no routes: from now on no request is limited"
+                            );
+                        }
                         let restart = app.reload(&new, &config);
                         reconfigure_shield(shield, &new);
                         reload_tls(front, &new);

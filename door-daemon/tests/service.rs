@@ -195,6 +195,17 @@ burst = {link_burst}
 }
 
 fn start(dir: &Dir, notify: &Notify, cfg: &str, watchdog_usec: Option<u64>) -> Door {
+    start_logging(dir, notify, cfg, watchdog_usec, Stdio::inherit())
+}
+
+/// [`start`] with door's log (stderr) sent to `log`.
+fn start_logging(
+    dir: &Dir,
+    notify: &Notify,
+    cfg: &str,
+    watchdog_usec: Option<u64>,
+    log: Stdio,
+) -> Door {
     let file = dir.0.join("door.toml");
     std::fs::write(&file, cfg).unwrap();
     // Through `sh -c 'exec …'` so that, as systemd does, WATCHDOG_PID names door's own pid ($$
@@ -206,7 +217,8 @@ fn start(dir: &Dir, notify: &Notify, cfg: &str, watchdog_usec: Option<u64>) -> D
         .arg(&file)
         .env("NOTIFY_SOCKET", &notify.path)
         .env("RUST_LOG", "warn")
-        .stdin(Stdio::null());
+        .stdin(Stdio::null())
+        .stderr(log);
     if let Some(usec) = watchdog_usec {
         cmd.env("WATCHDOG_USEC", usec.to_string());
     }
@@ -304,4 +316,42 @@ fn reload_keeps_drained_buckets_in_proportion_and_applies_new_trusted_proxies_at
 
     door.signal("-TERM");
     assert_eq!(door.wait(Duration::from_secs(20)), Some(0));
+}
+
+/// A reload to a file without routes (emptied or truncated by mistake) is a valid configuration
+/// of defaults, and lifts every limit: door applies it and says so in its log.
+#[test]
+fn a_reload_that_removes_every_route_is_applied_with_a_warning() {
+    let dir = Dir::new("no-routes");
+    let notify = Notify::bind(&dir.0);
+    let port = free_port();
+    let up = upstream();
+    let cfg = config(port, up, 1, "", "0.001");
+    let mut door = start_logging(&dir, &notify, &cfg, None, Stdio::piped());
+    notify.until("READY=1");
+    assert_eq!(get(port, "/l/a", None), 200);
+    assert_eq!(get(port, "/l/a", None), 429);
+
+    let bare = format!(
+        "listen = [\"127.0.0.1:{port}\"]\nupstream = \"http://{up}\"\nadmin_listen = \"off\"\n"
+    );
+    std::fs::write(dir.0.join("door.toml"), bare).unwrap();
+    door.signal("-HUP");
+    notify.until("RELOADING=1");
+    notify.until("READY=1");
+    assert_eq!(get(port, "/l/a", None), 200, "no route: no limit");
+
+    door.signal("-TERM");
+    assert_eq!(door.wait(Duration::from_secs(20)), Some(0));
+    let mut log = String::new();
+    door.0
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut log)
+        .unwrap();
+    assert!(
+        log.contains("the reloaded configuration has no routes"),
+        "{log}"
+    );
 }
