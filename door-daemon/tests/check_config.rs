@@ -381,3 +381,28 @@ fn unusable_tls_and_cluster_files_exit_78_naming_the_file() {
         assert!(out.stdout.is_empty(), "{name}: nothing printed on stdout");
     }
 }
+
+/// The switches take the spellings systemd units and shells use: `1`, `yes`, `on` as well as
+/// `true`, from the environment or as a flag's value.
+#[test]
+fn switches_take_1_yes_and_on() {
+    for (how, value) in [("env", "1"), ("env", "yes"), ("flag", "on"), ("env", "0")] {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_door"));
+        for (k, _) in std::env::vars_os() {
+            if k.to_string_lossy().starts_with("DOOR_") {
+                cmd.env_remove(k);
+            }
+        }
+        cmd.arg("check-config");
+        if how == "env" {
+            cmd.env("DOOR_DISABLE_ANON_ROUTE_LIMITS", value);
+        } else {
+            cmd.arg(format!("--disable-anon-route-limits={value}"));
+        }
+        let out = cmd.output().expect("run door");
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success(), "{how} {value}: {out:?}");
+        let want = format!("disable_anon_route_limits = {}", value != "0");
+        assert!(stdout.lines().any(|l| l == want), "{how} {value}: {stdout}");
+    }
+}

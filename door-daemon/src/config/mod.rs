@@ -684,8 +684,9 @@ pub struct Overrides {
     #[arg(long, env = "DOOR_FORWARDED_HEADER", global = true)]
     pub forwarded_header: Option<String>,
 
-    /// Shadow mode: admit everything, count what would have been refused.
-    #[arg(long, env = "DOOR_DISABLE_ANON_ROUTE_LIMITS", global = true, num_args = 0..=1, default_missing_value = "true")]
+    /// Shadow mode: admit everything, count what would have been refused. `true`/`false`, or
+    /// `1`/`0`, `yes`/`no`, `on`/`off`.
+    #[arg(long, env = "DOOR_DISABLE_ANON_ROUTE_LIMITS", global = true, num_args = 0..=1, default_missing_value = "true", value_parser = clap::builder::BoolishValueParser::new())]
     pub disable_anon_route_limits: Option<bool>,
 
     /// Interface the XDP program attaches to.
@@ -724,8 +725,9 @@ pub struct Overrides {
     #[arg(long, env = "DOOR_UPSTREAM_TIMEOUT", global = true)]
     pub upstream_timeout: Option<String>,
 
-    /// Send RateLimit-Policy and RateLimit fields on limited routes. Default true.
-    #[arg(long, env = "DOOR_RATELIMIT_HEADERS", global = true, num_args = 0..=1, default_missing_value = "true")]
+    /// Send RateLimit-Policy and RateLimit fields on limited routes. Default true. `true`/`false`,
+    /// or `1`/`0`, `yes`/`no`, `on`/`off`.
+    #[arg(long, env = "DOOR_RATELIMIT_HEADERS", global = true, num_args = 0..=1, default_missing_value = "true", value_parser = clap::builder::BoolishValueParser::new())]
     pub ratelimit_headers: Option<bool>,
 
     /// OTLP/HTTP collector base URL (e.g. http://127.0.0.1:4318); OTEL_EXPORTER_OTLP_* also work.
