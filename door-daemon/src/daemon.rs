@@ -355,7 +355,7 @@ async fn serve_until_term(
                             // An emptied or truncated file is a valid configuration of defaults.
                             tracing::warn!(
                                 before = config.routes.len(),
-                                "the reloaded configuration has no routes: from now on no request is limited"
+                                "the reloaded configuration has no routes: no route group limits a request now"
                             );
                         }
                         let restart = app.reload(&new, &config);

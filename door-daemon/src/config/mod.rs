@@ -1415,7 +1415,6 @@ fn positive_u32(key: &str, v: i64) -> Result<u32, ConfigError> {
         .ok_or_else(|| invalid(key, v, "must be a whole number from 1 to 4294967295"))
 }
 
-/// Parses a duration such as `"30s"`, `"1500ms"` or `"2m"` (humantime syntax); zero is refused.
 /// The shortest duration a setting takes: 1 ms. Every duration is a timeout or an interval, and
 /// a shorter one would fire before a request could arrive (or spin a sync loop).
 pub const MIN_DURATION: Duration = Duration::from_millis(1);
@@ -1425,6 +1424,8 @@ pub const MIN_DURATION: Duration = Duration::from_millis(1);
 /// no timeout or interval of door is meant to be longer than a year.
 pub const MAX_DURATION: Duration = Duration::from_hours(365 * 24);
 
+/// Parses a duration such as `"30s"`, `"1500ms"` or `"2m"` (humantime syntax), from
+/// [`MIN_DURATION`] to [`MAX_DURATION`]; zero is refused.
 fn parse_duration(key: &str, s: &str) -> Result<Duration, ConfigError> {
     let d = humantime::parse_duration(s).map_err(|e| {
         invalid(
