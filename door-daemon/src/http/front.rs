@@ -35,7 +35,6 @@ use tokio::{
     net::{TcpListener, TcpStream},
     sync::watch,
     task::JoinSet,
-    time::Instant,
 };
 use tokio_rustls::TlsAcceptor;
 
@@ -43,6 +42,7 @@ use crate::{
     config::{Config, DEFAULT_MAX_HEADER_FIELDS, TlsConfig},
     http::{
         conn_limit::{ConnLimits, Refusal},
+        idle::{Activity, serve_watched},
         request::App,
         tls::TlsError,
     },
@@ -68,12 +68,8 @@ pub struct ConnInfo {
     pub(crate) peer_ip: std::net::IpAddr,
     /// `peer_ip` as the `X-Forwarded-For` element door appends: formatted once per connection.
     pub(crate) peer_value: http::HeaderValue,
-    origin: Instant,
-    active: AtomicUsize,
-    /// A request has started on this connection (until then its first head is awaited).
-    started: AtomicBool,
-    /// Nanoseconds after `origin` of the last request start or end.
-    last_ns: AtomicU64,
+    /// When it last had a request in flight, for the idle watch.
+    activity: Activity,
 }
 
 impl ConnInfo {
@@ -87,48 +83,18 @@ impl ConnInfo {
             peer_ip,
             peer_value: http::HeaderValue::try_from(peer_ip.to_string())
                 .unwrap_or_else(|_| http::HeaderValue::from_static("unknown")),
-            origin: crate::time::now(),
-            active: AtomicUsize::new(0),
-            started: AtomicBool::new(false),
-            last_ns: AtomicU64::new(0),
+            activity: Activity::new(),
         }
     }
 
     /// A request on this connection started.
     pub(crate) fn request_started(&self) {
-        self.active.fetch_add(1, Ordering::AcqRel);
-        if !self.started.load(Ordering::Relaxed) {
-            self.started.store(true, Ordering::Release);
-        }
-        self.touch();
+        self.activity.request_started();
     }
 
     /// A request on this connection ended (its response body was sent or dropped).
     pub(crate) fn request_ended(&self) {
-        self.touch();
-        self.active.fetch_sub(1, Ordering::AcqRel);
-    }
-
-    fn touch(&self) {
-        let ns = u64::try_from(self.origin.elapsed().as_nanos()).unwrap_or(u64::MAX);
-        self.last_ns.store(ns, Ordering::Release);
-    }
-
-    /// When the connection becomes idle-expired if nothing happens: `None` while a request is in
-    /// flight; `first` (the header read timeout, at most `idle`) after this value was made (at the
-    /// end of the TLS handshake or the PROXY protocol header) while its first request head has
-    /// not arrived, in either protocol (a client that connects and sends nothing, or only part of
-    /// the HTTP/2 preface or of a first HEADERS frame, holds a connection slot no longer than a
-    /// slow HTTP/1.1 head would); `idle` after the last request ended otherwise.
-    fn idle_deadline(&self, idle: Duration, first: Duration) -> Option<Instant> {
-        if self.active.load(Ordering::Acquire) > 0 {
-            return None;
-        }
-        if !self.started.load(Ordering::Acquire) {
-            return Some(self.origin + first.min(idle));
-        }
-        let last = Duration::from_nanos(self.last_ns.load(Ordering::Acquire));
-        Some(self.origin + last + idle)
+        self.activity.request_ended();
     }
 }
 
@@ -468,14 +434,9 @@ async fn accept_loop(listener: TcpListener, accept: Accept) {
         let (stream, peer) = match listener.accept().await {
             Ok(a) => a,
             Err(e) => {
-                // Out of file descriptors repeats on every accept: one line per 10 s.
                 static ACCEPT_FAILED: RateLimitedWarn =
                     RateLimitedWarn::new(Duration::from_secs(10));
-                if let Some(suppressed) = ACCEPT_FAILED.due() {
-                    tracing::warn!(error = %e, suppressed, "accept failed (at most one line per 10 s)");
-                }
-                // EMFILE and friends: back off instead of spinning.
-                tokio::time::sleep(Duration::from_millis(10)).await;
+                accept_failed(&ACCEPT_FAILED, "client", &e).await;
                 continue;
             }
         };
@@ -524,6 +485,19 @@ async fn accept_loop(listener: TcpListener, accept: Accept) {
             drop(slot);
         });
     }
+}
+
+/// After a failed accept on the `listener` (`client` or `admin`): warns at most once per `warn`'s
+/// interval (out of file descriptors repeats on every accept), then pauses 10 ms (EMFILE and
+/// friends: back off instead of spinning).
+pub(crate) async fn accept_failed(warn: &RateLimitedWarn, listener: &str, e: &std::io::Error) {
+    if let Some(suppressed) = warn.due() {
+        tracing::warn!(
+            error = %e, listener, suppressed,
+            "accept failed (at most one line per 10 s per listener)"
+        );
+    }
+    tokio::time::sleep(Duration::from_millis(10)).await;
 }
 
 /// Adds a connection's task to the front's set, on `worker` (the accept loop's runtime when
@@ -644,46 +618,23 @@ async fn serve_io<I>(
     });
     let conn = builder.serve_connection_with_upgrades(TokioIo::new(io), service);
     tokio::pin!(conn);
-    loop {
-        let idle_at = info
-            .idle_deadline(settings.idle_timeout, settings.header_read_timeout)
-            .unwrap_or_else(|| crate::time::now() + settings.idle_timeout);
-        tokio::select! {
-            r = conn.as_mut() => {
-                if let Err(e) = r {
-                    tracing::debug!(%peer, error = %e, "connection ended with an error");
-                }
-                return;
-            }
-            _ = stop.changed() => break,
-            () = tokio::time::sleep_until(idle_at) => {
-                if info
-                    .idle_deadline(settings.idle_timeout, settings.header_read_timeout)
-                    .is_some_and(|d| d <= crate::time::now())
-                {
-                    tracing::debug!(%peer, "closing an idle connection");
-                    break;
-                }
-            }
-        }
-    }
-    conn.as_mut().graceful_shutdown();
-    // A client that ignores the HTTP/2 GOAWAY and PING would keep this forever (found by hostile
-    // testing): after the header read timeout more with no request in flight, the connection is
-    // dropped. A request accepted while the GOAWAY was on its way is served to its end (its own
-    // deadlines bound it; a drain ends with the process after `drain_grace`).
-    loop {
-        let until = crate::time::now() + settings.header_read_timeout;
-        tokio::select! {
-            _ = conn.as_mut() => return,
-            () = tokio::time::sleep_until(until) => {
-                if info.idle_deadline(settings.idle_timeout, settings.header_read_timeout).is_some() {
-                    tracing::debug!(%peer, "dropping a connection that did not close after GOAWAY");
-                    return;
-                }
-            }
-        }
-    }
+    // The first head of a connection, in either protocol, is due within the header read timeout
+    // from the end of the TLS handshake or the PROXY protocol header (when `info` was made): a
+    // client that sends nothing, or only part of the HTTP/2 preface or of a first HEADERS frame,
+    // holds a slot no longer than a slow HTTP/1.1 head would.
+    let stop = async move {
+        let _ = stop.changed().await;
+    };
+    serve_watched(
+        conn,
+        &info.activity,
+        settings.header_read_timeout,
+        settings.idle_timeout,
+        stop,
+        auto::UpgradeableConnection::graceful_shutdown,
+        peer,
+    )
+    .await;
 }
 
 #[cfg(test)]

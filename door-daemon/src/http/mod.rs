@@ -4,7 +4,8 @@
 //! end spends a token ([`settle`]), the streamed response body that holds the permit ([`body`]),
 //! the upstream client and forwarding-header rewrite ([`upstream`]) and its connector
 //! ([`connect`]), the checks of a request head ([`head`]), routes ([`route`]), cached health
-//! ([`health`]), TLS ([`tls`]) and the worker threads' identity ([`worker`]).
+//! ([`health`]), TLS ([`tls`]), the worker threads' identity ([`worker`]) and the connections'
+//! idle watch (`idle`, also the admin listener's).
 //!
 //! May use [`crate::client`], [`crate::limit`], [`crate::obs`], [`crate::shield::escalate`] and
 //! [`crate::time`]; it never touches the XDP program itself.
@@ -16,6 +17,7 @@ pub mod connect;
 pub mod front;
 pub mod head;
 pub mod health;
+pub(crate) mod idle;
 pub mod plane;
 pub mod request;
 pub mod route;
