@@ -1,6 +1,8 @@
 //! The admin listener in-process: `GET /metrics` (the Prometheus text exposition of every door
 //! instrument, bounded labels only) beside `GET /status`; the operator's endpoints (`/clients`,
-//! `/blocks`) with their happy paths and bad inputs; the listener on a Unix socket.
+//! `/blocks`) with their happy paths and bad inputs; the listener on a Unix socket; the connection
+//! bounds (head and body deadlines, the idle keep-alive bound, the cap on connections), on tokio's
+//! paused clock where time must pass.
 
 #![expect(
     clippy::unwrap_used,
@@ -11,11 +13,15 @@
 
 mod support;
 
-use std::{collections::BTreeSet, os::unix::fs::PermissionsExt as _, sync::Arc};
+use std::{collections::BTreeSet, os::unix::fs::PermissionsExt as _, sync::Arc, time::Duration};
 
 use http::StatusCode;
 use serde_json::Value;
 use support::{Door, FakeBlocklist, config, request, request_unix, samples, upstream};
+use tokio::{
+    io::{AsyncReadExt as _, AsyncWriteExt as _},
+    net::TcpStream,
+};
 
 /// The label keys door's series may carry: bounded by construction, never a client.
 const BOUNDED_LABELS: [&str; 5] = [
@@ -138,7 +144,7 @@ async fn metrics_exposes_every_instrument_with_prometheus_names_and_bounded_labe
 async fn metrics_content_type_is_the_prometheus_text_format() {
     let door = Door::start(&config(upstream().await, "")).await;
     let admin = door.admin().await;
-    let s = tokio::net::TcpStream::connect(admin).await.unwrap();
+    let s = TcpStream::connect(admin).await.unwrap();
     let (mut send, conn) = hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(s))
         .await
         .unwrap();
@@ -664,4 +670,110 @@ async fn the_admin_listener_serves_on_a_unix_socket_with_mode_0600() {
     drop(file);
     assert!(!path.exists());
     std::fs::remove_dir_all(&dir).unwrap();
+}
+
+// ------------------------------------------------------------- connection bounds
+
+/// Connects to `admin`, sends `bytes`, reads until the listener closes: what came back and how
+/// long that took (tokio's clock: paused in most of these tests, so the timeouts pass at once).
+/// Fails if the listener has not closed within 5 minutes.
+async fn until_closed(admin: std::net::SocketAddr, bytes: &[u8]) -> (String, Duration) {
+    let start = tokio::time::Instant::now();
+    let mut s = TcpStream::connect(admin).await.unwrap();
+    s.write_all(bytes).await.unwrap();
+    let mut out = Vec::new();
+    let read = tokio::time::timeout(Duration::from_mins(5), s.read_to_end(&mut out)).await;
+    let out = String::from_utf8_lossy(&out).into_owned();
+    assert!(read.is_ok(), "sent {bytes:?}: never closed; got {out:?}");
+    (out, start.elapsed())
+}
+
+#[tokio::test(start_paused = true)]
+async fn admin_connections_that_send_nothing_part_of_a_head_or_idle_are_closed() {
+    let door = Door::start(&config(upstream().await, "")).await;
+    let admin = door.admin().await;
+    let head = door_daemon::admin::HEAD_TIMEOUT;
+    assert_eq!(head, Duration::from_secs(10));
+    for sent in [
+        &b""[..],
+        b"G",
+        b"GET /status HTTP/1.1\r\nHost: door.test\r\nX-Slow: a",
+    ] {
+        let (out, waited) = until_closed(admin, sent).await;
+        assert!(
+            waited >= head && waited < head + Duration::from_secs(1),
+            "sent {sent:?}: closed after {waited:?}"
+        );
+        assert!(!out.contains("200 OK"), "{out}");
+    }
+    // Answered, then idle on keep-alive: closed once a next head has been awaited as long.
+    let (out, waited) =
+        until_closed(admin, b"GET /status HTTP/1.1\r\nHost: door.test\r\n\r\n").await;
+    assert!(out.starts_with("HTTP/1.1 200"), "{out}");
+    assert!(
+        waited >= head && waited < head + Duration::from_secs(1),
+        "closed after {waited:?}"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn admin_post_bodies_are_bounded_in_size_at_once_and_in_time() {
+    let door = Door::start(&config(upstream().await, "")).await;
+    let admin = door.admin().await;
+    // Announced past 4 KiB, one byte sent: 413 at once. Announced within it, never finished:
+    // 408 at the body deadline. Either way the connection closes.
+    let deadline = door_daemon::admin::BODY_TIMEOUT;
+    for (length, answer, code, after) in [
+        (
+            "99999999999",
+            "HTTP/1.1 413",
+            "body-too-large",
+            Duration::ZERO,
+        ),
+        ("100", "HTTP/1.1 408", "request-timeout", deadline),
+    ] {
+        let head = format!(
+            "POST /blocks HTTP/1.1\r\nHost: door.test\r\nContent-Length: {length}\r\n\r\n{{"
+        );
+        let (out, waited) = until_closed(admin, head.as_bytes()).await;
+        assert!(out.starts_with(answer), "{length}: {out}");
+        assert!(out.contains(code), "{length}: {out}");
+        assert!(
+            waited >= after && waited < after + Duration::from_secs(1),
+            "{length}: closed after {waited:?}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn admin_connections_past_the_cap_are_closed_at_accept() {
+    let door = Door::start(&config(upstream().await, "")).await;
+    let admin = door.admin().await;
+    let mut open = Vec::new();
+    for _ in 0..door_daemon::admin::MAX_CONNECTIONS {
+        open.push(TcpStream::connect(admin).await.unwrap());
+    }
+    // One more is closed without an answer.
+    let mut past = TcpStream::connect(admin).await.unwrap();
+    let _ = past
+        .write_all(b"GET /status HTTP/1.1\r\nHost: door.test\r\n\r\n")
+        .await;
+    let mut buf = [0u8; 64];
+    let read = tokio::time::timeout(Duration::from_secs(10), past.read(&mut buf)).await;
+    assert!(
+        matches!(read, Ok(Ok(0) | Err(_))),
+        "past the cap: {read:?} {:?}",
+        String::from_utf8_lossy(&buf)
+    );
+    // One of the open ones is served, and closes: /status answers again.
+    let mut first = open.remove(0);
+    first
+        .write_all(b"GET /status HTTP/1.1\r\nHost: door.test\r\nConnection: close\r\n\r\n")
+        .await
+        .unwrap();
+    let mut out = Vec::new();
+    first.read_to_end(&mut out).await.unwrap();
+    assert!(out.starts_with(b"HTTP/1.1 200"));
+    let (status, body) = request(admin, "GET", "/status", &[], "").await;
+    assert_eq!(status, StatusCode::OK, "{body}");
 }

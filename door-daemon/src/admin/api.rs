@@ -12,6 +12,7 @@ use std::{
 use bytes::Bytes;
 use door_common::PrefixKey;
 use http::StatusCode;
+use http_body::Body as _;
 use http_body_util::BodyExt as _;
 use hyper::body::Incoming;
 use serde::Deserialize;
@@ -372,19 +373,33 @@ struct BlockRequest {
     for_s: u64,
 }
 
-/// Reads a request body of at most [`MAX_BODY`] bytes.
+/// Reads a request body of at most [`MAX_BODY`] bytes, within `timeout`.
 ///
 /// # Errors
-/// 413 past [`MAX_BODY`]; 400 when the body breaks off.
-pub async fn read_body(body: Incoming) -> Result<Bytes, ApiError> {
-    match http_body_util::Limited::new(body, MAX_BODY).collect().await {
-        Ok(b) => Ok(b.to_bytes()),
-        Err(e) if e.is::<http_body_util::LengthLimitError>() => Err(ApiError::new(
+/// 413 `body-too-large` past [`MAX_BODY`], at once when the body's announced length
+/// (`Content-Length`) is; 408 `request-timeout` when it has not arrived in full within
+/// `timeout`; 400 `bad-body` when it breaks off.
+pub async fn read_body(body: Incoming, timeout: Duration) -> Result<Bytes, ApiError> {
+    let too_large = || {
+        ApiError::new(
             StatusCode::PAYLOAD_TOO_LARGE,
             "body-too-large",
             format!("the body is over {MAX_BODY} bytes"),
+        )
+    };
+    if body.size_hint().lower() > MAX_BODY as u64 {
+        return Err(too_large());
+    }
+    let read = http_body_util::Limited::new(body, MAX_BODY).collect();
+    match tokio::time::timeout(timeout, read).await {
+        Ok(Ok(b)) => Ok(b.to_bytes()),
+        Ok(Err(e)) if e.is::<http_body_util::LengthLimitError>() => Err(too_large()),
+        Ok(Err(e)) => Err(ApiError::bad("bad-body", format!("reading the body: {e}"))),
+        Err(_) => Err(ApiError::new(
+            StatusCode::REQUEST_TIMEOUT,
+            "request-timeout",
+            format!("the body did not arrive within {} s", timeout.as_secs_f64()),
         )),
-        Err(e) => Err(ApiError::bad("bad-body", format!("reading the body: {e}"))),
     }
 }
 

@@ -10,7 +10,9 @@
 //!
 //! Every answer but `/metrics` is JSON; every refusal is `{"code", "message"}` with a 4xx naming
 //! the bad input (or 503 when the XDP shield is off). The admin listener has no authentication:
-//! keep it on loopback or a Unix socket.
+//! keep it on loopback or a Unix socket. It serves at most [`MAX_CONNECTIONS`] connections at
+//! once, each bounded by [`HEAD_TIMEOUT`], [`IDLE_TIMEOUT`] and [`BODY_TIMEOUT`]
+//! (docs/operations.md, "Admin API").
 
 pub mod api;
 pub mod listen;
@@ -21,6 +23,7 @@ pub use listen::{AdminListener, SocketFile};
 use std::{
     convert::Infallible,
     sync::{Arc, Mutex, PoisonError},
+    time::Duration,
 };
 
 use bytes::Bytes;
@@ -28,10 +31,15 @@ use http::{Method, Request, Response, StatusCode, header::CONTENT_TYPE};
 use http_body_util::Full;
 use hyper::body::Incoming;
 use serde_json::{Value, json};
+use tokio::sync::Semaphore;
 
 use crate::{
+    http::{
+        front::accept_failed,
+        idle::{Activity, serve_watched},
+    },
     limit::GroupLimiter,
-    obs::{metrics::Metrics, prometheus::Exposition},
+    obs::{logging::RateLimitedWarn, metrics::Metrics, prometheus::Exposition},
     shield::Shield,
 };
 
@@ -190,36 +198,118 @@ fn requests_json(limiters: &[Arc<GroupLimiter>], metrics: &Metrics) -> Value {
     Value::Object(out)
 }
 
-/// Serves the admin API on `listener` until the task is dropped.
+/// How long an admin connection may take to send a request head, in seconds: from its start,
+/// and from the end of each answer (an idle keep-alive connection is closed then). 10 s.
+pub const HEAD_TIMEOUT: Duration = Duration::from_secs(10);
+/// An admin connection with no request in flight for this long after its last answer is shut
+/// down (a client that does not read its answer holds it no longer), in seconds: 60 s.
+pub const IDLE_TIMEOUT: Duration = Duration::from_mins(1);
+/// How long a `POST` body may take to arrive, from the end of its head: 10 s (else 408).
+pub const BODY_TIMEOUT: Duration = Duration::from_secs(10);
+/// Admin connections served at once: 64. Past it, a new connection is closed at accept, before a
+/// byte is read.
+pub const MAX_CONNECTIONS: usize = 64;
+
+/// Serves the admin API on `listener` until the task is dropped: at most [`MAX_CONNECTIONS`]
+/// at once, each with [`HEAD_TIMEOUT`], [`IDLE_TIMEOUT`] and [`BODY_TIMEOUT`].
 pub async fn serve(listener: AdminListener, source: Arc<StatusSource>) {
+    static ACCEPT_FAILED: RateLimitedWarn = RateLimitedWarn::new(Duration::from_secs(10));
+    let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
     loop {
-        let accepted = match &listener {
-            AdminListener::Tcp(l) => l.accept().await.map(|(s, _)| {
-                tokio::spawn(connection(s, Arc::clone(&source)));
-            }),
-            AdminListener::Unix(l) => l.accept().await.map(|(s, _)| {
-                tokio::spawn(connection(s, Arc::clone(&source)));
-            }),
+        let (stream, peer): (Stream, String) = match &listener {
+            AdminListener::Tcp(l) => match l.accept().await {
+                Ok((s, peer)) => (Stream::Tcp(s), peer.to_string()),
+                Err(e) => {
+                    accept_failed(&ACCEPT_FAILED, "admin", &e).await;
+                    continue;
+                }
+            },
+            AdminListener::Unix(l) => match l.accept().await {
+                Ok((s, _)) => (Stream::Unix(s), "unix socket".to_owned()),
+                Err(e) => {
+                    accept_failed(&ACCEPT_FAILED, "admin", &e).await;
+                    continue;
+                }
+            },
         };
-        if accepted.is_err() {
-            // EMFILE and friends: back off instead of spinning (found by hostile testing).
-            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-        }
+        let Ok(slot) = Arc::clone(&slots).try_acquire_owned() else {
+            refused(&peer);
+            drop(stream);
+            continue;
+        };
+        let source = Arc::clone(&source);
+        tokio::spawn(async move {
+            match stream {
+                Stream::Tcp(s) => connection(s, source, peer).await,
+                Stream::Unix(s) => connection(s, source, peer).await,
+            }
+            drop(slot);
+        });
     }
 }
 
-/// Serves one admin connection (HTTP/1.1).
-async fn connection<S>(stream: S, source: Arc<StatusSource>)
+/// An accepted admin connection.
+enum Stream {
+    Tcp(tokio::net::TcpStream),
+    Unix(tokio::net::UnixStream),
+}
+
+/// Logs (at most once a minute) an admin connection closed at accept: [`MAX_CONNECTIONS`] were
+/// open.
+fn refused(peer: &str) {
+    static REFUSED: RateLimitedWarn = RateLimitedWarn::new(Duration::from_mins(1));
+    if let Some(suppressed) = REFUSED.due() {
+        tracing::warn!(
+            %peer, limit = MAX_CONNECTIONS, suppressed,
+            "admin connection refused at accept: the admin listener serves {MAX_CONNECTIONS} \
+             connections at once (at most one line a minute)"
+        );
+    }
+}
+
+/// Serves one admin connection (HTTP/1.1) to its end, or until it has waited [`HEAD_TIMEOUT`]
+/// for a request head or been idle for [`IDLE_TIMEOUT`].
+async fn connection<S>(stream: S, source: Arc<StatusSource>, peer: String)
 where
     S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
 {
-    let service = hyper::service::service_fn(move |req| handle(req, Arc::clone(&source)));
+    let activity = Arc::new(Activity::new());
+    let for_service = Arc::clone(&activity);
+    let service = hyper::service::service_fn(move |req| {
+        let requests = Arc::clone(&for_service);
+        let source = Arc::clone(&source);
+        async move {
+            requests.request_started();
+            let _ended = RequestEnd(&requests);
+            handle(req, source).await
+        }
+    });
     let io = hyper_util::rt::TokioIo::new(stream);
-    if let Err(e) = hyper::server::conn::http1::Builder::new()
-        .serve_connection(io, service)
-        .await
-    {
-        tracing::debug!(error = %e, "admin connection ended with an error");
+    // hyper's timer closes a connection whose request head has not arrived within the timeout,
+    // from its start and after each answer; the watch bounds the rest (an answer not read).
+    let conn = hyper::server::conn::http1::Builder::new()
+        .timer(hyper_util::rt::TokioTimer::new())
+        .header_read_timeout(HEAD_TIMEOUT)
+        .serve_connection(io, service);
+    tokio::pin!(conn);
+    serve_watched(
+        conn,
+        &activity,
+        HEAD_TIMEOUT,
+        IDLE_TIMEOUT,
+        std::future::pending(),
+        hyper::server::conn::http1::Connection::graceful_shutdown,
+        format!("admin {peer}"),
+    )
+    .await;
+}
+
+/// Ends a request on its connection's [`Activity`] when dropped (answered, or given up by hyper).
+struct RequestEnd<'a>(&'a Activity);
+
+impl Drop for RequestEnd<'_> {
+    fn drop(&mut self) {
+        self.0.request_ended();
     }
 }
 
@@ -270,9 +360,9 @@ async fn handle(
         }
         ("/status" | "/metrics" | "/clients", _) => not_allowed("GET"),
         ("/blocks", Method::GET) => blocking(move || api::blocks(&source, query.as_deref())).await,
-        ("/blocks", Method::POST) => match api::read_body(req.into_body()).await {
+        ("/blocks", Method::POST) => match api::read_body(req.into_body(), BODY_TIMEOUT).await {
             Ok(body) => blocking(move || api::block(&source, query.as_deref(), &body)).await,
-            Err(e) => json_response(e.status, &e.body()),
+            Err(e) => closing(json_response(e.status, &e.body())),
         },
         ("/blocks", _) => not_allowed("GET, POST"),
         (p, m) => match (p.strip_prefix("/clients/"), p.strip_prefix("/blocks/")) {
@@ -292,6 +382,16 @@ async fn handle(
         },
     };
     Ok(res)
+}
+
+/// `res` with `Connection: close`: the request's body was not read to its end, so the
+/// connection cannot carry another request.
+fn closing(mut res: Response<Full<Bytes>>) -> Response<Full<Bytes>> {
+    res.headers_mut().insert(
+        http::header::CONNECTION,
+        http::HeaderValue::from_static("close"),
+    );
+    res
 }
 
 /// A path's `{prefix}`, percent-decoded (`198.51.100.7%2F32` and `198.51.100.7/32` alike).
