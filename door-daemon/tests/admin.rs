@@ -1,8 +1,8 @@
 //! The admin listener in-process: `GET /metrics` (the Prometheus text exposition of every door
 //! instrument, bounded labels only) beside `GET /status`; the operator's endpoints (`/clients`,
-//! `/blocks`) with their happy paths and bad inputs; the listener on a Unix socket; the connection
-//! bounds (head and body deadlines, the idle keep-alive bound, the cap on connections), on tokio's
-//! paused clock where time must pass.
+//! `/blocks`) with their happy paths and bad inputs; HEAD wherever GET is served; the listener on a
+//! Unix socket; the connection bounds (head and body deadlines, the idle keep-alive bound, the
+//! cap on connections), on tokio's paused clock where time must pass.
 
 #![expect(
     clippy::unwrap_used,
@@ -555,7 +555,7 @@ async fn blocks_bad_inputs_are_named() {
         "",
         StatusCode::METHOD_NOT_ALLOWED,
         "method-not-allowed",
-        "GET, POST",
+        "GET, HEAD, POST",
     )
     .await;
     assert!(
@@ -776,4 +776,41 @@ async fn admin_connections_past_the_cap_are_closed_at_accept() {
     assert!(out.starts_with(b"HTTP/1.1 200"));
     let (status, body) = request(admin, "GET", "/status", &[], "").await;
     assert_eq!(status, StatusCode::OK, "{body}");
+}
+
+// ------------------------------------------------------------- HEAD
+
+#[tokio::test]
+async fn head_is_served_wherever_get_is_without_a_body() {
+    let list = Arc::new(FakeBlocklist::default());
+    let door = Door::start_with(&config(upstream().await, ""), Some(list)).await;
+    let admin = door.admin().await;
+    for path in ["/status", "/metrics", "/clients?group=link", "/blocks"] {
+        let head = format!("HEAD {path} HTTP/1.1\r\nHost: door.test\r\nConnection: close\r\n\r\n");
+        let (out, _) = until_closed(admin, head.as_bytes()).await;
+        assert!(out.starts_with("HTTP/1.1 200"), "HEAD {path}: {out}");
+        let (fields, body) = out.split_once("\r\n\r\n").unwrap();
+        assert_eq!(body, "", "HEAD {path}: a body came: {out}");
+        assert!(
+            fields.to_ascii_lowercase().contains("content-type:"),
+            "{out}"
+        );
+    }
+    for (path, allow) in [
+        ("/status", "GET, HEAD"),
+        ("/metrics", "GET, HEAD"),
+        ("/clients", "GET, HEAD"),
+        ("/blocks", "GET, HEAD, POST"),
+    ] {
+        let put = format!(
+            "PUT {path} HTTP/1.1\r\nHost: door.test\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+        );
+        let (out, _) = until_closed(admin, put.as_bytes()).await;
+        assert!(out.starts_with("HTTP/1.1 405"), "PUT {path}: {out}");
+        assert!(
+            out.to_ascii_lowercase()
+                .contains(&format!("\r\nallow: {}\r\n", allow.to_ascii_lowercase())),
+            "PUT {path}: {out}"
+        );
+    }
 }

@@ -9,10 +9,10 @@
 //!   `DELETE /blocks/{prefix}`: the operator's endpoints ([`api`]).
 //!
 //! Every answer but `/metrics` is JSON; every refusal is `{"code", "message"}` with a 4xx naming
-//! the bad input (or 503 when the XDP shield is off). The admin listener has no authentication:
-//! keep it on loopback or a Unix socket. It serves at most [`MAX_CONNECTIONS`] connections at
-//! once, each bounded by [`HEAD_TIMEOUT`], [`IDLE_TIMEOUT`] and [`BODY_TIMEOUT`]
-//! (docs/operations.md, "Admin API").
+//! the bad input (or 503 when the XDP shield is off); `HEAD` is answered wherever `GET` is. The
+//! admin listener has no authentication: keep it on loopback or a Unix socket. It serves at most
+//! [`MAX_CONNECTIONS`] connections at once, each bounded by [`HEAD_TIMEOUT`], [`IDLE_TIMEOUT`]
+//! and [`BODY_TIMEOUT`] (docs/operations.md, "Admin API").
 
 pub mod api;
 pub mod listen;
@@ -352,19 +352,19 @@ async fn handle(
     let method = req.method().clone();
     let path = req.uri().path().to_owned();
     let query = req.uri().query().map(str::to_owned);
+    // HEAD is answered as GET; hyper sends the head only (RFC 9110 §9.3.2).
+    let read = method == Method::GET || method == Method::HEAD;
     let res = match (path.as_str(), method) {
-        ("/status", Method::GET) => blocking(move || Ok(source.snapshot())).await,
-        ("/metrics", Method::GET) => metrics(source).await,
-        ("/clients", Method::GET) => {
-            blocking(move || api::clients(&source, query.as_deref())).await
-        }
-        ("/status" | "/metrics" | "/clients", _) => not_allowed("GET"),
-        ("/blocks", Method::GET) => blocking(move || api::blocks(&source, query.as_deref())).await,
+        ("/status", _) if read => blocking(move || Ok(source.snapshot())).await,
+        ("/metrics", _) if read => metrics(source).await,
+        ("/clients", _) if read => blocking(move || api::clients(&source, query.as_deref())).await,
+        ("/status" | "/metrics" | "/clients", _) => not_allowed("GET, HEAD"),
+        ("/blocks", _) if read => blocking(move || api::blocks(&source, query.as_deref())).await,
         ("/blocks", Method::POST) => match api::read_body(req.into_body(), BODY_TIMEOUT).await {
             Ok(body) => blocking(move || api::block(&source, query.as_deref(), &body)).await,
             Err(e) => closing(json_response(e.status, &e.body())),
         },
-        ("/blocks", _) => not_allowed("GET, POST"),
+        ("/blocks", _) => not_allowed("GET, HEAD, POST"),
         (p, m) => match (p.strip_prefix("/clients/"), p.strip_prefix("/blocks/")) {
             (Some(_), _) | (_, Some(_)) if m != Method::DELETE => not_allowed("DELETE"),
             (Some(raw), _) => match decode(raw) {
