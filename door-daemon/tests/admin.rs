@@ -778,7 +778,7 @@ async fn admin_connections_past_the_cap_are_closed_at_accept() {
     assert_eq!(status, StatusCode::OK, "{body}");
 }
 
-// ------------------------------------------------------------- HEAD
+// ------------------------------------------------------------- HEAD and repeated parameters
 
 #[tokio::test]
 async fn head_is_served_wherever_get_is_without_a_body() {
@@ -813,4 +813,25 @@ async fn head_is_served_wherever_get_is_without_a_body() {
             "PUT {path}: {out}"
         );
     }
+}
+
+#[tokio::test]
+async fn a_repeated_query_parameter_is_refused_by_name() {
+    let door = Door::start(&config(upstream().await, "")).await;
+    let admin = door.admin().await;
+    for (method, target, name) in [
+        ("GET", "/clients?group=link&group=health", "\"group\""),
+        ("GET", "/clients?top=abc&top=5", "\"top\""),
+        ("GET", "/clients?top=5&group=link&top=5", "\"top\""),
+        (
+            "DELETE",
+            "/clients/198.51.100.7?group=link&group=link",
+            "\"group\"",
+        ),
+    ] {
+        let bad = StatusCode::BAD_REQUEST;
+        refused(admin, method, target, "", bad, "repeated-parameter", name).await;
+    }
+    let (status, body) = request(admin, "GET", "/clients?group=link&top=5", &[], "").await;
+    assert_eq!(status, StatusCode::OK, "{body}");
 }

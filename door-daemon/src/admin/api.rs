@@ -182,12 +182,20 @@ pub fn parse_prefix(raw: &str) -> Result<PrefixKey, ApiError> {
     Ok(key)
 }
 
-/// The query parameters of `query` (percent-decoded), refusing any not in `allowed`.
+/// The query parameters of `query` (percent-decoded), refusing any not in `allowed` and any
+/// given twice (which one would count is anyone's guess).
 fn params(query: Option<&str>, allowed: &[&str]) -> Result<Vec<(String, String)>, ApiError> {
     let pairs: Vec<(String, String)> = form_urlencoded::parse(query.unwrap_or("").as_bytes())
         .map(|(k, v)| (k.into_owned(), v.into_owned()))
         .collect();
-    for (k, _) in &pairs {
+    for (i, (k, _)) in pairs.iter().enumerate() {
+        // The pairs before `k` are known and distinct: at most `allowed.len()` to look through.
+        if pairs.iter().take(i).any(|(seen, _)| seen == k) {
+            return Err(ApiError::bad(
+                "repeated-parameter",
+                format!("query parameter {k:?} is given more than once"),
+            ));
+        }
         if !allowed.contains(&k.as_str()) {
             return Err(ApiError::bad(
                 "unknown-parameter",
@@ -208,7 +216,6 @@ fn params(query: Option<&str>, allowed: &[&str]) -> Result<Vec<(String, String)>
 fn param<'a>(pairs: &'a [(String, String)], name: &str) -> Option<&'a str> {
     pairs
         .iter()
-        .rev()
         .find(|(k, _)| k == name)
         .map(|(_, v)| v.as_str())
 }
