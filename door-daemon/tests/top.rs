@@ -1,7 +1,9 @@
 //! `door top` against a door running in-process: `--once` (the binary and the library) shows the
 //! key of a client that was limited, over TCP and over a Unix socket; the live view renders in a
 //! pseudo-terminal (portable-pty, the screen read back with vt100) at 20x10 and 200x60 without
-//! panicking, and quits on `q`.
+//! panicking, and quits on `q`. Against a hostile fake admin listener: answers over 8 MiB are
+//! refused naming the limit, a body that never ends times out with its request, an error quotes
+//! only the start of its body, and no control character from the API is printed.
 
 #![expect(
     clippy::unwrap_used,
@@ -20,6 +22,10 @@ use std::{
 use door_daemon::top::AdminAddr;
 use http::StatusCode;
 use support::{Door, config, upstream};
+use tokio::{
+    io::{AsyncReadExt as _, AsyncWriteExt as _},
+    net::TcpListener,
+};
 
 /// A door whose link group refused 198.51.100.7 twice (burst 3, 5 requests).
 async fn limited_door() -> (Door, SocketAddr) {
@@ -205,4 +211,176 @@ async fn top_renders_in_a_small_and_a_large_terminal_and_quits_on_q() {
         "door top did not quit on q at 200x60:\n{large}"
     );
     assert!(large.contains("0/3"), "{large}");
+}
+
+// ------------------------------------------------------------- a hostile admin listener
+
+/// A fake admin listener on 127.0.0.1: reads each request head and writes `answer(path)` as is,
+/// then holds the connection until the client goes.
+async fn fake_admin(answer: impl Fn(&str) -> Vec<u8> + Send + Sync + 'static) -> SocketAddr {
+    let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    let answer = Arc::new(answer);
+    tokio::spawn(async move {
+        loop {
+            let Ok((mut s, _)) = l.accept().await else {
+                return;
+            };
+            let answer = Arc::clone(&answer);
+            tokio::spawn(async move {
+                let mut head = Vec::new();
+                let mut buf = [0u8; 1024];
+                while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+                    match s.read(&mut buf).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => head.extend_from_slice(buf.get(..n).unwrap_or_default()),
+                    }
+                }
+                let text = String::from_utf8_lossy(&head).into_owned();
+                let path = text.split_whitespace().nth(1).unwrap_or("");
+                let _ = s.write_all(&answer(path)).await;
+                let _ = s.read(&mut buf).await;
+            });
+        }
+    });
+    addr
+}
+
+/// A 200 answer with `body` and its length.
+fn ok_json(body: &str) -> Vec<u8> {
+    format!(
+        "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .into_bytes()
+}
+
+#[tokio::test]
+async fn top_reads_at_most_8_mib_of_an_answer_and_says_so() {
+    // Chunked, so only reading it tells its size: valid JSON of 9 MiB.
+    let chunked = fake_admin(|_| {
+        let body = format!(r#"{{"groups":[],"pad":"{}"}}"#, "x".repeat(9 << 20));
+        let mut out = format!(
+            "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n{:x}\r\n",
+            body.len()
+        )
+        .into_bytes();
+        out.extend_from_slice(body.as_bytes());
+        out.extend_from_slice(b"\r\n0\r\n\r\n");
+        out
+    })
+    .await;
+    // A gigabyte announced, one byte sent: refused at once, without waiting for the rest.
+    let announced = fake_admin(|_| {
+        b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 1073741824\r\n\r\n{"
+            .to_vec()
+    })
+    .await;
+    for addr in [chunked, announced] {
+        let addr = AdminAddr::Tcp(addr.to_string());
+        let start = tokio::time::Instant::now();
+        let Err(err) = door_daemon::top::client::get_json(&addr, "/status").await else {
+            panic!("{addr}: the whole answer was read");
+        };
+        assert!(
+            matches!(err, door_daemon::top::TopError::TooLarge(..)),
+            "{addr}: {err}"
+        );
+        assert!(err.to_string().contains("over 8 MiB"), "{err}");
+        assert!(
+            start.elapsed() < door_daemon::top::client::REQUEST_TIMEOUT,
+            "{addr}: {:?}",
+            start.elapsed()
+        );
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_body_that_never_ends_times_out_with_the_request() {
+    let addr = fake_admin(|_| {
+        b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{"
+            .to_vec()
+    })
+    .await;
+    let start = tokio::time::Instant::now();
+    let err = door_daemon::top::client::get_json(&AdminAddr::Tcp(addr.to_string()), "/status")
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("timed out"), "{err}");
+    let waited = start.elapsed();
+    let limit = door_daemon::top::client::REQUEST_TIMEOUT;
+    assert!(
+        waited >= limit && waited < limit + Duration::from_secs(1),
+        "{waited:?}"
+    );
+}
+
+#[tokio::test]
+async fn top_quotes_only_the_start_of_an_error_body_escaped() {
+    let addr = fake_admin(|_| {
+        let body = format!("\u{1b}[2Jbroken{}", "x".repeat(10_000));
+        format!(
+            "HTTP/1.1 500 Internal Server Error\r\nContent-Length: {}\r\n\r\n{body}",
+            body.len()
+        )
+        .into_bytes()
+    })
+    .await;
+    let err = door_daemon::top::client::get_json(&AdminAddr::Tcp(addr.to_string()), "/status")
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("status 500"), "{err}");
+    assert!(err.contains(r"\u{1b}[2Jbroken"), "{err}");
+    assert!(!err.contains('\u{1b}'), "{err}");
+    assert!(err.ends_with('…'), "{err}");
+    assert!(
+        err.chars().count() < 300,
+        "{} characters",
+        err.chars().count()
+    );
+}
+
+#[tokio::test]
+async fn top_once_prints_no_control_character_from_the_api() {
+    let status = serde_json::json!({
+        "groups": [{"name": "li\u{1b}[31mnk", "burst": 3, "inflight_cap": 4, "max_clients": 10}],
+        "requests": {"li\u{1b}[31mnk": {"ok\u{7}": 1}},
+        "xdp": {"attached": true, "mode": "skb\u{202e}",
+                "counters": {"pass/\u{1b}]0;owned\u{7}": 3},
+                "top_prefixes": [{"prefix": "203.0.113.9/32\r\n", "syns": 1, "drops": 0}]},
+        "cluster": {"state": "synced\u{9b}2J", "doors": 2},
+    })
+    .to_string();
+    let clients = serde_json::json!({"groups": [{"group": "li\u{1b}[31mnk", "clients": [
+        {"key": "198.51.100.7/32\u{1b}[8m", "tokens": 0, "spent": 3, "inflight": 0, "rejections": 2},
+    ]}]})
+    .to_string();
+    let addr = fake_admin(move |path| {
+        if path.starts_with("/clients") {
+            ok_json(&clients)
+        } else {
+            ok_json(&status)
+        }
+    })
+    .await;
+    let text = door_daemon::top::once(&AdminAddr::Tcp(addr.to_string()))
+        .await
+        .unwrap();
+    let raw: Vec<char> = text
+        .chars()
+        .filter(|c| *c != '\n' && (c.is_control() || *c == '\u{202e}'))
+        .collect();
+    assert!(raw.is_empty(), "{raw:?} in:\n{text}");
+    for shown in [
+        r"== group li\u{1b}[31mnk",
+        r"198.51.100.7/32\u{1b}[8m",
+        r"ok\u{7}",
+        r"pass/\u{1b}]0;owned\u{7}",
+        r"203.0.113.9/32\r\n",
+        r"skb\u{202e}",
+        r"synced\u{9b}2J",
+    ] {
+        assert!(text.contains(shown), "{shown} not in:\n{text}");
+    }
 }

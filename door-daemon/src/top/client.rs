@@ -4,15 +4,24 @@ use std::{path::PathBuf, time::Duration};
 
 use bytes::Bytes;
 use http::{Request, StatusCode};
-use http_body_util::{BodyExt as _, Empty};
+use http_body::Body as _;
+use http_body_util::{BodyExt as _, Empty, LengthLimitError, Limited};
 use hyper_util::rt::TokioIo;
 use serde_json::Value;
 use tokio::net::{TcpStream, UnixStream};
 
-use super::TopError;
+use super::{TopError, model::printable};
 
-/// How long one admin request may take, connection included.
+/// How long one admin request may take: the connection, the answer's head and body, and reading
+/// its JSON.
 pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(3);
+
+/// The largest answer body `door top` reads, in bytes (8 MiB: `GET /clients?top=50` on a
+/// door with many groups is a few hundred KiB).
+pub const MAX_BODY: usize = 8 << 20;
+
+/// How many characters of a non-200 answer's body an error quotes.
+pub const ERROR_BODY_CHARS: usize = 200;
 
 /// Where the admin listener is: `host:port` or `unix:/path`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -54,12 +63,14 @@ impl std::fmt::Display for AdminAddr {
     }
 }
 
-/// `GET path` on `addr` (HTTP/1.1, a fresh connection), its JSON body.
+/// `GET path` on `addr` (HTTP/1.1, a fresh connection), its JSON body, all within
+/// [`REQUEST_TIMEOUT`].
 ///
 /// # Errors
 /// [`TopError::Connect`] when nothing answers, [`TopError::Http`] for a broken exchange or a
-/// timeout, [`TopError::Status`] for a non-200 answer, [`TopError::Json`] for a body that is not
-/// JSON.
+/// timeout, [`TopError::TooLarge`] for a body over [`MAX_BODY`], [`TopError::Status`] for a
+/// non-200 answer (quoting at most [`ERROR_BODY_CHARS`] of its body, control characters
+/// escaped), [`TopError::Json`] for a body that is not JSON.
 pub async fn get_json(addr: &AdminAddr, path: &str) -> Result<Value, TopError> {
     let exchange = async {
         let (status, body) = match addr {
@@ -80,7 +91,7 @@ pub async fn get_json(addr: &AdminAddr, path: &str) -> Result<Value, TopError> {
             return Err(TopError::Status(
                 path.to_owned(),
                 status.as_u16(),
-                String::from_utf8_lossy(&body).trim().to_owned(),
+                excerpt(&String::from_utf8_lossy(&body)),
             ));
         }
         serde_json::from_slice(&body).map_err(|e| TopError::Json(path.to_owned(), e))
@@ -88,6 +99,17 @@ pub async fn get_json(addr: &AdminAddr, path: &str) -> Result<Value, TopError> {
     tokio::time::timeout(REQUEST_TIMEOUT, exchange)
         .await
         .unwrap_or_else(|_| Err(TopError::Http(path.to_owned(), "timed out".to_owned())))
+}
+
+/// The first [`ERROR_BODY_CHARS`] characters of `body`, trimmed, control characters escaped,
+/// with `…` when cut.
+fn excerpt(body: &str) -> String {
+    let body = body.trim();
+    let mut out: String = body.chars().take(ERROR_BODY_CHARS).collect();
+    if out.len() < body.len() {
+        out.push('…');
+    }
+    printable(&out).into_owned()
 }
 
 async fn get<S>(stream: S, path: &str) -> Result<(StatusCode, Bytes), TopError>
@@ -105,7 +127,16 @@ where
         .map_err(|e| TopError::Http(path.to_owned(), e.to_string()))?;
     let res = send.send_request(req).await.map_err(http)?;
     let status = res.status();
-    let body = res.into_body().collect().await.map_err(http)?.to_bytes();
+    let too_large = || TopError::TooLarge(path.to_owned(), MAX_BODY);
+    // An announced length past the limit fails at once, without reading.
+    if res.body().size_hint().lower() > MAX_BODY as u64 {
+        return Err(too_large());
+    }
+    let body = match Limited::new(res.into_body(), MAX_BODY).collect().await {
+        Ok(b) => b.to_bytes(),
+        Err(e) if e.is::<LengthLimitError>() => return Err(too_large()),
+        Err(e) => return Err(TopError::Http(path.to_owned(), e.to_string())),
+    };
     Ok((status, body))
 }
 

@@ -41,7 +41,12 @@ pub enum TopError {
     /// The exchange broke off or timed out.
     #[error("GET {0}: {1}")]
     Http(String, String),
-    /// The admin listener answered something else than 200.
+    /// The answer's body is larger than `door top` reads (the limit, bytes:
+    /// [`client::MAX_BODY`]).
+    #[error("GET {0}: the answer is over {mib} MiB, more than door top reads", mib = .1 >> 20)]
+    TooLarge(String, usize),
+    /// The admin listener answered something else than 200: the path, the status, and the start
+    /// of the body ([`client::ERROR_BODY_CHARS`] characters, control characters escaped).
     #[error("GET {0}: status {1}: {2}")]
     Status(String, u16, String),
     /// The answer is not JSON.
@@ -104,7 +109,7 @@ fn run_loop(
         if now >= next {
             match runtime.block_on(fetch(addr)) {
                 Ok(snapshot) => view.update(snapshot, now),
-                Err(e) => view.failed(e.to_string()),
+                Err(e) => view.failed(&e.to_string()),
             }
             next = now.saturating_add(refresh_ns);
         }

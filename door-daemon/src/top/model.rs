@@ -1,8 +1,9 @@
 //! What `door top` shows: the admin API's JSON read leniently into plain data (a missing field
-//! reads as zero or empty, never a panic), and the view's state (the selected group, the sort,
-//! the previous sample for the rates).
+//! reads as zero or empty, never a panic; every string made [`printable`], so that no control
+//! character from the API reaches the operator's terminal), and the view's state (the selected
+//! group, the sort, the previous sample for the rates).
 
-use std::collections::BTreeMap;
+use std::{borrow::Cow, collections::BTreeMap};
 
 use serde_json::Value;
 
@@ -106,8 +107,49 @@ fn u(v: &Value) -> u64 {
     v.as_u64().unwrap_or(0)
 }
 
+/// A string of the admin API's answer, [`printable`].
 fn s(v: &Value) -> String {
-    v.as_str().unwrap_or("").to_owned()
+    printable(v.as_str().unwrap_or("")).into_owned()
+}
+
+/// `{name: count}` of the admin API's answer, names [`printable`].
+fn counts(v: Option<&Value>) -> BTreeMap<String, u64> {
+    v.and_then(Value::as_object)
+        .map(|o| {
+            o.iter()
+                .map(|(k, v)| (printable(k).into_owned(), u(v)))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Whether `c` must not reach a terminal as is: a control character (C0, DEL, C1: ESC starts
+/// the terminal's escape sequences) or a bidirectional formatting character (it reorders what
+/// follows it on screen).
+fn unsafe_on_screen(c: char) -> bool {
+    c.is_control()
+        || matches!(
+            c,
+            '\u{061c}' | '\u{200e}' | '\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}'
+        )
+}
+
+/// `text` safe to print on a terminal: every control or bidirectional formatting character
+/// written as a Rust escape (`\u{1b}`, `\n`), everything else as is. Borrowed when there is
+/// nothing to escape.
+pub fn printable(text: &str) -> Cow<'_, str> {
+    if !text.chars().any(unsafe_on_screen) {
+        return Cow::Borrowed(text);
+    }
+    let mut out = String::with_capacity(text.len() + 8);
+    for c in text.chars() {
+        if unsafe_on_screen(c) {
+            out.extend(c.escape_default());
+        } else {
+            out.push(c);
+        }
+    }
+    Cow::Owned(out)
 }
 
 impl Snapshot {
@@ -135,13 +177,12 @@ impl Snapshot {
             .unwrap_or(&empty)
             .iter()
             .map(|g| {
+                let outcomes = counts(
+                    status
+                        .get("requests")
+                        .and_then(|r| r.get(g["name"].as_str().unwrap_or(""))),
+                );
                 let name = s(&g["name"]);
-                let outcomes = status
-                    .get("requests")
-                    .and_then(|r| r.get(name.as_str()))
-                    .and_then(Value::as_object)
-                    .map(|o| o.iter().map(|(k, v)| (k.clone(), u(v))).collect())
-                    .unwrap_or_default();
                 Group {
                     burst: u(&g["burst"]),
                     inflight: u(&g["inflight"]),
@@ -164,10 +205,7 @@ impl Snapshot {
             } else {
                 s(&x["configured_mode"])
             },
-            counters: x["counters"]
-                .as_object()
-                .map(|o| o.iter().map(|(k, v)| (k.clone(), u(v))).collect())
-                .unwrap_or_default(),
+            counters: counts(x.get("counters")),
             top_prefixes: x["top_prefixes"]
                 .as_array()
                 .unwrap_or(&empty)
@@ -310,9 +348,9 @@ impl View {
         self.error = None;
     }
 
-    /// A refresh failed with `error`: shown, the last snapshot kept.
-    pub fn failed(&mut self, error: String) {
-        self.error = Some(error);
+    /// A refresh failed with `error`: shown ([`printable`]), the last snapshot kept.
+    pub fn failed(&mut self, error: &str) {
+        self.error = Some(printable(error).into_owned());
     }
 
     /// Whether rates are known (two snapshots were taken).
@@ -440,6 +478,21 @@ mod tests {
                 .as_deref(),
             Some("cluster synced: 1 doors, never synced")
         );
+    }
+
+    #[test]
+    fn control_and_bidi_characters_are_escaped_and_the_rest_kept() {
+        for (raw, shown) in [
+            ("link", "link"),
+            ("caf\u{e9} \u{65e5}\u{672c}", "caf\u{e9} \u{65e5}\u{672c}"),
+            ("a\u{1b}[31mb", r"a\u{1b}[31mb"),
+            ("a\u{7}\u{7f}\u{9b}", r"a\u{7}\u{7f}\u{9b}"),
+            ("a\r\n\tb", r"a\r\n\tb"),
+            ("a\u{202e}b\u{2066}", r"a\u{202e}b\u{2066}"),
+        ] {
+            assert_eq!(printable(raw), shown, "{raw:?}");
+        }
+        assert!(matches!(printable("link"), Cow::Borrowed(_)));
     }
 
     #[test]
