@@ -504,6 +504,8 @@ async fn blocks_bad_inputs_are_named() {
             "bad-json",
             "unknown field `x`",
         ),
+        // serde reads a struct from an array too; the API documents an object.
+        (r#"["198.51.100.7",60]"#, "bad-json", "prefix"),
         (
             r#"{"prefix":"198.51.100.7","for_s":0}"#,
             "bad-for-s",

@@ -166,6 +166,20 @@ pub fn parse_prefix(raw: &str) -> Result<PrefixKey, ApiError> {
         .map_err(|_| bad("not an IPv4 or IPv6 address"))?;
     let key = PrefixKey::from_ip(ip);
     if let Some(len) = len {
+        if ip.is_ipv6() && key.network().is_ipv4() {
+            return Err(bad(&format!(
+                "an IPv4-mapped or NAT64 address is keyed as its IPv4 address; write {key} or \
+                 the bare address"
+            )));
+        }
+        // Decimal digits without a sign or a leading zero, as CIDR notation writes them (RFC 4632).
+        if len.is_empty()
+            || !len.bytes().all(|b| b.is_ascii_digit())
+            || len.len() > 3
+            || (len.len() > 1 && len.starts_with('0'))
+        {
+            return Err(bad("the prefix length is not a number"));
+        }
         let len: u8 = len
             .parse()
             .map_err(|_| bad("the prefix length is not a number"))?;
@@ -418,14 +432,17 @@ pub async fn read_body(body: Incoming, timeout: Duration) -> Result<Bytes, ApiEr
 /// cannot be written.
 pub fn block(source: &StatusSource, query: Option<&str>, body: &[u8]) -> Result<Value, ApiError> {
     params(query, &[])?;
-    let req: BlockRequest = serde_json::from_slice(body).map_err(|e| {
-        ApiError::bad(
-            "bad-json",
-            format!(
-                "the body must be JSON {{\"prefix\": \"198.51.100.7/32\", \"for_s\": 600}}: {e}"
-            ),
-        )
-    })?;
+    // Through a map: serde would also read the struct from an array (`["198.51.100.7", 600]`).
+    let req: BlockRequest = serde_json::from_slice::<serde_json::Map<String, Value>>(body)
+        .and_then(|fields| serde_json::from_value(Value::Object(fields)))
+        .map_err(|e| {
+            ApiError::bad(
+                "bad-json",
+                format!(
+                    "the body must be JSON {{\"prefix\": \"198.51.100.7/32\", \"for_s\": 600}}: {e}"
+                ),
+            )
+        })?;
     let key = parse_prefix(&req.prefix)?;
     if !(1..=MAX_BLOCK_S).contains(&req.for_s) {
         return Err(ApiError::bad(
@@ -486,12 +503,25 @@ mod tests {
             "300.1.1.1",
             "localhost",
             "198.51.100.7/32/1",
+            "198.51.100.7/+32",
+            "198.51.100.7/0032",
+            "198.51.100.7/032",
+            "::ffff:198.51.100.7/32",
+            "64:ff9b::c633:6407/32",
         ] {
             let e = parse_prefix(bad).unwrap_err();
             assert_eq!(e.status, StatusCode::BAD_REQUEST, "{bad}");
             assert_eq!(e.code, "bad-prefix");
             assert!(e.message.contains(&format!("{bad:?}")), "{}", e.message);
         }
+        let e = parse_prefix("::ffff:198.51.100.7/32").unwrap_err();
+        assert!(
+            e.message.contains(
+                "IPv4-mapped or NAT64 address is keyed as its IPv4 address; write 198.51.100.7/32"
+            ),
+            "{}",
+            e.message
+        );
     }
 
     #[test]
