@@ -66,17 +66,22 @@ pub enum ServeError {
 }
 
 impl ServeError {
-    /// Whether the configuration is at fault (the TLS pair, the cluster store's URL or CA file),
-    /// so that restarting cannot help: `door` exits with `EX_CONFIG` for these.
-    pub const fn is_config(&self) -> bool {
-        matches!(
-            self,
-            Self::Tls(_)
-                | Self::Cluster(
-                    crate::cluster::ClusterError::Url(_)
-                        | crate::cluster::ClusterError::CaFile { .. }
-                )
-        )
+    /// Whether the configuration is at fault, so that restarting cannot help and `door` exits
+    /// with `EX_CONFIG`: a TLS pair or cluster CA file that holds no usable PEM (or is larger
+    /// than [`crate::http::tls::MAX_PEM_FILE`]), a key that does not fit its certificate, a
+    /// cluster URL the client refuses. A file that cannot be read is not: it may yet appear (a
+    /// credential systemd provides to the running unit, a mount, a renewal), so a restart may
+    /// help.
+    pub fn is_config(&self) -> bool {
+        use crate::{cluster::ClusterError, http::tls::TlsError};
+        match self {
+            Self::Tls(TlsError::Read { .. }) => false,
+            Self::Tls(_) | Self::Cluster(ClusterError::Url(_)) => true,
+            Self::Cluster(ClusterError::CaFile { source, .. }) => {
+                source.kind() == std::io::ErrorKind::FileTooLarge
+            }
+            _ => false,
+        }
     }
 }
 
@@ -86,7 +91,8 @@ impl ServeError {
 ///
 /// # Errors
 ///
-/// [`ServeError::Tls`], [`ServeError::Cluster`]: see [`ServeError::is_config`].
+/// [`ServeError::Tls`], [`ServeError::Cluster`]; [`ServeError::is_config`] tells a bad file
+/// from one that could not be read.
 pub fn preflight(config: &Config) -> Result<(), ServeError> {
     if let Some(tls) = &config.tls {
         crate::http::tls::load(tls)?;

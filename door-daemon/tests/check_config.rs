@@ -343,8 +343,10 @@ fn door_key_names_the_flag_of_a_header_line_no_header_can_carry() {
 }
 
 /// The files the configuration names are read by `check-config` as at start: a certificate that
-/// is not PEM, a path to something endless, and a cluster CA file that is missing each exit 78
-/// naming the file, where start-up used to fail with 1 (or read `/dev/zero` without end).
+/// is not PEM and a path to something endless (as certificate or cluster CA file) exit 78 naming
+/// the file, where start-up used to fail with 1 (or read `/dev/zero` without end). A file that
+/// cannot be read here (a systemd credential exists only for the running unit) is noted, and
+/// the check passes.
 #[test]
 fn unusable_tls_and_cluster_files_exit_78_naming_the_file() {
     let notes = TempFile::new("not-pem", "");
@@ -368,9 +370,8 @@ fn unusable_tls_and_cluster_files_exit_78_naming_the_file() {
         ),
         (
             "cluster-ca",
-            "[cluster]\nredis = \"rediss://127.0.0.1:6380\"\nca_file = \"/nonexistent/ca.pem\"\n"
-                .to_owned(),
-            "cluster.ca_file /nonexistent/ca.pem".to_owned(),
+            "[cluster]\nredis = \"rediss://127.0.0.1:6380\"\nca_file = \"/dev/zero\"\n".to_owned(),
+            "cluster.ca_file /dev/zero: larger than 1048576 bytes".to_owned(),
         ),
     ] {
         let file = TempFile::new(name, &text);
@@ -380,6 +381,19 @@ fn unusable_tls_and_cluster_files_exit_78_naming_the_file() {
         assert!(stderr.contains(&named), "{name}: {stderr}");
         assert!(out.stdout.is_empty(), "{name}: nothing printed on stdout");
     }
+    let text = format!(
+        "listen = [\"127.0.0.1:0\"]\n[tls]\ncert = {:?}\nkey = \"/run/credentials/door.service/key.pem\"\n",
+        not_pem.display().to_string()
+    );
+    let file = TempFile::new("tls-unreadable", &text.replace("cert.pem", "missing.pem"));
+    let out = check_config(&file);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    assert!(
+        stderr.contains("missing.pem\": No such file or directory")
+            && stderr.contains("not checked here"),
+        "{stderr}"
+    );
 }
 
 /// The switches take the spellings systemd units and shells use: `1`, `yes`, `on` as well as

@@ -26,7 +26,19 @@ pub const ALPN: [&[u8]; 2] = [b"h2", b"http/1.1"];
 /// Why the TLS configuration cannot be used; every variant names the file.
 #[derive(Debug, Error)]
 pub enum TlsError {
-    /// `tls.cert` could not be read or holds no PEM certificate.
+    /// `tls.cert` or `tls.key` could not be opened or read (missing, not permitted, an I/O
+    /// error): a file that may yet appear, such as a credential systemd provides only to the
+    /// running unit, or a certificate a renewal has not written yet.
+    #[error("{key} = {path:?}: {source}")]
+    Read {
+        /// `tls.cert` or `tls.key`.
+        key: &'static str,
+        /// The file.
+        path: PathBuf,
+        /// The I/O error.
+        source: std::io::Error,
+    },
+    /// `tls.cert` is larger than [`MAX_PEM_FILE`] or holds no PEM certificate.
     #[error("tls.cert = {path:?}: {reason}")]
     Cert {
         /// The certificate file.
@@ -34,7 +46,7 @@ pub enum TlsError {
         /// What is wrong.
         reason: String,
     },
-    /// `tls.key` could not be read or holds no usable PEM private key.
+    /// `tls.key` is larger than [`MAX_PEM_FILE`] or holds no usable PEM private key.
     #[error("tls.key = {path:?}: {reason}")]
     Key {
         /// The key file.
@@ -77,18 +89,39 @@ pub fn read_pem_file(path: &Path) -> std::io::Result<Vec<u8>> {
     Ok(bytes)
 }
 
+/// Reads `key`'s file at `path` ([`read_pem_file`]): [`TlsError::Read`] when it cannot be read,
+/// `unusable` when it is too large to be a PEM file.
+fn read_pair_file(
+    key: &'static str,
+    path: &Path,
+    unusable: impl FnOnce(String) -> TlsError,
+) -> Result<Vec<u8>, TlsError> {
+    read_pem_file(path).map_err(|source| {
+        if source.kind() == std::io::ErrorKind::FileTooLarge {
+            unusable(source.to_string())
+        } else {
+            TlsError::Read {
+                key,
+                path: path.to_owned(),
+                source,
+            }
+        }
+    })
+}
+
 /// Builds the rustls server configuration of `cfg`: reads the PEM chain and key (at most
 /// [`MAX_PEM_FILE`] bytes each), checks that the key signs for the leaf certificate, restricts
 /// the protocol versions and offers ALPN [`ALPN`].
 ///
 /// # Errors
-/// [`TlsError`] naming the certificate or key file.
+/// [`TlsError`] naming the certificate or key file: [`TlsError::Read`] when one cannot be read,
+/// the other variants when what it holds cannot be used.
 pub fn load(cfg: &TlsConfig) -> Result<Arc<ServerConfig>, TlsError> {
     let cert_err = |reason: String| TlsError::Cert {
         path: cfg.cert.clone(),
         reason,
     };
-    let pem = read_pem_file(&cfg.cert).map_err(|e| cert_err(e.to_string()))?;
+    let pem = read_pair_file("tls.cert", &cfg.cert, cert_err)?;
     let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_slice_iter(&pem)
         .collect::<Result<_, _>>()
         .map_err(|e| cert_err(e.to_string()))?;
@@ -99,7 +132,7 @@ pub fn load(cfg: &TlsConfig) -> Result<Arc<ServerConfig>, TlsError> {
         path: cfg.key.clone(),
         reason,
     };
-    let pem = read_pem_file(&cfg.key).map_err(|e| key_err(e.to_string()))?;
+    let pem = read_pair_file("tls.key", &cfg.key, key_err)?;
     let key = PrivateKeyDer::from_pem_slice(&pem).map_err(|e| key_err(e.to_string()))?;
     let mismatch = |reason: String| TlsError::Mismatch {
         cert: cfg.cert.clone(),
