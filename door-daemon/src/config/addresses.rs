@@ -10,8 +10,9 @@ use super::{AdminListen, ConfigError, Upstream, invalid};
 
 /// Whether a socket bound to `a` and one bound to `b` would claim the same port: the same port
 /// (not 0, which the kernel picks) and the same address, or the unspecified address of the same
-/// family on one side. `[::]` and `0.0.0.0` are not taken to overlap: with `IPV6_V6ONLY` (or
-/// `net.ipv6.bindv6only = 1`) both bind.
+/// family on one side. `[::]` and `0.0.0.0` on one port are let through: door does not set
+/// `IPV6_V6ONLY`, so they conflict at start under Linux's default (`net.ipv6.bindv6only = 0`),
+/// but both bind where the system sets it to 1.
 fn same_socket(a: SocketAddr, b: SocketAddr) -> bool {
     a.port() != 0
         && a.port() == b.port()
@@ -22,7 +23,8 @@ fn same_socket(a: SocketAddr, b: SocketAddr) -> bool {
 /// Whether a connection to `upstream` (the host as written, `port` its port) would reach a
 /// listener bound to `listen`: the same port, and the host is the listener's address, or the
 /// listener is on an unspecified address and the host is a loopback or unspecified address
-/// (or `localhost`), of either family: `[::]` accepts IPv4 too where the kernel allows it. A
+/// (or `localhost`) it accepts: `0.0.0.0` IPv4 ones, `[::]` both families (it accepts IPv4
+/// where the kernel allows it, and door does not set `IPV6_V6ONLY`). A
 /// name other than `localhost` is not resolved, and an address of this machine's that the
 /// listener covers through its wildcard is not known here: neither is refused.
 fn reaches(host: &str, port: u16, listen: SocketAddr) -> bool {
@@ -42,7 +44,7 @@ fn reaches(host: &str, port: u16, listen: SocketAddr) -> bool {
         return false;
     };
     if listen.ip().is_unspecified() {
-        ip.is_loopback() || ip.is_unspecified()
+        (ip.is_loopback() || ip.is_unspecified()) && (listen.is_ipv6() || ip.is_ipv4())
     } else {
         let unmapped = |ip: IpAddr| match ip {
             IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(IpAddr::V6(v6), IpAddr::V4),
@@ -121,6 +123,9 @@ mod tests {
         assert!(reaches("192.0.2.1", 8443, a("192.0.2.1:8443")));
         assert!(reaches("[::ffff:192.0.2.1]", 8443, a("192.0.2.1:8443")));
         assert!(!reaches("192.0.2.1", 8443, a("[::]:8443")));
+        // An application on [::1]:8443 and door on 0.0.0.0:8443 both bind.
+        assert!(!reaches("[::1]", 8443, a("0.0.0.0:8443")));
+        assert!(reaches("[::1]", 8443, a("[::]:8443")));
         assert!(!reaches("127.0.0.1", 3000, a("[::]:8443")));
         assert!(!reaches("app.internal", 8443, a("[::]:8443")));
         assert!(!reaches("127.0.0.1", 0, a("127.0.0.1:0")));

@@ -1795,19 +1795,19 @@ fn build_tls(file: Option<TlsFile>, o: &Overrides) -> Result<Option<TlsConfig>, 
     }))
 }
 
-/// `url` as an error message may show it: a password or user name in it replaced by `<elided>`
+/// `url` as an error message may show it: everything before its last `@` (after the scheme)
+/// replaced by `<elided>`, since a user name or password may hold any character, `/` included
 /// (the message reaches the journal).
 fn redis_url_shown(url: &str) -> String {
-    match url.split_once("://") {
-        Some((scheme, rest)) => {
-            let authority_end = rest.find('/').unwrap_or(rest.len());
-            match rest.get(..authority_end).and_then(|a| a.rfind('@')) {
-                Some(at) => format!("{scheme}://<elided>{}", rest.get(at..).unwrap_or_default()),
-                None => url.to_owned(),
-            }
-        }
-        None => url.to_owned(),
-    }
+    let (scheme, rest) = url.split_once("://").unwrap_or(("", url));
+    let Some(at) = rest.rfind('@') else {
+        return url.to_owned();
+    };
+    let separator = if scheme.is_empty() { "" } else { "://" };
+    format!(
+        "{scheme}{separator}<elided>{}",
+        rest.get(at..).unwrap_or_default()
+    )
 }
 
 fn build_cluster(file: Option<ClusterFile>, o: &Overrides) -> Result<ClusterConfig, ConfigError> {

@@ -494,7 +494,7 @@ pub(crate) async fn accept_failed(warn: &RateLimitedWarn, listener: &str, e: &st
     if let Some(suppressed) = warn.due() {
         tracing::warn!(
             error = %e, listener, suppressed,
-            "accept failed (at most one line per 10 s per listener)"
+            "accept failed (at most one line per 10 s for client listeners, and for the admin one)"
         );
     }
     tokio::time::sleep(Duration::from_millis(10)).await;
