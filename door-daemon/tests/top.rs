@@ -278,7 +278,7 @@ async fn top_reads_at_most_8_mib_of_an_answer_and_says_so() {
     .await;
     for addr in [chunked, announced] {
         let addr = AdminAddr::Tcp(addr.to_string());
-        let start = tokio::time::Instant::now();
+        // Within the request's timeout: past it the error would be a timeout, not TooLarge.
         let Err(err) = door_daemon::top::client::get_json(&addr, "/status").await else {
             panic!("{addr}: the whole answer was read");
         };
@@ -287,11 +287,6 @@ async fn top_reads_at_most_8_mib_of_an_answer_and_says_so() {
             "{addr}: {err}"
         );
         assert!(err.to_string().contains("over 8 MiB"), "{err}");
-        assert!(
-            start.elapsed() < door_daemon::top::client::REQUEST_TIMEOUT,
-            "{addr}: {:?}",
-            start.elapsed()
-        );
     }
 }
 
