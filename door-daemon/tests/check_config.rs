@@ -39,16 +39,22 @@ fn check_config(file: &TempFile) -> Output {
     check_config_at(&file.path)
 }
 
-/// Runs `door check-config --config path` with no `DOOR_*` variables.
-#[expect(clippy::unwrap_used, reason = "test helper")]
-fn check_config_at(path: &Path) -> Output {
+/// The `door` binary as a command with none of this process's `DOOR_*` variables.
+fn door_command() -> Command {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_door"));
     for (k, _) in std::env::vars_os() {
         if k.to_string_lossy().starts_with("DOOR_") {
             cmd.env_remove(k);
         }
     }
-    cmd.arg("check-config")
+    cmd
+}
+
+/// Runs `door check-config --config path` with no `DOOR_*` variables.
+#[expect(clippy::unwrap_used, reason = "test helper")]
+fn check_config_at(path: &Path) -> Output {
+    door_command()
+        .arg("check-config")
         .arg("--config")
         .arg(path)
         .output()
@@ -246,13 +252,7 @@ fn an_unknown_key_exits_78_naming_it() {
 /// `door` with `args` and no `DOOR_*` variables.
 #[expect(clippy::unwrap_used, reason = "test helper")]
 fn door(args: &[&str]) -> Output {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_door"));
-    for (k, _) in std::env::vars_os() {
-        if k.to_string_lossy().starts_with("DOOR_") {
-            cmd.env_remove(k);
-        }
-    }
-    cmd.args(args).output().unwrap()
+    door_command().args(args).output().unwrap()
 }
 
 #[test]
@@ -401,12 +401,7 @@ fn unusable_tls_and_cluster_files_exit_78_naming_the_file() {
 #[test]
 fn switches_take_1_yes_and_on() {
     for (how, value) in [("env", "1"), ("env", "yes"), ("flag", "on"), ("env", "0")] {
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_door"));
-        for (k, _) in std::env::vars_os() {
-            if k.to_string_lossy().starts_with("DOOR_") {
-                cmd.env_remove(k);
-            }
-        }
+        let mut cmd = door_command();
         cmd.arg("check-config");
         if how == "env" {
             cmd.env("DOOR_DISABLE_ANON_ROUTE_LIMITS", value);
