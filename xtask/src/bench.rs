@@ -30,6 +30,14 @@
 //! commandstats` before and after each run: script calls, and every command including those the
 //! script ran; one door, so per door).
 //!
+//! With `--floor`, another front joins every round: `hyper` (127.0.0.1:18450, HTTP/1.1 and h2c),
+//! the tests crate's `bare-proxy`: door's serving design (a single-threaded runtime per core,
+//! connections handed round robin, hyper-util's server and pooled client with door's settings and
+//! upstream connector) doing only what any reverse proxy must (the target rewritten, hop-by-hop
+//! fields removed, `X-Forwarded-For` appended), none of door's own work. It is no peer: the table
+//! shows it, then per route its rps, p99 and user CPU per request against the best peer's (what
+//! the design reaches without door) and door's against its own (what door's work costs).
+//!
 //! The load tool, the proxy under test and the upstream share the machine's cores; nothing is
 //! pinned. `nproc` and the load average are printed at the start and the end. About 50 s a
 //! round plus half a minute of warm-up (docs/performance.md: the method and the latest numbers).
@@ -69,6 +77,8 @@ const H2_STREAMS: u32 = 10;
 const UPSTREAM: &str = "127.0.0.1:18080";
 /// The store of `--cluster`.
 const REDIS_PORT: u16 = 18449;
+/// The bare hyper proxy of `--floor` (HTTP/1.1 and h2c).
+const BARE_LISTEN: &str = "127.0.0.1:18450";
 
 /// A front under test.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -78,19 +88,25 @@ enum Proxy {
     Haproxy,
     /// door with `[cluster]` on (`--cluster`).
     DoorCluster,
+    /// The bare hyper proxy (`--floor`): door's serving design without door's work.
+    Bare,
 }
 
 impl Proxy {
+    /// door and its peers: the fronts of every run.
     const ALL: [Self; 3] = [Self::Door, Self::Nginx, Self::Haproxy];
-    const WITH_CLUSTER: [Self; 4] = [Self::Door, Self::Nginx, Self::Haproxy, Self::DoorCluster];
 
-    /// The fronts of a run: [`Proxy::ALL`], and door with `[cluster]` when `cluster`.
-    fn of_run(cluster: bool) -> &'static [Self] {
+    /// The fronts of a run: [`Proxy::ALL`], then door with `[cluster]` when `cluster` and the
+    /// bare hyper proxy when `floor`.
+    fn of_run(cluster: bool, floor: bool) -> Vec<Self> {
+        let mut all = Self::ALL.to_vec();
         if cluster {
-            &Self::WITH_CLUSTER
-        } else {
-            &Self::ALL
+            all.push(Self::DoorCluster);
         }
+        if floor {
+            all.push(Self::Bare);
+        }
+        all
     }
 
     fn name(self) -> &'static str {
@@ -99,6 +115,7 @@ impl Proxy {
             Self::Nginx => "nginx",
             Self::Haproxy => "haproxy",
             Self::DoorCluster => "door+cl",
+            Self::Bare => "hyper",
         }
     }
 
@@ -109,6 +126,7 @@ impl Proxy {
             Self::Nginx => "127.0.0.1:18444",
             Self::Haproxy => "127.0.0.1:18446",
             Self::DoorCluster => "127.0.0.1:18448",
+            Self::Bare => BARE_LISTEN,
         }
     }
 
@@ -119,6 +137,7 @@ impl Proxy {
             Self::Nginx => "127.0.0.1:18445",
             Self::Haproxy => "127.0.0.1:18447",
             Self::DoorCluster => "127.0.0.1:18448",
+            Self::Bare => BARE_LISTEN,
         }
     }
 }
@@ -227,8 +246,8 @@ pub(crate) fn xdp() -> anyhow::Result<()> {
 
 /// `cargo xtask bench proxy`: installs the load tools, nginx and HAProxy if missing, builds door
 /// (release) and runs `rounds` interleaved rounds; with `cluster`, door with `[cluster]` on a
-/// `redis-server` it starts is measured in every round too.
-pub(crate) fn proxy(rounds: u32, cluster: bool) -> anyhow::Result<()> {
+/// `redis-server` it starts is measured in every round too, with `floor` the bare hyper proxy.
+pub(crate) fn proxy(rounds: u32, cluster: bool, floor: bool) -> anyhow::Result<()> {
     if rounds == 0 {
         bail!("--rounds must be at least 1");
     }
@@ -236,18 +255,25 @@ pub(crate) fn proxy(rounds: u32, cluster: bool) -> anyhow::Result<()> {
     if cluster {
         setup::require_debian_packages(&["redis-server"])?;
     }
-    step("building door (release)");
-    sh(cargo().args([
+    let mut build = cargo();
+    build.args([
         "build",
         "--release",
         "--package",
         "door-daemon",
         "--bin",
         "door",
-    ]))?;
+    ]);
+    if floor {
+        step("building door and the bare hyper proxy (release)");
+        build.args(["--package", "door-tests", "--bin", "bare-proxy"]);
+    } else {
+        step("building door (release)");
+    }
+    sh(&mut build)?;
     let dir = std::env::temp_dir().join(format!("door-bench-{}", std::process::id()));
     std::fs::create_dir_all(&dir)?;
-    let result = run_all(&dir, rounds, cluster);
+    let result = run_all(&dir, rounds, cluster, floor);
     let _ = std::fs::remove_dir_all(&dir);
     result
 }
@@ -267,7 +293,17 @@ fn start_door(dir: &Path, name: &str, toml: &str) -> anyhow::Result<Guard> {
     ))
 }
 
-fn run_all(dir: &Path, rounds: u32, cluster: bool) -> anyhow::Result<()> {
+/// Starts `cmd` (`what`, for the error) without stdin or stdout; stopped when dropped.
+fn start_quiet(cmd: &mut Command, what: &str) -> anyhow::Result<Guard> {
+    Ok(Guard(
+        cmd.stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .spawn()
+            .with_context(|| format!("starting {what}"))?,
+    ))
+}
+
+fn run_all(dir: &Path, rounds: u32, cluster: bool, with_floor: bool) -> anyhow::Result<()> {
     let cores = std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get);
     step("starting the upstream (nginx return 200), nginx, HAProxy and door");
     let _upstream = nginx(dir, "upstream", &upstream_conf(dir))?;
@@ -275,15 +311,12 @@ fn run_all(dir: &Path, rounds: u32, cluster: bool) -> anyhow::Result<()> {
     let haproxy = haproxy(dir, cores)?;
     let door = start_door(dir, "door", &door_toml(Proxy::Door, false))?;
     let redis = if cluster {
-        Some(Guard(
+        Some(start_quiet(
             Command::new("redis-server")
                 .args(["--port", &REDIS_PORT.to_string(), "--bind", "127.0.0.1"])
-                .args(["--save", "", "--appendonly", "no", "--loglevel", "warning"])
-                .stdin(Stdio::null())
-                .stdout(Stdio::null())
-                .spawn()
-                .context("starting redis-server")?,
-        ))
+                .args(["--save", "", "--appendonly", "no", "--loglevel", "warning"]),
+            "redis-server",
+        )?)
     } else {
         None
     };
@@ -297,14 +330,29 @@ fn run_all(dir: &Path, rounds: u32, cluster: bool) -> anyhow::Result<()> {
     } else {
         None
     };
+    let bare = if with_floor {
+        Some(start_quiet(
+            Command::new(crate::target_dir().join("release/bare-proxy")).args([
+                "--listen",
+                BARE_LISTEN,
+                "--upstream",
+                UPSTREAM,
+            ]),
+            "the bare hyper proxy",
+        )?)
+    } else {
+        None
+    };
     let pids = Pids {
         door: door.0.id(),
         nginx: front.0.id(),
         haproxy: haproxy.0.id(),
         door_cluster: door_cluster.as_ref().map(|g| g.0.id()),
+        bare: bare.as_ref().map(|g| g.0.id()),
         ticks_per_sec: clock_ticks(),
     };
-    let proxies = Proxy::of_run(cluster);
+    let proxies = Proxy::of_run(cluster, with_floor);
+    let proxies = proxies.as_slice();
     wait_listening(UPSTREAM)?;
     for &p in proxies {
         wait_listening(p.h1())?;
@@ -351,6 +399,7 @@ fn run_all(dir: &Path, rounds: u32, cluster: bool) -> anyhow::Result<()> {
         100.0 * flood.non_2xx / flood.requests.max(1.0),
         flood.rps
     );
+    drop(bare);
     drop(door_cluster);
     drop(redis);
     Ok(())
@@ -379,6 +428,8 @@ struct Pids {
     haproxy: u32,
     /// door with `[cluster]`, with `--cluster`.
     door_cluster: Option<u32>,
+    /// The bare hyper proxy, with `--floor`.
+    bare: Option<u32>,
     /// `getconf CLK_TCK`: the unit of `/proc/PID/stat`'s times.
     ticks_per_sec: Option<f64>,
 }
@@ -390,6 +441,7 @@ impl Pids {
             Proxy::Door => cpu_ticks(self.door)?,
             Proxy::Haproxy => cpu_ticks(self.haproxy)?,
             Proxy::DoorCluster => cpu_ticks(self.door_cluster?)?,
+            Proxy::Bare => cpu_ticks(self.bare?)?,
             Proxy::Nginx => children(self.nginx)
                 .into_iter()
                 .filter_map(cpu_ticks)
@@ -507,6 +559,9 @@ fn report(
     ratios(&mut out, &medians);
     if proxies.contains(&Proxy::DoorCluster) {
         cluster_lines(&mut out, &medians);
+    }
+    if proxies.contains(&Proxy::Bare) {
+        floor_lines(&mut out, &medians);
     }
     notes(&mut out, cores, load_start, load_end);
     out
@@ -648,6 +703,53 @@ fn cluster_lines(out: &mut String, medians: &HashMap<(Route, Proxy), Medians>) {
             "{:<17} {:<14} {p99:<14} {store}",
             route.name(),
             format!("{:.2}", cl.rps / door.rps.max(1.0)),
+        );
+    }
+}
+
+/// Per route, the bare hyper proxy against the best peer (rps: the highest; p99 and user CPU per
+/// request: the lowest), and door against the bare proxy: what door's design reaches without
+/// door's work, and what that work costs.
+fn floor_lines(out: &mut String, medians: &HashMap<(Route, Proxy), Medians>) {
+    let ratio = |a: Option<f64>, b: Option<f64>| match (a, b) {
+        (Some(a), Some(b)) => format!("{:.2}", a / b.max(f64::MIN_POSITIVE)),
+        _ => "n/a".to_owned(),
+    };
+    let _ = writeln!(out);
+    let _ = writeln!(
+        out,
+        "{:<17} {:<34} {:<30}",
+        "", "hyper / best peer", "door / hyper"
+    );
+    let _ = writeln!(
+        out,
+        "{:<17} {:<10} {:<10} {:<12} {:<10} {:<10} user/req",
+        "floor", "rps", "p99", "user/req", "rps", "p99"
+    );
+    for route in Route::ALL {
+        let (Some(door), Some(bare)) = (
+            medians.get(&(route, Proxy::Door)),
+            medians.get(&(route, Proxy::Bare)),
+        ) else {
+            continue;
+        };
+        let peers: Vec<Medians> = [Proxy::Nginx, Proxy::Haproxy]
+            .iter()
+            .filter_map(|p| medians.get(&(route, *p)).copied())
+            .collect();
+        let best_rps = peers.iter().map(|m| m.rps).fold(0.0, f64::max);
+        let lowest =
+            |get: fn(&Medians) -> Option<f64>| peers.iter().filter_map(get).min_by(f64::total_cmp);
+        let _ = writeln!(
+            out,
+            "{:<17} {:<10} {:<10} {:<12} {:<10} {:<10} {}",
+            route.name(),
+            ratio(Some(bare.rps), Some(best_rps)),
+            ratio(bare.p99_ms, lowest(|m| m.p99_ms)),
+            ratio(bare.user_us, lowest(|m| m.user_us)),
+            ratio(Some(door.rps), Some(bare.rps)),
+            ratio(door.p99_ms, bare.p99_ms),
+            ratio(door.user_us, bare.user_us),
         );
     }
 }
@@ -1127,8 +1229,8 @@ mod tests {
     use std::collections::HashSet;
 
     use super::{
-        Proxy, Route, cpu_column, cpu_ticks, h2load_log, median, order, parse_commandstats,
-        parse_h2load, parse_stat, parse_wrk, quantile,
+        HashMap, Medians, Proxy, Route, cpu_column, cpu_ticks, floor_lines, h2load_log, median,
+        order, parse_commandstats, parse_h2load, parse_stat, parse_wrk, quantile,
     };
 
     #[test]
@@ -1147,9 +1249,11 @@ mod tests {
 
     #[test]
     fn every_round_visits_every_pair_once_and_each_proxy_takes_each_place() {
-        for cluster in [false, true] {
-            let proxies = Proxy::of_run(cluster);
+        for (cluster, floor) in [(false, false), (true, false), (false, true), (true, true)] {
+            let proxies = Proxy::of_run(cluster, floor);
+            let proxies = proxies.as_slice();
             let n = proxies.len();
+            assert_eq!(n, 3 + usize::from(cluster) + usize::from(floor));
             for round in 0..6 {
                 let pairs = order(round, proxies);
                 assert_eq!(pairs.len(), 3 * n);
@@ -1175,6 +1279,34 @@ mod tests {
                    cmdstat_zadd:calls=80,usec=100,usec_per_call=1.25,rejected_calls=0,failed_calls=0\r\n\
                    cmdstat_script|load:calls=1,usec=50,usec_per_call=50.00,rejected_calls=0,failed_calls=0\r\n";
         assert_eq!(parse_commandstats(out), (40.0, 121.0));
+    }
+
+    #[test]
+    fn the_floor_is_set_against_the_best_peer_and_door_against_the_floor() {
+        let m = |rps, p99, user| Medians {
+            rps,
+            p99_ms: Some(p99),
+            cpu_us: None,
+            user_us: Some(user),
+            store_ops: None,
+        };
+        let mut medians = HashMap::new();
+        medians.insert((Route::Pass, Proxy::Door), m(40_000.0, 5.0, 10.0));
+        medians.insert((Route::Pass, Proxy::Nginx), m(50_000.0, 4.0, 4.0));
+        medians.insert((Route::Pass, Proxy::Haproxy), m(45_000.0, 3.0, 6.0));
+        medians.insert((Route::Pass, Proxy::Bare), m(45_000.0, 3.3, 8.0));
+        let mut out = String::new();
+        floor_lines(&mut out, &medians);
+        let line = out
+            .lines()
+            .find(|l| l.starts_with("h1 pass-through"))
+            .unwrap();
+        // hyper / best peer: rps over nginx's, p99 over HAProxy's, user CPU over nginx's; then
+        // door / hyper.
+        let cols: Vec<&str> = line["h1 pass-through".len()..].split_whitespace().collect();
+        assert_eq!(cols, ["0.90", "1.10", "2.00", "0.89", "1.52", "1.25"]);
+        // Routes the bare proxy did not run are left out.
+        assert!(!out.contains("h1 limited"));
     }
 
     #[test]

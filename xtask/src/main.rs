@@ -14,9 +14,10 @@
 //!   guests booting Debian's 6.1 and 6.12 kernels; ends with `N passed, N failed, N skipped`
 //!   (skipped: what could not run here, such as the privileged suites without root). `--vm` runs
 //!   only the guests, `--no-vm` skips them, `--kernel 6.1,6.12` chooses them.
-//! - `cargo xtask bench proxy [--rounds N] [--cluster]`: door against nginx and HAProxy on
+//! - `cargo xtask bench proxy [--rounds N] [--cluster] [--floor]`: door against nginx and HAProxy on
 //!   loopback in N interleaved rounds, medians, and with `--cluster` door with `[cluster]` on a
-//!   local `redis-server` too (see `bench.rs`); `cargo xtask bench xdp`: door's XDP program
+//!   local `redis-server` too, with `--floor` a bare hyper proxy with door's serving design (see
+//!   `bench.rs`); `cargo xtask bench xdp`: door's XDP program
 //!   against reference programs, and on a veth against nftables.
 //! - `cargo xtask soak [--minutes N]` (root): door for N minutes (default 2) under faults (aborted
 //!   requests, slow readers, slowloris heads, oversized heads, upstream restarts, reloads) in two
@@ -90,6 +91,10 @@ enum Task {
         /// and the store's operations per second at that load.
         #[arg(long)]
         cluster: bool,
+        /// `proxy` only: also a bare hyper reverse proxy with door's serving design and none of
+        /// door's own work (the tests crate's `bare-proxy`): the floor of door's design.
+        #[arg(long)]
+        floor: bool,
     },
     /// Soak test (root): door under faults in two network namespaces for N minutes, then checks
     /// that its memory, descriptors and slots are back to their baseline and every request was
@@ -141,10 +146,11 @@ fn main() -> anyhow::Result<()> {
             target,
             rounds,
             cluster,
+            floor,
         } => match target.as_str() {
-            "proxy" => bench::proxy(rounds.unwrap_or(bench::DEFAULT_ROUNDS), cluster),
-            "xdp" if rounds.is_some() || cluster => {
-                bail!("--rounds and --cluster are for `bench proxy`")
+            "proxy" => bench::proxy(rounds.unwrap_or(bench::DEFAULT_ROUNDS), cluster, floor),
+            "xdp" if rounds.is_some() || cluster || floor => {
+                bail!("--rounds, --cluster and --floor are for `bench proxy`")
             }
             "xdp" => bench::xdp(),
             other => bail!("unknown bench target {other:?} (known: proxy, xdp)"),
