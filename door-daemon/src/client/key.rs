@@ -90,8 +90,8 @@ pub struct TrustedProxies {
 impl TrustedProxies {
     /// Parses a comma-separated list of CIDRs (`10.0.0.0/8, ::1/128`), the form of
     /// `--trusted-proxy` and `DOOR_TRUSTED_PROXIES`. Spaces and tabs around elements are trimmed
-    /// and empty elements skipped, so `""` is the empty list. A bare address means a single host
-    /// (`/32` or `/128`).
+    /// and empty elements skipped, so `""` is the empty list (the configuration refuses empty
+    /// elements before they get here). A bare address means a single host (`/32` or `/128`).
     ///
     /// # Errors
     ///

@@ -1236,31 +1236,90 @@ fn struct_fields<T: serde::de::DeserializeOwned>() -> &'static [&'static str] {
 }
 
 /// Parses a CIDR list for `key` (each entry may itself be comma-separated; a bare address is a
-/// /32 or /128) with [`TrustedProxies::parse_list`]'s checks: a /0 or host bits set are errors.
+/// /32 or /128) with [`TrustedProxies::parse_list`]'s checks: a /0 or host bits set are errors;
+/// so are an empty entry or element ([`refuse_empty`]) and entries that together cover a whole
+/// address family ([`refuse_whole_family`]).
 fn parse_cidrs(key: &str, raw: &[String]) -> Result<TrustedProxies, ConfigError> {
-    TrustedProxies::parse_list(&raw.join(",")).map_err(|e| {
-        let value = match &e {
-            crate::client::key::KeyError::BadCidr { value }
-            | crate::client::key::KeyError::ZeroPrefix { value }
-            | crate::client::key::KeyError::HostBitsSet { value, .. }
-            | crate::client::key::KeyError::BadSource { value } => value.clone(),
+    refuse_empty(key, raw)?;
+    let list = TrustedProxies::parse_list(&raw.join(",")).map_err(|e| cidr_error(key, &e))?;
+    refuse_whole_family(
+        key,
+        list.nets(),
+        " (as trusted proxies, any client could choose its own key)",
+    )?;
+    Ok(list)
+}
+
+/// A CIDR list's [`crate::client::key::KeyError`] for `key`, naming the offending element.
+fn cidr_error(key: &str, e: &crate::client::key::KeyError) -> ConfigError {
+    let value = match e {
+        crate::client::key::KeyError::BadCidr { value }
+        | crate::client::key::KeyError::ZeroPrefix { value }
+        | crate::client::key::KeyError::HostBitsSet { value, .. }
+        | crate::client::key::KeyError::BadSource { value } => value.clone(),
+    };
+    invalid(key, format!("{value:?}"), e.to_string())
+}
+
+/// Refuses an empty or blank entry of a CIDR list (`["192.0.2.10", ""]`, `--allow 192.0.2.10,,`,
+/// an empty `DOOR_*` variable) or an empty element of one (`"192.0.2.10,"`), naming its position:
+/// [`TrustedProxies::parse_list`] skips them, and one is a stray comma or a value that expanded
+/// to nothing.
+fn refuse_empty(key: &str, raw: &[String]) -> Result<(), ConfigError> {
+    for (i, entry) in raw.iter().enumerate() {
+        let reason = if entry.trim().is_empty() {
+            "empty: write a network or remove the entry"
+        } else if entry.split(',').any(|element| element.trim().is_empty()) {
+            "an element is empty (a stray comma?): remove it"
+        } else {
+            continue;
         };
-        invalid(key, format!("{value:?}"), e.to_string())
-    })
+        return Err(invalid(format!("{key}[{i}]"), format!("{entry:?}"), reason));
+    }
+    Ok(())
+}
+
+/// Refuses networks that together cover every IPv4 or every IPv6 address (`0.0.0.0/1` with
+/// `128.0.0.0/1`): what a /0 is refused for, written another way. `why` follows the family in
+/// the message.
+fn refuse_whole_family(key: &str, nets: &[IpNet], why: &str) -> Result<(), ConfigError> {
+    let Some(all) = IpNet::aggregate(&nets.to_vec())
+        .into_iter()
+        .find(|net| net.prefix_len() == 0)
+    else {
+        return Ok(());
+    };
+    let family = if all.addr().is_ipv4() { "IPv4" } else { "IPv6" };
+    let entries: Vec<String> = nets
+        .iter()
+        .filter(|net| net.addr().is_ipv4() == all.addr().is_ipv4())
+        .map(ToString::to_string)
+        .collect();
+    Err(invalid(
+        key,
+        format!("{entries:?}"),
+        format!("together these cover every {family} address{why}"),
+    ))
 }
 
 /// `allow` or `deny`: CIDRs (IPv4-mapped forms unmapped); a `/0` is refused, it would cover
-/// everyone.
+/// everyone, and so are entries that together cover a whole address family, and empty entries.
 fn access_list(key: &str, raw: &[String]) -> Result<Vec<IpNet>, ConfigError> {
-    match TrustedProxies::parse_list(&raw.join(",")) {
-        Ok(list) => Ok(list.nets().to_vec()),
-        Err(crate::client::key::KeyError::ZeroPrefix { value }) => Err(invalid(
-            key,
-            format!("{value:?}"),
-            "a /0 covers every address: list the networks you mean",
-        )),
-        Err(_) => parse_cidrs(key, raw).map(|l| l.nets().to_vec()),
-    }
+    const ASK: &str = ": list the networks you mean";
+    refuse_empty(key, raw)?;
+    let nets = match TrustedProxies::parse_list(&raw.join(",")) {
+        Ok(list) => list.nets().to_vec(),
+        Err(crate::client::key::KeyError::ZeroPrefix { value }) => {
+            return Err(invalid(
+                key,
+                format!("{value:?}"),
+                format!("a /0 covers every address{ASK}"),
+            ));
+        }
+        Err(e) => return Err(cidr_error(key, &e)),
+    };
+    refuse_whole_family(key, &nets, ASK)?;
+    Ok(nets)
 }
 
 fn default_groups() -> BTreeMap<String, GroupConfig> {

@@ -258,6 +258,95 @@ fn bad_cidrs_are_named() {
 }
 
 #[test]
+fn empty_cidr_entries_are_named_by_position() {
+    #[derive(clap::Parser)]
+    struct Flags {
+        #[command(flatten)]
+        overrides: Overrides,
+    }
+
+    assert_eq!(
+        err("trusted_proxies = [\"192.0.2.10\", \"\"]"),
+        "trusted_proxies[1] = \"\": empty: write a network or remove the entry"
+    );
+    assert_eq!(
+        err("trusted_proxies = [\" \\t\"]"),
+        "trusted_proxies[0] = \" \\t\": empty: write a network or remove the entry"
+    );
+    assert_eq!(
+        err("trusted_proxies = [\"192.0.2.10, \"]"),
+        "trusted_proxies[0] = \"192.0.2.10, \": an element is empty (a stray comma?): remove it"
+    );
+    assert_eq!(
+        err("allow = [\"10.0.0.0/8,,192.0.2.0/24\"]"),
+        "allow[0] = \"10.0.0.0/8,,192.0.2.0/24\": an element is empty (a stray comma?): remove it"
+    );
+    assert_eq!(
+        err("deny = [\"\"]"),
+        "deny[0] = \"\": empty: write a network or remove the entry"
+    );
+    assert_eq!(
+        err("[xdp]\nmode = \"off\"\nallow = [\"10.0.0.0/8\", \"\"]"),
+        "xdp.allow[1] = \"\": empty: write a network or remove the entry"
+    );
+    // A flag's or variable's value is split on commas by clap, so the position is the element's.
+    let flags =
+        <Flags as clap::Parser>::try_parse_from(["door", "--trusted-proxy", "192.0.2.10,,"])
+            .unwrap();
+    assert_eq!(
+        Config::load(None, &flags.overrides)
+            .unwrap_err()
+            .to_string(),
+        "trusted_proxies[1] = \"\": empty: write a network or remove the entry"
+    );
+    // No entry at all is the empty list.
+    let c = Config::from_toml("t", "trusted_proxies = []\nallow = []").unwrap();
+    assert!(c.trusted_proxies.is_empty());
+}
+
+#[test]
+fn cidrs_that_together_cover_a_family_are_refused() {
+    assert_eq!(
+        err("trusted_proxies = [\"192.0.2.10\", \"0.0.0.0/1\", \"128.0.0.0/1\"]"),
+        "trusted_proxies = [\"192.0.2.10/32\", \"0.0.0.0/1\", \"128.0.0.0/1\"]: together these \
+         cover every IPv4 address (as trusted proxies, any client could choose its own key)"
+    );
+    // IPv4-mapped networks are IPv4 networks.
+    assert_eq!(
+        err(
+            "trusted_proxies = [\"::ffff:0.0.0.0/97, 2001:db8::/32\", \"128.0.0.0/2\", \"192.0.0.0/2\"]"
+        ),
+        "trusted_proxies = [\"0.0.0.0/1\", \"128.0.0.0/2\", \"192.0.0.0/2\"]: together these cover \
+         every IPv4 address (as trusted proxies, any client could choose its own key)"
+    );
+    assert_eq!(
+        err("deny = [\"::/1\", \"8000::/1\"]"),
+        "deny = [\"::/1\", \"8000::/1\"]: together these cover every IPv6 address: list the \
+         networks you mean"
+    );
+    assert_eq!(
+        err("allow = [\"0.0.0.0/1\", \"128.0.0.0/1\"]"),
+        "allow = [\"0.0.0.0/1\", \"128.0.0.0/1\"]: together these cover every IPv4 address: list \
+         the networks you mean"
+    );
+    assert_eq!(
+        err("[xdp]\nmode = \"off\"\nallow = [\"::/1\", \"8000::/2\", \"c000::/2\"]"),
+        "xdp.allow = [\"::/1\", \"8000::/2\", \"c000::/2\"]: together these cover every IPv6 \
+         address: list the networks you mean"
+    );
+    // Halves of both families, each family with a gap, pass.
+    let ok = "trusted_proxies = [\"0.0.0.0/1\", \"128.0.0.0/2\", \"::/1\", \"8000::/2\"]";
+    assert_eq!(
+        Config::from_toml("t", ok)
+            .unwrap()
+            .trusted_proxies
+            .nets()
+            .len(),
+        4
+    );
+}
+
+#[test]
 fn front_defaults() {
     let c = Config::from_toml("t", "").unwrap();
     assert_eq!(c.tls, None);
