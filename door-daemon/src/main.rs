@@ -5,7 +5,7 @@ use std::{path::PathBuf, process::ExitCode};
 
 use anyhow::Context as _;
 use clap::{Args, Parser, Subcommand};
-use door_daemon::config::{Config, ConfigError, Overrides};
+use door_daemon::config::{Config, ConfigError, EnvNamed, Overrides};
 
 /// door: a front door for one HTTP application.
 #[derive(Debug, Parser)]
@@ -58,7 +58,7 @@ enum Command {
 #[derive(Debug, Args)]
 struct Settings {
     /// Configuration file (TOML).
-    #[arg(long, env = "DOOR_CONFIG", global = true)]
+    #[arg(long, env = "DOOR_CONFIG", global = true, value_parser = EnvNamed(clap::builder::PathBufValueParser::new()))]
     config: Option<PathBuf>,
     #[command(flatten)]
     overrides: Overrides,

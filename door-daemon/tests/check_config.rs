@@ -277,6 +277,46 @@ fn a_bad_flag_value_and_an_unknown_flag_exit_78() {
     assert_eq!(out.status.code(), Some(78), "{out:?}");
 }
 
+/// clap names the flag of a value it cannot parse; a value from the environment is named by its
+/// variable, which is what the operator wrote.
+#[test]
+fn a_bad_environment_value_exits_78_naming_the_variable() {
+    for (var, value, want) in [
+        (
+            "DOOR_MAX_CONNECTIONS",
+            "x",
+            "error: invalid value 'x' for 'DOOR_MAX_CONNECTIONS': invalid digit found in string",
+        ),
+        (
+            "DOOR_RATELIMIT_HEADERS",
+            "maybe",
+            "error: invalid value 'maybe' for 'DOOR_RATELIMIT_HEADERS': value was not a boolean",
+        ),
+        (
+            "DOOR_CONFIG",
+            "",
+            "error: a value is required for 'DOOR_CONFIG' but none was supplied",
+        ),
+    ] {
+        let out = door_command()
+            .arg("check-config")
+            .env(var, value)
+            .output()
+            .expect("run door");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(78), "{var}: {stderr}");
+        assert_eq!(stderr.lines().next(), Some(want), "{var}: {stderr}");
+    }
+    // The same value given as the flag's is named by the flag.
+    let out = door(&["check-config", "--max-connections", "x"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(78), "{stderr}");
+    assert!(
+        stderr.starts_with("error: invalid value 'x' for '--max-connections <MAX_CONNECTIONS>'"),
+        "{stderr}"
+    );
+}
+
 #[test]
 fn a_port_in_use_exits_1_naming_its_cause_once() {
     let taken = std::net::TcpListener::bind("127.0.0.1:0").expect("bind a loopback port");

@@ -636,6 +636,48 @@ impl Config {
     }
 }
 
+/// A flag's value parser (`P`) whose error, for a value read from the flag's environment
+/// variable, names the variable: clap names only the flag (`invalid value 'x' for
+/// '--max-connections <MAX_CONNECTIONS>'`), where the operator wrote `DOOR_MAX_CONNECTIONS=x`.
+#[derive(Debug, Clone)]
+pub struct EnvNamed<P>(
+    /// The parser of the value itself.
+    pub P,
+);
+
+impl<P: clap::builder::TypedValueParser> clap::builder::TypedValueParser for EnvNamed<P> {
+    type Value = P::Value;
+
+    fn parse_ref(
+        &self,
+        cmd: &clap::Command,
+        arg: Option<&clap::Arg>,
+        value: &std::ffi::OsStr,
+    ) -> Result<P::Value, clap::Error> {
+        self.0.parse_ref(cmd, arg, value)
+    }
+
+    fn parse_ref_(
+        &self,
+        cmd: &clap::Command,
+        arg: Option<&clap::Arg>,
+        value: &std::ffi::OsStr,
+        source: clap::parser::ValueSource,
+    ) -> Result<P::Value, clap::Error> {
+        self.0.parse_ref_(cmd, arg, value, source).map_err(|mut e| {
+            if source == clap::parser::ValueSource::EnvVariable
+                && let Some(name) = arg.and_then(clap::Arg::get_env)
+            {
+                e.insert(
+                    clap::error::ContextKind::InvalidArg,
+                    clap::error::ContextValue::String(name.to_string_lossy().into_owned()),
+                );
+            }
+            e
+        })
+    }
+}
+
 /// Settings given as flags or `DOOR_*` environment variables; each beats the file. The `door`
 /// binary parses them with clap (flag, then environment variable); every field here is one key of
 /// the file, declared once: its flag, variable and help are the attributes below.
@@ -686,7 +728,7 @@ pub struct Overrides {
 
     /// Shadow mode: admit everything, count what would have been refused. `true`/`false`, or
     /// `1`/`0`, `yes`/`no`, `on`/`off`.
-    #[arg(long, env = "DOOR_DISABLE_ANON_ROUTE_LIMITS", global = true, num_args = 0..=1, default_missing_value = "true", value_parser = clap::builder::BoolishValueParser::new())]
+    #[arg(long, env = "DOOR_DISABLE_ANON_ROUTE_LIMITS", global = true, num_args = 0..=1, default_missing_value = "true", value_parser = EnvNamed(clap::builder::BoolishValueParser::new()))]
     pub disable_anon_route_limits: Option<bool>,
 
     /// Interface the XDP program attaches to.
@@ -727,7 +769,7 @@ pub struct Overrides {
 
     /// Send RateLimit-Policy and RateLimit fields on limited routes. Default true. `true`/`false`,
     /// or `1`/`0`, `yes`/`no`, `on`/`off`.
-    #[arg(long, env = "DOOR_RATELIMIT_HEADERS", global = true, num_args = 0..=1, default_missing_value = "true", value_parser = clap::builder::BoolishValueParser::new())]
+    #[arg(long, env = "DOOR_RATELIMIT_HEADERS", global = true, num_args = 0..=1, default_missing_value = "true", value_parser = EnvNamed(clap::builder::BoolishValueParser::new()))]
     pub ratelimit_headers: Option<bool>,
 
     /// OTLP/HTTP collector base URL (e.g. http://127.0.0.1:4318); OTEL_EXPORTER_OTLP_* also work.
@@ -753,16 +795,16 @@ pub struct Overrides {
     #[arg(long, env = "DOOR_CLUSTER_CA_FILE", global = true)]
     pub cluster_ca_file: Option<String>,
     /// Client connections served at once, door-wide. Default: from the open-file limit.
-    #[arg(long, env = "DOOR_MAX_CONNECTIONS", global = true)]
+    #[arg(long, env = "DOOR_MAX_CONNECTIONS", global = true, value_parser = EnvNamed(clap::value_parser!(i64)))]
     pub max_connections: Option<i64>,
     /// Client connections one TCP peer may have open at once. Default 256.
-    #[arg(long, env = "DOOR_MAX_CONNECTIONS_PER_CLIENT", global = true)]
+    #[arg(long, env = "DOOR_MAX_CONNECTIONS_PER_CLIENT", global = true, value_parser = EnvNamed(clap::value_parser!(i64)))]
     pub max_connections_per_client: Option<i64>,
     /// Pass-through requests forwarded upstream at once; past it, 503. Default 4096.
-    #[arg(long, env = "DOOR_UPSTREAM_MAX_INFLIGHT", global = true)]
+    #[arg(long, env = "DOOR_UPSTREAM_MAX_INFLIGHT", global = true, value_parser = EnvNamed(clap::value_parser!(i64)))]
     pub upstream_max_inflight: Option<i64>,
     /// Header fields an HTTP/1.1 request head may have (1 to 1024); past it, 431. Default 100.
-    #[arg(long, env = "DOOR_MAX_HEADER_FIELDS", global = true)]
+    #[arg(long, env = "DOOR_MAX_HEADER_FIELDS", global = true, value_parser = EnvNamed(clap::value_parser!(i64)))]
     pub max_header_fields: Option<i64>,
     /// Close a stream (WebSocket, server-sent events) silent this long (e.g. 5m). Default 5m.
     #[arg(long, env = "DOOR_STREAM_IDLE_TIMEOUT", global = true)]
