@@ -1303,11 +1303,17 @@ fn cidr_error(key: &str, e: &crate::client::key::KeyError) -> ConfigError {
     invalid(key, format!("{value:?}"), e.to_string())
 }
 
-/// Refuses an empty or blank entry of a CIDR list (`["192.0.2.10", ""]`, `--allow 192.0.2.10,,`,
-/// an empty `DOOR_*` variable) or an empty element of one (`"192.0.2.10,"`), naming its position:
+/// Refuses an empty or blank entry of a CIDR list (`["192.0.2.10", ""]`, `--allow 192.0.2.10,,`)
+/// or an empty element of one (`"192.0.2.10,"`), naming its position:
 /// [`TrustedProxies::parse_list`] skips them, and one is a stray comma or a value that expanded
-/// to nothing.
+/// to nothing. A list that is one blank value and nothing else (`DOOR_TRUSTED_PROXIES=`,
+/// `--trusted-proxy ""`) is the empty list: how a flag or a variable empties the file's list.
 fn refuse_empty(key: &str, raw: &[String]) -> Result<(), ConfigError> {
+    if let [only] = raw
+        && only.trim().is_empty()
+    {
+        return Ok(());
+    }
     for (i, entry) in raw.iter().enumerate() {
         let reason = if entry.trim().is_empty() {
             "empty: write a network or remove the entry"

@@ -270,7 +270,7 @@ fn empty_cidr_entries_are_named_by_position() {
         "trusted_proxies[1] = \"\": empty: write a network or remove the entry"
     );
     assert_eq!(
-        err("trusted_proxies = [\" \\t\"]"),
+        err("trusted_proxies = [\" \\t\", \"192.0.2.10\"]"),
         "trusted_proxies[0] = \" \\t\": empty: write a network or remove the entry"
     );
     assert_eq!(
@@ -282,7 +282,7 @@ fn empty_cidr_entries_are_named_by_position() {
         "allow[0] = \"10.0.0.0/8,,192.0.2.0/24\": an element is empty (a stray comma?): remove it"
     );
     assert_eq!(
-        err("deny = [\"\"]"),
+        err("deny = [\"\", \"\"]"),
         "deny[0] = \"\": empty: write a network or remove the entry"
     );
     assert_eq!(
@@ -299,9 +299,22 @@ fn empty_cidr_entries_are_named_by_position() {
             .to_string(),
         "trusted_proxies[1] = \"\": empty: write a network or remove the entry"
     );
-    // No entry at all is the empty list.
-    let c = Config::from_toml("t", "trusted_proxies = []\nallow = []").unwrap();
+    // No entry at all is the empty list, and so is one blank value alone: how a flag or a
+    // variable empties the file's list.
+    let c = Config::from_toml("t", "trusted_proxies = []\nallow = [\" \"]").unwrap();
     assert!(c.trusted_proxies.is_empty());
+    assert!(c.allow.is_empty());
+    let dir = std::env::temp_dir().join(format!("door-config-empty-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("door.toml");
+    std::fs::write(&path, "trusted_proxies = [\"192.0.2.10\"]").unwrap();
+    let flags = <Flags as clap::Parser>::try_parse_from(["door", "--trusted-proxy", ""]).unwrap();
+    let c = Config::load(Some(&path), &flags.overrides).unwrap();
+    std::fs::remove_dir_all(&dir).unwrap();
+    assert!(
+        c.trusted_proxies.is_empty(),
+        "the flag's empty list beats the file's"
+    );
 }
 
 #[test]
