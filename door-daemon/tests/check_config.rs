@@ -315,6 +315,16 @@ fn a_bad_environment_value_exits_78_naming_the_variable() {
         stderr.starts_with("error: invalid value 'x' for '--max-connections <MAX_CONNECTIONS>'"),
         "{stderr}"
     );
+    // The wrapper keeps what the inner parser tells `--help`: a switch's values.
+    let help = String::from_utf8_lossy(&door(&["--help"]).stdout).into_owned();
+    for flag in ["--ratelimit-headers", "--disable-anon-route-limits"] {
+        let entry = help.split(flag).nth(1).unwrap_or_default();
+        let entry = entry.split("\n      --").next().unwrap_or_default();
+        assert!(
+            entry.contains("[possible values: true, false]"),
+            "{flag}: {entry}"
+        );
+    }
 }
 
 #[test]

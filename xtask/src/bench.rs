@@ -61,8 +61,17 @@ use anyhow::{Context as _, bail};
 
 use crate::{cargo, setup, sh, step};
 
-/// The rounds `cargo xtask bench proxy` runs without `--rounds`.
-pub(crate) const DEFAULT_ROUNDS: u32 = 5;
+/// The fewest rounds `cargo xtask bench proxy` runs without `--rounds`: it runs the smallest
+/// multiple of the run's fronts that is at least this ([`default_rounds`]).
+const MIN_DEFAULT_ROUNDS: u32 = 5;
+
+/// The rounds of a run of `fronts` fronts without `--rounds`: the smallest multiple of `fronts`
+/// that is at least [`MIN_DEFAULT_ROUNDS`], so that every front goes first, second and so on
+/// equally often (6 for door, nginx and HAProxy; 8 with one more front).
+fn default_rounds(fronts: u32) -> u32 {
+    let fronts = fronts.max(1);
+    MIN_DEFAULT_ROUNDS.div_ceil(fronts) * fronts
+}
 /// Seconds of one recorded measurement of one (route, proxy) pair.
 const RUN_SECS: u32 = 5;
 /// Seconds of the unrecorded warm-up of each pair before the first round.
@@ -247,9 +256,18 @@ pub(crate) fn xdp() -> anyhow::Result<()> {
 /// `cargo xtask bench proxy`: installs the load tools, nginx and HAProxy if missing, builds door
 /// (release) and runs `rounds` interleaved rounds; with `cluster`, door with `[cluster]` on a
 /// `redis-server` it starts is measured in every round too, with `floor` the bare hyper proxy.
-pub(crate) fn proxy(rounds: u32, cluster: bool, floor: bool) -> anyhow::Result<()> {
+/// Without `rounds`, [`default_rounds`].
+pub(crate) fn proxy(rounds: Option<u32>, cluster: bool, floor: bool) -> anyhow::Result<()> {
+    let fronts = u32::try_from(Proxy::of_run(cluster, floor).len()).unwrap_or(u32::MAX);
+    let rounds = rounds.unwrap_or_else(|| default_rounds(fronts));
     if rounds == 0 {
         bail!("--rounds must be at least 1");
+    }
+    if !rounds.is_multiple_of(fronts) {
+        eprintln!(
+            "note: {rounds} rounds are not a multiple of the run's {fronts} fronts: some fronts \
+             will go first (or last) on a route more often than others"
+        );
     }
     setup::require_debian_packages(setup::BENCH_PROXY_PACKAGES)?;
     if cluster {
@@ -737,14 +755,14 @@ fn floor_lines(out: &mut String, medians: &HashMap<(Route, Proxy), Medians>) {
             .iter()
             .filter_map(|p| medians.get(&(route, *p)).copied())
             .collect();
-        let best_rps = peers.iter().map(|m| m.rps).fold(0.0, f64::max);
+        let best_rps = peers.iter().map(|m| m.rps).max_by(f64::total_cmp);
         let lowest =
             |get: fn(&Medians) -> Option<f64>| peers.iter().filter_map(get).min_by(f64::total_cmp);
         let _ = writeln!(
             out,
             "{:<17} {:<10} {:<10} {:<12} {:<10} {:<10} {}",
             route.name(),
-            ratio(Some(bare.rps), Some(best_rps)),
+            ratio(Some(bare.rps), best_rps),
             ratio(bare.p99_ms, lowest(|m| m.p99_ms)),
             ratio(bare.user_us, lowest(|m| m.user_us)),
             ratio(Some(door.rps), Some(bare.rps)),
@@ -1229,8 +1247,9 @@ mod tests {
     use std::collections::HashSet;
 
     use super::{
-        HashMap, Medians, Proxy, Route, cpu_column, cpu_ticks, floor_lines, h2load_log, median,
-        order, parse_commandstats, parse_h2load, parse_stat, parse_wrk, quantile,
+        HashMap, Medians, Proxy, Route, cpu_column, cpu_ticks, default_rounds, floor_lines,
+        h2load_log, median, order, parse_commandstats, parse_h2load, parse_stat, parse_wrk,
+        quantile,
     };
 
     #[test]
@@ -1279,6 +1298,14 @@ mod tests {
                    cmdstat_zadd:calls=80,usec=100,usec_per_call=1.25,rejected_calls=0,failed_calls=0\r\n\
                    cmdstat_script|load:calls=1,usec=50,usec_per_call=50.00,rejected_calls=0,failed_calls=0\r\n";
         assert_eq!(parse_commandstats(out), (40.0, 121.0));
+    }
+
+    #[test]
+    fn default_rounds_are_a_multiple_of_the_fronts() {
+        assert_eq!(default_rounds(3), 6);
+        assert_eq!(default_rounds(4), 8);
+        assert_eq!(default_rounds(5), 5);
+        assert_eq!(default_rounds(0), 5);
     }
 
     #[test]

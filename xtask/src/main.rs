@@ -84,7 +84,8 @@ enum Task {
         /// What to benchmark: `proxy` or `xdp`.
         target: String,
         /// `proxy` only: rounds, each measuring every (route, proxy) pair once; the table shows
-        /// medians across them (default 5).
+        /// medians across them (default: the smallest multiple of the run's fronts from 5 up, so
+        /// each front takes each place equally often: 6, or 8 with `--cluster` or `--floor`).
         #[arg(long, value_name = "N")]
         rounds: Option<u32>,
         /// `proxy` only: also door with `[cluster]` on a `redis-server` the benchmark starts,
@@ -148,7 +149,7 @@ fn main() -> anyhow::Result<()> {
             cluster,
             floor,
         } => match target.as_str() {
-            "proxy" => bench::proxy(rounds.unwrap_or(bench::DEFAULT_ROUNDS), cluster, floor),
+            "proxy" => bench::proxy(rounds, cluster, floor),
             "xdp" if rounds.is_some() || cluster || floor => {
                 bail!("--rounds, --cluster and --floor are for `bench proxy`")
             }

@@ -676,6 +676,23 @@ impl<P: clap::builder::TypedValueParser> clap::builder::TypedValueParser for Env
             e
         })
     }
+
+    fn parse_(
+        &self,
+        cmd: &clap::Command,
+        arg: Option<&clap::Arg>,
+        value: std::ffi::OsString,
+        source: clap::parser::ValueSource,
+    ) -> Result<P::Value, clap::Error> {
+        self.parse_ref_(cmd, arg, &value, source)
+    }
+
+    /// The inner parser's values (`--help` lists a switch's `true` and `false`).
+    fn possible_values(
+        &self,
+    ) -> Option<Box<dyn Iterator<Item = clap::builder::PossibleValue> + '_>> {
+        self.0.possible_values()
+    }
 }
 
 /// Settings given as flags or `DOOR_*` environment variables; each beats the file. The `door`
@@ -1309,15 +1326,17 @@ fn cidr_error(key: &str, e: &crate::client::key::KeyError) -> ConfigError {
 /// to nothing. A list that is one blank value and nothing else (`DOOR_TRUSTED_PROXIES=`,
 /// `--trusted-proxy ""`) is the empty list: how a flag or a variable empties the file's list.
 fn refuse_empty(key: &str, raw: &[String]) -> Result<(), ConfigError> {
+    // Blank as the list parser trims: spaces and tabs.
+    let blank = |s: &str| s.trim_matches([' ', '\t']).is_empty();
     if let [only] = raw
-        && only.trim().is_empty()
+        && blank(only)
     {
         return Ok(());
     }
     for (i, entry) in raw.iter().enumerate() {
-        let reason = if entry.trim().is_empty() {
+        let reason = if blank(entry) {
             "empty: write a network or remove the entry"
-        } else if entry.split(',').any(|element| element.trim().is_empty()) {
+        } else if entry.split(',').any(blank) {
             "an element is empty (a stray comma?): remove it"
         } else {
             continue;

@@ -309,8 +309,9 @@ fn empty_cidr_entries_are_named_by_position() {
     let path = dir.join("door.toml");
     std::fs::write(&path, "trusted_proxies = [\"192.0.2.10\"]").unwrap();
     let flags = <Flags as clap::Parser>::try_parse_from(["door", "--trusted-proxy", ""]).unwrap();
-    let c = Config::load(Some(&path), &flags.overrides).unwrap();
+    let loaded = Config::load(Some(&path), &flags.overrides);
     std::fs::remove_dir_all(&dir).unwrap();
+    let c = loaded.unwrap();
     assert!(
         c.trusted_proxies.is_empty(),
         "the flag's empty list beats the file's"

@@ -2,19 +2,25 @@
 //! of `cargo xtask bench proxy --floor`.
 //!
 //! What it shares with door: one `current_thread` tokio runtime per worker thread, one accept
-//! loop handing each connection to the next worker in turn; hyper-util's `auto` server (HTTP/1.1
-//! and h2c by prior knowledge) with door's connection settings (hyper's Tokio timer and a
-//! header read timeout, a 64 KiB read buffer, 250 concurrent HTTP/2 streams); one hyper-util
-//! pooled client per worker on door's upstream connector (`TCP_NODELAY`, no per-response
-//! `HttpInfo`), every idle connection kept, door's idle timeout. The constants are door's own.
+//! loop handing each connection to the next worker in turn (here on a runtime of its own; door's
+//! runs on its control plane's); hyper-util's `auto` server (HTTP/1.1 and h2c by prior knowledge,
+//! upgrades on) with door's connection settings (hyper's Tokio timer and the default header read
+//! timeout, a 64 KiB read buffer and HTTP/2 header list, 250 concurrent HTTP/2 streams, extended
+//! CONNECT); one hyper-util pooled client per worker on door's upstream connector (`TCP_NODELAY`,
+//! no per-response `HttpInfo`), every idle connection kept, door's idle timeout. The constants are
+//! door's own.
 //!
-//! What it does per request, what any reverse proxy must: the target rewritten to the upstream
-//! (HTTP/1.1), `Host` kept (from the `:authority` of an HTTP/2 request), the hop-by-hop fields of
-//! RFC 9110 §7.6.1 removed both ways, and the peer's address appended to `X-Forwarded-For`.
+//! What it does per request, what any reverse proxy must, with door's own functions where door
+//! has one: the target rewritten to the upstream (HTTP/1.1), `Host` from the target's authority
+//! when it has one (an absolute-form target, an HTTP/2 `:authority`; RFC 9112 §3.2.2), the
+//! hop-by-hop fields of RFC 9110 §7.6.1 removed both ways (door's `strip_hop_by_hop`), the peer's
+//! address appended to `X-Forwarded-For` (the address's text made once per connection, as door
+//! does), and an HTTP/2 request's `cookie` fields joined (door's `join_cookies`, RFC 9113 §8.2.3).
 //!
 //! What it does not do, and door does: routing, the client key, the limiter, checks of the
-//! request head, health caching, deadlines per request, metrics, the idle watch, drain. The
-//! difference between door and this proxy in the same run is the cost of those.
+//! request head, identity fields dropped from untrusted peers, `Forwarded`, health caching,
+//! deadlines per request, metrics, the idle watch, drain. The difference between door and this
+//! proxy in the same run is the cost of those.
 
 use std::{
     convert::Infallible,
@@ -33,7 +39,7 @@ use door_daemon::{
     http::{
         connect::Connector,
         front::{MAX_CONCURRENT_STREAMS, MAX_HEADER_BYTES},
-        upstream::POOL_IDLE_TIMEOUT,
+        upstream::{POOL_IDLE_TIMEOUT, join_cookies, strip_hop_by_hop},
     },
 };
 use http::{HeaderMap, HeaderValue, Request, Response, StatusCode, Uri, Version, header, uri};
@@ -112,7 +118,9 @@ async fn serve(
     builder
         .http2()
         .timer(TokioTimer::new())
-        .max_concurrent_streams(MAX_CONCURRENT_STREAMS);
+        .max_header_list_size(u32::try_from(MAX_HEADER_BYTES).unwrap_or(u32::MAX))
+        .max_concurrent_streams(MAX_CONCURRENT_STREAMS)
+        .enable_connect_protocol();
     let builder = Arc::new(builder);
     // One pool per worker, made on first use by the worker itself.
     let per_worker: Vec<Arc<std::sync::OnceLock<Arc<Worker>>>> = workers
@@ -155,33 +163,43 @@ async fn serve(
                     authority,
                 })
             }));
+            let Ok(peer) = HeaderValue::from_str(&peer.ip().to_string()) else {
+                return;
+            };
             let service = hyper::service::service_fn(move |req| {
                 let worker = Arc::clone(&worker);
-                async move { Ok::<_, Infallible>(forward(&worker, peer, req).await) }
+                let peer = peer.clone();
+                async move { Ok::<_, Infallible>(forward(&worker, &peer, req).await) }
             });
             let _ = builder
-                .serve_connection(TokioIo::new(stream), service)
+                .serve_connection_with_upgrades(TokioIo::new(stream), service)
                 .await;
         });
     }
 }
 
-/// Sends `req` from `peer` to the upstream and returns its answer (502 when it cannot be had).
-async fn forward(worker: &Worker, peer: SocketAddr, mut req: Request<Incoming>) -> Response<Body> {
+/// Sends `req` from the peer whose address is `peer` (made once per connection) to the upstream
+/// and returns its answer (502 when it cannot be had).
+async fn forward(
+    worker: &Worker,
+    peer: &HeaderValue,
+    mut req: Request<Incoming>,
+) -> Response<Body> {
+    // The target's authority is the host (RFC 9112 §3.2.2, an HTTP/2 request's `:authority`).
+    if let Some(authority) = req.uri().authority()
+        && req
+            .headers()
+            .get(header::HOST)
+            .is_none_or(|h| h.as_bytes() != authority.as_str().as_bytes())
+        && let Ok(host) = HeaderValue::from_str(authority.as_str())
+    {
+        req.headers_mut().insert(header::HOST, host);
+    }
     let path = req
         .uri()
         .path_and_query()
         .cloned()
         .unwrap_or_else(|| uri::PathAndQuery::from_static("/"));
-    if !req.headers().contains_key(header::HOST) {
-        let host = req
-            .uri()
-            .authority()
-            .and_then(|a| HeaderValue::from_str(a.as_str()).ok());
-        if let Some(host) = host {
-            req.headers_mut().insert(header::HOST, host);
-        }
-    }
     let mut parts = uri::Parts::default();
     parts.scheme = Some(uri::Scheme::HTTP);
     parts.authority = Some(worker.authority.clone());
@@ -191,8 +209,10 @@ async fn forward(worker: &Worker, peer: SocketAddr, mut req: Request<Incoming>) 
     };
     *req.uri_mut() = target;
     *req.version_mut() = Version::HTTP_11;
-    strip_hop_by_hop(req.headers_mut());
-    append_forwarded_for(req.headers_mut(), peer);
+    let headers = req.headers_mut();
+    strip_hop_by_hop(headers);
+    append_forwarded_for(headers, peer);
+    join_cookies(headers);
     match worker.client.request(req).await {
         Ok(resp) => {
             let (mut parts, body) = resp.into_parts();
@@ -210,51 +230,26 @@ fn status(code: StatusCode) -> Response<Body> {
     resp
 }
 
-/// Removes the fields `Connection` names, then the hop-by-hop fields themselves.
-fn strip_hop_by_hop(headers: &mut HeaderMap) {
-    let named: Vec<header::HeaderName> = headers
-        .get_all(header::CONNECTION)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
-        .map(str::trim)
-        // The options every keep-alive answer carries name no field to remove.
-        .filter(|name| {
-            !name.eq_ignore_ascii_case("keep-alive") && !name.eq_ignore_ascii_case("close")
-        })
-        .filter_map(|name| header::HeaderName::from_bytes(name.as_bytes()).ok())
-        .collect();
-    for name in named {
-        headers.remove(name);
-    }
-    for name in [
-        header::CONNECTION,
-        header::TE,
-        header::TRAILER,
-        header::TRANSFER_ENCODING,
-        header::UPGRADE,
-        header::PROXY_AUTHORIZATION,
-        header::PROXY_AUTHENTICATE,
-    ] {
-        headers.remove(name);
-    }
-    headers.remove("keep-alive");
-    headers.remove("proxy-connection");
-}
-
-/// Appends `peer`'s address to `X-Forwarded-For` (one field, comma-separated).
-fn append_forwarded_for(headers: &mut HeaderMap, peer: SocketAddr) {
-    let ip = peer.ip().to_string();
-    let value = match headers.get(header::HeaderName::from_static("x-forwarded-for")) {
-        Some(prior) => {
-            let mut v = prior.as_bytes().to_vec();
+/// Appends `peer` to `X-Forwarded-For`: the prior lines joined with `, ` and `peer` after them,
+/// or `peer` alone.
+fn append_forwarded_for(headers: &mut HeaderMap, peer: &HeaderValue) {
+    let xff = header::HeaderName::from_static("x-forwarded-for");
+    let mut prior = headers.get_all(&xff).iter();
+    let value = match prior.next() {
+        None => peer.clone(),
+        Some(first) => {
+            let mut v = first.as_bytes().to_vec();
+            for line in prior {
+                v.extend_from_slice(b", ");
+                v.extend_from_slice(line.as_bytes());
+            }
             v.extend_from_slice(b", ");
-            v.extend_from_slice(ip.as_bytes());
-            HeaderValue::from_bytes(&v)
+            v.extend_from_slice(peer.as_bytes());
+            match HeaderValue::from_bytes(&v) {
+                Ok(v) => v,
+                Err(_) => return,
+            }
         }
-        None => HeaderValue::from_str(&ip),
     };
-    if let Ok(value) = value {
-        headers.insert("x-forwarded-for", value);
-    }
+    headers.insert(xff, value);
 }
