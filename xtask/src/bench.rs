@@ -40,7 +40,8 @@
 //!
 //! The load tool, the proxy under test and the upstream share the machine's cores; nothing is
 //! pinned. `nproc` and the load average are printed at the start and the end. About 50 s a
-//! round plus half a minute of warm-up, a third more with `--floor` (docs/performance.md: the method and the latest numbers).
+//! round plus half a minute of warm-up, a third more with `--floor` (docs/performance.md: the
+//! method and the latest numbers).
 //!
 //! `cargo xtask bench xdp` (root): `xdp-bench` from the tests crate, release build. Nanoseconds
 //! per packet of door's XDP program with BPF_PROG_TEST_RUN against an empty program and a

@@ -14,8 +14,8 @@
 //!   guests booting Debian's 6.1 and 6.12 kernels; ends with `N passed, N failed, N skipped`
 //!   (skipped: what could not run here, such as the privileged suites without root). `--vm` runs
 //!   only the guests, `--no-vm` skips them, `--kernel 6.1,6.12` chooses them.
-//! - `cargo xtask bench proxy [--rounds N] [--cluster] [--floor]`: door against nginx and HAProxy on
-//!   loopback in N interleaved rounds, medians, and with `--cluster` door with `[cluster]` on a
+//! - `cargo xtask bench proxy [--rounds N] [--cluster] [--floor]`: door against nginx and HAProxy
+//!   on loopback in N interleaved rounds, medians, and with `--cluster` door with `[cluster]` on a
 //!   local `redis-server` too, with `--floor` a bare hyper proxy with door's serving design (see
 //!   `bench.rs`); `cargo xtask bench xdp`: door's XDP program
 //!   against reference programs, and on a veth against nftables.
