@@ -68,11 +68,12 @@ const MIN_DEFAULT_ROUNDS: u32 = 5;
 
 /// The rounds of a run of `fronts` fronts without `--rounds`: the smallest multiple of `fronts`
 /// that is at least [`MIN_DEFAULT_ROUNDS`], so that every front goes first, second and so on
-/// equally often (6 for door, nginx and HAProxy; 8 with one more front).
+/// equally often (6 for door, nginx and HAProxy; 8 with one more front; 5 with two more).
 fn default_rounds(fronts: u32) -> u32 {
     let fronts = fronts.max(1);
     MIN_DEFAULT_ROUNDS.div_ceil(fronts) * fronts
 }
+
 /// Seconds of one recorded measurement of one (route, proxy) pair.
 const RUN_SECS: u32 = 5;
 /// Seconds of the unrecorded warm-up of each pair before the first round.

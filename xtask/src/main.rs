@@ -85,7 +85,8 @@ enum Task {
         target: String,
         /// `proxy` only: rounds, each measuring every (route, proxy) pair once; the table shows
         /// medians across them (default: the smallest multiple of the run's fronts from 5 up, so
-        /// each front takes each place equally often: 6, or 8 with `--cluster` or `--floor`).
+        /// each front takes each place equally often: 6; 8 with `--cluster` or `--floor`; 5 with
+        /// both).
         #[arg(long, value_name = "N")]
         rounds: Option<u32>,
         /// `proxy` only: also door with `[cluster]` on a `redis-server` the benchmark starts,
