@@ -352,12 +352,9 @@ fn run_all(dir: &Path, rounds: u32, cluster: bool, with_floor: bool) -> anyhow::
     };
     let bare = if with_floor {
         Some(start_quiet(
-            Command::new(crate::target_dir().join("release/bare-proxy")).args([
-                "--listen",
-                BARE_LISTEN,
-                "--upstream",
-                UPSTREAM,
-            ]),
+            Command::new(crate::target_dir().join("release/bare-proxy"))
+                .args(["--listen", BARE_LISTEN, "--upstream"])
+                .arg(format!("http://{UPSTREAM}")),
             "the bare hyper proxy",
         )?)
     } else {

@@ -260,11 +260,24 @@ impl Proxy {
 }
 
 /// Rewrites a client's request for the upstream: absolute URI on the upstream, HTTP/1.1, the
-/// client's `Host` kept, or, when the request target has an authority (HTTP/2's `:authority`, an
-/// HTTP/1.1 absolute-form target), `Host` set to it (RFC 9113 §8.3.1, RFC 9112 §3.2.2; the head
-/// passed [`crate::http::head::check`], so an HTTP/2 `Host` already agrees with it), hop-by-hop
-/// headers removed, forwarding headers rewritten per `origin`.
+/// client's `Host` kept or set from the target ([`retarget`]), hop-by-hop headers removed,
+/// forwarding headers rewritten per `origin`, an HTTP/2 request's `cookie` fields joined.
 pub fn prepare<B>(mut req: Request<B>, upstream: &Upstream, origin: &Origin) -> Request<B> {
+    retarget(&mut req, upstream);
+    let headers = req.headers_mut();
+    strip_hop_by_hop(headers);
+    rewrite_forwarding(headers, origin);
+    join_cookies(headers);
+    req
+}
+
+/// Points `req` at `upstream` over HTTP/1.1: the target becomes the absolute URI on the upstream
+/// with the client's path and query, and `Host` is kept, or, when the request target has an
+/// authority (HTTP/2's `:authority`, an HTTP/1.1 absolute-form target), set to it (RFC 9113
+/// §8.3.1, RFC 9112 §3.2.2; on door's request path the head passed
+/// [`crate::http::head::check`], so an HTTP/2 `Host` already agrees with it). A target that
+/// cannot be rebuilt on the upstream is left as it was (the pooled client then refuses it).
+pub fn retarget<B>(req: &mut Request<B>, upstream: &Upstream) {
     if let Some(authority) = req.uri().authority()
         && req
             .headers()
@@ -287,11 +300,6 @@ pub fn prepare<B>(mut req: Request<B>, upstream: &Upstream, origin: &Origin) -> 
         *req.uri_mut() = uri;
     }
     *req.version_mut() = Version::HTTP_11;
-    let headers = req.headers_mut();
-    strip_hop_by_hop(headers);
-    rewrite_forwarding(headers, origin);
-    join_cookies(headers);
-    req
 }
 
 /// Joins several `cookie` fields into one, in their order, with "; " (RFC 9113 §8.2.3: an

@@ -11,8 +11,9 @@
 //! door's own.
 //!
 //! What it does per request, what any reverse proxy must, with door's own functions where door
-//! has one: the target rewritten to the upstream (HTTP/1.1), `Host` from the target's authority
-//! when it has one (an absolute-form target, an HTTP/2 `:authority`; RFC 9112 §3.2.2), the
+//! has one: the target rewritten to the upstream (HTTP/1.1) with `Host` from the target's
+//! authority when it has one (door's `retarget`: an absolute-form target, an HTTP/2
+//! `:authority`; RFC 9112 §3.2.2), the
 //! hop-by-hop fields of RFC 9110 §7.6.1 removed both ways (door's `strip_hop_by_hop`), the peer's
 //! address appended to `X-Forwarded-For` (the address's text made once per connection, as door
 //! does), and an HTTP/2 request's `cookie` fields joined (door's `join_cookies`, RFC 9113 §8.2.3).
@@ -35,14 +36,14 @@ use std::{
 use anyhow::Context as _;
 use clap::Parser;
 use door_daemon::{
-    config::DEFAULT_HEADER_READ_TIMEOUT as HEADER_READ_TIMEOUT,
+    config::{DEFAULT_HEADER_READ_TIMEOUT as HEADER_READ_TIMEOUT, Upstream},
     http::{
         connect::Connector,
         front::{MAX_CONCURRENT_STREAMS, MAX_HEADER_BYTES},
-        upstream::{POOL_IDLE_TIMEOUT, join_cookies, strip_hop_by_hop},
+        upstream::{POOL_IDLE_TIMEOUT, join_cookies, retarget, strip_hop_by_hop},
     },
 };
-use http::{HeaderMap, HeaderValue, Request, Response, StatusCode, Uri, Version, header, uri};
+use http::{HeaderMap, HeaderValue, Request, Response, StatusCode, header};
 use http_body_util::{BodyExt as _, Empty, combinators::BoxBody};
 use hyper::body::{Bytes, Incoming};
 use hyper_util::{
@@ -58,9 +59,9 @@ struct Args {
     /// Address to listen on (HTTP/1.1 and h2c).
     #[arg(long)]
     listen: SocketAddr,
-    /// The upstream's address (HTTP/1.1).
+    /// The upstream's URL, `http://host:port` (HTTP/1.1), as door's `upstream`.
     #[arg(long)]
-    upstream: SocketAddr,
+    upstream: String,
     /// Worker threads; the number of CPUs when not given.
     #[arg(long)]
     workers: Option<usize>,
@@ -68,10 +69,10 @@ struct Args {
 
 type Body = BoxBody<Bytes, hyper::Error>;
 
-/// What one worker serves with.
+/// What one worker serves with: its own pooled client (door keeps one per worker too).
 struct Worker {
     client: Client<Connector, Incoming>,
-    authority: uri::Authority,
+    upstream: Upstream,
 }
 
 fn main() -> anyhow::Result<()> {
@@ -79,11 +80,7 @@ fn main() -> anyhow::Result<()> {
     let workers = args.workers.unwrap_or_else(|| {
         std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get)
     });
-    let authority: uri::Authority = args
-        .upstream
-        .to_string()
-        .parse()
-        .with_context(|| format!("upstream {} as an authority", args.upstream))?;
+    let upstream = Upstream::parse(&args.upstream)?;
     let mut handles = Vec::new();
     for i in 0..workers.max(1) {
         let runtime = tokio::runtime::Builder::new_current_thread()
@@ -97,15 +94,11 @@ fn main() -> anyhow::Result<()> {
     let accept = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
-    accept.block_on(serve(args.listen, authority, &handles))
+    accept.block_on(serve(args.listen, &upstream, &handles))
 }
 
 /// Accepts on `listen` and hands each connection to the next of `workers` in turn.
-async fn serve(
-    listen: SocketAddr,
-    authority: uri::Authority,
-    workers: &[Handle],
-) -> anyhow::Result<()> {
+async fn serve(listen: SocketAddr, upstream: &Upstream, workers: &[Handle]) -> anyhow::Result<()> {
     let listener = tokio::net::TcpListener::bind(listen)
         .await
         .with_context(|| format!("binding {listen}"))?;
@@ -122,10 +115,18 @@ async fn serve(
         .max_concurrent_streams(MAX_CONCURRENT_STREAMS)
         .enable_connect_protocol();
     let builder = Arc::new(builder);
-    // One pool per worker, made on first use by the worker itself.
-    let per_worker: Vec<Arc<std::sync::OnceLock<Arc<Worker>>>> = workers
+    let pools: Vec<Arc<Worker>> = workers
         .iter()
-        .map(|_| Arc::new(std::sync::OnceLock::new()))
+        .map(|_| {
+            Arc::new(Worker {
+                client: Client::builder(TokioExecutor::new())
+                    .pool_max_idle_per_host(usize::MAX)
+                    .pool_idle_timeout(POOL_IDLE_TIMEOUT)
+                    .pool_timer(TokioTimer::new())
+                    .build(Connector::new()),
+                upstream: upstream.clone(),
+            })
+        })
         .collect();
     let turn = AtomicUsize::new(0);
     println!("bare proxy listening on http://{listen}");
@@ -143,26 +144,15 @@ async fn serve(
             continue;
         };
         let i = turn.fetch_add(1, Ordering::Relaxed) % workers.len();
-        let (Some(handle), Some(slot)) = (workers.get(i), per_worker.get(i)) else {
+        let (Some(handle), Some(worker)) = (workers.get(i), pools.get(i)) else {
             continue;
         };
-        let slot = Arc::clone(slot);
+        let worker = Arc::clone(worker);
         let builder = Arc::clone(&builder);
-        let authority = authority.clone();
         handle.spawn(async move {
             let Ok(stream) = TcpStream::from_std(stream) else {
                 return;
             };
-            let worker = Arc::clone(slot.get_or_init(|| {
-                Arc::new(Worker {
-                    client: Client::builder(TokioExecutor::new())
-                        .pool_max_idle_per_host(usize::MAX)
-                        .pool_idle_timeout(POOL_IDLE_TIMEOUT)
-                        .pool_timer(TokioTimer::new())
-                        .build(Connector::new()),
-                    authority,
-                })
-            }));
             let Ok(peer) = HeaderValue::from_str(&peer.ip().to_string()) else {
                 return;
             };
@@ -185,30 +175,7 @@ async fn forward(
     peer: &HeaderValue,
     mut req: Request<Incoming>,
 ) -> Response<Body> {
-    // The target's authority is the host (RFC 9112 §3.2.2, an HTTP/2 request's `:authority`).
-    if let Some(authority) = req.uri().authority()
-        && req
-            .headers()
-            .get(header::HOST)
-            .is_none_or(|h| h.as_bytes() != authority.as_str().as_bytes())
-        && let Ok(host) = HeaderValue::from_str(authority.as_str())
-    {
-        req.headers_mut().insert(header::HOST, host);
-    }
-    let path = req
-        .uri()
-        .path_and_query()
-        .cloned()
-        .unwrap_or_else(|| uri::PathAndQuery::from_static("/"));
-    let mut parts = uri::Parts::default();
-    parts.scheme = Some(uri::Scheme::HTTP);
-    parts.authority = Some(worker.authority.clone());
-    parts.path_and_query = Some(path);
-    let Ok(target) = Uri::from_parts(parts) else {
-        return status(StatusCode::BAD_REQUEST);
-    };
-    *req.uri_mut() = target;
-    *req.version_mut() = Version::HTTP_11;
+    retarget(&mut req, &worker.upstream);
     let headers = req.headers_mut();
     strip_hop_by_hop(headers);
     append_forwarded_for(headers, peer);
