@@ -497,7 +497,8 @@ pub struct Config {
     /// Route table (`[[route]]`), first match wins; a request matching none passes through
     /// unlimited. Default: empty.
     pub routes: Vec<Route>,
-    /// Limit groups by name: the defaults (webhook, link, health) merged with `[group.NAME]`.
+    /// Limit groups by name: the defaults (webhook, link, health, stream) merged with
+    /// `[group.NAME]`.
     pub groups: BTreeMap<String, GroupConfig>,
     /// The flood shield.
     pub xdp: XdpConfig,
