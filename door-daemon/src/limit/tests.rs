@@ -577,6 +577,53 @@ fn top_orders_by_rejections_then_spend_and_forget_starts_afresh() {
     lim.check_invariants().unwrap();
 }
 
+/// A case the property below once shrank to, kept by name: one slow token (0.3/s, burst 1), one
+/// slot, a one-entry table. The spent token is back exactly at Retry-After, and the client's own
+/// request in flight then refuses the next ones on the group cap (checked first), not on the rate.
+#[test]
+fn retry_after_is_exact_for_a_slow_rate_and_the_group_cap_follows() {
+    let budget = Budget {
+        rate: 0.3,
+        burst: 1,
+        per_client: 1,
+        inflight: 1,
+        max_clients: 1,
+        charge: Charge::Always,
+    };
+    let clock = Arc::new(ManualClock::at(1_000));
+    let totals = Arc::new(Totals::default());
+    let lim = Arc::new(GroupLimiter::new(
+        "p",
+        budget,
+        true,
+        clock.clone(),
+        totals.clone(),
+    ));
+    lim.admit(key(0)).unwrap().settle(Spend::Nothing);
+    let refused = lim.admit(key(0)).unwrap_err();
+    assert_eq!(refused.reason, RejectReason::Rate);
+    // 1 / 0.3 tokens per second is 3.33 s, rounded up to whole seconds.
+    assert_eq!(refused.retry_after_s, 4);
+    clock.advance(Duration::from_millis(3_333));
+    assert_eq!(
+        lim.admit(key(0)).unwrap_err().reason,
+        RejectReason::Rate,
+        "the token is not back before 1 / rate"
+    );
+    clock.advance(Duration::from_millis(667));
+    let held = lim.admit(key(0)).unwrap();
+    for _ in 0..2 {
+        let refused = lim.admit(key(0)).unwrap_err();
+        assert_eq!(refused.reason, RejectReason::GroupConcurrency);
+        assert_eq!(refused.retry_after_s, CAP_RETRY_AFTER_S);
+    }
+    lim.check_invariants().unwrap();
+    totals.check(&lim).unwrap();
+    drop(held);
+    assert_eq!(lim.inflight(), 0);
+    lim.check_idle().unwrap();
+}
+
 #[derive(Debug, Clone)]
 enum Op {
     Admit(u32),
