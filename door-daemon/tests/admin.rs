@@ -680,7 +680,7 @@ async fn the_admin_listener_serves_on_a_unix_socket_with_mode_0600() {
 /// long that took (tokio's clock: paused in most of these tests, so the timeouts pass at once).
 /// Fails if the listener has not closed within 5 minutes.
 async fn until_closed(admin: std::net::SocketAddr, bytes: &[u8]) -> (String, Duration) {
-    let start = tokio::time::Instant::now();
+    let start = door_daemon::time::now();
     let mut s = TcpStream::connect(admin).await.unwrap();
     s.write_all(bytes).await.unwrap();
     let mut out = Vec::new();

@@ -41,10 +41,7 @@ use http::{Request, Response, StatusCode};
 use http_body_util::{Empty, Full};
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioExecutor, TokioIo};
-use tokio::{
-    net::{TcpListener, TcpStream},
-    time::Instant,
-};
+use tokio::net::{TcpListener, TcpStream};
 
 const SYNC: Duration = Duration::from_millis(50);
 const RATE: f64 = 2.0;
@@ -83,9 +80,12 @@ impl Redis {
             .stderr(Stdio::null())
             .spawn()
             .unwrap();
-        let deadline = Instant::now() + Duration::from_secs(5);
+        let deadline = door_daemon::time::now() + Duration::from_secs(5);
         while TcpStream::connect(("127.0.0.1", port)).await.is_err() {
-            assert!(Instant::now() < deadline, "redis-server did not start");
+            assert!(
+                door_daemon::time::now() < deadline,
+                "redis-server did not start"
+            );
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
         Self(child)
@@ -231,7 +231,7 @@ async fn synced_doors(cfg: &Config, offsets_s: [u64; 3]) -> Vec<Door> {
 
 /// Waits (at most `within`) until every door is in `state`; false if not all got there.
 async fn all_reach(doors: &[Door], state: State, within: Duration) -> bool {
-    let deadline = Instant::now() + within;
+    let deadline = door_daemon::time::now() + within;
     loop {
         if doors
             .iter()
@@ -239,7 +239,7 @@ async fn all_reach(doors: &[Door], state: State, within: Duration) -> bool {
         {
             return true;
         }
-        if Instant::now() > deadline {
+        if door_daemon::time::now() > deadline {
             return false;
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
@@ -248,12 +248,12 @@ async fn all_reach(doors: &[Door], state: State, within: Duration) -> bool {
 
 /// Waits (at most 3 s) until every door has seen all [`DOORS`] alive.
 async fn all_see_each_other(doors: &[Door]) -> bool {
-    let deadline = Instant::now() + Duration::from_secs(3);
+    let deadline = door_daemon::time::now() + Duration::from_secs(3);
     while doors
         .iter()
         .any(|d| d.cluster.status().snapshot().doors != DOORS)
     {
-        if Instant::now() > deadline {
+        if door_daemon::time::now() > deadline {
             return false;
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
@@ -275,7 +275,7 @@ fn link_rate(d: &Door) -> f64 {
 
 /// One request from `client`: its status and how long it took.
 async fn send(d: &Door, client: &str) -> (StatusCode, Duration) {
-    let started = Instant::now();
+    let started = door_daemon::time::now();
     let s = TcpStream::connect(d.addr).await.unwrap();
     let (mut c, conn) = hyper::client::conn::http1::handshake(TokioIo::new(s))
         .await
@@ -298,7 +298,7 @@ async fn spread(
     pace: Duration,
     for_: Duration,
 ) -> (Vec<u32>, Vec<Duration>, Duration) {
-    let started = Instant::now();
+    let started = door_daemon::time::now();
     let mut admitted = vec![0; doors.len()];
     let mut latencies = Vec::new();
     let mut i = 0;
@@ -464,12 +464,12 @@ impl Shield {
 
     /// Waits (at most `within`) until `key` is on this shield; its first lifetime.
     async fn wait_for(&self, key: PrefixKey, within: Duration) -> Option<Duration> {
-        let deadline = Instant::now() + within;
+        let deadline = door_daemon::time::now() + within;
         loop {
             if let Some(d) = self.of(key).first() {
                 return Some(*d);
             }
-            if Instant::now() > deadline {
+            if door_daemon::time::now() > deadline {
                 return None;
             }
             tokio::time::sleep(Duration::from_millis(5)).await;
@@ -550,7 +550,7 @@ async fn an_escalation_on_one_door_reaches_the_others_with_its_deadline_and_expi
         Arc::clone(&clock_a),
         shared_a.clone(),
     );
-    let escalated = Instant::now();
+    let escalated = door_daemon::time::now();
     assert!(esc_long.on_rejection(long, KeySource::Peer));
     assert!(esc_short.on_rejection(short, KeySource::Peer));
     // On A's own shield at once, with the escalator's lifetime.
@@ -580,10 +580,10 @@ async fn an_escalation_on_one_door_reaches_the_others_with_its_deadline_and_expi
     // door deletes it).
     let client = redis::Client::open(format!("redis://127.0.0.1:{port}/0")).unwrap();
     let mut con = client.get_multiplexed_async_connection().await.unwrap();
-    let deadline = Instant::now() + Duration::from_secs(3);
+    let deadline = door_daemon::time::now() + Duration::from_secs(3);
     while in_store(&mut con, short).await != (false, false) {
         assert!(
-            escalated.elapsed() < Duration::from_millis(300) || Instant::now() < deadline,
+            escalated.elapsed() < Duration::from_millis(300) || door_daemon::time::now() < deadline,
             "the expired block is still in the store"
         );
         tokio::time::sleep(Duration::from_millis(10)).await;
@@ -671,7 +671,7 @@ async fn a_block_the_operator_posts_on_one_door_reaches_the_others_but_an_unbloc
         shared: shared_a,
     };
     let key = PrefixKey::from_ip("2001:db8:77::1".parse().unwrap());
-    let posted = Instant::now();
+    let posted = door_daemon::time::now();
     admin_a.block(key, Duration::from_mins(10)).unwrap();
     assert_eq!(shield_a.of(key), vec![Duration::from_mins(10)]);
     let got = shield_b
@@ -733,7 +733,7 @@ async fn start_tls_redis(port: u16, cert: &std::path::Path, key: &std::path::Pat
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(5);
+    let deadline = door_daemon::time::now() + Duration::from_secs(5);
     while TcpStream::connect(("127.0.0.1", port)).await.is_err() {
         if let Some(status) = child.try_wait().unwrap() {
             let out = child.wait_with_output().unwrap();
@@ -744,7 +744,7 @@ async fn start_tls_redis(port: u16, cert: &std::path::Path, key: &std::path::Pat
             );
         }
         assert!(
-            Instant::now() < deadline,
+            door_daemon::time::now() < deadline,
             "redis-server with --tls-port did not listen within 5 s"
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
@@ -797,13 +797,13 @@ async fn doors_sync_over_rediss_verifying_the_store_against_the_configured_ca() 
             .map(|d| d.cluster.status().json())
             .collect::<Vec<_>>()
     );
-    let deadline = Instant::now() + Duration::from_secs(3);
+    let deadline = door_daemon::time::now() + Duration::from_secs(3);
     while both
         .iter()
         .any(|d| d.cluster.status().snapshot().doors != 2)
     {
         assert!(
-            Instant::now() < deadline,
+            door_daemon::time::now() < deadline,
             "the doors did not see each other"
         );
         tokio::time::sleep(Duration::from_millis(10)).await;

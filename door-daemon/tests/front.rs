@@ -529,7 +529,7 @@ async fn a_body_still_arriving_at_the_read_timeout_gets_408_and_frees_the_slot()
     let seen = Arc::new(Mutex::new(Vec::new()));
     let up = upstream(aborted_upstream(Arc::clone(&seen))).await;
     let d = door(&config(up, "", "")).await;
-    let start = tokio::time::Instant::now();
+    let start = door_daemon::time::now();
     let mut s = TcpStream::connect(d.addr).await.unwrap();
     s.write_all(
         b"POST /webhooks/github HTTP/1.1\r\nHost: door.test\r\nContent-Length: 100\r\n\r\n0123456789",
@@ -577,7 +577,7 @@ async fn streaming_routes_have_no_body_deadline() {
 async fn slowloris_headers_are_closed_at_the_header_timeout() {
     let up = upstream(echo()).await;
     let d = door(&config(up, "", "")).await;
-    let start = tokio::time::Instant::now();
+    let start = door_daemon::time::now();
     let mut s = TcpStream::connect(d.addr).await.unwrap();
     s.write_all(b"GET / HTTP/1.1\r\nHost: door.test\r\nX-Slow: a")
         .await
@@ -601,7 +601,7 @@ async fn a_connection_whose_first_head_never_comes_is_closed_at_the_header_timeo
     // timeout once more to leave).
     let preface: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\0\0\0\x04\0\0\0\0\0";
     for sent in [&b""[..], b"G", b"PRI * HTTP/2.0\r\n", preface] {
-        let start = tokio::time::Instant::now();
+        let start = door_daemon::time::now();
         let mut s = TcpStream::connect(d.addr).await.unwrap();
         s.write_all(sent).await.unwrap();
         let mut out = Vec::new();
@@ -618,7 +618,7 @@ async fn a_connection_whose_first_head_never_comes_is_closed_at_the_header_timeo
 async fn idle_http2_connections_are_closed_at_the_idle_timeout() {
     let up = upstream(echo()).await;
     let d = door(&config(up, "idle_timeout = \"30s\"", "")).await;
-    let start = tokio::time::Instant::now();
+    let start = door_daemon::time::now();
     let s = TcpStream::connect(d.addr).await.unwrap();
     let (c, conn) = h2::client::handshake(s).await.unwrap();
     let conn = tokio::spawn(conn);
@@ -646,7 +646,7 @@ async fn upstream_timeout_is_504_and_refused_is_502_both_settled_as_server_error
     });
     let up = upstream(hang).await;
     let d = door(&config(up, "upstream_timeout = \"2s\"", "")).await;
-    let start = tokio::time::Instant::now();
+    let start = door_daemon::time::now();
     let res = h1(d.addr)
         .await
         .send_request(get("/api/slow"))
@@ -1161,7 +1161,7 @@ async fn http1_clients_that_close_free_their_slots_at_once_and_the_upstream_call
         open.load(Ordering::SeqCst) == 2
     })
     .await;
-    let left = tokio::time::Instant::now();
+    let left = door_daemon::time::now();
     drop((a, b));
     d.eventually("both slots freed", |d| d.inflight("link") == 0)
         .await;
@@ -1259,7 +1259,7 @@ async fn http2_rst_stream_frees_the_slot_and_closes_the_upstream_call() {
         open.load(Ordering::SeqCst) == 2
     })
     .await;
-    let left = tokio::time::Instant::now();
+    let left = door_daemon::time::now();
     for (res, mut body) in streams {
         body.send_reset(h2::Reason::CANCEL);
         drop(res);
@@ -1332,7 +1332,7 @@ async fn http2_a_body_still_arriving_at_the_read_timeout_gets_408() {
     let (res, mut body) = c.ready().await.unwrap().send_request(req, false).unwrap();
     body.send_data(Bytes::from_static(b"0123456789"), false)
         .unwrap();
-    let start = tokio::time::Instant::now();
+    let start = door_daemon::time::now();
     let res = res.await.unwrap();
     assert_eq!(res.status(), StatusCode::REQUEST_TIMEOUT);
     let waited = start.elapsed();

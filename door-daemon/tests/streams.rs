@@ -593,7 +593,7 @@ async fn an_open_stream_outlives_the_read_and_upstream_timeouts() {
         None,
     )
     .await;
-    let start = tokio::time::Instant::now();
+    let start = door_daemon::time::now();
     let mut s = open_events(d.addr, "/events/slow").await.unwrap();
     for i in 0..7 {
         assert_eq!(
@@ -613,7 +613,7 @@ async fn an_open_stream_outlives_the_read_and_upstream_timeouts() {
 async fn the_idle_timeout_closes_a_silent_stream() {
     let up = sse_upstream(Duration::ZERO, Duration::from_secs(1), 1).await;
     let d = door(&config(up, "stream_idle_timeout = \"30s\"", ""), None).await;
-    let start = tokio::time::Instant::now();
+    let start = door_daemon::time::now();
     let mut s = open_events(d.addr, "/events/quiet").await.unwrap();
     assert!(next_event(&mut s).await.is_some());
     assert_eq!(
@@ -686,7 +686,7 @@ async fn the_drain_closes_open_streams_after_the_grace_period() {
         Message::text("still here")
     );
     assert_eq!(d.app().tunnels_open(), 1);
-    let start = tokio::time::Instant::now();
+    let start = door_daemon::time::now();
     let finished = d.front.drain(Duration::from_millis(300)).await;
     assert!(!finished, "an open stream cannot finish on its own");
     assert!(start.elapsed() >= Duration::from_millis(300));

@@ -297,7 +297,7 @@ async fn a_body_that_never_ends_times_out_with_the_request() {
             .to_vec()
     })
     .await;
-    let start = tokio::time::Instant::now();
+    let start = door_daemon::time::now();
     let err = door_daemon::top::client::get_json(&AdminAddr::Tcp(addr.to_string()), "/status")
         .await
         .unwrap_err();

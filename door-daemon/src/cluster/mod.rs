@@ -238,7 +238,7 @@ impl ClusterStatus {
     pub fn json(&self) -> serde_json::Value {
         let s = self.snapshot();
         let age = s.last_sync.map(|t| {
-            u64::try_from(Instant::now().saturating_duration_since(t).as_millis())
+            u64::try_from(crate::time::now().saturating_duration_since(t).as_millis())
                 .unwrap_or(u64::MAX)
         });
         serde_json::json!({ "state": s.state.as_str(), "doors": s.doors, "last_sync_age_ms": age })
@@ -428,7 +428,7 @@ struct Answer {
 
 impl Syncer {
     async fn sync(&mut self) {
-        let started = Instant::now();
+        let started = crate::time::now();
         let limiters = self.app.limiters();
         let mut keys = Vec::new();
         let mut args: Vec<u64> = Vec::new();
@@ -488,7 +488,7 @@ impl Syncer {
                 self.status.set(|s| {
                     s.state = State::Synced;
                     s.doors = doors;
-                    s.last_sync = Some(Instant::now());
+                    s.last_sync = Some(crate::time::now());
                 });
                 self.metrics.syncs.add(1, &[]);
                 self.metrics.duration.record(took, &[]);

@@ -150,7 +150,7 @@ mod tests {
         let clock: Arc<dyn Clock> = Arc::new(MonotonicClock::new());
         let (mut client, a) = duplex(64);
         let (b, mut server) = duplex(64);
-        let start = tokio::time::Instant::now();
+        let start = crate::time::now();
         let tunnel = tokio::spawn(async move { run(a, b, Duration::from_mins(5), &clock).await });
         // Traffic at 200 s pushes the deadline to 500 s.
         tokio::time::sleep(Duration::from_secs(200)).await;

@@ -438,7 +438,7 @@ async fn garbage_is_refused_at_once() {
         // The sender stays connected: the refusal must not wait for more bytes or the deadline.
         let (mut client, mut server) = tokio::io::duplex(4096);
         client.write_all(input).await.unwrap();
-        let start = tokio::time::Instant::now();
+        let start = crate::time::now();
         let r = accept(&mut server, proxy_peer(), &trusted()).await;
         assert!(
             matches!(r, Err(ProxyProtocolError::NotProxyProtocol)),
@@ -453,7 +453,7 @@ async fn garbage_is_refused_at_once() {
 async fn a_slow_header_times_out_after_5_s() {
     let (mut client, mut server) = tokio::io::duplex(4096);
     client.write_all(b"PROXY TCP4 203.0.113.7 ").await.unwrap();
-    let start = tokio::time::Instant::now();
+    let start = crate::time::now();
     let r = accept(&mut server, proxy_peer(), &trusted()).await;
     assert!(
         matches!(r, Err(ProxyProtocolError::Timeout { limit }) if limit == HEADER_TIMEOUT),
