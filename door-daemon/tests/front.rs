@@ -745,8 +745,10 @@ async fn health_over_budget_is_served_from_the_cache_and_counted_as_cached() {
         3,
         "the cached probe did not reach the upstream"
     );
+    // Each probe has one outcome: the cached one is not also counted as refused.
     assert_eq!(d.count("health", Outcome::Cached), 1);
     assert_eq!(d.count("health", Outcome::Ok), 3);
+    assert_eq!(d.count("health", Outcome::RateLimited), 0);
     // Past the ttl with no fresh status: one refresh, still 200, still cached.
     clock.advance(Duration::from_secs(1));
     let res = c.send_request(get("/healthz")).await.unwrap();
@@ -754,6 +756,7 @@ async fn health_over_budget_is_served_from_the_cache_and_counted_as_cached() {
     body_string(res).await;
     assert_eq!(hits.load(Ordering::SeqCst), 4);
     assert_eq!(d.count("health", Outcome::Cached), 2);
+    assert_eq!(d.count("health", Outcome::RateLimited), 0);
     // Draining: 503 at once, cache bypassed, upstream not asked.
     d.app().begin_drain();
     let res = c.send_request(get("/healthz")).await.unwrap();

@@ -511,7 +511,8 @@ fn door_limits_metrics() {
     let (shadow, shadow_m) = observed("shadow", budget, false, &clock, &metrics);
 
     for (lim, m) in [(&enforce, &enforce_m), (&shadow, &shadow_m)] {
-        let admit = |k| settle::admit(lim, m, k);
+        // As the request path does: a refusal answered as one is counted.
+        let admit = |k| settle::admit(lim, m, k).inspect_err(|r| settle::refused(m, r));
         admit(peer(1))
             .unwrap()
             .settle(End::Answered(StatusCode::OK)); // ok

@@ -591,6 +591,7 @@ impl App {
                 if limited.health {
                     self.cached_health(limited, req, job.origin).await
                 } else {
+                    settle::refused(&limited.metrics, &rejection);
                     answer::rejected(limited.limiter.group(), &rejection)
                 }
             }
@@ -650,6 +651,7 @@ impl App {
                 Ok(Some((p, choice.key)))
             }
             Err(rejection) => {
+                settle::refused(&p.metrics, &rejection);
                 let mut res = answer::rejected_by_plane(choice.plane, &rejection);
                 p.ratelimit_fields(res.headers_mut(), &choice.key);
                 Err(Box::new(res))
@@ -767,7 +769,10 @@ impl App {
                 (None, Some(key)) => match policy.limited.get(STREAM_GROUP) {
                     Some(streams) => match settle::admit(&streams.limiter, &streams.metrics, key) {
                         Ok(p) => Some(p),
-                        Err(r) => return answer::rejected(STREAM_GROUP, &r),
+                        Err(r) => {
+                            settle::refused(&streams.metrics, &r);
+                            return answer::rejected(STREAM_GROUP, &r);
+                        }
                     },
                     None => None,
                 },

@@ -66,11 +66,14 @@ pub const fn rejected_outcome(reason: RejectReason, shadow: bool) -> Outcome {
     }
 }
 
-/// Admits a request of client `key` on `limiter`, counting a rejection on `metrics` (in shadow
-/// mode the would-be rejection, and the request is admitted).
+/// Admits a request of client `key` on `limiter`; in shadow mode a would-be rejection is counted
+/// on `metrics` and the request is admitted.
 ///
 /// # Errors
-/// The limiter's [`Rejection`] when enforcing and a check fails; it spends and holds nothing.
+/// The limiter's [`Rejection`] when enforcing and a check fails; it spends and holds nothing,
+/// and is not counted yet: the caller counts it with [`refused`] when it answers the request as
+/// refused (an over-budget health probe is answered from the cache and counted as `cached`
+/// instead, so that each request has one outcome).
 pub fn admit(
     limiter: &std::sync::Arc<GroupLimiter>,
     metrics: &std::sync::Arc<GroupMetrics>,
@@ -87,11 +90,13 @@ pub fn admit(
                 plane: None,
             })
         }
-        Err(rejection) => {
-            metrics.record(rejected_outcome(rejection.reason, false));
-            Err(rejection)
-        }
+        Err(rejection) => Err(rejection),
     }
+}
+
+/// Counts a request [`admit`] refused and door answers as refused (429 or 503), by its reason.
+pub fn refused(metrics: &GroupMetrics, rejection: &Rejection) {
+    metrics.record(rejected_outcome(rejection.reason, false));
 }
 
 /// Settles `permit` as `end` by [`charge`]'s rule, counting the outcome on `metrics` unless the
