@@ -24,8 +24,9 @@ enum Command {
     CheckConfig,
     /// Print the client key a request would get, and which rule chose it (for debugging proxies).
     Key {
-        /// The TCP peer's address (the proxy's, behind one).
-        #[arg(long)]
+        /// The TCP peer's address (the proxy's, behind one): 192.0.2.10, 192.0.2.10:443,
+        /// 2001:db8::1, [2001:db8::1]:443 or fe80::1%eth0.
+        #[arg(long, value_parser = peer_address)]
         peer: std::net::IpAddr,
         /// An X-Forwarded-For header line, as received (repeatable, in wire order).
         #[arg(long = "xff")]
@@ -129,6 +130,15 @@ fn describe(e: &anyhow::Error) -> String {
 /// Which request plane a request with `headers` from client `key` is charged to (`door key`).
 /// The session plane's key is a keyed hash with a key random per process: it means nothing
 /// outside a running door and is never printed.
+/// `--peer`'s parser: an address or a socket address, canonicalised as door does a real peer.
+fn peer_address(text: &str) -> Result<std::net::IpAddr, String> {
+    door_daemon::client::key::parse_peer(text).ok_or_else(|| {
+        "expected an IP address or socket address (192.0.2.10, 192.0.2.10:443, \
+         [2001:db8::1]:443, fe80::1%eth0)"
+            .to_owned()
+    })
+}
+
 fn plane_line(config: &Config, headers: &http::HeaderMap, key: door_common::PrefixKey) -> String {
     let Some(planes) = &config.planes else {
         return "planes: off ([plane.session] is not set)".to_owned();

@@ -465,3 +465,27 @@ fn switches_take_1_yes_and_on() {
         assert!(stdout.lines().any(|l| l == want), "{how} {value}: {stdout}");
     }
 }
+
+/// `--peer` takes a peer as `ss` or a log shows it: with a port, bracketed, with a zone, or
+/// IPv4-mapped; each is keyed as door keys that peer. Anything else is refused, named.
+#[test]
+fn door_key_takes_the_peer_as_a_socket_address_too() {
+    for (peer, key) in [
+        ("198.51.100.7:443", "198.51.100.7/32"),
+        ("[2001:db8:1:2::7]:443", "2001:db8:1:2::/64"),
+        ("[::ffff:198.51.100.7]:80", "198.51.100.7/32"),
+        ("fe80::1%eth0", "fe80::/64"),
+    ] {
+        let out = door(&["key", "--peer", peer]);
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert_eq!(out.status.code(), Some(0), "{peer}: {out:?}");
+        assert_eq!(stdout.lines().next(), Some(key), "{peer}: {stdout}");
+    }
+    let out = door(&["key", "--peer", "door.example:443"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(78), "{out:?}");
+    assert!(
+        stderr.contains("'door.example:443'") && stderr.contains("expected an IP address"),
+        "{stderr}"
+    );
+}

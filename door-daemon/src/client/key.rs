@@ -442,6 +442,14 @@ fn client_key_counting(
     KeyDecision::new(client, rule, false)
 }
 
+/// Parses a TCP peer's address as an operator writes it (`door key --peer`): an address or a
+/// socket address, in the forms of an `X-Forwarded-For` entry (`a.b.c.d`, `a.b.c.d:port`, IPv6
+/// with an optional `%zone`, `[v6]`, `[v6]:port`), canonicalised as a real peer is: IPv4-mapped
+/// IPv6 unmapped, the zone and the port dropped. `None` when it is none of those forms.
+pub fn parse_peer(text: &str) -> Option<IpAddr> {
+    parse_node(text.as_bytes(), PortSyntax::Decimal)
+}
+
 fn parse_entry(entry: Entry<'_>, ports: PortSyntax) -> Option<IpAddr> {
     match entry {
         Entry::Node(text) => parse_node(text, ports),
