@@ -45,8 +45,8 @@ enum Command {
     /// rejections and spend, outcome rates, streams; XDP verdicts and top prefixes. Keys: tab or
     /// arrows switch groups, s sorts, q quits.
     Top {
-        /// The admin listener: host:port or unix:/path. Default: admin_listen of the
-        /// configuration (flags, DOOR_* variables, --config file), else 127.0.0.1:9901.
+        /// The admin listener: host:port, http://host:port or unix:/path. Default: admin_listen
+        /// of the configuration (flags, DOOR_* variables, --config file), else 127.0.0.1:9901.
         #[arg(long)]
         admin: Option<String>,
         /// Print one plain-text table and exit (for scripts).

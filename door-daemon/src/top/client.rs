@@ -33,10 +33,12 @@ pub enum AdminAddr {
 }
 
 impl AdminAddr {
-    /// Parses `host:port`, `[v6]:port` or `unix:/path`.
+    /// Parses `host:port`, `[v6]:port` or `unix:/path`; a TCP address may also be written as the
+    /// URL door logs for its admin listener (`http://127.0.0.1:9901`, with or without a final
+    /// `/`).
     ///
     /// # Errors
-    /// [`TopError::Address`] naming the input when it is neither.
+    /// [`TopError::Address`] naming the input when it is none of these.
     pub fn parse(raw: &str) -> Result<Self, TopError> {
         if let Some(path) = raw.strip_prefix("unix:") {
             if path.is_empty() {
@@ -44,10 +46,15 @@ impl AdminAddr {
             }
             return Ok(Self::Unix(PathBuf::from(path)));
         }
+        let authority = raw
+            .strip_prefix("http://")
+            .map_or(raw, |rest| rest.strip_suffix('/').unwrap_or(rest));
         // host:port, with a port that is a number.
-        match raw.rsplit_once(':') {
-            Some((host, port)) if !host.is_empty() && port.parse::<u16>().is_ok() => {
-                Ok(Self::Tcp(raw.to_owned()))
+        match authority.rsplit_once(':') {
+            Some((host, port))
+                if !host.is_empty() && !host.contains('/') && port.parse::<u16>().is_ok() =>
+            {
+                Ok(Self::Tcp(authority.to_owned()))
             }
             _ => Err(TopError::Address(raw.to_owned())),
         }
@@ -162,7 +169,25 @@ mod tests {
             AdminAddr::parse("unix:/run/door/admin.sock").unwrap(),
             AdminAddr::Unix(PathBuf::from("/run/door/admin.sock"))
         );
-        for bad in ["", "9901", "host:", ":9901", "host:99999", "unix:"] {
+        // The URL door logs for its admin listener.
+        for url in ["http://127.0.0.1:9901", "http://127.0.0.1:9901/"] {
+            assert_eq!(
+                AdminAddr::parse(url).unwrap(),
+                AdminAddr::Tcp("127.0.0.1:9901".to_owned()),
+                "{url}"
+            );
+        }
+        for bad in [
+            "",
+            "9901",
+            "host:",
+            ":9901",
+            "host:99999",
+            "unix:",
+            "http://",
+            "https://127.0.0.1:9901",
+            "http://127.0.0.1:9901/status",
+        ] {
             assert!(AdminAddr::parse(bad).is_err(), "{bad}");
         }
     }

@@ -33,7 +33,7 @@ pub const TOP_KEYS: usize = 50;
 #[derive(Debug, Error)]
 pub enum TopError {
     /// `--admin` is neither `host:port` nor `unix:/path`.
-    #[error("--admin {0:?}: expected host:port (127.0.0.1:9901) or unix:/path")]
+    #[error("--admin {0:?}: expected host:port (127.0.0.1:9901), http://host:port or unix:/path")]
     Address(String),
     /// Nothing accepts connections there.
     #[error("connecting to door's admin listener at {0}: {1}")]
