@@ -197,6 +197,7 @@ pub async fn run(
         },
         None => "XDP off".to_owned(),
     };
+    let signals = Signals::install();
     notify(&[
         sd_notify::NotifyState::Ready,
         sd_notify::NotifyState::Status(&format!(
@@ -204,12 +205,13 @@ pub async fn run(
             config.listen.len()
         )),
     ]);
-    let config = serve_until_term(&front, &app, shield.as_ref(), config, &reload).await;
+    serve_until_term(&front, &app, shield.as_ref(), &config, &reload, signals).await;
 
     notify(&[
         sd_notify::NotifyState::Stopping,
         sd_notify::NotifyState::Status("draining"),
     ]);
+    // Read at start only (a reload that changes it says it needs a restart).
     let grace = config.drain_grace;
     tracing::info!(?grace, "draining: health is 503, listeners closed");
     if !front.drain(grace).await {
@@ -326,45 +328,70 @@ fn notify(states: &[sd_notify::NotifyState<'_>]) {
     }
 }
 
-/// Serves until SIGTERM or SIGINT, reloading on SIGHUP and pinging the watchdog; returns the
-/// configuration in force at the end.
+/// door's handlers of SIGTERM, SIGINT and SIGHUP. They are installed before door tells systemd
+/// `READY=1`: the default action of all three ends the process, so a reload or a stop sent as
+/// soon as door says it is ready must find them in place.
+struct Signals {
+    term: tokio::signal::unix::Signal,
+    int: tokio::signal::unix::Signal,
+    hup: tokio::signal::unix::Signal,
+}
+
+impl Signals {
+    /// Installs the three handlers.
+    ///
+    /// # Errors
+    /// When tokio cannot register a handler (no signal driver, or the kernel refused).
+    fn install() -> std::io::Result<Self> {
+        use tokio::signal::unix::{SignalKind, signal};
+        Ok(Self {
+            term: signal(SignalKind::terminate())?,
+            int: signal(SignalKind::interrupt())?,
+            hup: signal(SignalKind::hangup())?,
+        })
+    }
+}
+
+/// Serves until SIGTERM or SIGINT, reloading on SIGHUP and pinging the watchdog. `started` is
+/// the configuration door started with: what a reload says needs a restart is what differs from
+/// it (the settings read only at start keep its values until then), not from the last reload.
 async fn serve_until_term(
     front: &Front,
     app: &App,
     shield: Option<&Arc<Mutex<Shield>>>,
-    mut config: Config,
+    started: &Config,
     reload: &Reloader,
-) -> Config {
-    use tokio::signal::unix::{SignalKind, signal};
-
-    let (Ok(mut term), Ok(mut hup)) = (
-        signal(SignalKind::terminate()),
-        signal(SignalKind::hangup()),
-    ) else {
-        tracing::error!("cannot install signal handlers; stopping on Ctrl-C only");
-        let _ = tokio::signal::ctrl_c().await;
-        return config;
+    signals: std::io::Result<Signals>,
+) {
+    let mut signals = match signals {
+        Ok(signals) => signals,
+        Err(e) => {
+            tracing::error!(error = %e, "cannot install signal handlers; stopping on Ctrl-C only");
+            let _ = tokio::signal::ctrl_c().await;
+            return;
+        }
     };
     let mut usec = 0;
     let watchdog = sd_notify::watchdog_enabled(false, &mut usec);
     let period = Duration::from_micros(usec / 2).max(Duration::from_millis(100));
     let mut tick = tokio::time::interval(period);
+    let mut routes = started.routes.len();
     loop {
         tokio::select! {
-            _ = term.recv() => return config,
-            _ = tokio::signal::ctrl_c() => return config,
-            _ = hup.recv() => {
+            _ = signals.term.recv() => return,
+            _ = signals.int.recv() => return,
+            _ = signals.hup.recv() => {
                 notify(&[sd_notify::NotifyState::Reloading]);
                 match reload() {
                     Ok(new) => {
-                        if new.routes.is_empty() && !config.routes.is_empty() {
+                        if new.routes.is_empty() && routes > 0 {
                             // An emptied or truncated file is a valid configuration of defaults.
                             tracing::warn!(
-                                before = config.routes.len(),
+                                before = routes,
                                 "the reloaded configuration has no routes: no route group limits a request now"
                             );
                         }
-                        let restart = app.reload(&new, &config);
+                        let restart = app.reload(&new, started);
                         reconfigure_shield(shield, &new);
                         reload_tls(front, &new);
                         if restart.is_empty() {
@@ -372,7 +399,7 @@ async fn serve_until_term(
                         } else {
                             tracing::warn!(needs_restart = ?restart, "configuration reloaded; these settings only change on restart");
                         }
-                        config = new;
+                        routes = new.routes.len();
                     }
                     Err(e) => tracing::error!(error = %e, "reload refused: invalid configuration, keeping the running one"),
                 }

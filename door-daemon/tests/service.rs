@@ -355,3 +355,44 @@ fn a_reload_that_removes_every_route_is_applied_with_a_warning() {
         "{log}"
     );
 }
+
+/// What a reload says needs a restart is measured against what door runs, the configuration it
+/// started with: a reload back to it needs none, and changing the setting again needs one again,
+/// since door still runs the value it started with.
+#[test]
+fn needs_restart_is_judged_against_the_running_configuration() {
+    let dir = Dir::new("needs-restart");
+    let notify = Notify::bind(&dir.0);
+    let port = free_port();
+    let up = upstream();
+    let cfg = config(port, up, 20, "", "1.0");
+    let mut door = start_logging(&dir, &notify, &cfg, None, Stdio::piped());
+    notify.until("READY=1");
+    let moved = cfg.replace(&format!("http://{up}"), "http://127.0.0.1:9");
+    for file in [&moved, &cfg, &moved] {
+        std::fs::write(dir.0.join("door.toml"), file).unwrap();
+        door.signal("-HUP");
+        notify.until("RELOADING=1");
+        notify.until("READY=1");
+    }
+    assert_eq!(
+        get(port, "/l/a", None),
+        200,
+        "the upstream is still the one door started with"
+    );
+    door.signal("-TERM");
+    assert_eq!(door.wait(Duration::from_secs(20)), Some(0));
+    let mut log = String::new();
+    door.0
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut log)
+        .unwrap();
+    let restarts: Vec<_> = log
+        .lines()
+        .filter(|l| l.contains("needs_restart"))
+        .collect();
+    assert_eq!(restarts.len(), 2, "{log}");
+    assert!(restarts.iter().all(|l| l.contains("upstream")), "{log}");
+}

@@ -398,8 +398,10 @@ impl App {
     /// carry over in proportion and in-flight counts carry over (a group whose charge mode
     /// changed, and a new group, start fresh); outcome counts always carry over. Settings read
     /// only at start (listen, upstream, TLS on or off, timeouts, XDP interface and mode) need a
-    /// restart: the list of those that changed is returned so the caller can say so.
-    pub fn reload(&self, new: &Config, old: &Config) -> Vec<&'static str> {
+    /// restart: the list of those in which `new` differs from `started`, the configuration door
+    /// started with (whose values they keep until a restart), is returned so the caller can say
+    /// so.
+    pub fn reload(&self, new: &Config, started: &Config) -> Vec<&'static str> {
         let current = self.policy();
         let policy = Policy::build(
             new,
@@ -409,7 +411,7 @@ impl App {
             Some(&current),
         );
         *self.policy.write().unwrap_or_else(PoisonError::into_inner) = Arc::new(policy);
-        crate::config::restart_only_changes(old, new)
+        crate::config::restart_only_changes(started, new)
     }
 
     /// The groups' limiters, sorted by name.
