@@ -837,3 +837,27 @@ async fn a_repeated_query_parameter_is_refused_by_name() {
     let (status, body) = request(admin, "GET", "/clients?group=link&top=5", &[], "").await;
     assert_eq!(status, StatusCode::OK, "{body}");
 }
+
+/// `X-Forwarded-For` from an untrusted local peer (here 127.0.0.1, once it is not a trusted
+/// proxy) is ignored and counted in `door.untrusted_xff` on every route: a pass-through route
+/// drops the header too, and counts it as a limited route does. A request without one is not
+/// counted.
+#[tokio::test]
+async fn forwarding_headers_from_an_untrusted_local_peer_are_counted_on_every_route() {
+    let mut cfg = config(upstream().await, "");
+    cfg.trusted_proxies = door_daemon::client::key::TrustedProxies::from_nets(Vec::new()).unwrap();
+    let door = Door::start(&cfg).await;
+    let admin = door.admin().await;
+    door.get("/unlimited", "203.0.113.5").await;
+    door.get("/unlimited", "203.0.113.5").await;
+    door.get("/l/session/abc", "203.0.113.5").await;
+    request(door.addr, "GET", "/unlimited", &[], "").await;
+    let (status, text) = request(admin, "GET", "/metrics", &[], "").await;
+    assert_eq!(status, StatusCode::OK, "{text}");
+    let counted: Vec<_> = samples(&text)
+        .into_iter()
+        .filter(|s| s.name == "door_untrusted_xff_total")
+        .map(|s| s.value)
+        .collect();
+    assert_eq!(counted, ["3"], "{text}");
+}

@@ -543,6 +543,9 @@ impl App {
             (limited.is_some() || planes.is_some() || event_stream)
                 .then(|| self.client(conn, &policy, &req))
         });
+        if decision.is_none() {
+            self.note_ignored_forwarding(&origin, req.headers());
+        }
         let mut job = Job::new(origin, upgrade, stream_route);
         // The request planes first: a request one of them refuses never reaches its group.
         let plane = match (planes, &decision) {
@@ -672,16 +675,35 @@ impl App {
             policy.forwarded_header,
         );
         if decision.ignored_untrusted_xff {
-            self.metrics.untrusted_xff();
-            if !self.warned_untrusted_xff.swap(true, Ordering::Relaxed) {
-                tracing::warn!(
-                    %peer_ip,
-                    "ignoring X-Forwarded-For/Forwarded from an untrusted local peer: if it is a \
-                     proxy, add it to trusted_proxies (counted in door.untrusted_xff; warned once)"
-                );
-            }
+            self.untrusted_forwarding(peer_ip);
         }
         decision
+    }
+
+    /// For a request that needs no client key (whose forwarding headers are dropped all the
+    /// same): counts and warns about forwarding headers from an untrusted local peer, as
+    /// [`Self::client`] does for a keyed one.
+    fn note_ignored_forwarding(&self, origin: &Origin, headers: &http::HeaderMap) {
+        if !origin.peer_trusted
+            && crate::client::is_local(origin.peer)
+            && (headers.contains_key(&crate::client::X_FORWARDED_FOR)
+                || headers.contains_key(header::FORWARDED))
+        {
+            self.untrusted_forwarding(origin.peer);
+        }
+    }
+
+    /// Counts (and warns once about) forwarding headers ignored from `peer_ip`, an untrusted local
+    /// peer: `door.untrusted_xff`.
+    fn untrusted_forwarding(&self, peer_ip: std::net::IpAddr) {
+        self.metrics.untrusted_xff();
+        if !self.warned_untrusted_xff.swap(true, Ordering::Relaxed) {
+            tracing::warn!(
+                %peer_ip,
+                "ignoring X-Forwarded-For/Forwarded from an untrusted local peer: if it is a \
+                 proxy, add it to trusted_proxies (counted in door.untrusted_xff; warned once)"
+            );
+        }
     }
 
     /// Forwards a request door decided to send: admitted in its group (`job.admitted`) or
