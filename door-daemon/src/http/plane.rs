@@ -5,10 +5,13 @@
 //!
 //! A credential is verified once the upstream answered a request carrying it with a status other
 //! than 401 or 403, and unverified again by a 401 or 403. Until then its requests are charged to
-//! the IP plane under the client's key, so rotating made-up tokens never earns a fresh bucket, and
-//! a forged copy of a victim's token never reaches the victim's bucket (it hashes elsewhere, and it
-//! is not verified). What door cannot tell apart: a stolen *valid* credential is its owner's
-//! session, and shares its bucket.
+//! the IP plane under the client's key, so rotating made-up tokens the application refuses never
+//! earns a fresh bucket, and a forged copy of a victim's token never reaches the victim's bucket
+//! (it hashes elsewhere, and it is not verified). What door cannot tell apart: a stolen *valid*
+//! credential is its owner's session, and shares its bucket; and a made-up token sent where the
+//! application ignores credentials (a public page's 200) is verified, each such verification
+//! being one request charged to the sender's IP plane (so at most its burst, then its rate).
+//! The fix for that is the application's: a 401 for any credential it does not accept.
 //!
 //! The verified set is a bounded LRU table of keyed hashes ([`crate::client::credential`]), kept
 //! for the life of the process (a reload keeps it); a credential that falls out of it is charged to
