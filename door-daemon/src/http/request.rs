@@ -575,9 +575,8 @@ impl App {
             }
             return res;
         };
-        let Some(decision) = decision else {
-            return answer::failure_response(&Failure::UpstreamTimeout);
-        };
+        // Always made above for a limited request; made here if that ever changes.
+        let decision = decision.unwrap_or_else(|| self.client(conn, &policy, &req));
         let mut res = match settle::admit(&limited.limiter, &limited.metrics, decision.key) {
             Ok(permit) => {
                 let permit = match job.plane.take() {
