@@ -1,6 +1,7 @@
 //! Cached health (docs/design.md, "Limits", "Cached health"): a probe of the `health` group that
 //! is over budget is never refused; it gets the last status the upstream gave for health, cached
-//! for [`HEALTH_TTL`], refreshed single-flight when there is none. While door drains the cache is
+//! for [`HEALTH_TTL`], refreshed single-flight when it is older (the other probes get the last
+//! status meanwhile, or wait for the refresh when there is none). While door drains the cache is
 //! bypassed and health answers 503 at once.
 //!
 //! Time comes only from the injected [`Clock`]; tests never sleep.
@@ -32,7 +33,8 @@ struct Entry {
 ///
 /// `Send + Sync`. The cached entry sits behind a `std::sync::Mutex` held only to copy it in or
 /// out; the single-flight refresh is a `tokio::sync::Mutex` whose guard is held across the
-/// refresh (that is its purpose: one refresh at a time, the others wait for its result).
+/// refresh (that is its purpose: one refresh at a time; the others get the last status, or wait
+/// for the refresh's result when there is none yet).
 #[derive(Debug)]
 pub struct CachedHealth {
     clock: Arc<dyn Clock>,
@@ -81,10 +83,20 @@ impl CachedHealth {
             .map(|e| e.status)
     }
 
+    /// The last status recorded, however old; `None` before the first.
+    fn last(&self) -> Option<StatusCode> {
+        self.last
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .map(|e| e.status)
+    }
+
     /// The status for an over-budget probe: 503 while draining; else the fresh cached status;
-    /// else one caller runs `refresh` (asks the upstream) and every concurrent caller gets its
-    /// result, which is cached. Never a 429 and never door's own 503 (an upstream's 503 is passed
-    /// on).
+    /// else one caller runs `refresh` (asks the upstream) and its result is cached. A concurrent
+    /// caller gets the last status at once if there is one (an upstream slow to answer the
+    /// refresh delays that one probe, not every probe behind it), and otherwise waits for the
+    /// refresh and gets its result. Never a 429 and never door's own 503 (an upstream's 503 is
+    /// passed on).
     pub async fn status<F, Fut>(&self, refresh: F) -> StatusCode
     where
         F: FnOnce() -> Fut,
@@ -96,7 +108,14 @@ impl CachedHealth {
         if let Some(s) = self.fresh() {
             return s;
         }
-        let _flight = self.flight.lock().await;
+        let _flight = match self.flight.try_lock() {
+            Ok(flight) => flight,
+            Err(_) => match self.last() {
+                // A refresh is under way: the last status until it lands.
+                Some(s) => return s,
+                None => self.flight.lock().await,
+            },
+        };
         // Whoever held the flight before us may have refreshed it.
         if let Some(s) = self.fresh() {
             return s;
@@ -189,6 +208,45 @@ mod tests {
             assert_eq!(t.await.unwrap(), StatusCode::NO_CONTENT);
         }
         assert_eq!(runs.load(Ordering::SeqCst), 1);
+    }
+
+    /// Once a status exists, a refresh the upstream is slow to answer holds up only the probe
+    /// that runs it: the others get the last status at once, and the refresh's answer after it.
+    #[tokio::test]
+    async fn a_slow_refresh_holds_up_only_its_own_probe() {
+        let (clock, _draining, c) = cache();
+        c.record(StatusCode::OK);
+        clock.advance(HEALTH_TTL);
+        let (release_tx, mut release_rx) = tokio::sync::watch::channel(false);
+        let refreshing = {
+            let c = Arc::clone(&c);
+            tokio::spawn(async move {
+                c.status(|| async move {
+                    let _ = release_rx.wait_for(|r| *r).await;
+                    StatusCode::SERVICE_UNAVAILABLE
+                })
+                .await
+            })
+        };
+        tokio::task::yield_now().await;
+        let runs = Arc::new(AtomicUsize::new(0));
+        for _ in 0..3 {
+            let runs = Arc::clone(&runs);
+            let s = c
+                .status(|| async move {
+                    runs.fetch_add(1, Ordering::SeqCst);
+                    StatusCode::OK
+                })
+                .await;
+            assert_eq!(s, StatusCode::OK, "the last status, while the refresh runs");
+        }
+        assert_eq!(runs.load(Ordering::SeqCst), 0, "no second refresh");
+        let _ = release_tx.send(true);
+        assert_eq!(refreshing.await.unwrap(), StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(
+            c.status(|| async { StatusCode::OK }).await,
+            StatusCode::SERVICE_UNAVAILABLE
+        );
     }
 
     #[tokio::test]
