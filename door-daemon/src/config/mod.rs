@@ -960,6 +960,55 @@ struct XdpFile {
     cookie_threshold: Option<f64>,
 }
 
+/// Parses the file's text. A value of the wrong type, or an unknown key, is named by its dotted
+/// key (serde_path_to_error follows the deserializer down), with the value as written and its
+/// line and column: `group.link.burst = 1.5: invalid type: floating point `1.5`, expected i64
+/// (line 2, column 9)`. A syntax error keeps toml's own message, which quotes the line.
+fn parse_file(path: &Path, text: &str) -> Result<File, ConfigError> {
+    let parse_error = |message: String| ConfigError::Parse {
+        path: path.to_owned(),
+        message,
+    };
+    let syntax = |e: toml::de::Error| parse_error(e.to_string().trim_end().to_owned());
+    let de = toml::Deserializer::parse(text).map_err(syntax)?;
+    serde_path_to_error::deserialize(de).map_err(|e| {
+        let key = e.path().to_string();
+        let inner = e.into_inner();
+        let Some(span) = inner.span().filter(|_| key != ".") else {
+            return syntax(inner);
+        };
+        let written = text.get(span.clone()).unwrap_or_default();
+        let before = text.get(..span.start).unwrap_or_default();
+        let line = before.matches('\n').count() + 1;
+        let column = before.rsplit('\n').next().map_or(0, |l| l.chars().count()) + 1;
+        let message = plain_types(inner.message());
+        parse_error(match message.strip_prefix("unknown field ") {
+            // serde's "unknown field `x`, expected one of …": the path already names `x`.
+            Some(rest) => {
+                let expected = rest.split_once(", ").map_or("", |(_, e)| e);
+                format!("{key}: unknown key; {expected} (line {line}, column {column})")
+            }
+            None => format!("{key} = {written}: {message} (line {line}, column {column})"),
+        })
+    })
+}
+
+/// serde's Rust type names in an "expected …" message in an operator's words.
+fn plain_types(message: &str) -> String {
+    [
+        ("expected i64", "expected a whole number"),
+        ("expected u64", "expected a whole number"),
+        ("expected u32", "expected a whole number"),
+        ("expected u16", "expected a whole number"),
+        ("expected usize", "expected a whole number"),
+        ("expected f64", "expected a number"),
+    ]
+    .iter()
+    .fold(message.to_owned(), |m, (rust, plain)| {
+        m.replace(rust, plain)
+    })
+}
+
 impl Config {
     /// Reads `path` (if any), applies `overrides`, fills in defaults and validates.
     ///
@@ -972,10 +1021,7 @@ impl Config {
                     path: path.to_owned(),
                     source,
                 })?;
-                toml::from_str::<File>(&text).map_err(|e| ConfigError::Parse {
-                    path: path.to_owned(),
-                    message: e.to_string().trim_end().to_owned(),
-                })?
+                parse_file(path, &text)?
             }
             None => File::default(),
         };
@@ -987,10 +1033,7 @@ impl Config {
     /// # Errors
     /// As [`Config::load`].
     pub fn from_toml(name: &str, text: &str) -> Result<Self, ConfigError> {
-        let file = toml::from_str::<File>(text).map_err(|e| ConfigError::Parse {
-            path: PathBuf::from(name),
-            message: e.to_string().trim_end().to_owned(),
-        })?;
+        let file = parse_file(Path::new(name), text)?;
         Self::build(file, &Overrides::default())
     }
 
