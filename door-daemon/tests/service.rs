@@ -48,6 +48,21 @@ impl Drop for Door {
 }
 
 impl Door {
+    /// SIGTERM, a clean exit within 20 s, and door's log (started with [`start_logging`] and
+    /// `Stdio::piped()`).
+    fn stop_and_read_log(&mut self) -> String {
+        self.signal("-TERM");
+        assert_eq!(self.wait(Duration::from_secs(20)), Some(0));
+        let mut log = String::new();
+        self.0
+            .stderr
+            .take()
+            .unwrap()
+            .read_to_string(&mut log)
+            .unwrap();
+        log
+    }
+
     fn signal(&self, sig: &str) {
         let status = Command::new("kill")
             .args([sig, &self.0.id().to_string()])
@@ -341,15 +356,7 @@ fn a_reload_that_removes_every_route_is_applied_with_a_warning() {
     notify.until("READY=1");
     assert_eq!(get(port, "/l/a", None), 200, "no route: no limit");
 
-    door.signal("-TERM");
-    assert_eq!(door.wait(Duration::from_secs(20)), Some(0));
-    let mut log = String::new();
-    door.0
-        .stderr
-        .take()
-        .unwrap()
-        .read_to_string(&mut log)
-        .unwrap();
+    let log = door.stop_and_read_log();
     assert!(
         log.contains("the reloaded configuration has no routes"),
         "{log}"
@@ -380,15 +387,7 @@ fn needs_restart_is_judged_against_the_running_configuration() {
         200,
         "the upstream is still the one door started with"
     );
-    door.signal("-TERM");
-    assert_eq!(door.wait(Duration::from_secs(20)), Some(0));
-    let mut log = String::new();
-    door.0
-        .stderr
-        .take()
-        .unwrap()
-        .read_to_string(&mut log)
-        .unwrap();
+    let log = door.stop_and_read_log();
     let restarts: Vec<_> = log
         .lines()
         .filter(|l| l.contains("needs_restart"))
