@@ -1634,8 +1634,8 @@ fn build_routes(
             .map(|route| route.streaming(r.stream))
             .map_err(|e| {
                 invalid(
-                    format!("route[{i}]"),
-                    format!("{:?}", r.path),
+                    format!("route[{i}].{}", e.key()),
+                    format!("{:?}", e.value()),
                     e.to_string(),
                 )
             })?;

@@ -494,6 +494,28 @@ fn unknown_groups_are_named() {
 }
 
 #[test]
+fn bad_routes_name_the_key_and_the_value_once() {
+    assert_eq!(
+        err("[[route]]\ngroup = \"link\"\npath = \"x\""),
+        "route[0].path = \"x\": must start with '/'"
+    );
+    assert_eq!(
+        err(
+            "[[route]]\ngroup = \"link\"\npath = \"/x\"\n[[route]]\ngroup = \"link\"\nmethods = [\"GET\", \"G ET\"]\npath = \"/y\""
+        ),
+        "route[1].methods = \"G ET\": not an HTTP method (a token of at most 32 characters)"
+    );
+    assert_eq!(
+        err("[[route]]\ngroup = \"link\"\npath = \"/l/x{id}\""),
+        "route[0].path = \"/l/x{id}\": segment \"x{id}\" must be literal text or a whole {name}"
+    );
+    assert!(
+        err("[[route]]\ngroup = \"link\"\npath = \"/q?x=1\"")
+            .starts_with("route[0].path = \"/q?x=1\": '?' never appears in a request path"),
+    );
+}
+
+#[test]
 fn bad_durations_are_named() {
     assert!(
         err("[group.link]\nread_timeout = \"30 parsecs\"")

@@ -12,14 +12,16 @@ use std::borrow::Cow;
 use http::Method;
 use thiserror::Error;
 
-/// A `[[route]]` entry that cannot be used.
+/// A `[[route]]` entry that cannot be used. Its message is the reason alone; the key it is about
+/// is [`RouteError::key`] and the value [`RouteError::value`], which the configuration's error
+/// names once (`route[0].path = "x": must start with '/'`).
 #[derive(Debug, Error, PartialEq, Eq)]
 pub enum RouteError {
     /// The path does not start with `/`.
-    #[error("route.path = {0:?}: must start with '/'")]
+    #[error("must start with '/'")]
     NotAbsolute(String),
     /// A segment mixes a `{name}` wildcard with other text, or the name is empty.
-    #[error("route.path = {path:?}: segment {segment:?} must be literal text or a whole {{name}}")]
+    #[error("segment {segment:?} must be literal text or a whole {{name}}")]
     BadWildcard {
         /// The offending path.
         path: String,
@@ -31,9 +33,9 @@ pub enum RouteError {
     /// carry those percent-encoded). Such a route would never match. Characters outside ASCII
     /// are allowed: clients that send UTF-8 raw reach them.
     #[error(
-        "route.path = {path:?}: {found:?} never appears in a request path (routes match the path \
-         alone, without the query; spaces and control characters arrive percent-encoded), so the \
-         route would never match"
+        "{found:?} never appears in a request path (routes match the path alone, without the \
+         query; spaces and control characters arrive percent-encoded), so the route would never \
+         match"
     )]
     NeverMatches {
         /// The offending path.
@@ -42,8 +44,28 @@ pub enum RouteError {
         found: char,
     },
     /// A method name is not an HTTP token, or is longer than 32 bytes.
-    #[error("route.methods = {0:?}: not an HTTP method (a token of at most 32 characters)")]
+    #[error("not an HTTP method (a token of at most 32 characters)")]
     BadMethod(String),
+}
+
+impl RouteError {
+    /// The route's key at fault: `path` or `methods`.
+    pub fn key(&self) -> &'static str {
+        match self {
+            Self::NotAbsolute(_) | Self::BadWildcard { .. } | Self::NeverMatches { .. } => "path",
+            Self::BadMethod(_) => "methods",
+        }
+    }
+
+    /// The offending value as written: the path, or the one method name.
+    pub fn value(&self) -> &str {
+        match self {
+            Self::NotAbsolute(path)
+            | Self::BadWildcard { path, .. }
+            | Self::NeverMatches { path, .. } => path,
+            Self::BadMethod(method) => method,
+        }
+    }
 }
 
 /// One segment of a path pattern.
