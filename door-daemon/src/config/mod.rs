@@ -1695,33 +1695,29 @@ fn build_front(
     })
 }
 
-/// `[plane.session]` and `[plane.ip]`: `None` without `[plane.session]` (an `[plane.ip]` alone is
-/// an error: it would limit nothing); the planes' names must not also be group names.
-fn build_planes(
-    file: Option<PlaneFile>,
-    groups: &BTreeMap<String, GroupConfig>,
-) -> Result<Option<PlanesConfig>, ConfigError> {
-    let Some(file) = file else { return Ok(None) };
-    let Some(session) = file.session else {
-        if file.ip.is_some() {
-            return Err(invalid(
-                "plane.ip",
-                "{…}",
-                "needs [plane.session]: the planes are enabled by the session plane",
-            ));
-        }
-        return Ok(None);
-    };
-    for name in [SESSION_PLANE, IP_PLANE] {
-        if groups.contains_key(name) {
-            return Err(invalid(
-                format!("group.{name}"),
-                "{…}",
-                format!("\"{name}\" is a plane's name while [plane.session] is set"),
-            ));
-        }
-    }
-    let credential = match (session.cookie, session.header) {
+/// The first budget key a plane's table gives, as (key, value), to name in an error.
+fn first_given(
+    table: &str,
+    rate: Option<f64>,
+    burst: Option<i64>,
+    max_clients: Option<i64>,
+) -> (String, String) {
+    let given = [
+        ("rate", rate.map(|v| v.to_string())),
+        ("burst", burst.map(|v| v.to_string())),
+        ("max_clients", max_clients.map(|v| v.to_string())),
+    ];
+    given
+        .into_iter()
+        .find_map(|(key, v)| v.map(|v| (format!("{table}.{key}"), v)))
+        .unwrap_or_else(|| (table.to_owned(), "{…}".to_owned()))
+}
+
+/// `[plane.session]`'s credential: `cookie = NAME` (an RFC 6265 token) or
+/// `header = "authorization"`, exactly one; without either, the error names the first budget key
+/// the table gives.
+fn plane_credential(session: &SessionPlaneFile) -> Result<Credential, ConfigError> {
+    let credential = match (session.cookie.clone(), session.header.as_deref()) {
         (Some(name), None) => {
             let token = !name.is_empty()
                 && name
@@ -1744,14 +1740,59 @@ fn build_planes(
                 "must be \"authorization\" (a Bearer token)",
             ));
         }
-        (Some(_), Some(_)) | (None, None) => {
+        (Some(_), Some(_)) => {
             return Err(invalid(
                 "plane.session",
                 "{…}",
                 "give exactly one of cookie = NAME or header = \"authorization\"",
             ));
         }
+        (None, None) => {
+            let (key, value) = first_given(
+                "plane.session",
+                session.rate,
+                session.burst,
+                session.max_clients,
+            );
+            return Err(invalid(
+                key,
+                value,
+                "needs plane.session.cookie = NAME or plane.session.header = \"authorization\": \
+                 the session plane is keyed on that credential",
+            ));
+        }
     };
+    Ok(credential)
+}
+
+/// `[plane.session]` and `[plane.ip]`: `None` without `[plane.session]` (an `[plane.ip]` alone is
+/// an error: it would limit nothing); the planes' names must not also be group names.
+fn build_planes(
+    file: Option<PlaneFile>,
+    groups: &BTreeMap<String, GroupConfig>,
+) -> Result<Option<PlanesConfig>, ConfigError> {
+    let Some(file) = file else { return Ok(None) };
+    let Some(session) = file.session else {
+        if let Some(ip) = &file.ip {
+            let (key, value) = first_given("plane.ip", ip.rate, ip.burst, ip.max_clients);
+            return Err(invalid(
+                key,
+                value,
+                "needs [plane.session]: the planes are enabled by the session plane",
+            ));
+        }
+        return Ok(None);
+    };
+    for name in [SESSION_PLANE, IP_PLANE] {
+        if groups.contains_key(name) {
+            return Err(invalid(
+                format!("group.{name}"),
+                "{…}",
+                format!("\"{name}\" is a plane's name while [plane.session] is set"),
+            ));
+        }
+    }
+    let credential = plane_credential(&session)?;
     let budget =
         |table: &str, rate: Option<f64>, burst: Option<i64>, max: Option<i64>, d_rate, d_burst| {
             let burst =

@@ -516,6 +516,33 @@ fn bad_routes_name_the_key_and_the_value_once() {
 }
 
 #[test]
+fn a_plane_budget_without_a_credential_is_named() {
+    assert_eq!(
+        err("[plane.session]\nburst = 5"),
+        "plane.session.burst = 5: needs plane.session.cookie = NAME or plane.session.header = \
+         \"authorization\": the session plane is keyed on that credential"
+    );
+    assert_eq!(
+        err("[plane.session]\nrate = 3.0\nburst = 5"),
+        "plane.session.rate = 3: needs plane.session.cookie = NAME or plane.session.header = \
+         \"authorization\": the session plane is keyed on that credential"
+    );
+    assert_eq!(
+        err("[plane.ip]\nmax_clients = 9"),
+        "plane.ip.max_clients = 9: needs [plane.session]: the planes are enabled by the session \
+         plane"
+    );
+    assert_eq!(
+        err("[plane.ip]"),
+        "plane.ip = {…}: needs [plane.session]: the planes are enabled by the session plane"
+    );
+    assert!(
+        err("[plane.session]\ncookie = \"sid\"\nheader = \"authorization\"")
+            .starts_with("plane.session = {…}: give exactly one of cookie")
+    );
+}
+
+#[test]
 fn bad_durations_are_named() {
     assert!(
         err("[group.link]\nread_timeout = \"30 parsecs\"")
