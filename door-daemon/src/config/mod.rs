@@ -833,6 +833,110 @@ pub struct Overrides {
     /// Clients refused (403, SYNs dropped): CIDRs (repeatable or comma-separated).
     #[arg(long, env = "DOOR_DENY", value_delimiter = ',', global = true)]
     pub deny: Option<Vec<String>>,
+
+    /// XDP: SYNs per second per source prefix. Default 100.
+    #[arg(long, env = "DOOR_XDP_SYN_RATE", global = true, value_parser = EnvNamed(number))]
+    pub xdp_syn_rate: Option<f64>,
+    /// XDP: SYN burst per source prefix. Default 200.
+    #[arg(long, env = "DOOR_XDP_SYN_BURST", global = true, value_parser = EnvNamed(clap::value_parser!(i64)))]
+    pub xdp_syn_burst: Option<i64>,
+    /// XDP: protected TCP ports (repeatable or comma-separated; "" protects every port). Default:
+    /// the ports of listen.
+    #[arg(long, env = "DOOR_XDP_PORTS", value_delimiter = ',', global = true)]
+    pub xdp_ports: Option<Vec<String>>,
+    /// XDP: new source prefixes per second given their own entry; 0 turns the churn guard off.
+    /// Default 200.
+    #[arg(long, env = "DOOR_XDP_NEW_PREFIX_RATE", global = true, value_parser = EnvNamed(number))]
+    pub xdp_new_prefix_rate: Option<f64>,
+    /// XDP: churn guard burst, new prefixes. Default 2000.
+    #[arg(long, env = "DOOR_XDP_NEW_PREFIX_BURST", global = true, value_parser = EnvNamed(clap::value_parser!(i64)))]
+    pub xdp_new_prefix_burst: Option<i64>,
+    /// XDP: SYNs per second of the overflow bucket new prefixes share. Default 10000.
+    #[arg(long, env = "DOOR_XDP_OVERFLOW_SYN_RATE", global = true, value_parser = EnvNamed(number))]
+    pub xdp_overflow_syn_rate: Option<f64>,
+    /// XDP: burst of the overflow bucket, SYNs. Default 20000.
+    #[arg(long, env = "DOOR_XDP_OVERFLOW_SYN_BURST", global = true, value_parser = EnvNamed(clap::value_parser!(i64)))]
+    pub xdp_overflow_syn_burst: Option<i64>,
+    /// XDP: entries of the per-prefix map. Default 65536.
+    #[arg(long, env = "DOOR_XDP_MAX_PREFIXES", global = true, value_parser = EnvNamed(clap::value_parser!(i64)))]
+    pub xdp_max_prefixes: Option<i64>,
+    /// XDP: CIDRs never shed (repeatable or comma-separated).
+    #[arg(long, env = "DOOR_XDP_ALLOW", value_delimiter = ',', global = true)]
+    pub xdp_allow: Option<Vec<String>>,
+    /// XDP: 429s within --xdp-escalate-window that block a peer's SYNs; 0 is off. Default 0.
+    #[arg(long, env = "DOOR_XDP_ESCALATE_AFTER", global = true, value_parser = EnvNamed(clap::value_parser!(i64)))]
+    pub xdp_escalate_after: Option<i64>,
+    /// XDP: window for --xdp-escalate-after (e.g. 10s). Default 10s.
+    #[arg(long, env = "DOOR_XDP_ESCALATE_WINDOW", global = true)]
+    pub xdp_escalate_window: Option<String>,
+    /// XDP: how long an escalated peer's SYNs are dropped (e.g. 1m). Default 1m.
+    #[arg(long, env = "DOOR_XDP_BLOCK_FOR", global = true)]
+    pub xdp_block_for: Option<String>,
+    /// XDP: SYN cookie mode: auto or off. Default off.
+    #[arg(long, env = "DOOR_XDP_SYN_COOKIES", global = true)]
+    pub xdp_syn_cookies: Option<String>,
+    /// XDP: SYNs per second of all sources above which cookie mode starts. Default 20000.
+    #[arg(long, env = "DOOR_XDP_COOKIE_THRESHOLD", global = true, value_parser = EnvNamed(number))]
+    pub xdp_cookie_threshold: Option<f64>,
+
+    /// Session plane: the cookie holding the credential (turns the planes on). Replaces the
+    /// file's cookie or header.
+    #[arg(long, env = "DOOR_PLANE_SESSION_COOKIE", global = true)]
+    pub plane_session_cookie: Option<String>,
+    /// Session plane: "authorization" for a Bearer token (turns the planes on). Replaces the
+    /// file's cookie or header.
+    #[arg(long, env = "DOOR_PLANE_SESSION_HEADER", global = true)]
+    pub plane_session_header: Option<String>,
+    /// Session plane: tokens per second per verified credential. Default 2.
+    #[arg(long, env = "DOOR_PLANE_SESSION_RATE", global = true, value_parser = EnvNamed(number))]
+    pub plane_session_rate: Option<f64>,
+    /// Session plane: burst per verified credential. Default 60.
+    #[arg(long, env = "DOOR_PLANE_SESSION_BURST", global = true, value_parser = EnvNamed(clap::value_parser!(i64)))]
+    pub plane_session_burst: Option<i64>,
+    /// Session plane: sessions tracked. Default 16384.
+    #[arg(long, env = "DOOR_PLANE_SESSION_MAX_CLIENTS", global = true, value_parser = EnvNamed(clap::value_parser!(i64)))]
+    pub plane_session_max_clients: Option<i64>,
+    /// IP plane: tokens per second per client without a verified credential. Default 0.5.
+    #[arg(long, env = "DOOR_PLANE_IP_RATE", global = true, value_parser = EnvNamed(number))]
+    pub plane_ip_rate: Option<f64>,
+    /// IP plane: burst per client. Default 30.
+    #[arg(long, env = "DOOR_PLANE_IP_BURST", global = true, value_parser = EnvNamed(clap::value_parser!(i64)))]
+    pub plane_ip_burst: Option<i64>,
+    /// IP plane: clients tracked. Default 16384.
+    #[arg(long, env = "DOOR_PLANE_IP_MAX_CLIENTS", global = true, value_parser = EnvNamed(clap::value_parser!(i64)))]
+    pub plane_ip_max_clients: Option<i64>,
+}
+
+/// A flag's number (a rate), as Rust reads an `f64`: `2`, `0.5`, `1e9`. The range is checked with
+/// the rest of the configuration, naming the key.
+///
+/// # Errors
+/// Text that is not a number, which clap shows with the flag or variable.
+fn number(s: &str) -> Result<f64, std::num::ParseFloatError> {
+    s.trim().parse()
+}
+
+/// `--xdp-ports` / `DOOR_XDP_PORTS` as the file's `ports`: each element a whole number (its range
+/// is checked as the file's is, naming `xdp.ports[i]`); one blank value alone is `[]` (every
+/// port), as for the other list flags.
+fn flag_ports(raw: &[String]) -> Result<Vec<i64>, ConfigError> {
+    if let [only] = raw
+        && only.trim().is_empty()
+    {
+        return Ok(Vec::new());
+    }
+    raw.iter()
+        .enumerate()
+        .map(|(i, p)| {
+            p.trim().parse::<i64>().map_err(|_| {
+                invalid(
+                    format!("xdp.ports[{i}]"),
+                    format!("{p:?}"),
+                    "not a TCP port (1-65535)",
+                )
+            })
+        })
+        .collect()
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -1015,7 +1119,7 @@ impl Config {
     /// # Errors
     /// [`ConfigError`] naming the file, key and value at fault.
     pub fn load(path: Option<&Path>, overrides: &Overrides) -> Result<Self, ConfigError> {
-        let file = match path {
+        let mut file = match path {
             Some(path) => {
                 let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
                     path: path.to_owned(),
@@ -1025,6 +1129,7 @@ impl Config {
             }
             None => File::default(),
         };
+        written_over(&mut file, overrides)?;
         Self::build(file, overrides)
     }
 
@@ -1037,6 +1142,8 @@ impl Config {
         Self::build(file, &Overrides::default())
     }
 
+    /// Checks `file` (with the flags [`written_over`] writes already in it), reading every other
+    /// setting's flag from `o`.
     fn build(file: File, o: &Overrides) -> Result<Self, ConfigError> {
         let listeners = build_listen(file.listen, o)?;
         let listen: Vec<SocketAddr> = listeners.iter().map(|l| l.addr).collect();
@@ -1146,6 +1253,123 @@ impl Config {
             allow,
             deny,
         })
+    }
+}
+
+/// Writes the flags of `[xdp]` (but `interface` and `mode`, read by [`build_xdp`]) and
+/// `[plane.*]` into the file's values, as if the file gave them, so that they are checked by the
+/// same code and their errors name the same keys: a flag of a table the file lacks creates it (an
+/// `--xdp-*` flag turns the shield on as an `[xdp]` section does; a `--plane-*` flag writes
+/// `[plane.session]` or `[plane.ip]`); `--plane-session-cookie` or `--plane-session-header`
+/// replaces the file's credential (both keys: they are one choice).
+fn written_over(file: &mut File, o: &Overrides) -> Result<(), ConfigError> {
+    written_over_xdp(&mut file.xdp, o)?;
+    written_over_planes(&mut file.plane, o);
+    Ok(())
+}
+
+/// `slot` = `flag` when given; notes that a flag was given.
+fn put<T: Clone>(slot: &mut Option<T>, flag: Option<&T>, given: &mut bool) {
+    if let Some(v) = flag {
+        *slot = Some(v.clone());
+        *given = true;
+    }
+}
+
+/// The `--xdp-*` flags (but `interface` and `mode`) written into `[xdp]`, creating it.
+fn written_over_xdp(xdp: &mut Option<XdpFile>, o: &Overrides) -> Result<(), ConfigError> {
+    let mut given = xdp.is_some();
+    let mut x = xdp.take().unwrap_or_default();
+    put(&mut x.syn_rate, o.xdp_syn_rate.as_ref(), &mut given);
+    put(&mut x.syn_burst, o.xdp_syn_burst.as_ref(), &mut given);
+    if let Some(ports) = &o.xdp_ports {
+        x.ports = Some(flag_ports(ports)?);
+        given = true;
+    }
+    put(
+        &mut x.new_prefix_rate,
+        o.xdp_new_prefix_rate.as_ref(),
+        &mut given,
+    );
+    put(
+        &mut x.new_prefix_burst,
+        o.xdp_new_prefix_burst.as_ref(),
+        &mut given,
+    );
+    put(
+        &mut x.overflow_syn_rate,
+        o.xdp_overflow_syn_rate.as_ref(),
+        &mut given,
+    );
+    put(
+        &mut x.overflow_syn_burst,
+        o.xdp_overflow_syn_burst.as_ref(),
+        &mut given,
+    );
+    put(&mut x.max_prefixes, o.xdp_max_prefixes.as_ref(), &mut given);
+    put(&mut x.allow, o.xdp_allow.as_ref(), &mut given);
+    put(
+        &mut x.escalate_after,
+        o.xdp_escalate_after.as_ref(),
+        &mut given,
+    );
+    put(
+        &mut x.escalate_window,
+        o.xdp_escalate_window.as_ref(),
+        &mut given,
+    );
+    put(&mut x.block_for, o.xdp_block_for.as_ref(), &mut given);
+    put(&mut x.syn_cookies, o.xdp_syn_cookies.as_ref(), &mut given);
+    put(
+        &mut x.cookie_threshold,
+        o.xdp_cookie_threshold.as_ref(),
+        &mut given,
+    );
+    if given {
+        *xdp = Some(x);
+    }
+    Ok(())
+}
+
+/// The `--plane-*` flags written into `[plane.session]` and `[plane.ip]`, creating them.
+fn written_over_planes(plane: &mut Option<PlaneFile>, o: &Overrides) {
+    let had_plane = plane.is_some();
+    let mut p = plane.take().unwrap_or_default();
+    let mut session_given = p.session.is_some();
+    let mut session = p.session.take().unwrap_or_default();
+    if o.plane_session_cookie.is_some() || o.plane_session_header.is_some() {
+        session.cookie.clone_from(&o.plane_session_cookie);
+        session.header.clone_from(&o.plane_session_header);
+        session_given = true;
+    }
+    put(
+        &mut session.rate,
+        o.plane_session_rate.as_ref(),
+        &mut session_given,
+    );
+    put(
+        &mut session.burst,
+        o.plane_session_burst.as_ref(),
+        &mut session_given,
+    );
+    put(
+        &mut session.max_clients,
+        o.plane_session_max_clients.as_ref(),
+        &mut session_given,
+    );
+    p.session = session_given.then_some(session);
+    let mut ip_given = p.ip.is_some();
+    let mut ip = p.ip.take().unwrap_or_default();
+    put(&mut ip.rate, o.plane_ip_rate.as_ref(), &mut ip_given);
+    put(&mut ip.burst, o.plane_ip_burst.as_ref(), &mut ip_given);
+    put(
+        &mut ip.max_clients,
+        o.plane_ip_max_clients.as_ref(),
+        &mut ip_given,
+    );
+    p.ip = ip_given.then_some(ip);
+    if had_plane || p.session.is_some() || p.ip.is_some() {
+        *plane = Some(p);
     }
 }
 

@@ -824,3 +824,196 @@ fn group_names_have_no_control_characters() {
     let ok = "[group.\"api v2_write\"]\nrate = 1.0\nburst = 1";
     assert!(Config::from_toml("door.toml", ok).is_ok());
 }
+
+/// `door`'s settings parsed as the binary parses its flags.
+#[derive(clap::Parser)]
+struct Flags {
+    #[command(flatten)]
+    overrides: Overrides,
+}
+
+/// `args` parsed as `door`'s flags (no environment: clap reads `DOOR_*` only if set, and the
+/// tests set none).
+fn flags(args: &[&str]) -> Result<Overrides, String> {
+    let command_line = std::iter::once("door").chain(args.iter().copied());
+    <Flags as clap::Parser>::try_parse_from(command_line)
+        .map(|f| f.overrides)
+        .map_err(|e| e.to_string())
+}
+
+/// The configuration of `text` (a file) under `args` (flags).
+fn load_with(name: &str, text: &str, args: &[&str]) -> Result<Config, String> {
+    let dir = std::env::temp_dir().join(format!("door-config-{name}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("door.toml");
+    std::fs::write(&path, text).unwrap();
+    let loaded = flags(args).and_then(|o| Config::load(Some(&path), &o).map_err(|e| e.to_string()));
+    std::fs::remove_dir_all(&dir).unwrap();
+    loaded
+}
+
+#[test]
+fn xdp_flags_beat_the_file_and_the_file_beats_the_default() {
+    let file = "[xdp]\nmode = \"off\"\nsyn_rate = 50.0\nports = [22]\nblock_for = \"2m\"";
+    let c = load_with("xdp", file, &[]).unwrap();
+    assert!((c.xdp.syn_rate - 50.0).abs() < f64::EPSILON);
+    assert_eq!(c.xdp.ports, vec![22]);
+    assert_eq!(c.xdp.block_for, Duration::from_mins(2));
+    assert_eq!(
+        c.xdp.syn_burst, DEFAULT_SYN_BURST,
+        "the default where neither gives it"
+    );
+    let c = load_with(
+        "xdp-flags",
+        file,
+        &[
+            "--xdp-syn-rate",
+            "70",
+            "--xdp-ports",
+            "80,443",
+            "--xdp-block-for",
+            "30s",
+            "--xdp-syn-cookies",
+            "auto",
+            "--xdp-allow",
+            "10.0.0.0/8",
+        ],
+    )
+    .unwrap();
+    assert!((c.xdp.syn_rate - 70.0).abs() < f64::EPSILON);
+    assert_eq!(c.xdp.ports, vec![80, 443]);
+    assert_eq!(c.xdp.block_for, Duration::from_secs(30));
+    assert_eq!(c.xdp.syn_cookies, SynCookies::Auto);
+    assert_eq!(c.xdp.allow, vec!["10.0.0.0/8".parse::<IpNet>().unwrap()]);
+    // An empty value is the empty list: every port.
+    let c = load_with("xdp-empty", file, &["--xdp-ports", ""]).unwrap();
+    assert!(c.xdp.ports.is_empty());
+}
+
+#[test]
+fn bad_xdp_flag_values_are_named() {
+    assert_eq!(
+        load_with(
+            "xdp-bad-port",
+            "",
+            &["--xdp-mode", "off", "--xdp-ports", "80,x"]
+        )
+        .unwrap_err(),
+        "xdp.ports[1] = \"x\": not a TCP port (1-65535)"
+    );
+    assert_eq!(
+        load_with(
+            "xdp-big-port",
+            "",
+            &["--xdp-mode", "off", "--xdp-ports", "70000"]
+        )
+        .unwrap_err(),
+        "xdp.ports[0] = 70000: not a TCP port (1-65535)"
+    );
+    assert!(
+        load_with(
+            "xdp-bad-rate",
+            "",
+            &["--xdp-mode", "off", "--xdp-syn-rate=-5"]
+        )
+        .unwrap_err()
+        .starts_with("xdp.syn_rate = -5: must be a number per second")
+    );
+    assert!(
+        load_with(
+            "xdp-bad-window",
+            "",
+            &["--xdp-mode", "off", "--xdp-escalate-window", "x"]
+        )
+        .unwrap_err()
+        .starts_with("xdp.escalate_window = \"x\": not a duration")
+    );
+    let e = flags(&["--xdp-syn-rate", "fast"]).unwrap_err();
+    assert!(
+        e.starts_with("error: invalid value 'fast' for '--xdp-syn-rate <XDP_SYN_RATE>'"),
+        "{e}"
+    );
+    // An [xdp] key given as a flag turns the shield on as the section does: it needs an
+    // interface, unless the mode is off.
+    assert!(
+        load_with("xdp-on", "", &["--xdp-syn-burst", "10"])
+            .unwrap_err()
+            .starts_with("xdp.interface = (none): required with xdp.mode = \"auto\"")
+    );
+    let c = load_with(
+        "xdp-on-lo",
+        "",
+        &["--xdp-syn-burst", "10", "--xdp-interface", "lo"],
+    )
+    .unwrap();
+    assert_eq!((c.xdp.mode, c.xdp.syn_burst), (XdpMode::Auto, 10));
+}
+
+#[test]
+fn plane_flags_beat_the_file_and_the_file_beats_the_default() {
+    let file = "[plane.session]\ncookie = \"sid\"\nrate = 3.0\n[plane.ip]\nburst = 10";
+    let c = load_with("plane", file, &[]).unwrap();
+    let p = c.planes.unwrap();
+    assert!((p.session.rate - 3.0).abs() < f64::EPSILON);
+    assert_eq!(p.session.burst, DEFAULT_SESSION_BURST);
+    assert_eq!(p.ip.burst, 10);
+    assert!((p.ip.rate - DEFAULT_IP_RATE).abs() < f64::EPSILON);
+    let c = load_with(
+        "plane-flags",
+        file,
+        &[
+            "--plane-session-rate",
+            "5",
+            "--plane-ip-burst",
+            "12",
+            "--plane-session-header",
+            "authorization",
+        ],
+    )
+    .unwrap();
+    let p = c.planes.unwrap();
+    assert!((p.session.rate - 5.0).abs() < f64::EPSILON);
+    assert_eq!(p.ip.burst, 12);
+    assert_eq!(
+        p.credential,
+        Credential::Bearer,
+        "the flag replaces the file's cookie"
+    );
+    // Without a file, a credential flag turns the planes on.
+    let c = load_with("plane-none", "", &["--plane-session-cookie", "sid"]).unwrap();
+    let p = c.planes.unwrap();
+    assert_eq!(p.credential, Credential::Cookie("sid".into()));
+    assert!((p.session.rate - DEFAULT_SESSION_RATE).abs() < f64::EPSILON);
+}
+
+#[test]
+fn plane_flags_without_a_credential_are_named() {
+    assert_eq!(
+        load_with("plane-rate", "", &["--plane-session-rate", "3"]).unwrap_err(),
+        "plane.session.rate = 3: needs plane.session.cookie = NAME or plane.session.header = \
+         \"authorization\": the session plane is keyed on that credential"
+    );
+    assert_eq!(
+        load_with("plane-ip", "", &["--plane-ip-burst", "5"]).unwrap_err(),
+        "plane.ip.burst = 5: needs [plane.session]: the planes are enabled by the session plane"
+    );
+    assert!(
+        load_with("plane-bad-cookie", "", &["--plane-session-cookie", "a b"])
+            .unwrap_err()
+            .starts_with("plane.session.cookie = \"a b\": not a cookie name")
+    );
+    assert!(
+        load_with(
+            "plane-both",
+            "[plane.session]\ncookie = \"sid\"",
+            &[
+                "--plane-session-cookie",
+                "s",
+                "--plane-session-header",
+                "authorization"
+            ]
+        )
+        .unwrap_err()
+        .starts_with("plane.session = {…}: give exactly one of cookie")
+    );
+}
