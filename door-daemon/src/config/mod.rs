@@ -498,7 +498,7 @@ pub struct Config {
     /// unlimited. Default: empty.
     pub routes: Vec<Route>,
     /// Limit groups by name: the defaults (webhook, link, health, stream) merged with
-    /// `[group.NAME]`.
+    /// `[group.NAME]` and `--group NAME.KEY=VALUE` / `DOOR_GROUP`.
     pub groups: BTreeMap<String, GroupConfig>,
     /// The flood shield.
     pub xdp: XdpConfig,
@@ -698,7 +698,8 @@ impl<P: clap::builder::TypedValueParser> clap::builder::TypedValueParser for Env
 
 /// Settings given as flags or `DOOR_*` environment variables; each beats the file. The `door`
 /// binary parses them with clap (flag, then environment variable); every field here is one key of
-/// the file, declared once: its flag, variable and help are the attributes below.
+/// the file (but `group`, any key of any `[group.NAME]`), declared once: its flag, variable and
+/// help are the attributes below.
 #[derive(Debug, Clone, Default, clap::Args)]
 pub struct Overrides {
     /// Address to serve on (repeatable or comma-separated). Default `[::]:8443`: port 8443 on
@@ -905,6 +906,11 @@ pub struct Overrides {
     /// IP plane: clients tracked. Default 16384.
     #[arg(long, env = "DOOR_PLANE_IP_MAX_CLIENTS", global = true, value_parser = EnvNamed(clap::value_parser!(i64)))]
     pub plane_ip_max_clients: Option<i64>,
+
+    /// A limit group's key: NAME.KEY=VALUE, e.g. link.rate=2 or webhook.read_timeout=20s
+    /// (repeatable or comma-separated). A new group needs rate and burst.
+    #[arg(long = "group", value_name = "NAME.KEY=VALUE", env = "DOOR_GROUP", value_delimiter = ',', global = true, value_parser = EnvNamed(GroupSetting::parse))]
+    pub group: Vec<GroupSetting>,
 }
 
 /// A flag's number (a rate), as Rust reads an `f64`: `2`, `0.5`, `1e9`. The range is checked with
@@ -914,6 +920,84 @@ pub struct Overrides {
 /// Text that is not a number, which clap shows with the flag or variable.
 fn number(s: &str) -> Result<f64, std::num::ParseFloatError> {
     s.trim().parse()
+}
+
+/// One `--group NAME.KEY=VALUE` item (or one element of `DOOR_GROUP`): a key of `[group.NAME]`
+/// and its value, typed as the file's. Parsed by [`GroupSetting::parse`].
+#[derive(Debug, Clone)]
+pub struct GroupSetting {
+    /// The group's name (everything before the last `.` left of the `=`).
+    name: String,
+    /// The key, set in an otherwise empty table.
+    value: GroupFile,
+}
+
+impl GroupSetting {
+    /// Parses `NAME.KEY=VALUE`: `KEY` is one of `[group.NAME]`'s keys, `VALUE` a number for
+    /// `rate` (tokens per second), a whole number for `burst`, `per_client`, `inflight` and
+    /// `max_clients`, and text for `read_timeout` and `charge` (checked with the rest of the
+    /// configuration, naming `group.NAME.KEY`).
+    ///
+    /// # Errors
+    /// The reason, for clap to show after the flag or variable and the item: no `=`, no `.`, an
+    /// unknown key, a value that is not a number.
+    pub fn parse(item: &str) -> Result<Self, String> {
+        let keys = || struct_fields::<GroupFile>().join(", ");
+        let (path, value) = item
+            .split_once('=')
+            .ok_or_else(|| "expected NAME.KEY=VALUE (no '=')".to_owned())?;
+        let (name, key) = path
+            .trim()
+            .rsplit_once('.')
+            .ok_or_else(|| "expected NAME.KEY=VALUE (no '.' between group and key)".to_owned())?;
+        let value = value.trim();
+        let whole = || {
+            value
+                .parse::<i64>()
+                .map_err(|_| format!("{key} must be a whole number, not {value:?}"))
+        };
+        let mut g = GroupFile::default();
+        match key {
+            "rate" => {
+                g.rate = Some(
+                    value
+                        .parse::<f64>()
+                        .map_err(|_| format!("rate must be a number, not {value:?}"))?,
+                );
+            }
+            "burst" => g.burst = Some(whole()?),
+            "per_client" => g.per_client = Some(whole()?),
+            "inflight" => g.inflight = Some(whole()?),
+            "max_clients" => g.max_clients = Some(whole()?),
+            "read_timeout" => g.read_timeout = Some(value.to_owned()),
+            "charge" => g.charge = Some(value.to_owned()),
+            other => return Err(format!("unknown key {other:?} (expected {})", keys())),
+        }
+        Ok(Self {
+            name: name.to_owned(),
+            value: g,
+        })
+    }
+
+    /// Sets this item's key in `table` (the file's `[group.NAME]`, or an empty one).
+    fn write_into(&self, table: &mut GroupFile) {
+        let GroupFile {
+            rate,
+            burst,
+            per_client,
+            inflight,
+            max_clients,
+            read_timeout,
+            charge,
+        } = self.value.clone();
+        table.rate = rate.or(table.rate);
+        table.burst = burst.or(table.burst);
+        table.per_client = per_client.or(table.per_client);
+        table.inflight = inflight.or(table.inflight);
+        table.max_clients = max_clients.or(table.max_clients);
+        table.read_timeout = read_timeout.or(table.read_timeout.take());
+        table.charge = charge.or(table.charge.take());
+    }
 }
 
 /// `--xdp-ports` / `DOOR_XDP_PORTS` as the file's `ports`: each element a whole number (its range
@@ -1031,7 +1115,7 @@ struct IpPlaneFile {
     max_clients: Option<i64>,
 }
 
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct GroupFile {
     rate: Option<f64>,
@@ -1256,15 +1340,19 @@ impl Config {
     }
 }
 
-/// Writes the flags of `[xdp]` (but `interface` and `mode`, read by [`build_xdp`]) and
-/// `[plane.*]` into the file's values, as if the file gave them, so that they are checked by the
-/// same code and their errors name the same keys: a flag of a table the file lacks creates it (an
-/// `--xdp-*` flag turns the shield on as an `[xdp]` section does; a `--plane-*` flag writes
+/// Writes the flags of `[xdp]` (but `interface` and `mode`, read by [`build_xdp`]), `[plane.*]`
+/// and `[group.NAME]` into the file's values, as if the file gave them, so that they are checked
+/// by the same code and their errors name the same keys: a flag of a table the file lacks creates
+/// it (an `--xdp-*` flag turns the shield on as an `[xdp]` section does; a `--plane-*` flag writes
 /// `[plane.session]` or `[plane.ip]`); `--plane-session-cookie` or `--plane-session-header`
-/// replaces the file's credential (both keys: they are one choice).
+/// replaces the file's credential (both keys: they are one choice); each `--group` item sets one
+/// key of its group.
 fn written_over(file: &mut File, o: &Overrides) -> Result<(), ConfigError> {
     written_over_xdp(&mut file.xdp, o)?;
     written_over_planes(&mut file.plane, o);
+    for item in &o.group {
+        item.write_into(file.group.entry(item.name.clone()).or_default());
+    }
     Ok(())
 }
 

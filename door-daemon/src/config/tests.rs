@@ -1017,3 +1017,84 @@ fn plane_flags_without_a_credential_are_named() {
         .starts_with("plane.session = {…}: give exactly one of cookie")
     );
 }
+
+#[test]
+fn group_flags_beat_the_file_and_the_file_beats_the_default() {
+    let file = "[group.link]\nrate = 2.5\nburst = 5\nread_timeout = \"15s\"";
+    let c = load_with("group", file, &[]).unwrap();
+    assert!((c.groups["link"].budget.rate - 2.5).abs() < f64::EPSILON);
+    assert_eq!(c.groups["link"].budget.inflight, Budget::link().inflight);
+    let c = load_with(
+        "group-flags",
+        file,
+        &[
+            "--group",
+            "link.rate=2,link.burst=40",
+            "--group",
+            "webhook.read_timeout=20s",
+            "--group",
+            "api.rate=1.5,api.burst=3,api.charge=on_failure",
+        ],
+    )
+    .unwrap();
+    let link = &c.groups["link"];
+    assert!((link.budget.rate - 2.0).abs() < f64::EPSILON);
+    assert_eq!(link.budget.burst, 40);
+    assert_eq!(
+        link.read_timeout,
+        Duration::from_secs(15),
+        "the file's, not given as a flag"
+    );
+    assert_eq!(c.groups["webhook"].read_timeout, Duration::from_secs(20));
+    let api = &c.groups["api"];
+    assert_eq!(
+        (api.budget.burst, api.budget.charge),
+        (3, Charge::OnFailure)
+    );
+    assert_eq!(
+        api.budget.per_client, 3,
+        "a new group's per_client follows burst"
+    );
+}
+
+#[test]
+fn bad_group_items_are_named() {
+    let e = flags(&["--group", "link.rte=2"]).unwrap_err();
+    assert!(
+        e.starts_with(
+            "error: invalid value 'link.rte=2' for '--group <NAME.KEY=VALUE>': unknown key \"rte\" \
+             (expected rate, burst, per_client, inflight, max_clients, read_timeout, charge)"
+        ),
+        "{e}"
+    );
+    for (item, why) in [
+        ("link.rate", "no '='"),
+        ("rate=2", "no '.'"),
+        (
+            "link.burst=many",
+            "burst must be a whole number, not \"many\"",
+        ),
+        ("link.rate=x", "rate must be a number, not \"x\""),
+    ] {
+        let e = flags(&["--group", item]).unwrap_err();
+        assert!(
+            e.contains(&format!("'{item}'")) && e.contains(why),
+            "{item}: {e}"
+        );
+    }
+    assert!(
+        load_with("group-neg", "", &["--group", "link.rate=-1"])
+            .unwrap_err()
+            .starts_with("group.link.rate = -1: must be a positive")
+    );
+    assert!(
+        load_with("group-new", "", &["--group", "api.rate=1"])
+            .unwrap_err()
+            .contains("a new group must give at least rate and burst")
+    );
+    assert!(
+        load_with("group-timeout", "", &["--group", "link.read_timeout=soon"])
+            .unwrap_err()
+            .starts_with("group.link.read_timeout = \"soon\": not a duration")
+    );
+}
