@@ -494,8 +494,8 @@ pub struct Config {
     pub forwarded_header: ForwardedSource,
     /// Shadow mode: admit everything, count what would have been refused. Default `false`.
     pub disable_anon_route_limits: bool,
-    /// Route table (`[[route]]`), first match wins; a request matching none passes through
-    /// unlimited. Default: empty.
+    /// Route table (`[[route]]`; `--route` / `DOOR_ROUTES` replace it), first match wins; a
+    /// request matching none passes through unlimited. Default: empty.
     pub routes: Vec<Route>,
     /// Limit groups by name: the defaults (webhook, link, health, stream) merged with
     /// `[group.NAME]` and `--group NAME.KEY=VALUE` / `DOOR_GROUP`.
@@ -698,8 +698,8 @@ impl<P: clap::builder::TypedValueParser> clap::builder::TypedValueParser for Env
 
 /// Settings given as flags or `DOOR_*` environment variables; each beats the file. The `door`
 /// binary parses them with clap (flag, then environment variable); every field here is one key of
-/// the file (but `group`, any key of any `[group.NAME]`), declared once: its flag, variable and
-/// help are the attributes below.
+/// the file (but `group`, any key of any `[group.NAME]`, and `routes`, the whole `[[route]]`
+/// list), declared once: its flag, variable and help are the attributes below.
 #[derive(Debug, Clone, Default, clap::Args)]
 pub struct Overrides {
     /// Address to serve on (repeatable or comma-separated). Default `[::]:8443`: port 8443 on
@@ -911,6 +911,11 @@ pub struct Overrides {
     /// (repeatable or comma-separated). A new group needs rate and burst.
     #[arg(long = "group", value_name = "NAME.KEY=VALUE", env = "DOOR_GROUP", value_delimiter = ',', global = true, value_parser = EnvNamed(GroupSetting::parse))]
     pub group: Vec<GroupSetting>,
+
+    /// A route, as a TOML inline table: `{ group = "link", methods = ["GET"], path = "/l/{id}" }`
+    /// (repeatable; DOOR_ROUTES holds a TOML array of them). Replaces the file's routes.
+    #[arg(long = "route", value_name = "TABLE", env = "DOOR_ROUTES", global = true, value_parser = EnvNamed(RouteParser))]
+    pub routes: Option<Vec<RouteList>>,
 }
 
 /// A flag's number (a rate), as Rust reads an `f64`: `2`, `0.5`, `1e9`. The range is checked with
@@ -1023,6 +1028,75 @@ fn flag_ports(raw: &[String]) -> Result<Vec<i64>, ConfigError> {
         .collect()
 }
 
+/// The routes of one `--route` value (one) or of `DOOR_ROUTES` (any number), as the file's
+/// `[[route]]` tables, not yet checked: [`Config::load`] checks them as it checks the file's.
+#[derive(Debug, Clone)]
+pub struct RouteList(Vec<RouteFile>);
+
+/// Parses a `--route` value as one TOML inline table and `DOOR_ROUTES` as a TOML array of them,
+/// with the keys of `[[route]]`; an error is clap's (exit 78), naming the flag or (through
+/// [`EnvNamed`]) the variable, the value and the TOML parser's reason.
+#[derive(Debug, Clone, Copy)]
+pub struct RouteParser;
+
+impl RouteParser {
+    /// The TOML parser's reason; when the value is of the wrong shape, what shape is expected.
+    fn reason(e: &toml::de::Error, shape: &str) -> String {
+        let message = e.message().trim_end();
+        if message.starts_with("invalid type") {
+            format!("{message} ({shape})")
+        } else {
+            message.to_owned()
+        }
+    }
+
+    /// One `--route` value: `{ group = "link", path = "/l/{id}" }`.
+    fn table(value: &str) -> Result<RouteList, String> {
+        const SHAPE: &str = "one TOML inline table: { group = \"…\", path = \"/…\" }";
+        let de = toml::de::ValueDeserializer::parse(value).map_err(|e| Self::reason(&e, SHAPE))?;
+        let route = RouteFile::deserialize(de).map_err(|e| Self::reason(&e, SHAPE))?;
+        Ok(RouteList(vec![route]))
+    }
+
+    /// `DOOR_ROUTES`: `[{ group = "link", path = "/l/{id}" }, …]`.
+    fn array(value: &str) -> Result<RouteList, String> {
+        const SHAPE: &str = "a TOML array of route tables: [{ group = \"…\", path = \"/…\" }]";
+        let de = toml::de::ValueDeserializer::parse(value).map_err(|e| Self::reason(&e, SHAPE))?;
+        Vec::<RouteFile>::deserialize(de)
+            .map(RouteList)
+            .map_err(|e| Self::reason(&e, SHAPE))
+    }
+}
+
+impl clap::builder::TypedValueParser for RouteParser {
+    type Value = RouteList;
+
+    fn parse_ref(
+        &self,
+        cmd: &clap::Command,
+        arg: Option<&clap::Arg>,
+        value: &std::ffi::OsStr,
+    ) -> Result<RouteList, clap::Error> {
+        self.parse_ref_(cmd, arg, value, clap::parser::ValueSource::CommandLine)
+    }
+
+    fn parse_ref_(
+        &self,
+        cmd: &clap::Command,
+        arg: Option<&clap::Arg>,
+        value: &std::ffi::OsStr,
+        source: clap::parser::ValueSource,
+    ) -> Result<RouteList, clap::Error> {
+        let parse: fn(&str) -> Result<RouteList, String> =
+            if source == clap::parser::ValueSource::EnvVariable {
+                Self::array
+            } else {
+                Self::table
+            };
+        parse.parse_ref(cmd, arg, value)
+    }
+}
+
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct File {
@@ -1079,7 +1153,7 @@ struct OtlpFile {
     interval: Option<String>,
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct RouteFile {
     group: String,
@@ -1340,18 +1414,21 @@ impl Config {
     }
 }
 
-/// Writes the flags of `[xdp]` (but `interface` and `mode`, read by [`build_xdp`]), `[plane.*]`
-/// and `[group.NAME]` into the file's values, as if the file gave them, so that they are checked
-/// by the same code and their errors name the same keys: a flag of a table the file lacks creates
-/// it (an `--xdp-*` flag turns the shield on as an `[xdp]` section does; a `--plane-*` flag writes
-/// `[plane.session]` or `[plane.ip]`); `--plane-session-cookie` or `--plane-session-header`
-/// replaces the file's credential (both keys: they are one choice); each `--group` item sets one
-/// key of its group.
+/// Writes the flags of `[xdp]` (but `interface` and `mode`, read by [`build_xdp`]), `[plane.*]`,
+/// `[group.NAME]` and `[[route]]` into the file's values, as if the file gave them, so that they
+/// are checked by the same code and their errors name the same keys: a flag of a table the file
+/// lacks creates it (an `--xdp-*` flag turns the shield on as an `[xdp]` section does; a
+/// `--plane-*` flag writes `[plane.session]` or `[plane.ip]`); `--plane-session-cookie` or
+/// `--plane-session-header` replaces the file's credential (both keys: they are one choice);
+/// each `--group` item sets one key of its group; `--route` replaces the file's whole list.
 fn written_over(file: &mut File, o: &Overrides) -> Result<(), ConfigError> {
     written_over_xdp(&mut file.xdp, o)?;
     written_over_planes(&mut file.plane, o);
     for item in &o.group {
         item.write_into(file.group.entry(item.name.clone()).or_default());
+    }
+    if let Some(lists) = &o.routes {
+        file.route = lists.iter().flat_map(|l| l.0.iter().cloned()).collect();
     }
     Ok(())
 }

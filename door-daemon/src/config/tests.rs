@@ -1098,3 +1098,70 @@ fn bad_group_items_are_named() {
             .starts_with("group.link.read_timeout = \"soon\": not a duration")
     );
 }
+
+#[test]
+fn route_flags_replace_the_file_routes() {
+    let c = load_with("routes", EXAMPLE, &["--xdp-mode", "off"]).unwrap();
+    assert_eq!(c.routes.len(), 3);
+    let c = load_with(
+        "routes-flags",
+        EXAMPLE,
+        &[
+            "--xdp-mode",
+            "off",
+            "--route",
+            "{ group = \"link\", methods = [\"GET\"], path = \"/l/session/{id}\" }",
+            "--route",
+            "{ group = \"health\", path = \"/up\", stream = true }",
+        ],
+    )
+    .unwrap();
+    assert_eq!(c.routes.len(), 2);
+    assert_eq!(c.routes[0].path.as_str(), "/l/session/{id}");
+    assert_eq!(c.routes[0].methods, vec![::http::Method::GET]);
+    assert!(c.routes[1].stream);
+    let c = load_with("routes-none", "", &[]).unwrap();
+    assert!(c.routes.is_empty(), "the default");
+}
+
+#[test]
+fn bad_route_flags_are_named() {
+    let e = flags(&["--route", "{ grup = \"link\", path = \"/x\" }"]).unwrap_err();
+    assert!(
+        e.starts_with("error: invalid value '{ grup = \"link\", path = \"/x\" }' for '--route <TABLE>': unknown field `grup`"),
+        "{e}"
+    );
+    let e = flags(&["--route", "[{ group = \"link\", path = \"/x\" }]"]).unwrap_err();
+    assert!(e.contains("for '--route <TABLE>'"), "{e}");
+    assert_eq!(
+        load_with(
+            "route-bad",
+            "",
+            &["--route", "{ group = \"link\", path = \"x\" }"]
+        )
+        .unwrap_err(),
+        "route[0].path = \"x\": must start with '/'"
+    );
+    assert_eq!(
+        load_with(
+            "route-group",
+            "",
+            &["--route", "{ group = \"api\", path = \"/x\" }"]
+        )
+        .unwrap_err(),
+        "route[0].group = \"api\": unknown group (known: health, link, stream, webhook)"
+    );
+    // A group the flags create can be routed to.
+    let c = load_with(
+        "route-new-group",
+        "",
+        &[
+            "--group",
+            "api.rate=1,api.burst=2",
+            "--route",
+            "{ group = \"api\", path = \"/x\" }",
+        ],
+    )
+    .unwrap();
+    assert_eq!(c.routes[0].group, "api");
+}
