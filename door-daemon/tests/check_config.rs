@@ -489,3 +489,230 @@ fn door_key_takes_the_peer_as_a_socket_address_too() {
         "{stderr}"
     );
 }
+
+/// `door check-config --config FILE` with `args` and the `DOOR_*` variables `env`.
+#[expect(clippy::unwrap_used, reason = "test helper")]
+fn check_config_with(file: &TempFile, args: &[&str], env: &[(&str, &str)]) -> Output {
+    let mut cmd = door_command();
+    cmd.arg("check-config")
+        .arg("--config")
+        .arg(&file.path)
+        .args(args);
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    cmd.output().unwrap()
+}
+
+/// The printed configuration's table `[name]` (or `[[name]]`s), up to the next table.
+fn printed_table<'a>(stdout: &'a str, header: &str) -> Vec<&'a str> {
+    stdout
+        .lines()
+        .skip_while(|l| *l != header)
+        .skip(1)
+        .take_while(|l| !l.starts_with('['))
+        .collect()
+}
+
+/// Every kind of setting outside the top level and `[tls]`, `[otlp]`, `[cluster]`: an `[xdp]`
+/// key, a plane key, a group key, the routes. A variable beats the file, a flag beats the
+/// variable, the file beats the default; `check-config` prints the effective value.
+#[test]
+fn xdp_plane_group_and_route_settings_take_flags_and_variables() {
+    let file = TempFile::new(
+        "every-kind",
+        "[xdp]\nmode = \"off\"\nsyn_burst = 300\n\
+         [plane.session]\ncookie = \"sid\"\nrate = 3.0\n\
+         [group.link]\nrate = 2.5\n\
+         [[route]]\ngroup = \"link\"\npath = \"/from-file\"\n",
+    );
+    let run = |args: &[&str], env: &[(&str, &str)]| {
+        let out = check_config_with(&file, args, env);
+        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+        assert!(out.status.success(), "{args:?} {env:?}: {out:?}");
+        stdout
+    };
+    // The file beats the defaults.
+    let stdout = run(&[], &[]);
+    assert!(
+        printed_table(&stdout, "[xdp]").contains(&"syn_burst = 300"),
+        "{stdout}"
+    );
+    assert!(
+        printed_table(&stdout, "[xdp]").contains(&"syn_rate = 100.0"),
+        "{stdout}"
+    );
+    assert!(
+        printed_table(&stdout, "[plane.session]").contains(&"rate = 3.0"),
+        "{stdout}"
+    );
+    assert!(
+        printed_table(&stdout, "[plane.ip]").contains(&"rate = 0.5"),
+        "{stdout}"
+    );
+    assert!(
+        printed_table(&stdout, "[group.link]").contains(&"rate = 2.5"),
+        "{stdout}"
+    );
+    assert!(
+        printed_table(&stdout, "[group.link]").contains(&"burst = 20"),
+        "{stdout}"
+    );
+    assert!(stdout.contains("path = \"/from-file\""), "{stdout}");
+    // The variables beat the file.
+    let env = [
+        ("DOOR_XDP_SYN_BURST", "400"),
+        ("DOOR_PLANE_SESSION_RATE", "4"),
+        ("DOOR_GROUP", "link.rate=2,link.burst=40"),
+        (
+            "DOOR_ROUTES",
+            "[{ group = \"link\", methods = [\"GET\"], path = \"/l/session/{id}\" }, \
+             { group = \"health\", path = \"/healthz\" }]",
+        ),
+    ];
+    let stdout = run(&[], &env);
+    assert!(
+        printed_table(&stdout, "[xdp]").contains(&"syn_burst = 400"),
+        "{stdout}"
+    );
+    assert!(
+        printed_table(&stdout, "[plane.session]").contains(&"rate = 4.0"),
+        "{stdout}"
+    );
+    let link = printed_table(&stdout, "[group.link]");
+    assert!(
+        link.contains(&"rate = 2.0") && link.contains(&"burst = 40"),
+        "{stdout}"
+    );
+    assert!(
+        !stdout.contains("/from-file"),
+        "DOOR_ROUTES replaces the file's routes: {stdout}"
+    );
+    assert_eq!(stdout.matches("[[route]]").count(), 2, "{stdout}");
+    assert!(stdout.contains("path = \"/l/session/{id}\""), "{stdout}");
+    // The flags beat the variables.
+    let stdout = run(
+        &[
+            "--xdp-syn-burst",
+            "500",
+            "--plane-session-rate",
+            "5",
+            "--group",
+            "link.rate=3",
+            "--route",
+            "{ group = \"webhook\", methods = [\"POST\"], path = \"/hook\" }",
+        ],
+        &env,
+    );
+    assert!(
+        printed_table(&stdout, "[xdp]").contains(&"syn_burst = 500"),
+        "{stdout}"
+    );
+    assert!(
+        printed_table(&stdout, "[plane.session]").contains(&"rate = 5.0"),
+        "{stdout}"
+    );
+    let link = printed_table(&stdout, "[group.link]");
+    // --group replaces DOOR_GROUP as a whole (clap: a flag, then its variable).
+    assert!(
+        link.contains(&"rate = 3.0") && link.contains(&"burst = 20"),
+        "{stdout}"
+    );
+    assert_eq!(stdout.matches("[[route]]").count(), 1, "{stdout}");
+    assert!(stdout.contains("path = \"/hook\""), "{stdout}");
+    // And what it prints is what it read.
+    let printed = Config::from_toml("stdout", &stdout).expect("door accepts its own output");
+    assert_eq!(printed.routes.len(), 1);
+}
+
+/// A value a flag or variable cannot take exits 78 naming the flag or the variable and the value
+/// (clap's parse), or the key and the value (the configuration's check).
+#[test]
+fn bad_xdp_plane_group_and_route_values_exit_78_naming_them() {
+    let file = TempFile::new("every-kind-bad", "[xdp]\nmode = \"off\"\n");
+    for (args, env, want) in [
+        (
+            &[][..],
+            &[("DOOR_XDP_SYN_RATE", "fast")][..],
+            "invalid value 'fast' for 'DOOR_XDP_SYN_RATE'",
+        ),
+        (
+            &["--xdp-syn-rate", "fast"][..],
+            &[][..],
+            "invalid value 'fast' for '--xdp-syn-rate <XDP_SYN_RATE>'",
+        ),
+        (
+            &[],
+            &[("DOOR_PLANE_IP_BURST", "many")],
+            "invalid value 'many' for 'DOOR_PLANE_IP_BURST'",
+        ),
+        (
+            &[],
+            &[("DOOR_GROUP", "link.rate=2,link.rte=2")],
+            "invalid value 'link.rte=2' for 'DOOR_GROUP': unknown key \"rte\"",
+        ),
+        (
+            &["--group", "link.rte=2"],
+            &[],
+            "invalid value 'link.rte=2' for '--group <NAME.KEY=VALUE>': unknown key \"rte\"",
+        ),
+        (
+            &[],
+            &[("DOOR_ROUTES", "{ group = \"link\", path = \"/x\" }")],
+            "invalid value '{ group = \"link\", path = \"/x\" }' for 'DOOR_ROUTES': invalid type: \
+             map, expected a sequence (a TOML array of route tables",
+        ),
+        (
+            &["--route", "{ group = \"link\" }"],
+            &[],
+            "invalid value '{ group = \"link\" }' for '--route <TABLE>': missing field `path`",
+        ),
+        (
+            &["--xdp-ports", "80,0"],
+            &[],
+            "xdp.ports[1] = 0: not a TCP port (1-65535)",
+        ),
+        (
+            &[],
+            &[("DOOR_PLANE_SESSION_RATE", "3")],
+            "plane.session.rate = 3: needs plane.session.cookie",
+        ),
+        (&["--group", "link.burst=0"], &[], "group.link.burst = 0"),
+        (
+            &[
+                "--route",
+                "{ group = \"link\", methods = [\"G ET\"], path = \"/x\" }",
+            ],
+            &[],
+            "route[0].methods = \"G ET\": not an HTTP method",
+        ),
+    ] {
+        let out = check_config_with(&file, args, env);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(78), "{args:?} {env:?}: {stderr}");
+        assert!(stderr.contains(want), "{args:?} {env:?}: {stderr}");
+        assert!(
+            out.stdout.is_empty(),
+            "{args:?} {env:?}: nothing printed on stdout"
+        );
+    }
+}
+
+#[test]
+fn help_lists_the_xdp_plane_group_and_route_flags() {
+    let help = String::from_utf8_lossy(&door(&["--help"]).stdout).into_owned();
+    for (flag, var) in [
+        ("--xdp-syn-rate", "DOOR_XDP_SYN_RATE"),
+        ("--xdp-ports", "DOOR_XDP_PORTS"),
+        ("--xdp-cookie-threshold", "DOOR_XDP_COOKIE_THRESHOLD"),
+        ("--plane-session-cookie", "DOOR_PLANE_SESSION_COOKIE"),
+        ("--plane-session-header", "DOOR_PLANE_SESSION_HEADER"),
+        ("--plane-ip-max-clients", "DOOR_PLANE_IP_MAX_CLIENTS"),
+        ("--group <NAME.KEY=VALUE>", "DOOR_GROUP"),
+        ("--route <TABLE>", "DOOR_ROUTES"),
+    ] {
+        let entry = help.split(flag).nth(1).unwrap_or_default();
+        let entry = entry.split("\n      --").next().unwrap_or_default();
+        assert!(entry.contains(&format!("[env: {var}=")), "{flag}: {entry}");
+    }
+}
