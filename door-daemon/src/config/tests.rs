@@ -1165,3 +1165,53 @@ fn bad_route_flags_are_named() {
     .unwrap();
     assert_eq!(c.routes[0].group, "api");
 }
+
+/// A reload (SIGHUP) loads the file again under the flags door started with, as `door`'s
+/// reloader does: the new flags keep beating the file, and the file's other changes apply.
+#[test]
+fn a_reload_keeps_the_table_flags_winning() {
+    let dir = std::env::temp_dir().join(format!("door-config-reload-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("door.toml");
+    std::fs::write(
+        &path,
+        "[group.link]\nrate = 2.5\n[xdp]\nmode = \"off\"\nsyn_rate = 50.0",
+    )
+    .unwrap();
+    let o = flags(&[
+        "--group",
+        "link.rate=2",
+        "--xdp-syn-rate",
+        "70",
+        "--plane-session-cookie",
+        "sid",
+        "--route",
+        "{ group = \"link\", path = \"/l/{id}\" }",
+    ])
+    .unwrap();
+    let reload: crate::daemon::Reloader = {
+        let path = path.clone();
+        Box::new(move || Config::load(Some(&path), &o))
+    };
+    let before = reload().unwrap();
+    std::fs::write(
+        &path,
+        "[group.link]\nrate = 4.0\nburst = 7\n[xdp]\nmode = \"off\"\nsyn_rate = 60.0\n\
+         [[route]]\ngroup = \"webhook\"\npath = \"/hook\"",
+    )
+    .unwrap();
+    let after = reload();
+    std::fs::remove_dir_all(&dir).unwrap();
+    let after = after.unwrap();
+    for c in [&before, &after] {
+        assert!((c.groups["link"].budget.rate - 2.0).abs() < f64::EPSILON);
+        assert!((c.xdp.syn_rate - 70.0).abs() < f64::EPSILON);
+        assert!(c.planes.is_some());
+        assert_eq!(c.routes.len(), 1);
+        assert_eq!(c.routes[0].path.as_str(), "/l/{id}");
+    }
+    assert_eq!(
+        after.groups["link"].budget.burst, 7,
+        "the file's other keys reload"
+    );
+}
