@@ -453,6 +453,10 @@ impl Upstream {
         if authority.as_str().contains('@') {
             return Err(bad("must not carry credentials"));
         }
+        // `http://:3000` parses with an empty host: every request would fail to connect (502).
+        if authority.host().is_empty() {
+            return Err(bad("needs a host"));
+        }
         if uri.path_and_query().is_some_and(|pq| pq.as_str() != "/") {
             return Err(bad("must not have a path or query"));
         }

@@ -776,6 +776,19 @@ fn sockets_bound_twice_and_an_upstream_that_is_door_are_named() {
 }
 
 #[test]
+fn an_upstream_without_a_host_is_refused() {
+    // `http://:3000` parses as a URI with an empty host; door then answered every request 502.
+    assert_eq!(
+        err("upstream = \"http://:3000\""),
+        "upstream = \"http://:3000\": needs a host"
+    );
+    assert_eq!(
+        err("upstream = \"http://\""),
+        "upstream = \"http://\": not a URL (empty string)"
+    );
+}
+
+#[test]
 fn xdp_allow_refuses_a_zero_prefix_in_its_own_words() {
     let e = err("[xdp]\nmode = \"off\"\nallow = [\"0.0.0.0/0\"]");
     assert!(
