@@ -1690,3 +1690,54 @@ async fn denied_clients_get_403_before_any_bucket_and_allowed_ones_are_never_lim
     assert_eq!(res.status(), StatusCode::OK);
     assert_eq!(res.headers()["ratelimit"], "\"link\";r=19;t=1");
 }
+
+/// An upstream that answers every request head it reads with `answer`, on one connection after
+/// another.
+async fn scripted_upstream(answer: &'static [u8]) -> SocketAddr {
+    let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = l.accept().await {
+            tokio::spawn(async move {
+                let mut head = Vec::new();
+                let mut byte = [0u8; 1];
+                loop {
+                    match s.read(&mut byte).await {
+                        Ok(1) => head.push(byte[0]),
+                        _ => return,
+                    }
+                    if head.ends_with(b"\r\n\r\n") {
+                        head.clear();
+                        if s.write_all(answer).await.is_err() {
+                            return;
+                        }
+                    }
+                }
+            });
+        }
+    });
+    addr
+}
+
+#[tokio::test]
+async fn an_upstream_answer_with_content_length_and_transfer_encoding_is_framed_by_the_latter() {
+    // RFC 9112 §6.3: Transfer-Encoding overrides Content-Length, and a proxy forwarding such a
+    // message must remove Content-Length first; kept, door framed its answer by the wrong one
+    // (the client got "hel" of "hello" over HTTP/1.1, a reset over HTTP/2).
+    let up = scripted_upstream(
+        b"HTTP/1.1 200 OK\r\nContent-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\n\
+          5\r\nhello\r\n0\r\n\r\n",
+    )
+    .await;
+    let d = door(&config(up, "", "")).await;
+    let mut send = h1(d.addr).await;
+    let res = send.send_request(get("/p")).await.unwrap();
+    assert_eq!(res.status(), StatusCode::OK);
+    assert!(res.headers().get("content-length").is_none(), "{res:?}");
+    assert_eq!(body_string(res).await, "hello");
+    let s = TcpStream::connect(d.addr).await.unwrap();
+    let (c, conn) = h2::client::handshake(s).await.unwrap();
+    tokio::spawn(conn);
+    let (status, body) = h2_send(&c, Request::get("http://door.test/p").body(()).unwrap()).await;
+    assert_eq!((status, body.as_str()), (StatusCode::OK, "hello"));
+}

@@ -18,8 +18,8 @@ use tokio::{sync::oneshot, time::Sleep};
 use http::{
     HeaderMap, HeaderName, HeaderValue, Request, Response, Uri, Version,
     header::{
-        CONNECTION, COOKIE, FORWARDED, HOST, PROXY_AUTHENTICATE, PROXY_AUTHORIZATION, TE, TRAILER,
-        TRANSFER_ENCODING, UPGRADE,
+        CONNECTION, CONTENT_LENGTH, COOKIE, FORWARDED, HOST, PROXY_AUTHENTICATE,
+        PROXY_AUTHORIZATION, TE, TRAILER, TRANSFER_ENCODING, UPGRADE,
     },
     uri::PathAndQuery,
 };
@@ -246,6 +246,12 @@ impl Proxy {
                 upstream: self.upstream.to_string(),
                 source,
             })?;
+        // A response with both is framed by Transfer-Encoding, and a proxy that forwards it must
+        // remove Content-Length first (RFC 9112 §6.3): kept, it would frame door's answer to the
+        // client by the wrong length (a truncated body over HTTP/1.1, a reset over HTTP/2).
+        if res.headers().contains_key(TRANSFER_ENCODING) {
+            res.headers_mut().remove(CONTENT_LENGTH);
+        }
         // A 101's Connection and Upgrade are the upgrade's answer (crate::http::upgrade).
         if res.status() != http::StatusCode::SWITCHING_PROTOCOLS {
             strip_hop_by_hop(res.headers_mut());
