@@ -421,6 +421,61 @@ async fn an_upgrade_answered_without_101_stays_http() {
         .await;
 }
 
+/// Sends an HTTP/2 extended CONNECT for a WebSocket (RFC 8441) to door at `addr` and returns the
+/// status door answered.
+async fn extended_connect_status(addr: SocketAddr) -> StatusCode {
+    let s = TcpStream::connect(addr).await.unwrap();
+    let (mut send, conn) = hyper::client::conn::http2::handshake::<_, _, Empty<Bytes>>(
+        TokioExecutor::new(),
+        TokioIo::new(s),
+    )
+    .await
+    .unwrap();
+    tokio::spawn(conn);
+    let mut req = Request::connect("http://door.test/chat")
+        .version(http::Version::HTTP_2)
+        .header("sec-websocket-version", "13")
+        .body(Empty::new())
+        .unwrap();
+    req.extensions_mut()
+        .insert(hyper::ext::Protocol::from_static("websocket"));
+    send.send_request(req).await.unwrap().status()
+}
+
+#[tokio::test]
+async fn an_extended_connect_answered_with_a_2xx_instead_of_101_is_a_502() {
+    // Over HTTP/2 a 2xx to an extended CONNECT means the tunnel is open (RFC 8441 §5): the
+    // upstream's 200 (or 204) without a 101 refused the WebSocket, and relaying it would tell the
+    // client the opposite (a 200 with a body was reset instead).
+    for answer in [
+        OK,
+        &b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n"[..],
+        &b"HTTP/1.1 204 No Content\r\n\r\n"[..],
+    ] {
+        let heads = Arc::new(Mutex::new(Vec::new()));
+        let up = raw_upstream(answer, Arc::clone(&heads)).await;
+        let d = door(&config(up, "", ""), None).await;
+        assert_eq!(
+            extended_connect_status(d.addr).await,
+            StatusCode::BAD_GATEWAY,
+            "{}",
+            String::from_utf8_lossy(answer)
+        );
+        assert!(heads.lock().unwrap()[0].contains("upgrade: websocket"));
+        d.eventually("nothing held", |d| d.inflight("stream") == 0)
+            .await;
+    }
+    // A refusal that is not a 2xx reaches the client as it is.
+    let heads = Arc::new(Mutex::new(Vec::new()));
+    let up = raw_upstream(
+        b"HTTP/1.1 403 Forbidden\r\ncontent-length: 2\r\n\r\nno",
+        Arc::clone(&heads),
+    )
+    .await;
+    let d = door(&config(up, "", ""), None).await;
+    assert_eq!(extended_connect_status(d.addr).await, StatusCode::FORBIDDEN);
+}
+
 const SWITCH: &[u8] =
     b"HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\
     Sec-WebSocket-Accept: s3pPLMBiTxaQ9kYGzzhZRbK+xOo=\r\n\r\n";

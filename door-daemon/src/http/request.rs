@@ -717,7 +717,8 @@ impl App {
     ///   `stream_idle_timeout` of silence. A pass-through `text/event-stream` answer is admitted
     ///   in the stream group when it arrives (429 if over).
     /// - An upgrade whose upstream answers `101` becomes a tunnel (see [`crate::http::upgrade`]);
-    ///   any other answer is relayed as a normal response.
+    ///   any other answer is relayed as a normal response, but for a `2xx` to an extended CONNECT
+    ///   (a 502: to an HTTP/2 client it would mean the tunnel is open).
     ///
     /// The call runs inside this request's future: a client that goes away (connection closed or
     /// reset, HTTP/2 RST_STREAM) drops it, which aborts the upstream call and drops the permit
@@ -782,6 +783,12 @@ impl App {
         }
         if status == StatusCode::SWITCHING_PROTOCOLS {
             return self.switch(conn, &method, upgrade, on_client, res, permit);
+        }
+        if let Some(Err(e)) = upgrade.as_ref().map(|u| u.check_refusal(status)) {
+            if let Some(permit) = permit {
+                permit.settle(End::Unanswered);
+            }
+            return answer::failure_response(&Failure::Protocol(e));
         }
         if feeds_cache {
             self.health.record(status);

@@ -11,7 +11,10 @@
 //!   response and the connection stays HTTP (WebSocket request smuggling, where a proxy trusts
 //!   the client's `Upgrade` and tunnels anyway);
 //! - get a tunnel from a `101` the request did not ask for, or from a WebSocket handshake that is
-//!   not a `GET` (RFC 6455 §4.1): door answers 502 instead.
+//!   not a `GET` (RFC 6455 §4.1): door answers 502 instead;
+//! - read an upstream's refusal as an open WebSocket: over HTTP/2 a `2xx` to an extended CONNECT
+//!   means the tunnel is open (RFC 8441 §5, RFC 9110 §9.3.6), so an upstream's `2xx` other than
+//!   `101` to the handshake door sent is a 502, not relayed.
 
 use base64::{Engine as _, engine::general_purpose::STANDARD as BASE64};
 
@@ -61,6 +64,10 @@ pub enum UpgradeError {
     /// The upstream's `101` does not carry the `Sec-WebSocket-Accept` of door's key.
     #[error("the upstream's Sec-WebSocket-Accept does not match door's key")]
     BadAccept,
+    /// The upstream answered an extended CONNECT's WebSocket handshake with a `2xx` other than
+    /// `101`: relayed, it would tell the HTTP/2 client that its WebSocket is open.
+    #[error("the upstream answered the WebSocket handshake with a 2xx instead of 101")]
+    NotSwitched,
 }
 
 /// Reads how `req` asks to upgrade, and makes it safe to forward: `h2c` tokens and
@@ -152,6 +159,21 @@ impl Upgrade {
                     Err(UpgradeError::BadAccept)
                 }
             }
+        }
+    }
+
+    /// Checks an upstream's answer other than `101` before it is relayed as a normal response:
+    /// for an extended CONNECT a `2xx` would read as the tunnel opened (RFC 8441 §5), so only
+    /// other statuses (the upstream's refusal: 4xx, 3xx, 5xx) are relayed.
+    ///
+    /// # Errors
+    /// [`UpgradeError::NotSwitched`] for a `2xx` to an extended CONNECT.
+    pub fn check_refusal(&self, status: StatusCode) -> Result<(), UpgradeError> {
+        match self {
+            Upgrade::ExtendedConnect { .. } if status.is_success() => {
+                Err(UpgradeError::NotSwitched)
+            }
+            _ => Ok(()),
         }
     }
 
