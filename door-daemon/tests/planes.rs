@@ -384,3 +384,30 @@ async fn streams_are_exempt_from_both_planes_and_groups_apply_on_top() {
     let over = send(&d, "/api/after", "198.51.100.41", &[]).await;
     assert_eq!(over.scope.as_deref(), Some("ip"));
 }
+
+#[tokio::test]
+async fn a_health_probe_the_ip_plane_refuses_gets_the_cached_status_not_a_429() {
+    // Cached health (docs/design.md): a probe of the health group is never refused. A load
+    // balancer probing more often than the IP plane's rate drained its bucket, and then got the
+    // plane's 429 while its group would have answered from the cache.
+    let hits = Arc::new(AtomicUsize::new(0));
+    let d = door(&config(
+        upstream(Arc::clone(&hits)).await,
+        BEARER,
+        "[[route]]\ngroup = \"health\"\npath = \"/healthz\"",
+    ))
+    .await;
+    // The IP plane's burst of 5 admits the first five probes, which reach the upstream.
+    for _ in 0..5 {
+        let a = send(&d, "/healthz", "198.51.100.50", &[]).await;
+        assert_eq!(a.status, StatusCode::OK, "{a:?}");
+    }
+    assert_eq!(hits.load(Ordering::SeqCst), 5);
+    for _ in 0..5 {
+        let a = send(&d, "/healthz", "198.51.100.50", &[]).await;
+        assert_eq!(a.status, StatusCode::OK, "{a:?}");
+        assert_eq!(a.scope, None, "{a:?}");
+    }
+    assert_eq!(hits.load(Ordering::SeqCst), 5, "served from the cache");
+    assert_eq!(d.count("health", Outcome::Cached), 5);
+}

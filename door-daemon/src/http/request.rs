@@ -552,7 +552,11 @@ impl App {
             (Some(credential), Some(decision)) => {
                 match self.admit_plane(&policy, credential, &req, decision.key, &mut job) {
                     Ok(plane) => plane,
-                    Err(refused) => return *refused,
+                    Err(r) => {
+                        return self
+                            .plane_refused(limited, *r, req, job, decision.key)
+                            .await;
+                    }
                 }
             }
             _ => None,
@@ -661,6 +665,25 @@ impl App {
                 Err(Box::new(res))
             }
         }
+    }
+
+    /// The answer to a request its plane refused: the plane's 429 `refused`, except for a probe of
+    /// the health group, which is never refused (docs/design.md, "Cached health") and gets the
+    /// cached status, as one its group refuses.
+    async fn plane_refused(
+        &self,
+        limited: Option<&Limited>,
+        refused: Response<ResponseBody>,
+        req: Request<Incoming>,
+        job: Job<'_>,
+        key: PrefixKey,
+    ) -> Response<ResponseBody> {
+        let Some(health) = limited.filter(|l| l.health) else {
+            return refused;
+        };
+        let mut res = self.cached_health(health, req, job.origin).await;
+        health.ratelimit_fields(res.headers_mut(), &key);
+        res
     }
 
     /// The client key of `req`, counting (and warning once about) forwarding headers ignored
