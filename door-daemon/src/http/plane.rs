@@ -17,10 +17,7 @@
 //! for the life of the process (a reload keeps it); a credential that falls out of it is charged to
 //! the IP plane again until its next answered request.
 
-use std::{
-    num::NonZeroUsize,
-    sync::{Mutex, PoisonError},
-};
+use std::sync::{Mutex, PoisonError};
 
 use door_common::prefix::PrefixKey;
 use http::{HeaderMap, StatusCode};
@@ -44,7 +41,11 @@ pub struct PlaneChoice {
 #[derive(Debug)]
 pub struct Sessions {
     hasher: CredentialHasher,
+    /// Grows as credentials are verified, up to `capacity`: an LRU cache made with its capacity
+    /// allocates all of it at once, which `plane.session.max_clients = 4294967295` (a value the
+    /// configuration accepts) turned into an abort at start-up.
     verified: Mutex<LruCache<PrefixKey, ()>>,
+    capacity: usize,
 }
 
 impl Sessions {
@@ -52,9 +53,8 @@ impl Sessions {
     pub fn new(capacity: usize) -> Self {
         Self {
             hasher: CredentialHasher::new(),
-            verified: Mutex::new(LruCache::new(
-                NonZeroUsize::new(capacity).unwrap_or(NonZeroUsize::MIN),
-            )),
+            verified: Mutex::new(LruCache::unbounded()),
+            capacity: capacity.max(1),
         }
     }
 
@@ -87,8 +87,8 @@ impl Sessions {
         let mut verified = self.lock();
         if matches!(status, StatusCode::UNAUTHORIZED | StatusCode::FORBIDDEN) {
             verified.pop(&credential);
-        } else {
-            verified.put(credential, ());
+        } else if verified.put(credential, ()).is_none() && verified.len() > self.capacity {
+            verified.pop_lru();
         }
     }
 
@@ -144,5 +144,17 @@ mod tests {
             sessions.learn(PrefixKey::from_ipv4([i, 0, 0, 0]), StatusCode::OK);
         }
         assert_eq!(sessions.verified(), 2);
+    }
+
+    #[test]
+    fn a_huge_capacity_allocates_nothing_up_front() {
+        // plane.session.max_clients may be 4294967295: the table grows as credentials are
+        // verified instead of allocating its capacity at start (which aborted door there, and
+        // panics here at usize::MAX).
+        let sessions = Sessions::new(usize::MAX);
+        let hash = PrefixKey::from_ipv4([192, 0, 2, 1]);
+        sessions.learn(hash, StatusCode::OK);
+        assert!(sessions.is_verified(&hash));
+        assert_eq!(sessions.verified(), 1);
     }
 }
