@@ -539,13 +539,8 @@ impl App {
         let event_stream = accepts_event_stream(req.headers());
         let stream = stream_route || upgrade.is_some() || event_stream;
         let planes = policy.credential.as_ref().filter(|_| !stream);
-        let decision = listed.or_else(|| {
-            (limited.is_some() || planes.is_some() || event_stream)
-                .then(|| self.client(conn, &policy, &req))
-        });
-        if decision.is_none() {
-            self.note_ignored_forwarding(&origin, req.headers());
-        }
+        let needed = limited.is_some() || planes.is_some() || event_stream;
+        let decision = listed.or_else(|| self.key_if_needed(needed, conn, &policy, &req, &origin));
         let mut job = Job::new(origin, upgrade, stream_route);
         // The request planes first: a request one of them refuses never reaches its group.
         let plane = match (planes, &decision) {
@@ -702,10 +697,21 @@ impl App {
         decision
     }
 
-    /// For a request that needs no client key (whose forwarding headers are dropped all the
-    /// same): counts and warns about forwarding headers from an untrusted local peer, as
-    /// [`Self::client`] does for a keyed one.
-    fn note_ignored_forwarding(&self, origin: &Origin, headers: &http::HeaderMap) {
+    /// The client key of `req` when `needed`. A request that needs none still has its forwarding
+    /// headers dropped from an untrusted peer: from a local one they are counted and warned
+    /// about here, as [`Self::client`] does for a keyed request.
+    fn key_if_needed(
+        &self,
+        needed: bool,
+        conn: &ConnInfo,
+        policy: &Policy,
+        req: &Request<Incoming>,
+        origin: &Origin,
+    ) -> Option<KeyDecision> {
+        if needed {
+            return Some(self.client(conn, policy, req));
+        }
+        let headers = req.headers();
         if !origin.peer_trusted
             && crate::client::is_local(origin.peer)
             && (headers.contains_key(&crate::client::X_FORWARDED_FOR)
@@ -713,6 +719,7 @@ impl App {
         {
             self.untrusted_forwarding(origin.peer);
         }
+        None
     }
 
     /// Counts (and warns once about) forwarding headers ignored from `peer_ip`, an untrusted local
