@@ -385,6 +385,28 @@ async fn streams_are_exempt_from_both_planes_and_groups_apply_on_top() {
     assert_eq!(over.scope.as_deref(), Some("ip"));
 }
 
+/// Asking for an event stream (`Accept: text/event-stream`) does not take a request past the
+/// planes: an answer that is not an event stream was charged to the IP plane like any other, so
+/// the header cannot lift the per-IP limit.
+#[tokio::test]
+async fn asking_for_an_event_stream_does_not_take_a_request_past_the_planes() {
+    let hits = Arc::new(AtomicUsize::new(0));
+    let d = door(&config(upstream(Arc::clone(&hits)).await, BEARER, "")).await;
+    let sse = [("accept", "text/event-stream")];
+    for i in 0..5 {
+        let a = send(&d, "/api/plain", "198.51.100.50", &sse).await;
+        assert_eq!(a.status, StatusCode::OK, "request {i}: {a:?}");
+    }
+    let over = send(&d, "/api/plain", "198.51.100.50", &sse).await;
+    assert_eq!(over.status, StatusCode::TOO_MANY_REQUESTS, "{over:?}");
+    assert_eq!(over.scope.as_deref(), Some("ip"));
+    assert_eq!(
+        hits.load(Ordering::SeqCst),
+        5,
+        "the sixth never reached the upstream"
+    );
+}
+
 #[tokio::test]
 async fn a_health_probe_the_ip_plane_refuses_gets_the_cached_status_not_a_429() {
     // Cached health (docs/design.md): a probe of the health group is never refused. A load

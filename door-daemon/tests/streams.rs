@@ -634,6 +634,24 @@ async fn an_event_stream_on_a_pass_through_route_is_limited_in_the_stream_group(
     d.eventually("freed", |d| d.inflight("stream") == 0).await;
 }
 
+/// With the request planes on, an event stream on a pass-through route is charged to the plane
+/// when it is asked for and given back once the answer is an event stream: streams are exempt
+/// from the planes, so opening more of them than the IP plane's burst is not refused by it.
+#[tokio::test]
+async fn an_event_stream_gives_back_the_plane_token_it_was_admitted_with() {
+    let up = sse_upstream(Duration::ZERO, Duration::from_millis(10), 1000).await;
+    let planes = "[plane.session]\ncookie = \"sid\"\n[plane.ip]\nrate = 0.001\nburst = 2\n";
+    let d = door(&config(up, "", planes), None).await;
+    for i in 0..4 {
+        let mut s = open_events(d.addr, "/live").await.unwrap_or_else(|status| {
+            panic!("stream {i}: {status}");
+        });
+        assert!(next_event(&mut s).await.is_some());
+        drop(s);
+        d.eventually("freed", |d| d.inflight("stream") == 0).await;
+    }
+}
+
 #[tokio::test(start_paused = true)]
 async fn an_open_stream_outlives_the_read_and_upstream_timeouts() {
     // The upstream takes 5 s for its head and sends an event every 10 s: longer than both

@@ -92,6 +92,39 @@ struct Admitted<'p> {
     permit: Held,
 }
 
+/// The permit a stream answer holds. A stream is exempt from the request planes: a plane's token
+/// taken when the request was admitted is given back. A pass-through stream (`in_group` false:
+/// the permit, if any, is the plane's) is limited in the stream group instead, under `sse_key`
+/// when the client's key is known; a group's stream keeps its group permit.
+///
+/// # Errors
+/// The stream group's 429 or 503 when it refuses the stream.
+fn stream_permit(
+    policy: &Policy,
+    permit: Option<Held>,
+    in_group: bool,
+    sse_key: Option<PrefixKey>,
+) -> Result<Option<Held>, Box<Response<ResponseBody>>> {
+    match permit {
+        Some(mut p) if in_group => {
+            p.refund_plane();
+            return Ok(Some(p));
+        }
+        Some(plane) => plane.refund(),
+        None => {}
+    }
+    let (Some(key), Some(streams)) = (sse_key, policy.limited.get(STREAM_GROUP)) else {
+        return Ok(None);
+    };
+    match settle::admit(&streams.limiter, &streams.metrics, key) {
+        Ok(p) => Ok(Some(p)),
+        Err(r) => {
+            settle::refused(&streams.metrics, &r);
+            Err(Box::new(answer::rejected(STREAM_GROUP, &r)))
+        }
+    }
+}
+
 /// Whether `Accept` asks for server-sent events (an EventSource always does).
 fn accepts_event_stream(headers: &http::HeaderMap) -> bool {
     headers
@@ -537,8 +570,13 @@ impl App {
         }
         // An EventSource asks for text/event-stream: its answer will be a stream.
         let event_stream = accepts_event_stream(req.headers());
-        let stream = stream_route || upgrade.is_some() || event_stream;
-        let planes = policy.credential.as_ref().filter(|_| !stream);
+        // A request that only asks for an event stream is charged to its plane like any other
+        // until its answer shows it is one (then the plane's token is given back, in `forward`):
+        // a request header alone must not take a request past the planes.
+        let planes = policy
+            .credential
+            .as_ref()
+            .filter(|_| !stream_route && upgrade.is_none());
         let needed = limited.is_some() || planes.is_some() || event_stream;
         let decision = listed.or_else(|| self.key_if_needed(needed, conn, &policy, &req, &origin));
         let mut job = Job::new(origin, upgrade, stream_route);
@@ -564,9 +602,9 @@ impl App {
                 return answer::upstream_busy();
             };
             job.passthrough = Some(slot);
-            if event_stream {
-                job.sse_key = decision.as_ref().map(|d| d.key);
-            }
+            // Known when the request asked for an event stream or passed a plane: an event-stream
+            // answer is then limited in the stream group.
+            job.sse_key = decision.as_ref().map(|d| d.key);
             let mut res = self.forward(conn, &policy, req, job).await;
             if let Some((p, key)) = plane {
                 answer::clear_ratelimit_fields(res.headers_mut());
@@ -824,19 +862,9 @@ impl App {
             self.health.record(status);
         }
         if stream_route || is_event_stream(res.headers()) {
-            let permit = match (permit, sse_key) {
-                (Some(p), _) => Some(p),
-                (None, Some(key)) => match policy.limited.get(STREAM_GROUP) {
-                    Some(streams) => match settle::admit(&streams.limiter, &streams.metrics, key) {
-                        Ok(p) => Some(p),
-                        Err(r) => {
-                            settle::refused(&streams.metrics, &r);
-                            return answer::rejected(STREAM_GROUP, &r);
-                        }
-                    },
-                    None => None,
-                },
-                (None, None) => None,
+            let permit = match stream_permit(policy, permit, read_timeout.is_some(), sse_key) {
+                Ok(permit) => permit,
+                Err(refused) => return *refused,
             };
             let open = permit.as_ref().map(|p| p.metrics().stream_opened());
             let idle = self.stream_idle_timeout;

@@ -145,6 +145,14 @@ impl Held {
         }
     }
 
+    /// Gives back the plane's permit this one holds, if any, uncounted (the request turned out to
+    /// be a stream, which the planes do not charge); this permit stays.
+    pub fn refund_plane(&mut self) {
+        if let Some(plane) = self.plane.take() {
+            plane.refund();
+        }
+    }
+
     /// This permit, also holding `plane` (a request plane's permit): both settle together.
     pub fn with_plane(mut self, plane: Held) -> Self {
         self.plane = Some(Box::new(plane));
