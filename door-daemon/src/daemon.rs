@@ -434,7 +434,11 @@ fn reload_tls(front: &Front, config: &Config) {
 /// `xdp.allow`) into the attached program's maps, in place.
 fn reconfigure_shield(shield: Option<&Arc<Mutex<Shield>>>, config: &Config) {
     let Some(shield) = shield else { return };
-    if let Err(e) = lock(shield).configure(&config.xdp, &exempt_prefixes(config), &config.deny) {
+    if let Err(e) = lock(shield).configure(
+        &config.xdp,
+        &exempt_prefixes(config),
+        &denied_prefixes(config),
+    ) {
         tracing::error!(error = %e, "reload: could not update the XDP maps; the shield keeps its previous settings where they were not written");
     }
 }
@@ -476,7 +480,7 @@ fn start_shield(config: &Config) -> Result<Option<Arc<Mutex<Shield>>>, ServeErro
     }
     let exempt = exempt_prefixes(config);
     let attached = Shield::load_with_capacity(config.xdp.max_prefixes).and_then(|mut s| {
-        s.configure(&config.xdp, &exempt, &config.deny)?;
+        s.configure(&config.xdp, &exempt, &denied_prefixes(config))?;
         s.attach(&interface, mode).map(|m| (s, m))
     });
     match attached {
@@ -500,6 +504,14 @@ fn start_shield(config: &Config) -> Result<Option<Arc<Mutex<Shield>>>, ServeErro
 
 /// The prefixes the shield never sheds: the trusted proxies (blocking one would block everyone
 /// behind it) and `xdp.allow`.
+/// The prefixes whose SYNs the shield drops: the top-level `deny` (also 403 at layer 7) and
+/// `xdp.deny` (at XDP only).
+fn denied_prefixes(config: &Config) -> Vec<ipnet::IpNet> {
+    let mut denied = config.deny.clone();
+    denied.extend(config.xdp.deny.iter().copied());
+    denied
+}
+
 fn exempt_prefixes(config: &Config) -> Vec<ipnet::IpNet> {
     let mut exempt = config.trusted_proxies.nets().to_vec();
     exempt.extend(config.xdp.allow.iter().copied());

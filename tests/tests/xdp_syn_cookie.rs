@@ -160,6 +160,7 @@ fn settings(port: u16) -> XdpConfig {
         overflow_syn_burst: 1_000,
         max_prefixes: door_common::PREFIX_MAP_CAPACITY,
         allow: Vec::new(),
+        deny: Vec::new(),
         escalate_after: 0,
         escalate_window: Duration::from_secs(10),
         block_for: Duration::from_mins(1),

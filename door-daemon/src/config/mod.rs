@@ -241,6 +241,9 @@ pub struct XdpConfig {
     /// Operator allowlist: CIDRs the shield never sheds (trusted proxies are always exempt too).
     /// Default none.
     pub allow: Vec<IpNet>,
+    /// CIDRs whose every SYN the shield drops, at XDP only (the top-level `deny` does this and
+    /// answers 403 at layer 7 too); `xdp.allow` and trusted proxies still win. Default none.
+    pub deny: Vec<IpNet>,
     /// 429s from one TCP-peer key within `escalate_window` that put it on the XDP blocklist;
     /// 0 (the default) turns escalation off.
     pub escalate_after: u32,
@@ -868,6 +871,10 @@ pub struct Overrides {
     /// XDP: CIDRs never shed (repeatable or comma-separated).
     #[arg(long, env = "DOOR_XDP_ALLOW", value_delimiter = ',', global = true)]
     pub xdp_allow: Option<Vec<String>>,
+    /// XDP: CIDRs whose SYNs are all dropped at XDP, layer 7 unaffected (repeatable or
+    /// comma-separated).
+    #[arg(long, env = "DOOR_XDP_DENY", value_delimiter = ',', global = true)]
+    pub xdp_deny: Option<Vec<String>>,
     /// XDP: 429s within --xdp-escalate-window that block a peer's SYNs; 0 is off. Default 0.
     #[arg(long, env = "DOOR_XDP_ESCALATE_AFTER", global = true, value_parser = EnvNamed(clap::value_parser!(i64)))]
     pub xdp_escalate_after: Option<i64>,
@@ -1219,6 +1226,7 @@ struct XdpFile {
     overflow_syn_burst: Option<i64>,
     max_prefixes: Option<i64>,
     allow: Option<Vec<String>>,
+    deny: Option<Vec<String>>,
     escalate_after: Option<i64>,
     escalate_window: Option<String>,
     block_for: Option<String>,
@@ -1477,6 +1485,7 @@ fn written_over_xdp(xdp: &mut Option<XdpFile>, o: &Overrides) -> Result<(), Conf
     );
     put(&mut x.max_prefixes, o.xdp_max_prefixes.as_ref(), &mut given);
     put(&mut x.allow, o.xdp_allow.as_ref(), &mut given);
+    put(&mut x.deny, o.xdp_deny.as_ref(), &mut given);
     put(
         &mut x.escalate_after,
         o.xdp_escalate_after.as_ref(),
@@ -2595,6 +2604,7 @@ fn build_xdp(
         None => DEFAULT_MAX_PREFIXES,
     };
     let allow = access_list("xdp.allow", &f.allow.unwrap_or_default())?;
+    let deny = access_list("xdp.deny", &f.deny.unwrap_or_default())?;
     let escalate_after = match f.escalate_after {
         Some(0) | None => 0,
         Some(v) => positive_u32("xdp.escalate_after", v)?,
@@ -2628,6 +2638,7 @@ fn build_xdp(
         overflow_syn_burst,
         max_prefixes,
         allow,
+        deny,
         escalate_after,
         escalate_window,
         block_for,

@@ -277,6 +277,7 @@ fn write_xdp(w: &mut TomlWriter, x: &XdpConfig) {
         overflow_syn_burst,
         max_prefixes,
         allow,
+        deny,
         escalate_after,
         escalate_window,
         block_for,
@@ -303,6 +304,7 @@ fn write_xdp(w: &mut TomlWriter, x: &XdpConfig) {
     w.clear("overflow_syn_burst", i64::from(*overflow_syn_burst));
     w.clear("max_prefixes", i64::from(*max_prefixes));
     w.clear("allow", strings(allow));
+    w.clear("deny", strings(deny));
     w.clear("escalate_after", i64::from(*escalate_after));
     w.clear("escalate_window", duration(*escalate_window));
     w.clear("block_for", duration(*block_for));

@@ -52,6 +52,7 @@ pub fn restart_only_changes(old: &Config, new: &Config) -> Vec<&'static str> {
         overflow_syn_burst: _,
         max_prefixes,
         allow: _,
+        deny: _,
         escalate_after: _,
         escalate_window: _,
         block_for: _,

@@ -1228,3 +1228,22 @@ fn a_reload_keeps_the_table_flags_winning() {
         "the file's other keys reload"
     );
 }
+
+/// `allow` and `deny` written after `[xdp]` are, to TOML, `xdp.allow` and `xdp.deny`: both are
+/// accepted, and apply at XDP only (the top-level lists stay empty).
+#[test]
+fn allow_and_deny_after_the_xdp_table_are_its_own_lists() {
+    let c = Config::from_toml(
+        "door.toml",
+        "[xdp]\ninterface = \"lo\"\nallow = [\"192.0.2.0/24\"]\ndeny = [\"203.0.113.0/24\"]\n",
+    )
+    .unwrap();
+    assert_eq!(c.xdp.allow, vec!["192.0.2.0/24".parse::<IpNet>().unwrap()]);
+    assert_eq!(c.xdp.deny, vec!["203.0.113.0/24".parse::<IpNet>().unwrap()]);
+    assert!(c.allow.is_empty() && c.deny.is_empty());
+    let e = err("[xdp]\nmode = \"off\"\ndeny = [\"0.0.0.0/0\"]");
+    assert!(
+        e.starts_with("xdp.deny = \"0.0.0.0/0\": a /0 covers every address"),
+        "{e}"
+    );
+}

@@ -69,6 +69,7 @@ fn settings(syn_rate: f64, syn_burst: u32) -> XdpConfig {
         overflow_syn_burst: syn_burst,
         max_prefixes: door_common::PREFIX_MAP_CAPACITY,
         allow: Vec::new(),
+        deny: Vec::new(),
         escalate_after: 0,
         escalate_window: Duration::from_secs(10),
         block_for: Duration::from_mins(1),
