@@ -26,10 +26,7 @@ pub const SKIP_MARKER: &str = "door-test: skipped (needs root)";
     reason = "test support: a missing privilege fails the suite loudly"
 )]
 pub fn privileged_or_skip(suite: &str) -> bool {
-    // SAFETY: geteuid has no preconditions and cannot fail.
-    #[expect(unsafe_code, reason = "geteuid is a libc call")]
-    let root = unsafe { libc::geteuid() } == 0;
-    if root {
+    if is_root() {
         return true;
     }
     if std::env::var_os("DOOR_SKIP_PRIVILEGED").is_some_and(|v| v == "1") {
@@ -53,16 +50,18 @@ pub fn tools_or_skip(suite: &str, tools: &[&str]) -> bool {
     if missing.is_empty() {
         return true;
     }
-    // SAFETY: geteuid has no preconditions and cannot fail.
-    #[expect(unsafe_code, reason = "geteuid is a libc call")]
-    let root = unsafe { libc::geteuid() } == 0;
     assert!(
-        !root,
+        !is_root(),
         "{suite} needs {}: run `cargo xtask setup` (it installs the Debian packages)",
         missing.join(", ")
     );
     mark_skipped(suite);
     false
+}
+
+/// Whether this process runs as root (effective user ID 0).
+fn is_root() -> bool {
+    rustix::process::geteuid().is_root()
 }
 
 /// Whether an executable named `tool` is in a directory of `PATH`.
