@@ -13,6 +13,11 @@ use std::{
     time::{Duration, Instant},
 };
 
+use rustix::{
+    process::{Pid, Signal, kill_process},
+    thread::{LinkNameSpaceType, move_into_link_name_space},
+};
+
 static NEXT: AtomicU32 = AtomicU32::new(0);
 
 /// The door side's address on the veth.
@@ -283,13 +288,8 @@ impl Topology {
     /// Sends SIGTERM to every started process and waits (bounded) for them.
     pub fn stop_all(&mut self) {
         for child in &mut self.children {
-            if let Ok(pid) = i32::try_from(child.id()) {
-                // SAFETY: kill with a pid we spawned and still own (not yet waited for).
-                #[expect(unsafe_code, reason = "kill(2) via libc")]
-                unsafe {
-                    libc::kill(pid, libc::SIGTERM);
-                }
-            }
+            // A child that is already gone is what this wants: the error is of no use.
+            let _ = kill_process(Pid::from_child(child), Signal::TERM);
         }
         let start = Instant::now();
         for child in &mut self.children {
@@ -435,20 +435,15 @@ where
 
 /// Moves the calling thread (only it) into the network namespace `ns`.
 fn enter_netns(ns: &str) -> Result<()> {
-    use std::os::fd::AsRawFd as _;
+    use std::os::fd::AsFd as _;
     let path = Path::new("/run/netns").join(ns);
     let file = std::fs::File::open(&path).map_err(io(format!("opening {}", path.display())))?;
-    // SAFETY: setns(2) on a file descriptor we own and keep open for the call; it changes only
-    // this thread's network namespace.
-    #[expect(unsafe_code, reason = "setns(2) via libc")]
-    let rc = unsafe { libc::setns(file.as_raw_fd(), libc::CLONE_NEWNET) };
-    if rc != 0 {
-        return Err(NetnsError::Io {
+    move_into_link_name_space(file.as_fd(), Some(LinkNameSpaceType::Network)).map_err(|e| {
+        NetnsError::Io {
             what: format!("setns({})", path.display()),
-            source: std::io::Error::last_os_error(),
-        });
-    }
-    Ok(())
+            source: e.into(),
+        }
+    })
 }
 
 /// door's `GET /status` document, fetched from inside `door_ns` on the admin port 9901.
