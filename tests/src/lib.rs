@@ -59,6 +59,18 @@ pub fn tools_or_skip(suite: &str, tools: &[&str]) -> bool {
     false
 }
 
+/// Pins the calling thread to the CPU it is running on, so that every later step of it sees the
+/// same per-CPU state (the XDP program's cookie mode is per CPU).
+///
+/// # Errors
+/// When `sched_setaffinity` fails.
+pub fn pin_to_one_cpu() -> std::io::Result<()> {
+    let mut set = rustix::thread::CpuSet::new();
+    set.set(rustix::thread::sched_getcpu());
+    rustix::thread::sched_setaffinity(None, &set)?;
+    Ok(())
+}
+
 /// Whether this process runs as root (effective user ID 0).
 fn is_root() -> bool {
     rustix::process::geteuid().is_root()

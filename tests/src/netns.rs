@@ -15,7 +15,7 @@ use std::{
 
 use rustix::{
     process::{Pid, Signal, kill_process},
-    thread::{LinkNameSpaceType, move_into_link_name_space},
+    thread::{LinkNameSpaceType, UnshareFlags, move_into_link_name_space, unshare_unsafe},
 };
 
 static NEXT: AtomicU32 = AtomicU32::new(0);
@@ -431,6 +431,34 @@ where
             .join()
             .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
     })
+}
+
+/// Moves the calling thread (only it: `unshare(CLONE_NEWNET)`) into a new network namespace of
+/// its own, and sets `net.ipv4.tcp_syncookies = tcp_syncookies` there. BPF_PROG_TEST_RUN runs
+/// an XDP program in the calling thread's namespace, so the program's socket lookups see the
+/// listeners this thread opens afterwards.
+///
+/// # Errors
+/// When `unshare` fails (it needs CAP_SYS_ADMIN) or the sysctl cannot be written.
+pub fn enter_new_netns(tcp_syncookies: u8) -> Result<()> {
+    #[expect(
+        unsafe_code,
+        reason = "rustix's unshare is unsafe (its safe form is deprecated)"
+    )]
+    // SAFETY: `unshare_unsafe` is unsafe because of CLONE_FILES (a thread with a descriptor
+    // table of its own must never see descriptors from another); CLONE_NEWNET alone changes only
+    // the calling thread's network namespace and leaves its descriptors as they are.
+    let unshared = unsafe { unshare_unsafe(UnshareFlags::NEWNET) };
+    unshared.map_err(|e| NetnsError::Io {
+        what: "unshare(CLONE_NEWNET)".to_owned(),
+        source: e.into(),
+    })?;
+    // /proc/sys/net is the calling thread's namespace's.
+    std::fs::write(
+        "/proc/sys/net/ipv4/tcp_syncookies",
+        format!("{tcp_syncookies}\n"),
+    )
+    .map_err(io("setting net.ipv4.tcp_syncookies in the new namespace"))
 }
 
 /// Moves the calling thread (only it) into the network namespace `ns`.

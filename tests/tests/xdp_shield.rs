@@ -21,7 +21,7 @@ use door_tests::{
         ETH_HLEN, Ext, Flags, ipv4_fragment, tcp4, tcp6, with_ipv4_options, with_ipv6_extensions,
         with_vlans,
     },
-    privileged_or_skip,
+    pin_to_one_cpu, privileged_or_skip,
 };
 use ipnet::IpNet;
 
@@ -741,23 +741,6 @@ fn observing_never_drops() {
     assert_eq!(verdict(&s, &syn4()), (XDP_DROP, Counter::DropBlocked));
 }
 
-/// Pins the calling thread to its current CPU, so that every test run sees the same per-CPU
-/// cookie-mode state.
-fn pin_to_one_cpu() {
-    // SAFETY: `sched_getcpu` takes no arguments; `sched_setaffinity` reads a `cpu_set_t` that
-    // lives on this stack for the call.
-    #[expect(unsafe_code, reason = "libc: pinning the test thread to one CPU")]
-    unsafe {
-        let cpu = usize::try_from(libc::sched_getcpu()).unwrap();
-        let mut set: libc::cpu_set_t = std::mem::zeroed();
-        libc::CPU_SET(cpu, &mut set);
-        assert_eq!(
-            libc::sched_setaffinity(0, size_of::<libc::cpu_set_t>(), &raw const set),
-            0
-        );
-    }
-}
-
 #[test]
 fn cookie_mode_starts_over_the_threshold_and_stays_on() {
     let mut cfg = settings(1000);
@@ -769,7 +752,7 @@ fn cookie_mode_starts_over_the_threshold_and_stays_on() {
     let threshold = FROZEN_RATE * cpus as f64;
     cfg.cookie_threshold = threshold;
     let Some(s) = shield(&cfg, &[]) else { return };
-    pin_to_one_cpu();
+    pin_to_one_cpu().unwrap();
     assert_eq!(verdict(&s, &syn4()), (XDP_PASS, Counter::PassSyn));
     assert_eq!(s.cookies().unwrap().entered, 0);
     // In cookie mode: nothing listens on the port in this namespace, so the SYN passes to the
@@ -793,7 +776,7 @@ fn cookie_mode_starts_over_the_threshold_and_stays_on() {
 fn cookie_mode_off_or_under_the_threshold_changes_nothing() {
     let mut cfg = settings(1000);
     let Some(s) = shield(&cfg, &[]) else { return };
-    pin_to_one_cpu();
+    pin_to_one_cpu().unwrap();
     for _ in 0..5 {
         assert_eq!(verdict(&s, &syn4()), (XDP_PASS, Counter::PassSyn));
     }

@@ -31,11 +31,12 @@ use door_daemon::{
     shield::Shield,
 };
 use door_tests::{
+    netns,
     packets::{
         Ext, syn4_with_options, syn6_with_options, with_ipv4_options, with_ipv6_extensions,
         with_vlans,
     },
-    privileged_or_skip,
+    pin_to_one_cpu, privileged_or_skip,
 };
 use etherparse::{LinkExtHeader, LinkHeader, NetHeaders, PacketHeaders, TransportHeader};
 
@@ -105,45 +106,6 @@ const SHAPES: [Shape; 5] = [
 /// The VLAN stacks tried: none, one 802.1Q tag, an 802.1ad tag over an 802.1Q tag.
 const VLANS: [&[u16]; 3] = [&[], &[0x8100], &[0x88a8, 0x8100]];
 
-/// Moves this thread into a new network namespace with `net.ipv4.tcp_syncookies = syncookies`.
-fn own_netns(syncookies: u8) {
-    #[expect(
-        unsafe_code,
-        reason = "libc: a network namespace for this test's thread"
-    )]
-    // SAFETY: `unshare` takes a flag word and only changes the calling thread's namespaces.
-    let rc = unsafe { libc::unshare(libc::CLONE_NEWNET) };
-    assert_eq!(
-        rc,
-        0,
-        "unshare(CLONE_NEWNET): {}",
-        std::io::Error::last_os_error()
-    );
-    // /proc/sys/net is the calling thread's namespace's.
-    std::fs::write(
-        "/proc/sys/net/ipv4/tcp_syncookies",
-        format!("{syncookies}\n"),
-    )
-    .unwrap();
-}
-
-/// Pins the calling thread to its current CPU, so that every run sees the same per-CPU
-/// cookie-mode state.
-fn pin_to_one_cpu() {
-    // SAFETY: `sched_getcpu` takes no arguments; `sched_setaffinity` reads a `cpu_set_t` that
-    // lives on this stack for the call.
-    #[expect(unsafe_code, reason = "libc: pinning the test thread to one CPU")]
-    unsafe {
-        let cpu = usize::try_from(libc::sched_getcpu()).unwrap();
-        let mut set: libc::cpu_set_t = std::mem::zeroed();
-        libc::CPU_SET(cpu, &mut set);
-        assert_eq!(
-            libc::sched_setaffinity(0, size_of::<libc::cpu_set_t>(), &raw const set),
-            0
-        );
-    }
-}
-
 fn settings(port: u16) -> XdpConfig {
     let cpus = aya::util::nr_cpus().unwrap();
     #[expect(clippy::cast_precision_loss, reason = "a CPU count")]
@@ -178,8 +140,8 @@ fn cookie_shield(syncookies: u8, listen: bool) -> Option<(Shield, Option<TcpList
     if !privileged_or_skip("xdp_syn_cookie") {
         return None;
     }
-    own_netns(syncookies);
-    pin_to_one_cpu();
+    netns::enter_new_netns(syncookies).unwrap();
+    pin_to_one_cpu().unwrap();
     let listener = TcpListener::bind("[::]:0").unwrap();
     let port = listener.local_addr().unwrap().port();
     let listener = listen.then_some(listener);

@@ -210,8 +210,9 @@ mod cookie {
     use anyhow::{Context as _, bail};
     use door_daemon::{config::SynCookies, shield::Shield};
     use door_tests::{
+        netns,
         packets::{Flags, syn4_with_options, tcp4},
-        reference,
+        pin_to_one_cpu, reference,
     };
 
     const XDP_DROP: u32 = 1;
@@ -239,27 +240,8 @@ mod cookie {
     /// Moves this thread (only it) into a network namespace of its own, with
     /// `net.ipv4.tcp_syncookies = 2`, and pins it to its CPU (cookie mode is per CPU).
     fn own_netns() -> anyhow::Result<()> {
-        #[expect(
-            unsafe_code,
-            reason = "libc: a network namespace and CPU for this thread"
-        )]
-        // SAFETY: `unshare` takes a flag word and changes only this thread's namespaces;
-        // `sched_getcpu` takes nothing; `sched_setaffinity` reads a `cpu_set_t` on this stack.
-        let ok = unsafe {
-            let mut set: libc::cpu_set_t = std::mem::zeroed();
-            let cpu = usize::try_from(libc::sched_getcpu()).unwrap_or(0);
-            libc::CPU_SET(cpu, &mut set);
-            libc::unshare(libc::CLONE_NEWNET) == 0
-                && libc::sched_setaffinity(0, size_of::<libc::cpu_set_t>(), &raw const set) == 0
-        };
-        if !ok {
-            bail!(
-                "unshare/sched_setaffinity: {}",
-                std::io::Error::last_os_error()
-            );
-        }
-        std::fs::write("/proc/sys/net/ipv4/tcp_syncookies", "2\n")
-            .context("tcp_syncookies in the benchmark's namespace")
+        netns::enter_new_netns(2).context("a network namespace for the benchmark")?;
+        pin_to_one_cpu().context("pinning the benchmark's thread to its CPU")
     }
 
     /// Floor, minimal reference, drop path and cookie path, one run per call.
