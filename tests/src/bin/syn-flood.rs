@@ -262,26 +262,47 @@ fn syn(out: &mut Vec<u8>, src: IpAddr, dst: SocketAddr, n: u64) -> anyhow::Resul
 }
 
 mod sys {
-    //! The raw sockets: the only `unsafe` of this binary.
-    #![expect(
-        unsafe_code,
-        reason = "raw IP and AF_PACKET sockets are only reachable through libc"
-    )]
+    //! The raw sockets, through rustix. Its one `unsafe` is the AF_PACKET socket address
+    //! (`struct sockaddr_ll`), for which rustix has no type.
 
     use std::{
-        ffi::CString,
         io,
-        net::IpAddr,
-        os::fd::{AsRawFd, FromRawFd, OwnedFd},
+        net::{IpAddr, SocketAddrV4, SocketAddrV6},
+        os::fd::OwnedFd,
     };
 
     use anyhow::Context as _;
+    use rustix::net::{
+        AddressFamily, SendFlags, SocketType,
+        addr::{SocketAddrArg, SocketAddrLen, SocketAddrOpaque},
+        eth, ipproto, netdevice, sendto, socket,
+    };
 
     /// Where `sendto` sends.
     enum Addr {
-        V4(libc::sockaddr_in),
-        V6(libc::sockaddr_in6),
-        Link(libc::sockaddr_ll),
+        V4(SocketAddrV4),
+        V6(SocketAddrV6),
+        Link(LinkAddr),
+    }
+
+    /// An AF_PACKET socket address: the interface frames are written onto.
+    struct LinkAddr(libc::sockaddr_ll);
+
+    #[expect(
+        unsafe_code,
+        reason = "rustix has no AF_PACKET address type: sendto takes this one through its unsafe trait"
+    )]
+    // SAFETY: `with_sockaddr` calls `f` with a pointer to the `sockaddr_ll` that `self` holds and
+    // its size (or 0), so the pointer is readable for the length passed, during the call; the
+    // address is a valid AF_PACKET one (`sll_family` is AF_PACKET, set in `Socket::packet`).
+    unsafe impl SocketAddrArg for LinkAddr {
+        unsafe fn with_sockaddr<R>(
+            &self,
+            f: impl FnOnce(*const SocketAddrOpaque, SocketAddrLen) -> R,
+        ) -> R {
+            let len = SocketAddrLen::try_from(size_of::<libc::sockaddr_ll>()).unwrap_or_default();
+            f((&raw const self.0).cast(), len)
+        }
     }
 
     /// A raw IP socket to one destination, or an AF_PACKET socket on one interface.
@@ -290,97 +311,53 @@ mod sys {
         addr: Addr,
     }
 
-    fn socket(domain: libc::c_int, protocol: libc::c_int) -> io::Result<OwnedFd> {
-        // SAFETY: plain socket(2) call; the result is checked.
-        let fd = unsafe { libc::socket(domain, libc::SOCK_RAW, protocol) };
-        if fd < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        // SAFETY: `fd` was just returned by socket(2) and is owned by nobody else.
-        Ok(unsafe { OwnedFd::from_raw_fd(fd) })
-    }
-
     impl Socket {
         /// A raw IP socket that sends complete IP packets to `dst` (`IPPROTO_RAW` implies
         /// `IP_HDRINCL`, and on IPv6 `IPV6_HDRINCL`): the kernel routes them.
         pub(crate) fn ip(dst: IpAddr) -> anyhow::Result<Self> {
             let (domain, addr) = match dst {
-                IpAddr::V4(v4) => (
-                    libc::AF_INET,
-                    Addr::V4(libc::sockaddr_in {
-                        sin_family: libc::sa_family_t::try_from(libc::AF_INET).unwrap_or(2),
-                        sin_port: 0,
-                        sin_addr: libc::in_addr {
-                            s_addr: u32::from(v4).to_be(),
-                        },
-                        sin_zero: [0; 8],
-                    }),
-                ),
+                IpAddr::V4(v4) => (AddressFamily::INET, Addr::V4(SocketAddrV4::new(v4, 0))),
                 IpAddr::V6(v6) => (
-                    libc::AF_INET6,
-                    Addr::V6(libc::sockaddr_in6 {
-                        sin6_family: libc::sa_family_t::try_from(libc::AF_INET6).unwrap_or(10),
-                        sin6_port: 0,
-                        sin6_flowinfo: 0,
-                        sin6_addr: libc::in6_addr {
-                            s6_addr: v6.octets(),
-                        },
-                        sin6_scope_id: 0,
-                    }),
+                    AddressFamily::INET6,
+                    Addr::V6(SocketAddrV6::new(v6, 0, 0, 0)),
                 ),
             };
-            let fd = socket(domain, libc::IPPROTO_RAW)
+            let fd = socket(domain, SocketType::RAW, Some(ipproto::RAW))
                 .context("opening a raw IP socket (needs CAP_NET_RAW)")?;
             Ok(Self { fd, addr })
         }
 
         /// An AF_PACKET socket that writes whole Ethernet frames onto `iface`.
         pub(crate) fn packet(iface: &str) -> anyhow::Result<Self> {
-            let name = CString::new(iface).context("interface name")?;
-            // SAFETY: `name` is a valid NUL-terminated string for the duration of the call.
-            let index = unsafe { libc::if_nametoindex(name.as_ptr()) };
-            if index == 0 {
-                return Err(io::Error::last_os_error())
-                    .with_context(|| format!("interface {iface}"));
-            }
-            let protocol = u16::try_from(libc::ETH_P_ALL).unwrap_or(3).to_be();
-            let fd = socket(libc::AF_PACKET, i32::from(protocol))
+            // Every EtherType, in network byte order (rustix's `eth` constants are).
+            let protocol = eth::ALL;
+            let fd = socket(AddressFamily::PACKET, SocketType::RAW, Some(protocol))
                 .context("socket(AF_PACKET) (needs CAP_NET_RAW)")?;
-            // SAFETY: sockaddr_ll is plain old data; all-zero is a valid value.
-            let mut addr: libc::sockaddr_ll = unsafe { std::mem::zeroed() };
-            addr.sll_family = u16::try_from(libc::AF_PACKET).unwrap_or(17);
-            addr.sll_protocol = protocol;
-            addr.sll_ifindex = i32::try_from(index).context("interface index")?;
-            addr.sll_halen = 6;
+            let index = netdevice::name_to_index(&fd, iface)
+                .with_context(|| format!("interface {iface}"))?;
+            let addr = libc::sockaddr_ll {
+                sll_family: AddressFamily::PACKET.as_raw(),
+                sll_protocol: u16::try_from(protocol.as_raw().get()).context("the EtherType")?,
+                sll_ifindex: i32::try_from(index).context("interface index")?,
+                sll_hatype: 0,
+                sll_pkttype: 0,
+                sll_halen: 6,
+                sll_addr: [0; 8],
+            };
             Ok(Self {
                 fd,
-                addr: Addr::Link(addr),
+                addr: Addr::Link(LinkAddr(addr)),
             })
         }
 
         /// Sends one packet (raw IP) or frame (AF_PACKET).
         pub(crate) fn send(&self, bytes: &[u8]) -> io::Result<()> {
-            let (addr, len): (*const libc::sockaddr, usize) = match &self.addr {
-                Addr::V4(a) => ((&raw const *a).cast(), size_of::<libc::sockaddr_in>()),
-                Addr::V6(a) => ((&raw const *a).cast(), size_of::<libc::sockaddr_in6>()),
-                Addr::Link(a) => ((&raw const *a).cast(), size_of::<libc::sockaddr_ll>()),
-            };
-            let len = libc::socklen_t::try_from(len).unwrap_or_default();
-            // SAFETY: `bytes` is a live buffer of `bytes.len()` bytes; `addr` points to a
-            // socket address of `len` bytes owned by `self`; the descriptor is open.
-            let n = unsafe {
-                libc::sendto(
-                    self.fd.as_raw_fd(),
-                    bytes.as_ptr().cast(),
-                    bytes.len(),
-                    0,
-                    addr,
-                    len,
-                )
-            };
-            if n < 0 {
-                return Err(io::Error::last_os_error());
-            }
+            let flags = SendFlags::empty();
+            match &self.addr {
+                Addr::V4(a) => sendto(&self.fd, bytes, flags, a),
+                Addr::V6(a) => sendto(&self.fd, bytes, flags, a),
+                Addr::Link(a) => sendto(&self.fd, bytes, flags, a),
+            }?;
             Ok(())
         }
     }
