@@ -502,8 +502,6 @@ fn start_shield(config: &Config) -> Result<Option<Arc<Mutex<Shield>>>, ServeErro
     }
 }
 
-/// The prefixes the shield never sheds: the trusted proxies (blocking one would block everyone
-/// behind it) and `xdp.allow`.
 /// The prefixes whose SYNs the shield drops: the top-level `deny` (also 403 at layer 7) and
 /// `xdp.deny` (at XDP only).
 fn denied_prefixes(config: &Config) -> Vec<ipnet::IpNet> {
@@ -512,6 +510,8 @@ fn denied_prefixes(config: &Config) -> Vec<ipnet::IpNet> {
     denied
 }
 
+/// The prefixes the shield never sheds: the trusted proxies (blocking one would block everyone
+/// behind it), `xdp.allow` and the top-level `allow`.
 fn exempt_prefixes(config: &Config) -> Vec<ipnet::IpNet> {
     let mut exempt = config.trusted_proxies.nets().to_vec();
     exempt.extend(config.xdp.allow.iter().copied());

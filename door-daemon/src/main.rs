@@ -127,9 +127,6 @@ fn describe(e: &anyhow::Error) -> String {
     out
 }
 
-/// Which request plane a request with `headers` from client `key` is charged to (`door key`).
-/// The session plane's key is a keyed hash with a key random per process: it means nothing
-/// outside a running door and is never printed.
 /// `--peer`'s parser: an address or a socket address, canonicalised as door does a real peer.
 fn peer_address(text: &str) -> Result<std::net::IpAddr, String> {
     door_daemon::client::key::parse_peer(text).ok_or_else(|| {
@@ -139,6 +136,9 @@ fn peer_address(text: &str) -> Result<std::net::IpAddr, String> {
     })
 }
 
+/// Which request plane a request with `headers` from client `key` is charged to (`door key`).
+/// The session plane's key is a keyed hash with a key random per process: it means nothing
+/// outside a running door and is never printed.
 fn plane_line(config: &Config, headers: &http::HeaderMap, key: door_common::PrefixKey) -> String {
     let Some(planes) = &config.planes else {
         return "planes: off ([plane.session] is not set)".to_owned();

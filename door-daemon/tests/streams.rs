@@ -652,6 +652,34 @@ async fn an_event_stream_gives_back_the_plane_token_it_was_admitted_with() {
     }
 }
 
+/// A pass-through event stream the stream group refuses keeps the plane's token spent: the
+/// request reached the upstream, so it is charged somewhere. Two refusals empty an IP plane of
+/// burst 2, and the next stream is refused by the plane although the stream group has room.
+#[tokio::test]
+async fn an_event_stream_the_stream_group_refuses_spends_its_plane_token() {
+    let up = sse_upstream(Duration::ZERO, Duration::from_millis(10), 1000).await;
+    let tables = "[group.stream]\nper_client = 1\n\
+                  [plane.session]\ncookie = \"sid\"\n[plane.ip]\nrate = 0.001\nburst = 2\n";
+    let d = door(&config(up, "", tables), None).await;
+    let mut open = open_events(d.addr, "/live").await.unwrap();
+    assert!(next_event(&mut open).await.is_some());
+    for _ in 0..2 {
+        assert_eq!(
+            open_events(d.addr, "/live").await.unwrap_err(),
+            StatusCode::TOO_MANY_REQUESTS,
+            "refused by the stream group: one open per client"
+        );
+    }
+    drop(open);
+    d.eventually("freed", |d| d.inflight("stream") == 0).await;
+    assert_eq!(
+        open_events(d.addr, "/live").await.unwrap_err(),
+        StatusCode::TOO_MANY_REQUESTS,
+        "refused by the IP plane, emptied by the two refused streams"
+    );
+    assert_eq!(d.inflight("stream"), 0);
+}
+
 #[tokio::test(start_paused = true)]
 async fn an_open_stream_outlives_the_read_and_upstream_timeouts() {
     // The upstream takes 5 s for its head and sends an event every 10 s: longer than both

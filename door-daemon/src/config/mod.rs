@@ -242,7 +242,9 @@ pub struct XdpConfig {
     /// Default none.
     pub allow: Vec<IpNet>,
     /// CIDRs whose every SYN the shield drops, at XDP only (the top-level `deny` does this and
-    /// answers 403 at layer 7 too); `xdp.allow` and trusted proxies still win. Default none.
+    /// answers 403 at layer 7 too). It shares the shield's LPM trie with the allow lists and the
+    /// trusted proxies: the longest matching prefix decides, and a prefix on both is denied.
+    /// Default none.
     pub deny: Vec<IpNet>,
     /// 429s from one TCP-peer key within `escalate_window` that put it on the XDP blocklist;
     /// 0 (the default) turns escalation off.

@@ -64,8 +64,8 @@ struct Job<'p> {
     credential: Option<PrefixKey>,
     /// A pass-through request's `upstream_max_inflight` slot.
     passthrough: Option<PassSlot>,
-    /// A pass-through request that asked for `text/event-stream`: its client key, for the
-    /// stream group.
+    /// A pass-through request's client key when it asked for `text/event-stream` or passed a
+    /// request plane: an event-stream answer is limited under it in the stream group.
     sse_key: Option<PrefixKey>,
 }
 
@@ -92,34 +92,51 @@ struct Admitted<'p> {
     permit: Held,
 }
 
+/// A request its plane refused: the plane's 429 (not counted yet: a health probe is answered
+/// from the cache instead, and counted there), the plane, and why.
+struct PlaneRefusal<'p> {
+    answer: Response<ResponseBody>,
+    plane: &'p Limited,
+    rejection: crate::limit::Rejection,
+}
+
 /// The permit a stream answer holds. A stream is exempt from the request planes: a plane's token
-/// taken when the request was admitted is given back. A pass-through stream (`in_group` false:
-/// the permit, if any, is the plane's) is limited in the stream group instead, under `sse_key`
-/// when the client's key is known; a group's stream keeps its group permit.
+/// taken when the request was admitted is given back, a group's stream keeping its group permit
+/// (`admitted`). A pass-through stream (its permit, if any, is the plane's) is limited in the
+/// stream group instead, under `sse_key` when the client's key is known: the plane's token is
+/// given back only once the stream group admits it, and spent when it refuses, so that an
+/// event-stream answer never leaves a request charged nowhere. Without a key the plane's permit
+/// stays.
 ///
 /// # Errors
 /// The stream group's 429 or 503 when it refuses the stream.
 fn stream_permit(
     policy: &Policy,
     permit: Option<Held>,
-    in_group: bool,
+    admitted: bool,
     sse_key: Option<PrefixKey>,
 ) -> Result<Option<Held>, Box<Response<ResponseBody>>> {
-    match permit {
-        Some(mut p) if in_group => {
+    if admitted {
+        return Ok(permit.map(|mut p| {
             p.refund_plane();
-            return Ok(Some(p));
-        }
-        Some(plane) => plane.refund(),
-        None => {}
+            p
+        }));
     }
     let (Some(key), Some(streams)) = (sse_key, policy.limited.get(STREAM_GROUP)) else {
-        return Ok(None);
+        return Ok(permit);
     };
     match settle::admit(&streams.limiter, &streams.metrics, key) {
-        Ok(p) => Ok(Some(p)),
+        Ok(stream) => {
+            if let Some(plane) = permit {
+                plane.refund();
+            }
+            Ok(Some(stream))
+        }
         Err(r) => {
             settle::refused(&streams.metrics, &r);
+            if let Some(plane) = permit {
+                plane.settle(End::Answered(StatusCode::TOO_MANY_REQUESTS));
+            }
             Err(Box::new(answer::rejected(STREAM_GROUP, &r)))
         }
     }
@@ -587,7 +604,7 @@ impl App {
                     Ok(plane) => plane,
                     Err(r) => {
                         return self
-                            .plane_refused(limited, *r, req, job, decision.key)
+                            .plane_refused(limited, *r, req, job.origin, decision.key)
                             .await;
                     }
                 }
@@ -604,7 +621,9 @@ impl App {
             job.passthrough = Some(slot);
             // Known when the request asked for an event stream or passed a plane: an event-stream
             // answer is then limited in the stream group.
-            job.sse_key = decision.as_ref().map(|d| d.key);
+            if event_stream || plane.is_some() {
+                job.sse_key = decision.as_ref().map(|d| d.key);
+            }
             let mut res = self.forward(conn, &policy, req, job).await;
             if let Some((p, key)) = plane {
                 answer::clear_ratelimit_fields(res.headers_mut());
@@ -680,7 +699,7 @@ impl App {
         req: &Request<Incoming>,
         client: PrefixKey,
         job: &mut Job<'_>,
-    ) -> Result<Option<(&'p Limited, PrefixKey)>, Box<Response<ResponseBody>>> {
+    ) -> Result<Option<(&'p Limited, PrefixKey)>, Box<PlaneRefusal<'p>>> {
         let choice = self.sessions.choose(credential, req.headers(), client);
         job.credential = choice.credential;
         let Some(p) = policy.limited.get(choice.plane) else {
@@ -692,29 +711,33 @@ impl App {
                 Ok(Some((p, choice.key)))
             }
             Err(rejection) => {
-                settle::refused(&p.metrics, &rejection);
-                let mut res = answer::rejected_by_plane(choice.plane, &rejection);
-                p.ratelimit_fields(res.headers_mut(), &choice.key);
-                Err(Box::new(res))
+                let mut answer = answer::rejected_by_plane(choice.plane, &rejection);
+                p.ratelimit_fields(answer.headers_mut(), &choice.key);
+                Err(Box::new(PlaneRefusal {
+                    answer,
+                    plane: p,
+                    rejection,
+                }))
             }
         }
     }
 
-    /// The answer to a request its plane refused: the plane's 429 `refused`, except for a probe of
-    /// the health group, which is never refused (docs/design.md, "Cached health") and gets the
-    /// cached status, as one its group refuses.
+    /// The answer to a request its plane refused: the plane's 429, counted on the plane, except
+    /// for a probe of the health group, which is never refused (docs/design.md, "Cached health")
+    /// and gets the cached status, counted as `cached`, as one its group refuses.
     async fn plane_refused(
         &self,
         limited: Option<&Limited>,
-        refused: Response<ResponseBody>,
+        refused: PlaneRefusal<'_>,
         req: Request<Incoming>,
-        job: Job<'_>,
+        origin: Origin,
         key: PrefixKey,
     ) -> Response<ResponseBody> {
         let Some(health) = limited.filter(|l| l.health) else {
-            return refused;
+            settle::refused(&refused.plane.metrics, &refused.rejection);
+            return refused.answer;
         };
-        let mut res = self.cached_health(health, req, job.origin).await;
+        let mut res = self.cached_health(health, req, origin).await;
         health.ratelimit_fields(res.headers_mut(), &key);
         res
     }
@@ -862,7 +885,8 @@ impl App {
             self.health.record(status);
         }
         if stream_route || is_event_stream(res.headers()) {
-            let permit = match stream_permit(policy, permit, read_timeout.is_some(), sse_key) {
+            let admitted_in_group = read_timeout.is_some();
+            let permit = match stream_permit(policy, permit, admitted_in_group, sse_key) {
                 Ok(permit) => permit,
                 Err(refused) => return *refused,
             };
