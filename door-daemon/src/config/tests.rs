@@ -1247,3 +1247,20 @@ fn allow_and_deny_after_the_xdp_table_are_its_own_lists() {
         "{e}"
     );
 }
+
+/// A table is allocated whole when its group or plane is built: a `max_clients` past
+/// [`crate::limit::MAX_CLIENTS`] is refused, named, instead of aborting door at start.
+#[test]
+fn a_table_too_large_to_allocate_is_refused_by_name() {
+    assert_eq!(
+        err("[group.link]\nmax_clients = 4294967295"),
+        "group.link.max_clients = 4294967295: exceeds 16777216 (about 900 MB of table): the \
+         table is allocated whole at start"
+    );
+    let e = err("[plane.session]\ncookie = \"sid\"\nmax_clients = 16777217");
+    assert!(
+        e.starts_with("plane.session.max_clients = 16777217: exceeds"),
+        "{e}"
+    );
+    Config::from_toml("door.toml", "[group.link]\nmax_clients = 16777216").unwrap();
+}

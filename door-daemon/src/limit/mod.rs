@@ -56,6 +56,12 @@ pub const EVICT_PROBE: usize = 8;
 /// The default size of a group's client table, in entries (docs/design.md, "Limits").
 pub const DEFAULT_MAX_CLIENTS: usize = 16_384;
 
+/// The largest `max_clients` a table may have: 16,777,216 entries (2^24), about 900 MB at the
+/// table's ~52 bytes per client. A table is allocated whole when its group is built, so a larger
+/// value (the configuration's integers reach 4,294,967,295) would abort door at start instead of
+/// being refused with the key named.
+pub const MAX_CLIENTS: usize = 1 << 24;
+
 /// The slowest accepted rate, in tokens per second: one token a day. Anything slower is refused by
 /// [`Budget::validate`].
 pub const MIN_RATE: f64 = 1.0 / 86_400.0;
@@ -219,7 +225,8 @@ impl Budget {
     ///
     /// A [`BudgetError`] naming the first offending key (`group.<group>.<field>`) and its value
     /// when: `rate` is not finite, ≤ 0, below [`MIN_RATE`] or above [`MAX_RATE`]; `burst`,
-    /// `per_client`, `inflight` or `max_clients` is 0; `per_client > inflight`; or, under
+    /// `per_client`, `inflight` or `max_clients` is 0; `max_clients` is above [`MAX_CLIENTS`];
+    /// `per_client > inflight`; or, under
     /// [`Charge::OnFailure`], `per_client > burst` (a client's held tokens could then exceed the
     /// bucket and its `Retry-After` could not be exact).
     pub fn validate(&self, group: &str) -> Result<(), BudgetError> {
@@ -276,6 +283,16 @@ impl Budget {
                 "max_clients",
                 "0".to_owned(),
                 "must be at least 1".to_owned(),
+            ));
+        }
+        if self.max_clients > MAX_CLIENTS {
+            return Err(err(
+                "max_clients",
+                self.max_clients.to_string(),
+                format!(
+                    "exceeds {MAX_CLIENTS} (about 900 MB of table): the table is allocated \
+                     whole at start"
+                ),
             ));
         }
         if self.per_client > self.inflight {
