@@ -960,6 +960,13 @@ impl GroupSetting {
     /// The reason, for clap to show after the flag or variable and the item: no `=`, no `.`, an
     /// unknown key, a value that is not a number.
     pub fn parse(item: &str) -> Result<Self, String> {
+        // `DOOR_GROUP=` (set, empty) sets nothing, as an empty list variable does.
+        if item.trim().is_empty() {
+            return Ok(Self {
+                name: String::new(),
+                value: GroupFile::default(),
+            });
+        }
         let keys = || struct_fields::<GroupFile>().join(", ");
         let (path, value) = item
             .split_once('=')
@@ -1022,9 +1029,7 @@ impl GroupSetting {
 /// is checked as the file's is, naming `xdp.ports[i]`); one blank value alone is `[]` (every
 /// port), as for the other list flags.
 fn flag_ports(raw: &[String]) -> Result<Vec<i64>, ConfigError> {
-    if let [only] = raw
-        && only.trim().is_empty()
-    {
+    if is_blank(raw) {
         return Ok(Vec::new());
     }
     raw.iter()
@@ -1438,13 +1443,27 @@ impl Config {
 fn written_over(file: &mut File, o: &Overrides) -> Result<(), ConfigError> {
     written_over_xdp(&mut file.xdp, o)?;
     written_over_planes(&mut file.plane, o);
-    for item in &o.group {
+    for item in o.group.iter().filter(|item| !item.name.is_empty()) {
         item.write_into(file.group.entry(item.name.clone()).or_default());
     }
     if let Some(lists) = &o.routes {
         file.route = lists.iter().flat_map(|l| l.0.iter().cloned()).collect();
     }
     Ok(())
+}
+
+/// Whether a list flag's values are one blank value: the empty list (`DOOR_XDP_ALLOW=`).
+fn is_blank(values: &[String]) -> bool {
+    matches!(values, [only] if only.trim().is_empty())
+}
+
+/// [`put`] for a list: an empty list (one blank value) is written but does not count as a flag
+/// given, so `DOOR_XDP_ALLOW=` empties the file's list without turning the shield on.
+fn put_list(slot: &mut Option<Vec<String>>, flag: Option<&Vec<String>>, given: &mut bool) {
+    if let Some(values) = flag {
+        *slot = Some(values.clone());
+        *given |= !is_blank(values);
+    }
 }
 
 /// `slot` = `flag` when given; notes that a flag was given.
@@ -1463,7 +1482,7 @@ fn written_over_xdp(xdp: &mut Option<XdpFile>, o: &Overrides) -> Result<(), Conf
     put(&mut x.syn_burst, o.xdp_syn_burst.as_ref(), &mut given);
     if let Some(ports) = &o.xdp_ports {
         x.ports = Some(flag_ports(ports)?);
-        given = true;
+        given |= !is_blank(ports);
     }
     put(
         &mut x.new_prefix_rate,
@@ -1486,8 +1505,8 @@ fn written_over_xdp(xdp: &mut Option<XdpFile>, o: &Overrides) -> Result<(), Conf
         &mut given,
     );
     put(&mut x.max_prefixes, o.xdp_max_prefixes.as_ref(), &mut given);
-    put(&mut x.allow, o.xdp_allow.as_ref(), &mut given);
-    put(&mut x.deny, o.xdp_deny.as_ref(), &mut given);
+    put_list(&mut x.allow, o.xdp_allow.as_ref(), &mut given);
+    put_list(&mut x.deny, o.xdp_deny.as_ref(), &mut given);
     put(
         &mut x.escalate_after,
         o.xdp_escalate_after.as_ref(),

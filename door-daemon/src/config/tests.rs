@@ -1264,3 +1264,34 @@ fn a_table_too_large_to_allocate_is_refused_by_name() {
     );
     Config::from_toml("door.toml", "[group.link]\nmax_clients = 16777216").unwrap();
 }
+
+/// An empty list flag is the empty list, as for the other list flags: `--xdp-allow ""` empties
+/// the file's list without turning the shield on, and an empty `--group ""` sets nothing.
+#[test]
+fn empty_list_flags_empty_a_list_and_turn_nothing_on() {
+    let c = load_with(
+        "empty-lists",
+        "",
+        &[
+            "--xdp-allow",
+            "",
+            "--xdp-deny",
+            "",
+            "--xdp-ports",
+            "",
+            "--group",
+            "",
+        ],
+    )
+    .unwrap();
+    assert_eq!(c.xdp.mode, XdpMode::Off, "no [xdp] key was given");
+    assert!(c.xdp.allow.is_empty() && c.xdp.deny.is_empty());
+    assert_eq!(c.groups, Config::from_toml("d.toml", "").unwrap().groups);
+    let c = load_with(
+        "empty-list-over-file",
+        "[xdp]\nmode = \"off\"\nallow = [\"192.0.2.0/24\"]\n",
+        &["--xdp-allow", ""],
+    )
+    .unwrap();
+    assert!(c.xdp.allow.is_empty(), "the flag empties the file's list");
+}
