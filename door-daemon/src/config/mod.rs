@@ -1241,10 +1241,11 @@ struct XdpFile {
     cookie_threshold: Option<f64>,
 }
 
-/// Parses the file's text. A value of the wrong type, or an unknown key, is named by its dotted
-/// key (serde_path_to_error follows the deserializer down), with the value as written and its
-/// line and column: `group.link.burst = 1.5: invalid type: floating point `1.5`, expected i64
-/// (line 2, column 9)`. A syntax error keeps toml's own message, which quotes the line.
+/// Parses the file's text. A value of the wrong type, an unknown key or a missing one is named by
+/// its dotted key (serde_path_to_error follows the deserializer down), with the value as written
+/// (once) and its line and column: `group.link.burst = 1.5: expected a whole number, found
+/// floating point (line 2, column 9)`. A syntax error keeps toml's own message, which quotes the
+/// line.
 fn parse_file(path: &Path, text: &str) -> Result<File, ConfigError> {
     let parse_error = |message: String| ConfigError::Parse {
         path: path.to_owned(),
@@ -1263,14 +1264,32 @@ fn parse_file(path: &Path, text: &str) -> Result<File, ConfigError> {
         let line = before.matches('\n').count() + 1;
         let column = before.rsplit('\n').next().map_or(0, |l| l.chars().count()) + 1;
         let message = plain_types(inner.message());
-        parse_error(match message.strip_prefix("unknown field ") {
-            // serde's "unknown field `x`, expected one of …": the path already names `x`.
-            Some(rest) => {
-                let expected = rest.split_once(", ").map_or("", |(_, e)| e);
-                format!("{key}: unknown key; {expected} (line {line}, column {column})")
+        let at = format!("(line {line}, column {column})");
+        // serde's "unknown field `x`, expected one of …": the path already names `x`.
+        if let Some(rest) = message.strip_prefix("unknown field ") {
+            let expected = rest.split_once(", ").map_or("", |(_, e)| e);
+            return parse_error(format!("{key}: unknown key; {expected} {at}"));
+        }
+        // "missing field `x`": the table is where the key is missing.
+        if let Some(field) = message.strip_prefix("missing field ") {
+            let field = field.trim_matches('`');
+            return parse_error(format!("{key}.{field}: required, and missing {at}"));
+        }
+        // "invalid type: floating point `1.5`, expected …": the value is named once, before it.
+        if let Some((found, expected)) = message
+            .strip_prefix("invalid type: ")
+            .and_then(|m| m.split_once(", expected "))
+        {
+            let kind = found.split(['`', '"']).next().unwrap_or(found).trim();
+            // An integer a whole-number key cannot hold: past 64 bits.
+            if kind == "integer" && expected == "a whole number" {
+                return parse_error(format!("{key} = {written}: too large {at}"));
             }
-            None => format!("{key} = {written}: {message} (line {line}, column {column})"),
-        })
+            return parse_error(format!(
+                "{key} = {written}: expected {expected}, found {kind} {at}"
+            ));
+        }
+        parse_error(format!("{key} = {written}: {message} {at}"))
     })
 }
 

@@ -116,23 +116,30 @@ fn values_of_the_wrong_type_are_named_by_their_dotted_key() {
     for (text, expected) in [
         (
             "[group.link]\nburst = 1.5",
-            "door.toml: group.link.burst = 1.5: invalid type: floating point `1.5`, expected a \
-             whole number (line 2, column 9)",
+            "door.toml: group.link.burst = 1.5: expected a whole number, found floating point \
+             (line 2, column 9)",
         ),
         (
             "[group.link]\nrate = \"fast\"",
-            "door.toml: group.link.rate = \"fast\": invalid type: string \"fast\", expected a \
-             number (line 2, column 8)",
+            "door.toml: group.link.rate = \"fast\": expected a number, found string (line 2, \
+             column 8)",
         ),
         (
             "[[route]]\ngroup = \"link\"\npath = \"/a\"\n[[route]]\ngroup = 7\npath = \"/b\"",
-            "door.toml: route[1].group = 7: invalid type: integer `7`, expected a string (line 5, \
-             column 9)",
+            "door.toml: route[1].group = 7: expected a string, found integer (line 5, column 9)",
         ),
         (
             "[plane.session]\ncookie = 5",
-            "door.toml: plane.session.cookie = 5: invalid type: integer `5`, expected a string \
-             (line 2, column 10)",
+            "door.toml: plane.session.cookie = 5: expected a string, found integer (line 2, \
+             column 10)",
+        ),
+        (
+            "[[route]]\ngroup = \"link\"",
+            "door.toml: route[0].path: required, and missing (line 1, column 1)",
+        ),
+        (
+            "[group.link]\nburst = 99999999999999999999",
+            "door.toml: group.link.burst = 99999999999999999999: too large (line 2, column 9)",
         ),
     ] {
         assert_eq!(err(text), expected);
