@@ -127,6 +127,24 @@ impl CachedHealth {
         self.record(status);
         status
     }
+
+    /// [`CachedHealth::status`] for an over-budget request that may not stand for the
+    /// application's health (a method other than `GET` or `HEAD`: a `POST`'s 405 must not be
+    /// served to probes): the last status if there is one, else `refresh`'s answer, which is not
+    /// cached.
+    pub async fn status_uncached<F, Fut>(&self, refresh: F) -> StatusCode
+    where
+        F: FnOnce() -> Fut,
+        Fut: Future<Output = StatusCode>,
+    {
+        if self.draining() {
+            return StatusCode::SERVICE_UNAVAILABLE;
+        }
+        match self.last() {
+            Some(s) => s,
+            None => refresh().await,
+        }
+    }
 }
 
 #[cfg(test)]
@@ -247,6 +265,24 @@ mod tests {
             c.status(|| async { StatusCode::OK }).await,
             StatusCode::SERVICE_UNAVAILABLE
         );
+    }
+
+    /// A request that may not stand for health gets the last status, and its own answer, when it
+    /// has to be asked for, is not cached.
+    #[tokio::test]
+    async fn an_uncached_request_never_sets_the_cached_status() {
+        let (_clock, _draining, c) = cache();
+        let s = c
+            .status_uncached(|| async { StatusCode::METHOD_NOT_ALLOWED })
+            .await;
+        assert_eq!(s, StatusCode::METHOD_NOT_ALLOWED);
+        assert_eq!(c.last(), None, "not cached");
+        c.record(StatusCode::OK);
+        let s = c
+            .status_uncached(|| async { StatusCode::METHOD_NOT_ALLOWED })
+            .await;
+        assert_eq!(s, StatusCode::OK, "the last status");
+        assert_eq!(c.last(), Some(StatusCode::OK));
     }
 
     #[tokio::test]

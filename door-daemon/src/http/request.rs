@@ -1026,20 +1026,24 @@ impl App {
         req: Request<Incoming>,
         origin: Origin,
     ) -> Response<ResponseBody> {
-        let status = self
-            .health
-            .status(|| async move {
-                let (parts, body) = req.into_parts();
-                let (body, events) = UpstreamBody::new(body, None);
-                match self
-                    .call(Request::from_parts(parts, body), origin, events, None, true)
-                    .await
-                {
-                    Ok(res) => res.status(),
-                    Err(f) => answer::failure_status(&f),
-                }
-            })
-            .await;
+        // Only a body-less probe's answer may stand for the application's health.
+        let cacheable = matches!(*req.method(), Method::GET | Method::HEAD);
+        let refresh = || async move {
+            let (parts, body) = req.into_parts();
+            let (body, events) = UpstreamBody::new(body, None);
+            match self
+                .call(Request::from_parts(parts, body), origin, events, None, true)
+                .await
+            {
+                Ok(res) => res.status(),
+                Err(f) => answer::failure_status(&f),
+            }
+        };
+        let status = if cacheable {
+            self.health.status(refresh).await
+        } else {
+            self.health.status_uncached(refresh).await
+        };
         limited.metrics.record(Outcome::Cached);
         answer::health_response(status, "door; hit")
     }
