@@ -410,12 +410,12 @@ fn client_key_counting(
     parsed: &mut usize,
 ) -> KeyDecision {
     let peer = canonical(peer);
-    let has_xff = headers.contains_key(&X_FORWARDED_FOR);
-    let has_forwarded = headers.contains_key(&FORWARDED_HEADER);
     if !trusted.contains(peer) {
-        let ignored = (has_xff || has_forwarded) && super::is_local(peer);
+        let ignored = ignored_from_untrusted(peer, headers);
         return KeyDecision::new(peer, Rule::PeerUntrusted, ignored);
     }
+    let has_xff = headers.contains_key(&X_FORWARDED_FOR);
+    let has_forwarded = headers.contains_key(&FORWARDED_HEADER);
     let header = match (has_xff, has_forwarded) {
         (true, true) => source,
         (true, false) => ForwardedSource::Xff,
@@ -440,6 +440,15 @@ fn client_key_counting(
         ),
     };
     KeyDecision::new(client, rule, false)
+}
+
+/// Whether the forwarding headers in `headers` from `peer`, an untrusted peer, are worth
+/// counting in `door.untrusted_xff` and warning about: `peer` is a loopback or private address
+/// (almost always a proxy missing from `trusted_proxies`) and sent `X-Forwarded-For` or
+/// `Forwarded`. The address is looked at first: a public peer costs no header lookup.
+pub fn ignored_from_untrusted(peer: IpAddr, headers: &HeaderMap) -> bool {
+    super::is_local(peer)
+        && (headers.contains_key(&X_FORWARDED_FOR) || headers.contains_key(&FORWARDED_HEADER))
 }
 
 /// Parses a TCP peer's address as an operator writes it (`door key --peer`): an address or a

@@ -772,12 +772,7 @@ impl App {
         if needed {
             return Some(self.client(conn, policy, req));
         }
-        let headers = req.headers();
-        if !origin.peer_trusted
-            && crate::client::is_local(origin.peer)
-            && (headers.contains_key(&crate::client::X_FORWARDED_FOR)
-                || headers.contains_key(header::FORWARDED))
-        {
+        if !origin.peer_trusted && key::ignored_from_untrusted(origin.peer, req.headers()) {
             self.untrusted_forwarding(origin.peer);
         }
         None
