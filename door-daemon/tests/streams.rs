@@ -193,21 +193,7 @@ async fn ws_http1(io: Io, scheme: &str) -> WebSocketStream<Io> {
 /// A WebSocket client over HTTP/2 extended CONNECT (RFC 8441) on `io`: hyper's HTTP/2 client
 /// sends `:method CONNECT`, `:protocol websocket`; on 200 the stream carries WebSocket frames.
 async fn ws_http2(io: Io, scheme: &str) -> WebSocketStream<TokioIo<hyper::upgrade::Upgraded>> {
-    let (mut send, conn) = hyper::client::conn::http2::handshake::<_, _, Empty<Bytes>>(
-        TokioExecutor::new(),
-        TokioIo::new(io),
-    )
-    .await
-    .unwrap();
-    tokio::spawn(conn);
-    let mut req = Request::connect(format!("{scheme}://door.test/chat"))
-        .version(http::Version::HTTP_2)
-        .header("sec-websocket-version", "13")
-        .body(Empty::new())
-        .unwrap();
-    req.extensions_mut()
-        .insert(hyper::ext::Protocol::from_static("websocket"));
-    let mut res = send.send_request(req).await.unwrap();
+    let mut res = extended_connect(io, scheme).await;
     assert_eq!(res.status(), StatusCode::OK, "{res:?}");
     let upgraded = hyper::upgrade::on(&mut res).await.unwrap();
     WebSocketStream::from_raw_socket(TokioIo::new(upgraded), Role::Client, None).await
@@ -424,22 +410,29 @@ async fn an_upgrade_answered_without_101_stays_http() {
 /// Sends an HTTP/2 extended CONNECT for a WebSocket (RFC 8441) to door at `addr` and returns the
 /// status door answered.
 async fn extended_connect_status(addr: SocketAddr) -> StatusCode {
-    let s = TcpStream::connect(addr).await.unwrap();
+    let io: Io = Box::new(TcpStream::connect(addr).await.unwrap());
+    extended_connect(io, "http").await.status()
+}
+
+/// An HTTP/2 connection on `io` (its driver spawned) and on it one extended CONNECT for a
+/// WebSocket (RFC 8441: `:method CONNECT`, `:protocol websocket`) to `scheme://door.test/chat`:
+/// door's answer.
+async fn extended_connect(io: Io, scheme: &str) -> Response<Incoming> {
     let (mut send, conn) = hyper::client::conn::http2::handshake::<_, _, Empty<Bytes>>(
         TokioExecutor::new(),
-        TokioIo::new(s),
+        TokioIo::new(io),
     )
     .await
     .unwrap();
     tokio::spawn(conn);
-    let mut req = Request::connect("http://door.test/chat")
+    let mut req = Request::connect(format!("{scheme}://door.test/chat"))
         .version(http::Version::HTTP_2)
         .header("sec-websocket-version", "13")
         .body(Empty::new())
         .unwrap();
     req.extensions_mut()
         .insert(hyper::ext::Protocol::from_static("websocket"));
-    send.send_request(req).await.unwrap().status()
+    send.send_request(req).await.unwrap()
 }
 
 #[tokio::test]
