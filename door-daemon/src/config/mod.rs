@@ -1485,6 +1485,13 @@ fn put_list(slot: &mut Option<Vec<String>>, flag: Option<&Vec<String>>, given: &
     }
 }
 
+/// [`put`] for each `slot => flag` (an `Option` field of [`Overrides`]), noting in `given`.
+macro_rules! put_all {
+    ($given:ident; $($slot:expr => $flag:expr),* $(,)?) => {
+        $( put(&mut $slot, $flag.as_ref(), &mut $given); )*
+    };
+}
+
 /// `slot` = `flag` when given; notes that a flag was given.
 fn put<T: Clone>(slot: &mut Option<T>, flag: Option<&T>, given: &mut bool) {
     if let Some(v) = flag {
@@ -1497,51 +1504,29 @@ fn put<T: Clone>(slot: &mut Option<T>, flag: Option<&T>, given: &mut bool) {
 fn written_over_xdp(xdp: &mut Option<XdpFile>, o: &Overrides) -> Result<(), ConfigError> {
     let mut given = xdp.is_some();
     let mut x = xdp.take().unwrap_or_default();
-    put(&mut x.syn_rate, o.xdp_syn_rate.as_ref(), &mut given);
-    put(&mut x.syn_burst, o.xdp_syn_burst.as_ref(), &mut given);
+    put_all!(given;
+        x.syn_rate => o.xdp_syn_rate,
+        x.syn_burst => o.xdp_syn_burst,
+    );
     if let Some(ports) = &o.xdp_ports {
         x.ports = Some(flag_ports(ports)?);
         given |= !is_blank(ports);
     }
-    put(
-        &mut x.new_prefix_rate,
-        o.xdp_new_prefix_rate.as_ref(),
-        &mut given,
+    put_all!(given;
+        x.new_prefix_rate => o.xdp_new_prefix_rate,
+        x.new_prefix_burst => o.xdp_new_prefix_burst,
+        x.overflow_syn_rate => o.xdp_overflow_syn_rate,
+        x.overflow_syn_burst => o.xdp_overflow_syn_burst,
+        x.max_prefixes => o.xdp_max_prefixes,
     );
-    put(
-        &mut x.new_prefix_burst,
-        o.xdp_new_prefix_burst.as_ref(),
-        &mut given,
-    );
-    put(
-        &mut x.overflow_syn_rate,
-        o.xdp_overflow_syn_rate.as_ref(),
-        &mut given,
-    );
-    put(
-        &mut x.overflow_syn_burst,
-        o.xdp_overflow_syn_burst.as_ref(),
-        &mut given,
-    );
-    put(&mut x.max_prefixes, o.xdp_max_prefixes.as_ref(), &mut given);
     put_list(&mut x.allow, o.xdp_allow.as_ref(), &mut given);
     put_list(&mut x.deny, o.xdp_deny.as_ref(), &mut given);
-    put(
-        &mut x.escalate_after,
-        o.xdp_escalate_after.as_ref(),
-        &mut given,
-    );
-    put(
-        &mut x.escalate_window,
-        o.xdp_escalate_window.as_ref(),
-        &mut given,
-    );
-    put(&mut x.block_for, o.xdp_block_for.as_ref(), &mut given);
-    put(&mut x.syn_cookies, o.xdp_syn_cookies.as_ref(), &mut given);
-    put(
-        &mut x.cookie_threshold,
-        o.xdp_cookie_threshold.as_ref(),
-        &mut given,
+    put_all!(given;
+        x.escalate_after => o.xdp_escalate_after,
+        x.escalate_window => o.xdp_escalate_window,
+        x.block_for => o.xdp_block_for,
+        x.syn_cookies => o.xdp_syn_cookies,
+        x.cookie_threshold => o.xdp_cookie_threshold,
     );
     if given {
         *xdp = Some(x);
@@ -1560,30 +1545,18 @@ fn written_over_planes(plane: &mut Option<PlaneFile>, o: &Overrides) {
         session.header.clone_from(&o.plane_session_header);
         session_given = true;
     }
-    put(
-        &mut session.rate,
-        o.plane_session_rate.as_ref(),
-        &mut session_given,
-    );
-    put(
-        &mut session.burst,
-        o.plane_session_burst.as_ref(),
-        &mut session_given,
-    );
-    put(
-        &mut session.max_clients,
-        o.plane_session_max_clients.as_ref(),
-        &mut session_given,
+    put_all!(session_given;
+        session.rate => o.plane_session_rate,
+        session.burst => o.plane_session_burst,
+        session.max_clients => o.plane_session_max_clients,
     );
     p.session = session_given.then_some(session);
     let mut ip_given = p.ip.is_some();
     let mut ip = p.ip.take().unwrap_or_default();
-    put(&mut ip.rate, o.plane_ip_rate.as_ref(), &mut ip_given);
-    put(&mut ip.burst, o.plane_ip_burst.as_ref(), &mut ip_given);
-    put(
-        &mut ip.max_clients,
-        o.plane_ip_max_clients.as_ref(),
-        &mut ip_given,
+    put_all!(ip_given;
+        ip.rate => o.plane_ip_rate,
+        ip.burst => o.plane_ip_burst,
+        ip.max_clients => o.plane_ip_max_clients,
     );
     p.ip = ip_given.then_some(ip);
     if had_plane || p.session.is_some() || p.ip.is_some() {
