@@ -489,17 +489,18 @@ impl GroupMetrics {
     /// A stream of this group opened: counted on `door.streams` until the returned guard drops.
     pub fn stream_opened(&self) -> StreamOpen {
         self.totals.streams.fetch_add(1, Ordering::Relaxed);
-        StreamOpen(self.clone())
+        StreamOpen(Arc::clone(&self.totals))
     }
 }
 
 /// One open stream on `door.streams` (see [`GroupMetrics::stream_opened`]); closed when dropped.
+/// Holds only the group's counters: one reference count, 8 bytes in every response body.
 #[derive(Debug)]
-pub struct StreamOpen(GroupMetrics);
+pub struct StreamOpen(Totals);
 
 impl Drop for StreamOpen {
     fn drop(&mut self) {
-        self.0.totals.streams.fetch_sub(1, Ordering::Relaxed);
+        self.0.streams.fetch_sub(1, Ordering::Relaxed);
     }
 }
 
