@@ -18,7 +18,7 @@
 
 use base64::{Engine as _, engine::general_purpose::STANDARD as BASE64};
 
-use crate::http::head::HeadError;
+use crate::http::head::{HeadError, has_field};
 use http::{
     HeaderMap, HeaderName, HeaderValue, Method, Request, Response, StatusCode, Version,
     header::{
@@ -79,7 +79,10 @@ pub enum UpgradeError {
 /// [`HeadError::ConnectProtocol`] for an extended CONNECT that is not `websocket`;
 /// [`HeadError::Connect`] for a plain CONNECT, in either protocol.
 pub fn classify<B>(req: &mut Request<B>) -> Result<Option<Upgrade>, HeadError> {
-    req.headers_mut().remove(&HTTP2_SETTINGS);
+    // Found by comparing names first: most requests carry neither, and a removal hashes its name.
+    if has_field(req.headers(), &HTTP2_SETTINGS) {
+        req.headers_mut().remove(&HTTP2_SETTINGS);
+    }
     if req.method() == Method::CONNECT {
         let protocol = req.extensions_mut().remove::<hyper::ext::Protocol>();
         let Some(protocol) = protocol.filter(|_| req.version() == Version::HTTP_2) else {
@@ -96,6 +99,9 @@ pub fn classify<B>(req: &mut Request<B>) -> Result<Option<Upgrade>, HeadError> {
             h.insert(SEC_WEBSOCKET_VERSION, HeaderValue::from_static("13"));
         }
         return Ok(Some(Upgrade::ExtendedConnect { key }));
+    }
+    if !has_field(req.headers(), &UPGRADE) {
+        return Ok(None);
     }
     if req.version() != Version::HTTP_11 || !has_token(req.headers(), &CONNECTION, "upgrade") {
         req.headers_mut().remove(UPGRADE);

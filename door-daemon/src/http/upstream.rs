@@ -314,6 +314,10 @@ pub fn retarget<B>(req: &mut Request<B>, upstream: &Upstream) {
 /// line; frameworks that read one line would otherwise lose cookies). A single field is left
 /// untouched.
 pub fn join_cookies(headers: &mut HeaderMap) {
+    // Compared, not hashed, first: most requests have one `Cookie` field or none.
+    if !headers.keys().any(|k| k == COOKIE) {
+        return;
+    }
     let mut fields = headers.get_all(COOKIE).iter();
     let (Some(_), Some(_)) = (fields.next(), fields.next()) else {
         return;
@@ -346,11 +350,17 @@ static HOP_BY_HOP: [&HeaderName; 9] = [
 /// `HOP_BY_HOP`.
 ///
 /// Most requests carry none of them: one pass over the field names (compared, not hashed)
-/// finds that out, and then nothing is removed (a removal hashes its name). Most responses carry
+/// finds that out, and then nothing is removed (a removal hashes its name); otherwise only the
+/// fields of `HOP_BY_HOP` that pass found are removed. Most responses carry
 /// `Connection: keep-alive`: an option naming a field of `HOP_BY_HOP`, or no field present,
 /// allocates no name.
 pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
-    if !headers.keys().any(|name| HOP_BY_HOP.contains(&name)) {
+    // Bit `i` set: `HOP_BY_HOP[i]` is present. Only those are removed.
+    let present = headers
+        .keys()
+        .filter_map(|name| HOP_BY_HOP.iter().position(|h| *h == name))
+        .fold(0_u16, |bits, i| bits | 1 << i);
+    if present == 0 {
         return;
     }
     // Options that name a field of HOP_BY_HOP (`keep-alive`, usually) or no field present
@@ -379,8 +389,10 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
             headers.remove(name);
         }
     }
-    for name in HOP_BY_HOP {
-        headers.remove(name);
+    for (i, name) in HOP_BY_HOP.iter().enumerate() {
+        if present & 1 << i != 0 {
+            headers.remove(*name);
+        }
     }
 }
 
@@ -443,13 +455,23 @@ fn drop_underscore_aliases(headers: &mut HeaderMap) {
 /// are kept byte for byte and the peer appended. `X-Forwarded-Proto` always says what door
 /// received.
 pub fn rewrite_forwarding(headers: &mut HeaderMap, origin: &Origin) {
-    // Compared first, removed only when present: a removal hashes the name.
-    if !origin.peer_trusted && headers.keys().any(|k| IDENTITY.contains(k)) {
+    // One pass over the names says what is there (compared, not hashed): a lookup or removal
+    // hashes its name, and most requests carry none of these fields.
+    let (mut identity, mut underscore, mut xff, mut forwarded) = (false, false, false, false);
+    for k in headers.keys() {
+        xff |= k == X_FORWARDED_FOR;
+        forwarded |= k == FORWARDED;
+        if !origin.peer_trusted {
+            identity |= IDENTITY.contains(k);
+            underscore |= k.as_str().contains('_');
+        }
+    }
+    if !origin.peer_trusted && identity {
         for name in &IDENTITY {
             headers.remove(name);
         }
     }
-    if !origin.peer_trusted && headers.keys().any(|k| k.as_str().contains('_')) {
+    if !origin.peer_trusted && underscore {
         drop_underscore_aliases(headers);
     }
     let peer = origin.peer_value.as_bytes();
@@ -475,12 +497,16 @@ pub fn rewrite_forwarding(headers: &mut HeaderMap, origin: &Origin) {
     };
     // The common case, a client talking to door directly: X-Forwarded-For is the peer alone,
     // inserted without formatting or copying.
-    let prior_xff = if origin.peer_trusted {
+    let prior_xff = if origin.peer_trusted && xff {
         join_lines(headers, &X_FORWARDED_FOR)
     } else {
         None
     };
-    let prior_forwarded = join_lines(headers, &FORWARDED);
+    let prior_forwarded = if forwarded {
+        join_lines(headers, &FORWARDED)
+    } else {
+        None
+    };
     match prior_xff {
         Some(x) => {
             if let Ok(v) = HeaderValue::from_bytes(&append(x, peer)) {
