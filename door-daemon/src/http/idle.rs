@@ -94,7 +94,10 @@ pub(crate) async fn serve_watched<C, E>(
         let idle_at = activity
             .idle_deadline(idle, header)
             .unwrap_or_else(|| crate::time::now() + idle);
+        // The connection first, every time (it is what woke this future nearly always); the
+        // drain signal and the idle timer after it, without select!'s random start.
         tokio::select! {
+            biased;
             r = conn.as_mut() => {
                 if let Err(e) = r {
                     tracing::debug!(%peer, error = %e, "connection ended with an error");
