@@ -1020,6 +1020,8 @@ async fn http1_heads_with_a_bad_host_or_transfer_coding_are_refused_before_the_u
     assert!(out.ends_with("host=door.test"), "{out}");
     let out = raw(d.addr, b"GET /p HTTP/1.0\r\n\r\n").await;
     assert!(out.starts_with("HTTP/1.0 200"), "{out}");
+    // Without a Host, the upstream is told its own address.
+    assert!(out.ends_with(&format!("host={up}")), "{out}");
     assert_eq!(calls.load(Ordering::SeqCst), 2);
     assert_eq!(
         counted("door.requests_refused", ""),

@@ -1,5 +1,14 @@
-//! The upstream connector: hyper-util's [`HttpConnector`] (TCP, `TCP_NODELAY`), whose
-//! connections door reports to the pooled client without connection extras.
+//! The upstream connector: hyper-util's [`HttpConnector`] (TCP, `TCP_NODELAY`), dialling the
+//! configured upstream whatever authority a request's URI names, whose connections door reports
+//! to the pooled client without connection extras.
+//!
+//! door has one upstream, and hyper-util's pool keys its connections by the request URI's scheme
+//! and authority, hashed with SipHash byte by byte at every checkout and every return: for
+//! `127.0.0.1:3000`, about 2,000 instructions a request, 5 % of door's user-space work. So the
+//! requests door sends upstream carry the one-letter authority [`POOL_AUTHORITY`] (never written
+//! on the wire: hyper writes an origin-form target, and door sets `Host` itself), and this
+//! connector dials the configured address (docs/decisions.md, "Upstream requests: a one-letter
+//! pool key").
 //!
 //! hyper-util's connector tags every TCP connection with an `HttpInfo` extra (the two socket
 //! addresses), and its pooled client copies an extra into the extensions of *every* response on
@@ -15,7 +24,10 @@ use std::{
     task::{Context, Poll},
 };
 
-use http::Uri;
+use http::{
+    Uri,
+    uri::{Authority, PathAndQuery},
+};
 use hyper::rt::{Read, ReadBufCursor, Write};
 use hyper_util::{
     client::legacy::connect::{Connected, Connection, HttpConnector},
@@ -24,25 +36,35 @@ use hyper_util::{
 use tokio::net::TcpStream;
 use tower_service::Service;
 
-/// A connector for the upstream: [`HttpConnector`] with `TCP_NODELAY` set, yielding
-/// [`UpstreamIo`]. Its errors are the connector's: refused, unresolvable, or the operating
-/// system's connect timeout (no timeout of its own is set).
-#[derive(Debug, Clone)]
-pub struct Connector(HttpConnector);
+use crate::config::Upstream;
 
-impl Connector {
-    /// A connector that opens plain TCP connections with `TCP_NODELAY` (each request is
-    /// written in full at once; Nagle's algorithm would only delay it).
-    pub fn new() -> Self {
-        let mut http = HttpConnector::new();
-        http.set_nodelay(true);
-        Self(http)
-    }
+/// The authority of every request URI door hands its pooled client: the pool's key, one byte to
+/// hash (see the module docs). Not a host name anything resolves: [`Connector`] ignores it.
+pub const POOL_AUTHORITY: Authority = Authority::from_static("u");
+
+/// A connector for the upstream: [`HttpConnector`] with `TCP_NODELAY` set, dialling the
+/// configured upstream, yielding [`UpstreamIo`]. Its errors are the connector's: refused,
+/// unresolvable, or the operating system's connect timeout (no timeout of its own is set).
+#[derive(Debug, Clone)]
+pub struct Connector {
+    http: HttpConnector,
+    /// `http://host:port` of the upstream: what every connection dials.
+    upstream: Uri,
 }
 
-impl Default for Connector {
-    fn default() -> Self {
-        Self::new()
+impl Connector {
+    /// A connector that opens plain TCP connections to `upstream` with `TCP_NODELAY` (each
+    /// request is written in full at once; Nagle's algorithm would only delay it).
+    pub fn new(upstream: &Upstream) -> Self {
+        let mut http = HttpConnector::new();
+        http.set_nodelay(true);
+        let mut parts = http::uri::Parts::default();
+        parts.scheme = Some(upstream.scheme.clone());
+        parts.authority = Some(upstream.authority.clone());
+        parts.path_and_query = Some(PathAndQuery::from_static("/"));
+        // A scheme, an authority and a path always make a URI.
+        let upstream = Uri::from_parts(parts).unwrap_or_default();
+        Self { http, upstream }
     }
 }
 
@@ -52,11 +74,12 @@ impl Service<Uri> for Connector {
     type Future = Connecting;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
-        self.0.poll_ready(cx)
+        self.http.poll_ready(cx)
     }
 
-    fn call(&mut self, dst: Uri) -> Self::Future {
-        Connecting(self.0.call(dst))
+    /// Dials the upstream; `dst`, whose authority is [`POOL_AUTHORITY`], is not read.
+    fn call(&mut self, _dst: Uri) -> Self::Future {
+        Connecting(self.http.call(self.upstream.clone()))
     }
 }
 

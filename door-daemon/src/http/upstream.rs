@@ -30,7 +30,14 @@ use hyper_util::{
 };
 use thiserror::Error;
 
-use crate::{client::X_FORWARDED_FOR, config::Upstream, http::connect::Connector};
+use crate::{
+    client::X_FORWARDED_FOR,
+    config::Upstream,
+    http::{
+        connect::{Connector, POOL_AUTHORITY},
+        head::has_field,
+    },
+};
 
 /// `X-Forwarded-Proto`.
 pub static X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
@@ -209,7 +216,9 @@ impl Proxy {
                 // Without a timer the pool only notices an expired connection when a request
                 // would take it: an idle connection stayed open for as long as no request came.
                 .pool_timer(TokioTimer::new())
-                .build(Connector::new())
+                // `Host` is door's to set (`retarget`): the URI's authority is the pool's key.
+                .set_host(false)
+                .build(Connector::new(&upstream))
         };
         Self {
             first: client(),
@@ -277,21 +286,32 @@ pub fn prepare<B>(mut req: Request<B>, upstream: &Upstream, origin: &Origin) -> 
     req
 }
 
-/// Points `req` at `upstream` over HTTP/1.1: the target becomes the absolute URI on the upstream
-/// with the client's path and query, and `Host` is kept, or, when the request target has an
-/// authority (HTTP/2's `:authority`, an HTTP/1.1 absolute-form target), set to it (RFC 9113
-/// §8.3.1, RFC 9112 §3.2.2; on door's request path the head passed
-/// [`crate::http::head::check`], so an HTTP/2 `Host` already agrees with it). A target that
-/// cannot be rebuilt on the upstream is left as it was (the pooled client then refuses it).
+/// Points `req` at `upstream` over HTTP/1.1: the target becomes the absolute URI on the pool's
+/// key ([`POOL_AUTHORITY`], which [`Connector`] dials as `upstream`) with the client's path and
+/// query, and `Host` is kept, or, when the request target has an authority (HTTP/2's
+/// `:authority`, an HTTP/1.1 absolute-form target), set to it (RFC 9113 §8.3.1, RFC 9112 §3.2.2;
+/// on door's request path the head passed [`crate::http::head::check`], so an HTTP/2 `Host`
+/// already agrees with it). A request with neither (HTTP/1.0 may omit `Host`) gets the
+/// upstream's host, and its port unless it is 80. A target that cannot be rebuilt is left as it
+/// was (the pooled client then refuses it).
 pub fn retarget<B>(req: &mut Request<B>, upstream: &Upstream) {
-    if let Some(authority) = req.uri().authority()
-        && req
+    if let Some(authority) = req.uri().authority() {
+        if req
             .headers()
             .get(HOST)
             .is_none_or(|h| h.as_bytes() != authority.as_str().as_bytes())
-        && let Ok(host) = HeaderValue::from_str(authority.as_str())
-    {
-        req.headers_mut().insert(HOST, host);
+            && let Ok(host) = HeaderValue::from_str(authority.as_str())
+        {
+            req.headers_mut().insert(HOST, host);
+        }
+    } else if !has_field(req.headers(), &HOST) {
+        let host = match upstream.authority.port_u16() {
+            None | Some(80) => upstream.authority.host(),
+            Some(_) => upstream.authority.as_str(),
+        };
+        if let Ok(host) = HeaderValue::from_str(host) {
+            req.headers_mut().insert(HOST, host);
+        }
     }
     let path = req
         .uri()
@@ -300,7 +320,7 @@ pub fn retarget<B>(req: &mut Request<B>, upstream: &Upstream) {
         .unwrap_or_else(|| PathAndQuery::from_static("/"));
     let mut parts = http::uri::Parts::default();
     parts.scheme = Some(upstream.scheme.clone());
-    parts.authority = Some(upstream.authority.clone());
+    parts.authority = Some(POOL_AUTHORITY);
     parts.path_and_query = Some(path);
     if let Ok(uri) = Uri::from_parts(parts) {
         *req.uri_mut() = uri;

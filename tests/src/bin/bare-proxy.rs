@@ -123,7 +123,8 @@ async fn serve(listen: SocketAddr, upstream: &Upstream, workers: &[Handle]) -> a
                     .pool_max_idle_per_host(usize::MAX)
                     .pool_idle_timeout(POOL_IDLE_TIMEOUT)
                     .pool_timer(TokioTimer::new())
-                    .build(Connector::new()),
+                    .set_host(false)
+                    .build(Connector::new(upstream)),
                 upstream: upstream.clone(),
             })
         })
