@@ -85,15 +85,15 @@ const H2_CLIENTS: u32 = 32;
 /// h2load's concurrent streams per connection.
 const H2_STREAMS: u32 = 10;
 
-const UPSTREAM: &str = "127.0.0.1:18080";
+pub(crate) const UPSTREAM: &str = "127.0.0.1:18080";
 /// The store of `--cluster`.
 const REDIS_PORT: u16 = 18449;
 /// The bare hyper proxy of `--floor` (HTTP/1.1 and h2c).
-const BARE_LISTEN: &str = "127.0.0.1:18450";
+pub(crate) const BARE_LISTEN: &str = "127.0.0.1:18450";
 
 /// A front under test.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-enum Proxy {
+pub(crate) enum Proxy {
     Door,
     Nginx,
     Haproxy,
@@ -120,7 +120,7 @@ impl Proxy {
         all
     }
 
-    fn name(self) -> &'static str {
+    pub(crate) fn name(self) -> &'static str {
         match self {
             Self::Door => "door",
             Self::Nginx => "nginx",
@@ -131,7 +131,7 @@ impl Proxy {
     }
 
     /// Its HTTP/1.1 listener.
-    fn h1(self) -> &'static str {
+    pub(crate) fn h1(self) -> &'static str {
         match self {
             Self::Door => "127.0.0.1:18443",
             Self::Nginx => "127.0.0.1:18444",
@@ -142,7 +142,7 @@ impl Proxy {
     }
 
     /// Its h2c (prior knowledge) listener.
-    fn h2(self) -> &'static str {
+    pub(crate) fn h2(self) -> &'static str {
         match self {
             Self::Door => "127.0.0.1:18443",
             Self::Nginx => "127.0.0.1:18445",
@@ -155,7 +155,7 @@ impl Proxy {
 
 /// A route of the benchmark, with its protocol.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-enum Route {
+pub(crate) enum Route {
     /// HTTP/1.1, no limit.
     Pass,
     /// HTTP/1.1, a per-client budget that never rejects.
@@ -165,9 +165,9 @@ enum Route {
 }
 
 impl Route {
-    const ALL: [Self; 3] = [Self::Pass, Self::Limited, Self::H2];
+    pub(crate) const ALL: [Self; 3] = [Self::Pass, Self::Limited, Self::H2];
 
-    fn name(self) -> &'static str {
+    pub(crate) fn name(self) -> &'static str {
         match self {
             Self::Pass => "h1 pass-through",
             Self::Limited => "h1 limited",
@@ -175,7 +175,7 @@ impl Route {
         }
     }
 
-    fn url(self, proxy: Proxy) -> String {
+    pub(crate) fn url(self, proxy: Proxy) -> String {
         match self {
             Self::Pass => format!("http://{}/static", proxy.h1()),
             Self::Limited => format!("http://{}/l/session/bench", proxy.h1()),
@@ -186,7 +186,7 @@ impl Route {
 
 /// Kills a child process when dropped: SIGTERM (nginx's master then stops its workers), SIGKILL
 /// if it is still there after 5 s.
-struct Guard(Child);
+pub(crate) struct Guard(pub(crate) Child);
 
 impl Drop for Guard {
     fn drop(&mut self) {
@@ -955,7 +955,7 @@ fn check_routes(proxies: &[Proxy]) -> anyhow::Result<()> {
 
 /// door's configuration for `proxy` (door or door+cl), with `[cluster]` on the benchmark's
 /// store when `cluster`.
-fn door_toml(proxy: Proxy, cluster: bool) -> String {
+pub(crate) fn door_toml(proxy: Proxy, cluster: bool) -> String {
     let cluster = if cluster {
         format!("[cluster]\nredis = \"redis://127.0.0.1:{REDIS_PORT}/0\"\n")
     } else {
@@ -984,7 +984,7 @@ inflight = 100000
     )
 }
 
-fn upstream_conf(dir: &Path) -> String {
+pub(crate) fn upstream_conf(dir: &Path) -> String {
     format!(
         "worker_processes 1;\ndaemon off;\npid {d}/upstream.pid;\nerror_log {d}/upstream.err;\n\
          events {{ worker_connections 4096; }}\n\
@@ -994,7 +994,7 @@ fn upstream_conf(dir: &Path) -> String {
     )
 }
 
-fn front_conf(dir: &Path, workers: usize) -> String {
+pub(crate) fn front_conf(dir: &Path, workers: usize) -> String {
     format!(
         "worker_processes {workers};\ndaemon off;\npid {d}/front.pid;\nerror_log {d}/front.err;\n\
          events {{ worker_connections 4096; }}\n\
@@ -1018,7 +1018,7 @@ fn front_conf(dir: &Path, workers: usize) -> String {
 /// the client address from `X-Forwarded-For` when the peer is loopback (nginx's `realip`),
 /// `X-Forwarded-For` appended, and on the limited route a stick table keyed on that address
 /// with a request-rate check so high it never rejects (nginx's `limit_req`).
-fn haproxy_conf(threads: usize) -> String {
+pub(crate) fn haproxy_conf(threads: usize) -> String {
     format!(
         "global\n\
          \x20   nbthread {threads}\n\
@@ -1061,7 +1061,7 @@ fn haproxy(dir: &Path, threads: usize) -> anyhow::Result<Guard> {
     Ok(Guard(child))
 }
 
-fn nginx(dir: &Path, name: &str, conf: &str) -> anyhow::Result<Guard> {
+pub(crate) fn nginx(dir: &Path, name: &str, conf: &str) -> anyhow::Result<Guard> {
     let path: PathBuf = dir.join(format!("{name}.conf"));
     std::fs::write(&path, conf)?;
     let child = Command::new("nginx")
@@ -1075,7 +1075,7 @@ fn nginx(dir: &Path, name: &str, conf: &str) -> anyhow::Result<Guard> {
     Ok(Guard(child))
 }
 
-fn wait_listening(addr: &str) -> anyhow::Result<()> {
+pub(crate) fn wait_listening(addr: &str) -> anyhow::Result<()> {
     for _ in 0..200 {
         if std::net::TcpStream::connect(addr).is_ok() {
             return Ok(());
@@ -1085,7 +1085,7 @@ fn wait_listening(addr: &str) -> anyhow::Result<()> {
     bail!("{addr} never listened")
 }
 
-fn capture(cmd: &mut Command) -> anyhow::Result<String> {
+pub(crate) fn capture(cmd: &mut Command) -> anyhow::Result<String> {
     let out = cmd.output().with_context(|| format!("running {cmd:?}"))?;
     if !out.status.success() {
         bail!("{cmd:?} failed: {}", String::from_utf8_lossy(&out.stderr));
@@ -1094,7 +1094,7 @@ fn capture(cmd: &mut Command) -> anyhow::Result<String> {
 }
 
 /// `cmd ARGS` under coreutils' `timeout`: killed if it outlives its own duration by 30 s.
-fn bounded(secs: u32, program: &str) -> Command {
+pub(crate) fn bounded(secs: u32, program: &str) -> Command {
     let mut cmd = Command::new("timeout");
     cmd.args(["--kill-after=5", &format!("{}", secs + 30), program]);
     cmd

@@ -18,7 +18,9 @@
 //!   on loopback in N interleaved rounds, medians, and with `--cluster` door with `[cluster]` on a
 //!   local `redis-server` too, with `--floor` a bare hyper proxy with door's serving design (see
 //!   `bench.rs`); `cargo xtask bench xdp`: door's XDP program
-//!   against reference programs, and on a veth against nftables.
+//!   against reference programs, and on a veth against nftables; `cargo xtask bench
+//!   instructions`: the user-space instructions per request of door, the bare hyper proxy, nginx
+//!   and HAProxy under valgrind's callgrind (see `instructions.rs`).
 //! - `cargo xtask soak [--minutes N]` (root): door for N minutes (default 2) under faults (aborted
 //!   requests, slow readers, slowloris heads, oversized heads, upstream restarts, reloads) in two
 //!   network namespaces, then checks that it leaks nothing (see [`soak`]); `cargo xtask test`
@@ -28,6 +30,7 @@
 
 mod bench;
 mod deb;
+mod instructions;
 mod service;
 mod setup;
 mod soak;
@@ -79,9 +82,10 @@ enum Task {
     },
     /// Benchmarks: `proxy` compares door with nginx and HAProxy on loopback (wrk, h2load) in
     /// interleaved rounds; `xdp` measures door's XDP program per packet against reference
-    /// programs and on a veth.
+    /// programs and on a veth; `instructions` counts the user-space instructions per request of
+    /// door, the bare hyper proxy, nginx and HAProxy under valgrind's callgrind.
     Bench {
-        /// What to benchmark: `proxy` or `xdp`.
+        /// What to benchmark: `proxy`, `xdp` or `instructions`.
         target: String,
         /// `proxy` only: rounds, each measuring every (route, proxy) pair once; the table shows
         /// medians across them (default: the smallest multiple of the run's fronts from 5 up, so
@@ -151,11 +155,12 @@ fn main() -> anyhow::Result<()> {
             floor,
         } => match target.as_str() {
             "proxy" => bench::proxy(rounds, cluster, floor),
-            "xdp" if rounds.is_some() || cluster || floor => {
+            "xdp" | "instructions" if rounds.is_some() || cluster || floor => {
                 bail!("--rounds, --cluster and --floor are for `bench proxy`")
             }
             "xdp" => bench::xdp(),
-            other => bail!("unknown bench target {other:?} (known: proxy, xdp)"),
+            "instructions" => instructions::run(),
+            other => bail!("unknown bench target {other:?} (known: proxy, xdp, instructions)"),
         },
         Task::Soak { minutes } => match soak::run(minutes, soak::Unprivileged::from_env()) {
             // DOOR_SKIP_PRIVILEGED=1 without root: the skip line was printed; not a failure.
