@@ -1,0 +1,279 @@
+//! The configuration file as serde reads it: one struct per table, every key optional; the
+//! parser, whose errors name a key by its dotted path; and [`known_keys`], every key it accepts.
+
+use std::{collections::BTreeMap, path::Path};
+
+use serde::Deserialize;
+
+use super::{ConfigError, LISTEN_TABLE_KEYS};
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct File {
+    pub(super) listen: Option<Vec<toml::Value>>,
+    pub(super) upstream: Option<String>,
+    pub(super) trusted_proxies: Option<Vec<String>>,
+    pub(super) allow: Option<Vec<String>>,
+    pub(super) deny: Option<Vec<String>>,
+    pub(super) forwarded_header: Option<String>,
+    pub(super) disable_anon_route_limits: Option<bool>,
+    pub(super) admin_listen: Option<String>,
+    #[serde(default)]
+    pub(super) route: Vec<RouteFile>,
+    #[serde(default)]
+    pub(super) group: BTreeMap<String, GroupFile>,
+    pub(super) plane: Option<PlaneFile>,
+    pub(super) xdp: Option<XdpFile>,
+    pub(super) tls: Option<TlsFile>,
+    pub(super) header_read_timeout: Option<String>,
+    pub(super) idle_timeout: Option<String>,
+    pub(super) drain_grace: Option<String>,
+    pub(super) upstream_timeout: Option<String>,
+    pub(super) stream_idle_timeout: Option<String>,
+    pub(super) ratelimit_headers: Option<bool>,
+    pub(super) otlp: Option<OtlpFile>,
+    pub(super) cluster: Option<ClusterFile>,
+    pub(super) max_connections: Option<i64>,
+    pub(super) max_connections_per_client: Option<i64>,
+    pub(super) upstream_max_inflight: Option<i64>,
+    pub(super) max_header_fields: Option<i64>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct TlsFile {
+    pub(super) cert: Option<String>,
+    pub(super) key: Option<String>,
+    pub(super) min_version: Option<String>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct ClusterFile {
+    pub(super) redis: Option<String>,
+    pub(super) sync_interval: Option<String>,
+    pub(super) timeout: Option<String>,
+    pub(super) ca_file: Option<String>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct OtlpFile {
+    pub(super) endpoint: Option<String>,
+    pub(super) interval: Option<String>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RouteFile {
+    pub(super) group: String,
+    #[serde(default)]
+    pub(super) methods: Vec<String>,
+    pub(super) path: String,
+    #[serde(default)]
+    pub(super) stream: bool,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct PlaneFile {
+    pub(super) session: Option<SessionPlaneFile>,
+    pub(super) ip: Option<IpPlaneFile>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct SessionPlaneFile {
+    pub(super) cookie: Option<String>,
+    pub(super) header: Option<String>,
+    pub(super) rate: Option<f64>,
+    pub(super) burst: Option<i64>,
+    pub(super) max_clients: Option<i64>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct IpPlaneFile {
+    pub(super) rate: Option<f64>,
+    pub(super) burst: Option<i64>,
+    pub(super) max_clients: Option<i64>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct GroupFile {
+    pub(super) rate: Option<f64>,
+    pub(super) burst: Option<i64>,
+    pub(super) per_client: Option<i64>,
+    pub(super) inflight: Option<i64>,
+    pub(super) max_clients: Option<i64>,
+    pub(super) read_timeout: Option<String>,
+    pub(super) charge: Option<String>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct XdpFile {
+    pub(super) interface: Option<String>,
+    pub(super) mode: Option<String>,
+    pub(super) syn_rate: Option<f64>,
+    pub(super) syn_burst: Option<i64>,
+    pub(super) ports: Option<Vec<i64>>,
+    pub(super) new_prefix_rate: Option<f64>,
+    pub(super) new_prefix_burst: Option<i64>,
+    pub(super) overflow_syn_rate: Option<f64>,
+    pub(super) overflow_syn_burst: Option<i64>,
+    pub(super) max_prefixes: Option<i64>,
+    pub(super) allow: Option<Vec<String>>,
+    pub(super) deny: Option<Vec<String>>,
+    pub(super) escalate_after: Option<i64>,
+    pub(super) escalate_window: Option<String>,
+    pub(super) block_for: Option<String>,
+    pub(super) syn_cookies: Option<String>,
+    pub(super) cookie_threshold: Option<f64>,
+}
+
+/// Parses the file's text. A value of the wrong type, an unknown key or a missing one is named by
+/// its dotted key (serde_path_to_error follows the deserializer down), with the value as written
+/// (once) and its line and column: `group.link.burst = 1.5: expected a whole number, found
+/// floating point (line 2, column 9)`. A syntax error keeps toml's own message, which quotes the
+/// line.
+pub(super) fn parse_file(path: &Path, text: &str) -> Result<File, ConfigError> {
+    let parse_error = |message: String| ConfigError::Parse {
+        path: path.to_owned(),
+        message,
+    };
+    let syntax = |e: toml::de::Error| parse_error(e.to_string().trim_end().to_owned());
+    let de = toml::Deserializer::parse(text).map_err(syntax)?;
+    serde_path_to_error::deserialize(de).map_err(|e| {
+        let key = e.path().to_string();
+        let inner = e.into_inner();
+        let Some(span) = inner.span().filter(|_| key != ".") else {
+            return syntax(inner);
+        };
+        let written = text.get(span.clone()).unwrap_or_default();
+        let before = text.get(..span.start).unwrap_or_default();
+        let line = before.matches('\n').count() + 1;
+        let column = before.rsplit('\n').next().map_or(0, |l| l.chars().count()) + 1;
+        let message = plain_types(inner.message());
+        let at = format!("(line {line}, column {column})");
+        // serde's "unknown field `x`, expected one of …": the path already names `x`.
+        if let Some(rest) = message.strip_prefix("unknown field ") {
+            let expected = rest.split_once(", ").map_or("", |(_, e)| e);
+            return parse_error(format!("{key}: unknown key; {expected} {at}"));
+        }
+        // "missing field `x`": the table is where the key is missing.
+        if let Some(field) = message.strip_prefix("missing field ") {
+            let field = field.trim_matches('`');
+            return parse_error(format!("{key}.{field}: required, and missing {at}"));
+        }
+        // "invalid type: floating point `1.5`, expected …": the value is named once, before it.
+        if let Some((found, expected)) = message
+            .strip_prefix("invalid type: ")
+            .and_then(|m| m.split_once(", expected "))
+        {
+            let kind = found.split(['`', '"']).next().unwrap_or(found).trim();
+            // An integer a whole-number key cannot hold: past 64 bits.
+            if kind == "integer" && expected == "a whole number" {
+                return parse_error(format!("{key} = {written}: too large {at}"));
+            }
+            return parse_error(format!(
+                "{key} = {written}: expected {expected}, found {kind} {at}"
+            ));
+        }
+        parse_error(format!("{key} = {written}: {message} {at}"))
+    })
+}
+
+/// serde's Rust type names in an "expected …" message in an operator's words.
+fn plain_types(message: &str) -> String {
+    [
+        ("expected i64", "expected a whole number"),
+        ("expected u64", "expected a whole number"),
+        ("expected u32", "expected a whole number"),
+        ("expected u16", "expected a whole number"),
+        ("expected usize", "expected a whole number"),
+        ("expected f64", "expected a number"),
+    ]
+    .iter()
+    .fold(message.to_owned(), |m, (rust, plain)| {
+        m.replace(rust, plain)
+    })
+}
+
+/// Every key the configuration file accepts, as a dotted path: `listen`, `route[].path`,
+/// `group.NAME.rate`, `xdp.mode`. Read from the file's serde structs (the names they pass to
+/// serde), so it is exactly the set the parser accepts; `docs/configuration.md` is checked
+/// against it.
+pub fn known_keys() -> Vec<String> {
+    let mut keys = Vec::new();
+    for top in struct_fields::<File>() {
+        let (prefix, fields) = match *top {
+            "route" => ("route[].", struct_fields::<RouteFile>()),
+            "group" => ("group.NAME.", struct_fields::<GroupFile>()),
+            "xdp" => ("xdp.", struct_fields::<XdpFile>()),
+            "tls" => ("tls.", struct_fields::<TlsFile>()),
+            "otlp" => ("otlp.", struct_fields::<OtlpFile>()),
+            "cluster" => ("cluster.", struct_fields::<ClusterFile>()),
+            "plane" => {
+                keys.extend(
+                    struct_fields::<SessionPlaneFile>()
+                        .iter()
+                        .map(|f| format!("plane.session.{f}")),
+                );
+                keys.extend(
+                    struct_fields::<IpPlaneFile>()
+                        .iter()
+                        .map(|f| format!("plane.ip.{f}")),
+                );
+                continue;
+            }
+            "listen" => {
+                keys.push("listen".to_owned());
+                keys.extend(LISTEN_TABLE_KEYS.iter().map(|k| format!("listen[].{k}")));
+                continue;
+            }
+            key => {
+                keys.push(key.to_owned());
+                continue;
+            }
+        };
+        keys.extend(fields.iter().map(|f| format!("{prefix}{f}")));
+    }
+    keys
+}
+
+/// The field names a `#[derive(Deserialize)]` struct hands to `deserialize_struct`.
+pub(super) fn struct_fields<T: serde::de::DeserializeOwned>() -> &'static [&'static str] {
+    use serde::de::{self, value::Error};
+
+    struct Probe<'a>(&'a mut &'static [&'static str]);
+
+    impl<'de> de::Deserializer<'de> for Probe<'_> {
+        type Error = Error;
+
+        fn deserialize_any<V: de::Visitor<'de>>(self, _: V) -> Result<V::Value, Error> {
+            Err(de::Error::custom("not a struct"))
+        }
+
+        fn deserialize_struct<V: de::Visitor<'de>>(
+            self,
+            _name: &'static str,
+            fields: &'static [&'static str],
+            _visitor: V,
+        ) -> Result<V::Value, Error> {
+            *self.0 = fields;
+            Err(de::Error::custom("probed"))
+        }
+
+        serde::forward_to_deserialize_any! {
+            bool i8 i16 i32 i64 i128 u8 u16 u32 u64 u128 f32 f64 char str string bytes
+            byte_buf option unit unit_struct newtype_struct seq tuple tuple_struct map enum
+            identifier ignored_any
+        }
+    }
+
+    let mut fields: &'static [&'static str] = &[];
+    let _ = T::deserialize(Probe(&mut fields));
+    fields
+}
