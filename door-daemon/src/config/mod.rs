@@ -7,14 +7,26 @@
 //! back to a default.
 
 mod addresses;
+mod durations;
 mod file;
 mod flags;
+mod groups;
 mod merge;
+mod networks;
+mod planes;
 pub mod print;
 mod reload;
 
+pub use durations::{MAX_DURATION, MIN_DURATION};
 pub use file::known_keys;
 pub use flags::{EnvNamed, GroupSetting, Overrides, RouteList, RouteParser};
+pub use groups::{
+    GroupConfig, NEW_GROUP_INFLIGHT, NEW_GROUP_PER_CLIENT, PerClientFollows, STREAM_GROUP,
+};
+pub use planes::{
+    DEFAULT_IP_BURST, DEFAULT_IP_RATE, DEFAULT_SESSION_BURST, DEFAULT_SESSION_RATE, IP_PLANE,
+    PlanesConfig, SESSION_PLANE,
+};
 pub use reload::restart_only_changes;
 
 use std::{
@@ -30,18 +42,22 @@ use ipnet::IpNet;
 use thiserror::Error;
 
 use crate::{
-    client::{
-        credential::Credential,
-        key::{ForwardedSource, TrustedProxies},
-    },
+    client::key::{ForwardedSource, TrustedProxies},
     http::route::Route,
-    limit::{Budget, Charge, DEFAULT_MAX_CLIENTS},
 };
-use file::{
-    ClusterFile, File, GroupFile, OtlpFile, PlaneFile, RouteFile, SessionPlaneFile, TlsFile,
-    XdpFile, parse_file,
-};
+use durations::parse_duration;
+use file::{ClusterFile, File, OtlpFile, TlsFile, XdpFile, parse_file};
+use groups::{build_groups, build_routes};
 use merge::written_over;
+use networks::{access_list, parse_cidrs};
+use planes::build_planes;
+
+// What the unit tests (`use super::*`) name besides this module's items.
+#[cfg(test)]
+use crate::{
+    client::credential::Credential,
+    limit::{Budget, Charge},
+};
 
 /// Default `listen`: all addresses, port 8443.
 pub const DEFAULT_LISTEN: &str = "[::]:8443";
@@ -86,13 +102,6 @@ pub const DEFAULT_UPSTREAM_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// Default `[otlp] interval`: metrics are exported every 10 s.
 pub const DEFAULT_OTLP_INTERVAL: Duration = Duration::from_secs(10);
-
-/// `per_client` of a group that is not one of the defaults, when the file does not give it (and
-/// `inflight` and, with `charge = "on_failure"`, `burst` are not lower: see [`PerClientFollows`]).
-pub const NEW_GROUP_PER_CLIENT: u32 = 16;
-/// `inflight` (group cap) of a group that is not one of the defaults, when the file does not
-/// give it.
-pub const NEW_GROUP_INFLIGHT: u32 = 64;
 
 /// A configuration that cannot be used. Each variant's message names the key and the value.
 #[derive(Debug, Error)]
@@ -359,86 +368,6 @@ impl Default for ClusterConfig {
     }
 }
 
-/// One limit group: its budget and its body read timeout.
-#[derive(Debug, Clone)]
-pub struct GroupConfig {
-    /// Rates, burst, caps, table size and charge policy.
-    pub budget: Budget,
-    /// How long a limited request's body may take to arrive. Default: webhook 10 s, others 30 s.
-    pub read_timeout: Duration,
-    /// Why `budget.per_client` is below the group's default, when it is: the file did not give
-    /// `per_client`, and `inflight` or (with `charge = "on_failure"`) `burst` is lower than that
-    /// default. `None` when the file gives `per_client` or the default fits. `door check-config`
-    /// prints it as a comment; it is not compared by `==` (it tells where a value came from, not
-    /// what door does: a printed configuration, which writes `per_client` out, equals the one it
-    /// was printed from).
-    pub per_client_follows: Option<PerClientFollows>,
-}
-
-impl PartialEq for GroupConfig {
-    /// Equal when they limit alike: `budget` and `read_timeout`; `per_client_follows` is ignored.
-    fn eq(&self, other: &Self) -> bool {
-        let Self {
-            budget,
-            read_timeout,
-            per_client_follows: _,
-        } = self;
-        *budget == other.budget && *read_timeout == other.read_timeout
-    }
-}
-
-/// A `per_client` the file did not give, lowered from the group's default so that the budget the
-/// operator wrote is valid: `per_client` = min(default, `inflight`, `burst` under
-/// `charge = "on_failure"`). Displays as the note `door check-config` prints after it:
-/// `follows burst (charge = "on_failure"; default 16)`, `follows inflight (default 2)`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct PerClientFollows {
-    /// The default it replaces: the built-in group's `per_client`, or [`NEW_GROUP_PER_CLIENT`].
-    pub default: u32,
-    /// `per_client` is the group's `inflight`.
-    pub inflight: bool,
-    /// `per_client` is the group's `burst` (under `charge = "on_failure"`).
-    pub burst: bool,
-}
-
-impl fmt::Display for PerClientFollows {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let Self {
-            default,
-            inflight,
-            burst,
-        } = *self;
-        let keys = match (inflight, burst) {
-            (true, true) => "inflight and burst",
-            (true, false) => "inflight",
-            (false, _) => "burst",
-        };
-        let charge = if burst {
-            "charge = \"on_failure\"; "
-        } else {
-            ""
-        };
-        write!(f, "follows {keys} ({charge}default {default})")
-    }
-}
-
-/// Lowers `b.per_client` (the group's default: the file did not give it) to `b.inflight` and,
-/// under `charge = "on_failure"`, to `b.burst`, when they are lower; says why when it did.
-fn fit_per_client(b: &mut Budget) -> Option<PerClientFollows> {
-    let default = b.per_client;
-    let burst = (b.charge == Charge::OnFailure).then_some(b.burst);
-    let fitted = burst.map_or(b.inflight, |burst| burst.min(b.inflight));
-    if fitted >= default {
-        return None;
-    }
-    b.per_client = fitted;
-    Some(PerClientFollows {
-        default,
-        inflight: b.inflight == fitted,
-        burst: burst == Some(fitted),
-    })
-}
-
 /// The upstream application: `http://host:port`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Upstream {
@@ -592,38 +521,6 @@ pub struct Config {
     /// `--deny` / `DOOR_DENY`): CIDRs. A client in both is denied. Default: none.
     pub deny: Vec<IpNet>,
 }
-
-/// The two door-wide request planes (docs/design.md, "Streams and sessions"): every request
-/// that is not a stream passes one of them on top of its route group.
-#[derive(Debug, Clone, PartialEq)]
-pub struct PlanesConfig {
-    /// Where the session plane finds a request's credential (`plane.session.cookie` or
-    /// `plane.session.header = "authorization"`).
-    pub credential: Credential,
-    /// The session plane: per verified credential. Default 2 tokens/s (120 a minute), burst 60,
-    /// 16,384 sessions tracked.
-    pub session: Budget,
-    /// The IP plane: per client key, for requests without a verified credential. Default 0.5
-    /// tokens/s (30 a minute), burst 30, 16,384 clients tracked.
-    pub ip: Budget,
-}
-
-/// The session plane's name: its `door.group` and the `scope` of its 429s.
-pub const SESSION_PLANE: &str = "session";
-/// The IP plane's name: its `door.group` and the `scope` of its 429s.
-pub const IP_PLANE: &str = "ip";
-/// The session plane's default rate, tokens per second (120 a minute).
-pub const DEFAULT_SESSION_RATE: f64 = 2.0;
-/// The session plane's default burst.
-pub const DEFAULT_SESSION_BURST: u32 = 60;
-/// The IP plane's default rate, tokens per second (30 a minute).
-pub const DEFAULT_IP_RATE: f64 = 0.5;
-/// The IP plane's default burst.
-pub const DEFAULT_IP_BURST: u32 = 30;
-
-/// The built-in group long-lived requests are limited in: WebSockets and other upgrades, and
-/// server-sent event responses, on routes in no other group ([`Budget::stream`]).
-pub const STREAM_GROUP: &str = "stream";
 
 /// The default of [`Config::stream_idle_timeout`]: 5 minutes.
 pub const DEFAULT_STREAM_IDLE_TIMEOUT: Duration = Duration::from_mins(5);
@@ -919,231 +816,6 @@ fn listen_entry(key: &str, value: toml::Value) -> Result<(String, String, bool),
     }
 }
 
-/// Parses a CIDR list for `key` (each entry may itself be comma-separated; a bare address is a
-/// /32 or /128) with [`TrustedProxies::parse_list`]'s checks: a /0 or host bits set are errors;
-/// so are an empty entry or element ([`refuse_empty`]) and entries that together cover a whole
-/// address family ([`refuse_whole_family`]).
-fn parse_cidrs(key: &str, raw: &[String]) -> Result<TrustedProxies, ConfigError> {
-    refuse_empty(key, raw)?;
-    let list = TrustedProxies::parse_list(&raw.join(",")).map_err(|e| cidr_error(key, &e))?;
-    refuse_whole_family(
-        key,
-        list.nets(),
-        " (as trusted proxies, any client could choose its own key)",
-    )?;
-    Ok(list)
-}
-
-/// A CIDR list's [`crate::client::key::KeyError`] for `key`, naming the offending element.
-fn cidr_error(key: &str, e: &crate::client::key::KeyError) -> ConfigError {
-    let value = match e {
-        crate::client::key::KeyError::BadCidr { value }
-        | crate::client::key::KeyError::ZeroPrefix { value }
-        | crate::client::key::KeyError::HostBitsSet { value, .. }
-        | crate::client::key::KeyError::BadSource { value } => value.clone(),
-    };
-    invalid(key, format!("{value:?}"), e.to_string())
-}
-
-/// Refuses an empty or blank entry of a CIDR list (`["192.0.2.10", ""]`, `--allow 192.0.2.10,,`)
-/// or an empty element of one (`"192.0.2.10,"`), naming its position:
-/// [`TrustedProxies::parse_list`] skips them, and one is a stray comma or a value that expanded
-/// to nothing. A list that is one blank value and nothing else (`DOOR_TRUSTED_PROXIES=`,
-/// `--trusted-proxy ""`) is the empty list: how a flag or a variable empties the file's list.
-fn refuse_empty(key: &str, raw: &[String]) -> Result<(), ConfigError> {
-    // Blank as the list parser trims: spaces and tabs.
-    let blank = |s: &str| s.trim_matches([' ', '\t']).is_empty();
-    if let [only] = raw
-        && blank(only)
-    {
-        return Ok(());
-    }
-    for (i, entry) in raw.iter().enumerate() {
-        let reason = if blank(entry) {
-            "empty: write a network or remove the entry"
-        } else if entry.split(',').any(blank) {
-            "an element is empty (a stray comma?): remove it"
-        } else {
-            continue;
-        };
-        return Err(invalid(format!("{key}[{i}]"), format!("{entry:?}"), reason));
-    }
-    Ok(())
-}
-
-/// Refuses networks that together cover every IPv4 or every IPv6 address (`0.0.0.0/1` with
-/// `128.0.0.0/1`): what a /0 is refused for, written another way. `why` follows the family in
-/// the message.
-fn refuse_whole_family(key: &str, nets: &[IpNet], why: &str) -> Result<(), ConfigError> {
-    let Some(all) = IpNet::aggregate(&nets.to_vec())
-        .into_iter()
-        .find(|net| net.prefix_len() == 0)
-    else {
-        return Ok(());
-    };
-    let family = if all.addr().is_ipv4() { "IPv4" } else { "IPv6" };
-    let entries: Vec<String> = nets
-        .iter()
-        .filter(|net| net.addr().is_ipv4() == all.addr().is_ipv4())
-        .map(ToString::to_string)
-        .collect();
-    Err(invalid(
-        key,
-        format!("{entries:?}"),
-        format!("together these cover every {family} address{why}"),
-    ))
-}
-
-/// `allow` or `deny`: CIDRs (IPv4-mapped forms unmapped); a `/0` is refused, it would cover
-/// everyone, and so are entries that together cover a whole address family, and empty entries.
-fn access_list(key: &str, raw: &[String]) -> Result<Vec<IpNet>, ConfigError> {
-    const ASK: &str = ": list the networks you mean";
-    refuse_empty(key, raw)?;
-    let nets = match TrustedProxies::parse_list(&raw.join(",")) {
-        Ok(list) => list.nets().to_vec(),
-        Err(crate::client::key::KeyError::ZeroPrefix { value }) => {
-            return Err(invalid(
-                key,
-                format!("{value:?}"),
-                format!("a /0 covers every address{ASK}"),
-            ));
-        }
-        Err(e) => return Err(cidr_error(key, &e)),
-    };
-    refuse_whole_family(key, &nets, ASK)?;
-    Ok(nets)
-}
-
-fn default_groups() -> BTreeMap<String, GroupConfig> {
-    BTreeMap::from([
-        (
-            "webhook".to_owned(),
-            GroupConfig {
-                budget: Budget::webhook(),
-                read_timeout: Duration::from_secs(10),
-                per_client_follows: None,
-            },
-        ),
-        (
-            "link".to_owned(),
-            GroupConfig {
-                budget: Budget::link(),
-                read_timeout: Duration::from_secs(30),
-                per_client_follows: None,
-            },
-        ),
-        (
-            "health".to_owned(),
-            GroupConfig {
-                budget: Budget::health(),
-                read_timeout: Duration::from_secs(30),
-                per_client_follows: None,
-            },
-        ),
-        (
-            STREAM_GROUP.to_owned(),
-            GroupConfig {
-                budget: Budget::stream(),
-                read_timeout: Duration::from_secs(30),
-                per_client_follows: None,
-            },
-        ),
-    ])
-}
-
-/// The longest group name, in bytes.
-const LONGEST_GROUP_NAME: usize = 64;
-
-/// A group's name is shown in metrics (`door.group`), `/status`, the 429 body, `door top`'s
-/// terminal and the printed configuration (as a TOML key on one line): 1 to
-/// [`LONGEST_GROUP_NAME`] bytes without control characters.
-fn check_group_name(name: &str) -> Result<(), ConfigError> {
-    if !name.is_empty() && name.len() <= LONGEST_GROUP_NAME && !name.chars().any(char::is_control) {
-        Ok(())
-    } else {
-        Err(invalid(
-            "group",
-            format!("{name:?}"),
-            "a group name is 1 to 64 bytes without control characters",
-        ))
-    }
-}
-
-fn build_groups(
-    files: BTreeMap<String, GroupFile>,
-) -> Result<BTreeMap<String, GroupConfig>, ConfigError> {
-    let mut groups = default_groups();
-    for (name, g) in files {
-        check_group_name(&name)?;
-        let key = |k: &str| format!("group.{name}.{k}");
-        let mut cfg = if let Some(existing) = groups.get(&name) {
-            existing.clone()
-        } else {
-            {
-                let (Some(rate), Some(_)) = (g.rate, g.burst) else {
-                    return Err(invalid(
-                        format!("group.{name}"),
-                        "{…}",
-                        "a new group must give at least rate and burst",
-                    ));
-                };
-                GroupConfig {
-                    budget: Budget {
-                        rate,
-                        burst: 1,
-                        per_client: NEW_GROUP_PER_CLIENT,
-                        inflight: NEW_GROUP_INFLIGHT,
-                        max_clients: 16_384,
-                        charge: Charge::Always,
-                    },
-                    read_timeout: Duration::from_secs(30),
-                    per_client_follows: None,
-                }
-            }
-        };
-        let b = &mut cfg.budget;
-        if let Some(rate) = g.rate {
-            b.rate = rate;
-        }
-        if let Some(v) = g.burst {
-            b.burst = positive_u32(&key("burst"), v)?;
-        }
-        if let Some(v) = g.inflight {
-            b.inflight = positive_u32(&key("inflight"), v)?;
-        }
-        if let Some(v) = g.max_clients {
-            b.max_clients = usize::try_from(positive_u32(&key("max_clients"), v)?)
-                .map_err(|_| invalid(key("max_clients"), v, "too large"))?;
-        }
-        if let Some(c) = &g.charge {
-            b.charge = c
-                .parse::<Charge>()
-                .map_err(|e| invalid(key("charge"), e.value, e.reason))?;
-        }
-        // A per_client the file gives is checked as written; the default follows the keys the
-        // file gives instead of refusing a value the operator never wrote.
-        cfg.per_client_follows = match g.per_client {
-            Some(v) => {
-                b.per_client = positive_u32(&key("per_client"), v)?;
-                None
-            }
-            None => fit_per_client(b),
-        };
-        cfg.budget
-            .validate(&name)
-            .map_err(|e| ConfigError::Invalid {
-                key: e.key,
-                value: e.value,
-                reason: e.reason,
-            })?;
-        if let Some(t) = &g.read_timeout {
-            cfg.read_timeout = parse_duration(&key("read_timeout"), t)?;
-        }
-        groups.insert(name, cfg);
-    }
-    Ok(groups)
-}
-
 /// An `[xdp]` rate (per second): `default` when absent; finite, from one a day to one a
 /// nanosecond.
 fn xdp_rate(key: &str, value: Option<f64>, default: f64) -> Result<f64, ConfigError> {
@@ -1157,65 +829,6 @@ fn xdp_rate(key: &str, value: Option<f64>, default: f64) -> Result<f64, ConfigEr
             "must be a number per second from one a day (0.0000116) to 1e9",
         ))
     }
-}
-
-/// The shortest duration a setting takes: 1 ms. Every duration is a timeout or an interval, and
-/// a shorter one would fire before a request could arrive (or spin a sync loop).
-pub const MIN_DURATION: Duration = Duration::from_millis(1);
-
-/// The longest duration a setting takes: 365 days. door computes deadlines as now plus the
-/// setting, which overflows the clock (a panic on the request path) past a few hundred years;
-/// no timeout or interval of door is meant to be longer than a year.
-pub const MAX_DURATION: Duration = Duration::from_hours(365 * 24);
-
-/// Parses a duration such as `"30s"`, `"1500ms"` or `"2m"` (humantime syntax), from
-/// [`MIN_DURATION`] to [`MAX_DURATION`]; zero is refused.
-fn parse_duration(key: &str, s: &str) -> Result<Duration, ConfigError> {
-    let d = humantime::parse_duration(s).map_err(|e| {
-        invalid(
-            key,
-            format!("{s:?}"),
-            format!("not a duration like \"30s\" ({e})"),
-        )
-    })?;
-    if d.is_zero() {
-        return Err(invalid(key, format!("{s:?}"), "must be longer than zero"));
-    }
-    if d < MIN_DURATION {
-        return Err(invalid(key, format!("{s:?}"), "must be at least 1ms"));
-    }
-    if d > MAX_DURATION {
-        return Err(invalid(key, format!("{s:?}"), "must be at most 365 days"));
-    }
-    Ok(d)
-}
-
-fn build_routes(
-    files: Vec<RouteFile>,
-    groups: &BTreeMap<String, GroupConfig>,
-) -> Result<Vec<Route>, ConfigError> {
-    let mut routes = Vec::new();
-    for (i, r) in files.into_iter().enumerate() {
-        if !groups.contains_key(&r.group) {
-            let known: Vec<&str> = groups.keys().map(String::as_str).collect();
-            return Err(invalid(
-                format!("route[{i}].group"),
-                format!("{:?}", r.group),
-                format!("unknown group (known: {})", known.join(", ")),
-            ));
-        }
-        let route = Route::new(&r.group, &r.methods, &r.path)
-            .map(|route| route.streaming(r.stream))
-            .map_err(|e| {
-                invalid(
-                    format!("route[{i}].{}", e.key()),
-                    format!("{:?}", e.value()),
-                    e.to_string(),
-                )
-            })?;
-        routes.push(route);
-    }
-    Ok(routes)
 }
 
 /// The connection-level settings, before they are copied into [`Config`].
@@ -1267,146 +880,6 @@ fn build_front(
         )?,
         ratelimit_headers: o.ratelimit_headers.or(ratelimit_headers).unwrap_or(true),
     })
-}
-
-/// The first budget key a plane's table gives, as (key, value), to name in an error.
-fn first_given(
-    table: &str,
-    rate: Option<f64>,
-    burst: Option<i64>,
-    max_clients: Option<i64>,
-) -> (String, String) {
-    let given = [
-        ("rate", rate.map(|v| v.to_string())),
-        ("burst", burst.map(|v| v.to_string())),
-        ("max_clients", max_clients.map(|v| v.to_string())),
-    ];
-    given
-        .into_iter()
-        .find_map(|(key, v)| v.map(|v| (format!("{table}.{key}"), v)))
-        .unwrap_or_else(|| (table.to_owned(), "{…}".to_owned()))
-}
-
-/// `[plane.session]`'s credential: `cookie = NAME` (an RFC 6265 token) or
-/// `header = "authorization"`, exactly one; without either, the error names the first budget key
-/// the table gives.
-fn plane_credential(session: &SessionPlaneFile) -> Result<Credential, ConfigError> {
-    let credential = match (session.cookie.clone(), session.header.as_deref()) {
-        (Some(name), None) => {
-            let token = !name.is_empty()
-                && name
-                    .bytes()
-                    .all(|b| b.is_ascii_graphic() && !b"()<>@,;:\\\"/[]?={}".contains(&b));
-            if !token {
-                return Err(invalid(
-                    "plane.session.cookie",
-                    format!("{name:?}"),
-                    "not a cookie name (RFC 6265 §4.1.1: a token)",
-                ));
-            }
-            Credential::Cookie(name)
-        }
-        (None, Some(h)) if h.eq_ignore_ascii_case("authorization") => Credential::Bearer,
-        (None, Some(h)) => {
-            return Err(invalid(
-                "plane.session.header",
-                format!("{h:?}"),
-                "must be \"authorization\" (a Bearer token)",
-            ));
-        }
-        (Some(_), Some(_)) => {
-            return Err(invalid(
-                "plane.session",
-                "{…}",
-                "give exactly one of cookie = NAME or header = \"authorization\"",
-            ));
-        }
-        (None, None) => {
-            let (key, value) = first_given(
-                "plane.session",
-                session.rate,
-                session.burst,
-                session.max_clients,
-            );
-            return Err(invalid(
-                key,
-                value,
-                "needs plane.session.cookie = NAME or plane.session.header = \"authorization\": \
-                 the session plane is keyed on that credential",
-            ));
-        }
-    };
-    Ok(credential)
-}
-
-/// `[plane.session]` and `[plane.ip]`: `None` without `[plane.session]` (an `[plane.ip]` alone is
-/// an error: it would limit nothing); the planes' names must not also be group names.
-fn build_planes(
-    file: Option<PlaneFile>,
-    groups: &BTreeMap<String, GroupConfig>,
-) -> Result<Option<PlanesConfig>, ConfigError> {
-    let Some(file) = file else { return Ok(None) };
-    let Some(session) = file.session else {
-        if let Some(ip) = &file.ip {
-            let (key, value) = first_given("plane.ip", ip.rate, ip.burst, ip.max_clients);
-            return Err(invalid(
-                key,
-                value,
-                "needs [plane.session]: the planes are enabled by the session plane",
-            ));
-        }
-        return Ok(None);
-    };
-    for name in [SESSION_PLANE, IP_PLANE] {
-        if groups.contains_key(name) {
-            return Err(invalid(
-                format!("group.{name}"),
-                "{…}",
-                format!("\"{name}\" is a plane's name while [plane.session] is set"),
-            ));
-        }
-    }
-    let credential = plane_credential(&session)?;
-    let budget =
-        |table: &str, rate: Option<f64>, burst: Option<i64>, max: Option<i64>, d_rate, d_burst| {
-            let burst =
-                burst.map_or(Ok(d_burst), |v| positive_u32(&format!("{table}.burst"), v))?;
-            let max_clients = max.map_or(Ok(DEFAULT_MAX_CLIENTS), |v| {
-                positive_u32(&format!("{table}.max_clients"), v).and_then(|n| {
-                    usize::try_from(n)
-                        .map_err(|_| invalid(format!("{table}.max_clients"), v, "too large"))
-                })
-            })?;
-            let b = Budget::plane(rate.unwrap_or(d_rate), burst, max_clients);
-            b.validate_as(table).map_err(|e| ConfigError::Invalid {
-                key: e.key,
-                value: e.value,
-                reason: e.reason,
-            })?;
-            Ok::<_, ConfigError>(b)
-        };
-    let session = budget(
-        "plane.session",
-        session.rate,
-        session.burst,
-        session.max_clients,
-        DEFAULT_SESSION_RATE,
-        DEFAULT_SESSION_BURST,
-    )?;
-    let ip_file = file.ip.unwrap_or_default();
-    let ip = budget(
-        "plane.ip",
-        ip_file.rate,
-        ip_file.burst,
-        ip_file.max_clients,
-        DEFAULT_IP_RATE,
-        DEFAULT_IP_BURST,
-    )?;
-    Ok(Some(PlanesConfig {
-        credential,
-        session,
-        ip,
-    }))
 }
 
 /// The listeners given with `proxy_protocol = true`; each needs `trusted_proxies` (the header is
