@@ -5,7 +5,7 @@ use std::{collections::BTreeMap, path::Path};
 
 use serde::Deserialize;
 
-use super::{ConfigError, LISTEN_TABLE_KEYS};
+use super::{ConfigError, listen::LISTEN_TABLE_KEYS};
 
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]

@@ -16,7 +16,7 @@ use super::{
 /// `--plane-session-header` replaces the file's credential (both keys: they are one choice);
 /// each `--group` item sets one key of its group; `--route` replaces the file's whole list.
 ///
-/// [`build_xdp`]: super::build_xdp
+/// [`build_xdp`]: super::xdp::build_xdp
 pub(super) fn written_over(file: &mut File, o: &Overrides) -> Result<(), ConfigError> {
     written_over_xdp(&mut file.xdp, o)?;
     written_over_planes(&mut file.plane, o);

@@ -1,0 +1,111 @@
+//! The front's connection-level settings: its timeouts, `ratelimit_headers`, the connection and
+//! upstream caps, and `max_header_fields`.
+
+use std::time::Duration;
+
+use super::{
+    ConfigError, DEFAULT_DRAIN_GRACE, DEFAULT_HEADER_READ_TIMEOUT, DEFAULT_IDLE_TIMEOUT,
+    DEFAULT_MAX_CONNECTIONS_PER_CLIENT, DEFAULT_MAX_HEADER_FIELDS, DEFAULT_STREAM_IDLE_TIMEOUT,
+    DEFAULT_UPSTREAM_MAX_INFLIGHT, DEFAULT_UPSTREAM_TIMEOUT, MAX_HEADER_FIELDS_LIMIT,
+    durations::parse_duration, flags::Overrides, invalid, positive_u32,
+};
+
+/// The connection-level settings, before they are copied into [`Config`].
+///
+/// [`Config`]: super::Config
+pub(super) struct Front {
+    pub(super) header_read_timeout: Duration,
+    pub(super) idle_timeout: Duration,
+    pub(super) drain_grace: Duration,
+    pub(super) upstream_timeout: Duration,
+    pub(super) stream_idle_timeout: Duration,
+    pub(super) ratelimit_headers: bool,
+}
+
+/// `header_read_timeout`, `idle_timeout`, `drain_grace`, `upstream_timeout`,
+/// `stream_idle_timeout` (file values in that order) and `ratelimit_headers`, each flag or env
+/// beating the file.
+pub(super) fn build_front(
+    file: [Option<String>; 5],
+    ratelimit_headers: Option<bool>,
+    o: &Overrides,
+) -> Result<Front, ConfigError> {
+    let [header_read, idle, drain, upstream, stream_idle] = file;
+    let duration = |key: &str, flag: &Option<String>, file: Option<String>, default| match flag
+        .clone()
+        .or(file)
+    {
+        Some(s) => parse_duration(key, &s),
+        None => Ok(default),
+    };
+    Ok(Front {
+        header_read_timeout: duration(
+            "header_read_timeout",
+            &o.header_read_timeout,
+            header_read,
+            DEFAULT_HEADER_READ_TIMEOUT,
+        )?,
+        idle_timeout: duration("idle_timeout", &o.idle_timeout, idle, DEFAULT_IDLE_TIMEOUT)?,
+        drain_grace: duration("drain_grace", &o.drain_grace, drain, DEFAULT_DRAIN_GRACE)?,
+        upstream_timeout: duration(
+            "upstream_timeout",
+            &o.upstream_timeout,
+            upstream,
+            DEFAULT_UPSTREAM_TIMEOUT,
+        )?,
+        stream_idle_timeout: duration(
+            "stream_idle_timeout",
+            &o.stream_idle_timeout,
+            stream_idle,
+            DEFAULT_STREAM_IDLE_TIMEOUT,
+        )?,
+        ratelimit_headers: o.ratelimit_headers.or(ratelimit_headers).unwrap_or(true),
+    })
+}
+
+/// `max_connections` (`None`: derived at start), `max_connections_per_client` and
+/// `upstream_max_inflight` (file values in that order), each flag or env beating the file.
+pub(super) fn build_connection_limits(
+    file: [Option<i64>; 3],
+    o: &Overrides,
+) -> Result<(Option<u32>, u32, u32), ConfigError> {
+    let [total, per_client, upstream] = file;
+    let max_connections = o
+        .max_connections
+        .or(total)
+        .map(|v| positive_u32("max_connections", v))
+        .transpose()?;
+    let per_client = o
+        .max_connections_per_client
+        .or(per_client)
+        .map_or(Ok(DEFAULT_MAX_CONNECTIONS_PER_CLIENT), |v| {
+            positive_u32("max_connections_per_client", v)
+        })?;
+    let upstream = o
+        .upstream_max_inflight
+        .or(upstream)
+        .map_or(Ok(DEFAULT_UPSTREAM_MAX_INFLIGHT), |v| {
+            positive_u32("upstream_max_inflight", v)
+        })?;
+    Ok((max_connections, per_client, upstream))
+}
+
+/// `max_header_fields`, the flag or env beating the file: from 1 to [`MAX_HEADER_FIELDS_LIMIT`].
+pub(super) fn build_max_header_fields(
+    file: Option<i64>,
+    o: &Overrides,
+) -> Result<usize, ConfigError> {
+    let Some(v) = o.max_header_fields.or(file) else {
+        return Ok(DEFAULT_MAX_HEADER_FIELDS);
+    };
+    usize::try_from(v)
+        .ok()
+        .filter(|n| (1..=MAX_HEADER_FIELDS_LIMIT).contains(n))
+        .ok_or_else(|| {
+            invalid(
+                "max_header_fields",
+                v,
+                format!("must be a whole number from 1 to {MAX_HEADER_FIELDS_LIMIT}"),
+            )
+        })
+}
