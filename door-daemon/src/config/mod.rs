@@ -5,6 +5,19 @@
 //! Every error names the offending key and value (`group.link.rate = -1: must be a positive
 //! number of tokens per second`); unknown keys are errors too, so a typo never silently falls
 //! back to a default.
+//!
+//! Here: [`ConfigError`], [`Config`] with [`Upstream`] and the top-level defaults, and
+//! [`Config::load`] and [`Config::from_toml`], which run the steps below in order.
+//!
+//! - `file.rs`: the file's tables as serde reads them, the parser, [`known_keys`].
+//! - `flags.rs`: the flags and `DOOR_*` variables ([`Overrides`]); `merge.rs` writes the flags of
+//!   `[xdp]`, `[plane.*]`, `[group.NAME]` and `[[route]]` over the file's tables.
+//! - One file per part of the configuration, each with its public type, its defaults and its
+//!   checks: `listen.rs` (`listen`, `admin_listen`), `front.rs` (timeouts, connection caps),
+//!   `groups.rs` (`[group.NAME]`, `[[route]]`), `planes.rs` (`[plane.*]`), `networks.rs` (CIDR
+//!   lists), `durations.rs`, `tls.rs`, `cluster.rs`, `otlp.rs`, `xdp.rs`.
+//! - `addresses.rs`: checks across the addresses door binds and calls.
+//! - `print.rs`: `door check-config`'s output; `reload.rs`: which changes need a restart.
 
 mod addresses;
 mod cluster;
