@@ -309,12 +309,6 @@ fn bad_cidrs_are_named() {
 
 #[test]
 fn empty_cidr_entries_are_named_by_position() {
-    #[derive(clap::Parser)]
-    struct Flags {
-        #[command(flatten)]
-        overrides: Overrides,
-    }
-
     assert_eq!(
         err("trusted_proxies = [\"192.0.2.10\", \"\"]"),
         "trusted_proxies[1] = \"\": empty: write a network or remove the entry"
@@ -340,13 +334,9 @@ fn empty_cidr_entries_are_named_by_position() {
         "xdp.allow[1] = \"\": empty: write a network or remove the entry"
     );
     // A flag's or variable's value is split on commas by clap, so the position is the element's.
-    let flags =
-        <Flags as clap::Parser>::try_parse_from(["door", "--trusted-proxy", "192.0.2.10,,"])
-            .unwrap();
+    let overrides = flags(&["--trusted-proxy", "192.0.2.10,,"]).unwrap();
     assert_eq!(
-        Config::load(None, &flags.overrides)
-            .unwrap_err()
-            .to_string(),
+        Config::load(None, &overrides).unwrap_err().to_string(),
         "trusted_proxies[1] = \"\": empty: write a network or remove the entry"
     );
     // No entry at all is the empty list, and so is one blank value alone: how a flag or a
@@ -358,8 +348,8 @@ fn empty_cidr_entries_are_named_by_position() {
     std::fs::create_dir_all(&dir).unwrap();
     let path = dir.join("door.toml");
     std::fs::write(&path, "trusted_proxies = [\"192.0.2.10\"]").unwrap();
-    let flags = <Flags as clap::Parser>::try_parse_from(["door", "--trusted-proxy", ""]).unwrap();
-    let loaded = Config::load(Some(&path), &flags.overrides);
+    let overrides = flags(&["--trusted-proxy", ""]).unwrap();
+    let loaded = Config::load(Some(&path), &overrides);
     std::fs::remove_dir_all(&dir).unwrap();
     let c = loaded.unwrap();
     assert!(
@@ -852,13 +842,18 @@ struct Flags {
     overrides: Overrides,
 }
 
-/// `args` parsed as `door`'s flags (no environment: clap reads `DOOR_*` only if set, and the
-/// tests set none).
+/// `args` parsed as `door`'s flags, as [`clap::Parser::try_parse_from`] does, but with no
+/// environment: every flag's `DOOR_*` variable is taken off the command first, so that a variable
+/// set where the tests run (`DOOR_UPSTREAM`, `DOOR_GROUP`) is not read as a flag.
 fn flags(args: &[&str]) -> Result<Overrides, String> {
     let command_line = std::iter::once("door").chain(args.iter().copied());
-    <Flags as clap::Parser>::try_parse_from(command_line)
+    let mut cmd = <Flags as clap::CommandFactory>::command().mut_args(|a| a.env(None::<&str>));
+    let mut matches = cmd
+        .try_get_matches_from_mut(command_line)
+        .map_err(|e| e.to_string())?;
+    <Flags as clap::FromArgMatches>::from_arg_matches_mut(&mut matches)
         .map(|f| f.overrides)
-        .map_err(|e| e.to_string())
+        .map_err(|e| e.format(&mut cmd).to_string())
 }
 
 /// The configuration of `text` (a file) under `args` (flags).
