@@ -3,6 +3,8 @@
 //! Other start-up failures (a port in use) exit 1, so that systemd restarts door; every error
 //! names its cause once.
 
+mod ambient;
+
 use std::{
     path::{Path, PathBuf},
     process::{Command, Output},
@@ -42,10 +44,8 @@ fn check_config(file: &TempFile) -> Output {
 /// The `door` binary as a command with none of this process's `DOOR_*` variables.
 fn door_command() -> Command {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_door"));
-    for (k, _) in std::env::vars_os() {
-        if k.to_string_lossy().starts_with("DOOR_") {
-            cmd.env_remove(k);
-        }
+    for name in ambient::door_variables() {
+        cmd.env_remove(name);
     }
     cmd
 }

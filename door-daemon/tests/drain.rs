@@ -10,6 +10,8 @@
     reason = "test helpers outside #[test] functions fail loudly by design"
 )]
 
+mod ambient;
+
 use std::{
     collections::{BTreeMap, BTreeSet},
     convert::Infallible,
@@ -300,8 +302,11 @@ fn spawn_door(
          [[route]]\ngroup = \"health\"\npath = \"/healthz\"\n",
     )
     .unwrap();
-    Command::new(env!("CARGO_BIN_EXE_door"))
-        .arg("--config")
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_door"));
+    for name in ambient::door_variables() {
+        cmd.env_remove(name);
+    }
+    cmd.arg("--config")
         .arg(&config)
         .args(["--listen", &door_addr.to_string()])
         .args(["--upstream", &format!("http://{upstream}")])
@@ -312,7 +317,6 @@ fn spawn_door(
             "off",
         ])
         .env("OTEL_EXPORTER_OTLP_ENDPOINT", format!("http://{otlp}"))
-        .env_remove("DOOR_OTLP_ENDPOINT")
         .env("RUST_LOG", "warn")
         .stdin(Stdio::null())
         .spawn()

@@ -9,6 +9,8 @@
     reason = "test code: a failed step fails the test"
 )]
 
+mod ambient;
+
 use std::{
     io::{Read as _, Write as _},
     net::{SocketAddr, TcpListener, TcpStream},
@@ -226,6 +228,9 @@ fn start_logging(
     // Through `sh -c 'exec …'` so that, as systemd does, WATCHDOG_PID names door's own pid ($$
     // survives the exec).
     let mut cmd = Command::new("sh");
+    for name in ambient::door_variables() {
+        cmd.env_remove(name);
+    }
     cmd.arg("-c")
         .arg(r#"WATCHDOG_PID=$$ exec "$0" --config "$1""#)
         .arg(env!("CARGO_BIN_EXE_door"))

@@ -10,6 +10,7 @@
     reason = "test helpers outside #[test] functions fail loudly by design"
 )]
 
+mod ambient;
 mod support;
 
 use std::{
@@ -42,13 +43,11 @@ async fn limited_door() -> (Door, SocketAddr) {
 }
 
 async fn door_top(args: &[&str]) -> std::process::Output {
-    tokio::process::Command::new(env!("CARGO_BIN_EXE_door"))
-        .arg("top")
-        .args(args)
-        .env_remove("DOOR_CONFIG")
-        .output()
-        .await
-        .unwrap()
+    let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_door"));
+    for name in ambient::door_variables() {
+        cmd.env_remove(name);
+    }
+    cmd.arg("top").args(args).output().await.unwrap()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -118,6 +117,9 @@ fn live(admin: &str, cols: u16, rows: u16, keys: &[u8], expect: &[&str]) -> (Str
         })
         .unwrap();
     let mut cmd = CommandBuilder::new(env!("CARGO_BIN_EXE_door"));
+    for name in ambient::door_variables() {
+        cmd.env_remove(name);
+    }
     cmd.args(["top", "--admin", admin]);
     cmd.env("TERM", "xterm-256color");
     let mut child = pair.slave.spawn_command(cmd).unwrap();
