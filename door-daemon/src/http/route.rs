@@ -10,6 +10,7 @@
 use std::borrow::Cow;
 
 use http::Method;
+use smallvec::SmallVec;
 use thiserror::Error;
 
 /// A `[[route]]` entry that cannot be used. Its message is the reason alone; the key it is about
@@ -255,9 +256,13 @@ impl Router {
     }
 }
 
+/// A path's normalised segments: up to 8 kept inline, so that routing a request allocates
+/// nothing for the paths routes are written for.
+type Segments<'a> = SmallVec<[Cow<'a, str>; 8]>;
+
 /// Splits a path into normalised segments (see the module docs).
-fn normalise(path: &str) -> Vec<Cow<'_, str>> {
-    let mut out: Vec<Cow<'_, str>> = Vec::new();
+fn normalise(path: &str) -> Segments<'_> {
+    let mut out = Segments::new();
     for raw in path.split('/') {
         let segment = decode_unreserved(raw);
         match segment.as_ref() {
