@@ -236,9 +236,15 @@ pub fn ratelimit_fields(headers: &mut HeaderMap, policy: &HeaderValue, sf_name: 
 }
 
 /// Removes `RateLimit-Policy` and `RateLimit` (an upstream's own): door's own fields describe door's limits.
+/// Found by comparing names first: most upstreams send neither, and a removal hashes its name.
 pub fn clear_ratelimit_fields(headers: &mut HeaderMap) {
-    headers.remove(&RATELIMIT_POLICY);
-    headers.remove(&RATELIMIT);
+    if headers
+        .keys()
+        .any(|k| *k == RATELIMIT_POLICY || *k == RATELIMIT)
+    {
+        headers.remove(&RATELIMIT_POLICY);
+        headers.remove(&RATELIMIT);
+    }
 }
 
 /// Sets `name: item`, or appends `, item` to the value already there (one lookup either way).

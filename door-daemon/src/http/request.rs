@@ -154,14 +154,15 @@ fn accepts_event_stream(headers: &http::HeaderMap) -> bool {
 /// Whether a response is server-sent events (`Content-Type: text/event-stream`, WHATWG HTML
 /// §9.2).
 fn is_event_stream(headers: &http::HeaderMap) -> bool {
-    headers
-        .get(header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(|v| {
-            v.split(';')
-                .next()
-                .is_some_and(|t| t.trim().eq_ignore_ascii_case("text/event-stream"))
-        })
+    const TYPE: &[u8] = b"text/event-stream";
+    // Compared as bytes, without splitting or trimming a string: every response is asked.
+    headers.get(header::CONTENT_TYPE).is_some_and(|v| {
+        let v = v.as_bytes().trim_ascii_start();
+        v.get(..TYPE.len())
+            .is_some_and(|t| t.eq_ignore_ascii_case(TYPE))
+            && v.get(TYPE.len()..)
+                .is_some_and(|rest| matches!(rest.trim_ascii_start().first(), None | Some(b';')))
+    })
 }
 
 /// The name of the group whose over-budget requests are answered from the health cache.
@@ -1041,5 +1042,42 @@ impl App {
         };
         limited.metrics.record(Outcome::Cached);
         answer::health_response(status, "door; hit")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::is_event_stream;
+
+    #[test]
+    fn an_event_stream_is_told_by_its_media_type_whatever_its_case_spaces_and_parameters() {
+        let of = |value: &str| {
+            let mut h = http::HeaderMap::new();
+            h.insert(
+                http::header::CONTENT_TYPE,
+                http::HeaderValue::from_str(value).unwrap(),
+            );
+            is_event_stream(&h)
+        };
+        for yes in [
+            "text/event-stream",
+            "Text/Event-Stream",
+            " text/event-stream",
+            "text/event-stream;charset=utf-8",
+            "text/event-stream ; charset=utf-8",
+        ] {
+            assert!(of(yes), "{yes:?}");
+        }
+        for no in [
+            "text/event-streams",
+            "text/event-stream-x",
+            "text/event",
+            "text/html",
+            "application/json; x=text/event-stream",
+            "",
+        ] {
+            assert!(!of(no), "{no:?}");
+        }
+        assert!(!is_event_stream(&http::HeaderMap::new()));
     }
 }

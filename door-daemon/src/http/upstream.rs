@@ -258,7 +258,7 @@ impl Proxy {
         // A response with both is framed by Transfer-Encoding, and a proxy that forwards it must
         // remove Content-Length first (RFC 9112 §6.3): kept, it would frame door's answer to the
         // client by the wrong length (a truncated body over HTTP/1.1, a reset over HTTP/2).
-        if res.headers().contains_key(TRANSFER_ENCODING) {
+        if has_field(res.headers(), &TRANSFER_ENCODING) {
             res.headers_mut().remove(CONTENT_LENGTH);
         }
         // A 101's Connection and Upgrade are the upgrade's answer (crate::http::upgrade).
