@@ -1,5 +1,6 @@
 //! Forwarding to the upstream: hyper-util's pooled client, bodies streamed both ways (never
-//! buffered), hop-by-hop headers removed (RFC 9110 §7.6.1), the original `Host` kept, and the
+//! buffered), hop-by-hop headers removed (RFC 9110 §7.6.1), the original `Host` kept (the
+//! upstream's own for a request without one), and the
 //! forwarding headers rewritten so the application can trust exactly one hop, door
 //! (docs/design.md, "Client key", last paragraph).
 
@@ -274,9 +275,10 @@ impl Proxy {
     }
 }
 
-/// Rewrites a client's request for the upstream: absolute URI on the upstream, HTTP/1.1, the
-/// client's `Host` kept or set from the target ([`retarget`]), hop-by-hop headers removed,
-/// forwarding headers rewritten per `origin`, an HTTP/2 request's `cookie` fields joined.
+/// Rewrites a client's request for the upstream: absolute URI on the pool's key, HTTP/1.1, the
+/// client's `Host` kept or set from the target, or the upstream's without either
+/// ([`retarget`]), hop-by-hop headers removed, forwarding headers rewritten per `origin`, an
+/// HTTP/2 request's `cookie` fields joined.
 pub fn prepare<B>(mut req: Request<B>, upstream: &Upstream, origin: &Origin) -> Request<B> {
     retarget(&mut req, upstream);
     let headers = req.headers_mut();
@@ -593,6 +595,37 @@ mod tests {
             );
         }
         h
+    }
+
+    #[test]
+    fn a_request_without_host_gets_the_upstreams_host_and_every_request_the_pool_key() {
+        for (upstream, host) in [
+            ("http://127.0.0.1:3000", "127.0.0.1:3000"),
+            ("http://app.internal", "app.internal"),
+            ("http://app.internal:80", "app.internal"),
+            ("http://[2001:db8::1]:8080", "[2001:db8::1]:8080"),
+            ("http://[2001:db8::1]", "[2001:db8::1]"),
+        ] {
+            let upstream = Upstream::parse(upstream).unwrap();
+            let mut req = Request::builder()
+                .version(Version::HTTP_10)
+                .uri("/p?q=1")
+                .body(())
+                .unwrap();
+            retarget(&mut req, &upstream);
+            assert_eq!(req.headers()[HOST], host, "{upstream}");
+            assert_eq!(req.uri().authority(), Some(&POOL_AUTHORITY));
+            assert_eq!(req.uri().path_and_query().unwrap().as_str(), "/p?q=1");
+            assert_eq!(req.version(), Version::HTTP_11);
+
+            let mut req = Request::builder()
+                .uri("/p")
+                .header(HOST, "door.test")
+                .body(())
+                .unwrap();
+            retarget(&mut req, &upstream);
+            assert_eq!(req.headers()[HOST], "door.test", "a client's Host is kept");
+        }
     }
 
     #[test]

@@ -11,9 +11,10 @@
 //! door's own.
 //!
 //! What it does per request, what any reverse proxy must, with door's own functions where door
-//! has one: the target rewritten to the upstream (HTTP/1.1) with `Host` from the target's
-//! authority when it has one (door's `retarget`: an absolute-form target, an HTTP/2
-//! `:authority`; RFC 9112 §3.2.2), the
+//! has one: the target rewritten to the upstream (HTTP/1.1, named by door's one-letter pool key,
+//! which door's connector dials as the upstream) with `Host` from the target's authority when it
+//! has one (door's `retarget`: an absolute-form target, an HTTP/2 `:authority`; RFC 9112 §3.2.2)
+//! and the upstream's when there is none, the
 //! hop-by-hop fields of RFC 9110 §7.6.1 removed both ways (door's `strip_hop_by_hop`), the peer's
 //! address appended to `X-Forwarded-For` (the address's text made once per connection, as door
 //! does), and an HTTP/2 request's `cookie` fields joined (door's `join_cookies`, RFC 9113 §8.2.3).
