@@ -14,7 +14,7 @@
 //! upstream. Per route: [`WARM_UP`] requests unrecorded, the counters zeroed
 //! (`callgrind_control -z`), [`REQUESTS`] requests by h2load (`--h1 -c64` for HTTP/1.1, `-c32 -m10`
 //! for h2c), then a dump (`callgrind_control -d`) whose total, over the requests h2load saw
-//! succeed, is the count per request. About eight minutes.
+//! succeed, is the count per request. About five minutes.
 
 use std::{
     fmt::Write as _,
@@ -55,7 +55,7 @@ pub(crate) fn run() -> anyhow::Result<()> {
         "bare-proxy",
     ]))?;
     let dir = std::env::temp_dir().join(format!("door-instructions-{}", std::process::id()));
-    std::fs::create_dir_all(&dir)?;
+    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
     let result = count_all(&dir);
     let _ = std::fs::remove_dir_all(&dir);
     result
@@ -101,7 +101,7 @@ fn under_callgrind(dir: &Path, front: Proxy, out: &Path) -> anyhow::Result<Guard
     match front {
         Proxy::Door => {
             let conf = dir.join("door.toml");
-            std::fs::write(&conf, bench::door_toml(Proxy::Door, false))?;
+            write(&conf, &bench::door_toml(Proxy::Door, false))?;
             cmd.arg(crate::target_dir().join("release/door"))
                 .arg("--config")
                 .arg(conf)
@@ -115,15 +115,15 @@ fn under_callgrind(dir: &Path, front: Proxy, out: &Path) -> anyhow::Result<Guard
         Proxy::Nginx => {
             let conf: PathBuf = dir.join("front.conf");
             // One process: the master would fork the worker outside valgrind's count.
-            std::fs::write(
+            write(
                 &conf,
-                format!("master_process off;\n{}", bench::front_conf(dir, 1)),
+                &format!("master_process off;\n{}", bench::front_conf(dir, 1)),
             )?;
             cmd.arg("nginx").arg("-p").arg(dir).arg("-c").arg(conf);
         }
         Proxy::Haproxy => {
             let conf = dir.join("haproxy.cfg");
-            std::fs::write(&conf, bench::haproxy_conf(1))?;
+            write(&conf, &bench::haproxy_conf(1))?;
             cmd.args(["haproxy", "-db", "-f"]).arg(conf);
         }
         Proxy::DoorCluster => bail!("door with [cluster] is not counted"),
@@ -182,13 +182,20 @@ fn h2load(route: Route, url: &str, n: u32) -> anyhow::Result<u32> {
     succeeded(&text).with_context(|| format!("h2load printed no request count for {url}"))
 }
 
+/// `callgrind_control WHAT PID` (`-z` zeroes the counters, `-d` dumps them), bounded in time: it
+/// waits for the program to reach valgrind's scheduler.
 fn callgrind_control(what: &str, pid: u32) -> anyhow::Result<()> {
     bench::capture(
-        Command::new("callgrind_control")
+        bench::bounded(30, "callgrind_control")
             .arg(what)
             .arg(pid.to_string()),
     )
     .map(drop)
+}
+
+/// Writes a front's configuration, naming the file on failure.
+fn write(path: &Path, text: &str) -> anyhow::Result<()> {
+    std::fs::write(path, text).with_context(|| format!("writing {}", path.display()))
 }
 
 /// The `summary:` (or, in newer callgrind, `totals:`) line of a callgrind dump: instructions.
