@@ -275,6 +275,17 @@ pub(crate) fn proxy(rounds: Option<u32>, cluster: bool, floor: bool) -> anyhow::
     if cluster {
         setup::require_debian_packages(&["redis-server"])?;
     }
+    build(floor)?;
+    let dir = std::env::temp_dir().join(format!("door-bench-{}", std::process::id()));
+    std::fs::create_dir_all(&dir)?;
+    let result = run_all(&dir, rounds, cluster, floor);
+    let _ = std::fs::remove_dir_all(&dir);
+    result
+}
+
+/// Builds door, and with `floor` the bare hyper proxy, in one release build (the tests crate's
+/// features unified into door's, the same for every benchmark that runs both).
+pub(crate) fn build(floor: bool) -> anyhow::Result<()> {
     let mut build = cargo();
     build.args([
         "build",
@@ -290,12 +301,7 @@ pub(crate) fn proxy(rounds: Option<u32>, cluster: bool, floor: bool) -> anyhow::
     } else {
         step("building door (release)");
     }
-    sh(&mut build)?;
-    let dir = std::env::temp_dir().join(format!("door-bench-{}", std::process::id()));
-    std::fs::create_dir_all(&dir)?;
-    let result = run_all(&dir, rounds, cluster, floor);
-    let _ = std::fs::remove_dir_all(&dir);
-    result
+    sh(&mut build)
 }
 
 /// Starts `program` with `--config` `toml` (written to `dir/NAME.toml`).

@@ -27,7 +27,7 @@ use anyhow::{Context as _, bail};
 
 use crate::{
     bench::{self, Guard, Proxy, Route},
-    cargo, setup, sh, step,
+    setup, step,
 };
 
 /// Requests counted per (front, route).
@@ -41,19 +41,7 @@ const START_SECS: u64 = 120;
 pub(crate) fn run() -> anyhow::Result<()> {
     setup::require_debian_packages(setup::BENCH_PROXY_PACKAGES)?;
     setup::require_debian_packages(&["valgrind"])?;
-    step("building door and the bare hyper proxy (release)");
-    sh(cargo().args([
-        "build",
-        "--release",
-        "--package",
-        "door-daemon",
-        "--bin",
-        "door",
-        "--package",
-        "door-tests",
-        "--bin",
-        "bare-proxy",
-    ]))?;
+    bench::build(true)?;
     let dir = std::env::temp_dir().join(format!("door-instructions-{}", std::process::id()));
     std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
     let result = count_all(&dir);
