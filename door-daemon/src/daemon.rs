@@ -169,9 +169,11 @@ pub async fn run(
     } else {
         "HTTP/1.1 and h2c"
     };
+    let mut bound = Vec::with_capacity(listeners.len());
     for (l, proxy_protocol) in listeners {
         if let Ok(addr) = l.local_addr() {
             tracing::info!(%addr, upstream = %config.upstream, proxy_protocol, "listening ({proto})");
+            bound.push(addr.to_string());
         }
         front.serve(l, proxy_protocol);
     }
@@ -200,10 +202,7 @@ pub async fn run(
     let signals = Signals::install();
     notify(&[
         sd_notify::NotifyState::Ready,
-        sd_notify::NotifyState::Status(&format!(
-            "serving on {} listener(s); {xdp_state}",
-            config.listen.len()
-        )),
+        sd_notify::NotifyState::Status(&format!("serving on {}; {xdp_state}", bound.join(", "))),
     ]);
     serve_until_term(&front, &app, shield.as_ref(), &config, &reload, signals).await;
 

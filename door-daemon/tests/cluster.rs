@@ -41,7 +41,10 @@ use http::{Request, Response, StatusCode};
 use http_body_util::{Empty, Full};
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioExecutor, TokioIo};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::{
+    io::{AsyncReadExt as _, AsyncWriteExt as _},
+    net::{TcpListener, TcpStream},
+};
 
 const SYNC: Duration = Duration::from_millis(50);
 const RATE: f64 = 2.0;
@@ -72,8 +75,23 @@ fn redis_or_skip() -> bool {
 struct Redis(Child);
 
 impl Redis {
-    async fn start(port: u16) -> Self {
-        let child = Command::new("redis-server")
+    /// Starts `redis-server` on a loopback port it is free to take: the process and the port.
+    /// A port is picked by binding port 0 and releasing it, so another test can take it before
+    /// Redis binds it; then Redis exits, and another port is tried (five at most).
+    async fn start() -> (Self, u16) {
+        for _ in 0..5 {
+            let port = loopback_port();
+            if let Some(redis) = Self::start_on(port).await {
+                return (redis, port);
+            }
+        }
+        panic!("redis-server found no free loopback port in five tries");
+    }
+
+    /// Starts `redis-server` on loopback `port`: `None` if it exits (the port is taken), the
+    /// process once it answers `PING` with `+PONG` (5 s at most).
+    async fn start_on(port: u16) -> Option<Self> {
+        let mut child = Command::new("redis-server")
             .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
             .args(["--save", "", "--appendonly", "no"])
             .stdout(Stdio::null())
@@ -81,14 +99,17 @@ impl Redis {
             .spawn()
             .unwrap();
         let deadline = door_daemon::time::now() + Duration::from_secs(5);
-        while TcpStream::connect(("127.0.0.1", port)).await.is_err() {
+        while !pong(port).await {
+            if child.try_wait().unwrap().is_some() {
+                return None;
+            }
             assert!(
                 door_daemon::time::now() < deadline,
-                "redis-server did not start"
+                "redis-server did not answer PING on port {port} within 5 s"
             );
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
-        Self(child)
+        Some(Self(child))
     }
 
     fn kill(mut self) {
@@ -104,12 +125,29 @@ impl Drop for Redis {
     }
 }
 
-fn free_port() -> u16 {
+/// A loopback port nothing listened on a moment ago (bound, then released).
+fn loopback_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
         .unwrap()
         .port()
+}
+
+/// Whether a Redis server on loopback `port` answers `PING` with `+PONG` (one second at most).
+async fn pong(port: u16) -> bool {
+    let exchange = async {
+        let mut s = TcpStream::connect(("127.0.0.1", port)).await.ok()?;
+        s.write_all(b"PING\r\n").await.ok()?;
+        let mut reply = [0u8; 7];
+        s.read_exact(&mut reply).await.ok()?;
+        Some(reply == *b"+PONG\r\n")
+    };
+    tokio::time::timeout(Duration::from_secs(1), exchange)
+        .await
+        .ok()
+        .flatten()
+        .unwrap_or(false)
 }
 
 /// A door's clock: the monotonic clock moved `offset_ns` ahead.
@@ -337,8 +375,7 @@ async fn a_client_spread_over_three_doors_gets_one_budget_whatever_their_clocks(
     if !redis_or_skip() {
         return;
     }
-    let port = free_port();
-    let _redis = Redis::start(port).await;
+    let (_redis, port) = Redis::start().await;
     let cfg = config(upstream().await, port);
     // The third door's clock is 7 s ahead of the others': only the store's clock counts.
     let doors = synced_doors(&cfg, [0, 0, 7]).await;
@@ -393,8 +430,7 @@ async fn without_the_store_doors_serve_at_rate_over_n_and_resync_when_it_returns
     if !redis_or_skip() {
         return;
     }
-    let port = free_port();
-    let redis = Redis::start(port).await;
+    let (redis, port) = Redis::start().await;
     let cfg = config(upstream().await, port);
     let doors = synced_doors(&cfg, [0, 0, 0]).await;
 
@@ -428,7 +464,9 @@ async fn without_the_store_doors_serve_at_rate_over_n_and_resync_when_it_returns
         assert_eq!(d.cluster.status().snapshot().state, State::Degraded);
     }
 
-    let _redis = Redis::start(port).await;
+    let _redis = Redis::start_on(port)
+        .await
+        .expect("redis-server could not take its port back");
     assert!(
         all_reach(&doors, State::Synced, Duration::from_secs(5)).await,
         "the doors did not sync again"
@@ -519,8 +557,7 @@ async fn an_escalation_on_one_door_reaches_the_others_with_its_deadline_and_expi
     if !redis_or_skip() {
         return;
     }
-    let port = free_port();
-    let _redis = Redis::start(port).await;
+    let (_redis, port) = Redis::start().await;
     let cfg = config(upstream().await, port);
     let clock_a: Arc<dyn Clock> = Arc::new(Offset(MonotonicClock::new(), 0));
     // Door B's clock is 7 s ahead: deadlines cross the wire as lifetimes, in the store's clock.
@@ -654,8 +691,7 @@ async fn a_block_the_operator_posts_on_one_door_reaches_the_others_but_an_unbloc
     if !redis_or_skip() {
         return;
     }
-    let port = free_port();
-    let _redis = Redis::start(port).await;
+    let (_redis, port) = Redis::start().await;
     let cfg = config(upstream().await, port);
     let clock: Arc<dyn Clock> = Arc::new(MonotonicClock::new());
     let (a, shared_a, shield_a) = door_with_shield(&cfg, Arc::clone(&clock), "door-a").await;
@@ -720,36 +756,49 @@ fn test_ca(dir: &std::path::Path) -> (std::path::PathBuf, std::path::PathBuf, st
 /// A redis-server that listens only for TLS on 127.0.0.1:`port` with `cert` and `key`, killed on
 /// drop. Fails the test with redis-server's own words if it exits (a build without TLS says
 /// so) or does not accept connections within 5 s.
-async fn start_tls_redis(port: u16, cert: &std::path::Path, key: &std::path::Path) -> Redis {
-    let mut child = Command::new("redis-server")
-        .args(["--port", "0", "--tls-port", &port.to_string()])
-        .args(["--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
-        .arg("--tls-cert-file")
-        .arg(cert)
-        .arg("--tls-key-file")
-        .arg(key)
-        .args(["--tls-auth-clients", "no"])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let deadline = door_daemon::time::now() + Duration::from_secs(5);
-    while TcpStream::connect(("127.0.0.1", port)).await.is_err() {
-        if let Some(status) = child.try_wait().unwrap() {
-            let out = child.wait_with_output().unwrap();
-            panic!(
-                "redis-server with --tls-port exited ({status}): this redis-server cannot serve TLS?\n{}{}",
-                String::from_utf8_lossy(&out.stdout),
-                String::from_utf8_lossy(&out.stderr)
+/// Starts `redis-server` serving TLS only, on a loopback port picked as [`Redis::start`] does
+/// (five tries): the process and the port.
+async fn start_tls_redis(cert: &std::path::Path, key: &std::path::Path) -> (Redis, u16) {
+    let mut exits = Vec::new();
+    for _ in 0..5 {
+        let port = loopback_port();
+        let mut child = Command::new("redis-server")
+            .args(["--port", "0", "--tls-port", &port.to_string()])
+            .args(["--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
+            .arg("--tls-cert-file")
+            .arg(cert)
+            .arg("--tls-key-file")
+            .arg(key)
+            .args(["--tls-auth-clients", "no"])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let deadline = door_daemon::time::now() + Duration::from_secs(5);
+        loop {
+            if let Some(status) = child.try_wait().unwrap() {
+                let out = child.wait_with_output().unwrap();
+                exits.push(format!(
+                    "port {port}: {status}\n{}{}",
+                    String::from_utf8_lossy(&out.stdout),
+                    String::from_utf8_lossy(&out.stderr)
+                ));
+                break;
+            }
+            if TcpStream::connect(("127.0.0.1", port)).await.is_ok() {
+                return (Redis(child), port);
+            }
+            assert!(
+                door_daemon::time::now() < deadline,
+                "redis-server with --tls-port did not listen within 5 s"
             );
+            tokio::time::sleep(Duration::from_millis(20)).await;
         }
-        assert!(
-            door_daemon::time::now() < deadline,
-            "redis-server with --tls-port did not listen within 5 s"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    Redis(child)
+    panic!(
+        "redis-server with --tls-port exited five times (a port taken, or no TLS in this build?):\n{}",
+        exits.join("\n")
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -764,8 +813,7 @@ async fn doors_sync_over_rediss_verifying_the_store_against_the_configured_ca() 
     let other_dir = dir.join("other");
     std::fs::create_dir_all(&other_dir).unwrap();
     let (other_ca, _, _) = test_ca(&other_dir);
-    let port = free_port();
-    let _redis = start_tls_redis(port, &cert, &key).await;
+    let (_redis, port) = start_tls_redis(&cert, &key).await;
     let up = upstream().await;
     let tls_config = |ca: &std::path::Path| {
         let mut cfg = config(up, port);
@@ -834,8 +882,7 @@ async fn blocks_made_while_the_store_is_gone_are_shared_when_it_returns_empty() 
     if !redis_or_skip() {
         return;
     }
-    let port = free_port();
-    let redis = Redis::start(port).await;
+    let (redis, port) = Redis::start().await;
     let cfg = config(upstream().await, port);
     let clock_a: Arc<dyn Clock> = Arc::new(MonotonicClock::new());
     let (a, shared_a, _) = door_with_shield(&cfg, Arc::clone(&clock_a), "door-a").await;
@@ -871,7 +918,9 @@ async fn blocks_made_while_the_store_is_gone_are_shared_when_it_returns_empty() 
     );
     let second = PrefixKey::from_ip("198.51.100.21".parse().unwrap());
     assert!(escalator.on_rejection(second, KeySource::Peer));
-    let _redis = Redis::start(port).await;
+    let _redis = Redis::start_on(port)
+        .await
+        .expect("redis-server could not take its port back");
     let left = shield_b
         .wait_for(second, Duration::from_secs(5))
         .await

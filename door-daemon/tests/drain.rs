@@ -153,34 +153,10 @@ async fn sigterm_drains_in_flight_requests_then_exits_0_and_exports_metrics() {
     let (started_tx, mut started_rx) = mpsc::channel(1);
     let (release_tx, release_rx) = watch::channel(false);
     let upstream = app(started_tx, release_rx).await;
-    let port = TcpListener::bind("127.0.0.1:0")
-        .await
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let door_addr = SocketAddr::from(([127, 0, 0, 1], port));
-    let admin_port = TcpListener::bind("127.0.0.1:0")
-        .await
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let admin_addr = SocketAddr::from(([127, 0, 0, 1], admin_port));
     let dir = std::env::temp_dir().join(format!("door-drain-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
-    let mut door = spawn_door(&dir, door_addr, admin_addr, upstream, otlp);
-
-    // Wait for door to listen.
-    let mut probe = None;
-    for _ in 0..200 {
-        if let Some(c) = h1(door_addr).await {
-            probe = Some(c);
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(25)).await;
-    }
-    let mut probe = probe.expect("door never listened");
+    let (mut door, door_addr, admin_addr) = spawn_door(&dir, upstream, otlp).await;
+    let mut probe = h1(door_addr).await.expect("door listens once it logged so");
     let res = probe.send_request(get("/healthz")).await.unwrap();
     assert_eq!(res.status(), StatusCode::OK);
     res.into_body().collect().await.unwrap();
@@ -285,15 +261,15 @@ fn check_exported(points: &Points, healthy: u64) {
     assert_eq!(value("link", "ok"), Some(1), "{points:?}");
 }
 
-/// Starts the `door` binary on `door_addr` (its admin listener on `admin_addr`) in front of
-/// `upstream`, exporting to `otlp` through the standard variable only.
-fn spawn_door(
+/// Starts the `door` binary, its listener and admin listener on `127.0.0.1:0`, in front of
+/// `upstream`, exporting to `otlp` through the standard variable only; waits (20 s at most) until
+/// its log, `DIR/door.log`, names the addresses it got: the process and those two addresses.
+/// Binding port 0 leaves no port picked ahead to be lost to another test running meanwhile.
+async fn spawn_door(
     dir: &std::path::Path,
-    door_addr: SocketAddr,
-    admin_addr: SocketAddr,
     upstream: SocketAddr,
     otlp: SocketAddr,
-) -> std::process::Child {
+) -> (std::process::Child, SocketAddr, SocketAddr) {
     let config = dir.join("door.toml");
     std::fs::write(
         &config,
@@ -302,23 +278,44 @@ fn spawn_door(
          [[route]]\ngroup = \"health\"\npath = \"/healthz\"\n",
     )
     .unwrap();
+    let log_path = dir.join("door.log");
+    let log = std::fs::File::create(&log_path).unwrap();
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_door"));
     for name in ambient::door_variables() {
         cmd.env_remove(name);
     }
     cmd.arg("--config")
         .arg(&config)
-        .args(["--listen", &door_addr.to_string()])
+        .args(["--listen", "127.0.0.1:0"])
         .args(["--upstream", &format!("http://{upstream}")])
-        .args([
-            "--admin-listen",
-            &admin_addr.to_string(),
-            "--xdp-mode",
-            "off",
-        ])
+        .args(["--admin-listen", "127.0.0.1:0", "--xdp-mode", "off"])
         .env("OTEL_EXPORTER_OTLP_ENDPOINT", format!("http://{otlp}"))
-        .env("RUST_LOG", "warn")
+        .env("RUST_LOG", "info")
         .stdin(Stdio::null())
-        .spawn()
-        .unwrap()
+        .stderr(log);
+    let mut door = cmd.spawn().unwrap();
+    for _ in 0..800 {
+        let text = std::fs::read_to_string(&log_path).unwrap_or_default();
+        let listen = logged_address(&text, "listening (", "addr=");
+        let admin = logged_address(&text, "admin status", "at=http://");
+        if let (Some(listen), Some(admin)) = (listen, admin) {
+            return (door, listen, admin);
+        }
+        if let Some(status) = door.try_wait().unwrap() {
+            panic!("door exited ({status}) before listening:\n{text}");
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    panic!(
+        "door did not log its addresses within 20 s:\n{}",
+        std::fs::read_to_string(&log_path).unwrap_or_default()
+    );
+}
+
+/// In `log`, the address after `key` in the first line holding `marker`.
+fn logged_address(log: &str, marker: &str, key: &str) -> Option<SocketAddr> {
+    log.lines()
+        .filter(|l| l.contains(marker))
+        .flat_map(str::split_whitespace)
+        .find_map(|w| w.strip_prefix(key)?.parse().ok())
 }

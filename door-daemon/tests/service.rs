@@ -90,15 +90,6 @@ impl Door {
     }
 }
 
-/// A free loopback port (bound, then released).
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 /// A minimal HTTP/1.1 upstream answering `200 ok` to every request, for as long as the test runs.
 fn upstream() -> SocketAddr {
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
@@ -171,6 +162,12 @@ impl Notify {
         String::from_utf8_lossy(&buf[..n]).into_owned()
     }
 
+    /// Waits for the start-up `READY=1`; the port door's listener got, from the `STATUS=` sent
+    /// with it ([`serving_port`]).
+    fn ready_port(&self) -> u16 {
+        serving_port(self.until("READY=1").last().unwrap())
+    }
+
     /// Reads datagrams until one contains `state` (at most 50), returning those before it too.
     fn until(&self, state: &str) -> Vec<String> {
         let mut seen = Vec::new();
@@ -186,16 +183,21 @@ impl Notify {
     }
 }
 
-fn config(
-    port: u16,
-    upstream: SocketAddr,
-    link_burst: u32,
-    trusted: &str,
-    link_rate: &str,
-) -> String {
+/// The port in a `STATUS=serving on 127.0.0.1:PORT; …` notification. door listens on
+/// `127.0.0.1:0` here, so no port is picked ahead and lost to another test running meanwhile.
+fn serving_port(notification: &str) -> u16 {
+    notification
+        .lines()
+        .find_map(|l| l.strip_prefix("STATUS=serving on 127.0.0.1:"))
+        .and_then(|rest| rest.split(';').next())
+        .and_then(|port| port.parse().ok())
+        .unwrap_or_else(|| panic!("no listening address in {notification:?}"))
+}
+
+fn config(upstream: SocketAddr, link_burst: u32, trusted: &str, link_rate: &str) -> String {
     format!(
         r#"
-listen = ["127.0.0.1:{port}"]
+listen = ["127.0.0.1:0"]
 upstream = "http://{upstream}"
 admin_listen = "off"
 trusted_proxies = [{trusted}]
@@ -249,22 +251,17 @@ fn start_logging(
 fn ready_only_once_listening_then_watchdog_reloading_and_stopping() {
     let dir = Dir::new("notify");
     let notify = Notify::bind(&dir.0);
-    let port = free_port();
     let mut door = start(
         &dir,
         &notify,
-        &config(port, upstream(), 20, "", "1.0"),
+        &config(upstream(), 20, "", "1.0"),
         Some(200_000),
     );
 
     let before_ready = notify.until("READY=1");
-    assert!(
-        before_ready
-            .last()
-            .unwrap()
-            .contains("STATUS=serving on 1 listener(s); XDP off"),
-        "{before_ready:?}"
-    );
+    let status = before_ready.last().unwrap();
+    assert!(status.contains("; XDP off"), "{before_ready:?}");
+    let port = serving_port(status);
     // READY=1 came after the listener was bound: connecting now works at once.
     assert_eq!(get(port, "/l/x", None), 200);
     // The watchdog is pinged from the serving loop (every WATCHDOG_USEC / 2).
@@ -284,11 +281,10 @@ fn ready_only_once_listening_then_watchdog_reloading_and_stopping() {
 fn reload_keeps_drained_buckets_in_proportion_and_applies_new_trusted_proxies_at_once() {
     let dir = Dir::new("reload");
     let notify = Notify::bind(&dir.0);
-    let port = free_port();
     let up = upstream();
     let file = dir.0.join("door.toml");
-    let mut door = start(&dir, &notify, &config(port, up, 3, "", "0.001"), None);
-    notify.until("READY=1");
+    let mut door = start(&dir, &notify, &config(up, 3, "", "0.001"), None);
+    let port = notify.ready_port();
     let reload = |cfg: &str| {
         std::fs::write(&file, cfg).unwrap();
         door.signal("-HUP");
@@ -302,7 +298,7 @@ fn reload_keeps_drained_buckets_in_proportion_and_applies_new_trusted_proxies_at
     assert_eq!(get(port, "/l/a", None), 429, "drained");
 
     // A reload that leaves the link budget alone keeps its buckets: still drained.
-    reload(&(config(port, up, 3, "", "0.001") + "\n[group.webhook]\nburst = 7\nper_client = 4\n"));
+    reload(&(config(up, 3, "", "0.001") + "\n[group.webhook]\nburst = 7\nper_client = 4\n"));
     assert_eq!(
         get(port, "/l/a", None),
         429,
@@ -310,13 +306,13 @@ fn reload_keeps_drained_buckets_in_proportion_and_applies_new_trusted_proxies_at
     );
 
     // A new trusted proxy takes effect at once: behind 127.0.0.1, the XFF client is the key.
-    reload(&config(port, up, 3, "\"127.0.0.1/32\"", "0.001"));
+    reload(&config(up, 3, "\"127.0.0.1/32\"", "0.001"));
     assert_eq!(get(port, "/l/a", Some("203.0.113.5")), 200);
     // ...and the proxy's own key (no XFF) is the one that was drained before.
     assert_eq!(get(port, "/l/a", None), 429);
 
     // An invalid configuration is refused and the running one kept.
-    reload(&config(port, up, 3, "\"127.0.0.1/32\"", "-1.0"));
+    reload(&config(up, 3, "\"127.0.0.1/32\"", "-1.0"));
     assert_eq!(
         get(port, "/l/a", Some("203.0.113.5")),
         200,
@@ -325,7 +321,7 @@ fn reload_keeps_drained_buckets_in_proportion_and_applies_new_trusted_proxies_at
 
     // A changed burst applies to the live buckets, in proportion: the drained proxy key stays
     // drained (0 of 3 → 0 of 5); the XFF client, which spent 2 of 3, has 1⅔ of 5 left: one more.
-    reload(&config(port, up, 5, "\"127.0.0.1/32\"", "0.001"));
+    reload(&config(up, 5, "\"127.0.0.1/32\"", "0.001"));
     assert_eq!(
         get(port, "/l/a", None),
         429,
@@ -344,17 +340,15 @@ fn reload_keeps_drained_buckets_in_proportion_and_applies_new_trusted_proxies_at
 fn a_reload_that_removes_every_route_is_applied_with_a_warning() {
     let dir = Dir::new("no-routes");
     let notify = Notify::bind(&dir.0);
-    let port = free_port();
     let up = upstream();
-    let cfg = config(port, up, 1, "", "0.001");
+    let cfg = config(up, 1, "", "0.001");
     let mut door = start_logging(&dir, &notify, &cfg, None, Stdio::piped());
-    notify.until("READY=1");
+    let port = notify.ready_port();
     assert_eq!(get(port, "/l/a", None), 200);
     assert_eq!(get(port, "/l/a", None), 429);
 
-    let bare = format!(
-        "listen = [\"127.0.0.1:{port}\"]\nupstream = \"http://{up}\"\nadmin_listen = \"off\"\n"
-    );
+    let bare =
+        format!("listen = [\"127.0.0.1:0\"]\nupstream = \"http://{up}\"\nadmin_listen = \"off\"\n");
     std::fs::write(dir.0.join("door.toml"), bare).unwrap();
     door.signal("-HUP");
     notify.until("RELOADING=1");
@@ -375,11 +369,10 @@ fn a_reload_that_removes_every_route_is_applied_with_a_warning() {
 fn needs_restart_is_judged_against_the_running_configuration() {
     let dir = Dir::new("needs-restart");
     let notify = Notify::bind(&dir.0);
-    let port = free_port();
     let up = upstream();
-    let cfg = config(port, up, 20, "", "1.0");
+    let cfg = config(up, 20, "", "1.0");
     let mut door = start_logging(&dir, &notify, &cfg, None, Stdio::piped());
-    notify.until("READY=1");
+    let port = notify.ready_port();
     let moved = cfg.replace(&format!("http://{up}"), "http://127.0.0.1:9");
     for file in [&moved, &cfg, &moved] {
         std::fs::write(dir.0.join("door.toml"), file).unwrap();

@@ -4,6 +4,9 @@
 //! `door_requests_total` series for the groups and outcomes that happened; and `promtool check
 //! metrics` accepts door's exposition as it is.
 //!
+//! Every process binds port 0 and the test reads the address it got from its log, so no port is
+//! picked ahead and lost to another test running at the same time.
+//!
 //! Needs the `prometheus` package (`prometheus` and `promtool`), which `cargo xtask setup`
 //! installs as root; without them and without root, the test skips itself (`door-test: skipped`).
 //! Every process is a child killed on drop, and its temporary directory removed.
@@ -19,7 +22,7 @@
 
 use std::{
     io::{Read as _, Write as _},
-    net::{SocketAddr, TcpListener, TcpStream},
+    net::{SocketAddr, TcpStream},
     path::PathBuf,
     process::{Child, Command, Stdio},
     time::{Duration, Instant},
@@ -53,10 +56,18 @@ impl Run {
         path
     }
 
-    /// Starts `program` with `args`, its output in `DIR/NAME.log`.
+    /// Starts `program` with `args`, its output in `DIR/NAME.log`, logging at `info` (which is
+    /// where the listening addresses are), and none of the caller's `DOOR_*` settings.
     fn spawn(&mut self, name: &str, program: &std::path::Path, args: &[&str]) {
         let log = std::fs::File::create(self.dir.join(format!("{name}.log"))).unwrap();
-        let child = Command::new(program)
+        let mut command = Command::new(program);
+        for (key, _) in std::env::vars_os() {
+            if key.to_string_lossy().starts_with("DOOR_") {
+                command.env_remove(key);
+            }
+        }
+        let child = command
+            .env("RUST_LOG", "info")
             .args(args)
             .stdin(Stdio::null())
             .stdout(log.try_clone().unwrap())
@@ -64,6 +75,29 @@ impl Run {
             .spawn()
             .unwrap_or_else(|e| panic!("starting {}: {e}", program.display()));
         self.children.push((name.to_owned(), child));
+    }
+
+    /// The address child `name` logged it listens on: the first line holding `marker`, the word
+    /// in it that starts with `key` (an optional `http://` after `key` is skipped). Waits at most
+    /// [`READY`]; fails at once, with the log, if the child has exited.
+    fn logged_address(&mut self, name: &str, marker: &str, key: &str) -> SocketAddr {
+        wait_for(&format!("{name} to log its address"), || {
+            let log = self.log(name);
+            let found = log
+                .lines()
+                .filter(|l| l.contains(marker))
+                .flat_map(str::split_whitespace)
+                .find_map(|w| w.strip_prefix(key))
+                .map(|a| a.trim_start_matches("http://").parse::<SocketAddr>());
+            if let Some(addr) = found {
+                return Some(addr.unwrap_or_else(|e| panic!("{name}: {e} in its log:\n{log}")));
+            }
+            let (_, child) = self.children.iter_mut().find(|(n, _)| n == name).unwrap();
+            if let Some(status) = child.try_wait().unwrap() {
+                panic!("{name} exited ({status}) before listening:\n{log}");
+            }
+            None
+        })
     }
 
     /// The log of child `name`, for failure messages.
@@ -80,15 +114,6 @@ impl Drop for Run {
         }
         let _ = std::fs::remove_dir_all(&self.dir);
     }
-}
-
-/// A loopback port nothing listens on now.
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 /// One HTTP/1.1 GET on a fresh connection: status and body; `None` when nothing answers.
@@ -147,21 +172,19 @@ fn wait_for<T>(what: &str, mut f: impl FnMut() -> Option<T>) -> T {
 /// Starts the demo upstream and door (link: burst 3 and one token per 1000 s, so the 4th request
 /// is refused; health) on loopback; returns door's and its admin listener's addresses.
 fn start_door(run: &mut Run) -> (SocketAddr, SocketAddr) {
-    let upstream = SocketAddr::from(([127, 0, 0, 1], free_port()));
-    let door = SocketAddr::from(([127, 0, 0, 1], free_port()));
-    let admin = SocketAddr::from(([127, 0, 0, 1], free_port()));
     run.spawn(
         "upstream",
         &PathBuf::from(env!("CARGO_BIN_EXE_demo-upstream")),
-        &["--listen", &upstream.to_string()],
+        &["--listen", "127.0.0.1:0"],
     );
+    let upstream = run.logged_address("upstream", "demo upstream listening on", "http://");
     let config = run.write(
         "door.toml",
         &format!(
             r#"
-listen = ["{door}"]
+listen = ["127.0.0.1:0"]
 upstream = "http://{upstream}"
-admin_listen = "{admin}"
+admin_listen = "127.0.0.1:0"
 [xdp]
 mode = "off"
 [[route]]
@@ -182,6 +205,8 @@ burst = 3
         &door_bin().unwrap(),
         &["--config", config.to_str().unwrap()],
     );
+    let door = run.logged_address("door", "listening (", "addr=");
+    let admin = run.logged_address("door", "admin status", "at=");
     wait_for("door's admin listener", || get(admin, "/status"));
     wait_for("the upstream", || get(upstream, "/healthz"));
     (door, admin)
@@ -214,7 +239,6 @@ fn promtool_accepts(exposition: &str) {
 
 /// Starts Prometheus on loopback, scraping `admin` every second; returns its address.
 fn start_prometheus(run: &mut Run, admin: SocketAddr) -> SocketAddr {
-    let prometheus = SocketAddr::from(([127, 0, 0, 1], free_port()));
     let config = run.write(
         "prometheus.yml",
         &format!(
@@ -229,9 +253,11 @@ fn start_prometheus(run: &mut Run, admin: SocketAddr) -> SocketAddr {
         &[
             &format!("--config.file={}", config.display()),
             &format!("--storage.tsdb.path={}", data.display()),
-            &format!("--web.listen-address={prometheus}"),
+            "--web.listen-address=127.0.0.1:0",
         ],
     );
+    // The exporter toolkit's line names the bound address; the line before it says `:0`.
+    let prometheus = run.logged_address("prometheus", "msg=\"Listening on\"", "address=");
     wait_for("Prometheus to be ready", || {
         get(prometheus, "/-/ready").filter(|(s, _)| *s == 200)
     });
