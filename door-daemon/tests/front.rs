@@ -657,11 +657,11 @@ async fn upstream_timeout_is_504_and_refused_is_502_both_settled_as_server_error
     assert_eq!(d.inflight("api"), 0);
     assert_eq!(d.count("api", Outcome::ServerError), 1);
 
-    let closed = TcpListener::bind("127.0.0.1:0")
-        .await
-        .unwrap()
-        .local_addr()
-        .unwrap();
+    // A port bound but not listening: connections to it are refused, and no other test can
+    // take it while this one holds it.
+    let held = tokio::net::TcpSocket::new_v4().unwrap();
+    held.bind("127.0.0.1:0".parse().unwrap()).unwrap();
+    let closed = held.local_addr().unwrap();
     let d = door(&config(closed, "", "")).await;
     let res = h1(d.addr).await.send_request(get("/api/x")).await.unwrap();
     assert_eq!(res.status(), StatusCode::BAD_GATEWAY);

@@ -92,10 +92,11 @@ async fn top_says_what_is_wrong_with_its_admin_address() {
     assert_eq!(out.status.code(), Some(78));
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("--admin \"nonsense\""), "{stderr}");
-    // Nothing listens there: exit 1, naming the address.
-    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let addr = l.local_addr().unwrap().to_string();
-    drop(l);
+    // Nothing listens there (a port bound, not listening, held until the end): exit 1, naming
+    // the address.
+    let held = tokio::net::TcpSocket::new_v4().unwrap();
+    held.bind("127.0.0.1:0".parse().unwrap()).unwrap();
+    let addr = held.local_addr().unwrap().to_string();
     let out = door_top(&["--once", "--admin", &addr]).await;
     assert_eq!(out.status.code(), Some(1));
     let stderr = String::from_utf8_lossy(&out.stderr);
