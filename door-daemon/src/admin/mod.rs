@@ -279,17 +279,17 @@ where
         let requests = Arc::clone(&for_service);
         let source = Arc::clone(&source);
         async move {
-            requests.request_started();
+            requests.request_started(true);
             let _ended = RequestEnd(&requests);
             handle(req, source).await
         }
     });
     let io = hyper_util::rt::TokioIo::new(stream);
-    // hyper's timer closes a connection whose request head has not arrived within the timeout,
-    // from its start and after each answer; the watch bounds the rest (an answer not read).
+    // The watch closes a connection whose request head has not arrived within the timeout,
+    // from its start and after each answer, and bounds the rest (an answer not read): hyper's
+    // own header timer is off, as on the front.
     let conn = hyper::server::conn::http1::Builder::new()
-        .timer(hyper_util::rt::TokioTimer::new())
-        .header_read_timeout(HEAD_TIMEOUT)
+        .header_read_timeout(None)
         .serve_connection(io, service);
     tokio::pin!(conn);
     serve_watched(

@@ -254,13 +254,15 @@ pub struct Config {
     pub tls: Option<TlsConfig>,
     /// Time allowed for a request head (request line and header fields) to arrive, from the
     /// moment door waits for it (`header_read_timeout`; `--header-read-timeout` /
-    /// `DOOR_HEADER_READ_TIMEOUT`): every HTTP/1.1 head (hyper's timer), a TLS handshake, and a
-    /// connection's first head in either protocol, counted from the end of the TLS handshake (or
-    /// of the PROXY protocol header); the connection is closed (HTTP/2: a GOAWAY). Default 10 s.
+    /// `DOOR_HEADER_READ_TIMEOUT`): a TLS handshake, a connection's first head in either
+    /// protocol, counted from the end of the TLS handshake (or of the PROXY protocol header), and
+    /// every next HTTP/1.1 head, counted from the end of the answer before it; the connection is
+    /// closed (an HTTP/2 one, known by ALPN, gets a GOAWAY). Default 10 s.
     pub header_read_timeout: Duration,
     /// A connection with no request in flight for this long, after its first request, is closed
-    /// (`idle_timeout`; `--idle-timeout` / `DOOR_IDLE_TIMEOUT`): HTTP/2 gets a GOAWAY. Default
-    /// 60 s.
+    /// (`idle_timeout`; `--idle-timeout` / `DOOR_IDLE_TIMEOUT`): HTTP/2 gets a GOAWAY; an
+    /// HTTP/1.1 connection is closed at `header_read_timeout` already, when that is the shorter.
+    /// Default 60 s.
     pub idle_timeout: Duration,
     /// After SIGTERM, how long in-flight requests get before door exits anyway (`drain_grace`;
     /// `--drain-grace` / `DOOR_DRAIN_GRACE`). Default 10 s.

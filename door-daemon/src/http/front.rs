@@ -87,9 +87,9 @@ impl ConnInfo {
         }
     }
 
-    /// A request on this connection started.
-    pub(crate) fn request_started(&self) {
-        self.activity.request_started();
+    /// A request on this connection started; `http1` when it came over HTTP/1.x.
+    pub(crate) fn request_started(&self, http1: bool) {
+        self.activity.request_started(http1);
     }
 
     /// A request on this connection ended (its response body was sent or dropped).
@@ -102,9 +102,10 @@ impl ConnInfo {
 #[derive(Debug, Clone, Copy)]
 pub struct ConnSettings {
     /// Request head timeout: every HTTP/1.1 head, the TLS handshake, and a connection's first
-    /// head in either protocol.
+    /// head in either protocol (`http/idle.rs` counts the heads').
     pub header_read_timeout: Duration,
-    /// A connection with no request in flight for this long, after its first request, is closed.
+    /// A connection with no request in flight for this long, after its first request, is closed
+    /// (HTTP/1.1 at `header_read_timeout` when that is shorter).
     pub idle_timeout: Duration,
     /// Client connections served at once ([`Config::effective_max_connections`]).
     pub max_connections: u32,
@@ -128,9 +129,10 @@ impl ConnSettings {
 
     fn builder(self) -> auto::Builder<TokioExecutor> {
         let mut b = auto::Builder::new(TokioExecutor::new());
+        // No timer for HTTP/1.1: every head's deadline is the connection's watch's
+        // (`http/idle.rs`), one timer per connection instead of one per request head.
         b.http1()
-            .timer(TokioTimer::new())
-            .header_read_timeout(self.header_read_timeout)
+            .header_read_timeout(None)
             .max_buf_size(MAX_HEADER_BYTES);
         // hyper's own limit, the default, is 100 fields parsed into arrays on its stack; any
         // limit set, even 100, makes it build and fill two arrays of that many entries for every
@@ -588,6 +590,8 @@ async fn connection(mut stream: TcpStream, conn: Connection) {
                         proxied: proxy_protocol,
                         ..ConnInfo::new(peer, true)
                     });
+                    let h2 = tls_stream.get_ref().1.alpn_protocol() == Some(b"h2".as_slice());
+                    info.activity.negotiated(h2);
                     serve_io(tls_stream, info, app, settings, &builder, stop).await;
                 }
                 Ok(Err(e)) => tracing::debug!(%peer, error = %e, "TLS handshake failed"),

@@ -240,9 +240,10 @@ pub(crate) struct ActiveGuard {
 }
 
 impl ActiveGuard {
-    pub(crate) fn new(app: &Arc<App>, conn: &Arc<ConnInfo>) -> Self {
+    /// Counts a request (or a tunnel) on `conn`, which speaks HTTP/1.x when `http1`.
+    pub(crate) fn new(app: &Arc<App>, conn: &Arc<ConnInfo>, http1: bool) -> Self {
         app.active.count.fetch_add(1, Ordering::AcqRel);
-        conn.request_started();
+        conn.request_started(http1);
         Self {
             app: Arc::clone(app),
             conn: Arc::clone(conn),
@@ -526,7 +527,7 @@ impl App {
         conn: Arc<ConnInfo>,
         mut req: Request<Incoming>,
     ) -> impl Future<Output = Response<ResponseBody>> + Send + 'static {
-        let guard = ActiveGuard::new(&self, &conn);
+        let guard = ActiveGuard::new(&self, &conn, req.version() < Version::HTTP_2);
         async move {
             // Decided when the request starts, like the health answer, so that a response to a
             // request that began before the drain never closes the connection under its client.
@@ -975,7 +976,8 @@ impl App {
         let answer = upgrade.client_response(res.headers());
         let open = permit.as_ref().map(|p| p.metrics().stream_opened());
         // In flight until it closes: the drain waits for it within its grace period.
-        let active = ActiveGuard::new(self, conn);
+        let http1 = matches!(upgrade, Upgrade::Http1 { .. });
+        let active = ActiveGuard::new(self, conn, http1);
         let conn = Arc::clone(conn);
         let clock = Arc::clone(&self.clock);
         let idle = self.stream_idle_timeout;
