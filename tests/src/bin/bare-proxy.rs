@@ -4,9 +4,10 @@
 //! What it shares with door: one `current_thread` tokio runtime per worker thread, one accept
 //! loop handing each connection to the next worker in turn (here on a runtime of its own; door's
 //! runs on its control plane's); hyper-util's `auto` server (HTTP/1.1 and h2c by prior knowledge,
-//! upgrades on) with door's connection settings (hyper's Tokio timer and the default header read
-//! timeout, a 64 KiB read buffer and HTTP/2 header list, 250 concurrent HTTP/2 streams, extended
-//! CONNECT); one hyper-util pooled client per worker on door's upstream connector (`TCP_NODELAY`,
+//! upgrades on) with door's connection settings (a 64 KiB read buffer and HTTP/2 header list, 250
+//! concurrent HTTP/2 streams, extended CONNECT) and door's header read timeout, here kept by
+//! hyper's own timer on every HTTP/1.1 head (door counts it in its connection watch, which this
+//! proxy has not); one hyper-util pooled client per worker on door's upstream connector (`TCP_NODELAY`,
 //! no per-response `HttpInfo`), every idle connection kept, door's idle timeout. The constants are
 //! door's own.
 //!
