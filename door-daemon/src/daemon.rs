@@ -170,11 +170,11 @@ pub async fn run(
         "HTTP/1.1 and h2c"
     };
     let mut bound = Vec::with_capacity(listeners.len());
-    for (l, proxy_protocol) in listeners {
-        if let Ok(addr) = l.local_addr() {
-            tracing::info!(%addr, upstream = %config.upstream, proxy_protocol, "listening ({proto})");
-            bound.push(addr.to_string());
-        }
+    for ((l, proxy_protocol), configured) in listeners.into_iter().zip(&config.listen) {
+        // The address bound (a configured port 0 is the one the kernel chose).
+        let addr = l.local_addr().unwrap_or(*configured);
+        tracing::info!(%addr, upstream = %config.upstream, proxy_protocol, "listening ({proto})");
+        bound.push(addr.to_string());
         front.serve(l, proxy_protocol);
     }
     let admin_task = admin.map(|l| {
@@ -192,19 +192,22 @@ pub async fn run(
         tokio::spawn(crate::admin::serve(l, source))
     });
 
-    let xdp_state = match &shield {
-        Some(s) => match lock(s).attached() {
-            Some((interface, mode)) => format!("XDP on {interface} ({mode})"),
-            None => "XDP not attached".to_owned(),
-        },
-        None => "XDP off".to_owned(),
-    };
     let signals = Signals::install();
+    let status = status_line(&bound, shield.as_ref());
     notify(&[
         sd_notify::NotifyState::Ready,
-        sd_notify::NotifyState::Status(&format!("serving on {}; {xdp_state}", bound.join(", "))),
+        sd_notify::NotifyState::Status(&status),
     ]);
-    serve_until_term(&front, &app, shield.as_ref(), &config, &reload, signals).await;
+    serve_until_term(
+        &front,
+        &app,
+        shield.as_ref(),
+        &config,
+        &reload,
+        signals,
+        &status,
+    )
+    .await;
 
     notify(&[
         sd_notify::NotifyState::Stopping,
@@ -228,6 +231,19 @@ pub async fn run(
         tracing::info!("XDP flood shield detached");
     }
     Ok(())
+}
+
+/// The `STATUS=` door sends with `READY=1`, which `systemctl status` shows: the request
+/// listeners' bound addresses and the XDP state (`serving on 127.0.0.1:8443; XDP off`).
+fn status_line(bound: &[String], shield: Option<&Arc<Mutex<Shield>>>) -> String {
+    let xdp_state = match shield {
+        Some(s) => match lock(s).attached() {
+            Some((interface, mode)) => format!("XDP on {interface} ({mode})"),
+            None => "XDP not attached".to_owned(),
+        },
+        None => "XDP off".to_owned(),
+    };
+    format!("serving on {}; {xdp_state}", bound.join(", "))
 }
 
 /// The blocklist of `POST /blocks` and its kin: `shield`'s (none without one), and in cluster
@@ -354,6 +370,7 @@ impl Signals {
 /// Serves until SIGTERM or SIGINT, reloading on SIGHUP and pinging the watchdog. `started` is
 /// the configuration door started with: what a reload says needs a restart is what differs from
 /// it (the settings read only at start keep its values until then), not from the last reload.
+/// `status` is the start-up `STATUS=`, sent again after each reload with how it went.
 async fn serve_until_term(
     front: &Front,
     app: &App,
@@ -361,6 +378,7 @@ async fn serve_until_term(
     started: &Config,
     reload: &Reloader,
     signals: std::io::Result<Signals>,
+    status: &str,
 ) {
     let mut signals = match signals {
         Ok(signals) => signals,
@@ -381,7 +399,7 @@ async fn serve_until_term(
             _ = signals.int.recv() => return,
             _ = signals.hup.recv() => {
                 notify(&[sd_notify::NotifyState::Reloading]);
-                match reload() {
+                let outcome = match reload() {
                     Ok(new) => {
                         if new.routes.is_empty() && routes > 0 {
                             // An emptied or truncated file is a valid configuration of defaults.
@@ -399,10 +417,17 @@ async fn serve_until_term(
                             tracing::warn!(needs_restart = ?restart, "configuration reloaded; these settings only change on restart");
                         }
                         routes = new.routes.len();
+                        "reloaded"
                     }
-                    Err(e) => tracing::error!(error = %e, "reload refused: invalid configuration, keeping the running one"),
-                }
-                notify(&[sd_notify::NotifyState::Ready, sd_notify::NotifyState::Status("serving (reloaded)")]);
+                    Err(e) => {
+                        tracing::error!(error = %e, "reload refused: invalid configuration, keeping the running one");
+                        "reload refused, the running configuration kept"
+                    }
+                };
+                notify(&[
+                    sd_notify::NotifyState::Ready,
+                    sd_notify::NotifyState::Status(&format!("{status}; {outcome}")),
+                ]);
             }
             _ = tick.tick(), if watchdog => {
                 if front.accepting() {

@@ -71,67 +71,116 @@ fn redis_or_skip() -> bool {
     found
 }
 
-/// A redis-server on 127.0.0.1:`port`, killed on drop.
-struct Redis(Child);
+/// A loopback port held for a whole test: bound with `SO_REUSEADDR` and never listening. No
+/// port-0 bind (another test's listener or connection) is given it meanwhile, and Redis, which
+/// sets `SO_REUSEADDR` too, binds and listens on it, again after a restart.
+struct HeldPort {
+    port: u16,
+    _socket: tokio::net::TcpSocket,
+}
+
+impl HeldPort {
+    fn new() -> Self {
+        let socket = tokio::net::TcpSocket::new_v4().unwrap();
+        socket.set_reuseaddr(true).unwrap();
+        socket.bind(SocketAddr::from(([127, 0, 0, 1], 0))).unwrap();
+        let port = socket.local_addr().unwrap().port();
+        Self {
+            port,
+            _socket: socket,
+        }
+    }
+}
+
+/// How a started redis-server shows it is ready.
+#[derive(Clone, Copy)]
+enum Ready {
+    /// It answers `PING` with `+PONG`.
+    Pong,
+    /// It accepts a TCP connection (a TLS-only server, which a plain `PING` cannot reach).
+    Accepts,
+}
+
+/// A redis-server on a loopback port, killed on drop; its output in a file, shown when it fails.
+struct Redis {
+    child: Child,
+    log: std::path::PathBuf,
+}
 
 impl Redis {
-    /// Starts `redis-server` on a loopback port it is free to take: the process and the port.
-    /// A port is picked by binding port 0 and releasing it, so another test can take it before
-    /// Redis binds it; then Redis exits, and another port is tried (five at most).
-    async fn start() -> (Self, u16) {
-        for _ in 0..5 {
-            let port = loopback_port();
-            if let Some(redis) = Self::start_on(port).await {
-                return (redis, port);
-            }
-        }
-        panic!("redis-server found no free loopback port in five tries");
+    /// Starts `redis-server` on a [`HeldPort`] of its own: the server, and the port, held as
+    /// long as the returned [`HeldPort`] lives (kept for a restart with [`Redis::start_on`]).
+    async fn start() -> (Self, HeldPort) {
+        let held = HeldPort::new();
+        (Self::start_on(held.port).await, held)
     }
 
-    /// Starts `redis-server` on loopback `port`: `None` if it exits (the port is taken), the
-    /// process once it answers `PING` with `+PONG` (5 s at most).
-    async fn start_on(port: u16) -> Option<Self> {
-        let mut child = Command::new("redis-server")
-            .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
-            .args(["--save", "", "--appendonly", "no"])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
+    /// Starts `redis-server` on loopback `port` (a [`HeldPort`]'s).
+    async fn start_on(port: u16) -> Self {
+        Self::launch(
+            &["--port".into(), port.to_string().into()],
+            port,
+            Ready::Pong,
+        )
+        .await
+    }
+
+    /// Starts `redis-server` with `args` (its port among them) and no persistence; waits (5 s at
+    /// most) until it is `ready` on `port`. Fails the test with Redis's own output if it exits
+    /// first (a port taken, a build without TLS) or is not ready in time.
+    async fn launch(args: &[std::ffi::OsString], port: u16, ready: Ready) -> Self {
+        static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let log =
+            std::env::temp_dir().join(format!("door-redis-{}-{port}-{n}.log", std::process::id()));
+        let out = std::fs::File::create(&log).unwrap();
+        let child = Command::new("redis-server")
+            .args(args)
+            .args(["--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
+            .stdout(out.try_clone().unwrap())
+            .stderr(out)
             .spawn()
             .unwrap();
+        // Killed on drop from here on, whichever way this ends.
+        let mut redis = Self { child, log };
         let deadline = door_daemon::time::now() + Duration::from_secs(5);
-        while !pong(port).await {
-            if child.try_wait().unwrap().is_some() {
-                return None;
+        loop {
+            let up = match ready {
+                Ready::Pong => pong(port).await,
+                Ready::Accepts => TcpStream::connect(("127.0.0.1", port)).await.is_ok(),
+            };
+            if up {
+                return redis;
+            }
+            if let Some(status) = redis.child.try_wait().unwrap() {
+                panic!("redis-server exited ({status}):\n{}", redis.output());
             }
             assert!(
                 door_daemon::time::now() < deadline,
-                "redis-server did not answer PING on port {port} within 5 s"
+                "redis-server was not ready on port {port} within 5 s:\n{}",
+                redis.output()
             );
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
-        Some(Self(child))
     }
 
-    fn kill(mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
+    /// What redis-server printed so far.
+    fn output(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// Stops the server now, as dropping it does.
+    fn kill(self) {
+        drop(self);
     }
 }
 
 impl Drop for Redis {
     fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_file(&self.log);
     }
-}
-
-/// A loopback port nothing listened on a moment ago (bound, then released).
-fn loopback_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 /// Whether a Redis server on loopback `port` answers `PING` with `+PONG` (one second at most).
@@ -375,7 +424,8 @@ async fn a_client_spread_over_three_doors_gets_one_budget_whatever_their_clocks(
     if !redis_or_skip() {
         return;
     }
-    let (_redis, port) = Redis::start().await;
+    let (_redis, held) = Redis::start().await;
+    let port = held.port;
     let cfg = config(upstream().await, port);
     // The third door's clock is 7 s ahead of the others': only the store's clock counts.
     let doors = synced_doors(&cfg, [0, 0, 7]).await;
@@ -430,7 +480,8 @@ async fn without_the_store_doors_serve_at_rate_over_n_and_resync_when_it_returns
     if !redis_or_skip() {
         return;
     }
-    let (redis, port) = Redis::start().await;
+    let (redis, held) = Redis::start().await;
+    let port = held.port;
     let cfg = config(upstream().await, port);
     let doors = synced_doors(&cfg, [0, 0, 0]).await;
 
@@ -464,9 +515,7 @@ async fn without_the_store_doors_serve_at_rate_over_n_and_resync_when_it_returns
         assert_eq!(d.cluster.status().snapshot().state, State::Degraded);
     }
 
-    let _redis = Redis::start_on(port)
-        .await
-        .expect("redis-server could not take its port back");
+    let _redis = Redis::start_on(port).await;
     assert!(
         all_reach(&doors, State::Synced, Duration::from_secs(5)).await,
         "the doors did not sync again"
@@ -557,7 +606,8 @@ async fn an_escalation_on_one_door_reaches_the_others_with_its_deadline_and_expi
     if !redis_or_skip() {
         return;
     }
-    let (_redis, port) = Redis::start().await;
+    let (_redis, held) = Redis::start().await;
+    let port = held.port;
     let cfg = config(upstream().await, port);
     let clock_a: Arc<dyn Clock> = Arc::new(Offset(MonotonicClock::new(), 0));
     // Door B's clock is 7 s ahead: deadlines cross the wire as lifetimes, in the store's clock.
@@ -691,7 +741,8 @@ async fn a_block_the_operator_posts_on_one_door_reaches_the_others_but_an_unbloc
     if !redis_or_skip() {
         return;
     }
-    let (_redis, port) = Redis::start().await;
+    let (_redis, held) = Redis::start().await;
+    let port = held.port;
     let cfg = config(upstream().await, port);
     let clock: Arc<dyn Clock> = Arc::new(MonotonicClock::new());
     let (a, shared_a, shield_a) = door_with_shield(&cfg, Arc::clone(&clock), "door-a").await;
@@ -753,52 +804,24 @@ fn test_ca(dir: &std::path::Path) -> (std::path::PathBuf, std::path::PathBuf, st
     paths
 }
 
-/// A redis-server that listens only for TLS on 127.0.0.1:`port` with `cert` and `key`, killed on
-/// drop. Fails the test with redis-server's own words if it exits (a build without TLS says
-/// so) or does not accept connections within 5 s.
-/// Starts `redis-server` serving TLS only, on a loopback port picked as [`Redis::start`] does
-/// (five tries): the process and the port.
-async fn start_tls_redis(cert: &std::path::Path, key: &std::path::Path) -> (Redis, u16) {
-    let mut exits = Vec::new();
-    for _ in 0..5 {
-        let port = loopback_port();
-        let mut child = Command::new("redis-server")
-            .args(["--port", "0", "--tls-port", &port.to_string()])
-            .args(["--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
-            .arg("--tls-cert-file")
-            .arg(cert)
-            .arg("--tls-key-file")
-            .arg(key)
-            .args(["--tls-auth-clients", "no"])
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let deadline = door_daemon::time::now() + Duration::from_secs(5);
-        loop {
-            if let Some(status) = child.try_wait().unwrap() {
-                let out = child.wait_with_output().unwrap();
-                exits.push(format!(
-                    "port {port}: {status}\n{}{}",
-                    String::from_utf8_lossy(&out.stdout),
-                    String::from_utf8_lossy(&out.stderr)
-                ));
-                break;
-            }
-            if TcpStream::connect(("127.0.0.1", port)).await.is_ok() {
-                return (Redis(child), port);
-            }
-            assert!(
-                door_daemon::time::now() < deadline,
-                "redis-server with --tls-port did not listen within 5 s"
-            );
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    }
-    panic!(
-        "redis-server with --tls-port exited five times (a port taken, or no TLS in this build?):\n{}",
-        exits.join("\n")
-    );
+/// A redis-server that listens only for TLS, with `cert` and `key`, on a [`HeldPort`] of its own;
+/// killed on drop. Fails the test with redis-server's own words if it exits (a build without TLS
+/// says so) or does not accept connections within 5 s.
+async fn start_tls_redis(cert: &std::path::Path, key: &std::path::Path) -> (Redis, HeldPort) {
+    let held = HeldPort::new();
+    let args = [
+        "--port".into(),
+        "0".into(),
+        "--tls-port".into(),
+        held.port.to_string().into(),
+        "--tls-cert-file".into(),
+        cert.as_os_str().to_owned(),
+        "--tls-key-file".into(),
+        key.as_os_str().to_owned(),
+        "--tls-auth-clients".into(),
+        "no".into(),
+    ];
+    (Redis::launch(&args, held.port, Ready::Accepts).await, held)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -813,7 +836,8 @@ async fn doors_sync_over_rediss_verifying_the_store_against_the_configured_ca() 
     let other_dir = dir.join("other");
     std::fs::create_dir_all(&other_dir).unwrap();
     let (other_ca, _, _) = test_ca(&other_dir);
-    let (_redis, port) = start_tls_redis(&cert, &key).await;
+    let (_redis, held) = start_tls_redis(&cert, &key).await;
+    let port = held.port;
     let up = upstream().await;
     let tls_config = |ca: &std::path::Path| {
         let mut cfg = config(up, port);
@@ -882,7 +906,8 @@ async fn blocks_made_while_the_store_is_gone_are_shared_when_it_returns_empty() 
     if !redis_or_skip() {
         return;
     }
-    let (redis, port) = Redis::start().await;
+    let (redis, held) = Redis::start().await;
+    let port = held.port;
     let cfg = config(upstream().await, port);
     let clock_a: Arc<dyn Clock> = Arc::new(MonotonicClock::new());
     let (a, shared_a, _) = door_with_shield(&cfg, Arc::clone(&clock_a), "door-a").await;
@@ -918,9 +943,7 @@ async fn blocks_made_while_the_store_is_gone_are_shared_when_it_returns_empty() 
     );
     let second = PrefixKey::from_ip("198.51.100.21".parse().unwrap());
     assert!(escalator.on_rejection(second, KeySource::Peer));
-    let _redis = Redis::start_on(port)
-        .await
-        .expect("redis-server could not take its port back");
+    let _redis = Redis::start_on(port).await;
     let left = shield_b
         .wait_for(second, Duration::from_secs(5))
         .await

@@ -183,7 +183,7 @@ async fn sigterm_drains_in_flight_requests_then_exits_0_and_exports_metrics() {
     started_rx.recv().await.unwrap();
 
     let killed = Command::new("kill")
-        .args(["-TERM", &door.id().to_string()])
+        .args(["-TERM", &door.child.id().to_string()])
         .status()
         .unwrap();
     assert!(killed.success());
@@ -217,8 +217,9 @@ async fn sigterm_drains_in_flight_requests_then_exits_0_and_exports_metrics() {
     }
     assert!(refused, "door still accepts connections while draining");
     assert!(
-        door.try_wait().unwrap().is_none(),
-        "door exited with a request in flight"
+        door.child.try_wait().unwrap().is_none(),
+        "door exited with a request in flight:\n{}",
+        door.log()
     );
 
     // The in-flight request completes, then door exits 0.
@@ -228,14 +229,19 @@ async fn sigterm_drains_in_flight_requests_then_exits_0_and_exports_metrics() {
     assert_eq!(&body[..], b"slow done");
     let mut exit = None;
     for _ in 0..500 {
-        if let Some(s) = door.try_wait().unwrap() {
+        if let Some(s) = door.child.try_wait().unwrap() {
             exit = Some(s);
             break;
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    let exit = exit.expect("door did not exit after its in-flight request ended");
-    assert_eq!(exit.code(), Some(0));
+    let exit = exit.unwrap_or_else(|| {
+        panic!(
+            "door did not exit after its in-flight request ended:\n{}",
+            door.log()
+        )
+    });
+    assert_eq!(exit.code(), Some(0), "{}", door.log());
 
     check_exported(&points, healthy);
     std::fs::remove_dir_all(&dir).unwrap();
@@ -261,6 +267,26 @@ fn check_exported(points: &Points, healthy: u64) {
     assert_eq!(value("link", "ok"), Some(1), "{points:?}");
 }
 
+/// The `door` process, killed on drop if still running, and its log.
+struct DoorProcess {
+    child: std::process::Child,
+    log: std::path::PathBuf,
+}
+
+impl DoorProcess {
+    /// What door has logged so far, for failure messages.
+    fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+}
+
+impl Drop for DoorProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
 /// Starts the `door` binary, its listener and admin listener on `127.0.0.1:0`, in front of
 /// `upstream`, exporting to `otlp` through the standard variable only; waits (20 s at most) until
 /// its log, `DIR/door.log`, names the addresses it got: the process and those two addresses.
@@ -269,7 +295,7 @@ async fn spawn_door(
     dir: &std::path::Path,
     upstream: SocketAddr,
     otlp: SocketAddr,
-) -> (std::process::Child, SocketAddr, SocketAddr) {
+) -> (DoorProcess, SocketAddr, SocketAddr) {
     let config = dir.join("door.toml");
     std::fs::write(
         &config,
@@ -293,28 +319,34 @@ async fn spawn_door(
         .env("RUST_LOG", "info")
         .stdin(Stdio::null())
         .stderr(log);
-    let mut door = cmd.spawn().unwrap();
+    let mut door = DoorProcess {
+        child: cmd.spawn().unwrap(),
+        log: log_path,
+    };
     for _ in 0..800 {
-        let text = std::fs::read_to_string(&log_path).unwrap_or_default();
+        let text = door.log();
         let listen = logged_address(&text, "listening (", "addr=");
         let admin = logged_address(&text, "admin status", "at=http://");
         if let (Some(listen), Some(admin)) = (listen, admin) {
             return (door, listen, admin);
         }
-        if let Some(status) = door.try_wait().unwrap() {
+        if let Some(status) = door.child.try_wait().unwrap() {
             panic!("door exited ({status}) before listening:\n{text}");
         }
         tokio::time::sleep(Duration::from_millis(25)).await;
     }
     panic!(
         "door did not log its addresses within 20 s:\n{}",
-        std::fs::read_to_string(&log_path).unwrap_or_default()
+        door.log()
     );
 }
 
-/// In `log`, the address after `key` in the first line holding `marker`.
+/// In `log`, the address after `key` in the first complete line (one a newline ends: a line
+/// still being written could end inside the address) holding `marker`.
 fn logged_address(log: &str, marker: &str, key: &str) -> Option<SocketAddr> {
-    log.lines()
+    let complete = log.rsplit_once('\n').map_or("", |(done, _)| done);
+    complete
+        .lines()
         .filter(|l| l.contains(marker))
         .flat_map(str::split_whitespace)
         .find_map(|w| w.strip_prefix(key)?.parse().ok())

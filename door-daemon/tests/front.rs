@@ -309,13 +309,10 @@ async fn a_bad_key_pair_fails_start_up_before_binding_naming_the_file() {
     let wrong = dir.join("wrong-key.pem");
     std::fs::write(&wrong, other.serialize_pem()).unwrap();
     let missing = dir.join("missing.pem");
-    // Port to prove nothing was bound: take one, free it, give it to door.
-    let port = TcpListener::bind("127.0.0.1:0")
-        .await
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    // A port this test listens on, given to door: had door bound its listeners before loading
+    // the pair, it would fail with the port in use instead of naming the key file.
+    let taken = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = taken.local_addr().unwrap().port();
     for (key, needle) in [(&missing, "missing.pem"), (&wrong, "wrong-key.pem")] {
         let mut cfg = config(
             "127.0.0.1:9".parse().unwrap(),
@@ -331,8 +328,6 @@ async fn a_bad_key_pair_fails_start_up_before_binding_naming_the_file() {
             .to_string();
         assert!(e.contains(needle), "{e}");
         assert!(e.starts_with("tls.key"), "{e}");
-        // The port is still free.
-        drop(TcpListener::bind(("127.0.0.1", port)).await.unwrap());
     }
     let cfg = config(
         "127.0.0.1:9".parse().unwrap(),

@@ -259,9 +259,10 @@ fn ready_only_once_listening_then_watchdog_reloading_and_stopping() {
     );
 
     let before_ready = notify.until("READY=1");
-    let status = before_ready.last().unwrap();
-    assert!(status.contains("; XDP off"), "{before_ready:?}");
-    let port = serving_port(status);
+    let ready = before_ready.last().unwrap();
+    let port = serving_port(ready);
+    let status = format!("STATUS=serving on 127.0.0.1:{port}; XDP off");
+    assert!(ready.lines().any(|l| l == status), "{before_ready:?}");
     // READY=1 came after the listener was bound: connecting now works at once.
     assert_eq!(get(port, "/l/x", None), 200);
     // The watchdog is pinged from the serving loop (every WATCHDOG_USEC / 2).
@@ -270,7 +271,12 @@ fn ready_only_once_listening_then_watchdog_reloading_and_stopping() {
 
     door.signal("-HUP");
     notify.until("RELOADING=1");
-    notify.until("READY=1");
+    let reloaded = notify.until("READY=1");
+    let after = format!("{status}; reloaded");
+    assert!(
+        reloaded.last().unwrap().lines().any(|l| l == after),
+        "{reloaded:?}"
+    );
 
     door.signal("-TERM");
     notify.until("STOPPING=1");

@@ -113,3 +113,15 @@ fn mark_skipped(suite: &str) {
         let _ = out.write_all(line.as_bytes()).and_then(|()| out.flush());
     }
 }
+
+/// Readies `command`, which starts door or a program beside it, for a test: logging at
+/// `RUST_LOG=info` (where door says which addresses it listens on) and none of the caller's
+/// `DOOR_*` settings, whatever the environment the tests run in holds.
+pub fn test_environment(command: &mut std::process::Command) -> &mut std::process::Command {
+    for (key, _) in std::env::vars_os() {
+        if key.to_string_lossy().starts_with("DOOR_") {
+            command.env_remove(key);
+        }
+    }
+    command.env("RUST_LOG", "info")
+}

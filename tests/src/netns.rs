@@ -216,7 +216,9 @@ impl Topology {
     }
 
     /// Starts `program args` in `ns`, kept until the topology drops, and waits (at most
-    /// `deadline`) for a line of its stdout or stderr containing `ready`.
+    /// `deadline`) for a line of its stdout or stderr containing `ready`. The program logs at
+    /// `RUST_LOG=info` (where door says it listens) and sees none of the caller's `DOOR_*`
+    /// settings, whatever the caller's environment holds.
     ///
     /// # Errors
     /// When it cannot start, exits, or does not print `ready` in time (its output is included).
@@ -228,7 +230,7 @@ impl Topology {
         ready: &str,
         deadline: Duration,
     ) -> Result<()> {
-        let mut child = Self::command(ns, program)
+        let mut child = crate::test_environment(&mut Self::command(ns, program))
             .args(args)
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())

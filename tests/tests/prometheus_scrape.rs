@@ -28,7 +28,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use door_tests::{netns::door_bin, tools_or_skip};
+use door_tests::{netns::door_bin, test_environment, tools_or_skip};
 
 /// How long a started process gets to answer, and Prometheus to show the series.
 const READY: Duration = Duration::from_mins(1);
@@ -60,14 +60,7 @@ impl Run {
     /// where the listening addresses are), and none of the caller's `DOOR_*` settings.
     fn spawn(&mut self, name: &str, program: &std::path::Path, args: &[&str]) {
         let log = std::fs::File::create(self.dir.join(format!("{name}.log"))).unwrap();
-        let mut command = Command::new(program);
-        for (key, _) in std::env::vars_os() {
-            if key.to_string_lossy().starts_with("DOOR_") {
-                command.env_remove(key);
-            }
-        }
-        let child = command
-            .env("RUST_LOG", "info")
+        let child = test_environment(&mut Command::new(program))
             .args(args)
             .stdin(Stdio::null())
             .stdout(log.try_clone().unwrap())
@@ -77,13 +70,15 @@ impl Run {
         self.children.push((name.to_owned(), child));
     }
 
-    /// The address child `name` logged it listens on: the first line holding `marker`, the word
+    /// The address child `name` logged it listens on: the first complete line (one a newline
+    /// ends: a line still being written could end inside the address) holding `marker`, the word
     /// in it that starts with `key` (an optional `http://` after `key` is skipped). Waits at most
     /// [`READY`]; fails at once, with the log, if the child has exited.
     fn logged_address(&mut self, name: &str, marker: &str, key: &str) -> SocketAddr {
         wait_for(&format!("{name} to log its address"), || {
             let log = self.log(name);
-            let found = log
+            let complete = log.rsplit_once('\n').map_or("", |(done, _)| done);
+            let found = complete
                 .lines()
                 .filter(|l| l.contains(marker))
                 .flat_map(str::split_whitespace)
@@ -92,12 +87,17 @@ impl Run {
             if let Some(addr) = found {
                 return Some(addr.unwrap_or_else(|e| panic!("{name}: {e} in its log:\n{log}")));
             }
-            let (_, child) = self.children.iter_mut().find(|(n, _)| n == name).unwrap();
-            if let Some(status) = child.try_wait().unwrap() {
-                panic!("{name} exited ({status}) before listening:\n{log}");
-            }
+            self.fail_if_exited(name, "before listening");
             None
         })
+    }
+
+    /// Fails the test, with child `name`'s log, if it has exited.
+    fn fail_if_exited(&mut self, name: &str, when: &str) {
+        let (_, child) = self.children.iter_mut().find(|(n, _)| n == name).unwrap();
+        if let Some(status) = child.try_wait().unwrap() {
+            panic!("{name} exited ({status}) {when}:\n{}", self.log(name));
+        }
     }
 
     /// The log of child `name`, for failure messages.
@@ -259,6 +259,7 @@ fn start_prometheus(run: &mut Run, admin: SocketAddr) -> SocketAddr {
     // The exporter toolkit's line names the bound address; the line before it says `:0`.
     let prometheus = run.logged_address("prometheus", "msg=\"Listening on\"", "address=");
     wait_for("Prometheus to be ready", || {
+        run.fail_if_exited("prometheus", "before it was ready");
         get(prometheus, "/-/ready").filter(|(s, _)| *s == 200)
     });
     prometheus
@@ -290,15 +291,20 @@ fn prometheus_scrapes_door_and_promtool_accepts_its_exposition() {
     }
     let mut run = Run::new();
     let (door, admin) = start_door(&mut run);
+    // A request that gets no answer fails the test with door's log.
+    let answer = |addr: SocketAddr, target: &str| {
+        get(addr, target)
+            .unwrap_or_else(|| panic!("no answer to {target} at {addr}:\n{}", run.log("door")))
+    };
     let mut statuses = Vec::new();
     for _ in 0..5 {
-        statuses.push(get(door, "/l/session/abc").unwrap().0);
+        statuses.push(answer(door, "/l/session/abc").0);
     }
     assert_eq!(statuses, [200, 200, 200, 429, 429], "{}", run.log("door"));
-    assert_eq!(get(door, "/l/session/x?status=404").unwrap().0, 429);
-    assert_eq!(get(door, "/healthz").unwrap().0, 200);
+    assert_eq!(answer(door, "/l/session/x?status=404").0, 429);
+    assert_eq!(answer(door, "/healthz").0, 200);
 
-    let (status, exposition) = get(admin, "/metrics").unwrap();
+    let (status, exposition) = answer(admin, "/metrics");
     assert_eq!(status, 200, "{exposition}");
     promtool_accepts(&exposition);
 
