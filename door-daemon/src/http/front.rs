@@ -102,7 +102,7 @@ impl ConnInfo {
 #[derive(Debug, Clone, Copy)]
 pub struct ConnSettings {
     /// Request head timeout: every HTTP/1.1 head, the TLS handshake, and a connection's first
-    /// head in either protocol (`http/idle.rs` counts the heads').
+    /// head in either protocol (all counted by the connection's watch, `http/idle.rs`).
     pub header_read_timeout: Duration,
     /// A connection with no request in flight for this long, after its first request, is closed
     /// (HTTP/1.1 at `header_read_timeout` when that is shorter).

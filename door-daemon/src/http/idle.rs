@@ -48,7 +48,7 @@ pub(crate) struct Activity {
     /// (from ALPN, else from its first request). Between requests HTTP/1.x awaits a head, due
     /// within the header read timeout; HTTP/2 awaits nothing between its streams.
     protocol: AtomicU8,
-    /// Nanoseconds after `origin` of the last request start or end.
+    /// Nanoseconds after `origin` of the last request end.
     last_ns: AtomicU64,
 }
 
@@ -100,14 +100,17 @@ impl Activity {
     /// part of a head, holds a connection slot no longer than a slow head would), and after the
     /// last request ended on HTTP/1.x (its next head is as due); `idle` after the last request
     /// ended on HTTP/2.
+    ///
     /// Before the first request the deadline is [`Deadline::drop`] unless the connection is known
     /// to speak HTTP/2.
     pub(crate) fn idle_deadline(&self, idle: Duration, header: Duration) -> Option<Deadline> {
         if self.active.load(Ordering::Acquire) > 0 {
             return None;
         }
+        // `started` first: once it reads true, the first request's protocol is visible.
+        let started = self.started.load(Ordering::Acquire);
         let protocol = self.protocol.load(Ordering::Relaxed);
-        if !self.started.load(Ordering::Acquire) {
+        if !started {
             return Some(Deadline {
                 at: self.origin + header.min(idle),
                 drop: protocol != HTTP2,
