@@ -605,9 +605,9 @@ impl App {
                 match self.admit_plane(&policy, credential, &req, decision.key, &mut job) {
                     Ok(plane) => plane,
                     Err(r) => {
-                        return self
-                            .plane_refused(limited, *r, req, job.origin, decision.key)
-                            .await;
+                        let refused =
+                            self.plane_refused(limited, *r, req, job.origin, decision.key);
+                        return Box::pin(refused).await;
                     }
                 }
             }
@@ -651,7 +651,7 @@ impl App {
                 }
                 Self::escalate(conn, &policy, &decision, &rejection);
                 if limited.health {
-                    self.cached_health(limited, req, job.origin).await
+                    Box::pin(self.cached_health(limited, req, job.origin)).await
                 } else {
                     settle::refused(&limited.metrics, &rejection);
                     answer::rejected(limited.limiter.group(), &rejection)
@@ -727,6 +727,10 @@ impl App {
     /// The answer to a request its plane refused: the plane's 429, counted on the plane, except
     /// for a probe of the health group, which is never refused (docs/design.md, "Cached health")
     /// and gets the cached status, counted as `cached`, as one its group refuses.
+    ///
+    /// Its future is boxed by its caller, as [`Self::cached_health`]'s: they are rarely taken,
+    /// and in place they would size every request's future (docs/decisions.md, "A request's
+    /// future on the heap…").
     async fn plane_refused(
         &self,
         limited: Option<&Limited>,
@@ -810,14 +814,17 @@ impl App {
     ///
     /// The call runs inside this request's future: a client that goes away (connection closed or
     /// reset, HTTP/2 RST_STREAM) drops it, which aborts the upstream call and drops the permit
-    /// unsettled, settling it as abandoned (docs/design.md, "Limits").
-    async fn forward(
-        self: &Arc<Self>,
-        conn: &Arc<ConnInfo>,
-        policy: &Policy,
+    /// unsettled, settling it as abandoned (docs/design.md, "Limits"). The request is rewritten
+    /// and handed to the pooled client when this is called (from the request's future); the
+    /// returned future holds the call, the permit and what the answer needs, not the request
+    /// (docs/decisions.md, "A request's future on the heap…").
+    fn forward<'a>(
+        self: &'a Arc<Self>,
+        conn: &'a Arc<ConnInfo>,
+        policy: &'a Policy,
         mut req: Request<Incoming>,
-        job: Job<'_>,
-    ) -> Response<ResponseBody> {
+        job: Job<'a>,
+    ) -> impl Future<Output = Response<ResponseBody>> + Send + use<'a> {
         let Job {
             origin,
             upgrade,
@@ -841,106 +848,115 @@ impl App {
             .map(|a| a.limited.read_timeout);
         let (body, events) = UpstreamBody::new(body, deadline);
         let up = Request::from_parts(parts, body);
-        let result = self
-            .call(up, origin, events, upgrade.as_ref(), !stream_route)
-            .await;
-        let (permit, read_timeout) = match admitted {
-            Some(a) => (Some(a.permit), Some(a.limited.read_timeout)),
-            None => (plane, None),
-        };
-        let res = match result {
-            Ok(res) => res,
-            Err(f) => {
-                if let Some(permit) = permit {
-                    permit.settle(match f {
-                        Failure::BodyTimeout => End::BodyTimeout,
-                        Failure::ClientGone => End::Abandoned,
-                        _ => End::Unanswered,
-                    });
-                }
-                let res = answer::failure_response(&f);
-                if feeds_cache && !matches!(f, Failure::BodyTimeout | Failure::ClientGone) {
-                    self.health.record(res.status());
-                }
-                return res;
-            }
-        };
-        let status = res.status();
-        if let Some(credential) = credential {
-            self.sessions.learn(credential, status);
-        }
-        if status == StatusCode::SWITCHING_PROTOCOLS {
-            return self.switch(conn, &method, upgrade, on_client, res, permit);
-        }
-        if let Some(Err(e)) = upgrade.as_ref().map(|u| u.check_refusal(status)) {
-            if let Some(permit) = permit {
-                permit.settle(End::Unanswered);
-            }
-            return answer::failure_response(&Failure::Protocol(e));
-        }
-        if feeds_cache {
-            self.health.record(status);
-        }
-        if stream_route || is_event_stream(res.headers()) {
-            let admitted_in_group = read_timeout.is_some();
-            let permit = match stream_permit(policy, permit, admitted_in_group, sse_key) {
-                Ok(permit) => permit,
-                Err(refused) => return *refused,
+        // Handed to the upstream now: the future below holds the call, not the request.
+        let call = self.call(up, &origin, events, upgrade.as_ref(), !stream_route);
+        async move {
+            let result = call.await;
+            let (permit, read_timeout) = match admitted {
+                Some(a) => (Some(a.permit), Some(a.limited.read_timeout)),
+                None => (plane, None),
             };
-            let open = permit.as_ref().map(|p| p.metrics().stream_opened());
-            let idle = self.stream_idle_timeout;
-            let mut out =
-                res.map(|b| ResponseBody::stream(b, permit.map(|p| (p, status)), idle, open));
-            out.body_mut().passthrough = passthrough;
-            return out;
-        }
-        let mut out = match (permit, read_timeout) {
-            (Some(p), Some(deadline)) => {
-                res.map(|b| ResponseBody::settling(b, p, status, Some(deadline)))
+            let res = match result {
+                Ok(res) => res,
+                Err(f) => {
+                    if let Some(permit) = permit {
+                        permit.settle(match f {
+                            Failure::BodyTimeout => End::BodyTimeout,
+                            Failure::ClientGone => End::Abandoned,
+                            _ => End::Unanswered,
+                        });
+                    }
+                    let res = answer::failure_response(&f);
+                    if feeds_cache && !matches!(f, Failure::BodyTimeout | Failure::ClientGone) {
+                        self.health.record(res.status());
+                    }
+                    return res;
+                }
+            };
+            let status = res.status();
+            if let Some(credential) = credential {
+                self.sessions.learn(credential, status);
             }
-            // A pass-through request's plane permit: no caps to free early, held to the end.
-            (Some(p), None) => res.map(|b| ResponseBody::settling(b, p, status, None)),
-            (None, _) => res.map(ResponseBody::upstream),
-        };
-        out.body_mut().passthrough = passthrough;
-        out
+            if status == StatusCode::SWITCHING_PROTOCOLS {
+                return self.switch(conn, &method, upgrade, on_client, res, permit);
+            }
+            if let Some(Err(e)) = upgrade.as_ref().map(|u| u.check_refusal(status)) {
+                if let Some(permit) = permit {
+                    permit.settle(End::Unanswered);
+                }
+                return answer::failure_response(&Failure::Protocol(e));
+            }
+            if feeds_cache {
+                self.health.record(status);
+            }
+            if stream_route || is_event_stream(res.headers()) {
+                let admitted_in_group = read_timeout.is_some();
+                let permit = match stream_permit(policy, permit, admitted_in_group, sse_key) {
+                    Ok(permit) => permit,
+                    Err(refused) => return *refused,
+                };
+                let open = permit.as_ref().map(|p| p.metrics().stream_opened());
+                let idle = self.stream_idle_timeout;
+                let mut out =
+                    res.map(|b| ResponseBody::stream(b, permit.map(|p| (p, status)), idle, open));
+                out.body_mut().passthrough = passthrough;
+                return out;
+            }
+            let mut out = match (permit, read_timeout) {
+                (Some(p), Some(deadline)) => {
+                    res.map(|b| ResponseBody::settling(b, p, status, Some(deadline)))
+                }
+                // A pass-through request's plane permit: no caps to free early, held to the end.
+                (Some(p), None) => res.map(|b| ResponseBody::settling(b, p, status, None)),
+                (None, _) => res.map(ResponseBody::upstream),
+            };
+            out.body_mut().passthrough = passthrough;
+            out
+        }
     }
 
     /// Sends `req` upstream. While the request body is still arriving, only its read deadline
     /// applies (`events` says when it ended or missed the deadline); once it has been sent in
     /// full (at once for a request without a body), the upstream has `upstream_timeout` to
     /// answer with its response head.
-    async fn call(
-        &self,
+    ///
+    /// The request is prepared and handed to the pooled client before the returned future is
+    /// first polled: that future holds the client's future, the body's events and the deadline,
+    /// not the request (docs/decisions.md, "A request's future on the heap…").
+    fn call<'a>(
+        &'a self,
         req: Request<UpstreamBody>,
-        origin: Origin,
+        origin: &Origin,
         events: Option<oneshot::Receiver<BodyEvent>>,
         upgrade: Option<&Upgrade>,
         head_timeout: bool,
-    ) -> Result<Response<Incoming>, Failure> {
-        let mut req = prepare(req, self.proxy.upstream(), &origin);
+    ) -> impl Future<Output = Result<Response<Incoming>, Failure>> + Send + use<'a> {
+        let mut req = prepare(req, self.proxy.upstream(), origin);
         if let Some(upgrade) = upgrade {
             upgrade.restore(&mut req);
         }
         let upstream = self.proxy.forward(req);
-        tokio::pin!(upstream);
-        if let Some(events) = events {
-            tokio::select! {
-                biased;
-                ev = events => match ev {
-                    Ok(BodyEvent::TimedOut) => return Err(Failure::BodyTimeout),
-                    Ok(BodyEvent::Failed) => return Err(Failure::ClientGone),
-                    Ok(BodyEvent::Ended) | Err(_) => {}
-                },
-                r = upstream.as_mut() => return r.map_err(Failure::Upstream),
+        let upstream_timeout = head_timeout.then_some(self.upstream_timeout);
+        async move {
+            tokio::pin!(upstream);
+            if let Some(events) = events {
+                tokio::select! {
+                    biased;
+                    ev = events => match ev {
+                        Ok(BodyEvent::TimedOut) => return Err(Failure::BodyTimeout),
+                        Ok(BodyEvent::Failed) => return Err(Failure::ClientGone),
+                        Ok(BodyEvent::Ended) | Err(_) => {}
+                    },
+                    r = upstream.as_mut() => return r.map_err(Failure::Upstream),
+                }
             }
-        }
-        if !head_timeout {
-            return upstream.await.map_err(Failure::Upstream);
-        }
-        match tokio::time::timeout(self.upstream_timeout, upstream).await {
-            Ok(r) => r.map_err(Failure::Upstream),
-            Err(_) => Err(Failure::UpstreamTimeout),
+            let Some(upstream_timeout) = upstream_timeout else {
+                return upstream.await.map_err(Failure::Upstream);
+            };
+            match tokio::time::timeout(upstream_timeout, upstream).await {
+                Ok(r) => r.map_err(Failure::Upstream),
+                Err(_) => Err(Failure::UpstreamTimeout),
+            }
         }
     }
 
@@ -1030,7 +1046,13 @@ impl App {
             let (parts, body) = req.into_parts();
             let (body, events) = UpstreamBody::new(body, None);
             match self
-                .call(Request::from_parts(parts, body), origin, events, None, true)
+                .call(
+                    Request::from_parts(parts, body),
+                    &origin,
+                    events,
+                    None,
+                    true,
+                )
                 .await
             {
                 Ok(res) => res.status(),

@@ -242,31 +242,35 @@ impl Proxy {
     /// Sends `req` (already prepared with [`prepare`]) upstream and returns its response head;
     /// the body streams as the upstream sends it.
     ///
+    /// Not an `async fn`: the request moves into the pooled client's boxed future at once, so the
+    /// returned future holds that future and a reference, not a second copy of the request (it
+    /// is part of every request's future, which is moved into its box and between its states).
+    ///
     /// # Errors
     /// [`ProxyError`] when the upstream cannot be connected to or fails before its head.
-    pub async fn forward(
+    pub fn forward(
         &self,
         req: Request<UpstreamBody>,
-    ) -> Result<Response<Incoming>, ProxyError> {
-        let mut res = self
-            .client()
-            .request(req)
-            .await
-            .map_err(|source| ProxyError {
+    ) -> impl Future<Output = Result<Response<Incoming>, ProxyError>> + Send + '_ {
+        let sent = self.client().request(req);
+        async move {
+            let mut res = sent.await.map_err(|source| ProxyError {
                 upstream: self.upstream.to_string(),
                 source,
             })?;
-        // A response with both is framed by Transfer-Encoding, and a proxy that forwards it must
-        // remove Content-Length first (RFC 9112 §6.3): kept, it would frame door's answer to the
-        // client by the wrong length (a truncated body over HTTP/1.1, a reset over HTTP/2).
-        if has_field(res.headers(), &TRANSFER_ENCODING) {
-            res.headers_mut().remove(CONTENT_LENGTH);
+            // A response with both is framed by Transfer-Encoding, and a proxy that forwards it
+            // must remove Content-Length first (RFC 9112 §6.3): kept, it would frame door's
+            // answer to the client by the wrong length (a truncated body over HTTP/1.1, a reset
+            // over HTTP/2).
+            if has_field(res.headers(), &TRANSFER_ENCODING) {
+                res.headers_mut().remove(CONTENT_LENGTH);
+            }
+            // A 101's Connection and Upgrade are the upgrade's answer (crate::http::upgrade).
+            if res.status() != http::StatusCode::SWITCHING_PROTOCOLS {
+                strip_hop_by_hop(res.headers_mut());
+            }
+            Ok(res)
         }
-        // A 101's Connection and Upgrade are the upgrade's answer (crate::http::upgrade).
-        if res.status() != http::StatusCode::SWITCHING_PROTOCOLS {
-            strip_hop_by_hop(res.headers_mut());
-        }
-        Ok(res)
     }
 
     /// The upstream this proxy sends to.
