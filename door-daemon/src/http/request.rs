@@ -728,7 +728,7 @@ impl App {
     /// for a probe of the health group, which is never refused (docs/design.md, "Cached health")
     /// and gets the cached status, counted as `cached`, as one its group refuses.
     ///
-    /// Its future is boxed by its caller, as [`Self::cached_health`]'s: they are rarely taken,
+    /// `route` boxes its future, as it boxes [`Self::cached_health`]'s: they are rarely taken,
     /// and in place they would size every request's future (docs/decisions.md, "A request's
     /// future on the heap…").
     async fn plane_refused(
@@ -921,8 +921,8 @@ impl App {
     /// answer with its response head.
     ///
     /// The request is prepared and handed to the pooled client before the returned future is
-    /// first polled: that future holds the client's future, the body's events and the deadline,
-    /// not the request (docs/decisions.md, "A request's future on the heap…").
+    /// first polled: that future holds the client's future, the body's events and the upstream
+    /// head timeout, not the request (docs/decisions.md, "A request's future on the heap…").
     fn call<'a>(
         &'a self,
         req: Request<UpstreamBody>,

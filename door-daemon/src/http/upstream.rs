@@ -244,7 +244,8 @@ impl Proxy {
     ///
     /// Not an `async fn`: the request moves into the pooled client's boxed future at once, so the
     /// returned future holds that future and a reference, not a second copy of the request (it
-    /// is part of every request's future, which is moved into its box and between its states).
+    /// is part of every request's future, which is built on the stack and copied into its box,
+    /// and moved by each level that holds it).
     ///
     /// # Errors
     /// [`ProxyError`] when the upstream cannot be connected to or fails before its head.
