@@ -24,9 +24,14 @@ enum Command {
     CheckConfig,
     /// Print the client key a request would get, and which rule chose it (for debugging proxies).
     Key {
-        /// The TCP peer's address (the proxy's, behind one): 192.0.2.10, 192.0.2.10:443,
-        /// 2001:db8::1, [2001:db8::1]:443 or fe80::1%eth0.
-        #[arg(long, value_parser = peer_address)]
+        // The help is an attribute, not a doc comment: rustdoc would read the bracketed IPv6
+        // socket address as a link.
+        #[arg(
+            long,
+            value_parser = peer_address,
+            help = "The TCP peer's address (the proxy's, behind one): 192.0.2.10, 192.0.2.10:443, \
+                    2001:db8::1, [2001:db8::1]:443 or fe80::1%eth0"
+        )]
         peer: std::net::IpAddr,
         /// An X-Forwarded-For header line, as received (repeatable, in wire order).
         #[arg(long = "xff")]

@@ -188,10 +188,8 @@ impl Tally {
     }
 }
 
-/// Runs everything; with `kernels`, the privileged suites also run inside a guest per kernel.
-pub(crate) fn all(kernels: Option<&[String]>) -> anyhow::Result<()> {
-    let missing = setup::all()?;
-    let mut t = Tally::default();
+/// Formatting, lints (host and bpf target) and documentation: checks that run nothing.
+fn static_checks(t: &mut Tally) {
     t.check(
         "formatting (cargo fmt --check)",
         cargo().args(["fmt", "--all", "--check"]),
@@ -206,6 +204,17 @@ pub(crate) fn all(kernels: Option<&[String]>) -> anyhow::Result<()> {
             "-D",
             "warnings",
         ]),
+    );
+    t.check(
+        "documentation (cargo doc, warnings are errors: broken links, bad code blocks)",
+        cargo()
+            .args([
+                "doc",
+                "--workspace",
+                "--no-deps",
+                "--document-private-items",
+            ])
+            .env("RUSTDOCFLAGS", "-D warnings"),
     );
     t.check(
         "lints of the XDP program for the bpf target (nightly clippy)",
@@ -232,6 +241,13 @@ pub(crate) fn all(kernels: Option<&[String]>) -> anyhow::Result<()> {
             .arg(crate::target_dir().join("ebpf-clippy"))
             .args(["--", "-D", "warnings"]),
     );
+}
+
+/// Runs everything; with `kernels`, the privileged suites also run inside a guest per kernel.
+pub(crate) fn all(kernels: Option<&[String]>) -> anyhow::Result<()> {
+    let missing = setup::all()?;
+    let mut t = Tally::default();
+    static_checks(&mut t);
     t.suite(
         "unit, property and daemon tests",
         cargo().args(["test", "--workspace", "--exclude", "door-tests"]),
