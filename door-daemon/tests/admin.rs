@@ -326,6 +326,14 @@ async fn clients_bad_inputs_are_named() {
             ("GET", "/clients?top=ten", "", bad, "bad-top", "ten"),
             (
                 "GET",
+                "/status?group=link",
+                "",
+                bad,
+                "unknown-parameter",
+                "\"group\"",
+            ),
+            (
+                "GET",
                 "/clients?grup=link",
                 "",
                 bad,

@@ -265,6 +265,16 @@ fn row_json(r: &RowSnapshot) -> Value {
     })
 }
 
+/// `GET /status`: the status document ([`StatusSource::snapshot`]). It takes no query
+/// parameters, so that `?group=link` is refused instead of answered with every group.
+///
+/// # Errors
+/// 400 for any query parameter.
+pub fn status(source: &StatusSource, query: Option<&str>) -> Result<Value, ApiError> {
+    params(query, &[])?;
+    Ok(source.snapshot())
+}
+
 /// `GET /clients?group=G&top=N`: per group (or only `G`), its `N` clients with the most
 /// rejections, then the most tokens spent, and its shared row.
 ///

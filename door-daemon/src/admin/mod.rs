@@ -355,7 +355,7 @@ async fn handle(
     // HEAD is answered as GET; hyper sends the head only (RFC 9110 §9.3.2).
     let read = method == Method::GET || method == Method::HEAD;
     let res = match (path.as_str(), method) {
-        ("/status", _) if read => blocking(move || Ok(source.snapshot())).await,
+        ("/status", _) if read => blocking(move || api::status(&source, query.as_deref())).await,
         ("/metrics", _) if read => metrics(source).await,
         ("/clients", _) if read => blocking(move || api::clients(&source, query.as_deref())).await,
         ("/status" | "/metrics" | "/clients", _) => not_allowed("GET, HEAD"),
