@@ -12,7 +12,6 @@ use std::{
 };
 
 use thiserror::Error;
-use tokio::net::TcpListener;
 
 use crate::{
     admin::{AdminListener, StatusSource},
@@ -137,16 +136,16 @@ pub async fn run(
     forward_xdp_log(shield.as_ref());
     let mut listeners = Vec::new();
     for addr in &config.listen {
-        let l = TcpListener::bind(addr)
-            .await
-            .map_err(|source| ServeError::Bind {
+        let l = crate::http::bind::tcp(*addr, config.binds_v6_only(*addr)).map_err(|source| {
+            ServeError::Bind {
                 addr: *addr,
                 source,
-            })?;
+            }
+        })?;
         listeners.push((l, config.requires_proxy_protocol(*addr)));
     }
     // A Unix socket's file is removed when `_admin_socket` drops, at the end of this function.
-    let (admin, _admin_socket) = bind_admin(&config).await?;
+    let (admin, _admin_socket) = bind_admin(&config)?;
 
     let clock: Arc<dyn Clock> = crate::time::production_clock();
     let (blocklist, shared_blocklist) = blocklists(shield.as_ref(), &config, &clock);
@@ -320,18 +319,20 @@ fn budget_instruments(metrics: &Metrics, app: &Arc<App>) -> crate::obs::metrics:
 }
 
 /// Binds `admin_listen` (nothing when it is `off`), with the Unix socket's file to keep.
-async fn bind_admin(
+fn bind_admin(
     config: &Config,
 ) -> Result<(Option<AdminListener>, Option<crate::admin::SocketFile>), ServeError> {
     let Some(at) = &config.admin_listen else {
         return Ok((None, None));
     };
-    let (l, file) = AdminListener::bind(at)
-        .await
-        .map_err(|source| ServeError::AdminBind {
-            at: at.to_string(),
-            source,
-        })?;
+    let v6_only = match at {
+        crate::config::AdminListen::Tcp(addr) => config.binds_v6_only(*addr),
+        crate::config::AdminListen::Unix(_) => false,
+    };
+    let (l, file) = AdminListener::bind(at, v6_only).map_err(|source| ServeError::AdminBind {
+        at: at.to_string(),
+        source,
+    })?;
     Ok((Some(l), file))
 }
 

@@ -638,7 +638,7 @@ async fn the_admin_listener_serves_on_a_unix_socket_with_mode_0600() {
     // A stale socket file (its door gone) is replaced.
     drop(std::os::unix::net::UnixListener::bind(&path).unwrap());
     assert!(path.exists());
-    let file = door.admin_unix(&path).await;
+    let file = door.admin_unix(&path);
     let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;
     assert_eq!(mode, 0o600, "{mode:o}");
 
@@ -658,17 +658,17 @@ async fn the_admin_listener_serves_on_a_unix_socket_with_mode_0600() {
     assert_eq!(status, StatusCode::OK);
 
     // A live socket is not taken over; a path that is not a socket is not removed.
-    let again = door_daemon::admin::AdminListener::bind(&door_daemon::config::AdminListen::Unix(
-        path.clone(),
-    ))
-    .await;
+    let again = door_daemon::admin::AdminListener::bind(
+        &door_daemon::config::AdminListen::Unix(path.clone()),
+        false,
+    );
     assert_eq!(again.unwrap_err().kind(), std::io::ErrorKind::AddrInUse);
     let plain = dir.join("plain");
     std::fs::write(&plain, "x").unwrap();
-    let refused = door_daemon::admin::AdminListener::bind(&door_daemon::config::AdminListen::Unix(
-        plain.clone(),
-    ))
-    .await;
+    let refused = door_daemon::admin::AdminListener::bind(
+        &door_daemon::config::AdminListen::Unix(plain.clone()),
+        false,
+    );
     assert_eq!(
         refused.unwrap_err().kind(),
         std::io::ErrorKind::AlreadyExists

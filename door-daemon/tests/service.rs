@@ -115,9 +115,14 @@ fn upstream() -> SocketAddr {
     addr
 }
 
-/// One GET on a fresh connection; the status code.
+/// One GET to `127.0.0.1:port` on a fresh connection; the status code.
 fn get(port: u16, path: &str, xff: Option<&str>) -> u16 {
-    let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    get_at(SocketAddr::from(([127, 0, 0, 1], port)), path, xff)
+}
+
+/// One GET to `addr` on a fresh connection; the status code.
+fn get_at(addr: SocketAddr, path: &str, xff: Option<&str>) -> u16 {
+    let mut s = TcpStream::connect(addr).unwrap();
     s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
     let xff = xff
         .map(|x| format!("x-forwarded-for: {x}\r\n"))
@@ -280,6 +285,33 @@ fn ready_only_once_listening_then_watchdog_reloading_and_stopping() {
 
     door.signal("-TERM");
     notify.until("STOPPING=1");
+    assert_eq!(door.wait(Duration::from_secs(20)), Some(0));
+}
+
+#[test]
+fn the_ipv6_and_ipv4_wildcards_on_one_port_both_serve() {
+    // Under Linux's default net.ipv6.bindv6only = 0, `[::]:P` claims P on the IPv4 addresses
+    // too: door used to fail to bind `0.0.0.0:P` beside it and exit at start.
+    let dir = Dir::new("dual");
+    let notify = Notify::bind(&dir.0);
+    // A port free on both families now: `[::]:0` claims the IPv4 port too where it can.
+    let port = TcpListener::bind("[::]:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let cfg = format!(
+        "listen = [\"[::]:{port}\", \"0.0.0.0:{port}\"]\nupstream = \"http://{}\"\n\
+         admin_listen = \"off\"\n",
+        upstream()
+    );
+    let mut door = start(&dir, &notify, &cfg, None);
+    notify.until("READY=1");
+    let v4 = SocketAddr::from(([127, 0, 0, 1], port));
+    let v6 = SocketAddr::from((std::net::Ipv6Addr::LOCALHOST, port));
+    assert_eq!(get_at(v4, "/", None), 200);
+    assert_eq!(get_at(v6, "/", None), 200);
+    door.signal("-TERM");
     assert_eq!(door.wait(Duration::from_secs(20)), Some(0));
 }
 

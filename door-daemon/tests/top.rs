@@ -74,7 +74,7 @@ async fn top_once_shows_the_limited_client() {
     let dir = std::env::temp_dir().join(format!("door-top-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let path = dir.join("admin.sock");
-    let _file = door.admin_unix(&path).await;
+    let _file = door.admin_unix(&path);
     let unix = format!("unix:{}", path.display());
     let out = door_top(&["--once", "--admin", &unix]).await;
     assert!(out.status.success());

@@ -46,14 +46,17 @@ impl AdminListener {
     /// Binds `at`. A Unix socket is created with mode 0600 (a socket's connecting side needs
     /// write permission, so nobody but its owner, and root, can connect); a stale socket file
     /// left by a door that died is replaced, a live one (something accepts on it) is not. Returns
-    /// the socket file to keep, for a Unix socket.
+    /// the socket file to keep, for a Unix socket. A TCP address is bound as door's `listen`
+    /// addresses are ([`crate::http::bind::tcp`]), IPv6 only with `v6_only`.
     ///
     /// # Errors
     /// The bind's I/O error; `AddrInUse` when another process serves the Unix socket;
     /// `AlreadyExists` when the path is a file that is not a socket.
-    pub async fn bind(at: &AdminListen) -> io::Result<(Self, Option<SocketFile>)> {
+    pub fn bind(at: &AdminListen, v6_only: bool) -> io::Result<(Self, Option<SocketFile>)> {
         match at {
-            AdminListen::Tcp(addr) => Ok((Self::Tcp(TcpListener::bind(addr).await?), None)),
+            AdminListen::Tcp(addr) => {
+                Ok((Self::Tcp(crate::http::bind::tcp(*addr, v6_only)?), None))
+            }
             AdminListen::Unix(path) => {
                 match std::fs::symlink_metadata(path) {
                     Ok(m) if m.file_type().is_socket() => {

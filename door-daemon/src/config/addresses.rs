@@ -10,9 +10,9 @@ use super::{AdminListen, ConfigError, Upstream, invalid};
 
 /// Whether a socket bound to `a` and one bound to `b` would claim the same port: the same port
 /// (not 0, which the kernel picks) and the same address, or the unspecified address of the same
-/// family on one side. `[::]` and `0.0.0.0` on one port are let through: door does not set
-/// `IPV6_V6ONLY`, so they conflict at start under Linux's default (`net.ipv6.bindv6only = 0`),
-/// but both bind where the system sets it to 1.
+/// family on one side. `[::]` and an IPv4 address on one port are different sockets: door binds
+/// `[::]` with `IPV6_V6ONLY` then ([`super::Config::binds_v6_only`]), so both bind whatever
+/// `net.ipv6.bindv6only` says.
 fn same_socket(a: SocketAddr, b: SocketAddr) -> bool {
     a.port() != 0
         && a.port() == b.port()
@@ -24,7 +24,7 @@ fn same_socket(a: SocketAddr, b: SocketAddr) -> bool {
 /// listener bound to `listen`: the same port, and the host is the listener's address, or the
 /// listener is on an unspecified address and the host is a loopback or unspecified address
 /// (or `localhost`) it accepts: `0.0.0.0` IPv4 ones, `[::]` both families (it accepts IPv4
-/// where the kernel allows it, and door does not set `IPV6_V6ONLY`). A
+/// where the kernel allows it and no IPv4 listener of door's shares its port). A
 /// name other than `localhost` is not resolved, and an address of this machine's that the
 /// listener covers through its wildcard is not known here: neither is refused.
 fn reaches(host: &str, port: u16, listen: SocketAddr) -> bool {

@@ -503,6 +503,27 @@ impl Config {
     pub fn requires_proxy_protocol(&self, addr: SocketAddr) -> bool {
         self.proxy_protocol_listen.contains(&addr)
     }
+
+    /// Whether door binds `addr` (a [`Config::listen`] entry or a TCP [`Config::admin_listen`])
+    /// with `IPV6_V6ONLY`: it is the IPv6 wildcard `[::]:P` and door also binds an IPv4 address
+    /// on port `P`. Under Linux's default `net.ipv6.bindv6only = 0` the wildcard would claim
+    /// that port on the IPv4 addresses too and the IPv4 listener would fail to bind; the IPv4
+    /// listener takes IPv4 connections instead. Alone on its port, `[::]` accepts both
+    /// families where the kernel lets it.
+    pub fn binds_v6_only(&self, addr: SocketAddr) -> bool {
+        let admin = match &self.admin_listen {
+            Some(AdminListen::Tcp(a)) => Some(*a),
+            _ => None,
+        };
+        addr.port() != 0
+            && addr.ip() == std::net::IpAddr::V6(std::net::Ipv6Addr::UNSPECIFIED)
+            && self
+                .listen
+                .iter()
+                .copied()
+                .chain(admin)
+                .any(|a| a.is_ipv4() && a.port() == addr.port())
+    }
 }
 
 #[cfg(test)]

@@ -766,10 +766,38 @@ fn sockets_bound_twice_and_an_upstream_that_is_door_are_named() {
         "upstream = \"http://127.0.0.1:99999\": port \"99999\" is not a TCP port (1-65535)"
     );
     assert!(err("upstream = \"http://127.0.0.1:0\"").contains("is not a TCP port"));
-    // IPv6 and IPv4 wildcards both bind only with net.ipv6.bindv6only = 1, which door cannot
-    // see here: let through. An upstream on another port is fine.
+    // The IPv6 and IPv4 wildcards on one port: door binds `[::]` IPv6-only, so both bind. An
+    // upstream on another port is fine.
     let text = "listen = [\"[::]:8443\", \"0.0.0.0:8443\"]\nupstream = \"http://[::1]:3000\"";
     assert!(Config::from_toml("door.toml", text).is_ok());
+}
+
+#[test]
+fn the_ipv6_wildcard_is_bound_ipv6_only_beside_an_ipv4_listener_on_its_port() {
+    let a = |s: &str| s.parse::<SocketAddr>().unwrap();
+    let config = |listen: &str, admin: &str| {
+        let text = format!(
+            "listen = [{listen}]\nadmin_listen = \"{admin}\"\nupstream = \"http://[::1]:3000\""
+        );
+        Config::from_toml("door.toml", &text).unwrap()
+    };
+    let both = config("\"[::]:8443\", \"0.0.0.0:8443\"", "off");
+    assert!(both.binds_v6_only(a("[::]:8443")));
+    assert!(!both.binds_v6_only(a("0.0.0.0:8443")));
+    // One IPv4 address on the port is enough: `[::]` would claim it too.
+    let one = config("\"[::]:8443\", \"127.0.0.1:8443\"", "off");
+    assert!(one.binds_v6_only(a("[::]:8443")));
+    // The admin listener's port counts as a listen port does.
+    let admin = config("\"[::]:9901\"", "127.0.0.1:9901");
+    assert!(admin.binds_v6_only(a("[::]:9901")));
+    // Alone on its port, or beside IPv6 addresses only, `[::]` keeps accepting IPv4.
+    let alone = config("\"[::]:8443\", \"127.0.0.1:8444\"", "127.0.0.1:9901");
+    assert!(!alone.binds_v6_only(a("[::]:8443")));
+    let v6 = config("\"[::]:8443\", \"[::1]:8444\"", "off");
+    assert!(!v6.binds_v6_only(a("[::]:8443")));
+    // A specific IPv6 address never claims IPv4 addresses.
+    let specific = config("\"[::1]:8443\", \"127.0.0.1:8443\"", "off");
+    assert!(!specific.binds_v6_only(a("[::1]:8443")));
 }
 
 #[test]

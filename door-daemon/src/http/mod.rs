@@ -1,4 +1,5 @@
-//! The request path (docs/design.md, "Limits"): the listeners ([`front`]), one request from
+//! The request path (docs/design.md, "Limits"): the listeners ([`front`]) and their sockets
+//! ([`bind`]), one request from
 //! admission to settlement ([`request`]), the *one* place a limiter decision becomes a status,
 //! body and `RateLimit` fields ([`answer`]), the *one* function that decides whether a request's
 //! end spends a token ([`settle`]), the streamed response body that holds the permit ([`body`]),
@@ -11,6 +12,7 @@
 //! [`crate::time`]; it never touches the XDP program itself.
 
 pub mod answer;
+pub mod bind;
 pub mod body;
 pub mod conn_limit;
 pub mod connect;

@@ -159,10 +159,8 @@ impl Door {
 
     /// Starts an admin listener on the Unix socket `path`; the socket file goes when the
     /// returned value drops.
-    pub async fn admin_unix(&self, path: &Path) -> SocketFile {
-        let (l, file) = AdminListener::bind(&AdminListen::Unix(path.to_owned()))
-            .await
-            .unwrap();
+    pub fn admin_unix(&self, path: &Path) -> SocketFile {
+        let (l, file) = AdminListener::bind(&AdminListen::Unix(path.to_owned()), false).unwrap();
         tokio::spawn(door_daemon::admin::serve(l, Arc::clone(&self.source)));
         file.unwrap()
     }
