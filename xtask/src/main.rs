@@ -38,6 +38,7 @@ mod test;
 mod vm;
 
 use std::{
+    fmt::Write as _,
     path::{Path, PathBuf},
     process::{Command, Stdio},
 };
@@ -244,7 +245,20 @@ fn sh(cmd: &mut Command) -> anyhow::Result<()> {
 }
 
 fn display(cmd: &Command) -> String {
-    let mut s = cmd.get_program().to_string_lossy().into_owned();
+    // Variables set on the command first, as a shell line would have them.
+    let mut s = String::new();
+    for (k, v) in cmd.get_envs() {
+        if let Some(v) = v {
+            let v = v.to_string_lossy();
+            let v = if v.contains(' ') {
+                format!("'{v}'")
+            } else {
+                v.into_owned()
+            };
+            let _ = write!(s, "{}={v} ", k.to_string_lossy());
+        }
+    }
+    s.push_str(&cmd.get_program().to_string_lossy());
     for a in cmd.get_args() {
         s.push(' ');
         s.push_str(&a.to_string_lossy());

@@ -206,17 +206,6 @@ fn static_checks(t: &mut Tally) {
         ]),
     );
     t.check(
-        "documentation (cargo doc, warnings are errors: broken links, bad code blocks)",
-        cargo()
-            .args([
-                "doc",
-                "--workspace",
-                "--no-deps",
-                "--document-private-items",
-            ])
-            .env("RUSTDOCFLAGS", "-D warnings"),
-    );
-    t.check(
         "lints of the XDP program for the bpf target (nightly clippy)",
         Command::new("rustup")
             .args([
@@ -240,6 +229,17 @@ fn static_checks(t: &mut Tally) {
             ])
             .arg(crate::target_dir().join("ebpf-clippy"))
             .args(["--", "-D", "warnings"]),
+    );
+    t.check(
+        "documentation (cargo doc, warnings are errors: broken links, bad code blocks)",
+        cargo()
+            .args([
+                "doc",
+                "--workspace",
+                "--no-deps",
+                "--document-private-items",
+            ])
+            .env("RUSTDOCFLAGS", "-D warnings"),
     );
 }
 
