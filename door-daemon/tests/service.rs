@@ -173,6 +173,35 @@ impl Notify {
         serving_port(self.until("READY=1").last().unwrap())
     }
 
+    /// Waits (20 s at most) for `READY=1` or for `door` to exit, whichever comes first: whether
+    /// door became ready.
+    fn ready_or_exit(&self, door: &mut Door) -> bool {
+        self.socket
+            .set_read_timeout(Some(Duration::from_millis(100)))
+            .unwrap();
+        let mut buf = [0u8; 4096];
+        let mut ready = false;
+        for _ in 0..200 {
+            match self.socket.recv(&mut buf) {
+                Ok(n) => {
+                    if String::from_utf8_lossy(&buf[..n])
+                        .lines()
+                        .any(|l| l == "READY=1")
+                    {
+                        ready = true;
+                        break;
+                    }
+                }
+                Err(_) if door.0.try_wait().unwrap().is_some() => break,
+                Err(_) => {}
+            }
+        }
+        self.socket
+            .set_read_timeout(Some(Duration::from_secs(20)))
+            .unwrap();
+        ready
+    }
+
     /// Reads datagrams until one contains `state` (at most 50), returning those before it too.
     fn until(&self, state: &str) -> Vec<String> {
         let mut seen = Vec::new();
@@ -294,19 +323,29 @@ fn the_ipv6_and_ipv4_wildcards_on_one_port_both_serve() {
     // too: door used to fail to bind `0.0.0.0:P` beside it and exit at start.
     let dir = Dir::new("dual");
     let notify = Notify::bind(&dir.0);
-    // A port free on both families now: `[::]:0` claims the IPv4 port too where it can.
-    let port = TcpListener::bind("[::]:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let cfg = format!(
-        "listen = [\"[::]:{port}\", \"0.0.0.0:{port}\"]\nupstream = \"http://{}\"\n\
-         admin_listen = \"off\"\n",
-        upstream()
-    );
-    let mut door = start(&dir, &notify, &cfg, None);
-    notify.until("READY=1");
+    let up = upstream();
+    // The port is picked here, free on both families now (`[::]:0` claims the IPv4 port too
+    // where it can); another process may take it before door binds it, so a door that exits
+    // instead of becoming ready is started again on another port (door's bind error is in the
+    // test's output).
+    let mut started = None;
+    for _ in 0..5 {
+        let port = TcpListener::bind("[::]:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let cfg = format!(
+            "listen = [\"[::]:{port}\", \"0.0.0.0:{port}\"]\nupstream = \"http://{up}\"\n\
+             admin_listen = \"off\"\n"
+        );
+        let mut door = start(&dir, &notify, &cfg, None);
+        if notify.ready_or_exit(&mut door) {
+            started = Some((door, port));
+            break;
+        }
+    }
+    let (mut door, port) = started.expect("door serving both wildcards on one of five ports");
     let v4 = SocketAddr::from(([127, 0, 0, 1], port));
     let v6 = SocketAddr::from((std::net::Ipv6Addr::LOCALHOST, port));
     assert_eq!(get_at(v4, "/", None), 200);

@@ -4,7 +4,7 @@
 //! in use" (exit 1, restarted by systemd in a loop), or, for the upstream, send every request
 //! back into door until a limit stopped it.
 
-use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 
 use super::{AdminListen, ConfigError, Upstream, invalid};
 
@@ -20,14 +20,26 @@ fn same_socket(a: SocketAddr, b: SocketAddr) -> bool {
             || (a.is_ipv4() == b.is_ipv4() && (a.ip().is_unspecified() || b.ip().is_unspecified())))
 }
 
+/// Whether door binds `addr` with `IPV6_V6ONLY`, `tcp` being every TCP address door binds
+/// (the `listen` entries and a TCP `admin_listen`): `addr` is the IPv6 wildcard `[::]:P` and
+/// an IPv4 address of `tcp` has port `P` (see [`super::Config::binds_v6_only`]).
+pub(super) fn binds_v6_only(addr: SocketAddr, tcp: impl IntoIterator<Item = SocketAddr>) -> bool {
+    addr.port() != 0
+        && addr.ip() == IpAddr::V6(Ipv6Addr::UNSPECIFIED)
+        && tcp
+            .into_iter()
+            .any(|a| a.is_ipv4() && a.port() == addr.port())
+}
+
 /// Whether a connection to `upstream` (the host as written, `port` its port) would reach a
-/// listener bound to `listen`: the same port, and the host is the listener's address, or the
-/// listener is on an unspecified address and the host is a loopback or unspecified address
-/// (or `localhost`) it accepts: `0.0.0.0` IPv4 ones, `[::]` both families (it accepts IPv4
-/// where the kernel allows it and no IPv4 listener of door's shares its port). A
-/// name other than `localhost` is not resolved, and an address of this machine's that the
-/// listener covers through its wildcard is not known here: neither is refused.
-fn reaches(host: &str, port: u16, listen: SocketAddr) -> bool {
+/// listener bound to `listen` (IPv6 only with `v6_only`, [`binds_v6_only`]): the same port,
+/// and the host is the listener's address, or the listener is on an unspecified address and
+/// the host is a loopback or unspecified address (or `localhost`) it accepts: `0.0.0.0` IPv4
+/// ones, `[::]` IPv6 ones, and IPv4 ones too unless it is bound IPv6-only (it accepts them
+/// where the kernel allows it). A name other than `localhost` is not resolved, and an address
+/// of this machine's that the listener covers through its wildcard is not known here: neither
+/// is refused.
+fn reaches(host: &str, port: u16, listen: SocketAddr, v6_only: bool) -> bool {
     if listen.port() == 0 || port != listen.port() {
         return false;
     }
@@ -44,7 +56,12 @@ fn reaches(host: &str, port: u16, listen: SocketAddr) -> bool {
         return false;
     };
     if listen.ip().is_unspecified() {
-        (ip.is_loopback() || ip.is_unspecified()) && (listen.is_ipv6() || ip.is_ipv4())
+        let family = if listen.is_ipv6() {
+            ip.is_ipv6() || !v6_only
+        } else {
+            ip.is_ipv4()
+        };
+        (ip.is_loopback() || ip.is_unspecified()) && family
     } else {
         let unmapped = |ip: IpAddr| match ip {
             IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(IpAddr::V6(v6), IpAddr::V4),
@@ -59,13 +76,33 @@ fn reaches(host: &str, port: u16, listen: SocketAddr) -> bool {
 ///
 /// # Errors
 ///
-/// [`ConfigError::Invalid`] naming the later of two `listen` entries on the same socket,
-/// `admin_listen` on a `listen` socket, or `upstream` when it is one of door's listeners.
+/// [`ConfigError::Invalid`] naming an IPv4-mapped IPv6 address (`[::ffff:127.0.0.1]:8443`:
+/// whether it claims the IPv4 address depends on the socket's `IPV6_V6ONLY`), the later of two
+/// `listen` entries on the same socket, `admin_listen` on a `listen` socket, or `upstream` when
+/// it is one of door's listeners.
 pub(super) fn check(
     listen: &[(String, SocketAddr)],
     admin: Option<&AdminListen>,
     upstream: &Upstream,
 ) -> Result<(), ConfigError> {
+    let admin_tcp = match admin {
+        Some(AdminListen::Tcp(a)) => Some(("admin_listen".to_owned(), *a)),
+        _ => None,
+    };
+    for (key, addr) in listen.iter().chain(admin_tcp.iter()) {
+        if let IpAddr::V6(v6) = addr.ip()
+            && let Some(v4) = v6.to_ipv4_mapped()
+        {
+            return Err(invalid(
+                key.as_str(),
+                format!("{:?}", addr.to_string()),
+                format!(
+                    "is an IPv4-mapped IPv6 address: write the IPv4 address ({})",
+                    SocketAddr::from((v4, addr.port()))
+                ),
+            ));
+        }
+    }
     for (i, (key, addr)) in listen.iter().enumerate() {
         if let Some((other, _)) = listen.iter().take(i).find(|(_, a)| same_socket(*a, *addr)) {
             return Err(invalid(
@@ -86,7 +123,11 @@ pub(super) fn check(
     }
     let host = upstream.authority.host();
     let port = upstream.authority.port_u16().unwrap_or(80);
-    if let Some((other, _)) = listen.iter().find(|(_, a)| reaches(host, port, *a)) {
+    let tcp = || listen.iter().chain(admin_tcp.iter()).map(|(_, a)| *a);
+    if let Some((other, _)) = listen
+        .iter()
+        .find(|(_, a)| reaches(host, port, *a, binds_v6_only(*a, tcp())))
+    {
         return Err(invalid(
             "upstream",
             format!("{:?}", upstream.to_string()),
@@ -98,7 +139,7 @@ pub(super) fn check(
 
 #[cfg(test)]
 mod tests {
-    use super::{reaches, same_socket};
+    use super::{binds_v6_only, reaches, same_socket};
 
     fn a(s: &str) -> std::net::SocketAddr {
         s.parse().unwrap()
@@ -117,17 +158,40 @@ mod tests {
 
     #[test]
     fn an_upstream_reaches_a_listener_on_its_address_or_a_wildcard() {
-        assert!(reaches("127.0.0.1", 8443, a("[::]:8443")));
-        assert!(reaches("localhost", 8443, a("0.0.0.0:8443")));
-        assert!(reaches("[::1]", 8443, a("[::1]:8443")));
-        assert!(reaches("192.0.2.1", 8443, a("192.0.2.1:8443")));
-        assert!(reaches("[::ffff:192.0.2.1]", 8443, a("192.0.2.1:8443")));
-        assert!(!reaches("192.0.2.1", 8443, a("[::]:8443")));
+        assert!(reaches("127.0.0.1", 8443, a("[::]:8443"), false));
+        assert!(reaches("localhost", 8443, a("0.0.0.0:8443"), false));
+        assert!(reaches("[::1]", 8443, a("[::1]:8443"), false));
+        assert!(reaches("192.0.2.1", 8443, a("192.0.2.1:8443"), false));
+        assert!(reaches(
+            "[::ffff:192.0.2.1]",
+            8443,
+            a("192.0.2.1:8443"),
+            false
+        ));
+        assert!(!reaches("192.0.2.1", 8443, a("[::]:8443"), false));
         // An application on [::1]:8443 and door on 0.0.0.0:8443 both bind.
-        assert!(!reaches("[::1]", 8443, a("0.0.0.0:8443")));
-        assert!(reaches("[::1]", 8443, a("[::]:8443")));
-        assert!(!reaches("127.0.0.1", 3000, a("[::]:8443")));
-        assert!(!reaches("app.internal", 8443, a("[::]:8443")));
-        assert!(!reaches("127.0.0.1", 0, a("127.0.0.1:0")));
+        assert!(!reaches("[::1]", 8443, a("0.0.0.0:8443"), false));
+        assert!(reaches("[::1]", 8443, a("[::]:8443"), false));
+        assert!(!reaches("127.0.0.1", 3000, a("[::]:8443"), false));
+        assert!(!reaches("app.internal", 8443, a("[::]:8443"), false));
+        assert!(!reaches("127.0.0.1", 0, a("127.0.0.1:0"), false));
+        // Bound IPv6-only (an IPv4 listener of door's shares the port), `[::]` takes no IPv4.
+        assert!(!reaches("127.0.0.1", 8443, a("[::]:8443"), true));
+        assert!(reaches("[::1]", 8443, a("[::]:8443"), true));
+    }
+
+    #[test]
+    fn the_ipv6_wildcard_is_ipv6_only_beside_an_ipv4_address_on_its_port() {
+        let on = |addr: &str, tcp: &[&str]| binds_v6_only(a(addr), tcp.iter().map(|t| a(t)));
+        assert!(on("[::]:8443", &["[::]:8443", "0.0.0.0:8443"]));
+        assert!(on("[::]:8443", &["192.0.2.1:8443"]));
+        assert!(!on(
+            "[::]:8443",
+            &["[::]:8443", "0.0.0.0:8444", "[::1]:8443"]
+        ));
+        assert!(!on("[::1]:8443", &["127.0.0.1:8443"]));
+        assert!(!on("0.0.0.0:8443", &["[::]:8443", "0.0.0.0:8443"]));
+        // Port 0 is the kernel's pick: never the same port.
+        assert!(!on("[::]:0", &["0.0.0.0:0"]));
     }
 }

@@ -73,8 +73,8 @@ impl<P: clap::builder::TypedValueParser> clap::builder::TypedValueParser for Env
 pub struct Overrides {
     /// Address to serve on (repeatable or comma-separated). Default `[::]:8443`: port 8443 on
     /// every IPv6 address, and on every IPv4 address too under Linux's default
-    /// `net.ipv6.bindv6only = 0`. `[::]:P` beside an IPv4 address on port P is bound IPv6-only,
-    /// so both bind.
+    /// `net.ipv6.bindv6only = 0`. `[::]:P` beside an IPv4 address on port P (a `listen` entry or
+    /// `admin_listen`) is bound IPv6-only, so both bind.
     #[arg(
         long,
         env = "DOOR_LISTEN",

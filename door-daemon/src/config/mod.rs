@@ -515,14 +515,7 @@ impl Config {
             Some(AdminListen::Tcp(a)) => Some(*a),
             _ => None,
         };
-        addr.port() != 0
-            && addr.ip() == std::net::IpAddr::V6(std::net::Ipv6Addr::UNSPECIFIED)
-            && self
-                .listen
-                .iter()
-                .copied()
-                .chain(admin)
-                .any(|a| a.is_ipv4() && a.port() == addr.port())
+        addresses::binds_v6_only(addr, self.listen.iter().copied().chain(admin))
     }
 }
 

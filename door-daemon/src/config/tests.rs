@@ -798,6 +798,25 @@ fn the_ipv6_wildcard_is_bound_ipv6_only_beside_an_ipv4_listener_on_its_port() {
     // A specific IPv6 address never claims IPv4 addresses.
     let specific = config("\"[::1]:8443\", \"127.0.0.1:8443\"", "off");
     assert!(!specific.binds_v6_only(a("[::1]:8443")));
+    // Bound IPv6-only, `[::]` no longer takes the upstream's IPv4 loopback connections: not a
+    // loop.
+    let text =
+        "listen = [\"[::]:8443\", \"192.0.2.10:8443\"]\nupstream = \"http://127.0.0.1:8443\"";
+    assert!(Config::from_toml("door.toml", text).is_ok());
+}
+
+#[test]
+fn an_ipv4_mapped_listen_address_is_refused_with_its_ipv4_form() {
+    assert_eq!(
+        err("listen = [\"[::ffff:127.0.0.1]:8443\"]"),
+        "listen[0] = \"[::ffff:127.0.0.1]:8443\": is an IPv4-mapped IPv6 address: write the IPv4 \
+         address (127.0.0.1:8443)"
+    );
+    assert_eq!(
+        err("admin_listen = \"[::ffff:127.0.0.1]:9901\""),
+        "admin_listen = \"[::ffff:127.0.0.1]:9901\": is an IPv4-mapped IPv6 address: write the \
+         IPv4 address (127.0.0.1:9901)"
+    );
 }
 
 #[test]

@@ -18,7 +18,10 @@ pub const BACKLOG: u32 = 128;
 ///
 /// # Errors
 /// The socket's I/O errors: creating it, setting its options, binding (`AddrInUse` when another
-/// socket holds the address), listening. Call it inside a tokio runtime.
+/// socket holds the address), listening.
+///
+/// # Panics
+/// Outside a tokio runtime with I/O enabled (tokio registers the socket with its reactor).
 pub fn tcp(addr: SocketAddr, v6_only: bool) -> io::Result<TcpListener> {
     let socket = match addr {
         SocketAddr::V4(_) => TcpSocket::new_v4()?,
