@@ -325,10 +325,7 @@ fn bind_admin(
     let Some(at) = &config.admin_listen else {
         return Ok((None, None));
     };
-    let v6_only = match at {
-        crate::config::AdminListen::Tcp(addr) => config.binds_v6_only(*addr),
-        crate::config::AdminListen::Unix(_) => false,
-    };
+    let v6_only = at.tcp().is_some_and(|addr| config.binds_v6_only(addr));
     let (l, file) = AdminListener::bind(at, v6_only).map_err(|source| ServeError::AdminBind {
         at: at.to_string(),
         source,

@@ -85,10 +85,9 @@ pub(super) fn check(
     admin: Option<&AdminListen>,
     upstream: &Upstream,
 ) -> Result<(), ConfigError> {
-    let admin_tcp = match admin {
-        Some(AdminListen::Tcp(a)) => Some(("admin_listen".to_owned(), *a)),
-        _ => None,
-    };
+    let admin_tcp = admin
+        .and_then(AdminListen::tcp)
+        .map(|a| ("admin_listen".to_owned(), a));
     for (key, addr) in listen.iter().chain(admin_tcp.iter()) {
         if let IpAddr::V6(v6) = addr.ip()
             && let Some(v4) = v6.to_ipv4_mapped()
@@ -112,7 +111,7 @@ pub(super) fn check(
             ));
         }
     }
-    if let Some(AdminListen::Tcp(admin)) = admin
+    if let Some((_, admin)) = &admin_tcp
         && let Some((other, _)) = listen.iter().find(|(_, a)| same_socket(*a, *admin))
     {
         return Err(invalid(

@@ -143,6 +143,16 @@ pub enum AdminListen {
     Unix(PathBuf),
 }
 
+impl AdminListen {
+    /// The TCP socket address, `None` for a Unix socket.
+    pub fn tcp(&self) -> Option<SocketAddr> {
+        match self {
+            Self::Tcp(addr) => Some(*addr),
+            Self::Unix(_) => None,
+        }
+    }
+}
+
 impl fmt::Display for AdminListen {
     /// `127.0.0.1:9901` or `unix:/run/door/admin.sock`: the spelling `admin_listen` accepts.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {

@@ -511,10 +511,7 @@ impl Config {
     /// listener takes IPv4 connections instead. Alone on its port, `[::]` accepts both
     /// families where the kernel lets it.
     pub fn binds_v6_only(&self, addr: SocketAddr) -> bool {
-        let admin = match &self.admin_listen {
-            Some(AdminListen::Tcp(a)) => Some(*a),
-            _ => None,
-        };
+        let admin = self.admin_listen.as_ref().and_then(AdminListen::tcp);
         addresses::binds_v6_only(addr, self.listen.iter().copied().chain(admin))
     }
 }

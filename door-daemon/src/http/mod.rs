@@ -1,12 +1,11 @@
 //! The request path (docs/design.md, "Limits"): the listeners ([`front`]) and their sockets
-//! ([`bind`]), one request from
-//! admission to settlement ([`request`]), the *one* place a limiter decision becomes a status,
-//! body and `RateLimit` fields ([`answer`]), the *one* function that decides whether a request's
-//! end spends a token ([`settle`]), the streamed response body that holds the permit ([`body`]),
-//! the upstream client and forwarding-header rewrite ([`upstream`]) and its connector
-//! ([`connect`]), the checks of a request head ([`head`]), routes ([`route`]), cached health
-//! ([`health`]), TLS ([`tls`]), the worker threads' identity ([`worker`]) and the connections'
-//! idle watch (`idle`, also the admin listener's).
+//! ([`bind`]), one request from admission to settlement ([`request`]), the *one* place a limiter
+//! decision becomes a status, body and `RateLimit` fields ([`answer`]), the *one* function that
+//! decides whether a request's end spends a token ([`settle`]), the streamed response body that
+//! holds the permit ([`body`]), the upstream client and forwarding-header rewrite ([`upstream`])
+//! and its connector ([`connect`]), the checks of a request head ([`head`]), routes ([`route`]),
+//! cached health ([`health`]), TLS ([`tls`]), the worker threads' identity ([`worker`]) and the
+//! connections' idle watch (`idle`, also the admin listener's).
 //!
 //! May use [`crate::client`], [`crate::limit`], [`crate::obs`], [`crate::shield::escalate`] and
 //! [`crate::time`]; it never touches the XDP program itself.
