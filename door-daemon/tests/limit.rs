@@ -690,21 +690,21 @@ async fn door_limits_caps_hold_under_concurrency() {
     assert!(lim.tracked_clients() <= budget.max_clients);
 }
 
-/// The sharded table under contention: 16 shards (the default table), OS threads admitting and
-/// settling at once across many keys, and the group cap never exceeded, the per-client cap never
-/// exceeded, every slot returned.
-#[test]
-fn door_limits_group_cap_holds_across_shards_under_contention() {
+/// What [`hammer`] saw: the most requests its threads held at once, how many were admitted and
+/// how many refused for the group cap.
+struct Hammered {
+    group_max: u32,
+    admitted: usize,
+    capped: usize,
+}
+
+/// 8 OS threads admitting and settling at once across 4,096 keys on a fresh limiter of `budget`
+/// (16 shards at the default table size), 20,000 admissions each; a thread holds up to `max_held`
+/// requests and then settles its `settle` oldest, and settles every 5th round too when `max_held` is
+/// 2. Checks that every slot comes back and the table stays within its size.
+fn hammer(budget: Budget, max_held: usize, settle: usize) -> Hammered {
     const PEERS: u32 = 4096;
     const THREADS: u32 = 8;
-    let budget = Budget {
-        rate: 1e6,
-        burst: 1_000_000,
-        per_client: 2,
-        inflight: 6,
-        max_clients: DEFAULT_MAX_CLIENTS,
-        charge: Charge::OnFailure,
-    };
     assert_eq!(door_daemon::limit::shards_for(budget.max_clients), 16);
     let lim = Arc::new(GroupLimiter::new(
         "webhook",
@@ -738,9 +738,10 @@ fn door_limits_group_cap_holds_across_shards_under_contention() {
                             }
                         }
                     }
-                    // Hold up to two at a time, settling the older first.
-                    if held.len() > 1 || j % 5 == 0 {
-                        for p in held.drain(..) {
+                    // Settle the oldest first.
+                    if held.len() >= max_held || (max_held == 2 && j % 5 == 0) {
+                        let n = settle.min(held.len());
+                        for p in held.drain(..n) {
                             group_now.fetch_sub(1, Ordering::SeqCst);
                             p.answered(StatusCode::OK);
                         }
@@ -753,18 +754,59 @@ fn door_limits_group_cap_holds_across_shards_under_contention() {
             });
         }
     });
-    assert!(
-        group_max.load(Ordering::SeqCst) <= budget.inflight,
-        "group cap exceeded: {}",
-        group_max.load(Ordering::SeqCst)
-    );
-    assert!(admitted.load(Ordering::Relaxed) > 10_000);
-    assert!(
-        capped.load(Ordering::Relaxed) > 0,
-        "the cap was reached and held"
-    );
     assert_eq!(lim.inflight(), 0);
     assert!(lim.tracked_clients() <= budget.max_clients);
+    Hammered {
+        group_max: group_max.load(Ordering::SeqCst),
+        admitted: admitted.load(Ordering::Relaxed),
+        capped: capped.load(Ordering::Relaxed),
+    }
+}
+
+/// The sharded table under contention: 16 shards (the default table), OS threads admitting and
+/// settling at once across many keys, and the group cap never exceeded, every slot returned.
+/// A cap of 6 over 17 shards leases one slot at a time.
+#[test]
+fn door_limits_group_cap_holds_across_shards_under_contention() {
+    let budget = Budget {
+        rate: 1e6,
+        burst: 1_000_000,
+        per_client: 2,
+        inflight: 6,
+        max_clients: DEFAULT_MAX_CLIENTS,
+        charge: Charge::OnFailure,
+    };
+    // Each thread holds up to two at a time.
+    let h = hammer(budget, 2, 2);
+    assert!(
+        h.group_max <= budget.inflight,
+        "group cap exceeded: {}",
+        h.group_max
+    );
+    assert!(h.admitted > 10_000);
+    assert!(h.capped > 0, "the cap was reached and held");
+}
+
+/// The same under a cap large enough that the shards lease slots in batches: each thread holds
+/// up to 64 requests against a cap of 320, so that the cap is reached again and again while idle
+/// leased slots sit on other shards. The cap is never exceeded and every slot returns.
+#[test]
+fn door_limits_group_cap_holds_when_shards_lease_slots_in_batches() {
+    let budget = Budget {
+        rate: 1e6,
+        burst: 1_000_000,
+        per_client: 4,
+        inflight: 320,
+        max_clients: DEFAULT_MAX_CLIENTS,
+        charge: Charge::OnFailure,
+    };
+    let h = hammer(budget, 64, 32);
+    assert!(
+        h.group_max <= budget.inflight,
+        "group cap exceeded: {}",
+        h.group_max
+    );
+    assert!(h.capped > 0, "the cap was reached and held");
 }
 
 #[test]

@@ -6,13 +6,14 @@
 //! ([`Spend`], decided in `crate::http::settle`). Its bucket arithmetic is
 //! [`door_common::gcra`], the same GCRA the XDP program runs.
 //!
-//! A [`GroupLimiter`] guards one route group (`webhook`, `link`, `health`, ...). Under one mutex it
-//! holds a bounded LRU table of per-client rows (a token bucket, the tokens held by unsettled
-//! requests, the requests in flight) and one *shared row* for the clients the table cannot hold.
-//! [`GroupLimiter::admit`] checks, in order, the group's in-flight cap (503), the row's in-flight
-//! cap (429) and the row's bucket (429), and hands out a [`Permit`]: an RAII guard that frees the
-//! slot however the request ends, and under [`Charge::OnFailure`] spends a token only when the
-//! upstream answered 4xx.
+//! A [`GroupLimiter`] guards one route group (`webhook`, `link`, `health`, ...). In shards by key
+//! hash, each behind its own mutex, it holds a bounded LRU table of per-client rows (a token
+//! bucket, the tokens held by unsettled requests, the requests in flight) and one *shared row* for
+//! the clients the table cannot hold; the group's in-flight slots are a pool the shards lease
+//! from (`limit/slots.rs`). [`GroupLimiter::admit`] checks, in order, the group's in-flight cap
+//! (503), the row's in-flight cap (429) and the row's bucket (429), and hands out a [`Permit`]: an
+//! RAII guard that frees the slot however the request ends, and under [`Charge::OnFailure`] spends
+//! a token only when the upstream answered 4xx.
 //!
 //! # Token arithmetic
 //!
@@ -35,18 +36,19 @@ use std::{
     num::NonZeroUsize,
     sync::{
         Arc, Mutex, MutexGuard, PoisonError,
-        atomic::{AtomicBool, AtomicU32, Ordering},
+        atomic::{AtomicBool, Ordering},
     },
 };
 
-use crossbeam_utils::CachePadded;
 use door_common::{gcra, prefix::PrefixKey};
 use lru::LruCache;
 
 use crate::time::Clock;
 
+mod slots;
 mod table;
 
+use slots::{Lease, Pool};
 use table::Table;
 
 /// How many of the oldest table entries a miss on a full table probes for a full, idle entry to
@@ -423,6 +425,11 @@ impl Rejection {
             retry_after_s: CAP_RETRY_AFTER_S,
         }
     }
+
+    /// The group's in-flight cap is reached (503).
+    fn group_cap() -> Self {
+        Self::cap(RejectReason::GroupConcurrency, Scope::Group)
+    }
 }
 
 /// One token bucket with its in-flight and held counts: a table entry or the shared row.
@@ -667,6 +674,8 @@ struct ShardState {
     table: Table<Row>,
     /// The shared row (used in the group's shared shard only).
     shared: Row,
+    /// The group's in-flight slots this shard holds and has leased ([`slots`]).
+    slots: Lease,
     /// Tokens spent per client since the last [`GroupLimiter::drain_spent`], when
     /// [`GroupLimiter::record_spent`] turned it on (a cluster sync); `None` otherwise.
     journal: Option<Journal>,
@@ -711,44 +720,22 @@ impl ShardState {
 }
 
 /// One shard: a part of the table behind its own mutex. A permit holds its shard (not the
-/// whole limiter), so settling touches only that shard and the group's counters.
+/// whole limiter), so settling touches only that shard (and, now and then, the group's pool of
+/// slots).
 #[derive(Debug)]
 struct Shard {
     state: Mutex<ShardState>,
     core: Arc<Core>,
 }
 
-/// What every shard of a group shares: its in-flight count against the cap, the clock and the
-/// observer.
+/// What every shard of a group shares: the pool of in-flight slots against the cap, the clock
+/// and the observer.
 #[derive(Debug)]
 struct Core {
-    /// Requests holding a slot in the whole group: the one value every admission and settlement
-    /// of the group writes, alone on its cache line so that the read-mostly fields below are not
-    /// invalidated with it on every other core.
-    inflight: CachePadded<AtomicU32>,
-    /// The group's in-flight cap (`inflight`), read before any shard lock.
-    cap: AtomicU32,
+    /// The group's in-flight slots, leased to the shards in batches ([`slots`]).
+    pool: Pool,
     clock: Arc<dyn Clock>,
     observer: Arc<dyn Observer>,
-}
-
-impl Core {
-    /// Takes one of the group's slots, or `false` when `cap` are taken: one atomic add (and one
-    /// subtract when over), never a loop. The count may pass the cap for an instant, while a
-    /// request over it is backing out, but no request is admitted past it.
-    fn take_slot(&self) -> bool {
-        let cap = self.cap.load(Ordering::Relaxed);
-        if self.inflight.fetch_add(1, Ordering::AcqRel) < cap {
-            true
-        } else {
-            self.inflight.fetch_sub(1, Ordering::AcqRel);
-            false
-        }
-    }
-
-    fn free_slot(&self) {
-        self.inflight.fetch_sub(1, Ordering::AcqRel);
-    }
 }
 
 impl Shard {
@@ -757,10 +744,9 @@ impl Shard {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// What follows a freed slot once the lock is released: the group's in-flight count and the
-    /// observer; `shed` when the slot's entry left the table with it ([`ShardState::shed_if_over`]).
+    /// What follows a freed slot once the lock is released: the observer; `shed` when the slot's
+    /// entry left the table with it ([`ShardState::shed_if_over`]).
     fn slot_freed(&self, shed: bool) {
-        self.core.free_slot();
         self.core.observer.inflight_changed(-1);
         if shed {
             self.core.observer.clients_changed(-1);
@@ -793,6 +779,7 @@ impl Shard {
                     }
                 }
             }
+            state.slots.free(&self.core.pool);
             shed = matches!(id, RowId::Key(k, at) if state.shed_if_over(&k, at));
         }
         self.slot_freed(shed);
@@ -822,6 +809,7 @@ impl Shard {
                     }
                 }
             }
+            state.slots.free(&self.core.pool);
             shed = matches!(id, RowId::Key(k, at) if state.shed_if_over(&k, at));
         }
         self.slot_freed(shed);
@@ -833,9 +821,10 @@ impl Shard {
 /// `Send + Sync`; share it as `Arc<GroupLimiter>`. The client table is split into
 /// [`shards_for`]`(max_clients)` shards by key hash, each a bounded LRU table of its share of
 /// `max_clients` behind its own mutex; the shared row has a shard of its own; the group's
-/// in-flight count is an atomic checked against the cap before any lock. An admission takes one
-/// shard lock (two when it is decided on the shared row), a settlement one; no lock is held
-/// across an await, and none allocates once the table is full.
+/// in-flight slots are a pool the shards lease from in batches (`limit/slots.rs`), exact against the
+/// cap. An admission takes one shard lock (two when it is decided on the shared row; every shard's
+/// in turn, once, when the pool runs dry), a settlement one; no lock is held across an await, and
+/// none allocates once the table is full.
 #[derive(Debug)]
 pub struct GroupLimiter {
     group: String,
@@ -861,19 +850,20 @@ impl GroupLimiter {
     ) -> Self {
         let tuning = Tuning::of(budget, enforce);
         let now = clock.now_ns();
+        let n = shards_for(tuning.budget.max_clients);
         let core = Arc::new(Core {
-            inflight: CachePadded::new(AtomicU32::new(0)),
-            cap: AtomicU32::new(tuning.budget.inflight),
+            // The table's shards and the shared row's.
+            pool: Pool::new(tuning.budget.inflight, n + 1),
             clock,
             observer,
         });
-        let n = shards_for(tuning.budget.max_clients);
         let shard = |cap: usize| {
             Arc::new(Shard {
                 state: Mutex::new(ShardState {
                     tuning,
                     table: Table::new(cap),
                     shared: Row::full(now),
+                    slots: Lease::default(),
                     journal: None,
                 }),
                 core: Arc::clone(&core),
@@ -921,8 +911,13 @@ impl GroupLimiter {
         let now = self.core.clock.now_ns();
         let n = self.shards.len();
         let mut dropped = 0;
+        // Every shard gives its idle slots back below, under the new cap.
+        let pool = &self.core.pool;
+        pool.set_cap(new.budget.inflight, n + 1);
+        pool.tighten();
         for (i, shard) in self.shards.iter().chain([&self.shared]).enumerate() {
             let mut state = shard.lock();
+            state.slots.give_back_idle(pool);
             let old = state.tuning.bucket;
             for row in state.table.values_mut() {
                 old.rescale(new.bucket, row, now);
@@ -935,7 +930,6 @@ impl GroupLimiter {
             }
             state.tuning = new;
         }
-        self.core.cap.store(new.budget.inflight, Ordering::Release);
         self.enforce.store(enforce, Ordering::Release);
         if dropped > 0 {
             self.core
@@ -951,10 +945,15 @@ impl GroupLimiter {
         self.shards.iter().map(|s| s.lock().table.len()).sum()
     }
 
-    /// Requests holding a slot in the group (≤ `inflight` when enforcing; a request being refused
-    /// by the cap may count for an instant).
+    /// Requests holding a slot in the group (≤ `inflight` when enforcing, except after a reload
+    /// lowered the cap below the requests then in flight). Takes every shard's lock in turn: for
+    /// `/status` and tests, not the request path.
     pub fn inflight(&self) -> u32 {
-        self.core.inflight.load(Ordering::Acquire)
+        self.shards
+            .iter()
+            .chain([&self.shared])
+            .map(|s| s.lock().slots.taken())
+            .fold(0, u32::saturating_add)
     }
 
     fn shard_of(&self, key: &PrefixKey) -> &Arc<Shard> {
@@ -1113,9 +1112,9 @@ impl GroupLimiter {
 
     /// Admits a request from client `key`, or rejects it (docs/design.md, "Limits").
     ///
-    /// The group cap first (503, scope `group`: an atomic, before any lock), then, under the
-    /// client's shard lock, the per-client cap of the client's row (429, scope `client` or
-    /// `shared`), then its bucket (429): under [`Charge::Always`] a token is spent now; under
+    /// The group cap first (503, scope `group`: a slot taken under the client's shard lock,
+    /// leased from the group's pool, see `limit/slots.rs`), then, under the same lock, the per-client
+    /// cap of the client's row (429, scope `client` or `shared`), then its bucket (429): under [`Charge::Always`] a token is spent now; under
     /// [`Charge::OnFailure`] admission needs `1 + held` tokens and the request holds one until it
     /// settles.
     ///
@@ -1131,21 +1130,13 @@ impl GroupLimiter {
     /// ([`Permit::shadow_rejection`]) and holds nothing either.
     pub fn admit(self: &Arc<Self>, key: PrefixKey) -> Result<Permit, Rejection> {
         let enforce = self.enforcing();
-        let decision = if self.core.take_slot() {
-            let (decision, change) = self.decide(key);
-            if change.inserted {
-                self.core.observer.clients_changed(1);
-            }
-            if change.evicted {
-                self.core.observer.evicted();
-            }
-            if decision.is_err() {
-                self.core.free_slot();
-            }
-            decision
-        } else {
-            Err(Rejection::cap(RejectReason::GroupConcurrency, Scope::Group))
-        };
+        let (decision, change) = self.decide(key);
+        if change.inserted {
+            self.core.observer.clients_changed(1);
+        }
+        if change.evicted {
+            self.core.observer.evicted();
+        }
         match decision {
             Ok((shard, row)) => {
                 self.core.observer.inflight_changed(1);
@@ -1166,44 +1157,83 @@ impl GroupLimiter {
         }
     }
 
-    /// The decision after the group cap, with one of the group's slots taken; on admission the
-    /// row's slot (and token) is taken too.
+    /// The decision: the group cap (a slot taken on the deciding shard), then the row's cap and
+    /// bucket; on admission the slot stays taken, with the row's slot (and token).
     fn decide(&self, key: PrefixKey) -> (Result<(Arc<Shard>, RowId), Rejection>, TableChange) {
         let mut change = TableChange::default();
         let now = self.core.clock.now_ns();
+        let pool = &self.core.pool;
         let shard = self.shard_of(&key);
         {
-            let mut state = shard.lock();
+            let Some(mut state) = self.slot_on(shard) else {
+                return (Err(Rejection::group_cap()), change);
+            };
             let t = state.tuning;
             let spends = t.budget.charge == Charge::Always;
             // Hit: one lookup (which also refreshes the entry).
-            if let Some((at, row)) = state.table.get_mut(&key) {
-                let decision = take(&t, row, RowId::Key(key, at), now);
-                if spends && decision.is_ok() {
-                    state.note(key, true);
+            let decision = if let Some((at, row)) = state.table.get_mut(&key) {
+                Some(take(&t, row, RowId::Key(key, at), now))
+            } else {
+                find_row(&mut state.table, key, now, &mut change).map(|at| {
+                    match state.table.at_mut(at, &key) {
+                        Some(row) => take(&t, row, RowId::Key(key, at), now),
+                        // find_row only says so for a key it just inserted; unreachable, and
+                        // harmless: the request is refused rather than admitted without
+                        // accounting.
+                        None => Err(Rejection::cap(
+                            RejectReason::ClientConcurrency,
+                            Scope::Client,
+                        )),
+                    }
+                })
+            };
+            match decision {
+                Some(Ok(id)) => {
+                    if spends {
+                        state.note(key, true);
+                    }
+                    return (Ok((Arc::clone(shard), id)), change);
                 }
-                return (decision.map(|id| (Arc::clone(shard), id)), change);
-            }
-            if let Some(at) = find_row(&mut state.table, key, now, &mut change) {
-                let decision = match state.table.at_mut(at, &key) {
-                    Some(row) => take(&t, row, RowId::Key(key, at), now),
-                    // find_row only says so for a key it just inserted; unreachable, and
-                    // harmless: the request is refused rather than admitted without accounting.
-                    None => Err(Rejection::cap(
-                        RejectReason::ClientConcurrency,
-                        Scope::Client,
-                    )),
-                };
-                if spends && decision.is_ok() {
-                    state.note(key, true);
+                Some(Err(rejection)) => {
+                    state.slots.free(pool);
+                    return (Err(rejection), change);
                 }
-                return (decision.map(|id| (Arc::clone(shard), id)), change);
+                // The shared row decides: the slot moves to its shard.
+                None => state.slots.free(pool),
             }
         }
-        let mut state = self.shared.lock();
+        let Some(mut state) = self.slot_on(&self.shared) else {
+            return (Err(Rejection::group_cap()), change);
+        };
         let t = state.tuning;
         let decision = take(&t, &mut state.shared, RowId::Shared, now);
+        if decision.is_err() {
+            state.slots.free(pool);
+        }
         (decision.map(|id| (Arc::clone(&self.shared), id)), change)
+    }
+
+    /// Takes one of the group's slots on `shard` and returns the shard's lock, or `None` when the
+    /// group cap is reached. When the pool is dry and the group not yet tight, other shards may
+    /// hold idle leased slots: the lock is released, the group turned tight and every shard's
+    /// idle slots taken back ([`Pool::tighten`]), and the slot tried once more.
+    fn slot_on<'s>(&'s self, shard: &'s Shard) -> Option<MutexGuard<'s, ShardState>> {
+        let pool = &self.core.pool;
+        let mut state = shard.lock();
+        if state.slots.take(pool) {
+            return Some(state);
+        }
+        // No shard keeps an idle slot while the group is tight or leases one slot at a time.
+        if pool.is_tight() || !pool.leases_batches() {
+            return None;
+        }
+        drop(state);
+        pool.tighten();
+        for s in self.shards.iter().chain([&self.shared]) {
+            s.lock().slots.give_back_idle(pool);
+        }
+        state = shard.lock();
+        state.slots.take(pool).then_some(state)
     }
 }
 
