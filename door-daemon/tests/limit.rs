@@ -691,8 +691,11 @@ async fn door_limits_caps_hold_under_concurrency() {
 }
 
 /// What [`hammer`] saw: the most requests its threads held at once, how many were admitted and
-/// how many refused for the group cap.
+/// how many refused for the group cap, and what fresh clients got after them.
 struct Hammered {
+    /// Then, one new client after another: how many were admitted until one was refused (or the
+    /// cap's worth), and why the next was refused.
+    after: (usize, Option<RejectReason>),
     group_max: u32,
     admitted: usize,
     capped: usize,
@@ -756,7 +759,19 @@ fn hammer(budget: Budget, max_held: usize, settle: usize) -> Hammered {
     });
     assert_eq!(lim.inflight(), 0);
     assert!(lim.tracked_clients() <= budget.max_clients);
+    // No slot was lost on the way: the whole cap admits, one new client after another, and no
+    // more.
+    let all: Vec<_> = (0..budget.inflight)
+        .map_while(|i| lim.admit(peer(PEERS + i)).ok())
+        .collect();
+    let then = lim
+        .admit(peer(PEERS + budget.inflight))
+        .err()
+        .map(|r| r.reason);
+    let after = (all.len(), then);
+    drop(all);
     Hammered {
+        after,
         group_max: group_max.load(Ordering::SeqCst),
         admitted: admitted.load(Ordering::Relaxed),
         capped: capped.load(Ordering::Relaxed),
@@ -783,6 +798,11 @@ fn door_limits_group_cap_holds_across_shards_under_contention() {
         "group cap exceeded: {}",
         h.group_max
     );
+    assert_eq!(
+        h.after,
+        (6, Some(RejectReason::GroupConcurrency)),
+        "every slot came back"
+    );
     assert!(h.admitted > 10_000);
     assert!(h.capped > 0, "the cap was reached and held");
 }
@@ -805,6 +825,11 @@ fn door_limits_group_cap_holds_when_shards_lease_slots_in_batches() {
         h.group_max <= budget.inflight,
         "group cap exceeded: {}",
         h.group_max
+    );
+    assert_eq!(
+        h.after,
+        (320, Some(RejectReason::GroupConcurrency)),
+        "every slot came back"
     );
     assert!(h.capped > 0, "the cap was reached and held");
 }

@@ -911,13 +911,14 @@ impl GroupLimiter {
         let now = self.core.clock.now_ns();
         let n = self.shards.len();
         let mut dropped = 0;
-        // Every shard gives its idle slots back below, under the new cap.
         let pool = &self.core.pool;
-        pool.set_cap(new.budget.inflight, n + 1);
-        pool.tighten();
+        if pool.cap() != u64::from(new.budget.inflight) {
+            pool.set_cap(new.budget.inflight, n + 1);
+            // Idle slots leased under the old cap come back, the new batch applies from now.
+            self.sweep();
+        }
         for (i, shard) in self.shards.iter().chain([&self.shared]).enumerate() {
             let mut state = shard.lock();
-            state.slots.give_back_idle(pool);
             let old = state.tuning.bucket;
             for row in state.table.values_mut() {
                 old.rescale(new.bucket, row, now);
@@ -1198,13 +1199,14 @@ impl GroupLimiter {
                     state.slots.free(pool);
                     return (Err(rejection), change);
                 }
-                // The shared row decides: the slot moves to its shard.
-                None => state.slots.free(pool),
+                // The shared row decides: the slot moves to its shard, leased still.
+                None => {
+                    state.slots.hand_over();
+                }
             }
         }
-        let Some(mut state) = self.slot_on(&self.shared) else {
-            return (Err(Rejection::group_cap()), change);
-        };
+        let mut state = self.shared.lock();
+        state.slots.receive();
         let t = state.tuning;
         let decision = take(&t, &mut state.shared, RowId::Shared, now);
         if decision.is_err() {
@@ -1214,11 +1216,15 @@ impl GroupLimiter {
     }
 
     /// Takes one of the group's slots on `shard` and returns the shard's lock, or `None` when the
-    /// group cap is reached. When the pool is dry and the group not yet tight, other shards may
-    /// hold idle leased slots: the lock is released, the group turned tight and every shard's
-    /// idle slots taken back ([`Pool::tighten`]), and the slot tried once more.
+    /// group cap is reached (without taking the lock when the pool says so, [`Pool::is_full`]).
+    /// When the pool is dry and the group not yet tight, other shards may hold idle leased slots:
+    /// the lock is released, the group turned tight and every shard's idle slots taken back
+    /// ([`Pool::tighten`]), and the slot tried once more.
     fn slot_on<'s>(&'s self, shard: &'s Shard) -> Option<MutexGuard<'s, ShardState>> {
         let pool = &self.core.pool;
+        if pool.is_full() {
+            return None;
+        }
         let mut state = shard.lock();
         if state.slots.take(pool) {
             return Some(state);
@@ -1228,12 +1234,21 @@ impl GroupLimiter {
             return None;
         }
         drop(state);
+        self.sweep();
+        state = shard.lock();
+        state.slots.take(pool).then_some(state)
+    }
+
+    /// Turns the group tight and takes every shard's idle leased slots back, one shard lock at a
+    /// time (none may be held by the caller); the group stays tight only while more than half the
+    /// cap is in use ([`Pool::tighten`]).
+    fn sweep(&self) {
+        let pool = &self.core.pool;
         pool.tighten();
         for s in self.shards.iter().chain([&self.shared]) {
             s.lock().slots.give_back_idle(pool);
         }
-        state = shard.lock();
-        state.slots.take(pool).then_some(state)
+        pool.swept();
     }
 }
 

@@ -5,16 +5,21 @@
 //! the slots it has leased from the group's [`Pool`] (`leased ≥ taken`). Taking a slot is a
 //! plain increment while the shard has an idle leased slot; only when it has none does the shard
 //! lease a batch from the pool, one atomic add checked against the cap (backed out with one
-//! subtract when it would pass the cap). Freeing a slot keeps at most one batch idle and returns
-//! the rest. The pool never leases past the cap, so the slots held in the whole group never pass
-//! it either: the cap stays exact.
+//! subtract when it would pass the cap). Freeing a slot keeps up to two batches idle; past that it
+//! returns all but one. The pool never leases past the cap, so the slots held in the whole group
+//! never pass it either: the cap stays exact.
 //!
 //! Idle leased slots would otherwise refuse requests below the cap, so when the pool runs dry the
 //! group turns *tight* ([`Pool::tighten`]): every shard gives its idle slots back, and until the
 //! slots in use fall to half the cap, shards lease one slot at a time and keep none idle, which
 //! is the plain shared count. A batch is `cap / (8 · shards)` slots, at most [`MAX_BATCH`]; a group
 //! whose cap is smaller than 16 slots per shard leases one at a time always (the default groups'
-//! caps of 4 to 64 among them).
+//! caps of 4 to 64 among them; the default `stream` group's 1,024 leases 7 at a time).
+//!
+//! Used by one thread, a request is refused for the cap only when the cap's slots are all held.
+//! Under concurrency a refusal may come with a slot free for an instant, as with any shared count
+//! checked by add and back-out: while another request's lease past the cap backs out, or while
+//! another request is still sweeping the idle slots back.
 //!
 //! The scheme is Linux's batched per-CPU counter (`lib/percpu_counter.c`) and the "sloppy
 //! counters" of Boyd-Wickizer et al., *An Analysis of Linux Scalability to Many Cores* (OSDI
@@ -88,13 +93,32 @@ impl Pool {
     /// Takes `n` leased slots back; clears [`Pool::tight`] once what stays leased is at most
     /// half the cap.
     fn give_back(&self, n: u64) {
-        if n == 0 {
-            return;
+        if n > 0 {
+            let before = self.leased.fetch_sub(n, Ordering::AcqRel);
+            self.relax(before.saturating_sub(n));
         }
-        let before = self.leased.fetch_sub(n, Ordering::AcqRel);
-        if self.tight.load(Ordering::Acquire) && before.saturating_sub(n) <= self.cap() / 2 {
+    }
+
+    /// Clears [`Pool::tight`] when `leased` slots (the pool's count now) are at most half the cap.
+    fn relax(&self, leased: u64) {
+        if self.tight.load(Ordering::Acquire) && leased <= self.cap() / 2 {
             self.tight.store(false, Ordering::Release);
         }
+    }
+
+    /// Ends a sweep (after [`Pool::tighten`] and every shard's [`Lease::give_back_idle`]): the
+    /// group stays tight only while more than half the cap is in use.
+    pub(super) fn swept(&self) {
+        self.relax(self.leased.load(Ordering::Acquire));
+    }
+
+    /// Whether a request is sure to be refused for the cap without looking at any shard: no shard
+    /// keeps idle slots (the group is tight or leases one slot at a time) and the cap's slots are
+    /// all leased, so all held. The shared count's check of before, one load and no lock, for a
+    /// flood at the cap.
+    pub(super) fn is_full(&self) -> bool {
+        (self.is_tight() || !self.leases_batches())
+            && self.leased.load(Ordering::Acquire) >= self.cap()
     }
 
     /// Whether shards lease one slot at a time now (the pool ran dry, or the batch is 1), and
@@ -171,13 +195,13 @@ impl Lease {
         true
     }
 
-    /// Frees a slot taken with [`Lease::take`]; returns idle slots to the pool past one batch
-    /// (all of them when the group is tight).
+    /// Frees a slot taken with [`Lease::take`]; past two idle batches, returns all idle slots but
+    /// one batch to the pool (all of them when the group is tight or leases one at a time).
     pub(super) fn free(&mut self, pool: &Pool) {
         self.taken = self.taken.saturating_sub(1);
         let keep = pool.batch_now().unwrap_or(0);
         let idle = u64::from(self.leased.saturating_sub(self.taken));
-        if idle > keep.saturating_mul(2) || (keep == 0 && idle > 0) {
+        if idle > keep.saturating_mul(2) {
             self.give_back(pool, idle - keep);
         }
     }
@@ -186,6 +210,24 @@ impl Lease {
     #[cfg(test)]
     pub(super) fn leased(self) -> u32 {
         self.leased
+    }
+
+    /// Hands one taken slot over to another shard's lease ([`Lease::receive`]) without the pool:
+    /// the slot stays leased and held, by the request that moves from this shard to the other.
+    /// `false` (nothing changed) when this lease holds no slot.
+    pub(super) fn hand_over(&mut self) -> bool {
+        if self.taken == 0 {
+            return false;
+        }
+        self.taken -= 1;
+        self.leased -= 1;
+        true
+    }
+
+    /// Receives a slot handed over by [`Lease::hand_over`], taken.
+    pub(super) fn receive(&mut self) {
+        self.taken = self.taken.saturating_add(1);
+        self.leased = self.leased.saturating_add(1);
     }
 
     /// Returns every idle leased slot to the pool (a sweep of [`Pool::tighten`], a retune).
@@ -308,5 +350,56 @@ mod tests {
         }
         assert!(b.take(&pool));
         assert_eq!(pool.leased(), 5);
+    }
+
+    #[test]
+    fn a_full_pool_refuses_without_a_shard_only_when_no_shard_keeps_idle_slots() {
+        // Loose, with batches: the pool may be dry while a shard has idle slots.
+        let pool = Pool::new(100, 1);
+        let mut a = Lease::default();
+        assert_eq!(take_n(&mut a, &pool, 100), 100);
+        assert!(!pool.is_full(), "loose: a shard may hold idle slots");
+        pool.tighten();
+        assert!(pool.is_full());
+        a.free(&pool);
+        assert!(!pool.is_full());
+        // One slot at a time: the pool's count is the slots held.
+        let small = Pool::new(4, 17);
+        let mut b = Lease::default();
+        assert_eq!(take_n(&mut b, &small, 5), 4);
+        assert!(small.is_full());
+    }
+
+    #[test]
+    fn a_slot_handed_over_stays_leased_and_held() {
+        let pool = Pool::new(100, 1);
+        let (mut a, mut shared) = (Lease::default(), Lease::default());
+        assert!(a.take(&pool));
+        assert!(a.hand_over());
+        shared.receive();
+        assert_eq!((a.taken(), a.leased()), (0, 11));
+        assert_eq!((shared.taken(), shared.leased()), (1, 1));
+        assert_eq!(pool.leased(), 12);
+        assert!(!Lease::default().hand_over(), "nothing to hand over");
+        shared.free(&pool);
+        assert_eq!(
+            (shared.taken(), shared.leased()),
+            (0, 1),
+            "one idle slot kept"
+        );
+    }
+
+    #[test]
+    fn a_sweep_that_leaves_half_the_cap_free_loosens_the_group() {
+        let pool = Pool::new(100, 1);
+        let mut a = Lease::default();
+        assert_eq!(take_n(&mut a, &pool, 12), 12);
+        pool.tighten();
+        // No idle slot to give back: nothing on the way looks at the count.
+        a.give_back_idle(&pool);
+        assert_eq!(pool.leased(), 12);
+        assert!(pool.is_tight());
+        pool.swept();
+        assert!(!pool.is_tight(), "12 of 100 in use");
     }
 }
