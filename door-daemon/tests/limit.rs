@@ -699,16 +699,17 @@ struct Hammered {
     group_max: u32,
     admitted: usize,
     capped: usize,
+    /// Admitted on the shared row.
+    on_shared: usize,
 }
 
 /// 8 OS threads admitting and settling at once across 4,096 keys on a fresh limiter of `budget`
-/// (16 shards at the default table size), 20,000 admissions each; a thread holds up to `max_held`
+/// (16 shards at the default table size, one below 2,048 entries), 20,000 admissions each; a thread holds up to `max_held`
 /// requests and then settles its `settle` oldest, and settles every 5th round too when `max_held` is
 /// 2. Checks that every slot comes back and the table stays within its size.
 fn hammer(budget: Budget, max_held: usize, settle: usize) -> Hammered {
     const PEERS: u32 = 4096;
     const THREADS: u32 = 8;
-    assert_eq!(door_daemon::limit::shards_for(budget.max_clients), 16);
     let lim = Arc::new(GroupLimiter::new(
         "webhook",
         budget,
@@ -720,10 +721,11 @@ fn hammer(budget: Budget, max_held: usize, settle: usize) -> Hammered {
     let group_max = AtomicU32::new(0);
     let admitted = AtomicUsize::new(0);
     let capped = AtomicUsize::new(0);
+    let on_shared = AtomicUsize::new(0);
     std::thread::scope(|s| {
         for t in 0..THREADS {
-            let (lim, group_now, group_max, admitted, capped) =
-                (&lim, &group_now, &group_max, &admitted, &capped);
+            let (lim, group_now, group_max, admitted, capped, on_shared) =
+                (&lim, &group_now, &group_max, &admitted, &capped, &on_shared);
             s.spawn(move || {
                 let mut held = Vec::new();
                 for j in 0..20_000u32 {
@@ -731,6 +733,9 @@ fn hammer(budget: Budget, max_held: usize, settle: usize) -> Hammered {
                     match lim.admit(key) {
                         Ok(p) => {
                             admitted.fetch_add(1, Ordering::Relaxed);
+                            if p.scope() == Scope::Shared {
+                                on_shared.fetch_add(1, Ordering::Relaxed);
+                            }
                             let g = group_now.fetch_add(1, Ordering::SeqCst) + 1;
                             group_max.fetch_max(g, Ordering::SeqCst);
                             held.push(p);
@@ -775,63 +780,63 @@ fn hammer(budget: Budget, max_held: usize, settle: usize) -> Hammered {
         group_max: group_max.load(Ordering::SeqCst),
         admitted: admitted.load(Ordering::Relaxed),
         capped: capped.load(Ordering::Relaxed),
+        on_shared: on_shared.load(Ordering::Relaxed),
     }
+}
+
+/// A webhook-like budget that never runs out of tokens: `per_client`, a cap of `inflight`, a
+/// table of `max_clients`.
+fn roomy(per_client: u32, inflight: u32, max_clients: usize) -> Budget {
+    Budget {
+        rate: 1e6,
+        burst: 1_000_000,
+        per_client,
+        inflight,
+        max_clients,
+        charge: Charge::OnFailure,
+    }
+}
+
+/// What every [`hammer`] run must show: the cap never passed, reached (and held) at least once,
+/// and afterwards the whole cap admitting fresh clients one after another, and no more.
+fn assert_cap_held(h: &Hammered, cap: u32) {
+    assert!(h.group_max <= cap, "group cap exceeded: {}", h.group_max);
+    assert!(h.capped > 0, "the cap was reached and held");
+    let all = usize::try_from(cap).unwrap_or(usize::MAX);
+    assert_eq!(
+        h.after,
+        (all, Some(RejectReason::GroupConcurrency)),
+        "every slot came back"
+    );
 }
 
 /// The sharded table under contention: 16 shards (the default table), OS threads admitting and
 /// settling at once across many keys, and the group cap never exceeded, every slot returned.
-/// A cap of 6 over 17 shards leases one slot at a time.
+/// A cap of 6 over 17 shards leases one slot at a time; each thread holds up to two requests.
 #[test]
 fn door_limits_group_cap_holds_across_shards_under_contention() {
-    let budget = Budget {
-        rate: 1e6,
-        burst: 1_000_000,
-        per_client: 2,
-        inflight: 6,
-        max_clients: DEFAULT_MAX_CLIENTS,
-        charge: Charge::OnFailure,
-    };
-    // Each thread holds up to two at a time.
-    let h = hammer(budget, 2, 2);
-    assert!(
-        h.group_max <= budget.inflight,
-        "group cap exceeded: {}",
-        h.group_max
-    );
-    assert_eq!(
-        h.after,
-        (6, Some(RejectReason::GroupConcurrency)),
-        "every slot came back"
-    );
+    let h = hammer(roomy(2, 6, DEFAULT_MAX_CLIENTS), 2, 2);
+    assert_cap_held(&h, 6);
     assert!(h.admitted > 10_000);
-    assert!(h.capped > 0, "the cap was reached and held");
 }
 
-/// The same under a cap large enough that the shards lease slots in batches: each thread holds
-/// up to 64 requests against a cap of 320, so that the cap is reached again and again while idle
-/// leased slots sit on other shards. The cap is never exceeded and every slot returns.
+/// The same under a cap large enough that the shards lease slots in batches (2,048 over 17
+/// shards: 15 at a time): each thread holds 256 to 512 requests, so that the cap is reached
+/// again and again while idle leased slots sit on other shards.
 #[test]
 fn door_limits_group_cap_holds_when_shards_lease_slots_in_batches() {
-    let budget = Budget {
-        rate: 1e6,
-        burst: 1_000_000,
-        per_client: 4,
-        inflight: 320,
-        max_clients: DEFAULT_MAX_CLIENTS,
-        charge: Charge::OnFailure,
-    };
-    let h = hammer(budget, 64, 32);
-    assert!(
-        h.group_max <= budget.inflight,
-        "group cap exceeded: {}",
-        h.group_max
-    );
-    assert_eq!(
-        h.after,
-        (320, Some(RejectReason::GroupConcurrency)),
-        "every slot came back"
-    );
-    assert!(h.capped > 0, "the cap was reached and held");
+    let h = hammer(roomy(4, 2_048, DEFAULT_MAX_CLIENTS), 512, 256);
+    assert_cap_held(&h, 2_048);
+}
+
+/// The same with a table of 1,024 entries for the 4,096 clients, so that many requests are
+/// decided on the shared row, each taking its slot along to the shared row's shard (a cap of 320
+/// over 2 shards leases 20 at a time).
+#[test]
+fn door_limits_group_cap_holds_when_slots_move_to_the_shared_row() {
+    let h = hammer(roomy(4, 320, 1_024), 128, 64);
+    assert_cap_held(&h, 320);
+    assert!(h.on_shared > 0, "the shared row admitted");
 }
 
 #[test]

@@ -779,7 +779,7 @@ impl Shard {
                     }
                 }
             }
-            state.slots.free(&self.core.pool);
+            free_slot(&mut state.slots, id, &self.core.pool);
             shed = matches!(id, RowId::Key(k, at) if state.shed_if_over(&k, at));
         }
         self.slot_freed(shed);
@@ -809,7 +809,7 @@ impl Shard {
                     }
                 }
             }
-            state.slots.free(&self.core.pool);
+            free_slot(&mut state.slots, id, &self.core.pool);
             shed = matches!(id, RowId::Key(k, at) if state.shed_if_over(&k, at));
         }
         self.slot_freed(shed);
@@ -1165,7 +1165,7 @@ impl GroupLimiter {
         let now = self.core.clock.now_ns();
         let pool = &self.core.pool;
         let shard = self.shard_of(&key);
-        {
+        let moved = {
             let Some(mut state) = self.slot_on(shard) else {
                 return (Err(Rejection::group_cap()), change);
             };
@@ -1200,17 +1200,25 @@ impl GroupLimiter {
                     return (Err(rejection), change);
                 }
                 // The shared row decides: the slot moves to its shard, leased still.
-                None => {
-                    state.slots.hand_over();
-                }
+                None => state.slots.hand_over(),
             }
-        }
-        let mut state = self.shared.lock();
-        state.slots.receive();
+        };
+        let mut state = if moved {
+            let mut state = self.shared.lock();
+            state.slots.receive();
+            state
+        } else {
+            // Unreachable (the slot was taken under the same lock), and harmless: the shared
+            // row's shard takes a slot of its own.
+            let Some(state) = self.slot_on(&self.shared) else {
+                return (Err(Rejection::group_cap()), change);
+            };
+            state
+        };
         let t = state.tuning;
         let decision = take(&t, &mut state.shared, RowId::Shared, now);
         if decision.is_err() {
-            state.slots.free(pool);
+            free_slot(&mut state.slots, RowId::Shared, pool);
         }
         (decision.map(|id| (Arc::clone(&self.shared), id)), change)
     }
@@ -1249,6 +1257,16 @@ impl GroupLimiter {
             s.lock().slots.give_back_idle(pool);
         }
         pool.swept();
+    }
+}
+
+/// Frees the slot of a request decided on row `id`. The shared row's shard only ever receives
+/// slots handed over ([`slots::Lease::receive`]) and never takes one, so it keeps none idle: its
+/// freed slot goes back to the pool at once.
+fn free_slot(slots: &mut Lease, id: RowId, pool: &Pool) {
+    slots.free(pool);
+    if matches!(id, RowId::Shared) {
+        slots.give_back_idle(pool);
     }
 }
 

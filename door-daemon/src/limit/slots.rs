@@ -114,8 +114,8 @@ impl Pool {
 
     /// Whether a request is sure to be refused for the cap without looking at any shard: no shard
     /// keeps idle slots (the group is tight or leases one slot at a time) and the cap's slots are
-    /// all leased, so all held. The shared count's check of before, one load and no lock, for a
-    /// flood at the cap.
+    /// all leased, so all held. The shared count's check of before: one load of the shared count
+    /// (beside the read-mostly flags and cap) and no lock, for a flood at the cap.
     pub(super) fn is_full(&self) -> bool {
         (self.is_tight() || !self.leases_batches())
             && self.leased.load(Ordering::Acquire) >= self.cap()
