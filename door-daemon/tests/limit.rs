@@ -704,9 +704,11 @@ struct Hammered {
 }
 
 /// 8 OS threads admitting and settling at once across 4,096 keys on a fresh limiter of `budget`
-/// (16 shards at the default table size, one below 2,048 entries), 20,000 admissions each; a thread holds up to `max_held`
-/// requests and then settles its `settle` oldest, and settles every 5th round too when `max_held` is
-/// 2. Checks that every slot comes back and the table stays within its size.
+/// (16 shards at the default table size, one below 2,048 entries), 20,000 admissions each; a
+/// thread holds up to `max_held` requests and then settles its `settle` oldest, and settles every
+/// 5th round too when `max_held` is 2. Checks that nothing is in flight at the end and the table
+/// stays within its size; then admits fresh clients one after another, for
+/// [`assert_cap_held`].
 fn hammer(budget: Budget, max_held: usize, settle: usize) -> Hammered {
     const PEERS: u32 = 4096;
     const THREADS: u32 = 8;

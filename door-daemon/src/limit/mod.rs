@@ -821,10 +821,10 @@ impl Shard {
 /// `Send + Sync`; share it as `Arc<GroupLimiter>`. The client table is split into
 /// [`shards_for`]`(max_clients)` shards by key hash, each a bounded LRU table of its share of
 /// `max_clients` behind its own mutex; the shared row has a shard of its own; the group's
-/// in-flight slots are a pool the shards lease from in batches (`limit/slots.rs`), exact against the
-/// cap. An admission takes one shard lock (two when it is decided on the shared row; every shard's
-/// in turn, once, when the pool runs dry), a settlement one; no lock is held across an await, and
-/// none allocates once the table is full.
+/// in-flight slots are a pool the shards lease from in batches (`limit/slots.rs`), exact against
+/// the cap. An admission takes one shard lock (two when it is decided on the shared row; every
+/// shard's in turn, once, when the pool runs dry), a settlement one; no lock is held across an
+/// await, and none allocates once the table is full.
 #[derive(Debug)]
 pub struct GroupLimiter {
     group: String,
@@ -1114,10 +1114,10 @@ impl GroupLimiter {
     /// Admits a request from client `key`, or rejects it (docs/design.md, "Limits").
     ///
     /// The group cap first (503, scope `group`: a slot taken under the client's shard lock,
-    /// leased from the group's pool, see `limit/slots.rs`), then, under the same lock, the per-client
-    /// cap of the client's row (429, scope `client` or `shared`), then its bucket (429): under [`Charge::Always`] a token is spent now; under
-    /// [`Charge::OnFailure`] admission needs `1 + held` tokens and the request holds one until it
-    /// settles.
+    /// leased from the group's pool, see `limit/slots.rs`), then, under the same lock, the
+    /// per-client cap of the client's row (429, scope `client` or `shared`), then its bucket
+    /// (429): under [`Charge::Always`] a token is spent now; under [`Charge::OnFailure`]
+    /// admission needs `1 + held` tokens and the request holds one until it settles.
     ///
     /// A client not in the table gets a new, full entry if its shard has room; otherwise the
     /// [`EVICT_PROBE`] oldest entries of the shard are probed, each ineligible one is refreshed,

@@ -832,8 +832,8 @@ proptest! {
     /// slots are all held, never below, whatever shards the idle leased slots sit on. The table
     /// is either two shards of 1,024 entries or one of 16, where most of the 64 clients are decided
     /// on the shared row (the slot moving to the shared row's shard); lulls end most requests at
-    /// once, and reloads change the cap and switch shadow mode. Every invariant holds at every step,
-    /// the pool's count among them, and every slot comes back.
+    /// once, and reloads change the cap and switch shadow mode. Every invariant holds at every
+    /// step, the pool's count among them, and every slot comes back.
     #[test]
     fn the_group_cap_is_exact_when_shards_lease_batches(
         cap in 48u32..120,
@@ -872,7 +872,12 @@ proptest! {
                             permits.push(p);
                         }
                         Err(r) if r.reason == RejectReason::GroupConcurrency => {
-                            prop_assert!(before >= cap, "refused with {} held, cap {}", before, cap);
+                            prop_assert!(
+                                before >= cap,
+                                "refused with {} held, cap {}",
+                                before,
+                                cap
+                            );
                         }
                         Err(r) => prop_assert_eq!(r.reason, RejectReason::ClientConcurrency),
                     }
@@ -893,7 +898,8 @@ proptest! {
                     // held (a cap below them is `slots`' own test), shadow mode now and then.
                     cap = (16 + u32::try_from(i % 192).unwrap_or(0)).max(lim.inflight());
                     let enforce = i % 7 != 0;
-                    lim.retune(Budget { inflight: cap, per_client: per_client.min(cap), ..budget }, enforce);
+                    let per_client = per_client.min(cap);
+                    lim.retune(Budget { inflight: cap, per_client, ..budget }, enforce);
                 }
                 _ => {}
             }
