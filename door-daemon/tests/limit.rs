@@ -383,22 +383,28 @@ fn door_limits_bounded_drained_entries_are_not_replaced_until_full() {
     assert!(lim.is_tracked(&peer(4)));
 }
 
-#[test]
-fn door_limits_probe_refreshes_ineligible_entries() {
-    // Table of 9 busy entries: a miss probes the 8 oldest, refreshes them, and the 9th (never
-    // probed) becomes the oldest; it is full and idle, so the next miss evicts it.
-    let clock = Arc::new(ManualClock::at(0));
-    let lim = limiter(
+/// A limiter of `max_clients` entries (one shard) at 1 token/s, burst 5, one request in flight
+/// per client, 64 in the group.
+fn small_table(max_clients: usize, charge: Charge, clock: &Arc<ManualClock>) -> Arc<GroupLimiter> {
+    limiter(
         Budget {
             rate: 1.0,
             burst: 5,
             per_client: 1,
             inflight: 64,
-            max_clients: 9,
-            charge: Charge::Always,
+            max_clients,
+            charge,
         },
-        &clock,
-    );
+        clock,
+    )
+}
+
+#[test]
+fn door_limits_probe_refreshes_ineligible_entries() {
+    // Table of 9 busy entries: a miss probes the 8 oldest, refreshes them, and the 9th (never
+    // probed) becomes the oldest; it is full and idle, so the next miss evicts it.
+    let clock = Arc::new(ManualClock::at(0));
+    let lim = small_table(9, Charge::Always, &clock);
     let busy: Vec<_> = (0..8).map(|i| lim.admit(peer(i)).unwrap()).collect();
     lim.admit(peer(8)).unwrap().answered(StatusCode::OK); // newest, idle, not full (one spent)
     clock.advance(Duration::from_secs(1)); // now peer(8) is full again
@@ -409,6 +415,27 @@ fn door_limits_probe_refreshes_ineligible_entries() {
     assert!(!lim.is_tracked(&peer(8)));
     assert!((0..8).all(|i| lim.is_tracked(&peer(i))));
     drop(busy);
+}
+
+#[test]
+fn door_limits_a_returning_client_keeps_its_entry() {
+    // A full table of full, idle entries: a miss replaces the oldest entry, except that a client
+    // that came back since its entry was placed keeps it, and the next oldest goes instead.
+    let clock = Arc::new(ManualClock::at(0));
+    let lim = small_table(4, Charge::OnFailure, &clock);
+    for i in 0..4 {
+        lim.admit(peer(i)).unwrap().answered(StatusCode::OK); // a 200 spends nothing: full
+    }
+    lim.admit(peer(0)).unwrap().answered(StatusCode::OK);
+    assert_eq!(lim.admit(peer(100)).unwrap().scope(), Scope::Client);
+    assert!(lim.is_tracked(&peer(0)), "the returning client stays");
+    assert!(!lim.is_tracked(&peer(1)), "the oldest of the others goes");
+    lim.admit(peer(2)).unwrap().answered(StatusCode::OK);
+    assert_eq!(lim.admit(peer(101)).unwrap().scope(), Scope::Client);
+    assert!(lim.is_tracked(&peer(2)) && !lim.is_tracked(&peer(3)));
+    // peer(0) had its second chance and did not come back again: it is the oldest now.
+    assert_eq!(lim.admit(peer(102)).unwrap().scope(), Scope::Client);
+    assert!(!lim.is_tracked(&peer(0)));
 }
 
 #[test]

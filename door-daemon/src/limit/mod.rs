@@ -7,8 +7,9 @@
 //! [`door_common::gcra`], the same GCRA the XDP program runs.
 //!
 //! A [`GroupLimiter`] guards one route group (`webhook`, `link`, `health`, ...). In shards by key
-//! hash, each behind its own mutex, it holds a bounded LRU table of per-client rows (a token
-//! bucket, the tokens held by unsettled requests, the requests in flight) and one *shared row* for
+//! hash, each behind its own mutex, it holds a bounded table of per-client rows (a token
+//! bucket, the tokens held by unsettled requests, the requests in flight), oldest first in an
+//! approximate LRU order (CLOCK's second chance, `limit/table.rs`), and one *shared row* for
 //! the clients the table cannot hold; the group's in-flight slots are a pool the shards lease
 //! from (`limit/slots.rs`). [`GroupLimiter::admit`] checks, in order, the group's in-flight cap
 //! (503), the row's in-flight cap (429) and the row's bucket (429), and hands out a [`Permit`]: an
@@ -54,6 +55,12 @@ use table::Table;
 /// How many of the oldest table entries a miss on a full table probes for a full, idle entry to
 /// replace (docs/design.md, "Limits").
 pub const EVICT_PROBE: usize = 8;
+
+/// The most second chances a miss on a full table gives before it probes: entries at the old end
+/// of the table used since they were placed there, moved to the front instead of being probed
+/// (docs/design.md, "The bounded table and its shared row"). A bound on one request's work under
+/// the shard's lock; the chances given never outnumber the uses that marked the entries.
+pub const SECOND_CHANCES: usize = 64;
 
 /// The default size of a group's client table, in entries (docs/design.md, "Limits").
 pub const DEFAULT_MAX_CLIENTS: usize = 16_384;
@@ -433,8 +440,8 @@ impl Rejection {
 }
 
 /// One token bucket with its in-flight and held counts: a table entry or the shared row.
-/// 24 bytes (20 used); with its 16-byte key and the recency list's two links a table entry is
-/// 48 bytes, stored inline in the shard's entry array ([`table`]; docs/decisions.md, "Memory:
+/// 24 bytes (20 used); with its 16-byte key, the list's two links and its use mark a table entry
+/// is 56 bytes, stored inline in the shard's entry array ([`table`]; docs/decisions.md, "Memory:
 /// about 100 bytes per tracked client").
 #[derive(Debug, Clone, Copy)]
 struct Row {
@@ -450,6 +457,7 @@ struct Row {
 }
 
 const _: () = assert!(size_of::<Row>() == 24);
+const _: () = assert!(table::entry_size::<Row>() == 56);
 
 impl Row {
     const fn full(now: u64) -> Self {
@@ -653,7 +661,7 @@ struct TableChange {
 pub const MAX_SHARDS: usize = 16;
 
 /// Table entries per shard below which the table is not split further: small tables keep one
-/// LRU order (and the [`EVICT_PROBE`] oldest entries are the group's oldest).
+/// order (and the [`EVICT_PROBE`] oldest entries are the group's oldest).
 pub const MIN_SHARD_ENTRIES: usize = 1024;
 
 /// The shards a table of `max_clients` entries is split into: a power of two, at most
@@ -900,12 +908,12 @@ impl GroupLimiter {
     /// client's row: a bucket keeps the *fraction* of its burst it was missing (a drained client
     /// stays drained, a half-full one is half full of the new burst; nothing is refilled to
     /// full), in-flight requests keep their slots (caps lowered below them admit nothing new until
-    /// they settle), and a smaller `max_clients` drops each shard's least recently used idle
-    /// entries (the number of shards stays, each keeping room for at least one entry). Entries
-    /// with requests in flight stay, so their per-client caps hold and their permits settle on
-    /// them; each leaves the table when its last request settles, until the table is within its
-    /// new size. The charge mode must not change (a held token's meaning would); the caller
-    /// builds a new limiter then.
+    /// they settle), and a smaller `max_clients` drops each shard's oldest idle entries (the
+    /// number of shards stays, each keeping room for at least one entry). Entries with requests
+    /// in flight stay, so their per-client caps hold and their permits settle on them; each
+    /// leaves the table when its last request settles, until the table is within its new size.
+    /// The charge mode must not change (a held token's meaning would); the caller builds a new
+    /// limiter then.
     pub fn retune(&self, budget: Budget, enforce: bool) {
         let new = Tuning::of(budget, enforce);
         let now = self.core.clock.now_ns();
@@ -962,9 +970,9 @@ impl GroupLimiter {
         self.shards.get(i).unwrap_or(&self.shared)
     }
 
-    /// The quota of client `key` now, read-only: its table entry if it has one (not refreshed in
-    /// the LRU order), else a new full bucket if its shard has room, else the shared row (which
-    /// is where [`GroupLimiter::admit`] would decide it). Changes nothing.
+    /// The quota of client `key` now, read-only: its table entry if it has one (not marked
+    /// used), else a new full bucket if its shard has room, else the shared row (which is where
+    /// [`GroupLimiter::admit`] would decide it). Changes nothing.
     pub fn quota(&self, key: &PrefixKey) -> Quota {
         let now = self.core.clock.now_ns();
         let (row, bucket) = {
@@ -1050,7 +1058,7 @@ impl GroupLimiter {
     }
 
     /// The `n` table entries with the most rejections, then the most tokens spent (ties by
-    /// key), most first: read-only (the LRU order is not refreshed). Walks every shard, one lock
+    /// key), most first: read-only (no entry is marked used). Walks every shard, one lock
     /// at a time: O(`max_clients`), for the admin API, never the request path.
     pub fn top(&self, n: usize) -> Vec<(PrefixKey, RowSnapshot)> {
         let now = self.core.clock.now_ns();
@@ -1120,9 +1128,10 @@ impl GroupLimiter {
     /// admission needs `1 + held` tokens and the request holds one until it settles.
     ///
     /// A client not in the table gets a new, full entry if its shard has room; otherwise the
-    /// [`EVICT_PROBE`] oldest entries of the shard are probed, each ineligible one is refreshed,
-    /// and the first that is full and idle is replaced by a new, full entry; if none is, the
-    /// request is decided on the shared row.
+    /// [`EVICT_PROBE`] oldest entries of the shard are probed (after up to [`SECOND_CHANCES`]
+    /// entries at the old end that were used since they were placed there are moved to the
+    /// front), each ineligible one is refreshed, and the first that is full and idle is replaced
+    /// by a new, full entry; if none is, the request is decided on the shared row.
     ///
     /// # Errors
     ///
@@ -1317,9 +1326,9 @@ fn take(t: &Tuning, row: &mut Row, id: RowId, now: u64) -> Result<RowId, Rejecti
 }
 
 /// Finds a place for `key`, which is not in `table`: a new full entry if the table has room,
-/// else the first full and idle entry among the [`EVICT_PROBE`] oldest, replaced in place (each
-/// ineligible one probed is refreshed). Returns the entry's number; `None` when there is none
-/// (the shared row decides).
+/// else, after up to [`SECOND_CHANCES`] second chances, the first full and idle entry among the
+/// [`EVICT_PROBE`] oldest, replaced in place (each ineligible one probed is refreshed). Returns
+/// the entry's number; `None` when there is none (the shared row decides).
 fn find_row(
     table: &mut Table<Row>,
     key: PrefixKey,
@@ -1331,6 +1340,7 @@ fn find_row(
         change.inserted = at.is_some();
         return at;
     }
+    table.second_chances(SECOND_CHANCES);
     let (oldest, probed) = table.oldest::<EVICT_PROBE>();
     for &at in oldest.iter().take(probed) {
         let eligible = table

@@ -1,8 +1,17 @@
 //! The client table of one limiter shard: a bounded map from [`PrefixKey`] to a value (the
-//! limiter's `Row`), kept in least-recently-used order.
+//! limiter's `Row`), kept in an approximate least-recently-used order: CLOCK's second chance
+//! (Corbató, 1968), in the list form of Linux's page reclaim.
 //!
-//! The entries sit inline in one array (key, value and the two links of the recency list
-//! together, 48 bytes for a `Row`), reached through an open-addressing index of entry numbers
+//! The entries sit in a list in the order they were *placed* at its front (inserted, refreshed,
+//! or given a second chance). A use ([`Table::get_mut`]) only marks the entry: it writes nothing
+//! but the entry itself, where an exact LRU would relink the entry, both its neighbours and the
+//! old head on every use, cache lines every core writes in turn. Before a miss reads the oldest
+//! entries ([`Table::oldest`]), each marked entry at the old end gets a second chance
+//! ([`Table::second_chances`]): it is moved to the front and its mark cleared, so that an entry
+//! used since it was placed is not taken for an old one.
+//!
+//! The entries sit inline in one array (key, value, the two links of the list and the use mark
+//! together, 56 bytes for a `Row`), reached through an open-addressing index of entry numbers
 //! (linear probing, at most half full, deletion by backward shift: Knuth, *The Art of Computer
 //! Programming* vol. 3, §6.4, algorithm R). Entries never move: an entry's number stays valid
 //! until the entry is removed, so a permit can keep it and settle without a lookup
@@ -16,22 +25,24 @@ use core::hash::BuildHasher as _;
 
 use door_common::prefix::PrefixKey;
 
-/// No entry: the end of the recency list.
+/// No entry: an end of the list.
 const NIL: u32 = u32::MAX;
 
 /// The `prev` link of an entry on the free list (not in the table).
 const FREE: u32 = u32::MAX - 1;
 
-/// One entry: a key, its value, and its neighbours in recency order (`prev` is more recent).
+/// One entry: a key, its value, its neighbours in the list (`prev` was placed later) and whether
+/// it was used since it was placed.
 #[derive(Debug, Clone, Copy)]
 struct Entry<V> {
     key: PrefixKey,
     value: V,
     prev: u32,
     next: u32,
+    used: bool,
 }
 
-/// A bounded map from [`PrefixKey`] to `V` in least-recently-used order (see the module docs).
+/// A bounded map from [`PrefixKey`] to `V` in second-chance order (see the module docs).
 #[derive(Debug)]
 pub(super) struct Table<V> {
     /// Every entry ever allocated, live or on the free list.
@@ -43,9 +54,9 @@ pub(super) struct Table<V> {
     /// past a smaller `cap`).
     index: Box<[u32]>,
     hasher: foldhash::fast::RandomState,
-    /// The most recently used entry.
+    /// The entry placed last.
     head: u32,
-    /// The least recently used entry.
+    /// The entry placed first (the oldest).
     tail: u32,
     len: usize,
     cap: usize,
@@ -121,35 +132,38 @@ impl<V: Copy> Table<V> {
         self.find(key).is_some()
     }
 
-    /// The value of `key`, leaving the recency order alone.
+    /// The value of `key`, leaving the order and the use mark alone.
     pub(super) fn peek(&self, key: &PrefixKey) -> Option<&V> {
         let (_, at) = self.find(key)?;
         self.entry(at).map(|e| &e.value)
     }
 
-    /// The value of `key`, mutable, leaving the recency order alone.
+    /// The value of `key`, mutable, leaving the order and the use mark alone.
     pub(super) fn peek_mut(&mut self, key: &PrefixKey) -> Option<&mut V> {
         let (_, at) = self.find(key)?;
         self.entry_mut(at).map(|e| &mut e.value)
     }
 
-    /// The entry number and value of `key`, made the most recently used.
+    /// The entry number and value of `key`, marked used (the entry stays where it is in the
+    /// list; [`Table::second_chances`] gives it its second chance).
     pub(super) fn get_mut(&mut self, key: &PrefixKey) -> Option<(u32, &mut V)> {
         let (_, at) = self.find(key)?;
-        self.promote(at);
-        self.entry_mut(at).map(|e| (at, &mut e.value))
+        self.entry_mut(at).map(|e| {
+            e.used = true;
+            (at, &mut e.value)
+        })
     }
 
     /// The value of entry `at` if it is still `key`'s (an entry number kept since
-    /// [`Table::get_mut`] or [`Table::insert`]), without a lookup; the recency order is left
-    /// alone. `None` when the entry was removed since, even if `key` has another entry now.
+    /// [`Table::get_mut`] or [`Table::insert`]), without a lookup; the order and the use mark are
+    /// left alone. `None` when the entry was removed since, even if `key` has another entry now.
     pub(super) fn at_mut(&mut self, at: u32, key: &PrefixKey) -> Option<&mut V> {
         self.entry_mut(at)
             .filter(|e| e.prev != FREE && e.key == *key)
             .map(|e| &mut e.value)
     }
 
-    /// Adds `key`, which has no entry, as the most recently used with `value`; `None` (nothing
+    /// Adds `key`, which has no entry, at the front with `value`, unmarked; `None` (nothing
     /// changed) when the table is full or `key` has an entry already.
     pub(super) fn insert(&mut self, key: PrefixKey, value: V) -> Option<u32> {
         if self.is_full() || self.contains(&key) {
@@ -160,6 +174,7 @@ impl<V: Copy> Table<V> {
             value,
             prev: NIL,
             next: NIL,
+            used: false,
         };
         let at = if let Some(at) = self.free.pop() {
             *self.entry_mut(at)? = entry;
@@ -177,7 +192,7 @@ impl<V: Copy> Table<V> {
         Some(at)
     }
 
-    /// Gives entry `at` to `key` (which has no entry) with `value`, as the most recently used:
+    /// Gives entry `at` to `key` (which has no entry) with `value`, at the front and unmarked:
     /// the entry's old key leaves the table. Returns `false`, changing nothing, when `at` is not
     /// in the table or `key` already is.
     pub(super) fn replace(&mut self, at: u32, key: PrefixKey, value: V) -> bool {
@@ -213,16 +228,34 @@ impl<V: Copy> Table<V> {
         Some(value)
     }
 
-    /// Makes entry `at` the most recently used.
+    /// Places entry `at` at the front, unmarked.
     pub(super) fn promote(&mut self, at: u32) {
-        if self.head != at && self.entry(at).is_some_and(|e| e.prev != FREE) {
+        let Some(e) = self.entry_mut(at).filter(|e| e.prev != FREE) else {
+            return;
+        };
+        e.used = false;
+        if self.head != at {
             self.unlink(at);
             self.link_front(at);
         }
     }
 
-    /// The numbers of up to `N` least recently used entries, oldest first, and how many there
-    /// are.
+    /// Gives the marked entries at the old end their second chance, oldest first, until the
+    /// oldest entry is unmarked or `max` were given: each is placed at the front, unmarked.
+    /// Returns how many were given.
+    ///
+    /// Each chance clears a mark a use set, so the chances given are never more than the uses:
+    /// O(1) per use, amortised; `max` bounds one call's work whatever the marks.
+    pub(super) fn second_chances(&mut self, max: usize) -> usize {
+        let mut given = 0;
+        while given < max && self.entry(self.tail).is_some_and(|e| e.used) {
+            self.promote(self.tail);
+            given += 1;
+        }
+        given
+    }
+
+    /// The numbers of up to `N` oldest entries, oldest first, and how many there are.
     pub(super) fn oldest<const N: usize>(&self) -> ([u32; N], usize) {
         let mut out = [NIL; N];
         let mut n = 0;
@@ -241,10 +274,10 @@ impl<V: Copy> Table<V> {
         self.entry(at).filter(|e| e.prev != FREE).map(|e| &e.value)
     }
 
-    /// Changes the capacity to `cap` (at least 1), removing the least recently used entries
-    /// past it that are not `busy`; returns how many were removed. Busy entries stay (their
-    /// numbers are held by someone), so the table may stay over `cap` until they are removed
-    /// ([`Table::over_cap`]). Entry numbers of the remaining entries stay valid.
+    /// Changes the capacity to `cap` (at least 1), removing the oldest entries past it that are
+    /// not `busy` (by list order, marks aside); returns how many were removed. Busy entries stay
+    /// (their numbers are held by someone), so the table may stay over `cap` until they are
+    /// removed ([`Table::over_cap`]). Entry numbers of the remaining entries stay valid.
     pub(super) fn resize(&mut self, cap: usize, busy: impl Fn(&V) -> bool) -> usize {
         let cap = cap.max(1);
         let mut removed = 0;
@@ -279,7 +312,7 @@ impl<V: Copy> Table<V> {
         self.len > self.cap
     }
 
-    /// Every entry, most recently used first.
+    /// Every entry, the one placed last first.
     pub(super) fn iter(&self) -> impl Iterator<Item = (&PrefixKey, &V)> {
         let mut at = self.head;
         core::iter::from_fn(move || {
@@ -370,6 +403,11 @@ impl<V: Copy> Table<V> {
     }
 }
 
+/// The bytes one entry takes in a table of `V` values (the limiter asserts its own).
+pub(super) const fn entry_size<V>() -> usize {
+    size_of::<Entry<V>>()
+}
+
 /// An index for `cap` entries: empty, a power of two slots, at least twice `cap`.
 fn empty_index(cap: usize) -> Box<[u32]> {
     vec![0; cap.saturating_mul(2).next_power_of_two().max(8)].into_boxed_slice()
@@ -388,25 +426,57 @@ mod tests {
         PrefixKey::from_ipv4([10, 0, hi, lo])
     }
 
+    fn order<V: Copy>(t: &Table<V>) -> Vec<(PrefixKey, V)> {
+        t.iter().map(|(k, v)| (*k, *v)).collect()
+    }
+
     #[test]
-    fn keeps_recency_order_and_replaces_in_place() {
+    fn a_used_entry_gets_a_second_chance_and_the_oldest_is_replaced_in_place() {
         let mut t = Table::new(3);
         let a = t.insert(key(1), 10).unwrap();
         t.insert(key(2), 20).unwrap();
         t.insert(key(3), 30).unwrap();
         assert!(t.insert(key(4), 40).is_none(), "full");
         assert_eq!(t.get_mut(&key(1)).map(|(at, v)| (at, *v)), Some((a, 10)));
-        let order: Vec<_> = t.iter().map(|(k, v)| (*k, *v)).collect();
-        assert_eq!(order, [(key(1), 10), (key(3), 30), (key(2), 20)]);
+        assert_eq!(
+            order(&t),
+            [(key(3), 30), (key(2), 20), (key(1), 10)],
+            "a use does not move the entry"
+        );
+        assert_eq!(t.second_chances(8), 1);
+        assert_eq!(order(&t), [(key(1), 10), (key(3), 30), (key(2), 20)]);
+        assert_eq!(t.second_chances(8), 0, "the oldest is unmarked now");
         let (oldest, n) = t.oldest::<8>();
         assert_eq!(n, 3);
         assert_eq!(t.value_at(oldest[0]), Some(&20));
         assert!(t.replace(oldest[0], key(4), 40));
         assert!(!t.contains(&key(2)));
         assert_eq!(t.peek(&key(4)), Some(&40));
-        assert_eq!(t.iter().next().map(|(k, _)| *k), Some(key(4)));
+        assert_eq!(order(&t), [(key(4), 40), (key(1), 10), (key(3), 30)]);
         assert_eq!(t.at_mut(a, &key(1)).copied(), Some(10));
         assert_eq!(t.at_mut(a, &key(4)), None, "entry a is key 1's");
+    }
+
+    #[test]
+    fn second_chances_are_bounded_and_each_clears_one_mark() {
+        let mut t = Table::new(4);
+        for i in 0..4 {
+            t.insert(key(i), i).unwrap();
+            t.get_mut(&key(i)).unwrap();
+        }
+        assert_eq!(t.second_chances(0), 0);
+        assert_eq!(t.second_chances(2), 2);
+        assert_eq!(
+            order(&t),
+            [(key(1), 1), (key(0), 0), (key(3), 3), (key(2), 2)]
+        );
+        assert_eq!(t.second_chances(100), 2, "only 2 and 3 were still marked");
+        assert_eq!(
+            order(&t),
+            [(key(3), 3), (key(2), 2), (key(1), 1), (key(0), 0)]
+        );
+        assert_eq!(t.second_chances(100), 0);
+        assert_eq!(Table::<u16>::new(1).second_chances(100), 0);
     }
 
     #[test]
@@ -422,7 +492,7 @@ mod tests {
     }
 
     #[test]
-    fn resize_drops_the_least_recently_used_and_keeps_entry_numbers() {
+    fn resize_drops_the_oldest_and_keeps_entry_numbers() {
         let mut t = Table::new(4);
         let ats: Vec<u32> = (0..4).map(|i| t.insert(key(i), i).unwrap()).collect();
         assert_eq!(t.resize(2, |_| false), 2);
@@ -443,7 +513,9 @@ mod tests {
         Insert(u16),
         Get(u16),
         Remove(u16),
-        ReplaceOldest(u16),
+        Promote(u16),
+        /// Give up to this many second chances, then replace the oldest entry.
+        ReplaceOldest(u16, usize),
         Resize(usize),
     }
 
@@ -453,48 +525,82 @@ mod tests {
             (0u16..24).prop_map(Op::Insert),
             (0u16..24).prop_map(Op::Get),
             (0u16..24).prop_map(Op::Remove),
-            (0u16..24).prop_map(Op::ReplaceOldest),
+            (0u16..24).prop_map(Op::Promote),
+            (0u16..24, 0usize..6).prop_map(|(i, c)| Op::ReplaceOldest(i, c)),
             (1usize..20).prop_map(Op::Resize),
         ]
     }
 
+    /// The model's entry: key, value, used since placed.
+    type Modelled = (PrefixKey, u16, bool);
+
+    /// Places the model's entry `pos` at the front, unmarked.
+    fn model_promote(model: &mut VecDeque<Modelled>, pos: usize) {
+        if let Some((k, v, _)) = model.remove(pos) {
+            model.push_front((k, v, false));
+        }
+    }
+
     proptest! {
-        /// The table behaves as a list in recency order (the model: most recent first).
+        /// The table behaves as a list in placement order with a use mark per entry (the model:
+        /// placed last first), the oldest unused entry found by second chances.
         #[test]
-        fn matches_a_recency_list(cap in 1usize..16, ops in prop::collection::vec(op(), 1..300)) {
+        fn matches_a_second_chance_list(
+            cap in 1usize..16,
+            ops in prop::collection::vec(op(), 1..300),
+        ) {
             let mut t = Table::new(cap);
-            let mut model: VecDeque<(PrefixKey, u16)> = VecDeque::new();
+            let mut model: VecDeque<Modelled> = VecDeque::new();
             let mut cap = cap;
+            let pos = |model: &VecDeque<Modelled>, i: u16| model.iter().position(|e| e.0 == key(i));
             for op in ops {
                 match op {
                     Op::Insert(i) => {
-                        let fits = model.len() < cap && !model.iter().any(|(k, _)| *k == key(i));
+                        let fits = model.len() < cap && pos(&model, i).is_none();
                         prop_assert_eq!(t.insert(key(i), i).is_some(), fits);
                         if fits {
-                            model.push_front((key(i), i));
+                            model.push_front((key(i), i, false));
                         }
                     }
                     Op::Get(i) => {
                         let got = t.get_mut(&key(i)).map(|(_, v)| *v);
-                        let pos = model.iter().position(|(k, _)| *k == key(i));
-                        prop_assert_eq!(got, pos.and_then(|p| model.get(p)).map(|e| e.1));
-                        if let Some(e) = pos.and_then(|p| model.remove(p)) {
-                            model.push_front(e);
+                        let e = pos(&model, i).and_then(|p| model.get_mut(p));
+                        prop_assert_eq!(got, e.as_ref().map(|e| e.1));
+                        if let Some(e) = e {
+                            e.2 = true;
                         }
                     }
                     Op::Remove(i) => {
-                        let pos = model.iter().position(|(k, _)| *k == key(i));
-                        let want = pos.and_then(|p| model.remove(p)).map(|e| e.1);
+                        let want = pos(&model, i).and_then(|p| model.remove(p)).map(|e| e.1);
                         prop_assert_eq!(t.remove(&key(i)), want);
                     }
-                    Op::ReplaceOldest(i) => {
+                    Op::Promote(i) => {
+                        if let Some((_, at)) = t.find(&key(i)) {
+                            t.promote(at);
+                        }
+                        if let Some(p) = pos(&model, i) {
+                            model_promote(&mut model, p);
+                        }
+                    }
+                    Op::ReplaceOldest(i, chances) => {
+                        let mut given = 0;
+                        while given < chances && model.back().is_some_and(|e| e.2) {
+                            given += 1;
+                            let last = model.len() - 1;
+                            model_promote(&mut model, last);
+                        }
+                        prop_assert_eq!(t.second_chances(chances), given);
                         let (oldest, n) = t.oldest::<1>();
-                        let taken = model.iter().any(|(k, _)| *k == key(i));
+                        prop_assert_eq!(
+                            t.value_at(oldest[0]).copied().filter(|_| n == 1),
+                            model.back().map(|e| e.1)
+                        );
+                        let taken = pos(&model, i).is_some();
                         let done = n == 1 && t.replace(oldest[0], key(i), i);
                         prop_assert_eq!(done, n == 1 && !taken);
                         if done {
                             model.pop_back();
-                            model.push_front((key(i), i));
+                            model.push_front((key(i), i, false));
                         }
                     }
                     Op::Resize(c) => {
@@ -514,11 +620,13 @@ mod tests {
                         cap = c;
                     }
                 }
-                let got: Vec<(PrefixKey, u16)> = t.iter().map(|(k, v)| (*k, *v)).collect();
-                prop_assert_eq!(&got, &model.iter().copied().collect::<Vec<_>>());
+                let want: Vec<(PrefixKey, u16)> = model.iter().map(|e| (e.0, e.1)).collect();
+                prop_assert_eq!(&order(&t), &want);
                 prop_assert_eq!(t.len(), model.len());
-                for (k, v) in &model {
+                for (k, v, used) in &model {
                     prop_assert_eq!(t.peek(k), Some(v));
+                    let marked = t.find(k).and_then(|(_, at)| t.entry(at)).map(|e| e.used);
+                    prop_assert_eq!(marked, Some(*used));
                 }
             }
         }

@@ -191,7 +191,7 @@ fn retune_keeps_the_missing_fraction_and_the_slots() {
     busy.settle(Spend::Nothing);
     assert_eq!(lim.inflight(), 0);
     lim.check_invariants().unwrap();
-    // A smaller table drops the least recently used entries.
+    // A smaller table drops the oldest entries.
     lim.retune(
         Budget {
             max_clients: 1,
