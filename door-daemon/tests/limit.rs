@@ -426,9 +426,21 @@ fn door_limits_a_returning_client_keeps_its_entry() {
     for i in 0..4 {
         lim.admit(peer(i)).unwrap().answered(StatusCode::OK); // a 200 spends nothing: full
     }
-    lim.admit(peer(0)).unwrap().answered(StatusCode::OK);
+    // The oldest client comes back with two requests at once: its cap of 1 refuses the second.
+    let first = lim.admit(peer(0)).unwrap();
+    assert!(lim.admit(peer(0)).is_err());
+    first.answered(StatusCode::OK);
     assert_eq!(lim.admit(peer(100)).unwrap().scope(), Scope::Client);
-    assert!(lim.is_tracked(&peer(0)), "the returning client stays");
+    let top: Vec<_> = lim
+        .top(1)
+        .into_iter()
+        .map(|(k, r)| (k, r.rejections))
+        .collect();
+    assert_eq!(
+        top,
+        [(peer(0), 1)],
+        "the returning client keeps its row and its 429 count"
+    );
     assert!(!lim.is_tracked(&peer(1)), "the oldest of the others goes");
     lim.admit(peer(2)).unwrap().answered(StatusCode::OK);
     assert_eq!(lim.admit(peer(101)).unwrap().scope(), Scope::Client);

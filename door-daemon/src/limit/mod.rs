@@ -1180,7 +1180,7 @@ impl GroupLimiter {
             };
             let t = state.tuning;
             let spends = t.budget.charge == Charge::Always;
-            // Hit: one lookup (which also refreshes the entry).
+            // Hit: one lookup (which also marks the entry used).
             let decision = if let Some((at, row)) = state.table.get_mut(&key) {
                 Some(take(&t, row, RowId::Key(key, at), now))
             } else {

@@ -274,22 +274,15 @@ impl<V: Copy> Table<V> {
         self.entry(at).filter(|e| e.prev != FREE).map(|e| &e.value)
     }
 
-    /// Changes the capacity to `cap` (at least 1), removing the oldest entries past it that are
-    /// not `busy` (by list order, marks aside); returns how many were removed. Busy entries stay
-    /// (their numbers are held by someone), so the table may stay over `cap` until they are
-    /// removed ([`Table::over_cap`]). Entry numbers of the remaining entries stay valid.
+    /// Changes the capacity to `cap` (at least 1), removing entries past it that are not `busy`:
+    /// the unmarked ones first, oldest first, then the marked ones, oldest first (a client that
+    /// came back since its entry was placed stays longest); returns how many were removed. Busy
+    /// entries stay (their numbers are held by someone), so the table may stay over `cap` until
+    /// they are removed ([`Table::over_cap`]). Entry numbers of the remaining entries stay valid.
     pub(super) fn resize(&mut self, cap: usize, busy: impl Fn(&V) -> bool) -> usize {
         let cap = cap.max(1);
-        let mut removed = 0;
-        let mut at = self.tail;
-        while self.len > cap {
-            let Some(e) = self.entry(at) else { break };
-            let (key, prev, keep) = (e.key, e.prev, busy(&e.value));
-            if !keep && self.remove(&key).is_some() {
-                removed += 1;
-            }
-            at = prev;
-        }
+        let removed = self.remove_oldest(cap, |e| !e.used && !busy(&e.value))
+            + self.remove_oldest(cap, |e| !busy(&e.value));
         self.cap = cap;
         self.entries
             .reserve_exact(cap.saturating_sub(self.entries.len()));
@@ -303,6 +296,22 @@ impl<V: Copy> Table<V> {
             }
         }
         debug_assert!(self.index.len() >= 2 * self.len.max(self.cap));
+        removed
+    }
+
+    /// Removes the entries `gone` says, oldest first, while the table holds more than `cap`;
+    /// returns how many it removed.
+    fn remove_oldest(&mut self, cap: usize, gone: impl Fn(&Entry<V>) -> bool) -> usize {
+        let mut removed = 0;
+        let mut at = self.tail;
+        while self.len > cap {
+            let Some(e) = self.entry(at) else { break };
+            let (key, prev, remove) = (e.key, e.prev, gone(e));
+            if remove && self.remove(&key).is_some() {
+                removed += 1;
+            }
+            at = prev;
+        }
         removed
     }
 
@@ -492,6 +501,20 @@ mod tests {
     }
 
     #[test]
+    fn resize_drops_unmarked_entries_before_marked_ones() {
+        let mut t = Table::new(4);
+        for i in 0..4 {
+            t.insert(key(i), i).unwrap();
+        }
+        t.get_mut(&key(0)).unwrap();
+        t.get_mut(&key(2)).unwrap();
+        assert_eq!(t.resize(3, |_| false), 1);
+        assert!(!t.contains(&key(1)), "the oldest unmarked entry goes first");
+        assert_eq!(t.resize(1, |_| false), 2);
+        assert_eq!(order(&t), [(key(2), 2)], "then the marked, oldest first");
+    }
+
+    #[test]
     fn resize_drops_the_oldest_and_keeps_entry_numbers() {
         let mut t = Table::new(4);
         let ats: Vec<u32> = (0..4).map(|i| t.insert(key(i), i).unwrap()).collect();
@@ -514,6 +537,10 @@ mod tests {
         Get(u16),
         Remove(u16),
         Promote(u16),
+        /// Reach the entry as a settlement does, by its number (the mark stays as it is).
+        Settle(u16),
+        /// Reach the value by key without a use (the mark stays as it is).
+        PeekMut(u16),
         /// Give up to this many second chances, then replace the oldest entry.
         ReplaceOldest(u16, usize),
         Resize(usize),
@@ -526,6 +553,8 @@ mod tests {
             (0u16..24).prop_map(Op::Get),
             (0u16..24).prop_map(Op::Remove),
             (0u16..24).prop_map(Op::Promote),
+            (0u16..24).prop_map(Op::Settle),
+            (0u16..24).prop_map(Op::PeekMut),
             (0u16..24, 0usize..6).prop_map(|(i, c)| Op::ReplaceOldest(i, c)),
             (1usize..20).prop_map(Op::Resize),
         ]
@@ -582,6 +611,15 @@ mod tests {
                             model_promote(&mut model, p);
                         }
                     }
+                    Op::Settle(i) => {
+                        let at = t.find(&key(i)).map(|(_, at)| at);
+                        let got = at.and_then(|at| t.at_mut(at, &key(i))).map(|v| *v);
+                        prop_assert_eq!(got, pos(&model, i).map(|p| model[p].1));
+                    }
+                    Op::PeekMut(i) => {
+                        let got = t.peek_mut(&key(i)).map(|v| *v);
+                        prop_assert_eq!(got, pos(&model, i).map(|p| model[p].1));
+                    }
                     Op::ReplaceOldest(i, chances) => {
                         let mut given = 0;
                         while given < chances && model.back().is_some_and(|e| e.2) {
@@ -605,13 +643,16 @@ mod tests {
                     }
                     Op::Resize(c) => {
                         // Odd values are busy: they stay, and only they may stay past `c`.
+                        // Unmarked idle entries go first, then marked idle ones, oldest first.
                         let busy = |v: &u16| v % 2 == 1;
                         let before = model.len();
-                        let mut i = model.len();
-                        while model.len() > c && i > 0 {
-                            i -= 1;
-                            if !busy(&model[i].1) {
-                                model.remove(i);
+                        for marked_too in [false, true] {
+                            let mut i = model.len();
+                            while model.len() > c && i > 0 {
+                                i -= 1;
+                                if !busy(&model[i].1) && (marked_too || !model[i].2) {
+                                    model.remove(i);
+                                }
                             }
                         }
                         prop_assert_eq!(t.resize(c, busy), before - model.len());
