@@ -676,14 +676,20 @@ pub const fn shards_for(max_clients: usize) -> usize {
 
 /// What one shard's mutex guards: its slice of the client table (or, for the group's shared
 /// shard, the shared row), and a copy of the tuning.
+///
+/// In declaration order (`repr(C)`): the slots every admission and settlement writes come first,
+/// next to the mutex's own word, so that both share a cache line (see [`Shard`]); the rest is
+/// only read by a request of a client in the table, and written when the table changes or the
+/// shared row decides.
 #[derive(Debug)]
+#[repr(C)]
 struct ShardState {
+    /// The group's in-flight slots this shard holds and has leased ([`slots`]).
+    slots: Lease,
     tuning: Tuning,
     table: Table<Row>,
     /// The shared row (used in the group's shared shard only).
     shared: Row,
-    /// The group's in-flight slots this shard holds and has leased ([`slots`]).
-    slots: Lease,
     /// Tokens spent per client since the last [`GroupLimiter::drain_spent`], when
     /// [`GroupLimiter::record_spent`] turned it on (a cluster sync); `None` otherwise.
     journal: Option<Journal>,
@@ -730,11 +736,23 @@ impl ShardState {
 /// One shard: a part of the table behind its own mutex. A permit holds its shard (not the
 /// whole limiter), so settling touches only that shard (and, now and then, the group's pool of
 /// slots).
+///
+/// The mutex comes first (`repr(C)`), right after the `Arc`'s reference counts: the words every
+/// request writes, the strong count its permit takes and drops, the mutex's word and the shard's
+/// slots, lie within the first 32 bytes of the allocation (std's mutex keeps its word before the
+/// data it guards, 8 bytes in). With two cores they then move between the cores as one cache
+/// line (two when the allocation starts in the last 16 bytes of a line); the slots used to be
+/// 180 bytes further on, a line of their own (docs/decisions.md, "The shard's hot words on one
+/// cache line").
 #[derive(Debug)]
+#[repr(C)]
 struct Shard {
     state: Mutex<ShardState>,
     core: Arc<Core>,
 }
+
+const _: () = assert!(core::mem::offset_of!(Shard, state) == 0);
+const _: () = assert!(core::mem::offset_of!(ShardState, slots) == 0);
 
 /// What every shard of a group shares: the pool of in-flight slots against the cap, the clock
 /// and the observer.
