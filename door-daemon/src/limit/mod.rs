@@ -739,11 +739,12 @@ impl ShardState {
 ///
 /// The mutex comes first (`repr(C)`), right after the `Arc`'s reference counts: the words every
 /// request writes, the strong count its permit takes and drops, the mutex's word and the shard's
-/// slots, lie within the first 32 bytes of the allocation (std's mutex keeps its word before the
-/// data it guards, 8 bytes in). With two cores they then move between the cores as one cache
-/// line (two when the allocation starts in the last 16 bytes of a line); the slots used to be
-/// 180 bytes further on, a line of their own (docs/decisions.md, "The shard's hot words on one
-/// cache line").
+/// slots, lie within the first 32 bytes of the allocation, as std lays out `Arc` and, on Linux,
+/// its futex `Mutex` today (the word before the data, 8 bytes in; not a documented promise).
+/// With two cores they then move between the cores as one cache line (two when glibc's 16-byte
+/// aligned allocation starts in the last 16 bytes of a line); the slots used to be 184 bytes
+/// after the mutex's word, on a line of their own (docs/decisions.md, "The shard's hot words on
+/// one cache line").
 #[derive(Debug)]
 #[repr(C)]
 struct Shard {
