@@ -788,6 +788,29 @@ async fn health_over_budget_is_served_from_the_cache_and_counted_as_cached() {
     assert_eq!(hits.load(Ordering::SeqCst), 4);
 }
 
+/// A load balancer on the allow list sees the drain: its probe is answered 503 by door, not
+/// forwarded, while its other requests still pass unlimited.
+#[tokio::test]
+async fn a_health_probe_from_an_allowed_client_sees_the_drain() {
+    let hits = Arc::new(AtomicUsize::new(0));
+    let up = upstream(counting(Arc::clone(&hits))).await;
+    let d = door(&config(up, "allow = [\"127.0.0.1/32\"]", "")).await;
+    let mut c = h1(d.addr).await;
+    let res = c.send_request(get("/healthz")).await.unwrap();
+    assert_eq!(res.status(), StatusCode::OK);
+    body_string(res).await;
+    assert_eq!(hits.load(Ordering::SeqCst), 1);
+    d.app().begin_drain();
+    let res = c.send_request(get("/healthz")).await.unwrap();
+    assert_eq!(res.status(), StatusCode::SERVICE_UNAVAILABLE);
+    body_string(res).await;
+    assert_eq!(
+        hits.load(Ordering::SeqCst),
+        1,
+        "the probe was not forwarded"
+    );
+}
+
 // ---------------------------------------------------------------- 6. RateLimit fields
 
 #[tokio::test]

@@ -793,3 +793,87 @@ async fn the_drain_closes_open_streams_after_the_grace_period() {
     assert_eq!(d.app().tunnels_open(), 0);
     d.eventually("freed", |d| d.inflight("stream") == 0).await;
 }
+
+/// A WebSocket handshake during the drain still succeeds: door closes HTTP/1.1 connections it
+/// drains with `Connection: close`, but never beside a `101`, whose `Connection: upgrade` the
+/// client checks (RFC 6455 §4.1).
+#[tokio::test]
+async fn a_websocket_handshake_during_the_drain_succeeds() {
+    let seen = Seen::default();
+    let up = ws_upstream(Arc::clone(&seen)).await;
+    let d = door(&config(up, "", ""), None).await;
+    let io: Io = Box::new(TcpStream::connect(d.addr).await.unwrap());
+    d.app().begin_drain();
+    let mut ws = ws_http1(io, "ws").await;
+    ws.send(Message::text("draining")).await.unwrap();
+    assert_eq!(ws.next().await.unwrap().unwrap(), Message::text("draining"));
+}
+
+/// A WebSocket is a connection for `max_connections` until its tunnel closes, though hyper
+/// stops serving the connection when it switches protocols.
+#[tokio::test]
+async fn an_open_websocket_holds_its_connection_slot_until_it_closes() {
+    let seen = Seen::default();
+    let up = ws_upstream(Arc::clone(&seen)).await;
+    let d = door(&config(up, "max_connections = 1", ""), None).await;
+    let io: Io = Box::new(TcpStream::connect(d.addr).await.unwrap());
+    let mut first = ws_http1(io, "ws").await;
+    first.send(Message::text("one")).await.unwrap();
+    assert_eq!(first.next().await.unwrap().unwrap(), Message::text("one"));
+    let io: Io = Box::new(TcpStream::connect(d.addr).await.unwrap());
+    let second = tokio_tungstenite::client_async("ws://door.test/chat", io).await;
+    assert!(
+        second.is_err(),
+        "a second connection past max_connections = 1"
+    );
+    first.close(None).await.unwrap();
+    while let Some(Ok(_)) = first.next().await {}
+    drop(first);
+    // The slot comes back when the tunnel's task has ended: retried, bounded.
+    for _ in 0..500 {
+        let io: Io = Box::new(TcpStream::connect(d.addr).await.unwrap());
+        if let Ok((mut ws, _)) = tokio_tungstenite::client_async("ws://door.test/chat", io).await {
+            ws.send(Message::text("two")).await.unwrap();
+            assert_eq!(ws.next().await.unwrap().unwrap(), Message::text("two"));
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("the first WebSocket's slot never came back");
+}
+
+/// A WebSocket on a stream route: the stream is exempt from the upstream timeout once open, but
+/// its handshake is not: an upstream that never answers the upgrade gets a 504 after
+/// `upstream_timeout`, and the stream's slot comes back.
+#[tokio::test(start_paused = true)]
+async fn a_websocket_handshake_the_upstream_never_answers_is_a_504_on_a_stream_route() {
+    // Accepts and reads, never answers.
+    let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let up = l.local_addr().unwrap();
+    tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((s, _)) = l.accept().await {
+            held.push(s);
+        }
+    });
+    let d = door(&config(up, "upstream_timeout = \"2s\"", ""), None).await;
+    let start = door_daemon::time::now();
+    let mut s = TcpStream::connect(d.addr).await.unwrap();
+    let handshake = exchange(
+        &mut s,
+        b"GET /events/ws HTTP/1.1\r\nhost: door.test\r\nconnection: upgrade\r\n\
+          upgrade: websocket\r\nsec-websocket-version: 13\r\n\
+          sec-websocket-key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n",
+    );
+    // On tokio's paused clock: a minute passes at once when nothing else can happen.
+    let head = tokio::time::timeout(Duration::from_mins(1), handshake)
+        .await
+        .expect("door answered the handshake");
+    assert!(head.starts_with("HTTP/1.1 504"), "{head}");
+    let waited = start.elapsed();
+    assert!(
+        waited >= Duration::from_secs(2) && waited < Duration::from_secs(3),
+        "{waited:?}"
+    );
+    d.eventually("freed", |d| d.inflight("stream") == 0).await;
+}

@@ -15,6 +15,7 @@
 //!   included); a list of `MAX_HEADER_BYTES` or more gets a 431 on that stream (the connection
 //!   lives on); past four times the limit h2 stops decoding and ends the connection with GOAWAY
 //!   `ENHANCE_YOUR_CALM`. A field literal longer than the HPACK decoder's buffer is a
+//!   `COMPRESSION_ERROR` (RFC 7541 §4.2).
 
 use std::{
     convert::Infallible,
@@ -41,7 +42,7 @@ use tokio_rustls::TlsAcceptor;
 use crate::{
     config::{Config, DEFAULT_MAX_HEADER_FIELDS, TlsConfig},
     http::{
-        conn_limit::{ConnLimits, Refusal},
+        conn_limit::{ConnLimits, ConnSlot, Refusal},
         idle::{Activity, serve_watched},
         request::App,
         tls::TlsError,
@@ -57,7 +58,8 @@ pub const MAX_HEADER_BYTES: usize = 64 << 10;
 /// §6.5.2): 250, the default of Go's HTTP/2 server (`golang.org/x/net/http2`).
 pub const MAX_CONCURRENT_STREAMS: u32 = 250;
 
-/// Per-connection state: where it comes from and when it last had a request in flight.
+/// Per-connection state: where it comes from, when it last had a request in flight, and its slot
+/// against the connection limits.
 #[derive(Debug)]
 pub struct ConnInfo {
     pub(crate) peer: SocketAddr,
@@ -70,6 +72,11 @@ pub struct ConnInfo {
     pub(crate) peer_value: http::HeaderValue,
     /// When it last had a request in flight, for the idle watch.
     activity: Activity,
+    /// The connection's slot against `max_connections` and `max_connections_per_client`
+    /// (`None` for a connection made outside the accept loop, in tests). Freed when the last
+    /// holder of this info lets go: an HTTP/1.1 connection that switched protocols is no longer
+    /// served by hyper, and its tunnel holds the info, and the slot, until it closes.
+    _slot: Option<ConnSlot>,
 }
 
 impl ConnInfo {
@@ -84,6 +91,7 @@ impl ConnInfo {
             peer_value: http::HeaderValue::try_from(peer_ip.to_string())
                 .unwrap_or_else(|_| http::HeaderValue::from_static("unknown")),
             activity: Activity::new(),
+            _slot: None,
         }
     }
 
@@ -455,6 +463,7 @@ async fn accept_loop(listener: TcpListener, accept: Accept) {
         let _ = stream.set_nodelay(true);
         let conn = Connection {
             peer,
+            slot,
             proxy_protocol,
             app: Arc::clone(&app),
             settings,
@@ -463,10 +472,7 @@ async fn accept_loop(listener: TcpListener, accept: Accept) {
             stop: stop.clone(),
         };
         let Some((handles, handed)) = &workers else {
-            spawn_connection(&connections, None, async move {
-                connection(stream, conn).await;
-                drop(slot);
-            });
+            spawn_connection(&connections, None, connection(stream, conn));
             continue;
         };
         // Handed over: deregistered from this runtime's reactor, registered with the worker's.
@@ -484,7 +490,6 @@ async fn accept_loop(listener: TcpListener, accept: Accept) {
                 Ok(stream) => connection(stream, conn).await,
                 Err(e) => tracing::warn!(error = %e, %peer, "a worker could not take a connection"),
             }
-            drop(slot);
         });
     }
 }
@@ -534,11 +539,13 @@ fn refused(app: &App, refusal: Refusal, peer: SocketAddr) {
     }
 }
 
-/// One accepted connection's inputs: its peer, whether it starts with a PROXY protocol header,
+/// One accepted connection's inputs: its peer and its slot, whether it starts with a PROXY protocol header,
 /// the request path, the connection settings and builder, the TLS acceptor in force when it was
 /// accepted, and the drain signal.
 struct Connection {
     peer: SocketAddr,
+    /// Its slot against the connection limits, handed to its [`ConnInfo`].
+    slot: ConnSlot,
     proxy_protocol: bool,
     app: Arc<App>,
     settings: ConnSettings,
@@ -550,6 +557,7 @@ struct Connection {
 async fn connection(mut stream: TcpStream, conn: Connection) {
     let Connection {
         peer,
+        slot,
         proxy_protocol,
         app,
         settings,
@@ -577,6 +585,7 @@ async fn connection(mut stream: TcpStream, conn: Connection) {
         None => {
             let info = Arc::new(ConnInfo {
                 proxied: proxy_protocol,
+                _slot: Some(slot),
                 ..ConnInfo::new(peer, false)
             });
             serve_io(stream, info, app, settings, &builder, stop).await;
@@ -588,6 +597,7 @@ async fn connection(mut stream: TcpStream, conn: Connection) {
                 Ok(Ok(tls_stream)) => {
                     let info = Arc::new(ConnInfo {
                         proxied: proxy_protocol,
+                        _slot: Some(slot),
                         ..ConnInfo::new(peer, true)
                     });
                     let h2 = tls_stream.get_ref().1.alpn_protocol() == Some(b"h2".as_slice());

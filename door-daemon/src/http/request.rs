@@ -541,7 +541,9 @@ impl App {
                     answer::bad_head(&e, version)
                 }
             };
-            if close {
+            // Not on a `101`: `Connection: close` beside it would break the handshake (RFC 6455
+            // §4.1); the tunnel is closed at the end of the drain's grace period instead.
+            if close && res.status() != StatusCode::SWITCHING_PROTOCOLS {
                 res.headers_mut()
                     .insert(header::CONNECTION, HeaderValue::from_static("close"));
             }
@@ -573,19 +575,16 @@ impl App {
         let limited = group.and_then(|g| policy.limited.get(g));
         let listed = (!policy.allow.is_empty() || !policy.deny.is_empty())
             .then(|| self.client(conn, &policy, &req));
-        if let Some(d) = &listed {
-            if policy.deny.iter().any(|n| n.contains(&d.client)) {
-                self.metrics.denied();
-                return answer::forbidden();
-            } else if policy.allow.iter().any(|n| n.contains(&d.client)) {
-                // Never limited: forwarded as a request in no group, outside the planes.
-                self.metrics.allowed();
-                let job = Job::new(origin, upgrade, stream_route);
-                return self.forward(conn, &policy, req, job).await;
-            }
+        if let Some(res) = self.refused_up_front(&policy, listed.as_ref(), limited) {
+            return res;
         }
-        if limited.is_some_and(|l| l.health) && self.draining() {
-            return answer::health_response(StatusCode::SERVICE_UNAVAILABLE, "draining");
+        if let Some(d) = &listed
+            && policy.allow.iter().any(|n| n.contains(&d.client))
+        {
+            // Never limited: forwarded as a request in no group, outside the planes.
+            self.metrics.allowed();
+            let job = Job::new(origin, upgrade, stream_route);
+            return self.forward(conn, &policy, req, job).await;
         }
         // An EventSource asks for text/event-stream: its answer will be a stream.
         let event_stream = accepts_event_stream(req.headers());
@@ -666,16 +665,34 @@ impl App {
         res
     }
 
-    /// Tells the escalator about a 429 (rate or per-client cap) of the TCP peer itself: a peer
-    /// named by a trusted proxy's PROXY header was learned through that proxy and is never
-    /// escalated (docs/design.md, "Flood shield").
+    /// door's answer to a request it refuses before any limit: 403 to a client on the deny list
+    /// (`listed` is its key when there are lists), 503 to a health probe while draining. Both come
+    /// before the allow list: a load balancer on it must see the drain too.
+    fn refused_up_front(
+        &self,
+        policy: &Policy,
+        listed: Option<&KeyDecision>,
+        limited: Option<&Limited>,
+    ) -> Option<Response<ResponseBody>> {
+        if listed.is_some_and(|d| policy.deny.iter().any(|n| n.contains(&d.client))) {
+            self.metrics.denied();
+            return Some(answer::forbidden());
+        }
+        (limited.is_some_and(|l| l.health) && self.draining())
+            .then(|| answer::health_response(StatusCode::SERVICE_UNAVAILABLE, "draining"))
+    }
+
+    /// Tells the escalator about a 429 (rate or per-client cap) of the TCP peer itself, decided on
+    /// its own table row: a 429 of the shared row is the doing of every client without a row (a
+    /// full table), not of this one, and a peer named by a trusted proxy's PROXY header was
+    /// learned through that proxy and is never escalated (docs/design.md, "Flood shield").
     fn escalate(
         conn: &ConnInfo,
         policy: &Policy,
         decision: &KeyDecision,
         rejection: &crate::limit::Rejection,
     ) {
-        if answer::status(rejection.reason) != StatusCode::TOO_MANY_REQUESTS {
+        if !crate::shield::escalate::counts(rejection) {
             return;
         }
         if let Some(e) = &policy.escalator {
@@ -849,7 +866,10 @@ impl App {
         let (body, events) = UpstreamBody::new(body, deadline);
         let up = Request::from_parts(parts, body);
         // Handed to the upstream now: the future below holds the call, not the request.
-        let call = self.call(up, &origin, events, upgrade.as_ref(), !stream_route);
+        // A stream's response has no head deadline, but an upgrade's `101` is a handshake: it
+        // must come within `upstream_timeout` on a stream route too.
+        let head_timeout = !stream_route || upgrade.is_some();
+        let call = self.call(up, &origin, events, upgrade.as_ref(), head_timeout);
         async move {
             let result = call.await;
             let (permit, read_timeout) = match admitted {

@@ -1,6 +1,6 @@
 //! Escalation from layer 7 to layer 4 (docs/design.md, "Flood shield"): a key that was the
-//! TCP peer itself and collected `escalate_after` rejections (429, rate or per-client cap) within
-//! `escalate_window` is put on the XDP blocklist for `block_for`, once (not again while blocked).
+//! TCP peer itself and collected `escalate_after` rejections (429, rate or per-client cap, on its
+//! own table row: [`counts`]) within `escalate_window` is put on the XDP blocklist for `block_for`, once (not again while blocked).
 //! Keys learned through a trusted proxy, and trusted proxies themselves, are never escalated:
 //! blocking the proxy would block everyone behind it. Nor are loopback, private, link-local or
 //! unique-local peers, nor peers that sent forwarding headers door ignored: those are most likely
@@ -18,10 +18,26 @@ use std::{
 use door_common::PrefixKey;
 use lru::LruCache;
 
-use crate::{client::key::KeyDecision, time::Clock};
+use crate::{
+    client::key::KeyDecision,
+    limit::{RejectReason, Rejection, Scope},
+    time::Clock,
+};
 
 /// Keys whose rejections are being counted, at most.
 pub const TRACKED_KEYS: usize = 16_384;
+
+/// Whether `rejection` counts towards its client's escalation: a 429 (rate or per-client cap)
+/// decided on the client's own table row. A 429 of the group's shared row (the table was full:
+/// docs/design.md, "Limits") is the doing of every client without a row, and a 503 of the group
+/// cap that of the whole group; neither is counted against the client that happened to ask.
+pub fn counts(rejection: &Rejection) -> bool {
+    rejection.scope == Scope::Client
+        && matches!(
+            rejection.reason,
+            RejectReason::Rate | RejectReason::ClientConcurrency
+        )
+}
 
 /// Where escalated keys go: the XDP blocklist in production, a recorder in tests.
 pub trait Blocklist: Send + Sync + std::fmt::Debug {
@@ -157,6 +173,22 @@ mod tests {
 
     fn key(s: &str) -> PrefixKey {
         PrefixKey::from_ip(s.parse().unwrap())
+    }
+
+    /// Only a client's own 429s count: a full table's shared row refuses clients for what others
+    /// did, and the group cap is the whole group's.
+    #[test]
+    fn only_429s_on_the_clients_own_row_count() {
+        let r = |reason, scope| Rejection {
+            reason,
+            scope,
+            retry_after_s: 1,
+        };
+        assert!(counts(&r(RejectReason::Rate, Scope::Client)));
+        assert!(counts(&r(RejectReason::ClientConcurrency, Scope::Client)));
+        assert!(!counts(&r(RejectReason::Rate, Scope::Shared)));
+        assert!(!counts(&r(RejectReason::ClientConcurrency, Scope::Shared)));
+        assert!(!counts(&r(RejectReason::GroupConcurrency, Scope::Group)));
     }
 
     fn setup() -> (Arc<ManualClock>, Arc<Recorder>, Escalator) {
