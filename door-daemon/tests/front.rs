@@ -788,6 +788,97 @@ async fn health_over_budget_is_served_from_the_cache_and_counted_as_cached() {
     assert_eq!(hits.load(Ordering::SeqCst), 4);
 }
 
+/// A health upstream that answers 400 to a `Host` it does not serve (as Django's
+/// `ALLOWED_HOSTS` does) and 200 otherwise; `seen` gets each request's method, `Host` and body
+/// length.
+fn picky_health(seen: Arc<Mutex<Vec<(String, String, usize)>>>) -> Handler {
+    Arc::new(move |req: Request<Incoming>| {
+        let seen = Arc::clone(&seen);
+        Box::pin(async move {
+            let method = req.method().to_string();
+            let host = req
+                .headers()
+                .get("host")
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or("-")
+                .to_owned();
+            let len = req
+                .into_body()
+                .collect()
+                .await
+                .map_or(0, |b| b.to_bytes().len());
+            let status = if host == "evil.test" {
+                StatusCode::BAD_REQUEST
+            } else {
+                StatusCode::OK
+            };
+            seen.lock().unwrap().push((method, host.clone(), len));
+            let mut res = Response::new(full(host));
+            *res.status_mut() = status;
+            res
+        })
+    })
+}
+
+fn probe(method: &str, host: &str, body: &'static str) -> Request<UBody> {
+    Request::builder()
+        .method(method)
+        .uri("/healthz")
+        .header("host", host)
+        .body(full(body))
+        .unwrap()
+}
+
+/// Any client may probe, so a status that answers its own request (a 400 for a `Host` the
+/// application refuses) is never served to the others: neither an admitted probe's nor a
+/// refresh's. An over-budget request of another method, with a body, reaches the upstream only
+/// as door's own body-less `GET`.
+#[tokio::test]
+async fn a_probe_with_a_host_the_application_refuses_cannot_poison_the_cached_health() {
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let up = upstream(picky_health(Arc::clone(&seen))).await;
+    let clock = Arc::new(ManualClock::at(1));
+    // Rate 0.01/s: nothing refills within the test.
+    let cfg = config(up, "", "[group.health]\nburst = 3\nrate = 0.01");
+    let d = door_with(&cfg, clock.clone(), None).await;
+    let mut c = h1(d.addr).await;
+    let mut status = async |req| {
+        let res = c.send_request(req).await.unwrap();
+        let s = res.status();
+        body_string(res).await;
+        s
+    };
+    // Admitted: two good probes, then a bad one, which gets its own 400.
+    assert_eq!(status(probe("GET", "door.test", "")).await, StatusCode::OK);
+    assert_eq!(status(probe("GET", "door.test", "")).await, StatusCode::OK);
+    assert_eq!(
+        status(probe("GET", "evil.test", "")).await,
+        StatusCode::BAD_REQUEST
+    );
+    // Over budget: the last status that speaks for health, not the 400.
+    assert_eq!(status(probe("GET", "door.test", "")).await, StatusCode::OK);
+    assert_eq!(seen.lock().unwrap().len(), 3, "served from the cache");
+    // Stale: the bad probe's refresh answers it alone; the next probe refreshes again.
+    clock.advance(Duration::from_secs(1));
+    assert_eq!(
+        status(probe("GET", "evil.test", "")).await,
+        StatusCode::BAD_REQUEST
+    );
+    assert_eq!(status(probe("GET", "door.test", "")).await, StatusCode::OK);
+    assert_eq!(seen.lock().unwrap().len(), 5);
+    // A POST with a body, over budget with a stale status: door's own GET, no body.
+    clock.advance(Duration::from_secs(1));
+    assert_eq!(
+        status(probe("POST", "door.test", "payload")).await,
+        StatusCode::OK
+    );
+    assert_eq!(
+        seen.lock().unwrap().last().unwrap(),
+        &("GET".to_owned(), "door.test".to_owned(), 0)
+    );
+    assert_eq!(d.count("health", Outcome::Cached), 4);
+}
+
 /// A load balancer on the allow list sees the drain: its probe is answered 503 by door, not
 /// forwarded, while its other requests still pass unlimited.
 #[tokio::test]

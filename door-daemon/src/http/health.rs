@@ -4,6 +4,11 @@
 //! status meanwhile, or wait for the refresh when there is none). While door drains the cache is
 //! bypassed and health answers 503 at once.
 //!
+//! Only a status that speaks for the application is kept ([`speaks_for_health`]): any client may
+//! probe, and a 4xx (a `Host` the application refuses, a bad `Authorization`), a `304` (a
+//! conditional request) or a `206` (a range) answers that client's request, not the question
+//! every prober asks; kept, it would be served to every over-budget probe.
+//!
 //! Time comes only from the injected [`Clock`]; tests never sleep.
 
 use std::{
@@ -21,6 +26,16 @@ use crate::time::Clock;
 
 /// How long an upstream health status is served to over-budget probes: 1 s.
 pub const HEALTH_TTL: Duration = Duration::from_secs(1);
+
+/// Whether `status` speaks for the application's health, whoever asked: not a 4xx, a `304 Not
+/// Modified` or a `206 Partial Content`, which depend on the request (its `Host`, credentials,
+/// conditionals or range: RFC 9110 §15.5, §15.4.5, §15.3.7). A 2xx, a 3xx redirect and a 5xx
+/// (the upstream's own, or door's 502/504 when the upstream failed) do.
+pub fn speaks_for_health(status: StatusCode) -> bool {
+    !(status.is_client_error()
+        || status == StatusCode::NOT_MODIFIED
+        || status == StatusCode::PARTIAL_CONTENT)
+}
 
 /// The last upstream health status and the clock reading when it was taken.
 #[derive(Debug, Clone, Copy)]
@@ -62,8 +77,12 @@ impl CachedHealth {
         self.draining.load(Ordering::Acquire)
     }
 
-    /// Records a status the upstream just gave for health (every admitted probe does).
+    /// Records a status the upstream just gave for health (every admitted `GET`/`HEAD` probe and
+    /// every refresh does); one that does not [speak for health](speaks_for_health) is ignored.
     pub fn record(&self, status: StatusCode) {
+        if !speaks_for_health(status) {
+            return;
+        }
         let entry = Entry {
             status,
             at_ns: self.clock.now_ns(),
@@ -92,11 +111,12 @@ impl CachedHealth {
     }
 
     /// The status for an over-budget probe: 503 while draining; else the fresh cached status;
-    /// else one caller runs `refresh` (asks the upstream) and its result is cached. A concurrent
-    /// caller gets the last status at once if there is one (an upstream slow to answer the
-    /// refresh delays that one probe, not every probe behind it), and otherwise waits for the
-    /// refresh and gets its result. Never a 429 and never door's own 503 (an upstream's 503 is
-    /// passed on).
+    /// else one caller runs `refresh` (asks the upstream) and its result is cached if it speaks
+    /// for health (else only that caller gets it). A concurrent caller gets the last status at
+    /// once if there is one (an upstream slow to answer the refresh delays that one probe, not
+    /// every probe behind it), and otherwise waits for the refresh and gets its result, or runs
+    /// the next refresh when that result was not kept. Never a 429 and never door's own 503 (an
+    /// upstream's 503 is passed on).
     pub async fn status<F, Fut>(&self, refresh: F) -> StatusCode
     where
         F: FnOnce() -> Fut,
@@ -126,24 +146,6 @@ impl CachedHealth {
         let status = refresh().await;
         self.record(status);
         status
-    }
-
-    /// [`CachedHealth::status`] for an over-budget request that may not stand for the
-    /// application's health (a method other than `GET` or `HEAD`: a `POST`'s 405 must not be
-    /// served to probes): the last status if there is one, else `refresh`'s answer, which is not
-    /// cached.
-    pub async fn status_uncached<F, Fut>(&self, refresh: F) -> StatusCode
-    where
-        F: FnOnce() -> Fut,
-        Fut: Future<Output = StatusCode>,
-    {
-        if self.draining() {
-            return StatusCode::SERVICE_UNAVAILABLE;
-        }
-        match self.last() {
-            Some(s) => s,
-            None => refresh().await,
-        }
     }
 }
 
@@ -267,22 +269,53 @@ mod tests {
         );
     }
 
-    /// A request that may not stand for health gets the last status, and its own answer, when it
-    /// has to be asked for, is not cached.
+    /// A status that answers the asker's own request (its `Host`, credentials, conditionals or
+    /// range) is never kept: the next probe gets the last status that speaks for health, and a
+    /// refresh answered so goes to its own caller only.
     #[tokio::test]
-    async fn an_uncached_request_never_sets_the_cached_status() {
-        let (_clock, _draining, c) = cache();
-        let s = c
-            .status_uncached(|| async { StatusCode::METHOD_NOT_ALLOWED })
-            .await;
-        assert_eq!(s, StatusCode::METHOD_NOT_ALLOWED);
-        assert_eq!(c.last(), None, "not cached");
+    async fn a_status_that_answers_the_request_not_the_application_is_never_kept() {
+        let (clock, _draining, c) = cache();
+        for own in [
+            StatusCode::BAD_REQUEST,
+            StatusCode::UNAUTHORIZED,
+            StatusCode::FORBIDDEN,
+            StatusCode::PRECONDITION_FAILED,
+            StatusCode::RANGE_NOT_SATISFIABLE,
+            StatusCode::NOT_MODIFIED,
+            StatusCode::PARTIAL_CONTENT,
+        ] {
+            c.record(own);
+            assert_eq!(c.last(), None, "{own} kept");
+        }
         c.record(StatusCode::OK);
+        c.record(StatusCode::BAD_REQUEST);
+        assert_eq!(c.fresh(), Some(StatusCode::OK), "the 200 stays");
+        clock.advance(HEALTH_TTL);
+        let s = c.status(|| async { StatusCode::BAD_REQUEST }).await;
+        assert_eq!(s, StatusCode::BAD_REQUEST, "the refresh's own caller");
+        let runs = Arc::new(AtomicUsize::new(0));
+        let counted = Arc::clone(&runs);
         let s = c
-            .status_uncached(|| async { StatusCode::METHOD_NOT_ALLOWED })
+            .status(|| async move {
+                counted.fetch_add(1, Ordering::SeqCst);
+                StatusCode::OK
+            })
             .await;
-        assert_eq!(s, StatusCode::OK, "the last status");
-        assert_eq!(c.last(), Some(StatusCode::OK));
+        assert_eq!(s, StatusCode::OK);
+        assert_eq!(
+            runs.load(Ordering::SeqCst),
+            1,
+            "refreshed: the 400 was not kept"
+        );
+        for kept in [
+            StatusCode::NO_CONTENT,
+            StatusCode::MOVED_PERMANENTLY,
+            StatusCode::SERVICE_UNAVAILABLE,
+            StatusCode::GATEWAY_TIMEOUT,
+        ] {
+            c.record(kept);
+            assert_eq!(c.last(), Some(kept));
+        }
     }
 
     #[tokio::test]

@@ -857,7 +857,8 @@ impl App {
         let method = parts.method.clone();
         let health = admitted.as_ref().is_some_and(|a| a.limited.health);
         // Only a body-less probe's answer may stand for the application's health (a POST's 405, or
-        // a 502 door gave for a client's broken body, must not be served to other probes).
+        // a 502 door gave for a client's broken body, must not be served to other probes), and of
+        // its answers only those that do not depend on who asked (`health::speaks_for_health`).
         let feeds_cache = health && matches!(method, Method::GET | Method::HEAD);
         let deadline = admitted
             .as_ref()
@@ -1052,38 +1053,36 @@ impl App {
     }
 
     /// An over-budget health probe gets the last upstream status (cached [`HEALTH_TTL`],
-    /// refreshed single-flight by forwarding this probe), counted as `cached`: a probe never fails
-    /// because of door's own limit (docs/design.md, "Limits").
+    /// refreshed single-flight), counted as `cached`: a probe never fails because of door's own
+    /// limit (docs/design.md, "Limits"). The refresh is door's own probe made from this one: its
+    /// target and fields, no body, `HEAD` for a `HEAD` and `GET` otherwise, under
+    /// `upstream_timeout`. So an over-budget request of any method reaches the upstream only as a
+    /// refresh, one at a time, and never sends it a body door would have to wait for.
     async fn cached_health(
         &self,
         limited: &Limited,
         req: Request<Incoming>,
         origin: Origin,
     ) -> Response<ResponseBody> {
-        // Only a body-less probe's answer may stand for the application's health.
-        let cacheable = matches!(*req.method(), Method::GET | Method::HEAD);
         let refresh = || async move {
-            let (parts, body) = req.into_parts();
-            let (body, events) = UpstreamBody::new(body, None);
-            match self
-                .call(
-                    Request::from_parts(parts, body),
-                    &origin,
-                    events,
-                    None,
-                    true,
-                )
-                .await
-            {
+            let (mut parts, _body) = req.into_parts();
+            if parts.method != Method::HEAD {
+                parts.method = Method::GET;
+            }
+            for framing in [
+                header::CONTENT_LENGTH,
+                header::TRANSFER_ENCODING,
+                header::EXPECT,
+            ] {
+                parts.headers.remove(framing);
+            }
+            let probe = Request::from_parts(parts, UpstreamBody::empty());
+            match self.call(probe, &origin, None, None, true).await {
                 Ok(res) => res.status(),
                 Err(f) => answer::failure_status(&f),
             }
         };
-        let status = if cacheable {
-            self.health.status(refresh).await
-        } else {
-            self.health.status_uncached(refresh).await
-        };
+        let status = self.health.status(refresh).await;
         limited.metrics.record(Outcome::Cached);
         answer::health_response(status, "door; hit")
     }

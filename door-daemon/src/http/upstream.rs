@@ -46,7 +46,8 @@ static KEEP_ALIVE: HeaderName = HeaderName::from_static("keep-alive");
 static PROXY_CONNECTION: HeaderName = HeaderName::from_static("proxy-connection");
 
 /// The request body door sends upstream: the client's body streamed through, optionally under a
-/// read deadline (a limited route's `read_timeout`, docs/design.md "Limits").
+/// read deadline (a limited route's `read_timeout`, docs/design.md "Limits"), or none at all
+/// ([`UpstreamBody::empty`], door's own health probe).
 ///
 /// It reports once, on the receiver [`UpstreamBody::new`] returns, whether the body ended or
 /// missed its deadline. On a missed deadline the body also yields
@@ -54,7 +55,8 @@ static PROXY_CONNECTION: HeaderName = HeaderName::from_static("proxy-connection"
 /// the request path can answer 408 (RFC 9110 §15.5.9).
 #[derive(Debug)]
 pub struct UpstreamBody {
-    inner: Incoming,
+    /// The client's body; `None` for an empty one.
+    inner: Option<Incoming>,
     deadline: Option<Pin<Box<Sleep>>>,
     events: Option<oneshot::Sender<BodyEvent>>,
 }
@@ -92,7 +94,7 @@ impl UpstreamBody {
     ) -> (Self, Option<oneshot::Receiver<BodyEvent>>) {
         if inner.is_end_stream() {
             let body = Self {
-                inner,
+                inner: Some(inner),
                 deadline: None,
                 events: None,
             };
@@ -100,11 +102,20 @@ impl UpstreamBody {
         }
         let (tx, rx) = oneshot::channel();
         let body = Self {
-            inner,
+            inner: Some(inner),
             deadline: deadline.map(|d| Box::pin(tokio::time::sleep(d))),
             events: Some(tx),
         };
         (body, Some(rx))
+    }
+
+    /// No body: a request door makes itself (the health cache's refresh).
+    pub const fn empty() -> Self {
+        Self {
+            inner: None,
+            deadline: None,
+            events: None,
+        }
     }
 
     fn report(&mut self, event: BodyEvent) {
@@ -124,11 +135,14 @@ impl Body for UpstreamBody {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
         let this = &mut *self;
-        let poll = Pin::new(&mut this.inner).poll_frame(cx);
+        let Some(inner) = this.inner.as_mut() else {
+            return Poll::Ready(None);
+        };
+        let poll = Pin::new(&mut *inner).poll_frame(cx);
         if let Poll::Ready(frame) = poll {
             match &frame {
                 None => this.report(BodyEvent::Ended),
-                Some(Ok(_)) if this.inner.is_end_stream() => this.report(BodyEvent::Ended),
+                Some(Ok(_)) if inner.is_end_stream() => this.report(BodyEvent::Ended),
                 Some(Err(_)) => this.report(BodyEvent::Failed),
                 Some(Ok(_)) => {}
             }
@@ -144,11 +158,13 @@ impl Body for UpstreamBody {
     }
 
     fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
+        self.inner.as_ref().is_none_or(Body::is_end_stream)
     }
 
     fn size_hint(&self) -> SizeHint {
-        self.inner.size_hint()
+        self.inner
+            .as_ref()
+            .map_or_else(|| SizeHint::with_exact(0), Body::size_hint)
     }
 }
 
