@@ -697,6 +697,46 @@ async fn upstream_timeout_is_504_and_refused_is_502_both_settled_as_server_error
 
 /// Responses stream through unbuffered (docs/design.md, "Limits"): an upstream flush reaches the
 /// client before the upstream finishes.
+/// Trailer fields cross door over HTTP/1.1 on both hops: the client's `TE: trailers` reaches
+/// the upstream, which then sends the trailers its `Trailer` field names, and door's answer
+/// keeps that field, without which hyper drops them.
+#[tokio::test]
+async fn response_trailers_cross_door_over_http11() {
+    let handler: Handler = Arc::new(|req: Request<Incoming>| {
+        let te = req
+            .headers()
+            .get("te")
+            .map_or("-", |v| v.to_str().unwrap_or("?"))
+            .to_owned();
+        Box::pin(async move {
+            let mut trailers = http::HeaderMap::new();
+            trailers.insert("x-sum", http::HeaderValue::from_static("42"));
+            let frames: Vec<Result<Frame<Bytes>, Infallible>> = vec![
+                Ok(Frame::data(Bytes::from(format!("te={te}")))),
+                Ok(Frame::trailers(trailers)),
+            ];
+            let mut res =
+                Response::new(StreamBody::new(futures_util::stream::iter(frames)).boxed());
+            res.headers_mut()
+                .insert("trailer", http::HeaderValue::from_static("x-sum"));
+            res
+        })
+    });
+    let up = upstream(handler).await;
+    let d = door(&config(up, "", "")).await;
+    for path in ["/l/session/1", "/unlimited"] {
+        let mut req = get(path);
+        req.headers_mut()
+            .insert("te", http::HeaderValue::from_static("trailers"));
+        let res = h1(d.addr).await.send_request(req).await.unwrap();
+        assert_eq!(res.status(), StatusCode::OK);
+        let body = res.into_body().collect().await.unwrap();
+        let trailers = body.trailers().cloned();
+        assert_eq!(body.to_bytes(), "te=trailers", "{path}");
+        assert_eq!(trailers.unwrap()["x-sum"], "42", "{path}");
+    }
+}
+
 #[tokio::test]
 async fn an_upstream_flush_reaches_the_client_before_the_upstream_finishes() {
     type Tx = mpsc::Sender<Result<Frame<Bytes>, Infallible>>;

@@ -20,7 +20,7 @@ use http::{
     HeaderMap, HeaderName, HeaderValue, Request, Response, Uri, Version,
     header::{
         CONNECTION, CONTENT_LENGTH, COOKIE, FORWARDED, HOST, PROXY_AUTHENTICATE,
-        PROXY_AUTHORIZATION, TE, TRAILER, TRANSFER_ENCODING, UPGRADE,
+        PROXY_AUTHORIZATION, TE, TRANSFER_ENCODING, UPGRADE,
     },
     uri::PathAndQuery,
 };
@@ -298,15 +298,34 @@ impl Proxy {
 
 /// Rewrites a client's request for the upstream: absolute URI on the pool's key, HTTP/1.1, the
 /// client's `Host` kept or set from the target, or the upstream's without either
-/// ([`retarget`]), hop-by-hop headers removed, forwarding headers rewritten per `origin`, an
-/// HTTP/2 request's `cookie` fields joined.
+/// ([`retarget`]), hop-by-hop headers removed (a client's `TE` listing `trailers` passed on as
+/// `TE: trailers`), forwarding headers rewritten per `origin`, an HTTP/2 request's `cookie`
+/// fields joined.
 pub fn prepare<B>(mut req: Request<B>, upstream: &Upstream, origin: &Origin) -> Request<B> {
     retarget(&mut req, upstream);
     let headers = req.headers_mut();
+    let trailers = accepts_trailers(headers);
     strip_hop_by_hop(headers);
+    if trailers {
+        // The one transfer coding door's own hop honours: trailers cross door both ways. TE is
+        // hop-by-hop, so it goes with its connection option (RFC 9110 §10.1.4).
+        headers.insert(TE, HeaderValue::from_static("trailers"));
+        headers.append(CONNECTION, HeaderValue::from_static("te"));
+    }
     rewrite_forwarding(headers, origin);
     join_cookies(headers);
     req
+}
+
+/// Whether the client's `TE` lists `trailers` (RFC 9110 §10.1.4): it will take trailer fields,
+/// so door asks the upstream for them too (hyper's server sends a response's trailers to an
+/// HTTP/1.1 client only when it asked so).
+fn accepts_trailers(headers: &HeaderMap) -> bool {
+    headers.get_all(TE).iter().any(|v| {
+        v.as_bytes()
+            .split(|&b| b == b',')
+            .any(|coding| coding.trim_ascii().eq_ignore_ascii_case(b"trailers"))
+    })
 }
 
 /// Points `req` at `upstream` over HTTP/1.1: the target becomes the absolute URI on the pool's
@@ -376,15 +395,15 @@ pub fn join_cookies(headers: &mut HeaderMap) {
 }
 
 /// The hop-by-hop fields of RFC 9110 §7.6.1 (plus the legacy `Keep-Alive` and
-/// `Proxy-Connection`), `Connection` first.
-static HOP_BY_HOP: [&HeaderName; 9] = [
+/// `Proxy-Connection`), `Connection` first. `Trailer` is not one (RFC 9110 §6.6.2): it names the
+/// trailer fields end to end, and hyper's HTTP/1.1 encoder sends only the trailer fields it names.
+static HOP_BY_HOP: [&HeaderName; 8] = [
     &CONNECTION,
     &KEEP_ALIVE,
     &PROXY_CONNECTION,
     &PROXY_AUTHENTICATE,
     &PROXY_AUTHORIZATION,
     &TE,
-    &TRAILER,
     &TRANSFER_ENCODING,
     &UPGRADE,
 ];
@@ -649,6 +668,28 @@ mod tests {
         }
     }
 
+    /// Trailers cross door: a client's `TE` listing `trailers` reaches the upstream as
+    /// `TE: trailers` with its connection option, any other `TE` not at all, and `Trailer`
+    /// (which names the trailer fields, end to end) always.
+    #[test]
+    fn a_clients_te_trailers_and_trailer_reach_the_upstream() {
+        let upstream = Upstream::parse("http://127.0.0.1:3000").unwrap();
+        let prepared = |pairs: &[(&str, &str)]| {
+            let mut req = Request::builder().uri("/p").body(()).unwrap();
+            *req.headers_mut() = headers(pairs);
+            prepare(req, &upstream, &origin("192.0.2.1", false))
+        };
+        for te in ["trailers", "gzip, Trailers", "deflate,trailers ,gzip"] {
+            let req = prepared(&[("te", te), ("connection", "te"), ("trailer", "x-sum")]);
+            assert_eq!(req.headers()[TE], "trailers", "{te}");
+            assert_eq!(req.headers()[CONNECTION], "te", "{te}");
+            assert_eq!(req.headers()[http::header::TRAILER], "x-sum", "{te}");
+        }
+        let req = prepared(&[("te", "gzip"), ("connection", "te")]);
+        assert!(!req.headers().contains_key(TE));
+        assert!(!req.headers().contains_key(CONNECTION));
+    }
+
     #[test]
     fn untrusted_peers_cannot_inject_forwarding_headers() {
         let mut h = headers(&[
@@ -842,14 +883,13 @@ mod tests {
 
     /// The model's own lists, written out from RFC 9110 §7.6.1 (and the legacy `Keep-Alive`
     /// and `Proxy-Connection`), and the fields door never lets an option remove.
-    const MODEL_HOP_BY_HOP: [&str; 9] = [
+    const MODEL_HOP_BY_HOP: [&str; 8] = [
         "connection",
         "keep-alive",
         "proxy-connection",
         "proxy-authenticate",
         "proxy-authorization",
         "te",
-        "trailer",
         "transfer-encoding",
         "upgrade",
     ];
