@@ -550,6 +550,38 @@ async fn a_body_still_arriving_at_the_read_timeout_gets_408_and_frees_the_slot()
     assert_eq!(d.app().requests_in_flight(), 0);
 }
 
+/// An upstream whose SYNs go unanswered (a listener whose accept queue is full: Linux drops the
+/// SYN) holds a request with a body no longer than `upstream_timeout`: the connection attempt
+/// gives up then, where the operating system would keep trying for about two minutes while
+/// neither the body's deadline nor the upstream timeout has begun.
+#[tokio::test(start_paused = true)]
+async fn an_upstream_that_never_answers_the_syn_fails_a_request_with_a_body_in_time() {
+    let silent = tokio::net::TcpSocket::new_v4().unwrap();
+    silent.bind("127.0.0.1:0".parse().unwrap()).unwrap();
+    let up = silent.local_addr().unwrap();
+    // Backlog 0: one connection fills the accept queue; nobody accepts it.
+    let _listener = silent.listen(0).unwrap();
+    let _queued = TcpStream::connect(up).await.unwrap();
+    let d = door(&config(up, "upstream_timeout = \"2s\"", "")).await;
+    let start = door_daemon::time::now();
+    let mut s = TcpStream::connect(d.addr).await.unwrap();
+    s.write_all(b"POST /webhooks/github HTTP/1.1\r\nHost: door.test\r\nConnection: close\r\nContent-Length: 3\r\n\r\nabc")
+        .await
+        .unwrap();
+    let mut out = Vec::new();
+    // On tokio's paused clock: five minutes pass at once when nothing else can happen.
+    let read = tokio::time::timeout(Duration::from_mins(5), s.read_to_end(&mut out)).await;
+    assert!(read.is_ok(), "no answer");
+    let out = String::from_utf8_lossy(&out);
+    assert!(out.starts_with("HTTP/1.1 502"), "{out}");
+    let waited = start.elapsed();
+    assert!(
+        waited >= Duration::from_secs(2) && waited < Duration::from_secs(3),
+        "upstream_timeout is 2 s: {waited:?}"
+    );
+    assert_eq!(d.inflight("webhook"), 0);
+}
+
 #[tokio::test(start_paused = true)]
 async fn streaming_routes_have_no_body_deadline() {
     let seen = Arc::new(Mutex::new(Vec::new()));

@@ -22,6 +22,7 @@ use std::{
     io,
     pin::Pin,
     task::{Context, Poll},
+    time::Duration,
 };
 
 use http::{
@@ -44,7 +45,7 @@ pub const POOL_AUTHORITY: Authority = Authority::from_static("u");
 
 /// A connector for the upstream: [`HttpConnector`] with `TCP_NODELAY` set, dialling the
 /// configured upstream, yielding [`UpstreamIo`]. Its errors are the connector's: refused,
-/// unresolvable, or the operating system's connect timeout (no timeout of its own is set).
+/// unresolvable, or not connected within its connect timeout.
 #[derive(Debug, Clone)]
 pub struct Connector {
     http: HttpConnector,
@@ -54,10 +55,16 @@ pub struct Connector {
 
 impl Connector {
     /// A connector that opens plain TCP connections to `upstream` with `TCP_NODELAY` (each
-    /// request is written in full at once; Nagle's algorithm would only delay it).
-    pub fn new(upstream: &Upstream) -> Self {
+    /// request is written in full at once; Nagle's algorithm would only delay it), giving up on
+    /// a connection not made within `connect_timeout` (door's `upstream_timeout`: an upstream
+    /// whose SYNs go unanswered would otherwise hold a request with a body for the operating
+    /// system's own connect timeout, about two minutes, as neither its read deadline, which runs
+    /// only while the body is being sent, nor the upstream timeout, which starts once it is sent,
+    /// has begun).
+    pub fn new(upstream: &Upstream, connect_timeout: Duration) -> Self {
         let mut http = HttpConnector::new();
         http.set_nodelay(true);
+        http.set_connect_timeout(Some(connect_timeout));
         let mut parts = http::uri::Parts::default();
         parts.scheme = Some(upstream.scheme.clone());
         parts.authority = Some(upstream.authority.clone());

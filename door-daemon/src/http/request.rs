@@ -417,7 +417,7 @@ impl App {
             policy: std::sync::RwLock::new(Arc::new(policy)),
             clock: Arc::clone(clock),
             blocklist,
-            proxy: Proxy::new(config.upstream.clone()),
+            proxy: Proxy::new(config.upstream.clone(), config.upstream_timeout),
             metrics: metrics.clone(),
             warned_untrusted_xff: AtomicBool::new(false),
             upstream_timeout: config.upstream_timeout,

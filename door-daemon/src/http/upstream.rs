@@ -224,8 +224,9 @@ impl Proxy {
     /// upstream pool and HTTP/2 windows").
     ///
     /// One pool per worker a running door starts ([`crate::http::worker::count`]); an empty
-    /// pool costs nothing until it opens a connection.
-    pub fn new(upstream: Upstream) -> Self {
+    /// pool costs nothing until it opens a connection. A connection not made within
+    /// `connect_timeout` fails the request ([`Connector::new`]).
+    pub fn new(upstream: Upstream, connect_timeout: Duration) -> Self {
         let client = || {
             Client::builder(TokioExecutor::new())
                 .pool_max_idle_per_host(usize::MAX)
@@ -235,7 +236,7 @@ impl Proxy {
                 .pool_timer(TokioTimer::new())
                 // `Host` is door's to set (`retarget`): the URI's authority is the pool's key.
                 .set_host(false)
-                .build(Connector::new(&upstream))
+                .build(Connector::new(&upstream, connect_timeout))
         };
         Self {
             first: client(),

@@ -8,7 +8,7 @@
 //! concurrent HTTP/2 streams, extended CONNECT) and door's header read timeout, here kept by
 //! hyper's own timer on every HTTP/1.1 head (door counts it in its connection watch, which this
 //! proxy has not); one hyper-util pooled client per worker on door's upstream connector (`TCP_NODELAY`,
-//! no per-response `HttpInfo`), every idle connection kept, door's idle timeout. The constants are
+//! door's default upstream timeout as its connect timeout, no per-response `HttpInfo`), every idle connection kept, door's idle timeout. The constants are
 //! door's own.
 //!
 //! What it does per request, what any reverse proxy must, with door's own functions where door
@@ -38,7 +38,10 @@ use std::{
 use anyhow::Context as _;
 use clap::Parser;
 use door_daemon::{
-    config::{DEFAULT_HEADER_READ_TIMEOUT as HEADER_READ_TIMEOUT, Upstream},
+    config::{
+        DEFAULT_HEADER_READ_TIMEOUT as HEADER_READ_TIMEOUT,
+        DEFAULT_UPSTREAM_TIMEOUT as UPSTREAM_TIMEOUT, Upstream,
+    },
     http::{
         connect::Connector,
         front::{MAX_CONCURRENT_STREAMS, MAX_HEADER_BYTES},
@@ -126,7 +129,7 @@ async fn serve(listen: SocketAddr, upstream: &Upstream, workers: &[Handle]) -> a
                     .pool_idle_timeout(POOL_IDLE_TIMEOUT)
                     .pool_timer(TokioTimer::new())
                     .set_host(false)
-                    .build(Connector::new(upstream)),
+                    .build(Connector::new(upstream, UPSTREAM_TIMEOUT)),
                 upstream: upstream.clone(),
             })
         })
