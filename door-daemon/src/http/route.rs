@@ -4,8 +4,12 @@
 //! Paths are compared segment by segment after normalisation, so that a client cannot step around
 //! a limited route with a spelling the application treats as the same path: empty segments
 //! (`//`, a trailing `/`) and `.` are ignored, `..` removes the previous segment (RFC 3986
-//! §5.2.4), and percent-encoded unreserved characters are decoded (RFC 3986 §6.2.2.2). A `GET`
-//! route also matches `HEAD` (RFC 9110 §9.3.2: HEAD is GET without the body).
+//! §5.2.4), and percent-encoded unreserved characters are decoded (RFC 3986 §6.2.2.2). A path
+//! that matches no route as written but carries an encoded slash (`%2F`) is tried again with it
+//! as a separator: for RFC 3986 it is data, but WSGI servers (PEP 3333's `PATH_INFO`, so
+//! Django and Flask behind gunicorn or uWSGI) and others decode it before routing, and
+//! `/webhooks%2Fgithub` would reach their `/webhooks/github` unlimited. A `GET` route also
+//! matches `HEAD` (RFC 9110 §9.3.2: HEAD is GET without the body).
 
 use std::borrow::Cow;
 
@@ -238,16 +242,21 @@ impl Router {
         self.route_for(method, path).map(|r| r.group.as_str())
     }
 
-    /// The first route matching `method` and `path`, or `None` (pass-through).
+    /// The first route matching `method` and `path`, or `None` (pass-through); a path that
+    /// matches none and holds an encoded slash, the first route matching it with `%2F` as a
+    /// separator (see the module docs).
     pub fn route_for(&self, method: &Method, path: &str) -> Option<&Route> {
-        // Normalised once for all the routes: one allocation, segments borrowed from `path`
-        // unless they carry an escape.
-        let segments = normalise(path);
         let upper = upper_case(method);
         let method = upper.as_ref().unwrap_or(method);
-        self.routes
-            .iter()
-            .find(|r| r.method_matches(method) && r.path.matches_segments(&segments))
+        let find = |path: &str| {
+            // Normalised once for all the routes: segments borrowed from `path` unless they
+            // carry an escape.
+            let segments = normalise(path);
+            self.routes
+                .iter()
+                .find(|r| r.method_matches(method) && r.path.matches_segments(&segments))
+        };
+        find(path).or_else(|| slashes_decoded(path).and_then(|p| find(&p)))
     }
 
     /// The routes, in order.
@@ -274,6 +283,12 @@ fn normalise(path: &str) -> Segments<'_> {
         }
     }
     out
+}
+
+/// `path` with each encoded slash (`%2F`, either case) made a `/`; `None` when it has none.
+fn slashes_decoded(path: &str) -> Option<String> {
+    let has = |p: &str| p.contains("%2F") || p.contains("%2f");
+    has(path).then(|| path.replace("%2F", "/").replace("%2f", "/"))
 }
 
 /// Decodes `%XX` escapes of unreserved characters (ALPHA / DIGIT / `-` `.` `_` `~`), which
@@ -408,8 +423,29 @@ mod tests {
         ] {
             assert_eq!(r.group_for(&Method::POST, path), Some("webhook"), "{path}");
         }
-        // A reserved character stays escaped: it is a different path.
-        assert_eq!(r.group_for(&Method::POST, "/webhooks%2Fgithub"), None);
+        // A reserved character stays escaped; an encoded slash in a path that matches no
+        // route is tried as a separator, as WSGI servers decode it.
+        for path in [
+            "/webhooks%2Fgithub",
+            "/webhooks%2fgithub",
+            "%2Fwebhooks%2Fgithub",
+            "/x%2F..%2Fwebhooks/github",
+        ] {
+            assert_eq!(r.group_for(&Method::POST, path), Some("webhook"), "{path}");
+        }
+        assert_eq!(r.group_for(&Method::POST, "/webhooks%3Agithub"), None);
+    }
+
+    /// A path that matches a route as written keeps that route: the encoded slash is data there.
+    #[test]
+    fn an_encoded_slash_is_a_separator_only_when_the_path_matches_no_route_as_written() {
+        let r = Router::new(vec![
+            Route::new("a", &[], "/files/{name}").unwrap(),
+            Route::new("b", &[], "/files/{dir}/{name}").unwrap(),
+        ]);
+        assert_eq!(r.group_for(&Method::GET, "/files/a%2Fb"), Some("a"));
+        assert_eq!(r.group_for(&Method::GET, "/files/a/b"), Some("b"));
+        assert_eq!(r.group_for(&Method::GET, "/files%2Fa%2Fb"), Some("b"));
     }
 
     #[test]
