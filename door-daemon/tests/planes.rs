@@ -37,7 +37,10 @@ use http_body_util::{BodyExt as _, Empty, Full};
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use serving::{Door, door_with};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::{
+    io::{AsyncReadExt as _, AsyncWriteExt as _},
+    net::{TcpListener, TcpStream},
+};
 
 /// The tokens (and session cookie values) the upstream accepts.
 const VALID: [&str; 3] = [
@@ -405,6 +408,90 @@ async fn asking_for_an_event_stream_does_not_take_a_request_past_the_planes() {
         5,
         "the sixth never reached the upstream"
     );
+}
+
+/// Asking for an upgrade (`Connection: upgrade`, `Upgrade: foo`) does not take a request past
+/// the planes either: an answer that is not a `101` was charged to the IP plane like any other.
+#[tokio::test]
+async fn asking_for_an_upgrade_does_not_take_a_request_past_the_planes() {
+    let hits = Arc::new(AtomicUsize::new(0));
+    let d = door(&config(upstream(Arc::clone(&hits)).await, BEARER, "")).await;
+    let upgrade = [("connection", "upgrade"), ("upgrade", "foo")];
+    for i in 0..5 {
+        let a = send(&d, "/api/plain", "198.51.100.51", &upgrade).await;
+        assert_eq!(a.status, StatusCode::OK, "request {i}: {a:?}");
+    }
+    let over = send(&d, "/api/plain", "198.51.100.51", &upgrade).await;
+    assert_eq!(over.status, StatusCode::TOO_MANY_REQUESTS, "{over:?}");
+    assert_eq!(over.scope.as_deref(), Some("ip"));
+    assert_eq!(
+        hits.load(Ordering::SeqCst),
+        5,
+        "the sixth never reached the upstream"
+    );
+}
+
+/// An upstream that switches protocols on `Upgrade: foo` (and keeps the connection, saying
+/// nothing more) and answers 200 to everything else.
+async fn switching_upstream() -> SocketAddr {
+    let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = l.accept().await {
+            tokio::spawn(async move {
+                loop {
+                    let Some(head) = read_head(&mut s).await else {
+                        return;
+                    };
+                    let answer: &[u8] = if head.contains("upgrade: foo") {
+                        b"HTTP/1.1 101 Switching Protocols\r\nconnection: upgrade\r\nupgrade: foo\r\n\r\n"
+                    } else {
+                        b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok"
+                    };
+                    if s.write_all(answer).await.is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    addr
+}
+
+/// One request head from `s`, lower-cased; `None` at the end of the stream.
+async fn read_head(s: &mut TcpStream) -> Option<String> {
+    let mut head = Vec::new();
+    let mut byte = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") {
+        match s.read(&mut byte).await {
+            Ok(1) => head.push(byte[0]),
+            _ => return None,
+        }
+    }
+    Some(String::from_utf8_lossy(&head).to_ascii_lowercase())
+}
+
+/// An upgrade the upstream accepts is a stream: the plane's token it was charged with is given
+/// back at the `101`, so upgrades never use up a client's plane.
+#[tokio::test]
+async fn an_upgrade_the_upstream_accepts_gives_back_its_plane_token() {
+    let d = door(&config(switching_upstream().await, BEARER, "")).await;
+    for i in 0..8 {
+        let mut s = TcpStream::connect(d.addr).await.unwrap();
+        s.write_all(
+            b"GET /api/tunnel HTTP/1.1\r\nhost: door.test\r\nx-forwarded-for: 198.51.100.52\r\n\
+              connection: upgrade\r\nupgrade: foo\r\n\r\n",
+        )
+        .await
+        .unwrap();
+        let head = read_head(&mut s).await.unwrap();
+        assert!(head.starts_with("http/1.1 101"), "upgrade {i}: {head}");
+    }
+    // The IP plane's burst of 5 is whole.
+    for i in 0..5 {
+        let a = send(&d, "/api/plain", "198.51.100.52", &[]).await;
+        assert_eq!(a.status, StatusCode::OK, "request {i}: {a:?}");
+    }
 }
 
 #[tokio::test]

@@ -588,13 +588,11 @@ impl App {
         }
         // An EventSource asks for text/event-stream: its answer will be a stream.
         let event_stream = accepts_event_stream(req.headers());
-        // A request that only asks for an event stream is charged to its plane like any other
-        // until its answer shows it is one (then the plane's token is given back, in `forward`):
-        // a request header alone must not take a request past the planes.
-        let planes = policy
-            .credential
-            .as_ref()
-            .filter(|_| !stream_route && upgrade.is_none());
+        // A request that only asks for an event stream or an upgrade is charged to its plane like
+        // any other until its answer shows it is a stream (then the plane's token is given back,
+        // in `forward` and `switch`): a request header alone must not take a request past the
+        // planes.
+        let planes = policy.credential.as_ref().filter(|_| !stream_route);
         let needed = limited.is_some() || planes.is_some() || event_stream;
         let decision = listed.or_else(|| self.key_if_needed(needed, conn, &policy, &req, &origin));
         let mut job = Job::new(origin, upgrade, stream_route);
@@ -860,9 +858,12 @@ impl App {
         // a 502 door gave for a client's broken body, must not be served to other probes), and of
         // its answers only those that do not depend on who asked (`health::speaks_for_health`).
         let feeds_cache = health && matches!(method, Method::GET | Method::HEAD);
+        // An HTTP/1.1 upgrade's body (if any) comes before the switch, so it has the deadline of
+        // any other; an extended CONNECT's request body is its tunnel.
+        let tunnel_body = matches!(upgrade, Some(Upgrade::ExtendedConnect { .. }));
         let deadline = admitted
             .as_ref()
-            .filter(|_| !stream_route && upgrade.is_none())
+            .filter(|_| !stream_route && !tunnel_body)
             .map(|a| a.limited.read_timeout);
         let (body, events) = UpstreamBody::new(body, deadline);
         let up = Request::from_parts(parts, body);
@@ -1009,6 +1010,11 @@ impl App {
                 return answer::failure_response(&Failure::Protocol(e));
             }
         };
+        // A stream now: the request planes do not charge it.
+        let permit = permit.map(|mut p| {
+            p.refund_plane();
+            p
+        });
         let on_upstream = hyper::upgrade::on(&mut res);
         let answer = upgrade.client_response(res.headers());
         let open = permit.as_ref().map(|p| p.metrics().stream_opened());
