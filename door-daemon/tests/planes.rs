@@ -272,6 +272,24 @@ async fn rotating_made_up_tokens_earn_nothing() {
     assert_eq!(d.count("session", Outcome::Ok), 0);
 }
 
+/// A `Connection` option cannot hide a made-up token from the upstream once door has read it:
+/// the upstream sees it and refuses it, so it is never verified and earns no session bucket.
+#[tokio::test]
+async fn a_connection_option_cannot_hide_a_made_up_token_from_the_upstream() {
+    let hits = Arc::new(AtomicUsize::new(0));
+    let d = door(&config(upstream(Arc::clone(&hits)).await, BEARER, "")).await;
+    let hidden = [
+        ("authorization", "Bearer made-up"),
+        ("connection", "authorization"),
+    ];
+    for i in 0..2 {
+        let a = send(&d, "/api/x", "198.51.100.11", &hidden).await;
+        assert_eq!(a.status, StatusCode::UNAUTHORIZED, "request {i}: {a:?}");
+        assert!(a.ratelimit.starts_with("\"ip\";"), "request {i}: {a:?}");
+    }
+    assert_eq!(d.count("session", Outcome::Ok), 0);
+}
+
 #[tokio::test]
 async fn a_forged_copy_of_a_victims_token_never_touches_the_victims_bucket() {
     let hits = Arc::new(AtomicUsize::new(0));

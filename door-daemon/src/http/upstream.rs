@@ -19,7 +19,7 @@ use tokio::{sync::oneshot, time::Sleep};
 use http::{
     HeaderMap, HeaderName, HeaderValue, Request, Response, Uri, Version,
     header::{
-        CONNECTION, CONTENT_LENGTH, COOKIE, FORWARDED, HOST, PROXY_AUTHENTICATE,
+        AUTHORIZATION, CONNECTION, CONTENT_LENGTH, COOKIE, FORWARDED, HOST, PROXY_AUTHENTICATE,
         PROXY_AUTHORIZATION, TE, TRANSFER_ENCODING, UPGRADE,
     },
     uri::PathAndQuery,
@@ -460,8 +460,18 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
 }
 
 /// Fields a `Connection` header may not name for removal: `Host` and the forwarding fields door
-/// rewrites itself.
-static PROTECTED: [&HeaderName; 4] = [&HOST, &X_FORWARDED_FOR, &FORWARDED, &X_FORWARDED_PROTO];
+/// rewrites itself, and the credential fields door reads for its request planes (a client that
+/// named `Authorization` there would have its made-up token counted by door and hidden from the
+/// application, which then could not refuse it: docs/design.md, "Planes"). All are end to end;
+/// RFC 9110 §7.6.1 forbids naming such a field as a connection option.
+static PROTECTED: [&HeaderName; 6] = [
+    &HOST,
+    &X_FORWARDED_FOR,
+    &FORWARDED,
+    &X_FORWARDED_PROTO,
+    &AUTHORIZATION,
+    &COOKIE,
+];
 
 /// Client-identity and client-scheme fields other proxies and frameworks read (`X-Real-IP` by
 /// nginx's realip and chi's RealIP, `True-Client-IP` by Akamai and chi, `X-Forwarded-Ssl`,
@@ -738,16 +748,23 @@ mod tests {
     }
 
     #[test]
-    fn connection_cannot_remove_host_or_the_forwarding_chain() {
+    fn connection_cannot_remove_host_the_forwarding_chain_or_a_credential() {
         let mut h = headers(&[
-            ("connection", "host, x-forwarded-for, forwarded, x-other"),
+            (
+                "connection",
+                "host, x-forwarded-for, forwarded, authorization, Cookie, x-other",
+            ),
             ("host", "door.test"),
             ("x-forwarded-for", "203.0.113.9"),
+            ("authorization", "Bearer t"),
+            ("cookie", "sid=s"),
             ("x-other", "1"),
         ]);
         strip_hop_by_hop(&mut h);
         assert_eq!(h["host"], "door.test");
         assert_eq!(h["x-forwarded-for"], "203.0.113.9");
+        assert_eq!(h["authorization"], "Bearer t");
+        assert_eq!(h["cookie"], "sid=s");
         assert!(h.get("x-other").is_none());
     }
 
@@ -894,8 +911,14 @@ mod tests {
         "transfer-encoding",
         "upgrade",
     ];
-    const MODEL_PROTECTED: [&str; 4] =
-        ["host", "x-forwarded-for", "forwarded", "x-forwarded-proto"];
+    const MODEL_PROTECTED: [&str; 6] = [
+        "host",
+        "x-forwarded-for",
+        "forwarded",
+        "x-forwarded-proto",
+        "authorization",
+        "cookie",
+    ];
     /// Other names: an option that is no field (`close`), ordinary fields, one past 64 bytes.
     const OTHERS: [&str; 5] = [
         "close",
