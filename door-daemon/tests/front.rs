@@ -1840,11 +1840,13 @@ async fn connections_past_max_connections_are_closed_at_accept_and_counted() {
     );
 }
 
-#[tokio::test]
-async fn pass_through_requests_past_upstream_max_inflight_get_503_with_retry_after() {
+/// door with `top` in front of an upstream that never answers `/pass/slow`, and a connection
+/// from 127.0.0.1 whose request for it has reached the upstream (a pass-through request in
+/// flight until the connection is dropped).
+async fn holding_a_pass_through_request(top: &str) -> (Door, TcpStream) {
     let (open, closed) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
-    let up = upstream(slow_upstream(Arc::clone(&open), Arc::clone(&closed))).await;
-    let d = door(&config(up, "upstream_max_inflight = 1", "")).await;
+    let up = upstream(slow_upstream(Arc::clone(&open), closed)).await;
+    let d = door(&config(up, top, "")).await;
     let mut s = TcpStream::connect(d.addr).await.unwrap();
     s.write_all(b"GET /pass/slow HTTP/1.1\r\nHost: door.test\r\n\r\n")
         .await
@@ -1853,6 +1855,24 @@ async fn pass_through_requests_past_upstream_max_inflight_get_503_with_retry_aft
         open.load(Ordering::SeqCst) == 1
     })
     .await;
+    (d, s)
+}
+
+/// Drops `held` (the request [`holding_a_pass_through_request`] made), waits for its slot to come
+/// back, and checks that a pass-through request passes again.
+async fn let_go_and_pass_again(d: &Door, held: TcpStream) {
+    drop(held);
+    d.eventually("the slot came back", |d| {
+        d.app().passthrough_in_flight() == 0
+    })
+    .await;
+    let res = h1(d.addr).await.send_request(get("/pass/x")).await.unwrap();
+    assert_eq!(res.status(), StatusCode::OK);
+}
+
+#[tokio::test]
+async fn pass_through_requests_past_upstream_max_inflight_get_503_with_retry_after() {
+    let (d, s) = holding_a_pass_through_request("upstream_max_inflight = 1").await;
     assert_eq!(d.app().passthrough_in_flight(), 1);
     let res = h1(d.addr).await.send_request(get("/pass/x")).await.unwrap();
     assert_eq!(res.status(), StatusCode::SERVICE_UNAVAILABLE);
@@ -1861,13 +1881,33 @@ async fn pass_through_requests_past_upstream_max_inflight_get_503_with_retry_aft
     // Limited routes are not counted against it.
     let res = h1(d.addr).await.send_request(get("/api/x")).await.unwrap();
     assert_eq!(res.status(), StatusCode::OK);
-    drop(s);
-    d.eventually("the slot came back", |d| {
-        d.app().passthrough_in_flight() == 0
-    })
-    .await;
+    let_go_and_pass_again(&d, s).await;
+}
+
+/// One client cannot hold every pass-through slot: past `upstream_max_inflight_per_client` its
+/// requests get 429 while another client's still pass, and its slot comes back with its answer.
+#[tokio::test]
+async fn one_client_past_upstream_max_inflight_per_client_gets_429_and_others_still_pass() {
+    let (d, s) = holding_a_pass_through_request("upstream_max_inflight_per_client = 1").await;
+    // Another connection of the same peer, 127.0.0.1.
     let res = h1(d.addr).await.send_request(get("/pass/x")).await.unwrap();
+    assert_eq!(res.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(res.headers()["retry-after"], "1");
+    let body: serde_json::Value = serde_json::from_str(&body_string(res).await).unwrap();
+    assert_eq!(body["code"], "upstream-busy");
+    assert_eq!(body["details"]["scope"], "client");
+    // Another peer (127.0.0.2, also loopback) is not held up.
+    let other = tokio::net::TcpSocket::new_v4().unwrap();
+    other.bind("127.0.0.2:0".parse().unwrap()).unwrap();
+    let io = other.connect(d.addr).await.unwrap();
+    let (mut c, conn) = hyper::client::conn::http1::handshake(TokioIo::new(io))
+        .await
+        .unwrap();
+    tokio::spawn(conn);
+    let res = c.send_request(get("/pass/x")).await.unwrap();
     assert_eq!(res.status(), StatusCode::OK);
+    body_string(res).await;
+    let_go_and_pass_again(&d, s).await;
 }
 
 // ---------------------------------------------------------------- allow and deny

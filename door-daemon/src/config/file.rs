@@ -36,6 +36,7 @@ pub(super) struct File {
     pub(super) max_connections: Option<i64>,
     pub(super) max_connections_per_client: Option<i64>,
     pub(super) upstream_max_inflight: Option<i64>,
+    pub(super) upstream_max_inflight_per_client: Option<i64>,
     pub(super) max_header_fields: Option<i64>,
 }
 

@@ -192,6 +192,9 @@ pub struct Overrides {
     /// Pass-through requests forwarded upstream at once; past it, 503. Default 4096.
     #[arg(long, env = "DOOR_UPSTREAM_MAX_INFLIGHT", global = true, value_parser = EnvNamed(clap::value_parser!(i64)))]
     pub upstream_max_inflight: Option<i64>,
+    /// Pass-through requests one TCP peer may have forwarded at once; past it, 429. Default 256.
+    #[arg(long, env = "DOOR_UPSTREAM_MAX_INFLIGHT_PER_CLIENT", global = true, value_parser = EnvNamed(clap::value_parser!(i64)))]
+    pub upstream_max_inflight_per_client: Option<i64>,
     /// Header fields an HTTP/1.1 request head may have (1 to 1024); past it, 431. Default 100.
     #[arg(long, env = "DOOR_MAX_HEADER_FIELDS", global = true, value_parser = EnvNamed(clap::value_parser!(i64)))]
     pub max_header_fields: Option<i64>,

@@ -6,8 +6,9 @@ use std::time::Duration;
 use super::{
     ConfigError, DEFAULT_DRAIN_GRACE, DEFAULT_HEADER_READ_TIMEOUT, DEFAULT_IDLE_TIMEOUT,
     DEFAULT_MAX_CONNECTIONS_PER_CLIENT, DEFAULT_MAX_HEADER_FIELDS, DEFAULT_STREAM_IDLE_TIMEOUT,
-    DEFAULT_UPSTREAM_MAX_INFLIGHT, DEFAULT_UPSTREAM_TIMEOUT, MAX_HEADER_FIELDS_LIMIT,
-    durations::parse_duration, flags::Overrides, invalid, positive_u32,
+    DEFAULT_UPSTREAM_MAX_INFLIGHT, DEFAULT_UPSTREAM_MAX_INFLIGHT_PER_CLIENT,
+    DEFAULT_UPSTREAM_TIMEOUT, MAX_HEADER_FIELDS_LIMIT, durations::parse_duration, flags::Overrides,
+    invalid, positive_u32,
 };
 
 /// The connection-level settings, before they are copied into [`Config`].
@@ -63,31 +64,45 @@ pub(super) fn build_front(
     })
 }
 
-/// `max_connections` (`None`: derived at start), `max_connections_per_client` and
-/// `upstream_max_inflight` (file values in that order), each flag or env beating the file.
+/// `max_connections`, `max_connections_per_client`, `upstream_max_inflight` and
+/// `upstream_max_inflight_per_client` (file values in that order), each flag or env beating the
+/// file: `max_connections` (`None` when neither sets it: derived at start), then the other three
+/// with their defaults.
+///
+/// # Errors
+/// A value below 1 or above `u32::MAX`, named with its key.
 pub(super) fn build_connection_limits(
-    file: [Option<i64>; 3],
+    file: [Option<i64>; 4],
     o: &Overrides,
-) -> Result<(Option<u32>, u32, u32), ConfigError> {
-    let [total, per_client, upstream] = file;
-    let max_connections = o
-        .max_connections
-        .or(total)
-        .map(|v| positive_u32("max_connections", v))
-        .transpose()?;
-    let per_client = o
-        .max_connections_per_client
-        .or(per_client)
-        .map_or(Ok(DEFAULT_MAX_CONNECTIONS_PER_CLIENT), |v| {
-            positive_u32("max_connections_per_client", v)
-        })?;
-    let upstream = o
-        .upstream_max_inflight
-        .or(upstream)
-        .map_or(Ok(DEFAULT_UPSTREAM_MAX_INFLIGHT), |v| {
-            positive_u32("upstream_max_inflight", v)
-        })?;
-    Ok((max_connections, per_client, upstream))
+) -> Result<(Option<u32>, [u32; 3]), ConfigError> {
+    let flags = [
+        o.max_connections,
+        o.max_connections_per_client,
+        o.upstream_max_inflight,
+        o.upstream_max_inflight_per_client,
+    ];
+    let keys = [
+        "max_connections",
+        "max_connections_per_client",
+        "upstream_max_inflight",
+        "upstream_max_inflight_per_client",
+    ];
+    let mut set = [None; 4];
+    for (((slot, flag), from_file), key) in set.iter_mut().zip(flags).zip(file).zip(keys) {
+        *slot = flag
+            .or(from_file)
+            .map(|v| positive_u32(key, v))
+            .transpose()?;
+    }
+    let [total, per_client, upstream, upstream_per_client] = set;
+    Ok((
+        total,
+        [
+            per_client.unwrap_or(DEFAULT_MAX_CONNECTIONS_PER_CLIENT),
+            upstream.unwrap_or(DEFAULT_UPSTREAM_MAX_INFLIGHT),
+            upstream_per_client.unwrap_or(DEFAULT_UPSTREAM_MAX_INFLIGHT_PER_CLIENT),
+        ],
+    ))
 }
 
 /// `max_header_fields`, the flag or env beating the file: from 1 to [`MAX_HEADER_FIELDS_LIMIT`].

@@ -86,6 +86,23 @@ use tls::build_tls;
 use xdp::build_xdp;
 
 // What the unit tests (`use super::*`) name besides this module's items.
+/// `forwarded_header` (the flag or env beating the file; default `x-forwarded-for`).
+///
+/// # Errors
+/// A value other than `x-forwarded-for` or `forwarded`, named.
+fn build_forwarded_header(raw: Option<String>) -> Result<ForwardedSource, ConfigError> {
+    match raw {
+        Some(h) => h.parse::<ForwardedSource>().map_err(|_| {
+            invalid(
+                "forwarded_header",
+                format!("{h:?}"),
+                "must be \"x-forwarded-for\" or \"forwarded\"",
+            )
+        }),
+        None => Ok(ForwardedSource::default()),
+    }
+}
+
 #[cfg(test)]
 use crate::{
     client::credential::Credential,
@@ -295,6 +312,11 @@ pub struct Config {
     /// (`upstream_max_inflight`; `--upstream-max-inflight` / `DOOR_UPSTREAM_MAX_INFLIGHT`); past
     /// it door answers 503 with `Retry-After: 1`. Default 4096.
     pub upstream_max_inflight: u32,
+    /// Of those, the requests one TCP peer (its /32 or /64) may have forwarded at once
+    /// (`upstream_max_inflight_per_client`; `--upstream-max-inflight-per-client` /
+    /// `DOOR_UPSTREAM_MAX_INFLIGHT_PER_CLIENT`); past it door answers 429 with `Retry-After: 1`.
+    /// Trusted proxies are exempt, as for `max_connections_per_client`. Default 256.
+    pub upstream_max_inflight_per_client: u32,
     /// Header fields an HTTP/1.1 request head may have (`max_header_fields`;
     /// `--max-header-fields` / `DOOR_MAX_HEADER_FIELDS`); past it door answers 431 and closes the
     /// connection. From 1 to [`MAX_HEADER_FIELDS_LIMIT`]; default
@@ -322,6 +344,9 @@ pub const DEFAULT_STREAM_IDLE_TIMEOUT: Duration = Duration::from_mins(5);
 pub const DEFAULT_MAX_CONNECTIONS_PER_CLIENT: u32 = 256;
 /// The default of [`Config::upstream_max_inflight`].
 pub const DEFAULT_UPSTREAM_MAX_INFLIGHT: u32 = 4096;
+/// The default of [`Config::upstream_max_inflight_per_client`]: as many as
+/// [`DEFAULT_MAX_CONNECTIONS_PER_CLIENT`] HTTP/1.1 connections carry.
+pub const DEFAULT_UPSTREAM_MAX_INFLIGHT_PER_CLIENT: u32 = 256;
 /// The default of [`Config::max_header_fields`]: hyper's own default, the most it parses with
 /// no allocation.
 pub const DEFAULT_MAX_HEADER_FIELDS: usize = 100;
@@ -414,17 +439,8 @@ impl Config {
             access_list("deny", &pick(&o.deny, &file.deny))?,
         );
         let proxy_protocol_listen = proxy_protocol_listeners(&listeners, &trusted_proxies)?;
-        let forwarded_raw = o.forwarded_header.clone().or(file.forwarded_header);
-        let forwarded_header = match forwarded_raw {
-            Some(h) => h.parse::<ForwardedSource>().map_err(|_| {
-                invalid(
-                    "forwarded_header",
-                    format!("{h:?}"),
-                    "must be \"x-forwarded-for\" or \"forwarded\"",
-                )
-            })?,
-            None => ForwardedSource::default(),
-        };
+        let forwarded_header =
+            build_forwarded_header(o.forwarded_header.clone().or(file.forwarded_header))?;
 
         let disable_anon_route_limits = o
             .disable_anon_route_limits
@@ -451,15 +467,22 @@ impl Config {
         )?;
         let otlp = build_otlp(file.otlp, o)?;
         let cluster = build_cluster(file.cluster, o)?;
-        let (max_connections, max_connections_per_client, upstream_max_inflight) =
-            build_connection_limits(
-                [
-                    file.max_connections,
-                    file.max_connections_per_client,
-                    file.upstream_max_inflight,
-                ],
-                o,
-            )?;
+        let (
+            max_connections,
+            [
+                max_connections_per_client,
+                upstream_max_inflight,
+                upstream_max_inflight_per_client,
+            ],
+        ) = build_connection_limits(
+            [
+                file.max_connections,
+                file.max_connections_per_client,
+                file.upstream_max_inflight,
+                file.upstream_max_inflight_per_client,
+            ],
+            o,
+        )?;
 
         let max_header_fields = build_max_header_fields(file.max_header_fields, o)?;
         let keyed: Vec<(String, SocketAddr)> =
@@ -489,6 +512,7 @@ impl Config {
             max_connections,
             max_connections_per_client,
             upstream_max_inflight,
+            upstream_max_inflight_per_client,
             max_header_fields,
             planes,
             allow,

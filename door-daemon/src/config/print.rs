@@ -61,6 +61,7 @@ impl Config {
             max_connections,
             max_connections_per_client,
             upstream_max_inflight,
+            upstream_max_inflight_per_client,
             max_header_fields,
             planes,
             allow,
@@ -100,8 +101,11 @@ impl Config {
         write_connection_limits(
             &mut w,
             *max_connections,
-            *max_connections_per_client,
-            *upstream_max_inflight,
+            [
+                *max_connections_per_client,
+                *upstream_max_inflight,
+                *upstream_max_inflight_per_client,
+            ],
         );
         w.clear(
             "max_header_fields",
@@ -137,20 +141,21 @@ impl Config {
     }
 }
 
-/// `max_connections` (a comment when it is derived at start), `max_connections_per_client`,
-/// `upstream_max_inflight`.
-fn write_connection_limits(
-    w: &mut TomlWriter,
-    max_connections: Option<u32>,
-    per_client: u32,
-    upstream_max_inflight: u32,
-) {
+/// `max_connections` (a comment when it is derived at start), then `max_connections_per_client`,
+/// `upstream_max_inflight` and `upstream_max_inflight_per_client` (`caps`, in that order).
+fn write_connection_limits(w: &mut TomlWriter, max_connections: Option<u32>, caps: [u32; 3]) {
     match max_connections {
         Some(n) => w.clear("max_connections", i64::from(n)),
         None => w.comment("max_connections: not set, derived at start from the open-file limit"),
     }
-    w.clear("max_connections_per_client", i64::from(per_client));
-    w.clear("upstream_max_inflight", i64::from(upstream_max_inflight));
+    let keys = [
+        "max_connections_per_client",
+        "upstream_max_inflight",
+        "upstream_max_inflight_per_client",
+    ];
+    for (key, cap) in keys.into_iter().zip(caps) {
+        w.clear(key, i64::from(cap));
+    }
 }
 
 fn write_planes(w: &mut TomlWriter, p: &crate::config::PlanesConfig) {

@@ -35,6 +35,7 @@ pub fn restart_only_changes(old: &Config, new: &Config) -> Vec<&'static str> {
         max_connections,
         max_connections_per_client,
         upstream_max_inflight,
+        upstream_max_inflight_per_client,
         max_header_fields,
         planes: _,
         allow: _,
@@ -92,6 +93,10 @@ pub fn restart_only_changes(old: &Config, new: &Config) -> Vec<&'static str> {
         (
             "upstream_max_inflight",
             *upstream_max_inflight != new.upstream_max_inflight,
+        ),
+        (
+            "upstream_max_inflight_per_client",
+            *upstream_max_inflight_per_client != new.upstream_max_inflight_per_client,
         ),
         (
             "max_header_fields",

@@ -459,6 +459,19 @@ fn bad_front_keys_are_named() {
             .starts_with("otlp.endpoint = \"127.0.0.1:4318\"")
     );
     assert!(err("[otlp]\ninterval = \"0s\"").starts_with("otlp.interval = \"0s\""));
+    for key in [
+        "max_connections",
+        "max_connections_per_client",
+        "upstream_max_inflight",
+        "upstream_max_inflight_per_client",
+    ] {
+        for v in ["0", "-3", "4294967296"] {
+            assert_eq!(
+                err(&format!("{key} = {v}")),
+                format!("{key} = {v}: must be a whole number from 1 to 4294967295")
+            );
+        }
+    }
     for v in ["0", "1025", "-3"] {
         assert_eq!(
             err(&format!("max_header_fields = {v}")),

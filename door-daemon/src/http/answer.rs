@@ -151,14 +151,24 @@ fn json_response(status: StatusCode, body: &serde_json::Value) -> Response<Respo
     res
 }
 
-/// The 503 for a pass-through request over `upstream_max_inflight`: `Retry-After: 1` and the JSON
-/// body `{"code":"upstream-busy","message":…}`.
-pub fn upstream_busy() -> Response<ResponseBody> {
+/// The answer to a pass-through request over `upstream_max_inflight` (503), or, `per_client`, over
+/// `upstream_max_inflight_per_client` (429, RFC 6585 §4: this client's doing): `Retry-After: 1`
+/// and the JSON body `{"code":"upstream-busy","message":…,"details":{"scope"}}`, the scope
+/// `group` or `client` as in a limited group's answer.
+pub fn upstream_busy(per_client: bool) -> Response<ResponseBody> {
+    let (status, scope, whose) = if per_client {
+        (StatusCode::TOO_MANY_REQUESTS, "client", "of yours ")
+    } else {
+        (StatusCode::SERVICE_UNAVAILABLE, "group", "")
+    };
     let mut res = json_response(
-        StatusCode::SERVICE_UNAVAILABLE,
+        status,
         &serde_json::json!({
             "code": "upstream-busy",
-            "message": "too many requests to the application behind door at once; retry in 1 s",
+            "message": format!(
+                "too many requests {whose}to the application behind door at once; retry in 1 s"
+            ),
+            "details": { "scope": scope },
         }),
     );
     res.headers_mut()

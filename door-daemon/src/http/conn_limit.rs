@@ -5,12 +5,14 @@
 //! warned about at most once a minute per reason.
 //!
 //! The per-peer table holds only peers with a connection open, so it never has more entries
-//! than `max_connections`.
+//! than `max_connections`. Each entry also carries the peer's count of pass-through requests
+//! in flight, shared by its connections' slots, against `upstream_max_inflight_per_client`
+//! (`http/request.rs`).
 
 use std::{
     collections::HashMap,
     net::IpAddr,
-    sync::{Arc, Mutex, PoisonError},
+    sync::{Arc, Mutex, PoisonError, atomic::AtomicU32},
 };
 
 use door_common::prefix::PrefixKey;
@@ -38,7 +40,15 @@ impl Refusal {
 #[derive(Debug, Default)]
 struct Open {
     total: u32,
-    by_peer: HashMap<PrefixKey, u32>,
+    by_peer: HashMap<PrefixKey, Peer>,
+}
+
+/// One peer's open connections, and its pass-through requests in flight (shared with its
+/// connections' slots: [`ConnSlot::peer_inflight`]).
+#[derive(Debug, Default)]
+struct Peer {
+    connections: u32,
+    inflight: Arc<AtomicU32>,
 }
 
 /// The connection limits of one front, shared by its accept loops.
@@ -75,17 +85,20 @@ impl ConnLimits {
         if open.total >= self.max {
             return Err(Refusal::MaxConnections);
         }
+        let mut inflight = None;
         if let Some(key) = key {
-            let n = open.by_peer.entry(key).or_insert(0);
-            if *n >= self.per_client {
+            let peer = open.by_peer.entry(key).or_default();
+            if peer.connections >= self.per_client {
                 return Err(Refusal::MaxConnectionsPerClient);
             }
-            *n += 1;
+            peer.connections += 1;
+            inflight = Some(Arc::clone(&peer.inflight));
         }
         open.total += 1;
         Ok(ConnSlot {
             limits: Arc::clone(self),
             key,
+            inflight,
         })
     }
 
@@ -99,6 +112,16 @@ impl ConnLimits {
 pub struct ConnSlot {
     limits: Arc<ConnLimits>,
     key: Option<PrefixKey>,
+    /// The peer's pass-through requests in flight; `None` for an exempt peer.
+    inflight: Option<Arc<AtomicU32>>,
+}
+
+impl ConnSlot {
+    /// The count of pass-through requests in flight that every connection of this slot's peer
+    /// shares; `None` for a trusted proxy, which is exempt.
+    pub fn peer_inflight(&self) -> Option<&Arc<AtomicU32>> {
+        self.inflight.as_ref()
+    }
 }
 
 impl Drop for ConnSlot {
@@ -106,10 +129,10 @@ impl Drop for ConnSlot {
         let mut open = self.limits.lock();
         open.total = open.total.saturating_sub(1);
         if let Some(key) = self.key
-            && let Some(n) = open.by_peer.get_mut(&key)
+            && let Some(peer) = open.by_peer.get_mut(&key)
         {
-            *n = n.saturating_sub(1);
-            if *n == 0 {
+            peer.connections = peer.connections.saturating_sub(1);
+            if peer.connections == 0 {
                 open.by_peer.remove(&key);
             }
         }
@@ -141,6 +164,24 @@ mod tests {
         let _b = limits.admit(b, false).unwrap();
         let _a3 = limits.admit(a, false).unwrap();
         assert_eq!(limits.lock().by_peer.len(), 2);
+    }
+
+    /// A peer's connections share one count of its pass-through requests; an exempt peer has
+    /// none, and another peer its own.
+    #[test]
+    fn a_peers_connections_share_its_in_flight_count() {
+        let limits = ConnLimits::new(10, 10);
+        let a = IpAddr::V4(Ipv4Addr::new(192, 0, 2, 1));
+        let b = IpAddr::V4(Ipv4Addr::new(192, 0, 2, 2));
+        let (a1, a2, b1) = (
+            limits.admit(a, false).unwrap(),
+            limits.admit(a, false).unwrap(),
+            limits.admit(b, false).unwrap(),
+        );
+        let count = |s: &ConnSlot| Arc::as_ptr(s.peer_inflight().unwrap());
+        assert_eq!(count(&a1), count(&a2));
+        assert_ne!(count(&a1), count(&b1));
+        assert!(limits.admit(a, true).unwrap().peer_inflight().is_none());
     }
 
     #[test]

@@ -22,7 +22,7 @@ use std::{
     net::SocketAddr,
     sync::{
         Arc, Mutex, PoisonError, RwLock,
-        atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering},
+        atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering},
     },
     time::Duration,
 };
@@ -76,7 +76,7 @@ pub struct ConnInfo {
     /// (`None` for a connection made outside the accept loop, in tests). Freed when the last
     /// holder of this info lets go: an HTTP/1.1 connection that switched protocols is no longer
     /// served by hyper, and its tunnel holds the info, and the slot, until it closes.
-    _slot: Option<ConnSlot>,
+    slot: Option<ConnSlot>,
 }
 
 impl ConnInfo {
@@ -91,8 +91,15 @@ impl ConnInfo {
             peer_value: http::HeaderValue::try_from(peer_ip.to_string())
                 .unwrap_or_else(|_| http::HeaderValue::from_static("unknown")),
             activity: Activity::new(),
-            _slot: None,
+            slot: None,
         }
+    }
+
+    /// The pass-through requests in flight of this connection's TCP peer, shared by all its
+    /// connections ([`ConnSlot::peer_inflight`]); `None` for an exempt peer or a connection
+    /// made outside the accept loop.
+    pub(crate) fn peer_inflight(&self) -> Option<&Arc<AtomicU32>> {
+        self.slot.as_ref().and_then(ConnSlot::peer_inflight)
     }
 
     /// A request on this connection started; `http1` when it came over HTTP/1.x.
@@ -585,7 +592,7 @@ async fn connection(mut stream: TcpStream, conn: Connection) {
         None => {
             let info = Arc::new(ConnInfo {
                 proxied: proxy_protocol,
-                _slot: Some(slot),
+                slot: Some(slot),
                 ..ConnInfo::new(peer, false)
             });
             serve_io(stream, info, app, settings, &builder, stop).await;
@@ -597,7 +604,7 @@ async fn connection(mut stream: TcpStream, conn: Connection) {
                 Ok(Ok(tls_stream)) => {
                     let info = Arc::new(ConnInfo {
                         proxied: proxy_protocol,
-                        _slot: Some(slot),
+                        slot: Some(slot),
                         ..ConnInfo::new(peer, true)
                     });
                     let h2 = tls_stream.get_ref().1.alpn_protocol() == Some(b"h2".as_slice());

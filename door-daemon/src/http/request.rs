@@ -194,34 +194,73 @@ impl Limited {
     }
 }
 
-/// The cap on pass-through requests (routes in no group) forwarded at once
-/// (`upstream_max_inflight`): an application behind door is never sent more than this many of
-/// them together, however many connections clients open.
+/// The caps on pass-through requests (routes in no group) forwarded at once: door-wide
+/// (`upstream_max_inflight`), so that an application behind door is never sent more than this
+/// many of them together, however many connections clients open; and per TCP peer
+/// (`upstream_max_inflight_per_client`), so that one client cannot hold them all (its requests'
+/// bodies or its HTTP/2 window left open, for as long as it likes: pass-through requests have no
+/// deadline).
 #[derive(Debug)]
 pub(crate) struct PassThrough {
     cap: u32,
+    per_client: u32,
     open: AtomicU32,
 }
 
+/// Which pass-through cap refused a request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum PassRefusal {
+    /// `upstream_max_inflight`: 503.
+    Door,
+    /// `upstream_max_inflight_per_client`: 429.
+    Client,
+}
+
+/// Takes one of `count`'s `cap` places; whether there was one.
+fn take_one(count: &AtomicU32, cap: u32) -> bool {
+    count
+        .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+            (n < cap).then_some(n + 1)
+        })
+        .is_ok()
+}
+
 impl PassThrough {
-    /// A slot, or `None` when `cap` requests are in flight.
-    fn take(self: &Arc<Self>) -> Option<PassSlot> {
-        self.open
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
-                (n < self.cap).then_some(n + 1)
-            })
-            .ok()
-            .map(|_| PassSlot(Arc::clone(self)))
+    /// A slot for a request of the peer whose in-flight count is `peer` (`None`: exempt), or the
+    /// cap that refused it; a refused request holds nothing.
+    fn take(self: &Arc<Self>, peer: Option<&Arc<AtomicU32>>) -> Result<PassSlot, PassRefusal> {
+        if let Some(peer) = peer
+            && !take_one(peer, self.per_client)
+        {
+            return Err(PassRefusal::Client);
+        }
+        if !take_one(&self.open, self.cap) {
+            if let Some(peer) = peer {
+                peer.fetch_sub(1, Ordering::AcqRel);
+            }
+            return Err(PassRefusal::Door);
+        }
+        Ok(PassSlot {
+            door: Arc::clone(self),
+            peer: peer.map(Arc::clone),
+        })
     }
 }
 
-/// One pass-through request's slot, held until its response body has been sent or dropped.
+/// One pass-through request's place under both caps, held until its response body has been sent
+/// or dropped.
 #[derive(Debug)]
-pub(crate) struct PassSlot(Arc<PassThrough>);
+pub(crate) struct PassSlot {
+    door: Arc<PassThrough>,
+    peer: Option<Arc<AtomicU32>>,
+}
 
 impl Drop for PassSlot {
     fn drop(&mut self) {
-        self.0.open.fetch_sub(1, Ordering::AcqRel);
+        self.door.open.fetch_sub(1, Ordering::AcqRel);
+        if let Some(peer) = &self.peer {
+            peer.fetch_sub(1, Ordering::AcqRel);
+        }
     }
 }
 
@@ -431,6 +470,7 @@ impl App {
             ),
             passthrough: Arc::new(PassThrough {
                 cap: config.upstream_max_inflight,
+                per_client: config.upstream_max_inflight_per_client,
                 open: AtomicU32::new(0),
             }),
             health: CachedHealth::new(Arc::clone(clock), HEALTH_TTL, Arc::clone(&draining)),
@@ -611,11 +651,14 @@ impl App {
             _ => None,
         };
         let Some(limited) = limited else {
-            let Some(slot) = self.passthrough.take() else {
-                if let Some(held) = job.plane.take() {
-                    held.refund();
+            let slot = match self.passthrough.take(conn.peer_inflight()) {
+                Ok(slot) => slot,
+                Err(refusal) => {
+                    if let Some(held) = job.plane.take() {
+                        held.refund();
+                    }
+                    return answer::upstream_busy(refusal == PassRefusal::Client);
                 }
-                return answer::upstream_busy();
             };
             job.passthrough = Some(slot);
             // Known when the request asked for an event stream or passed a plane: an event-stream
