@@ -4,12 +4,17 @@
 //! Paths are compared segment by segment after normalisation, so that a client cannot step around
 //! a limited route with a spelling the application treats as the same path: empty segments
 //! (`//`, a trailing `/`) and `.` are ignored, `..` removes the previous segment (RFC 3986
-//! §5.2.4), and percent-encoded unreserved characters are decoded (RFC 3986 §6.2.2.2). A path
-//! that matches no route as written but carries an encoded slash (`%2F`) is tried again with it
-//! as a separator: for RFC 3986 it is data, but WSGI servers (PEP 3333's `PATH_INFO`, so
-//! Django and Flask behind gunicorn or uWSGI) and others decode it before routing, and
-//! `/webhooks%2Fgithub` would reach their `/webhooks/github` unlimited. A `GET` route also
-//! matches `HEAD` (RFC 9110 §9.3.2: HEAD is GET without the body).
+//! §5.2.4), and percent-encoded unreserved characters are decoded (RFC 3986 §6.2.2.2).
+//!
+//! A path that matches no route as written is tried once more as the lenient servers read it
+//! ([`lenient`]): an encoded slash (`%2F`), a backslash and an encoded backslash as separators,
+//! each segment's `;` parameters dropped, and letters compared without regard to case. For RFC
+//! 3986 those are other paths, but WSGI servers decode `%2F` (PEP 3333's `PATH_INFO`: Django and
+//! Flask behind gunicorn or uWSGI), WHATWG URL parsers (Node) read `\` as `/`, Tomcat and Spring
+//! drop `;` parameters, and Express and ASP.NET route without regard to case: through door,
+//! `/webhooks%2Fgithub` would reach their `/webhooks/github` unlimited. Tried second, this leaves
+//! a path that matches as written on its route. A `GET` route also matches `HEAD` (RFC 9110
+//! §9.3.2: HEAD is GET without the body).
 
 use std::borrow::Cow;
 
@@ -136,16 +141,18 @@ impl PathPattern {
         })
     }
 
-    /// Whether the request path (without query) matches.
+    /// Whether the request path (without query) matches, as written.
     pub fn matches(&self, path: &str) -> bool {
-        self.matches_segments(&normalise(path))
+        self.matches_segments(&normalise(path), true)
     }
 
-    /// Whether the normalised segments of a path match this pattern.
-    fn matches_segments(&self, got: &[Cow<'_, str>]) -> bool {
+    /// Whether the normalised segments of a path match this pattern: literal segments compared
+    /// `exact`ly, or without regard to ASCII case.
+    fn matches_segments(&self, got: &[Cow<'_, str>], exact: bool) -> bool {
         self.segments.len() == got.len()
             && self.segments.iter().zip(got).all(|(want, got)| match want {
-                Segment::Literal(lit) => lit.as_str() == got.as_ref(),
+                Segment::Literal(lit) if exact => lit.as_str() == got.as_ref(),
+                Segment::Literal(lit) => lit.eq_ignore_ascii_case(got),
                 Segment::Wildcard => true,
             })
     }
@@ -243,20 +250,23 @@ impl Router {
     }
 
     /// The first route matching `method` and `path`, or `None` (pass-through); a path that
-    /// matches none and holds an encoded slash, the first route matching it with `%2F` as a
-    /// separator (see the module docs).
+    /// matches none as written, the first route matching it as the lenient servers read it
+    /// ([`lenient`], see the module docs).
     pub fn route_for(&self, method: &Method, path: &str) -> Option<&Route> {
         let upper = upper_case(method);
         let method = upper.as_ref().unwrap_or(method);
-        let find = |path: &str| {
+        let find = |path: &str, exact: bool| {
             // Normalised once for all the routes: segments borrowed from `path` unless they
             // carry an escape.
             let segments = normalise(path);
             self.routes
                 .iter()
-                .find(|r| r.method_matches(method) && r.path.matches_segments(&segments))
+                .find(|r| r.method_matches(method) && r.path.matches_segments(&segments, exact))
         };
-        find(path).or_else(|| slashes_decoded(path).and_then(|p| find(&p)))
+        find(path, true).or_else(|| {
+            let read = lenient(path)?;
+            find(&read, false)
+        })
     }
 
     /// The routes, in order.
@@ -285,10 +295,34 @@ fn normalise(path: &str) -> Segments<'_> {
     out
 }
 
-/// `path` with each encoded slash (`%2F`, either case) made a `/`; `None` when it has none.
-fn slashes_decoded(path: &str) -> Option<String> {
-    let has = |p: &str| p.contains("%2F") || p.contains("%2f");
-    has(path).then(|| path.replace("%2F", "/").replace("%2f", "/"))
+/// `path` as the lenient servers read it: `%2F`, `\\` and `%5C` (either case) made `/`, and each
+/// segment's `;` parameters dropped; matched then without regard to case. `None` when that
+/// could change nothing: a path with none of these and no upper-case letter (most paths, which
+/// then cost one pass over their bytes).
+pub fn lenient(path: &str) -> Option<String> {
+    let special = |b: u8| matches!(b, b'%' | b'\\' | b';') || b.is_ascii_uppercase();
+    if !path.bytes().any(special) {
+        return None;
+    }
+    let mut separated = String::with_capacity(path.len());
+    let mut rest = path;
+    while let Some(c) = rest.chars().next() {
+        let escaped_separator = rest
+            .get(..3)
+            .is_some_and(|e| e.eq_ignore_ascii_case("%2F") || e.eq_ignore_ascii_case("%5C"));
+        let (read, len) = match c {
+            _ if escaped_separator => ('/', 3),
+            '\\' => ('/', 1),
+            c => (c, c.len_utf8()),
+        };
+        separated.push(read);
+        rest = rest.get(len..).unwrap_or_default();
+    }
+    let segments: Vec<&str> = separated
+        .split('/')
+        .map(|segment| segment.split(';').next().unwrap_or_default())
+        .collect();
+    Some(segments.join("/"))
 }
 
 /// Decodes `%XX` escapes of unreserved characters (ALPHA / DIGIT / `-` `.` `_` `~`), which
@@ -423,29 +457,63 @@ mod tests {
         ] {
             assert_eq!(r.group_for(&Method::POST, path), Some("webhook"), "{path}");
         }
-        // A reserved character stays escaped; an encoded slash in a path that matches no
-        // route is tried as a separator, as WSGI servers decode it.
+        // A path that matches no route as written is read as the lenient servers read it:
+        // encoded slashes (WSGI), backslashes (WHATWG URL parsers), `;` parameters (Tomcat),
+        // letters in any case (Express, ASP.NET).
         for path in [
             "/webhooks%2Fgithub",
             "/webhooks%2fgithub",
-            "%2Fwebhooks%2Fgithub",
             "/x%2F..%2Fwebhooks/github",
+            "/webhooks\\github",
+            "/webhooks%5Cgithub",
+            "\\webhooks%5cgithub",
+            "/webhooks;jsessionid=1/github;x",
+            "/WebHooks/GitHub",
+            "/WEBHOOKS%2FGITHUB;A=B",
         ] {
             assert_eq!(r.group_for(&Method::POST, path), Some("webhook"), "{path}");
         }
-        assert_eq!(r.group_for(&Method::POST, "/webhooks%3Agithub"), None);
+        for other in [
+            "/webhooks%3Agithub",
+            "/webhooks/githubx",
+            "/web;hooks/github",
+        ] {
+            assert_eq!(r.group_for(&Method::POST, other), None, "{other}");
+        }
     }
 
-    /// A path that matches a route as written keeps that route: the encoded slash is data there.
     #[test]
-    fn an_encoded_slash_is_a_separator_only_when_the_path_matches_no_route_as_written() {
+    fn only_a_path_the_lenient_reading_could_change_is_read_again() {
+        assert_eq!(lenient("/api/v1/users/42"), None);
+        assert_eq!(lenient("/caf\u{e9}/x-y_z.~"), None);
+        assert_eq!(
+            lenient("/a%2fb%5Cc\\d;p=1/e").as_deref(),
+            Some("/a/b/c/d/e")
+        );
+        assert_eq!(lenient("/A/%20").as_deref(), Some("/A/%20"));
+        assert_eq!(lenient("/%2").as_deref(), Some("/%2"));
+        assert_eq!(
+            lenient("/\u{e9}%2F\u{e9}").as_deref(),
+            Some("/\u{e9}/\u{e9}")
+        );
+    }
+
+    /// A path that matches a route as written keeps that route: the encoded slash is data there,
+    /// and the case counts.
+    #[test]
+    fn the_lenient_reading_applies_only_when_the_path_matches_no_route_as_written() {
         let r = Router::new(vec![
             Route::new("a", &[], "/files/{name}").unwrap(),
             Route::new("b", &[], "/files/{dir}/{name}").unwrap(),
+            Route::new("upper", &[], "/Files/x").unwrap(),
+            Route::new("lower", &[], "/files/x").unwrap(),
         ]);
         assert_eq!(r.group_for(&Method::GET, "/files/a%2Fb"), Some("a"));
         assert_eq!(r.group_for(&Method::GET, "/files/a/b"), Some("b"));
         assert_eq!(r.group_for(&Method::GET, "/files%2Fa%2Fb"), Some("b"));
+        assert_eq!(r.group_for(&Method::GET, "/Files/x"), Some("upper"));
+        assert_eq!(r.group_for(&Method::GET, "/files/x"), Some("a"));
+        assert_eq!(r.group_for(&Method::GET, "/FILES/X/y"), Some("b"));
     }
 
     #[test]
