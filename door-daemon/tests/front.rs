@@ -1131,6 +1131,76 @@ fn host_echo(calls: Arc<AtomicUsize>) -> Handler {
     })
 }
 
+/// Heads door refuses before the upstream: the bytes, the status, a phrase of the answer and
+/// the `door.reason` it is counted under.
+const REFUSED_HEADS: [(&[u8], &str, &str, &str); 10] = [
+    (
+        b"GET /p HTTP/1.1\r\n\r\n",
+        "400",
+        "needs a Host",
+        "missing_host",
+    ),
+    (
+        b"GET /p HTTP/1.1\r\nHost: a.test\r\nHost: b.test\r\n\r\n",
+        "400",
+        "2 Host fields",
+        "repeated_host",
+    ),
+    (
+        b"GET /p HTTP/1.1\r\nHost: a.test:http\r\n\r\n",
+        "400",
+        "not a host",
+        "bad_host",
+    ),
+    (
+        b"GET http://door.test/p HTTP/1.1\r\n\r\n",
+        "400",
+        "needs a Host",
+        "missing_host",
+    ),
+    (
+        b"GET door.test:443 HTTP/1.1\r\nHost: a.test\r\n\r\n",
+        "400",
+        "not a path or an http or https URI",
+        "bad_target",
+    ),
+    (
+        b"POST /webhooks/github HTTP/1.1\r\nHost: a.test\r\n\
+          Transfer-Encoding: gzip, chunked\r\n\r\n3\r\nabc\r\n0\r\n\r\n",
+        "501",
+        "transfer coding \\\"gzip\\\"",
+        "transfer_coding",
+    ),
+    (
+        // Chunked twice: hyper would remove one layer and the other reach the application.
+        b"POST /webhooks/github HTTP/1.1\r\nHost: a.test\r\n\
+          Transfer-Encoding: chunked, chunked\r\n\r\n\
+          f\r\n5\r\nhello\r\n0\r\n\r\n\r\n0\r\n\r\n",
+        "400",
+        "chunked once",
+        "bad_transfer_encoding",
+    ),
+    (
+        b"GET http://user:secret@door.test/p HTTP/1.1\r\nHost: door.test\r\n\r\n",
+        "400",
+        "carries userinfo",
+        "userinfo",
+    ),
+    (
+        // The asterisk form is for OPTIONS only.
+        b"GET * HTTP/1.1\r\nHost: door.test\r\n\r\n",
+        "400",
+        "request target \\\"*\\\"",
+        "bad_target",
+    ),
+    (
+        b"CONNECT door.test:443 HTTP/1.1\r\nHost: door.test:443\r\n\r\n",
+        "501",
+        "does not tunnel CONNECT",
+        "connect",
+    ),
+];
+
 /// RFC 9112 §3.2 and §6.1: an HTTP/1.1 head without `Host` (whatever its target), with two, with
 /// an authority-form target on a method other than CONNECT, with a transfer coding door cannot
 /// undo or `chunked` twice, or a plain CONNECT, is refused before the upstream (400, 501), the
@@ -1142,66 +1212,7 @@ async fn http1_heads_with_a_bad_host_or_transfer_coding_are_refused_before_the_u
     let up = upstream(host_echo(Arc::clone(&calls))).await;
     let cfg = config(up, "", "");
     let (d, counted, _provider) = door_counting(&cfg).await;
-    for (head, status, message, reason) in [
-        (
-            &b"GET /p HTTP/1.1\r\n\r\n"[..],
-            "400",
-            "needs a Host",
-            "missing_host",
-        ),
-        (
-            b"GET /p HTTP/1.1\r\nHost: a.test\r\nHost: b.test\r\n\r\n",
-            "400",
-            "2 Host fields",
-            "repeated_host",
-        ),
-        (
-            b"GET /p HTTP/1.1\r\nHost: a.test:http\r\n\r\n",
-            "400",
-            "not a host",
-            "bad_host",
-        ),
-        (
-            b"GET http://door.test/p HTTP/1.1\r\n\r\n",
-            "400",
-            "needs a Host",
-            "missing_host",
-        ),
-        (
-            b"GET door.test:443 HTTP/1.1\r\nHost: a.test\r\n\r\n",
-            "400",
-            "not an http or https URI",
-            "bad_target",
-        ),
-        (
-            b"POST /webhooks/github HTTP/1.1\r\nHost: a.test\r\n\
-              Transfer-Encoding: gzip, chunked\r\n\r\n3\r\nabc\r\n0\r\n\r\n",
-            "501",
-            "transfer coding \\\"gzip\\\"",
-            "transfer_coding",
-        ),
-        (
-            // Chunked twice: hyper would remove one layer and the other reach the application.
-            b"POST /webhooks/github HTTP/1.1\r\nHost: a.test\r\n\
-              Transfer-Encoding: chunked, chunked\r\n\r\n\
-              f\r\n5\r\nhello\r\n0\r\n\r\n\r\n0\r\n\r\n",
-            "400",
-            "chunked once",
-            "bad_transfer_encoding",
-        ),
-        (
-            b"GET http://user:secret@door.test/p HTTP/1.1\r\nHost: door.test\r\n\r\n",
-            "400",
-            "carries userinfo",
-            "userinfo",
-        ),
-        (
-            b"CONNECT door.test:443 HTTP/1.1\r\nHost: door.test:443\r\n\r\n",
-            "501",
-            "does not tunnel CONNECT",
-            "connect",
-        ),
-    ] {
+    for (head, status, message, reason) in REFUSED_HEADS {
         let before = counted("door.requests_refused", reason);
         // No `Connection: close` asked: door closes after its answer, or `raw` would not return.
         let out = tokio::time::timeout(Duration::from_secs(5), raw(d.addr, head))
@@ -1238,7 +1249,7 @@ async fn http1_heads_with_a_bad_host_or_transfer_coding_are_refused_before_the_u
     assert_eq!(calls.load(Ordering::SeqCst), 2);
     assert_eq!(
         counted("door.requests_refused", ""),
-        9,
+        10,
         "one count per refusal, none for the heads forwarded"
     );
 }

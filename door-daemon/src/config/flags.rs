@@ -339,6 +339,12 @@ impl GroupSetting {
             .trim()
             .rsplit_once('.')
             .ok_or_else(|| "expected NAME.KEY=VALUE (no '.' between group and key)".to_owned())?;
+        if name.is_empty() {
+            // Not the blank item above: a typo must not set nothing silently.
+            return Err(format!(
+                "expected NAME.KEY=VALUE (no group name before .{key})"
+            ));
+        }
         let value = value.trim();
         let whole = || {
             value

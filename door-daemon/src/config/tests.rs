@@ -1150,6 +1150,8 @@ fn bad_group_items_are_named() {
             "burst must be a whole number, not \"many\"",
         ),
         ("link.rate=x", "rate must be a number, not \"x\""),
+        (".rate=1", "no group name before .rate"),
+        (" .burst=3", "no group name before .burst"),
     ] {
         let e = flags(&["--group", item]).unwrap_err();
         assert!(

@@ -27,10 +27,11 @@ pub enum HeadError {
     #[error("Host {0:?} is not a host with an optional port")]
     BadHost(String),
     /// A request target with an authority that is not an `http` or `https` URI with a host and
-    /// optional port (RFC 9110 §4.2.1: an empty host is invalid), or in authority form (`host:port`)
-    /// on a method other than CONNECT (RFC 9112 §3.2.3). The target as shown: at most 64
+    /// optional port (RFC 9110 §4.2.1: an empty host is invalid), in authority form (`host:port`)
+    /// on a method other than CONNECT (RFC 9112 §3.2.3), or in asterisk form (`*`) on a method
+    /// other than OPTIONS (RFC 9112 §3.2.4, RFC 9113 §8.3.1). The target as shown: at most 64
     /// characters.
-    #[error("the request target {0:?} is not an http or https URI with a host")]
+    #[error("the request target {0:?} is not a path or an http or https URI with a host")]
     BadTarget(String),
     /// A request target whose authority carries userinfo (`user@host`), which RFC 9110 §4.2.4
     /// deprecates for `http` and `https` and asks recipients to treat as an error. The userinfo
@@ -131,6 +132,9 @@ pub fn check<B>(req: &Request<B>) -> Result<(), HeadError> {
     };
     if host.is_none() && req.version() == Version::HTTP_11 {
         return Err(HeadError::MissingHost);
+    }
+    if req.uri().path() == "*" && req.method() != Method::OPTIONS {
+        return Err(HeadError::BadTarget("*".to_owned()));
     }
     // A plain CONNECT (authority form, no scheme) is `upgrade::classify`'s to answer (501); an
     // RFC 8441 extended CONNECT has a scheme and is checked like any request.
@@ -443,6 +447,14 @@ mod tests {
                 "{bad}"
             );
         }
+        // The asterisk form is for a server-wide OPTIONS only.
+        let mut options = req(v, "*", &h);
+        *options.method_mut() = Method::OPTIONS;
+        assert_eq!(check(&options), Ok(()));
+        assert_eq!(
+            check(&req(v, "*", &h)),
+            Err(HeadError::BadTarget("*".to_owned()))
+        );
         // A plain CONNECT is refused later, with 501 (`upgrade::classify`).
         let mut connect = req(v, "door.test:443", &h);
         *connect.method_mut() = Method::CONNECT;
