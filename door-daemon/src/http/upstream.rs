@@ -17,7 +17,7 @@ use http_body::{Body, Frame, SizeHint};
 use tokio::{sync::oneshot, time::Sleep};
 
 use http::{
-    HeaderMap, HeaderName, HeaderValue, Request, Response, Uri, Version,
+    HeaderMap, HeaderName, HeaderValue, Method, Request, Response, Uri, Version,
     header::{
         AUTHORIZATION, CONNECTION, CONTENT_LENGTH, COOKIE, FORWARDED, HOST, PROXY_AUTHENTICATE,
         PROXY_AUTHORIZATION, TE, TRANSFER_ENCODING, UPGRADE,
@@ -301,12 +301,20 @@ impl Proxy {
 /// client's `Host` kept or set from the target, or the upstream's without either
 /// ([`retarget`]), hop-by-hop headers removed (a client's `TE` listing `trailers` passed on as
 /// `TE: trailers`), forwarding headers rewritten per `origin`, an HTTP/2 request's `cookie`
-/// fields joined.
-pub fn prepare<B>(mut req: Request<B>, upstream: &Upstream, origin: &Origin) -> Request<B> {
+/// fields joined. A `GET`, `HEAD` or `CONNECT` whose body has no length (it came chunked, or
+/// over HTTP/2 without `Content-Length`) is sent chunked: hyper's client would drop such a body
+/// unless told, where it forwards one with a `Content-Length`.
+pub fn prepare<B: Body>(mut req: Request<B>, upstream: &Upstream, origin: &Origin) -> Request<B> {
     retarget(&mut req, upstream);
+    let unsized_body = !req.body().is_end_stream()
+        && req.body().size_hint().exact().is_none()
+        && matches!(*req.method(), Method::GET | Method::HEAD | Method::CONNECT);
     let headers = req.headers_mut();
     let trailers = accepts_trailers(headers);
     strip_hop_by_hop(headers);
+    if unsized_body && !has_field(headers, &CONTENT_LENGTH) {
+        headers.insert(TRANSFER_ENCODING, HeaderValue::from_static("chunked"));
+    }
     if trailers {
         // The one transfer coding door's own hop honours: trailers cross door both ways. TE is
         // hop-by-hop, so it goes with its connection option (RFC 9110 §10.1.4).
@@ -686,7 +694,10 @@ mod tests {
     fn a_clients_te_trailers_and_trailer_reach_the_upstream() {
         let upstream = Upstream::parse("http://127.0.0.1:3000").unwrap();
         let prepared = |pairs: &[(&str, &str)]| {
-            let mut req = Request::builder().uri("/p").body(()).unwrap();
+            let mut req = Request::builder()
+                .uri("/p")
+                .body(http_body_util::Empty::<Bytes>::new())
+                .unwrap();
             *req.headers_mut() = headers(pairs);
             prepare(req, &upstream, &origin("192.0.2.1", false))
         };
