@@ -30,6 +30,7 @@ use door_daemon::{
     cluster::{self, Cluster, ClusterMetrics, SharedBlocklist, State},
     config::Config,
     http::{App, ConnSettings, Front},
+    limit::{RejectReason, Rejection, Scope},
     obs::metrics::Metrics,
     shield::{
         ShieldError,
@@ -44,6 +45,13 @@ use hyper_util::rt::{TokioExecutor, TokioIo};
 use tokio::{
     io::{AsyncReadExt as _, AsyncWriteExt as _},
     net::{TcpListener, TcpStream},
+};
+
+/// A 429 of the client's own row: one that counts towards escalation.
+const OWN_429: Rejection = Rejection {
+    reason: RejectReason::Rate,
+    scope: Scope::Client,
+    retry_after_s: 1,
 };
 
 const SYNC: Duration = Duration::from_millis(50);
@@ -638,8 +646,8 @@ async fn an_escalation_on_one_door_reaches_the_others_with_its_deadline_and_expi
         shared_a.clone(),
     );
     let escalated = door_daemon::time::now();
-    assert!(esc_long.on_rejection(long, KeySource::Peer));
-    assert!(esc_short.on_rejection(short, KeySource::Peer));
+    assert!(esc_long.on_rejection(long, KeySource::Peer, &OWN_429));
+    assert!(esc_short.on_rejection(short, KeySource::Peer, &OWN_429));
     // On A's own shield at once, with the escalator's lifetime.
     assert_eq!(shield_a.of(long).first(), Some(&Duration::from_mins(1)));
 
@@ -925,7 +933,7 @@ async fn blocks_made_while_the_store_is_gone_are_shared_when_it_returns_empty() 
         shared_a.clone(),
     );
     let first = PrefixKey::from_ip("198.51.100.20".parse().unwrap());
-    assert!(escalator.on_rejection(first, KeySource::Peer));
+    assert!(escalator.on_rejection(first, KeySource::Peer, &OWN_429));
     assert!(
         shield_b
             .wait_for(first, Duration::from_secs(2))
@@ -942,7 +950,7 @@ async fn blocks_made_while_the_store_is_gone_are_shared_when_it_returns_empty() 
         "the doors did not notice the store was gone"
     );
     let second = PrefixKey::from_ip("198.51.100.21".parse().unwrap());
-    assert!(escalator.on_rejection(second, KeySource::Peer));
+    assert!(escalator.on_rejection(second, KeySource::Peer, &OWN_429));
     let _redis = Redis::start_on(port).await;
     let left = shield_b
         .wait_for(second, Duration::from_secs(5))
@@ -951,7 +959,7 @@ async fn blocks_made_while_the_store_is_gone_are_shared_when_it_returns_empty() 
     assert!(left <= Duration::from_mins(1), "{left:?}");
     // And a block made after the store came back reaches it too.
     let third = PrefixKey::from_ip("198.51.100.22".parse().unwrap());
-    assert!(escalator.on_rejection(third, KeySource::Peer));
+    assert!(escalator.on_rejection(third, KeySource::Peer, &OWN_429));
     assert!(
         shield_b
             .wait_for(third, Duration::from_secs(2))

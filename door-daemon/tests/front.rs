@@ -732,8 +732,6 @@ async fn upstream_timeout_is_504_and_refused_is_502_both_settled_as_server_error
 
 // ---------------------------------------------------------------- 4. streaming
 
-/// Responses stream through unbuffered (docs/design.md, "Limits"): an upstream flush reaches the
-/// client before the upstream finishes.
 /// Trailer fields cross door over HTTP/1.1 on both hops: the client's `TE: trailers` reaches
 /// the upstream, which then sends the trailers its `Trailer` field names, and door's answer
 /// keeps that field, without which hyper drops them.
@@ -774,6 +772,8 @@ async fn response_trailers_cross_door_over_http11() {
     }
 }
 
+/// Responses stream through unbuffered (docs/design.md, "Limits"): an upstream flush reaches the
+/// client before the upstream finishes.
 #[tokio::test]
 async fn an_upstream_flush_reaches_the_client_before_the_upstream_finishes() {
     type Tx = mpsc::Sender<Result<Frame<Bytes>, Infallible>>;
@@ -1941,6 +1941,39 @@ async fn one_client_past_upstream_max_inflight_per_client_gets_429_and_others_st
     assert_eq!(res.status(), StatusCode::OK);
     body_string(res).await;
     let_go_and_pass_again(&d, s).await;
+}
+
+/// Behind a trusted proxy speaking PROXY protocol, the client it names, not the proxy, holds
+/// the per-client pass-through cap: one client past it gets 429, another client through the same
+/// proxy still passes.
+#[tokio::test]
+async fn behind_a_proxy_protocol_listener_the_named_client_holds_the_per_client_cap() {
+    let (open, closed) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+    let up = upstream(slow_upstream(Arc::clone(&open), closed)).await;
+    let top = "trusted_proxies = [\"127.0.0.1/32\"]\nupstream_max_inflight_per_client = 1";
+    let d = door(&config(up, top, "")).await;
+    let proxied = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = proxied.local_addr().unwrap();
+    d.front.serve(proxied, true);
+    let named = |client: &str, path: &str| {
+        format!(
+            "PROXY TCP4 {client} 192.0.2.1 40000 8443\r\n\
+             GET {path} HTTP/1.1\r\nHost: door.test\r\nConnection: close\r\n\r\n"
+        )
+    };
+    let mut held = TcpStream::connect(addr).await.unwrap();
+    held.write_all(named("203.0.113.9", "/pass/slow").as_bytes())
+        .await
+        .unwrap();
+    d.eventually("the slow call reached the upstream", |_| {
+        open.load(Ordering::SeqCst) == 1
+    })
+    .await;
+    let out = raw(addr, named("203.0.113.9", "/pass/x").as_bytes()).await;
+    assert!(out.starts_with("HTTP/1.1 429"), "{out}");
+    let out = raw(addr, named("203.0.113.10", "/pass/x").as_bytes()).await;
+    assert!(out.starts_with("HTTP/1.1 200"), "{out}");
+    drop(held);
 }
 
 // ---------------------------------------------------------------- allow and deny

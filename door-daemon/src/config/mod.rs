@@ -86,23 +86,6 @@ use tls::build_tls;
 use xdp::build_xdp;
 
 // What the unit tests (`use super::*`) name besides this module's items.
-/// `forwarded_header` (the flag or env beating the file; default `x-forwarded-for`).
-///
-/// # Errors
-/// A value other than `x-forwarded-for` or `forwarded`, named.
-fn build_forwarded_header(raw: Option<String>) -> Result<ForwardedSource, ConfigError> {
-    match raw {
-        Some(h) => h.parse::<ForwardedSource>().map_err(|_| {
-            invalid(
-                "forwarded_header",
-                format!("{h:?}"),
-                "must be \"x-forwarded-for\" or \"forwarded\"",
-            )
-        }),
-        None => Ok(ForwardedSource::default()),
-    }
-}
-
 #[cfg(test)]
 use crate::{
     client::credential::Credential,
@@ -364,6 +347,23 @@ pub const RESERVED_FDS: u64 = 128;
 pub fn derived_max_connections(nofile_soft: u64) -> u32 {
     let n = nofile_soft.saturating_sub(RESERVED_FDS) / 2;
     u32::try_from(n).unwrap_or(u32::MAX).max(16)
+}
+
+/// `forwarded_header` (the flag or env beating the file; default `x-forwarded-for`).
+///
+/// # Errors
+/// A value other than `x-forwarded-for` or `forwarded`, named.
+fn build_forwarded_header(raw: Option<String>) -> Result<ForwardedSource, ConfigError> {
+    match raw {
+        Some(h) => h.parse::<ForwardedSource>().map_err(|_| {
+            invalid(
+                "forwarded_header",
+                format!("{h:?}"),
+                "must be \"x-forwarded-for\" or \"forwarded\"",
+            )
+        }),
+        None => Ok(ForwardedSource::default()),
+    }
 }
 
 impl Config {

@@ -43,6 +43,18 @@ struct Open {
     by_peer: HashMap<PrefixKey, Peer>,
 }
 
+impl Open {
+    /// One connection of `key` ended (or moved to another peer): its entry goes with its last.
+    fn leave(by_peer: &mut HashMap<PrefixKey, Peer>, key: PrefixKey) {
+        if let Some(peer) = by_peer.get_mut(&key) {
+            peer.connections = peer.connections.saturating_sub(1);
+            if peer.connections == 0 {
+                by_peer.remove(&key);
+            }
+        }
+    }
+}
+
 /// One peer's open connections, and its pass-through requests in flight (shared with its
 /// connections' slots: [`ConnSlot::peer_inflight`]).
 #[derive(Debug, Default)]
@@ -122,19 +134,36 @@ impl ConnSlot {
     pub fn peer_inflight(&self) -> Option<&Arc<AtomicU32>> {
         self.inflight.as_ref()
     }
+
+    /// Counts this connection for `peer` instead of the TCP peer it was admitted for: a trusted
+    /// proxy's PROXY protocol header named `peer` (a canonical address) as the client. The
+    /// connection then shares `peer`'s pass-through count with the peer's other connections
+    /// (none for an `exempt` peer) and counts among them, but is not refused:
+    /// `max_connections_per_client` was decided at accept, for the proxy.
+    pub fn rekey(&mut self, peer: IpAddr, exempt: bool) {
+        let key = (!exempt).then(|| PrefixKey::from_ip(peer));
+        if key == self.key {
+            return;
+        }
+        let mut open = self.limits.lock();
+        if let Some(old) = self.key {
+            Open::leave(&mut open.by_peer, old);
+        }
+        self.inflight = key.map(|key| {
+            let entry = open.by_peer.entry(key).or_default();
+            entry.connections += 1;
+            Arc::clone(&entry.inflight)
+        });
+        self.key = key;
+    }
 }
 
 impl Drop for ConnSlot {
     fn drop(&mut self) {
         let mut open = self.limits.lock();
         open.total = open.total.saturating_sub(1);
-        if let Some(key) = self.key
-            && let Some(peer) = open.by_peer.get_mut(&key)
-        {
-            peer.connections = peer.connections.saturating_sub(1);
-            if peer.connections == 0 {
-                open.by_peer.remove(&key);
-            }
+        if let Some(key) = self.key {
+            Open::leave(&mut open.by_peer, key);
         }
     }
 }
@@ -182,6 +211,37 @@ mod tests {
         assert_eq!(count(&a1), count(&a2));
         assert_ne!(count(&a1), count(&b1));
         assert!(limits.admit(a, true).unwrap().peer_inflight().is_none());
+    }
+
+    /// A trusted proxy's connection, rekeyed to the client its PROXY header names, shares that
+    /// client's count and leaves the table with it; rekeyed to a trusted address, it has none.
+    #[test]
+    fn a_rekeyed_connection_counts_for_the_named_client() {
+        let limits = ConnLimits::new(10, 10);
+        let proxy = IpAddr::V4(Ipv4Addr::new(192, 0, 2, 9));
+        let client = IpAddr::V4(Ipv4Addr::new(198, 51, 100, 1));
+        let direct = limits.admit(client, false).unwrap();
+        let mut named = limits.admit(proxy, true).unwrap();
+        assert!(named.peer_inflight().is_none());
+        named.rekey(client, false);
+        assert_eq!(
+            Arc::as_ptr(named.peer_inflight().unwrap()),
+            Arc::as_ptr(direct.peer_inflight().unwrap())
+        );
+        assert_eq!(
+            limits.lock().by_peer[&PrefixKey::from_ip(client)].connections,
+            2
+        );
+        named.rekey(proxy, true);
+        assert!(named.peer_inflight().is_none());
+        assert_eq!(
+            limits.lock().by_peer[&PrefixKey::from_ip(client)].connections,
+            1
+        );
+        named.rekey(client, false);
+        drop((direct, named));
+        assert!(limits.lock().by_peer.is_empty());
+        assert_eq!(limits.open(), 0);
     }
 
     #[test]

@@ -546,9 +546,9 @@ fn refused(app: &App, refusal: Refusal, peer: SocketAddr) {
     }
 }
 
-/// One accepted connection's inputs: its peer and its slot, whether it starts with a PROXY protocol header,
-/// the request path, the connection settings and builder, the TLS acceptor in force when it was
-/// accepted, and the drain signal.
+/// One accepted connection's inputs: its peer and its slot, whether it starts with a PROXY
+/// protocol header, the request path, the connection settings and builder, the TLS acceptor in
+/// force when it was accepted, and the drain signal.
 struct Connection {
     peer: SocketAddr,
     /// Its slot against the connection limits, handed to its [`ConnInfo`].
@@ -564,7 +564,7 @@ struct Connection {
 async fn connection(mut stream: TcpStream, conn: Connection) {
     let Connection {
         peer,
-        slot,
+        mut slot,
         proxy_protocol,
         app,
         settings,
@@ -584,6 +584,9 @@ async fn connection(mut stream: TcpStream, conn: Connection) {
         let Some(peer) = accepted.await else {
             return;
         };
+        // The named client, not the proxy, shares its pass-through cap.
+        let ip = crate::client::key::canonical(peer.ip());
+        slot.rekey(ip, policy.trusted.contains(ip));
         peer
     } else {
         peer

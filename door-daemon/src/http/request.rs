@@ -723,26 +723,24 @@ impl App {
             .then(|| answer::health_response(StatusCode::SERVICE_UNAVAILABLE, "draining"))
     }
 
-    /// Tells the escalator about a 429 (rate or per-client cap) of the TCP peer itself, decided on
-    /// its own table row: a 429 of the shared row is the doing of every client without a row (a
-    /// full table), not of this one, and a peer named by a trusted proxy's PROXY header was
-    /// learned through that proxy and is never escalated (docs/design.md, "Flood shield").
+    /// Tells the escalator about a rejection of the TCP peer itself; the escalator counts only
+    /// 429s of the client's own row ([`crate::shield::escalate::counts`]: a 429 of the shared row
+    /// is the doing of every client without a row). A peer named by a trusted proxy's PROXY
+    /// header was learned through that proxy and is never escalated (docs/design.md, "Flood
+    /// shield").
     fn escalate(
         conn: &ConnInfo,
         policy: &Policy,
         decision: &KeyDecision,
         rejection: &crate::limit::Rejection,
     ) {
-        if !crate::shield::escalate::counts(rejection) {
-            return;
-        }
         if let Some(e) = &policy.escalator {
             let source = if conn.proxied {
                 KeySource::ThroughProxy
             } else {
                 KeySource::of(decision)
             };
-            e.on_rejection(decision.key, source);
+            e.on_rejection(decision.key, source, rejection);
         }
     }
 

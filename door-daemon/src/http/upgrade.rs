@@ -23,7 +23,7 @@ use http::{
     HeaderMap, HeaderName, HeaderValue, Method, Request, Response, StatusCode, Version,
     header::{
         CONNECTION, SEC_WEBSOCKET_ACCEPT, SEC_WEBSOCKET_EXTENSIONS, SEC_WEBSOCKET_KEY,
-        SEC_WEBSOCKET_PROTOCOL, SEC_WEBSOCKET_VERSION, UPGRADE,
+        SEC_WEBSOCKET_PROTOCOL, SEC_WEBSOCKET_VERSION, TE, UPGRADE,
     },
 };
 
@@ -133,14 +133,21 @@ pub fn classify<B>(req: &mut Request<B>) -> Result<Option<Upgrade>, HeadError> {
 
 impl Upgrade {
     /// Puts the upgrade back on the request door sends upstream, after its hop-by-hop fields were
-    /// removed: `Connection: upgrade` and `Upgrade`.
+    /// removed: `Connection: upgrade` (with `te` when `TE: trailers` was passed on) and `Upgrade`.
     pub fn restore<B>(&self, req: &mut Request<B>) {
         let protocols = match self {
             Upgrade::Http1 { protocols, .. } => protocols.clone(),
             Upgrade::ExtendedConnect { .. } => HeaderValue::from_static("websocket"),
         };
         let h = req.headers_mut();
-        h.insert(CONNECTION, HeaderValue::from_static("upgrade"));
+        // One line (some servers read only the first), keeping the `te` option of a passed-on
+        // `TE: trailers` (`upstream::prepare`; RFC 9110 §10.1.4).
+        let options = if h.contains_key(TE) {
+            "upgrade, te"
+        } else {
+            "upgrade"
+        };
+        h.insert(CONNECTION, HeaderValue::from_static(options));
         h.insert(UPGRADE, protocols);
     }
 
@@ -245,6 +252,24 @@ mod tests {
             b = b.header(*k, *v);
         }
         b.body(()).unwrap()
+    }
+
+    /// The upgrade is put back on one `Connection` line, beside the `te` option of a passed-on
+    /// `TE: trailers`.
+    #[test]
+    fn restore_keeps_the_te_option() {
+        let upgrade = Upgrade::Http1 {
+            protocols: HeaderValue::from_static("websocket"),
+            websocket: true,
+        };
+        let mut plain = h1(&[]);
+        upgrade.restore(&mut plain);
+        assert_eq!(plain.headers()[CONNECTION], "upgrade");
+        assert_eq!(plain.headers()[UPGRADE], "websocket");
+        let mut trailers = h1(&[("te", "trailers"), ("connection", "te")]);
+        upgrade.restore(&mut trailers);
+        let lines: Vec<_> = trailers.headers().get_all(CONNECTION).iter().collect();
+        assert_eq!(lines, ["upgrade, te"]);
     }
 
     #[test]

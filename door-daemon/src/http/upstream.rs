@@ -301,18 +301,19 @@ impl Proxy {
 /// client's `Host` kept or set from the target, or the upstream's without either
 /// ([`retarget`]), hop-by-hop headers removed (a client's `TE` listing `trailers` passed on as
 /// `TE: trailers`), forwarding headers rewritten per `origin`, an HTTP/2 request's `cookie`
-/// fields joined. A `GET`, `HEAD` or `CONNECT` whose body has no length (it came chunked, or
-/// over HTTP/2 without `Content-Length`) is sent chunked: hyper's client would drop such a body
-/// unless told, where it forwards one with a `Content-Length`.
+/// fields joined. A `GET` or `HEAD` that came with a chunked body (HTTP/1.1) is sent chunked:
+/// hyper's client drops a body of unknown length on those methods unless told, where it forwards
+/// one with a `Content-Length`. (An HTTP/2 request's body has no transfer coding to keep: one
+/// without `Content-Length` on those methods is as likely an empty DATA frame as a body.)
 pub fn prepare<B: Body>(mut req: Request<B>, upstream: &Upstream, origin: &Origin) -> Request<B> {
     retarget(&mut req, upstream);
-    let unsized_body = !req.body().is_end_stream()
-        && req.body().size_hint().exact().is_none()
-        && matches!(*req.method(), Method::GET | Method::HEAD | Method::CONNECT);
+    let chunked_body = matches!(*req.method(), Method::GET | Method::HEAD)
+        && !req.body().is_end_stream()
+        && has_field(req.headers(), &TRANSFER_ENCODING);
     let headers = req.headers_mut();
-    let trailers = accepts_trailers(headers);
+    let trailers = has_field(headers, &TE) && accepts_trailers(headers);
     strip_hop_by_hop(headers);
-    if unsized_body && !has_field(headers, &CONTENT_LENGTH) {
+    if chunked_body {
         headers.insert(TRANSFER_ENCODING, HeaderValue::from_static("chunked"));
     }
     if trailers {

@@ -1,6 +1,7 @@
 //! Escalation from layer 7 to layer 4 (docs/design.md, "Flood shield"): a key that was the
 //! TCP peer itself and collected `escalate_after` rejections (429, rate or per-client cap, on its
-//! own table row: [`counts`]) within `escalate_window` is put on the XDP blocklist for `block_for`, once (not again while blocked).
+//! own table row: [`counts`]) within `escalate_window` is put on the XDP blocklist for
+//! `block_for`, once (not again while blocked).
 //! Keys learned through a trusted proxy, and trusted proxies themselves, are never escalated:
 //! blocking the proxy would block everyone behind it. Nor are loopback, private, link-local or
 //! unique-local peers, nor peers that sent forwarding headers door ignored: those are most likely
@@ -111,9 +112,10 @@ impl Escalator {
         }
     }
 
-    /// Records one 429 for `key`; returns whether this one put it on the blocklist.
-    pub fn on_rejection(&self, key: PrefixKey, source: KeySource) -> bool {
-        if source != KeySource::Peer {
+    /// Records `rejection` of a request of `key` if it [`counts`] (a 429 of the client's own
+    /// row) and `key` was the TCP peer itself; returns whether this one put it on the blocklist.
+    pub fn on_rejection(&self, key: PrefixKey, source: KeySource, rejection: &Rejection) -> bool {
+        if source != KeySource::Peer || !counts(rejection) {
             return false;
         }
         let now = self.clock.now_ns();
@@ -175,8 +177,16 @@ mod tests {
         PrefixKey::from_ip(s.parse().unwrap())
     }
 
+    /// A 429 of the client's own row: what the request path passes for a rate-limited client.
+    const OWN_429: Rejection = Rejection {
+        reason: RejectReason::Rate,
+        scope: Scope::Client,
+        retry_after_s: 1,
+    };
+
     /// Only a client's own 429s count: a full table's shared row refuses clients for what others
-    /// did, and the group cap is the whole group's.
+    /// did, and the group cap is the whole group's. However many of those a peer collects, it is
+    /// not escalated.
     #[test]
     fn only_429s_on_the_clients_own_row_count() {
         let r = |reason, scope| Rejection {
@@ -186,9 +196,23 @@ mod tests {
         };
         assert!(counts(&r(RejectReason::Rate, Scope::Client)));
         assert!(counts(&r(RejectReason::ClientConcurrency, Scope::Client)));
-        assert!(!counts(&r(RejectReason::Rate, Scope::Shared)));
-        assert!(!counts(&r(RejectReason::ClientConcurrency, Scope::Shared)));
-        assert!(!counts(&r(RejectReason::GroupConcurrency, Scope::Group)));
+        let others = [
+            r(RejectReason::Rate, Scope::Shared),
+            r(RejectReason::ClientConcurrency, Scope::Shared),
+            r(RejectReason::GroupConcurrency, Scope::Group),
+        ];
+        let (_, rec, e) = setup();
+        for other in &others {
+            assert!(!counts(other));
+            for _ in 0..5 {
+                assert!(!e.on_rejection(key("192.0.2.7"), KeySource::Peer, other));
+            }
+        }
+        assert!(rec.0.lock().unwrap().is_empty());
+        // Three of its own (`setup`'s threshold) do.
+        assert!(!e.on_rejection(key("192.0.2.7"), KeySource::Peer, &OWN_429));
+        assert!(!e.on_rejection(key("192.0.2.7"), KeySource::Peer, &OWN_429));
+        assert!(e.on_rejection(key("192.0.2.7"), KeySource::Peer, &OWN_429));
     }
 
     fn setup() -> (Arc<ManualClock>, Arc<Recorder>, Escalator) {
@@ -207,34 +231,34 @@ mod tests {
     #[test]
     fn a_peer_with_enough_rejections_in_the_window_is_blocked_once() {
         let (_, rec, e) = setup();
-        assert!(!e.on_rejection(key("192.0.2.7"), KeySource::Peer));
-        assert!(!e.on_rejection(key("192.0.2.7"), KeySource::Peer));
-        assert!(e.on_rejection(key("192.0.2.7"), KeySource::Peer));
+        assert!(!e.on_rejection(key("192.0.2.7"), KeySource::Peer, &OWN_429));
+        assert!(!e.on_rejection(key("192.0.2.7"), KeySource::Peer, &OWN_429));
+        assert!(e.on_rejection(key("192.0.2.7"), KeySource::Peer, &OWN_429));
         assert_eq!(
             *rec.0.lock().unwrap(),
             vec![(key("192.0.2.7"), Duration::from_mins(1))]
         );
         // The count starts over after an escalation.
-        assert!(!e.on_rejection(key("192.0.2.7"), KeySource::Peer));
+        assert!(!e.on_rejection(key("192.0.2.7"), KeySource::Peer, &OWN_429));
     }
 
     #[test]
     fn rejections_spread_beyond_the_window_do_not_add_up() {
         let (clock, rec, e) = setup();
-        e.on_rejection(key("192.0.2.7"), KeySource::Peer);
-        e.on_rejection(key("192.0.2.7"), KeySource::Peer);
+        e.on_rejection(key("192.0.2.7"), KeySource::Peer, &OWN_429);
+        e.on_rejection(key("192.0.2.7"), KeySource::Peer, &OWN_429);
         clock.advance(Duration::from_secs(11));
-        assert!(!e.on_rejection(key("192.0.2.7"), KeySource::Peer));
-        assert!(!e.on_rejection(key("192.0.2.7"), KeySource::Peer));
+        assert!(!e.on_rejection(key("192.0.2.7"), KeySource::Peer, &OWN_429));
+        assert!(!e.on_rejection(key("192.0.2.7"), KeySource::Peer, &OWN_429));
         assert!(rec.0.lock().unwrap().is_empty());
-        assert!(e.on_rejection(key("192.0.2.7"), KeySource::Peer));
+        assert!(e.on_rejection(key("192.0.2.7"), KeySource::Peer, &OWN_429));
     }
 
     #[test]
     fn keys_learned_through_a_trusted_proxy_are_never_escalated() {
         let (_, rec, e) = setup();
         for _ in 0..100 {
-            assert!(!e.on_rejection(key("203.0.113.9"), KeySource::ThroughProxy));
+            assert!(!e.on_rejection(key("203.0.113.9"), KeySource::ThroughProxy, &OWN_429));
         }
         assert!(rec.0.lock().unwrap().is_empty());
     }
@@ -243,12 +267,12 @@ mod tests {
     fn after_the_block_expires_the_count_starts_over() {
         let (clock, rec, e) = setup();
         for _ in 0..3 {
-            e.on_rejection(key("192.0.2.7"), KeySource::Peer);
+            e.on_rejection(key("192.0.2.7"), KeySource::Peer, &OWN_429);
         }
         clock.advance(Duration::from_secs(61));
-        assert!(!e.on_rejection(key("192.0.2.7"), KeySource::Peer));
-        assert!(!e.on_rejection(key("192.0.2.7"), KeySource::Peer));
-        assert!(e.on_rejection(key("192.0.2.7"), KeySource::Peer));
+        assert!(!e.on_rejection(key("192.0.2.7"), KeySource::Peer, &OWN_429));
+        assert!(!e.on_rejection(key("192.0.2.7"), KeySource::Peer, &OWN_429));
+        assert!(e.on_rejection(key("192.0.2.7"), KeySource::Peer, &OWN_429));
         assert_eq!(rec.0.lock().unwrap().len(), 2);
     }
 
@@ -256,7 +280,7 @@ mod tests {
     fn local_peers_are_never_escalated() {
         let (_, rec, e) = setup();
         for _ in 0..100 {
-            assert!(!e.on_rejection(key("10.0.0.7"), KeySource::LocalPeer));
+            assert!(!e.on_rejection(key("10.0.0.7"), KeySource::LocalPeer, &OWN_429));
         }
         assert!(rec.0.lock().unwrap().is_empty());
     }
@@ -307,7 +331,10 @@ mod tests {
         let (_, rec, e) = setup();
         for i in 0..2 {
             for k in ["192.0.2.1", "192.0.2.2", "2001:db8::1"] {
-                assert!(!e.on_rejection(key(k), KeySource::Peer), "{k} round {i}");
+                assert!(
+                    !e.on_rejection(key(k), KeySource::Peer, &OWN_429),
+                    "{k} round {i}"
+                );
             }
         }
         assert!(rec.0.lock().unwrap().is_empty());

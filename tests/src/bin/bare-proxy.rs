@@ -7,9 +7,9 @@
 //! upgrades on) with door's connection settings (a 64 KiB read buffer and HTTP/2 header list, 250
 //! concurrent HTTP/2 streams, extended CONNECT) and door's header read timeout, here kept by
 //! hyper's own timer on every HTTP/1.1 head (door counts it in its connection watch, which this
-//! proxy has not); one hyper-util pooled client per worker on door's upstream connector (`TCP_NODELAY`,
-//! door's default upstream timeout as its connect timeout, no per-response `HttpInfo`), every idle connection kept, door's idle timeout. The constants are
-//! door's own.
+//! proxy has not); one hyper-util pooled client per worker on door's upstream connector
+//! (`TCP_NODELAY`, door's default upstream timeout as its connect timeout, no per-response
+//! `HttpInfo`), every idle connection kept, door's idle timeout. The constants are door's own.
 //!
 //! What it does per request, what any reverse proxy must, with door's own functions where door
 //! has one: the target rewritten to the upstream (HTTP/1.1, named by door's one-letter pool key,
