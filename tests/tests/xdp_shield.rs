@@ -425,6 +425,34 @@ fn blocklist_drops_until_the_deadline_then_forgets() {
     );
 }
 
+/// An escalation or a block fetched from the cluster (`extend`) never cuts a longer block short;
+/// the operator's `POST /blocks` (`block`) sets the deadline it names.
+#[test]
+fn a_shorter_escalation_leaves_a_longer_block() {
+    let Some(mut s) = shield(&settings(1000), &[]) else {
+        return;
+    };
+    let key = PrefixKey::from_ipv4(CLIENT4);
+    let deadline = |s: &Shield| {
+        let listed = s.blocked().unwrap();
+        assert_eq!(listed.len(), 1, "{listed:?}");
+        listed[0].1
+    };
+    s.block(key, Duration::from_hours(24 * 7)).unwrap();
+    let week = deadline(&s);
+    s.extend(key, Duration::from_mins(1)).unwrap();
+    assert_eq!(deadline(&s), week, "a one-minute escalation kept the week");
+    assert_eq!(verdict(&s, &syn4()), (XDP_DROP, Counter::DropBlocked));
+    s.extend(key, Duration::from_hours(24 * 8)).unwrap();
+    assert!(deadline(&s) > week, "a longer one extends it");
+    s.block(key, Duration::from_mins(1)).unwrap();
+    assert!(deadline(&s) < week, "the operator's block replaces it");
+    // An unblocked key is extended from nothing.
+    s.unblock(&key).unwrap();
+    s.extend(key, Duration::from_mins(1)).unwrap();
+    assert_eq!(verdict(&s, &syn4()), (XDP_DROP, Counter::DropBlocked));
+}
+
 /// The admin API's `POST /blocks` and `DELETE /blocks/{prefix}`, through the loaded shield.
 #[test]
 fn the_admin_blocklist_blocks_lists_and_unblocks() {

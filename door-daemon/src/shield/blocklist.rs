@@ -11,16 +11,18 @@ use door_common::prefix::PrefixKey;
 use super::{Shield, escalate};
 use crate::obs::logging::RateLimitedWarn;
 
-/// Escalations waiting for the blocklist writer, at most; more are dropped (and logged once).
+/// Escalations waiting for the blocklist writer, at most; more are dropped (and logged, at most
+/// one line a minute with the count of those not logged).
 pub const BLOCKLIST_QUEUE: usize = 1_024;
 
 /// The escalator's [`Blocklist`](crate::shield::escalate::Blocklist) in production: queues blocks for a
 /// dedicated thread that writes the XDP blocklist, so that the request path never waits for the
-/// shield's lock or for a map walk (`/status`, metrics collection).
+/// shield's lock or for a map walk (`/status`, metrics collection). A block written for a prefix
+/// blocked longer already leaves the longer deadline ([`Shield::extend`]).
 #[derive(Debug)]
 pub struct BlocklistWriter {
     queue: std::sync::mpsc::SyncSender<(PrefixKey, Duration)>,
-    dropped_warned: std::sync::atomic::AtomicBool,
+    dropped: RateLimitedWarn,
 }
 
 impl BlocklistWriter {
@@ -34,7 +36,7 @@ impl BlocklistWriter {
                     let result = shield
                         .lock()
                         .unwrap_or_else(PoisonError::into_inner)
-                        .block(key, duration);
+                        .extend(key, duration);
                     if let Err(e) = result {
                         static BLOCK_FAILED: RateLimitedWarn =
                             RateLimitedWarn::new(Duration::from_mins(1));
@@ -49,7 +51,7 @@ impl BlocklistWriter {
         }
         Self {
             queue,
-            dropped_warned: std::sync::atomic::AtomicBool::new(false),
+            dropped: RateLimitedWarn::new(Duration::from_mins(1)),
         }
     }
 }
@@ -57,11 +59,9 @@ impl BlocklistWriter {
 impl escalate::Blocklist for BlocklistWriter {
     fn block(&self, key: PrefixKey, duration: Duration) {
         if self.queue.try_send((key, duration)).is_err()
-            && !self
-                .dropped_warned
-                .swap(true, std::sync::atomic::Ordering::Relaxed)
+            && let Some(suppressed) = self.dropped.due()
         {
-            tracing::warn!(%key, "blocklist writer is behind or gone: escalations are being dropped (warned once)");
+            tracing::warn!(%key, suppressed, "blocklist writer is behind or gone: escalations are being dropped (at most one line a minute)");
         }
     }
 }

@@ -3,6 +3,7 @@
 //! counters and its per-prefix SYN map, and detaches it on drop (fail-open).
 
 pub mod blocklist;
+mod deadlines;
 pub mod escalate;
 pub mod metrics;
 
@@ -38,6 +39,15 @@ use crate::config::{SynCookies, XdpConfig, XdpMode};
 
 /// How long cookie mode lasts once the SYN rate is back under 80% of the threshold.
 const COOKIE_HOLD: Duration = Duration::from_secs(1);
+
+/// How a block's deadline meets the one its prefix may have already.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Deadline {
+    /// The new deadline replaces the old one, earlier or later.
+    Replace,
+    /// The later of the two stays.
+    KeepLater,
+}
 
 /// The cookie-mode state of every CPU, summed (see [`Shield::cookies`]).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -294,6 +304,8 @@ pub struct Shield {
     config: Option<Box<ShieldConfig>>,
     /// Whether anything was ever put on the blocklist (its flag then stays set).
     blocklist_used: bool,
+    /// The deadlines of the blocklist entries written, to delete expired ones without a walk.
+    deadlines: deadlines::Deadlines,
     attached: Option<(String, AttachedMode, XdpLinkId)>,
 }
 
@@ -358,6 +370,7 @@ impl Shield {
             log,
             config: None,
             blocklist_used: false,
+            deadlines: deadlines::Deadlines::default(),
             attached: None,
         })
     }
@@ -627,26 +640,51 @@ impl Shield {
         Ok(())
     }
 
-    /// Puts `key` on the blocklist for `duration`: the program drops its SYNs until then and
-    /// ignores the entry after; expired entries are deleted by the next call (the blocklist is an
-    /// LRU map of [`door_common::BLOCKED_CAPACITY`] entries, so it never fills up either).
+    /// Puts `key` on the blocklist for `duration` from now, replacing any deadline it had (the
+    /// admin API's `POST /blocks`, whose operator means this duration): the program drops its
+    /// SYNs until then and ignores the entry after. Expired entries are deleted by the next block.
+    /// The blocklist is an LRU map of [`door_common::BLOCKED_CAPACITY`] entries: when it is full,
+    /// a new entry takes the place of the one whose prefix sent a SYN least recently
+    /// (docs/decisions.md, "The daemon owns the blocklist's entries; the map is an LRU").
     ///
     /// # Errors
     /// [`ShieldError::Map`] when the blocklist cannot be written.
     pub fn block(&mut self, key: PrefixKey, duration: Duration) -> Result<(), ShieldError> {
-        let ns = u64::try_from(duration.as_nanos()).unwrap_or(u64::MAX);
-        self.block_until(key, crate::time::kernel_monotonic_ns().saturating_add(ns))
+        self.write_block(key, Self::deadline_in(duration), Deadline::Replace)
+    }
+
+    /// Puts `key` on the blocklist for `duration` from now, unless it is blocked longer already,
+    /// which it then stays (an escalation, a block fetched from the cluster): a shorter block
+    /// never cuts a longer one short, whoever made it. Otherwise as [`Shield::block`].
+    ///
+    /// # Errors
+    /// As [`Shield::block`].
+    pub fn extend(&mut self, key: PrefixKey, duration: Duration) -> Result<(), ShieldError> {
+        self.write_block(key, Self::deadline_in(duration), Deadline::KeepLater)
     }
 
     /// Puts `key` on the blocklist until `deadline_ns` on the `bpf_ktime_get_coarse_ns` clock
-    /// (CLOCK_MONOTONIC_COARSE). A deadline in the past is accepted: SYNs pass, and the next call
-    /// deletes it. The
-    /// program only enforces the blocklist once [`Shield::configure`] has run (before that it
-    /// only observes).
+    /// (CLOCK_MONOTONIC_COARSE), replacing any deadline it had. A deadline in the past is
+    /// accepted: SYNs pass, and the next block deletes it. The program only enforces the
+    /// blocklist once [`Shield::configure`] has run (before that it only observes).
     ///
     /// # Errors
     /// As [`Shield::block`].
     pub fn block_until(&mut self, key: PrefixKey, deadline_ns: u64) -> Result<(), ShieldError> {
+        self.write_block(key, deadline_ns, Deadline::Replace)
+    }
+
+    fn deadline_in(duration: Duration) -> u64 {
+        let ns = u64::try_from(duration.as_nanos()).unwrap_or(u64::MAX);
+        crate::time::kernel_monotonic_ns().saturating_add(ns)
+    }
+
+    fn write_block(
+        &mut self,
+        key: PrefixKey,
+        deadline_ns: u64,
+        how: Deadline,
+    ) -> Result<(), ShieldError> {
         let map_err = |source| ShieldError::Map {
             name: MAP_BLOCKED,
             source,
@@ -656,17 +694,17 @@ impl Shield {
         // The daemon is the only one that deletes entries (the program ignores expired ones), so a
         // re-block can never be lost to a concurrent delete.
         let now = crate::time::kernel_monotonic_ns();
-        let expired: Vec<PrefixKey> = map
-            .iter()
-            .filter_map(Result::ok)
-            .filter(|(k, deadline)| *deadline <= now && *k != key)
-            .map(|(k, _)| k)
-            .collect();
-        for k in &expired {
-            // Already gone (evicted) is fine.
-            let _ = map.remove(k);
+        for k in self.deadlines.take_due(now, &key) {
+            // Already gone (evicted, or the entry was written by an earlier process) is fine.
+            let _ = map.remove(&k);
         }
+        let deadline_ns = match how {
+            Deadline::Replace => deadline_ns,
+            // A missing entry (never blocked, evicted) reads as no deadline.
+            Deadline::KeepLater => map.get(&key, 0).map_or(deadline_ns, |d| d.max(deadline_ns)),
+        };
         map.insert(key, deadline_ns, 0).map_err(map_err)?;
+        self.deadlines.set(key, deadline_ns);
         // The entry is in place before the flag that makes the program look it up.
         self.blocklist_used = true;
         if let Some(config) = &self.config
@@ -691,6 +729,7 @@ impl Shield {
         };
         let mut map: HashMap<_, PrefixKey, u64> =
             HashMap::try_from(map_mut(&mut self.ebpf, MAP_BLOCKED)?).map_err(map_err)?;
+        self.deadlines.remove(key);
         match map.remove(key) {
             Ok(()) => Ok(true),
             Err(MapError::KeyNotFound) => Ok(false),
