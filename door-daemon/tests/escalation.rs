@@ -1,7 +1,7 @@
 //! Escalation to the XDP blocklist through the request path (docs/design.md, "Flood shield"):
 //! only a key that was the TCP peer itself may be escalated. A client named by a trusted proxy,
-//! whether through `X-Forwarded-For` or a PROXY protocol header, never is. In-process on
-//! 127.0.0.1 with a recording blocklist; no XDP needed.
+//! whether through `X-Forwarded-For` or a PROXY protocol header, never is; nor is a health probe
+//! answered from the cache. In-process on 127.0.0.1 with a recording blocklist; no XDP needed.
 #![expect(
     clippy::unwrap_used,
     clippy::indexing_slicing,
@@ -17,7 +17,7 @@ use std::{
 use door_common::PrefixKey;
 use door_daemon::{
     config::Config,
-    http::{App, ConnSettings, Front},
+    http::{App, ConnInfo, ConnSettings, Front},
     obs::metrics::Metrics,
     shield::escalate::Blocklist,
     time::{Clock, MonotonicClock},
@@ -62,6 +62,44 @@ async fn upstream() -> SocketAddr {
     addr
 }
 
+/// An app in front of an upstream answering 200, with a `link` route (one token, refilled after
+/// about 17 minutes), escalation after two 429s, `top` (top-level keys) and `tables` added, and
+/// the recording blocklist it escalates to.
+async fn app(top: &str, tables: &str) -> (Arc<App>, Config, Arc<Recorder>) {
+    let up = upstream().await;
+    let cfg = Config::from_toml(
+        "escalation.toml",
+        &format!(
+            r#"
+listen = ["127.0.0.1:0"]
+upstream = "http://{up}"
+admin_listen = "off"
+{top}
+[[route]]
+group = "link"
+path = "/l/{{id}}"
+[group.link]
+rate = 0.001
+burst = 1
+[xdp]
+mode = "off"
+escalate_after = 2
+{tables}
+"#
+        ),
+    )
+    .unwrap();
+    let clock: Arc<dyn Clock> = Arc::new(MonotonicClock::new());
+    let recorder = Arc::new(Recorder::default());
+    let app = Arc::new(App::new(
+        &cfg,
+        &clock,
+        &Metrics::noop(),
+        Some(recorder.clone()),
+    ));
+    (app, cfg, recorder)
+}
+
 /// Sends `bytes` on a fresh connection and returns the status code door answered.
 async fn status(addr: SocketAddr, bytes: &[u8]) -> u16 {
     let mut s = TcpStream::connect(addr).await.unwrap();
@@ -77,36 +115,7 @@ async fn status(addr: SocketAddr, bytes: &[u8]) -> u16 {
 
 #[tokio::test]
 async fn clients_named_by_a_trusted_proxy_are_never_escalated() {
-    let up = upstream().await;
-    let cfg = Config::from_toml(
-        "escalation.toml",
-        &format!(
-            r#"
-listen = ["127.0.0.1:0"]
-upstream = "http://{up}"
-admin_listen = "off"
-trusted_proxies = ["127.0.0.1/32"]
-[[route]]
-group = "link"
-path = "/l/{{id}}"
-[group.link]
-rate = 0.001
-burst = 1
-[xdp]
-mode = "off"
-escalate_after = 2
-"#
-        ),
-    )
-    .unwrap();
-    let clock: Arc<dyn Clock> = Arc::new(MonotonicClock::new());
-    let recorder = Arc::new(Recorder::default());
-    let app = Arc::new(App::new(
-        &cfg,
-        &clock,
-        &Metrics::noop(),
-        Some(recorder.clone()),
-    ));
+    let (app, cfg, recorder) = app(r#"trusted_proxies = ["127.0.0.1/32"]"#, "").await;
     let front = Front::new(app, ConnSettings::from_config(&cfg), None);
     let plain = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let proxied = TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -140,4 +149,63 @@ async fn sequential(addr: SocketAddr, bytes: &[u8], n: usize) -> Vec<u16> {
         codes.push(status(addr, bytes).await);
     }
     codes
+}
+
+/// Serves `app` on a loopback listener as if every connection came from `peer` (the accept loop
+/// would see 127.0.0.1, which is never escalated).
+async fn serve_as(app: Arc<App>, peer: SocketAddr) -> SocketAddr {
+    let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((s, _)) = l.accept().await {
+            let app = Arc::clone(&app);
+            let info = Arc::new(ConnInfo::new(peer, false));
+            tokio::spawn(async move {
+                let svc = hyper::service::service_fn(move |req| {
+                    let answer = App::handle(Arc::clone(&app), Arc::clone(&info), req);
+                    async move { Ok::<_, std::convert::Infallible>(answer.await) }
+                });
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(hyper_util::rt::TokioIo::new(s), svc)
+                    .await;
+            });
+        }
+    });
+    addr
+}
+
+/// Over-budget health probes get the cached status, never a 429, so they never escalate their
+/// prober (a load balancer or an uptime monitor on a public address would otherwise have its SYNs
+/// dropped); the same client's 429s on another route do.
+#[tokio::test]
+async fn over_budget_health_probes_are_not_escalated() {
+    let health = r#"
+[[route]]
+group = "health"
+path = "/healthz"
+[group.health]
+rate = 0.001
+burst = 1
+"#;
+    let (app, _, recorder) = app("", health).await;
+    let prober: SocketAddr = "203.0.113.9:40000".parse().unwrap();
+    let addr = serve_as(app, prober).await;
+
+    let probe = b"GET /healthz HTTP/1.1\r\nhost: d\r\nconnection: close\r\n\r\n";
+    let codes = sequential(addr, probe, 6).await;
+    assert!(codes.iter().all(|c| *c == 200), "{codes:?}");
+    assert!(
+        recorder.0.lock().unwrap().is_empty(),
+        "five over-budget probes escalated their prober: {:?}",
+        recorder.0.lock().unwrap()
+    );
+
+    // The same public peer's 429s on a limited route are escalated: the harness can tell.
+    let link = b"GET /l/x HTTP/1.1\r\nhost: d\r\nconnection: close\r\n\r\n";
+    let codes = sequential(addr, link, 3).await;
+    assert_eq!(codes, vec![200, 429, 429]);
+    assert_eq!(
+        *recorder.0.lock().unwrap(),
+        vec![PrefixKey::from_ip(prober.ip())]
+    );
 }

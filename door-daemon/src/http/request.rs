@@ -689,10 +689,12 @@ impl App {
                 if let Some(held) = job.plane.take() {
                     held.refund();
                 }
-                Self::escalate(conn, &policy, &decision, &rejection);
                 if limited.health {
+                    // Never refused, so never escalated: a load balancer's or an uptime
+                    // monitor's probes past the budget must not get its SYNs dropped.
                     Box::pin(self.cached_health(limited, req, job.origin)).await
                 } else {
+                    Self::escalate(conn, &policy, &decision, &rejection);
                     settle::refused(&limited.metrics, &rejection);
                     answer::rejected(limited.limiter.group(), &rejection)
                 }
