@@ -30,7 +30,7 @@ use door_daemon::{
     cluster::{self, Cluster, ClusterMetrics, SharedBlocklist, State},
     config::Config,
     http::{App, ConnSettings, Front},
-    limit::{RejectReason, Rejection, Scope},
+    limit::{GroupLimiter, RejectReason, Rejection, Scope},
     obs::metrics::Metrics,
     shield::{
         ShieldError,
@@ -57,6 +57,8 @@ const OWN_429: Rejection = Rejection {
 const SYNC: Duration = Duration::from_millis(50);
 const RATE: f64 = 2.0;
 const BURST: u32 = 20;
+/// `BURST / RATE`: the time an empty bucket takes to fill, in seconds.
+const WINDOW_S: u64 = 10;
 const DOORS: u32 = 3;
 
 /// Whether `redis-server` is on this machine; if not, prints the skip marker for this test.
@@ -356,16 +358,52 @@ async fn all_see_each_other(doors: &[Door]) -> bool {
     true
 }
 
-/// The `link` group's rate on door `d`, tokens/s.
-fn link_rate(d: &Door) -> f64 {
+/// The `link` group's limiter on door `d`.
+fn link(d: &Door) -> Arc<GroupLimiter> {
     d.front
         .app()
         .limiters()
         .iter()
         .find(|l| l.group() == "link")
         .unwrap()
-        .budget()
-        .rate
+        .clone()
+}
+
+/// The `link` group's rate on door `d`, tokens/s.
+fn link_rate(d: &Door) -> f64 {
+    link(d).budget().rate
+}
+
+/// A connection to the test's store on `port`.
+async fn store(port: u16) -> redis::aio::MultiplexedConnection {
+    redis::Client::open(format!("redis://127.0.0.1:{port}/0"))
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap()
+}
+
+/// The store's budget key of `client` in the `link` group set to `value`, as door would not
+/// write it.
+async fn set_budget(con: &mut redis::aio::MultiplexedConnection, client: &str, value: &str) {
+    let key = PrefixKey::from_ip(client.parse().unwrap());
+    let () = redis::cmd("SET")
+        .arg(format!("door:{{link}}:{}", hex(key)))
+        .arg(value)
+        .query_async(con)
+        .await
+        .unwrap();
+}
+
+/// The seconds until `client`'s row on `l` is full, once a store's deficit past `above` seconds
+/// was folded into it (waiting at most 2 s for the sync); what it is then if none was.
+async fn folded_reset_s(l: &GroupLimiter, client: &str, above: u64) -> u64 {
+    let key = PrefixKey::from_ip(client.parse().unwrap());
+    let deadline = door_daemon::time::now() + Duration::from_secs(2);
+    while l.quota(&key).reset_s <= above && door_daemon::time::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    l.quota(&key).reset_s
 }
 
 /// One request from `client`: its status and how long it took.
@@ -968,4 +1006,132 @@ async fn blocks_made_while_the_store_is_gone_are_shared_when_it_returns_empty() 
         "a block made after the store came back never reached door B"
     );
     drop(both);
+}
+
+/// A store restored from an older snapshot, or a replica promoted before it caught up, keeps its
+/// epoch with a smaller block counter: a door whose cursor is past it starts from the beginning,
+/// or the blocks numbered again up to its cursor would never reach it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_whose_block_counter_went_back_still_reaches_every_door() {
+    if !redis_or_skip() {
+        return;
+    }
+    let (_redis, held) = Redis::start().await;
+    let cfg = config(upstream().await, held.port);
+    let (a, shared_a, _) = door_with_shield(&cfg, Arc::new(MonotonicClock::new()), "door-a").await;
+    let (b, _, shield_b) = door_with_shield(&cfg, Arc::new(MonotonicClock::new()), "door-b").await;
+    let both = [a, b];
+    assert!(
+        all_reach(&both, State::Synced, Duration::from_secs(3)).await,
+        "the doors did not sync"
+    );
+    let reaches_b = |last: u8| {
+        let key = PrefixKey::from_ip(std::net::Ipv4Addr::new(198, 51, 100, last).into());
+        Blocklist::block(&*shared_a, key, Duration::from_mins(1));
+        let shield_b = Arc::clone(&shield_b);
+        async move {
+            shield_b
+                .wait_for(key, Duration::from_secs(2))
+                .await
+                .is_some()
+        }
+    };
+    for last in 30..33 {
+        assert!(reaches_b(last).await, "door B never got block {last}");
+    }
+    // Door B's cursor is at 3; the store comes back with its counter at 1, epoch unchanged.
+    let () = redis::cmd("HSET")
+        .arg(cluster::blocks::BLOCKS_META_KEY)
+        .arg("seq")
+        .arg(1)
+        .query_async(&mut store(held.port).await)
+        .await
+        .unwrap();
+    assert!(
+        reaches_b(40).await,
+        "a block numbered 2 again never reached door B, whose cursor was 3"
+    );
+    drop(both);
+}
+
+/// One door with a recording shield sharing the store on `port`, once it has synced.
+async fn lone_synced_door(port: u16) -> Door {
+    let cfg = config(upstream().await, port);
+    let (d, _, _) = door_with_shield(&cfg, Arc::new(MonotonicClock::new()), "door-a").await;
+    assert!(
+        all_reach(
+            std::slice::from_ref(&d),
+            State::Synced,
+            Duration::from_secs(3)
+        )
+        .await,
+        "the door did not sync"
+    );
+    d
+}
+
+/// A shared TAT far past any debt (the store's clock stepped back an hour, say) locks the client
+/// out for a bounded time, `(N + 1) × (burst × interval + 3 × sync_interval)`, not for the hour.
+/// With one door, burst 20 and 2 tokens/s: 2 × (10 s + 0.15 s), plus the request's own token.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_clock_that_stepped_back_locks_a_client_out_for_a_bounded_time() {
+    if !redis_or_skip() {
+        return;
+    }
+    let (_redis, held) = Redis::start().await;
+    let d = lone_synced_door(held.port).await;
+    let mut con = store(held.port).await;
+    let (s, us): (u64, u64) = redis::cmd("TIME").query_async(&mut con).await.unwrap();
+    let client = "198.51.100.7";
+    set_budget(
+        &mut con,
+        client,
+        &format!("{}.000", s * 1_000_000 + us + 3_600_000_000),
+    )
+    .await;
+
+    // Admitted locally, sent with the next sync, and the store's deficit folded in.
+    assert_eq!(send(&d, client).await.0, StatusCode::OK);
+    let reset_s = folded_reset_s(&link(&d), client, WINDOW_S).await;
+    assert!(
+        (WINDOW_S + 1..=21).contains(&reset_s),
+        "a TAT an hour ahead was folded as {reset_s} s (never, or past the cap)"
+    );
+    assert_eq!(send(&d, client).await.0, StatusCode::TOO_MANY_REQUESTS);
+}
+
+/// Values door did not write (a budget key holding `inf` or `nan`, a block member numbered past
+/// the store's counter) neither stop the sync nor lock a client out for longer than the cap.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn values_door_did_not_write_do_not_stop_the_sync() {
+    if !redis_or_skip() {
+        return;
+    }
+    let (_redis, held) = Redis::start().await;
+    let d = lone_synced_door(held.port).await;
+    let mut con = store(held.port).await;
+    let (inf, nan) = ("198.51.100.11", "198.51.100.12");
+    set_budget(&mut con, inf, "inf").await;
+    set_budget(&mut con, nan, "nan").await;
+    let () = redis::cmd("ZADD")
+        .arg(cluster::blocks::BLOCKS_SEQ_KEY)
+        .arg(1e300)
+        .arg("not-a-door-member")
+        .query_async(&mut con)
+        .await
+        .unwrap();
+    for client in [inf, nan] {
+        assert_eq!(send(&d, client).await.0, StatusCode::OK);
+    }
+    let reset_s = folded_reset_s(&link(&d), inf, WINDOW_S).await;
+    assert!(
+        (WINDOW_S + 1..=21).contains(&reset_s),
+        "an infinite TAT was folded as {reset_s} s (never, or past the cap)"
+    );
+    let nan_key = PrefixKey::from_ip(nan.parse().unwrap());
+    assert!(
+        link(&d).quota(&nan_key).reset_s <= 1,
+        "a NaN TAT is no debt"
+    );
+    assert_eq!(d.cluster.status().snapshot().state, State::Synced);
 }

@@ -14,7 +14,10 @@
 //!   members above it, so a sync costs nothing when no block changed.
 //! - [`BLOCKS_META_KEY`], a hash: `seq` and `epoch` (the store's clock when the hash was created).
 //!   A store that lost its data (a restart without persistence) has a new epoch: a door that sees
-//!   another epoch than its cursor's fetches everything again.
+//!   another epoch than its cursor's fetches everything again. So does a door whose cursor is past
+//!   the store's `seq` (a store restored from an older snapshot, or a failover to a replica that
+//!   had not caught up: the same epoch, a smaller `seq`), or it would never fetch the blocks
+//!   numbered again up to its cursor.
 //!
 //! A door publishes a block as a lifetime (ms), not a deadline: the script turns it into a
 //! deadline with the store's clock, and answers every fetched block with its remaining lifetime
@@ -26,8 +29,9 @@
 //! calls) puts the block on the local shield's writer queue and on a bounded in-memory queue that
 //! the sync task drains ([`SharedBlocklist::publish`]).
 //!
-//! An unblock is not shared: removing a block on one door (a future admin endpoint) leaves the
-//! others' copies to their deadline.
+//! An unblock is not shared: removing a block on one door (`DELETE /blocks/{prefix}`) leaves the
+//! others' copies to their deadline, and the block comes back on that door when another door
+//! extends it or the door fetches everything again (a restart, a new epoch).
 
 use std::{
     collections::VecDeque,

@@ -25,8 +25,14 @@
 //! cluster's long-run rate is the group's rate. The overshoot (docs/design.md, "Cluster") is at
 //! most `(N − 1) × burst + N × rate × sync_interval` tokens over the single-door limit `burst +
 //! rate × t`, in the worst case of every door meeting a client with a full local bucket at once.
+//! The stored TAT is capped at `(N + 1) × (burst × interval + 3 × sync_interval)` past the
+//! store's now before this door's spend is added: beyond any debt the overshoot can make, so a
+//! TAT past it is no debt but a store clock that stepped back (an NTP step, a failover to a
+//! replica whose clock is behind) or a value door did not write, which would otherwise lock the
+//! client out on every door for as long as the step.
 //!
-//! When a sync fails or takes longer than `timeout`, the door is [`State::Degraded`]: every group
+//! When a sync fails, or one of its script calls takes longer than `timeout`, the door is
+//! [`State::Degraded`]: every group
 //! is retuned to `rate / N` (N as seen at the last good sync, 1 if there was none), never
 //! unlimited and never a wait on the request path; the connection manager reconnects with
 //! backoff, and the first good sync restores the configured rates ([`State::Synced`]). Tokens
@@ -85,6 +91,7 @@ local life = tonumber(ARGV[2])
 redis.call('ZADD', KEYS[1], now, ARGV[1])
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now - life * 1000)
 redis.call('PEXPIRE', KEYS[1], life)
+local doors = redis.call('ZCARD', KEYS[1])
 local p = tonumber(ARGV[6])
 local blocks = {}
 if ARGV[3] == '1' then
@@ -109,9 +116,10 @@ if ARGV[3] == '1' then
     end
   end
   local cursor = tonumber(ARGV[5])
-  if ARGV[4] ~= epoch then cursor = 0 end
+  local seq = tonumber(redis.call('HGET', KEYS[4], 'seq')) or 0
+  if ARGV[4] ~= epoch or cursor > seq then cursor = 0 end
   local changed = redis.call('ZRANGEBYSCORE', KEYS[3], '(' .. string.format('%.0f', cursor),
-    '+inf', 'WITHSCORES', 'LIMIT', 0, 512)
+    string.format('%.0f', seq), 'WITHSCORES', 'LIMIT', 0, 512)
   blocks = { epoch, '' }
   for j = 1, #changed, 2 do
     local m = changed[j]
@@ -131,14 +139,16 @@ for i = 5, #KEYS do
   local interval = tonumber(ARGV[a + 1]) / 1000
   local burst = tonumber(ARGV[a + 2])
   local tat = tonumber(redis.call('GET', KEYS[i])) or now
-  if tat < now then tat = now end
+  if tat ~= tat or tat < now then tat = now end
+  local most = now + (doors + 1) * (burst * interval + life * 1000)
+  if tat > most then tat = most end
   tat = tat + n * interval
   local window = math.ceil(burst * interval / 1000)
   local ttl = math.ceil((tat - now) / 1000) + 2 * window + 1
   redis.call('SET', KEYS[i], string.format('%.3f', tat), 'PX', ttl)
   deficits[i - 4] = math.floor((tat - now) * 1000)
 end
-return { redis.call('ZCARD', KEYS[1]), deficits, blocks }
+return { doors, deficits, blocks }
 ";
 
 /// A failed sync.
@@ -158,7 +168,7 @@ pub enum ClusterError {
         /// Why it could not be read.
         source: std::io::Error,
     },
-    /// The sync took longer than `cluster.timeout`.
+    /// A script call of the sync took longer than `cluster.timeout`.
     #[error("cluster sync timed out after {0:?}")]
     Timeout(Duration),
     /// The script's answer was not what it returns.
@@ -457,12 +467,7 @@ impl Syncer {
                 "cluster: more blocks were waiting to be published than the queue holds; the newest were not shared"
             );
         }
-        let result = tokio::time::timeout(self.timeout, self.send(&keys, &args, &published)).await;
-        let outcome = match result {
-            Ok(Ok(answers)) => Ok(answers),
-            Ok(Err(e)) => Err(e),
-            Err(_) => Err(ClusterError::Timeout(self.timeout)),
-        };
+        let outcome = self.send(&keys, &args, &published).await;
         let took = started.elapsed().as_secs_f64();
         match outcome {
             Ok(Answer {
@@ -513,7 +518,8 @@ impl Syncer {
 
     /// The script calls for `keys` (in batches of [`BATCH`]), the first also publishing
     /// `published` and fetching the block changes past the cursor: the doors alive, each key's
-    /// deficit (ns), in order, and the blocks fetched.
+    /// deficit (ns), in order, and the blocks fetched. Fails when a call fails or takes longer
+    /// than `cluster.timeout`.
     async fn send(
         &mut self,
         keys: &[String],
@@ -561,8 +567,12 @@ impl Syncer {
             for v in a {
                 call.arg(*v);
             }
+            // Each call within the timeout: a sync of many clients makes many calls, each a few
+            // milliseconds of the store's time per 1,000 clients.
             let (n_alive, ds, bs): (i64, Vec<i64>, Vec<String>) =
-                call.invoke_async(&mut self.conn).await?;
+                tokio::time::timeout(self.timeout, call.invoke_async(&mut self.conn))
+                    .await
+                    .map_err(|_| ClusterError::Timeout(self.timeout))??;
             if ds.len() != ks.len() {
                 return Err(ClusterError::Answer(ds.len(), ks.len()));
             }
