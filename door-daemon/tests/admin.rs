@@ -169,6 +169,9 @@ fn json(body: &str) -> Value {
 }
 
 /// A refusal: `status`, JSON `{"code", "message"}` with `code`, and a message containing `names`.
+/// The field a `POST` to the admin API must carry.
+const JSON: &[(&str, &str)] = &[("content-type", "application/json")];
+
 async fn refused(
     admin: std::net::SocketAddr,
     method: &str,
@@ -178,7 +181,8 @@ async fn refused(
     code: &str,
     names: &str,
 ) {
-    let (got, text) = request(admin, method, target, &[], body).await;
+    let headers: &[(&str, &str)] = if method == "POST" { JSON } else { &[] };
+    let (got, text) = request(admin, method, target, headers, body).await;
     assert_eq!(got, status, "{method} {target}: {text}");
     let v = json(&text);
     assert_eq!(v["code"], code, "{method} {target}: {text}");
@@ -441,7 +445,7 @@ async fn blocks_are_added_listed_and_removed_through_the_blocklist() {
         admin,
         "POST",
         "/blocks",
-        &[("content-type", "application/json")],
+        JSON,
         r#"{"prefix":"198.51.100.7/32","for_s":600}"#,
     )
     .await;
@@ -451,7 +455,7 @@ async fn blocks_are_added_listed_and_removed_through_the_blocklist() {
         admin,
         "POST",
         "/blocks",
-        &[],
+        JSON,
         r#"{"prefix":"2001:db8::1","for_s":1}"#,
     )
     .await;
@@ -608,7 +612,8 @@ async fn hostile_requests_get_4xx_and_the_listener_keeps_serving() {
         ("GET", "/../status".to_owned(), String::new()),
     ];
     for (method, target, body) in &targets {
-        let (status, text) = request(admin, method, target, &[], body).await;
+        let headers: &[(&str, &str)] = if *method == "POST" { JSON } else { &[] };
+        let (status, text) = request(admin, method, target, headers, body).await;
         assert!(
             status.is_client_error(),
             "{method} {target}: {status} {text}"
@@ -735,7 +740,8 @@ async fn admin_post_bodies_are_bounded_in_size_at_once_and_in_time() {
         ("100", "HTTP/1.1 408", "request-timeout", deadline),
     ] {
         let head = format!(
-            "POST /blocks HTTP/1.1\r\nHost: door.test\r\nContent-Length: {length}\r\n\r\n{{"
+            "POST /blocks HTTP/1.1\r\nHost: door.test\r\nContent-Type: application/json\r\n\
+             Content-Length: {length}\r\n\r\n{{"
         );
         let (out, waited) = until_closed(admin, head.as_bytes()).await;
         assert!(out.starts_with(answer), "{length}: {out}");
@@ -885,4 +891,55 @@ async fn forwarding_headers_from_an_untrusted_local_peer_are_counted_on_every_ro
         .map(|s| s.value)
         .collect();
     assert_eq!(counted, ["3"], "{text}");
+}
+
+/// What a web page can make a browser send to a loopback admin listener is refused, and reaches
+/// nothing: a cross-site form's `text/plain` body shaped into JSON (no JavaScript, no CORS
+/// preflight), any request with `Origin` or a page's `Sec-Fetch-Site`, and a DNS-rebinding page's
+/// requests, which name its own host.
+#[tokio::test]
+async fn requests_a_web_page_makes_are_refused() {
+    let list = Arc::new(FakeBlocklist::default());
+    let door = Door::start_with(&config(upstream().await, ""), Some(list.clone())).await;
+    let admin = door.admin().await;
+    // `<form method=POST enctype="text/plain"><input name='{"prefix":"junk'
+    // value='","prefix":"198.51.100.9","for_s":604800}'>`, as a browser sends it.
+    let form = "{\"prefix\":\"junk=\",\"prefix\":\"198.51.100.9\",\"for_s\":604800}\r\n";
+    for (headers, code) in [
+        (
+            &[("content-type", "text/plain")][..],
+            "unsupported-media-type",
+        ),
+        (&[][..], "unsupported-media-type"),
+        (
+            &[
+                ("content-type", "application/json"),
+                ("origin", "https://attacker.example"),
+            ][..],
+            "cross-origin",
+        ),
+    ] {
+        let (status, text) = request(admin, "POST", "/blocks", headers, form).await;
+        assert!(status.is_client_error(), "{headers:?}: {status} {text}");
+        assert_eq!(json(&text)["code"], code, "{headers:?}: {text}");
+    }
+    assert!(list.0.lock().unwrap().is_empty(), "a page blocked a prefix");
+    // A page rebound to 127.0.0.1 reads as its own origin; its requests name its host.
+    for headers in [
+        &[("host", "rebind.attacker.com:9901")][..],
+        &[("sec-fetch-site", "same-origin")][..],
+    ] {
+        let (status, text) = request(admin, "GET", "/clients", headers, "").await;
+        assert_eq!(status, StatusCode::FORBIDDEN, "{headers:?}: {text}");
+        assert!(!text.contains("groups"), "{text}");
+    }
+    // An address typed into the browser, curl, and `door top` are served.
+    for headers in [
+        &[("sec-fetch-site", "none"), ("host", "127.0.0.1:9901")][..],
+        &[("host", "localhost:9901")][..],
+        &[("host", "door-admin")][..],
+    ] {
+        let (status, text) = request(admin, "GET", "/status", headers, "").await;
+        assert_eq!(status, StatusCode::OK, "{headers:?}: {text}");
+    }
 }

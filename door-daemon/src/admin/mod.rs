@@ -10,11 +10,13 @@
 //!
 //! Every answer but `/metrics` is JSON; every refusal is `{"code", "message"}` with a 4xx naming
 //! the bad input (or 503 when the XDP shield is off); `HEAD` is answered wherever `GET` is. The
-//! admin listener has no authentication: keep it on loopback or a Unix socket. It serves at most
-//! [`MAX_CONNECTIONS`] connections at once, each bounded by [`HEAD_TIMEOUT`], [`IDLE_TIMEOUT`]
-//! and [`BODY_TIMEOUT`] (docs/operations.md, "Admin API").
+//! admin listener has no authentication: keep it on loopback or a Unix socket. Requests a web
+//! page made a browser send are refused ([`browser`]); a `POST` must be `application/json`. It
+//! serves at most [`MAX_CONNECTIONS`] connections at once, each bounded by [`HEAD_TIMEOUT`],
+//! [`IDLE_TIMEOUT`] and [`BODY_TIMEOUT`] (docs/operations.md, "Admin API").
 
 pub mod api;
+pub mod browser;
 pub mod listen;
 
 pub use api::{AdminBlocklist, ApiError, ClusterBlocklist};
@@ -240,8 +242,11 @@ pub async fn serve(listener: AdminListener, source: Arc<StatusSource>) {
         let source = Arc::clone(&source);
         tokio::spawn(async move {
             match stream {
-                Stream::Tcp(s) => connection(s, source, peer).await,
-                Stream::Unix(s) => connection(s, source, peer).await,
+                Stream::Tcp(s) => {
+                    let loopback = s.local_addr().is_ok_and(|a| a.ip().is_loopback());
+                    connection(s, source, peer, loopback).await;
+                }
+                Stream::Unix(s) => connection(s, source, peer, false).await,
             }
             drop(slot);
         });
@@ -268,8 +273,9 @@ fn refused(peer: &str) {
 }
 
 /// Serves one admin connection (HTTP/1.1) to its end, or until it has waited [`HEAD_TIMEOUT`]
-/// for a request head or been idle for [`IDLE_TIMEOUT`].
-async fn connection<S>(stream: S, source: Arc<StatusSource>, peer: String)
+/// for a request head or been idle for [`IDLE_TIMEOUT`]. `loopback`: it came to a loopback
+/// address ([`browser::check`]).
+async fn connection<S>(stream: S, source: Arc<StatusSource>, peer: String, loopback: bool)
 where
     S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
 {
@@ -281,7 +287,7 @@ where
         async move {
             requests.request_started(true);
             let _ended = RequestEnd(&requests);
-            handle(req, source).await
+            handle(req, source, loopback).await
         }
     });
     let io = hyper_util::rt::TokioIo::new(stream);
@@ -348,7 +354,13 @@ async fn blocking(
 async fn handle(
     req: Request<Incoming>,
     source: Arc<StatusSource>,
+    loopback: bool,
 ) -> Result<Response<Full<Bytes>>, Infallible> {
+    let authority = req.uri().authority().map(http::uri::Authority::as_str);
+    if let Err(e) = browser::check(authority, req.headers(), loopback) {
+        // Its body, if any, is not read.
+        return Ok(closing(json_response(e.status, &e.body())));
+    }
     let method = req.method().clone();
     let path = req.uri().path().to_owned();
     let query = req.uri().query().map(str::to_owned);
@@ -360,10 +372,16 @@ async fn handle(
         ("/clients", _) if read => blocking(move || api::clients(&source, query.as_deref())).await,
         ("/status" | "/metrics" | "/clients", _) => not_allowed("GET, HEAD"),
         ("/blocks", _) if read => blocking(move || api::blocks(&source, query.as_deref())).await,
-        ("/blocks", Method::POST) => match api::read_body(req.into_body(), BODY_TIMEOUT).await {
-            Ok(body) => blocking(move || api::block(&source, query.as_deref(), &body)).await,
-            Err(e) => closing(json_response(e.status, &e.body())),
-        },
+        ("/blocks", Method::POST) => {
+            let body = match browser::json_body(req.headers()) {
+                Ok(()) => api::read_body(req.into_body(), BODY_TIMEOUT).await,
+                Err(e) => Err(e),
+            };
+            match body {
+                Ok(body) => blocking(move || api::block(&source, query.as_deref(), &body)).await,
+                Err(e) => closing(json_response(e.status, &e.body())),
+            }
+        }
         ("/blocks", _) => not_allowed("GET, HEAD, POST"),
         (p, m) => match (p.strip_prefix("/clients/"), p.strip_prefix("/blocks/")) {
             (Some(_), _) | (_, Some(_)) if m != Method::DELETE => not_allowed("DELETE"),

@@ -239,10 +239,10 @@ where
         .await
         .unwrap();
     tokio::spawn(conn);
-    let mut req = Request::builder()
-        .method(method)
-        .uri(path)
-        .header("host", "door.test");
+    let mut req = Request::builder().method(method).uri(path);
+    if !headers.iter().any(|(k, _)| k.eq_ignore_ascii_case("host")) {
+        req = req.header("host", "door.test");
+    }
     for (k, v) in headers {
         req = req.header(*k, *v);
     }
