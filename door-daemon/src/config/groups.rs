@@ -7,7 +7,7 @@ use super::{
     ConfigError,
     durations::parse_duration,
     file::{GroupFile, RouteFile},
-    invalid, positive_u32,
+    invalid, positive_u32, table_size,
 };
 use crate::{
     http::route::Route,
@@ -203,8 +203,7 @@ pub(super) fn build_groups(
             b.inflight = positive_u32(&key("inflight"), v)?;
         }
         if let Some(v) = g.max_clients {
-            b.max_clients = usize::try_from(positive_u32(&key("max_clients"), v)?)
-                .map_err(|_| invalid(key("max_clients"), v, "too large"))?;
+            b.max_clients = table_size(&key("max_clients"), v)?;
         }
         if let Some(c) = &g.charge {
             b.charge = c

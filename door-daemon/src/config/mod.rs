@@ -159,6 +159,21 @@ fn positive_u32(key: &str, v: i64) -> Result<u32, ConfigError> {
         .ok_or_else(|| invalid(key, v, "must be a whole number from 1 to 4294967295"))
 }
 
+/// A `max_clients` value: a table size from 1 to [`crate::limit::MAX_CLIENTS`] entries (the
+/// upper bound checked, with its reason, by [`crate::limit::Budget::validate`]).
+fn table_size(key: &str, v: i64) -> Result<usize, ConfigError> {
+    usize::try_from(v).ok().filter(|n| *n > 0).ok_or_else(|| {
+        invalid(
+            key,
+            v,
+            format!(
+                "must be a whole number from 1 to {}",
+                crate::limit::MAX_CLIENTS
+            ),
+        )
+    })
+}
+
 /// The upstream application: `http://host:port`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Upstream {

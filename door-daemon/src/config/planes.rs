@@ -6,7 +6,7 @@ use super::{
     ConfigError,
     file::{PlaneFile, SessionPlaneFile},
     groups::GroupConfig,
-    invalid, positive_u32,
+    invalid, positive_u32, table_size,
 };
 use crate::{
     client::credential::Credential,
@@ -144,10 +144,7 @@ pub(super) fn build_planes(
             let burst =
                 burst.map_or(Ok(d_burst), |v| positive_u32(&format!("{table}.burst"), v))?;
             let max_clients = max.map_or(Ok(DEFAULT_MAX_CLIENTS), |v| {
-                positive_u32(&format!("{table}.max_clients"), v).and_then(|n| {
-                    usize::try_from(n)
-                        .map_err(|_| invalid(format!("{table}.max_clients"), v, "too large"))
-                })
+                table_size(&format!("{table}.max_clients"), v)
             })?;
             let b = Budget::plane(rate.unwrap_or(d_rate), burst, max_clients);
             b.validate_as(table).map_err(|e| ConfigError::Invalid {

@@ -1318,7 +1318,7 @@ fn allow_and_deny_after_the_xdp_table_are_its_own_lists() {
 fn a_table_too_large_to_allocate_is_refused_by_name() {
     assert_eq!(
         err("[group.link]\nmax_clients = 4294967295"),
-        "group.link.max_clients = 4294967295: exceeds 16777216 (about 900 MB of table): the \
+        "group.link.max_clients = 4294967295: exceeds 16777216 (about 1.1 GB of table): the \
          table is allocated whole at start"
     );
     let e = err("[plane.session]\ncookie = \"sid\"\nmax_clients = 16777217");
@@ -1327,6 +1327,19 @@ fn a_table_too_large_to_allocate_is_refused_by_name() {
         "{e}"
     );
     Config::from_toml("door.toml", "[group.link]\nmax_clients = 16777216").unwrap();
+    // Below 1, and past what the file's integers hold, the range given is the table's.
+    for (file, key) in [
+        ("[group.link]\nmax_clients = 0", "group.link.max_clients = 0"),
+        (
+            "[plane.session]\ncookie = \"sid\"\n[plane.ip]\nmax_clients = -5",
+            "plane.ip.max_clients = -5",
+        ),
+    ] {
+        assert_eq!(
+            err(file),
+            format!("{key}: must be a whole number from 1 to 16777216")
+        );
+    }
 }
 
 /// An empty list flag is the empty list, as for the other list flags: `--xdp-allow ""` empties

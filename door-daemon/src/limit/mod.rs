@@ -14,7 +14,9 @@
 //! from (`limit/slots.rs`). [`GroupLimiter::admit`] checks, in order, the group's in-flight cap
 //! (503), the row's in-flight cap (429) and the row's bucket (429), and hands out a [`Permit`]: an
 //! RAII guard that frees the slot however the request ends, and under [`Charge::OnFailure`] spends
-//! a token only when the upstream answered 4xx.
+//! a token only when the caller says the request failed on the client's side ([`Spend`]; door's
+//! rule, `crate::http::settle::charge`: an upstream 4xx, a body that missed its deadline, a
+//! client gone before the answer).
 //!
 //! # Token arithmetic
 //!
@@ -65,8 +67,9 @@ pub const SECOND_CHANCES: usize = 64;
 /// The default size of a group's client table, in entries (docs/design.md, "Limits").
 pub const DEFAULT_MAX_CLIENTS: usize = 16_384;
 
-/// The largest `max_clients` a table may have: 16,777,216 entries (2^24), about 900 MB at the
-/// table's ~52 bytes per client. A table is allocated whole when its group is built, so a larger
+/// The largest `max_clients` a table may have: 16,777,216 entries (2^24), about 1.1 GB (a 56-byte
+/// entry and at least two 4-byte index slots per client). A table is allocated whole when its
+/// group is built, so a larger
 /// value (the configuration's integers reach 4,294,967,295) would abort door at start instead of
 /// being refused with the key named.
 pub const MAX_CLIENTS: usize = 1 << 24;
@@ -95,8 +98,9 @@ pub enum Charge {
     /// Every admitted request spends one token at admission (`link`, `health`).
     Always,
     /// Charge-on-failure (`webhook`; docs/design.md, "Limits"): an admitted request *holds* a token
-    /// until it settles, and spends it only if the upstream answered 4xx. Admission needs
-    /// `tokens(now) ≥ 1 + held`.
+    /// until it settles, and spends it only if it failed on the client's side (an upstream 4xx, a
+    /// body that missed its deadline, a client gone before the answer:
+    /// `crate::http::settle::charge`). Admission needs `tokens(now) ≥ 1 + held`.
     OnFailure,
 }
 
@@ -299,7 +303,7 @@ impl Budget {
                 "max_clients",
                 self.max_clients.to_string(),
                 format!(
-                    "exceeds {MAX_CLIENTS} (about 900 MB of table): the table is allocated \
+                    "exceeds {MAX_CLIENTS} (about 1.1 GB of table): the table is allocated \
                      whole at start"
                 ),
             ));
