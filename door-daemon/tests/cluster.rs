@@ -238,6 +238,11 @@ async fn upstream() -> SocketAddr {
 }
 
 fn config(upstream: SocketAddr, redis_port: u16) -> Config {
+    config_with_rate(upstream, redis_port, RATE)
+}
+
+/// [`config`] with the `link` group's rate at `rate` tokens/s.
+fn config_with_rate(upstream: SocketAddr, redis_port: u16, rate: f64) -> Config {
     Config::from_toml(
         "cluster.toml",
         &format!(
@@ -250,7 +255,7 @@ trusted_proxies = ["127.0.0.1/32"]
 group = "link"
 path = "/l/{{id}}"
 [group.link]
-rate = {RATE}
+rate = {rate}
 burst = {BURST}
 per_client = 4
 charge = "always"
@@ -528,7 +533,8 @@ async fn without_the_store_doors_serve_at_rate_over_n_and_resync_when_it_returns
     }
     let (redis, held) = Redis::start().await;
     let port = held.port;
-    let cfg = config(upstream().await, port);
+    let up = upstream().await;
+    let cfg = config(up, port);
     let doors = synced_doors(&cfg, [0, 0, 0]).await;
 
     redis.kill();
@@ -560,14 +566,31 @@ async fn without_the_store_doors_serve_at_rate_over_n_and_resync_when_it_returns
     for d in &doors {
         assert_eq!(d.cluster.status().snapshot().state, State::Degraded);
     }
+    // A reload of door 0 meanwhile, to the very rate the doors run at (an operator matching what
+    // /status shows): it runs divided too, and stays once the store is back.
+    let third = RATE / f64::from(DOORS);
+    let reloaded = config_with_rate(up, port, third);
+    assert!(doors[0].front.app().reload(&reloaded, &cfg).is_empty());
+    let rate = link_rate(&doors[0]);
+    assert!(
+        (rate - third / f64::from(DOORS)).abs() < 1e-9,
+        "rate {rate}"
+    );
 
     let _redis = Redis::start_on(port).await;
     assert!(
         all_reach(&doors, State::Synced, Duration::from_secs(5)).await,
         "the doors did not sync again"
     );
-    for d in &doors {
+    let rate = link_rate(&doors[0]);
+    assert!(
+        (rate - third).abs() < 1e-9,
+        "the reload's rate {third} was undone: {rate}"
+    );
+    for d in &doors[1..] {
         assert!((link_rate(d) - RATE).abs() < 1e-9);
+    }
+    for d in &doors {
         let json = d.cluster.status().json();
         assert_eq!(json["state"], "synced");
     }

@@ -44,7 +44,6 @@
 pub mod blocks;
 
 use std::{
-    collections::HashMap,
     fmt::Write as _,
     sync::{Arc, Mutex, PoisonError},
     time::Duration,
@@ -63,11 +62,7 @@ use tokio::{task::JoinHandle, time::Instant};
 
 pub use blocks::SharedBlocklist;
 
-use crate::{
-    config::ClusterConfig,
-    http::App,
-    limit::{Budget, GroupLimiter},
-};
+use crate::{config::ClusterConfig, http::App, limit::GroupLimiter};
 
 /// Clients sent in one script call at most; a sync with more makes several calls.
 pub const BATCH: usize = 1_000;
@@ -388,8 +383,6 @@ pub fn spawn(
         timeout: config.timeout,
         status: Arc::clone(&status),
         metrics,
-        bases: HashMap::new(),
-        degraded_for: None,
         spent: Vec::new(),
         blocks,
         cursor: blocks::Cursor::default(),
@@ -418,10 +411,6 @@ struct Syncer {
     timeout: Duration,
     status: Arc<ClusterStatus>,
     metrics: ClusterMetrics,
-    /// Each group's configured budget while it is retuned to `rate / N`.
-    bases: HashMap<String, Budget>,
-    /// The `N` the groups are divided by while degraded.
-    degraded_for: Option<u32>,
     spent: Vec<(PrefixKey, u32)>,
     /// The door's shared blocklist, when it has a shield.
     blocks: Option<Arc<SharedBlocklist>>,
@@ -444,7 +433,7 @@ impl Syncer {
         let mut args: Vec<u64> = Vec::new();
         let mut entries: Vec<Entry> = Vec::new();
         for (i, l) in limiters.iter().enumerate() {
-            let budget = self.base(l);
+            let budget = l.configured_budget();
             l.record_spent(budget.max_clients);
             let dropped = l.drain_spent(&mut self.spent);
             if dropped > 0 {
@@ -488,7 +477,7 @@ impl Syncer {
                         l.fold_deficit(&key, d);
                     }
                 }
-                self.restore(&limiters);
+                Self::restore(&limiters);
                 let doors = doors.max(1);
                 self.status.set(|s| {
                     s.state = State::Synced;
@@ -507,7 +496,7 @@ impl Syncer {
                     tracing::warn!(error = %e, doors = was.doors, "cluster: sync failed; enforcing rate / doors until the store answers");
                 }
                 self.status.set(|s| s.state = State::Degraded);
-                self.divide(&limiters, was.doors);
+                Self::divide(&limiters, was.doors);
                 self.metrics.errors.add(
                     1,
                     &[KeyValue::new(crate::obs::metrics::ATTR_REASON, reason(&e))],
@@ -590,52 +579,19 @@ impl Syncer {
         })
     }
 
-    /// The budget `l` is configured with: the one saved when it was divided, unless a reload
-    /// changed it since.
-    fn base(&self, l: &GroupLimiter) -> Budget {
-        let now = l.budget();
-        match (self.bases.get(l.group()), self.degraded_for) {
-            (Some(base), Some(n)) if divided(*base, n) == now => *base,
-            _ => now,
-        }
-    }
-
-    /// Retunes every group to `rate / doors` (once per group and `doors`; again after a reload
-    /// gave it a new budget).
-    fn divide(&mut self, limiters: &[Arc<GroupLimiter>], doors: u32) {
-        let doors = doors.max(1);
+    /// Runs every group at `rate / doors` ([`GroupLimiter::divide_rate`]: a reload meanwhile
+    /// keeps the division, and a restore keeps the reload's budget).
+    fn divide(limiters: &[Arc<GroupLimiter>], doors: u32) {
         for l in limiters {
-            let base = self.base(l);
-            let target = divided(base, doors);
-            if l.budget() != target {
-                l.retune(target, l.enforcing());
-            }
-            self.bases.insert(l.group().to_owned(), base);
+            l.divide_rate(doors.max(1));
         }
-        self.degraded_for = Some(doors);
     }
 
-    /// Gives every divided group its configured budget back.
-    fn restore(&mut self, limiters: &[Arc<GroupLimiter>]) {
-        if self.degraded_for.is_none() {
-            return;
-        }
+    /// Gives every group its configured rate back.
+    fn restore(limiters: &[Arc<GroupLimiter>]) {
         for l in limiters {
-            let base = self.base(l);
-            if l.budget() != base {
-                l.retune(base, l.enforcing());
-            }
+            l.divide_rate(1);
         }
-        self.bases.clear();
-        self.degraded_for = None;
-    }
-}
-
-/// `budget` with its rate divided by `doors` (tokens/s), kept within the limiter's bounds.
-fn divided(budget: Budget, doors: u32) -> Budget {
-    Budget {
-        rate: (budget.rate / f64::from(doors.max(1))).max(crate::limit::MIN_RATE),
-        ..budget
     }
 }
 
@@ -675,17 +631,5 @@ mod tests {
     #[test]
     fn the_script_fetches_at_most_fetch_blocks() {
         assert!(SCRIPT.contains(&format!("'LIMIT', 0, {})", blocks::FETCH_BLOCKS)));
-    }
-
-    #[test]
-    fn division_never_goes_below_the_minimum_rate() {
-        let b = Budget::webhook();
-        assert!((divided(b, 5).rate - b.rate / 5.0).abs() < 1e-9);
-        let slow = Budget {
-            rate: crate::limit::MIN_RATE,
-            ..b
-        };
-        assert!(divided(slow, 3).rate >= crate::limit::MIN_RATE);
-        assert!((divided(b, 0).rate - b.rate).abs() < 1e-9);
     }
 }

@@ -1329,7 +1329,10 @@ fn a_table_too_large_to_allocate_is_refused_by_name() {
     Config::from_toml("door.toml", "[group.link]\nmax_clients = 16777216").unwrap();
     // Below 1, and past what the file's integers hold, the range given is the table's.
     for (file, key) in [
-        ("[group.link]\nmax_clients = 0", "group.link.max_clients = 0"),
+        (
+            "[group.link]\nmax_clients = 0",
+            "group.link.max_clients = 0",
+        ),
         (
             "[plane.session]\ncookie = \"sid\"\n[plane.ip]\nmax_clients = -5",
             "plane.ip.max_clients = -5",

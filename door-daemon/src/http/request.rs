@@ -381,7 +381,7 @@ impl Policy {
                     .map(|l| &l.limiter)
                     .filter(|l| l.budget().charge == g.budget.charge);
                 if let Some(l) = kept
-                    && (l.budget() != g.budget || l.enforcing() != enforce)
+                    && (l.configured_budget() != g.budget || l.enforcing() != enforce)
                 {
                     l.retune(g.budget, enforce);
                 }

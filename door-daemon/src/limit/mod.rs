@@ -332,6 +332,19 @@ impl Budget {
         Ok(())
     }
 
+    /// This budget with its rate divided by `n` (0 counts as 1), at least [`MIN_RATE`] tokens per
+    /// second: a cluster's degraded mode, `rate / N` for N doors.
+    #[must_use]
+    pub fn with_rate_divided(self, n: u32) -> Self {
+        if n <= 1 {
+            return self;
+        }
+        Self {
+            rate: (self.rate / f64::from(n)).max(MIN_RATE),
+            ..self
+        }
+    }
+
     /// The emission interval in nanoseconds: `ceil(1e9 / rate)`, clamped to
     /// `1..=ceil(1e9 / MIN_RATE)` (an unvalidated rate is clamped, never trusted).
     pub fn interval_ns(&self) -> u64 {
@@ -864,6 +877,18 @@ pub struct GroupLimiter {
     shared: Arc<Shard>,
     /// `false` in shadow mode.
     enforce: AtomicBool,
+    /// The configured budget and the divisor of its rate in force, under one lock, so that a
+    /// reload ([`GroupLimiter::retune`]) and a cluster's degraded mode
+    /// ([`GroupLimiter::divide_rate`]) each change their own part and never undo the other's.
+    tune: Mutex<Tune>,
+}
+
+/// What a limiter is tuned to: the budget in force is `configured` with its rate divided by
+/// `divisor`.
+#[derive(Debug, Clone, Copy)]
+struct Tune {
+    configured: Budget,
+    divisor: u32,
 }
 
 impl GroupLimiter {
@@ -909,6 +934,10 @@ impl GroupLimiter {
             shared: shard(1),
             core,
             enforce: AtomicBool::new(tuning.enforce),
+            tune: Mutex::new(Tune {
+                configured: budget,
+                divisor: 1,
+            }),
         }
     }
 
@@ -917,9 +946,41 @@ impl GroupLimiter {
         &self.group
     }
 
-    /// The budget in force (after clamping, see [`GroupLimiter::new`]).
+    /// The budget in force (after clamping, see [`GroupLimiter::new`]): the configured one with
+    /// its rate divided while a cluster is degraded ([`GroupLimiter::divide_rate`]).
     pub fn budget(&self) -> Budget {
         self.shared.lock().tuning.budget
+    }
+
+    /// The budget the limiter was last given by [`GroupLimiter::new`] or
+    /// [`GroupLimiter::retune`], whatever [`GroupLimiter::divide_rate`] divides.
+    pub fn configured_budget(&self) -> Budget {
+        self.tune().configured
+    }
+
+    /// The divisor of the configured rate in force: 1 unless [`GroupLimiter::divide_rate`] set
+    /// another.
+    pub fn rate_divisor(&self) -> u32 {
+        self.tune().divisor
+    }
+
+    fn tune(&self) -> MutexGuard<'_, Tune> {
+        self.tune.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Runs the configured rate divided by `n` (tokens per second; at least [`MIN_RATE`]), as a
+    /// cluster's degraded mode does (`rate / N` for N doors), until called again (`n = 1`
+    /// restores it). A later [`GroupLimiter::retune`] keeps the divisor, so a reload while
+    /// degraded applies its new budget divided. Rows are rescaled as for a retune. Does nothing
+    /// when `n` (0 counts as 1) is the divisor in force.
+    pub fn divide_rate(&self, n: u32) {
+        let n = n.max(1);
+        let mut tune = self.tune();
+        if tune.divisor == n {
+            return;
+        }
+        tune.divisor = n;
+        self.apply(tune.configured.with_rate_divided(n), self.enforcing());
     }
 
     /// `false` in shadow mode.
@@ -936,8 +997,17 @@ impl GroupLimiter {
     /// in flight stay, so their per-client caps hold and their permits settle on them; each
     /// leaves the table when its last request settles, until the table is within its new size.
     /// The charge mode must not change (a held token's meaning would); the caller builds a new
-    /// limiter then.
+    /// limiter then. While [`GroupLimiter::divide_rate`] divides the rate, `budget`'s rate is
+    /// divided alike.
     pub fn retune(&self, budget: Budget, enforce: bool) {
+        let mut tune = self.tune();
+        tune.configured = budget;
+        self.apply(budget.with_rate_divided(tune.divisor), enforce);
+    }
+
+    /// Puts `budget` in force (the retune of [`GroupLimiter::retune`]); the caller holds the
+    /// tune lock, so that two retunes never interleave.
+    fn apply(&self, budget: Budget, enforce: bool) {
         let new = Tuning::of(budget, enforce);
         let now = self.core.clock.now_ns();
         let n = self.shards.len();

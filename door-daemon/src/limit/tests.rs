@@ -204,6 +204,43 @@ fn retune_keeps_the_missing_fraction_and_the_slots() {
     lim.check_invariants().unwrap();
 }
 
+/// A cluster's degraded mode divides the rate, a reload sets the configured budget, and neither
+/// undoes the other: a reload while degraded applies its budget divided, and the end of the
+/// degraded mode brings back the reload's rate, not the one before it (which the cluster used to
+/// restore when the reload's rate happened to equal the divided one).
+#[test]
+fn a_reload_while_the_rate_is_divided_is_divided_and_kept() {
+    let lim = GroupLimiter::new(
+        "link",
+        Budget {
+            rate: 10.0,
+            ..Budget::link()
+        },
+        true,
+        Arc::new(ManualClock::at(1_000)),
+        Arc::new(Unobserved),
+    );
+    lim.divide_rate(2);
+    assert!((lim.budget().rate - 5.0).abs() < 1e-9);
+    assert_eq!(lim.rate_divisor(), 2);
+    let reloaded = Budget {
+        rate: 5.0,
+        ..Budget::link()
+    };
+    lim.retune(reloaded, true);
+    assert!((lim.budget().rate - 2.5).abs() < 1e-9, "{:?}", lim.budget());
+    assert_eq!(lim.configured_budget(), reloaded);
+    lim.divide_rate(1);
+    assert!((lim.budget().rate - 5.0).abs() < 1e-9, "{:?}", lim.budget());
+    // The division never goes below the slowest rate, and 0 counts as 1.
+    let slow = Budget {
+        rate: MIN_RATE,
+        ..Budget::link()
+    };
+    assert!(slow.with_rate_divided(3).rate >= MIN_RATE);
+    assert_eq!(slow.with_rate_divided(0), slow);
+}
+
 /// A reload that shrinks `max_clients` below the clients with requests in flight keeps their
 /// entries: their per-client caps still hold, and each entry leaves the table when its last
 /// request settles, until the table is within its new size.
