@@ -541,3 +541,55 @@ async fn a_health_probe_the_ip_plane_refuses_gets_the_cached_status_not_a_429() 
     // Each probe has one outcome: the plane does not also count the cached ones as refused.
     assert_eq!(d.count("ip", Outcome::RateLimited), 0);
 }
+
+/// A group named like a plane (`ip`, allowed while the planes are off) hands nothing to the
+/// plane a reload turns on: the client that drained the group starts the IP plane with its whole
+/// burst, as every other client.
+#[tokio::test]
+async fn a_reload_that_turns_the_planes_on_gives_them_fresh_tables() {
+    let hits = Arc::new(AtomicUsize::new(0));
+    let up = upstream(Arc::clone(&hits)).await;
+    let before = Config::from_toml(
+        "planes-off.toml",
+        &format!(
+            r#"
+listen = ["127.0.0.1:0"]
+upstream = "http://{up}"
+admin_listen = "off"
+trusted_proxies = ["127.0.0.1/32"]
+[[route]]
+group = "ip"
+path = "/l/{{id}}"
+[group.ip]
+rate = 0.001
+burst = 2
+"#
+        ),
+    )
+    .unwrap();
+    let d = door(&before).await;
+    let client = "198.51.100.7";
+    let mut codes = Vec::new();
+    for _ in 0..3 {
+        codes.push(send(&d, "/l/a", client, &[]).await.status);
+    }
+    assert_eq!(
+        codes,
+        [
+            StatusCode::OK,
+            StatusCode::OK,
+            StatusCode::TOO_MANY_REQUESTS
+        ]
+    );
+    // Planes on (the IP plane's burst is 5), the group gone.
+    let after = config(up, BEARER, "");
+    assert!(d.front.app().reload(&after, &before).is_empty());
+    for i in 0..5 {
+        let a = send(&d, "/page", client, &[]).await;
+        assert_eq!(a.status, StatusCode::OK, "request {i}: {}", a.body);
+    }
+    assert_eq!(
+        send(&d, "/page", client, &[]).await.status,
+        StatusCode::TOO_MANY_REQUESTS
+    );
+}

@@ -181,6 +181,9 @@ struct Limited {
     /// The group name as a structured-field string (`"link"`), for `RateLimit`.
     sf_name: String,
     health: bool,
+    /// A request plane's (`session`, `ip`), not a group's: a reload never hands one's limiter,
+    /// rows and all, to the other of the same name.
+    plane: bool,
 }
 
 impl Limited {
@@ -360,15 +363,15 @@ impl Policy {
         let planes = config.planes.iter().flat_map(|p| {
             [(SESSION_PLANE, p.session), (IP_PLANE, p.ip)].map(|(name, budget)| {
                 let read_timeout = config.upstream_timeout;
-                (name.to_owned(), budget, read_timeout)
+                (name.to_owned(), budget, read_timeout, true)
             })
         });
         let limited = config
             .groups
             .iter()
-            .map(|(name, g)| (name.clone(), g.budget, g.read_timeout))
+            .map(|(name, g)| (name.clone(), g.budget, g.read_timeout, false))
             .chain(planes)
-            .map(|(name, budget, read_timeout)| {
+            .map(|(name, budget, read_timeout, plane)| {
                 let name = &name;
                 let g = crate::config::GroupConfig {
                     budget,
@@ -378,6 +381,7 @@ impl Policy {
                 let g = &g;
                 let kept = previous
                     .and_then(|p| p.limited.get(name))
+                    .filter(|l| l.plane == plane)
                     .map(|l| &l.limiter)
                     .filter(|l| l.budget().charge == g.budget.charge);
                 if let Some(l) = kept
@@ -408,6 +412,7 @@ impl Policy {
                     policy,
                     sf_name,
                     health: name == HEALTH_GROUP,
+                    plane,
                 };
                 (name.clone(), l)
             })

@@ -1188,13 +1188,18 @@ impl GroupLimiter {
     }
 
     /// Forgets `key` (the admin API's `DELETE /clients/{prefix}`): its entry is removed, so its
-    /// next request starts with a full bucket and no rejections. An entry with requests in
+    /// next request starts with a full bucket and no rejections, and its spends not yet drained
+    /// for a cluster ([`GroupLimiter::record_spent`]) are dropped. An entry with requests in
     /// flight is kept for their slots (and held tokens) and reset instead: a full bucket, no
     /// rejections. Returns whether the key had an entry.
     pub fn forget(&self, key: &PrefixKey) -> bool {
         let now = self.core.clock.now_ns();
         let removed = {
             let mut state = self.shard_of(key).lock();
+            // Its spends not yet sent to a cluster are forgotten with it.
+            if let Some(j) = state.journal.as_mut() {
+                j.spent.pop(key);
+            }
             match state.table.peek_mut(key) {
                 None => return false,
                 Some(row) if row.inflight > 0 => {
@@ -1359,6 +1364,22 @@ impl GroupLimiter {
             s.lock().slots.give_back_idle(pool);
         }
         pool.swept();
+    }
+}
+
+/// A limiter that goes (its group removed by a reload, or rebuilt for a new charge mode) takes
+/// its table's entries out of the observer's count, as a shrinking reload does: the group's
+/// `door.clients` would otherwise keep them, and a group removed and added again would count its
+/// clients twice. Its requests still in flight keep their slots (their permits hold the shards)
+/// and report their settlement as before.
+impl Drop for GroupLimiter {
+    fn drop(&mut self) {
+        let tracked = self.tracked_clients();
+        if tracked > 0 {
+            self.core
+                .observer
+                .clients_changed(-i64::try_from(tracked).unwrap_or(i64::MAX));
+        }
     }
 }
 

@@ -953,3 +953,29 @@ proptest! {
         }
     }
 }
+
+/// A limiter dropped by a reload (its group removed, or rebuilt for a new charge mode) takes its
+/// entries out of the observer's client count, and a request still in flight on it settles into
+/// the in-flight count as before: `door.clients` and `door.inflight` end at zero, not at what the
+/// old table held.
+#[test]
+fn a_dropped_limiter_takes_its_clients_out_of_the_count() {
+    let totals = Arc::new(Totals::default());
+    let lim = Arc::new(GroupLimiter::new(
+        "link",
+        Budget::link(),
+        true,
+        Arc::new(ManualClock::at(1_000)),
+        totals.clone(),
+    ));
+    for i in 0..3 {
+        lim.admit(key(i)).unwrap().settle(Spend::Nothing);
+    }
+    let held = lim.admit(key(0)).unwrap();
+    assert_eq!(totals.clients.load(Ordering::Relaxed), 3);
+    drop(lim);
+    assert_eq!(totals.clients.load(Ordering::Relaxed), 0);
+    assert_eq!(totals.inflight.load(Ordering::Relaxed), 1);
+    held.settle(Spend::Nothing);
+    assert_eq!(totals.inflight.load(Ordering::Relaxed), 0);
+}
