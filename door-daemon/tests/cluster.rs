@@ -26,7 +26,7 @@ use std::{
 use bytes::Bytes;
 use door_common::prefix::PrefixKey;
 use door_daemon::{
-    admin::{AdminBlocklist, ClusterBlocklist},
+    admin::{AdminBlocklist, ClusterBlocklist, StatusSource},
     cluster::{self, Cluster, ClusterMetrics, SharedBlocklist, State},
     config::Config,
     http::{App, ConnSettings, Front},
@@ -1157,4 +1157,79 @@ async fn values_door_did_not_write_do_not_stop_the_sync() {
         "a NaN TAT is no debt"
     );
     assert_eq!(d.cluster.status().snapshot().state, State::Synced);
+}
+
+/// The shared debt of `client` in the `link` group, in seconds past the store's now; `None`
+/// when the store holds none.
+async fn store_debt_s(con: &mut redis::aio::MultiplexedConnection, client: &str) -> Option<f64> {
+    let key = PrefixKey::from_ip(client.parse().unwrap());
+    let tat: Option<f64> = redis::cmd("GET")
+        .arg(format!("door:{{link}}:{}", hex(key)))
+        .query_async(con)
+        .await
+        .unwrap();
+    let (s, us): (u64, u64) = redis::cmd("TIME").query_async(con).await.unwrap();
+    #[expect(clippy::cast_precision_loss, reason = "µs since 1970, within 2^53")]
+    let now_us = (s * 1_000_000 + us) as f64;
+    tat.map(|t| (t - now_us) / 1e6)
+}
+
+/// `DELETE /clients/{prefix}` in a cluster deletes the client's shared debt too: otherwise the
+/// next sync folds it straight back into the row the operator just reset.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn forgetting_a_client_deletes_its_shared_debt() {
+    if !redis_or_skip() {
+        return;
+    }
+    let (_redis, held) = Redis::start().await;
+    let d = lone_synced_door(held.port).await;
+    let mut con = store(held.port).await;
+    let client = "198.51.100.7";
+    for _ in 0..BURST {
+        assert_eq!(send(&d, client).await.0, StatusCode::OK);
+    }
+    assert_eq!(send(&d, client).await.0, StatusCode::TOO_MANY_REQUESTS);
+    // The whole burst is the store's debt once a sync has sent it.
+    let deadline = door_daemon::time::now() + Duration::from_secs(2);
+    while store_debt_s(&mut con, client).await.is_none_or(|s| s < 5.0) {
+        assert!(
+            door_daemon::time::now() < deadline,
+            "the debt never reached the store"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+
+    let app = Arc::clone(d.front.app());
+    let source = StatusSource {
+        limiters: Arc::new(move || app.limiters()),
+        metrics: Metrics::noop(),
+        shield: None,
+        xdp_mode: "off",
+        cluster: d.cluster.status(),
+        exposition: None,
+        blocklist: None,
+    };
+    door_daemon::admin::api::forget(&source, client, None).unwrap();
+    assert_eq!(send(&d, client).await.0, StatusCode::OK);
+    // The next sync deletes the debt, then sends that one request's token.
+    let deadline = door_daemon::time::now() + Duration::from_secs(2);
+    loop {
+        let debt = store_debt_s(&mut con, client).await;
+        if debt.is_some_and(|s| s < 2.0) {
+            break;
+        }
+        assert!(
+            door_daemon::time::now() < deadline,
+            "the store still holds a debt of {debt:?} s"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    // And the reset row keeps what is left of its burst.
+    let remaining = link(&d)
+        .quota(&PrefixKey::from_ip(client.parse().unwrap()))
+        .remaining;
+    assert!(
+        remaining >= BURST - 2,
+        "{remaining} tokens left after the sync"
+    );
 }

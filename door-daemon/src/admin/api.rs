@@ -341,6 +341,10 @@ pub fn forget(source: &StatusSource, raw: &str, query: Option<&str>) -> Result<V
         .filter(|l| l.forget(&key))
         .map(|l| l.group())
         .collect();
+    for group in &forgotten {
+        // Its debt shared through the cluster, if any, is deleted at the next sync.
+        source.cluster.forget(group, &key);
+    }
     if forgotten.is_empty() {
         return Err(ApiError::new(
             StatusCode::NOT_FOUND,

@@ -62,7 +62,7 @@ use tokio::{task::JoinHandle, time::Instant};
 
 pub use blocks::SharedBlocklist;
 
-use crate::{config::ClusterConfig, http::App, limit::GroupLimiter};
+use crate::{config::ClusterConfig, http::App, limit::GroupLimiter, obs::logging::RateLimitedWarn};
 
 /// Clients sent in one script call at most; a sync with more makes several calls.
 pub const BATCH: usize = 1_000;
@@ -207,10 +207,17 @@ pub struct Snapshot {
     pub last_sync: Option<Instant>,
 }
 
-/// The cluster's state, shared by the sync task and `/status`.
+/// Clients the admin API forgot whose shared debts wait to be deleted from the store, at most;
+/// more are not deleted (their debts fold back into the reset rows at the next sync).
+pub const PENDING_FORGETS: usize = 1_024;
+
+/// The cluster's state, shared by the sync task and `/status`, and the clients the admin API
+/// forgot (`DELETE /clients/{prefix}`) whose shared debts the next sync deletes.
 #[derive(Debug)]
 pub struct ClusterStatus {
     inner: Mutex<Snapshot>,
+    /// Store keys (`door:{GROUP}:HEX`) to delete at the next sync.
+    forgotten: Mutex<Vec<String>>,
 }
 
 impl ClusterStatus {
@@ -226,7 +233,50 @@ impl ClusterStatus {
                 doors: 1,
                 last_sync: None,
             }),
+            forgotten: Mutex::new(Vec::new()),
         }
+    }
+
+    /// Deletes client `key`'s shared debt in `group` from the store at the next sync, after the
+    /// admin API reset its row here: otherwise the sync would fold the debt straight back into
+    /// the row. Nothing without a cluster; past [`PENDING_FORGETS`] waiting, nothing either
+    /// (logged at most once a minute).
+    pub fn forget(&self, group: &str, key: &PrefixKey) {
+        if self.snapshot().state == State::Off {
+            return;
+        }
+        let mut q = self
+            .forgotten
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if q.len() < PENDING_FORGETS {
+            q.push(store_key(group, key));
+        } else {
+            static FULL: RateLimitedWarn = RateLimitedWarn::new(Duration::from_mins(1));
+            if let Some(suppressed) = FULL.due() {
+                tracing::warn!(%key, group, suppressed, "cluster: too many forgotten clients wait for the next sync; this one's shared debt stays (at most one line a minute)");
+            }
+        }
+    }
+
+    /// The store keys to delete, taken.
+    fn take_forgotten(&self) -> Vec<String> {
+        std::mem::take(
+            &mut *self
+                .forgotten
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner),
+        )
+    }
+
+    /// Puts keys a failed sync could not delete back, within the bound.
+    fn requeue_forgotten(&self, keys: Vec<String>) {
+        let mut q = self
+            .forgotten
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let room = PENDING_FORGETS.saturating_sub(q.len());
+        q.extend(keys.into_iter().take(room));
     }
 
     /// The state now.
@@ -456,7 +506,16 @@ impl Syncer {
                 "cluster: more blocks were waiting to be published than the queue holds; the newest were not shared"
             );
         }
-        let outcome = self.send(&keys, &args, &published).await;
+        // The debts of clients the admin API forgot go first, so that this sync's answers do
+        // not fold them back.
+        let forgotten = self.status.take_forgotten();
+        let outcome = match self.delete(&forgotten).await {
+            Ok(()) => self.send(&keys, &args, &published).await,
+            Err(e) => {
+                self.status.requeue_forgotten(forgotten);
+                Err(e)
+            }
+        };
         let took = started.elapsed().as_secs_f64();
         match outcome {
             Ok(Answer {
@@ -503,6 +562,19 @@ impl Syncer {
                 );
             }
         }
+    }
+
+    /// Deletes the store keys `keys` (one `DEL`, within the timeout); nothing to do for none.
+    async fn delete(&mut self, keys: &[String]) -> Result<(), ClusterError> {
+        if keys.is_empty() {
+            return Ok(());
+        }
+        let mut del = redis::cmd("DEL");
+        del.arg(keys);
+        tokio::time::timeout(self.timeout, del.query_async::<()>(&mut self.conn))
+            .await
+            .map_err(|_| ClusterError::Timeout(self.timeout))??;
+        Ok(())
     }
 
     /// The script calls for `keys` (in batches of [`BATCH`]), the first also publishing
