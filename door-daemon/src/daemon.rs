@@ -408,7 +408,10 @@ async fn serve_until_term(
                         }
                         let restart = app.reload(&new, started);
                         reconfigure_shield(shield, &new);
-                        reload_tls(front, &new);
+                        // Turning TLS on or off needs a restart (in `restart`).
+                        if started.tls.is_some() {
+                            reload_tls(front, &new);
+                        }
                         if restart.is_empty() {
                             tracing::info!("configuration reloaded");
                         } else {
@@ -440,7 +443,7 @@ async fn serve_until_term(
 
 /// Re-reads a reloaded configuration's TLS certificate and key (a renewal's deploy hook runs
 /// `systemctl reload door`): new handshakes get the new pair, open connections keep theirs. A
-/// pair that does not load is refused and the running one kept.
+/// pair that does not load is refused and the running one kept. Only for a door that serves TLS.
 fn reload_tls(front: &Front, config: &Config) {
     let Some(tls) = &config.tls else { return };
     match front.reload_tls(tls) {
