@@ -601,8 +601,9 @@ async fn without_the_store_doors_serve_at_rate_over_n_and_resync_when_it_returns
 struct Shield(Mutex<Vec<(PrefixKey, Duration)>>);
 
 impl Blocklist for Shield {
-    fn block(&self, key: PrefixKey, duration: Duration) {
+    fn block(&self, key: PrefixKey, duration: Duration) -> bool {
         self.0.lock().unwrap().push((key, duration));
+        true
     }
 }
 

@@ -31,8 +31,9 @@ use tokio::{
 struct Recorder(Mutex<Vec<PrefixKey>>);
 
 impl Blocklist for Recorder {
-    fn block(&self, key: PrefixKey, _duration: Duration) {
+    fn block(&self, key: PrefixKey, _duration: Duration) -> bool {
         self.0.lock().unwrap().push(key);
+        true
     }
 }
 

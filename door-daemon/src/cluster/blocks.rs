@@ -148,16 +148,19 @@ impl SharedBlocklist {
 
     /// Puts a block fetched from the cluster on this door's shield for the `left` it has left.
     pub(super) fn apply(&self, key: PrefixKey, left: Duration) {
-        self.local.block(key, left);
+        // A block dropped by the shield's full queue is logged there.
+        let _ = self.local.block(key, left);
     }
 }
 
 impl Blocklist for SharedBlocklist {
     /// Blocks `key` on this door's shield for `duration` and publishes it to the cluster
     /// ([`SharedBlocklist::publish`]).
-    fn block(&self, key: PrefixKey, duration: Duration) {
-        self.local.block(key, duration);
+    /// Whether this door's shield took it; it is published to the cluster either way.
+    fn block(&self, key: PrefixKey, duration: Duration) -> bool {
+        let taken = self.local.block(key, duration);
         self.publish(key, duration);
+        taken
     }
 }
 
@@ -234,8 +237,9 @@ mod tests {
     struct Recorder(Mutex<Vec<(PrefixKey, Duration)>>);
 
     impl Blocklist for Recorder {
-        fn block(&self, key: PrefixKey, duration: Duration) {
+        fn block(&self, key: PrefixKey, duration: Duration) -> bool {
             self.0.lock().unwrap().push((key, duration));
+            true
         }
     }
 

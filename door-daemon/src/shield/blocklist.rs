@@ -57,11 +57,13 @@ impl BlocklistWriter {
 }
 
 impl escalate::Blocklist for BlocklistWriter {
-    fn block(&self, key: PrefixKey, duration: Duration) {
-        if self.queue.try_send((key, duration)).is_err()
-            && let Some(suppressed) = self.dropped.due()
-        {
+    fn block(&self, key: PrefixKey, duration: Duration) -> bool {
+        if self.queue.try_send((key, duration)).is_ok() {
+            return true;
+        }
+        if let Some(suppressed) = self.dropped.due() {
             tracing::warn!(%key, suppressed, "blocklist writer is behind or gone: escalations are being dropped (at most one line a minute)");
         }
+        false
     }
 }

@@ -42,8 +42,10 @@ pub fn counts(rejection: &Rejection) -> bool {
 
 /// Where escalated keys go: the XDP blocklist in production, a recorder in tests.
 pub trait Blocklist: Send + Sync + std::fmt::Debug {
-    /// Drops SYNs from `key` for `duration`. Failures are logged by the implementation.
-    fn block(&self, key: PrefixKey, duration: Duration);
+    /// Drops SYNs from `key` for `duration` (or longer, if it is blocked longer already).
+    /// Returns whether the block was taken: `false` when it was dropped (a writer's full queue),
+    /// which the implementation logs; a failure to write it later is logged too.
+    fn block(&self, key: PrefixKey, duration: Duration) -> bool;
 }
 
 /// Where a rejected request's key came from.
@@ -151,11 +153,23 @@ impl Escalator {
                 false
             }
         };
-        if escalate {
-            tracing::warn!(%key, after = self.after, block_for = ?self.block_for, "escalating to the XDP blocklist");
-            self.blocklist.block(key, self.block_for);
+        if !escalate {
+            return false;
         }
-        escalate
+        tracing::warn!(%key, after = self.after, block_for = ?self.block_for, "escalating to the XDP blocklist");
+        if self.blocklist.block(key, self.block_for) {
+            return true;
+        }
+        // Dropped: the key is not blocked, so its next 429s may escalate it again.
+        if let Some(w) = self
+            .windows
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .peek_mut(&key)
+        {
+            w.blocked_until_ns = 0;
+        }
+        false
     }
 }
 
@@ -164,12 +178,21 @@ mod tests {
     use super::*;
     use crate::time::ManualClock;
 
+    /// Records the blocks it takes; refuses every one while `full` is set (a writer's full
+    /// queue).
     #[derive(Debug, Default)]
-    struct Recorder(Mutex<Vec<(PrefixKey, Duration)>>);
+    struct Recorder(
+        Mutex<Vec<(PrefixKey, Duration)>>,
+        std::sync::atomic::AtomicBool,
+    );
 
     impl Blocklist for Recorder {
-        fn block(&self, key: PrefixKey, duration: Duration) {
+        fn block(&self, key: PrefixKey, duration: Duration) -> bool {
+            if self.1.load(std::sync::atomic::Ordering::Relaxed) {
+                return false;
+            }
             self.0.lock().unwrap().push((key, duration));
+            true
         }
     }
 
@@ -240,6 +263,23 @@ mod tests {
         );
         // The count starts over after an escalation.
         assert!(!e.on_rejection(key("192.0.2.7"), KeySource::Peer, &OWN_429));
+    }
+
+    /// A block the blocklist could not take (its writer's queue was full) does not count as made:
+    /// the key's next 429s escalate it again, where it would otherwise go unblocked for
+    /// `block_for`.
+    #[test]
+    fn a_dropped_block_does_not_count_as_made() {
+        let (_, rec, e) = setup();
+        rec.1.store(true, std::sync::atomic::Ordering::Relaxed);
+        for _ in 0..3 {
+            assert!(!e.on_rejection(key("192.0.2.7"), KeySource::Peer, &OWN_429));
+        }
+        rec.1.store(false, std::sync::atomic::Ordering::Relaxed);
+        assert!(!e.on_rejection(key("192.0.2.7"), KeySource::Peer, &OWN_429));
+        assert!(!e.on_rejection(key("192.0.2.7"), KeySource::Peer, &OWN_429));
+        assert!(e.on_rejection(key("192.0.2.7"), KeySource::Peer, &OWN_429));
+        assert_eq!(rec.0.lock().unwrap().len(), 1);
     }
 
     #[test]
