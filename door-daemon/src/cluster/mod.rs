@@ -32,10 +32,10 @@
 //! client out on every door for as long as the step.
 //!
 //! When a sync fails, or one of its script calls takes longer than `timeout`, the door is
-//! [`State::Degraded`]: every group
-//! is retuned to `rate / N` (N as seen at the last good sync, 1 if there was none), never
-//! unlimited and never a wait on the request path; the connection manager reconnects with
-//! backoff, and the first good sync restores the configured rates ([`State::Synced`]). Tokens
+//! [`State::Degraded`]: every group is retuned to `rate / N` (N as seen at the last good sync, 1
+//! if there was none), never unlimited and never a wait on the request path; the connection
+//! manager reconnects with backoff, and the first good sync restores the configured rates
+//! ([`State::Synced`]). Tokens
 //! spent during a failed sync are not sent again.
 //!
 //! This module uses [`crate::limit`], [`crate::http::App`] (its limiters) and the `redis` crate;
@@ -267,6 +267,16 @@ impl ClusterStatus {
                 .lock()
                 .unwrap_or_else(PoisonError::into_inner),
         )
+    }
+
+    /// The store keys waiting to be deleted, left in place.
+    fn pending_forgotten(&self) -> std::collections::HashSet<String> {
+        self.forgotten
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .iter()
+            .cloned()
+            .collect()
     }
 
     /// Puts keys a failed sync could not delete back, within the bound.
@@ -529,9 +539,13 @@ impl Syncer {
                     }
                     self.cursor = f.cursor;
                 }
+                // A client the admin API forgot while this sync was under way keeps its reset
+                // row: its debt is deleted by the next sync, not folded back by this one.
+                let pending = self.status.pending_forgotten();
                 for (&(i, key), &d) in entries.iter().zip(&deficits) {
                     if d > 0
                         && let Some(l) = limiters.get(i)
+                        && (pending.is_empty() || !pending.contains(&store_key(l.group(), &key)))
                     {
                         l.fold_deficit(&key, d);
                     }

@@ -69,9 +69,8 @@ pub const DEFAULT_MAX_CLIENTS: usize = 16_384;
 
 /// The largest `max_clients` a table may have: 16,777,216 entries (2^24), about 1.1 GB (a 56-byte
 /// entry and at least two 4-byte index slots per client). A table is allocated whole when its
-/// group is built, so a larger
-/// value (the configuration's integers reach 4,294,967,295) would abort door at start instead of
-/// being refused with the key named.
+/// group is built, so a larger value (the configuration's integers reach 4,294,967,295) would
+/// abort door at start instead of being refused with the key named.
 pub const MAX_CLIENTS: usize = 1 << 24;
 
 /// The slowest accepted rate, in tokens per second: one token a day. Anything slower is refused by

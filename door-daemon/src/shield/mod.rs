@@ -695,7 +695,7 @@ impl Shield {
         // re-block can never be lost to a concurrent delete.
         let now = crate::time::kernel_monotonic_ns();
         for k in self.deadlines.take_due(now, &key) {
-            // Already gone (evicted, or the entry was written by an earlier process) is fine.
+            // Already gone (evicted by the LRU) is fine.
             let _ = map.remove(&k);
         }
         let deadline_ns = match how {
