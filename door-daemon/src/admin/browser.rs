@@ -90,7 +90,8 @@ pub fn json_body(headers: &HeaderMap) -> Result<(), ApiError> {
         StatusCode::UNSUPPORTED_MEDIA_TYPE,
         "unsupported-media-type",
         format!(
-            "Content-Type {given}: send the body as application/json (a web form cannot, so no              page can post here)"
+            "Content-Type {given}: send the body as application/json (a web form cannot, so no \
+             page can post here)"
         ),
     ))
 }
@@ -153,6 +154,14 @@ mod tests {
         // What the browser sends for `<form method=POST enctype="text/plain">` on another site.
         let form = [("host", "127.0.0.1:9901"), ("content-type", "text/plain")];
         assert_eq!(code(&form, true, true), "unsupported-media-type");
+        let message = json_body(&headers(&form)).err().map(|e| e.message);
+        assert_eq!(
+            message.as_deref(),
+            Some(
+                "Content-Type \"text/plain\": send the body as application/json (a web form \
+                 cannot, so no page can post here)"
+            )
+        );
         let with_origin = [
             ("host", "127.0.0.1:9901"),
             ("origin", "https://evil.example"),
