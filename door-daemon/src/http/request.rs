@@ -695,8 +695,8 @@ impl App {
                     held.refund();
                 }
                 if limited.health {
-                    // Never refused, so never escalated: a load balancer's or an uptime
-                    // monitor's probes past the budget must not get its SYNs dropped.
+                    // Never refused, so never escalated: probes of a load balancer or an uptime
+                    // monitor past the budget must not get the prober's SYNs dropped.
                     Box::pin(self.cached_health(limited, req, job.origin)).await
                 } else {
                     Self::escalate(conn, &policy, &decision, &rejection);

@@ -178,7 +178,7 @@ mod tests {
     use super::*;
     use crate::time::ManualClock;
 
-    /// Records the blocks it takes; refuses every one while `full` is set (a writer's full
+    /// Records the blocks it takes; refuses every one while its flag is set (a writer's full
     /// queue).
     #[derive(Debug, Default)]
     struct Recorder(
