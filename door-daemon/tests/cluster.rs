@@ -238,11 +238,22 @@ async fn upstream() -> SocketAddr {
 }
 
 fn config(upstream: SocketAddr, redis_port: u16) -> Config {
-    config_with_rate(upstream, redis_port, RATE)
+    config_with(upstream, redis_port, RATE, SYNC)
 }
 
-/// [`config`] with the `link` group's rate at `rate` tokens/s.
-fn config_with_rate(upstream: SocketAddr, redis_port: u16, rate: f64) -> Config {
+/// [`config`] with the `link` group's rate at `rate` tokens/s and a sync every `sync`.
+fn config_with(upstream: SocketAddr, redis_port: u16, rate: f64, sync: Duration) -> Config {
+    config_for(
+        upstream,
+        &format!("redis://127.0.0.1:{redis_port}/0"),
+        rate,
+        sync,
+    )
+}
+
+/// [`config_with`] sharing through the store at `redis` (a URL).
+fn config_for(upstream: SocketAddr, redis: &str, rate: f64, sync: Duration) -> Config {
+    let sync_ms = sync.as_millis();
     Config::from_toml(
         "cluster.toml",
         &format!(
@@ -260,8 +271,8 @@ burst = {BURST}
 per_client = 4
 charge = "always"
 [cluster]
-redis = "redis://127.0.0.1:{redis_port}/0"
-sync_interval = "50ms"
+redis = "{redis}"
+sync_interval = "{sync_ms}ms"
 timeout = "100ms"
 "#
         ),
@@ -569,7 +580,7 @@ async fn without_the_store_doors_serve_at_rate_over_n_and_resync_when_it_returns
     // A reload of door 0 meanwhile, to the very rate the doors run at (an operator matching what
     // /status shows): it runs divided too, and stays once the store is back.
     let third = RATE / f64::from(DOORS);
-    let reloaded = config_with_rate(up, port, third);
+    let reloaded = config_with(up, port, third, SYNC);
     assert!(doors[0].front.app().reload(&reloaded, &cfg).is_empty());
     let rate = link_rate(&doors[0]);
     assert!(
@@ -1041,9 +1052,12 @@ async fn a_store_whose_block_counter_went_back_still_reaches_every_door() {
         return;
     }
     let (_redis, held) = Redis::start().await;
-    let cfg = config(upstream().await, held.port);
+    let up = upstream().await;
+    let cfg = config(up, held.port);
+    // Door B syncs every second, so that door A's syncs publish before door B's next one.
+    let slow = config_with(up, held.port, RATE, Duration::from_secs(1));
     let (a, shared_a, _) = door_with_shield(&cfg, Arc::new(MonotonicClock::new()), "door-a").await;
-    let (b, _, shield_b) = door_with_shield(&cfg, Arc::new(MonotonicClock::new()), "door-b").await;
+    let (b, _, shield_b) = door_with_shield(&slow, Arc::new(MonotonicClock::new()), "door-b").await;
     let both = [a, b];
     assert!(
         all_reach(&both, State::Synced, Duration::from_secs(3)).await,
@@ -1055,7 +1069,7 @@ async fn a_store_whose_block_counter_went_back_still_reaches_every_door() {
         let shield_b = Arc::clone(&shield_b);
         async move {
             shield_b
-                .wait_for(key, Duration::from_secs(2))
+                .wait_for(key, Duration::from_secs(3))
                 .await
                 .is_some()
         }
@@ -1071,10 +1085,24 @@ async fn a_store_whose_block_counter_went_back_still_reaches_every_door() {
         .query_async(&mut store(held.port).await)
         .await
         .unwrap();
-    assert!(
-        reaches_b(40).await,
-        "a block numbered 2 again never reached door B, whose cursor was 3"
-    );
+    // Three blocks, published by door A before door B syncs again: the counter passes door B's
+    // cursor again.
+    let keys: Vec<PrefixKey> = (40..43)
+        .map(|last| {
+            let key = PrefixKey::from_ip(std::net::Ipv4Addr::new(198, 51, 100, last).into());
+            Blocklist::block(&*shared_a, key, Duration::from_mins(1));
+            key
+        })
+        .collect();
+    for key in keys {
+        assert!(
+            shield_b
+                .wait_for(key, Duration::from_secs(3))
+                .await
+                .is_some(),
+            "{key}, numbered 2 to 4 again, never reached door B, whose cursor was 3"
+        );
+    }
     drop(both);
 }
 
@@ -1082,6 +1110,11 @@ async fn a_store_whose_block_counter_went_back_still_reaches_every_door() {
 async fn lone_synced_door(port: u16) -> Door {
     let cfg = config(upstream().await, port);
     let (d, _, _) = door_with_shield(&cfg, Arc::new(MonotonicClock::new()), "door-a").await;
+    once_synced(d).await
+}
+
+/// `d` once it has synced (within 3 s).
+async fn once_synced(d: Door) -> Door {
     assert!(
         all_reach(
             std::slice::from_ref(&d),
@@ -1200,17 +1233,7 @@ async fn forgetting_a_client_deletes_its_shared_debt() {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
 
-    let app = Arc::clone(d.front.app());
-    let source = StatusSource {
-        limiters: Arc::new(move || app.limiters()),
-        metrics: Metrics::noop(),
-        shield: None,
-        xdp_mode: "off",
-        cluster: d.cluster.status(),
-        exposition: None,
-        blocklist: None,
-    };
-    door_daemon::admin::api::forget(&source, client, None).unwrap();
+    forget(&d, client);
     assert_eq!(send(&d, client).await.0, StatusCode::OK);
     // The next sync deletes the debt, then sends that one request's token.
     let deadline = door_daemon::time::now() + Duration::from_secs(2);
@@ -1233,4 +1256,68 @@ async fn forgetting_a_client_deletes_its_shared_debt() {
         remaining >= BURST - 2,
         "{remaining} tokens left after the sync"
     );
+}
+
+/// `DELETE /clients/{client}` on door `d`, through the admin API's function.
+fn forget(d: &Door, client: &str) {
+    let app = Arc::clone(d.front.app());
+    let source = StatusSource {
+        limiters: Arc::new(move || app.limiters()),
+        metrics: Metrics::noop(),
+        shield: None,
+        xdp_mode: "off",
+        cluster: d.cluster.status(),
+        exposition: None,
+        blocklist: None,
+    };
+    door_daemon::admin::api::forget(&source, client, None).unwrap();
+}
+
+/// A store whose ACL refuses `DEL` cannot delete a forgotten client's debt, and must not make
+/// every sync fail for it: the door stays synced (the debt folds back, and the log says so).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_that_refuses_del_keeps_the_door_synced() {
+    if !redis_or_skip() {
+        return;
+    }
+    let (_redis, held) = Redis::start().await;
+    let mut con = store(held.port).await;
+    let () = redis::cmd("ACL")
+        .arg(
+            &[
+                "SETUSER",
+                "door",
+                "on",
+                ">door-test",
+                "~*",
+                "&*",
+                "+@all",
+                "-del",
+            ][..],
+        )
+        .query_async(&mut con)
+        .await
+        .unwrap();
+    let url = format!("redis://door:door-test@127.0.0.1:{}/0", held.port);
+    let cfg = config_for(upstream().await, &url, RATE, SYNC);
+    let d = once_synced(door(&cfg, Arc::new(MonotonicClock::new()), "door-a").await).await;
+    let client = "198.51.100.7";
+    assert_eq!(send(&d, client).await.0, StatusCode::OK);
+    forget(&d, client);
+    let forgot = door_daemon::time::now();
+    // Good syncs go on after the refused DEL.
+    let deadline = forgot + Duration::from_secs(2);
+    loop {
+        let s = d.cluster.status().snapshot();
+        if s.last_sync.is_some_and(|t| t > forgot + SYNC * 3) {
+            break;
+        }
+        assert!(
+            door_daemon::time::now() < deadline,
+            "no good sync since the forget: {:?}",
+            s.state
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(d.cluster.status().snapshot().state, State::Synced);
 }

@@ -10,7 +10,9 @@
 //!   form cannot send and a script can only after a preflight the admin API never grants.
 //! - **DNS rebinding.** A page whose own name the attacker then resolves to 127.0.0.1 reads the
 //!   admin API as its own origin (`GET /clients` lists client addresses). Its requests carry the
-//!   attacker's name in `Host`, so on a loopback listener a `Host` naming a DNS name is refused,
+//!   attacker's name in `Host`, so on a connection made to a loopback address (a loopback
+//!   listener's, or `127.0.0.1` through a `0.0.0.0` or `[::]` one) a `Host` naming a DNS name is
+//!   refused,
 //!   except names that never resolve in public DNS: `localhost` and the special-use domains
 //!   `localhost`, `test`, `invalid`, `example` (RFC 6761), `home.arpa` (RFC 8375) and `internal`
 //!   (ICANN, 2024), and names without a dot (`door top` sends `door-admin`).
@@ -36,9 +38,9 @@ const PRIVATE_SUFFIXES: [&str; 6] = [
 ];
 
 /// Refuses a request a web page made: one with `Origin` or a page's `Sec-Fetch-Site`, and on a
-/// `loopback` admin listener one whose `Host` (or absolute-form target's host, `authority`) could
-/// be a rebound DNS name. The `Host` rule applies on loopback only: an operator who put the
-/// listener on another address reaches it by names of their own.
+/// connection made to a `loopback` address one whose `Host` (or absolute-form target's host,
+/// `authority`) could be a rebound DNS name. The `Host` rule applies on loopback only: an
+/// operator who reaches the listener on another address does so by names of their own.
 ///
 /// # Errors
 /// The refusal as an [`ApiError`] naming the value: 403 `cross-origin` for an `Origin` or
@@ -90,8 +92,8 @@ pub fn json_body(headers: &HeaderMap) -> Result<(), ApiError> {
         StatusCode::UNSUPPORTED_MEDIA_TYPE,
         "unsupported-media-type",
         format!(
-            "Content-Type {given}: send the body as application/json (a web form cannot, so no \
-             page can post here)"
+            "Content-Type {given}: declare the body application/json (curl: -H 'content-type: \
+             application/json'); a web form cannot, so no page can post here"
         ),
     ))
 }
@@ -158,8 +160,8 @@ mod tests {
         assert_eq!(
             message.as_deref(),
             Some(
-                "Content-Type \"text/plain\": send the body as application/json (a web form \
-                 cannot, so no page can post here)"
+                "Content-Type \"text/plain\": declare the body application/json (curl: -H \
+                 'content-type: application/json'); a web form cannot, so no page can post here"
             )
         );
         let with_origin = [

@@ -243,7 +243,11 @@ pub async fn serve(listener: AdminListener, source: Arc<StatusSource>) {
         tokio::spawn(async move {
             match stream {
                 Stream::Tcp(s) => {
-                    let loopback = s.local_addr().is_ok_and(|a| a.ip().is_loopback());
+                    // The address the client connected to: 127.0.0.1 through a `[::]` listener
+                    // is `::ffff:127.0.0.1`.
+                    let loopback = s
+                        .local_addr()
+                        .is_ok_and(|a| a.ip().to_canonical().is_loopback());
                     connection(s, source, peer, loopback).await;
                 }
                 Stream::Unix(s) => connection(s, source, peer, false).await,
@@ -273,7 +277,7 @@ fn refused(peer: &str) {
 }
 
 /// Serves one admin connection (HTTP/1.1) to its end, or until it has waited [`HEAD_TIMEOUT`]
-/// for a request head or been idle for [`IDLE_TIMEOUT`]. `loopback`: it came to a loopback
+/// for a request head or been idle for [`IDLE_TIMEOUT`]. `loopback`: it was made to a loopback
 /// address ([`browser::check`]).
 async fn connection<S>(stream: S, source: Arc<StatusSource>, peer: String, loopback: bool)
 where

@@ -14,10 +14,11 @@
 //!   members above it, so a sync costs nothing when no block changed.
 //! - [`BLOCKS_META_KEY`], a hash: `seq` and `epoch` (the store's clock when the hash was created).
 //!   A store that lost its data (a restart without persistence) has a new epoch: a door that sees
-//!   another epoch than its cursor's fetches everything again. So does a door whose cursor is past
-//!   the store's `seq` (a store restored from an older snapshot, or a failover to a replica that
-//!   had not caught up: the same epoch, a smaller `seq`), or it would never fetch the blocks
-//!   numbered again up to its cursor.
+//!   another epoch than its cursor's fetches everything again. A store whose `seq` went back
+//!   (restored from an older snapshot, or a replica promoted before it caught up: the same epoch,
+//!   a smaller `seq`) gets a new epoch from the first door whose cursor is past it, before that
+//!   door publishes anything, so that every door fetches everything again: a door left on its
+//!   cursor would never fetch the blocks numbered again up to it.
 //!
 //! A door publishes a block as a lifetime (ms), not a deadline: the script turns it into a
 //! deadline with the store's clock, and answers every fetched block with its remaining lifetime

@@ -91,7 +91,9 @@ local p = tonumber(ARGV[6])
 local blocks = {}
 if ARGV[3] == '1' then
   local epoch = redis.call('HGET', KEYS[4], 'epoch')
-  if not epoch then
+  local cursor = tonumber(ARGV[5])
+  local seq = tonumber(redis.call('HGET', KEYS[4], 'seq')) or 0
+  if not epoch or (ARGV[4] == epoch and cursor > seq) then
     epoch = t[1] .. '.' .. t[2]
     redis.call('HSET', KEYS[4], 'epoch', epoch)
   end
@@ -110,9 +112,8 @@ if ARGV[3] == '1' then
       redis.call('ZADD', KEYS[3], redis.call('HINCRBY', KEYS[4], 'seq', 1), m)
     end
   end
-  local cursor = tonumber(ARGV[5])
-  local seq = tonumber(redis.call('HGET', KEYS[4], 'seq')) or 0
-  if ARGV[4] ~= epoch or cursor > seq then cursor = 0 end
+  seq = tonumber(redis.call('HGET', KEYS[4], 'seq')) or 0
+  if ARGV[4] ~= epoch then cursor = 0 end
   local changed = redis.call('ZRANGEBYSCORE', KEYS[3], '(' .. string.format('%.0f', cursor),
     string.format('%.0f', seq), 'WITHSCORES', 'LIMIT', 0, 512)
   blocks = { epoch, '' }
@@ -163,7 +164,8 @@ pub enum ClusterError {
         /// Why it could not be read.
         source: std::io::Error,
     },
-    /// A script call of the sync took longer than `cluster.timeout`.
+    /// A script call of the sync took longer than `cluster.timeout`, or the whole sync longer
+    /// than 3 × `sync_interval` (and `cluster.timeout`).
     #[error("cluster sync timed out after {0:?}")]
     Timeout(Duration),
     /// The script's answer was not what it returns.
@@ -172,6 +174,23 @@ pub enum ClusterError {
     /// The blocks part of the script's answer was not `{epoch, seq, member, left_ms, …}`.
     #[error("cluster store: unexpected answer for the blocklist ({0} values)")]
     BlockAnswer(usize),
+}
+
+impl ClusterError {
+    /// Whether it may pass by itself (a timeout, the connection lost or refused), as opposed to
+    /// an answer the store will give again (an error reply: a refused command, a wrong type).
+    fn is_transient(&self) -> bool {
+        match self {
+            Self::Timeout(_) => true,
+            Self::Store(e) => {
+                e.is_io_error()
+                    || e.is_timeout()
+                    || e.is_connection_dropped()
+                    || e.is_connection_refusal()
+            }
+            _ => false,
+        }
+    }
 }
 
 /// Where the cluster stands, for `/status`.
@@ -267,16 +286,6 @@ impl ClusterStatus {
                 .lock()
                 .unwrap_or_else(PoisonError::into_inner),
         )
-    }
-
-    /// The store keys waiting to be deleted, left in place.
-    fn pending_forgotten(&self) -> std::collections::HashSet<String> {
-        self.forgotten
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .iter()
-            .cloned()
-            .collect()
     }
 
     /// Puts keys a failed sync could not delete back, within the bound.
@@ -517,15 +526,26 @@ impl Syncer {
             );
         }
         // The debts of clients the admin API forgot go first, so that this sync's answers do
-        // not fold them back.
+        // not fold them back. A store that refuses the DEL (an ACL without it) must not keep
+        // every sync failing: those keys are given up, logged; a store out of reach fails the
+        // script call below too, and they wait for the next sync.
         let forgotten = self.status.take_forgotten();
-        let outcome = match self.delete(&forgotten).await {
-            Ok(()) => self.send(&keys, &args, &published).await,
-            Err(e) => {
+        if let Err(e) = self.delete(&forgotten).await {
+            if e.is_transient() {
                 self.status.requeue_forgotten(forgotten);
-                Err(e)
+            } else {
+                static REFUSED: RateLimitedWarn = RateLimitedWarn::new(Duration::from_mins(1));
+                if let Some(suppressed) = REFUSED.due() {
+                    tracing::warn!(error = %e, keys = forgotten.len(), suppressed, "cluster: the store refused to delete forgotten clients' shared debts; they fold back into the reset rows (at most one line a minute)");
+                }
             }
-        };
+        }
+        // At most the membership's lifetime: a door that has not synced for 3 × sync_interval
+        // drops out of the doors alive.
+        let whole = self.interval.saturating_mul(3).max(self.timeout);
+        let outcome = tokio::time::timeout(whole, self.send(&keys, &args, &published))
+            .await
+            .unwrap_or(Err(ClusterError::Timeout(whole)));
         let took = started.elapsed().as_secs_f64();
         match outcome {
             Ok(Answer {
@@ -540,12 +560,10 @@ impl Syncer {
                     self.cursor = f.cursor;
                 }
                 // A client the admin API forgot while this sync was under way keeps its reset
-                // row: its debt is deleted by the next sync, not folded back by this one.
-                let pending = self.status.pending_forgotten();
+                // row (fold_deficit skips it): its debt is deleted by the next sync.
                 for (&(i, key), &d) in entries.iter().zip(&deficits) {
                     if d > 0
                         && let Some(l) = limiters.get(i)
-                        && (pending.is_empty() || !pending.contains(&store_key(l.group(), &key)))
                     {
                         l.fold_deficit(&key, d);
                     }

@@ -36,6 +36,7 @@
 //! never go negative and held tokens are always backed.
 
 use std::{
+    collections::HashSet,
     num::NonZeroUsize,
     sync::{
         Arc, Mutex, MutexGuard, PoisonError,
@@ -717,6 +718,9 @@ struct ShardState {
 struct Journal {
     spent: LruCache<PrefixKey, u32>,
     dropped: u64,
+    /// Clients forgotten ([`GroupLimiter::forget`]) since the last drain: a sync under way, which
+    /// drained before, must not fold their debts back ([`GroupLimiter::fold_deficit`]).
+    forgotten: HashSet<PrefixKey>,
 }
 
 impl ShardState {
@@ -1109,6 +1113,7 @@ impl GroupLimiter {
                 state.journal = Some(Journal {
                     spent: LruCache::new(cap),
                     dropped: 0,
+                    forgotten: HashSet::new(),
                 });
             }
         }
@@ -1126,6 +1131,7 @@ impl GroupLimiter {
             if let Some(j) = state.journal.as_mut() {
                 out.extend(core::iter::from_fn(|| j.spent.pop_lru()).filter(|&(_, n)| n > 0));
                 dropped += core::mem::take(&mut j.dropped);
+                j.forgotten.clear();
             }
         }
         dropped
@@ -1136,10 +1142,19 @@ impl GroupLimiter {
     /// holds no more than the cluster's shared bucket. The remote deficit is not capped at
     /// `burst × interval`: tokens the cluster admitted past its budget between syncs are a debt
     /// this client repays before it is admitted again (a retune caps it, see
-    /// [`GroupLimiter::retune`]). Does nothing (and returns `false`) when `key` has no entry.
+    /// [`GroupLimiter::retune`]). Does nothing (and returns `false`) when `key` has no entry, or
+    /// was forgotten since the last [`GroupLimiter::drain_spent`] (its reset row keeps its full
+    /// bucket; the cluster deletes the debt at its next sync).
     pub fn fold_deficit(&self, key: &PrefixKey, deficit_ns: u64) -> bool {
         let now = self.core.clock.now_ns();
         let mut state = self.shard_of(key).lock();
+        if state
+            .journal
+            .as_ref()
+            .is_some_and(|j| j.forgotten.contains(key))
+        {
+            return false;
+        }
         match state.table.peek_mut(key) {
             Some(row) => {
                 row.full_at = row.full_at.max(now.saturating_add(deficit_ns));
@@ -1195,9 +1210,11 @@ impl GroupLimiter {
         let now = self.core.clock.now_ns();
         let removed = {
             let mut state = self.shard_of(key).lock();
-            // Its spends not yet sent to a cluster are forgotten with it.
+            // Its spends not yet sent to a cluster are forgotten with it, and a sync under way
+            // does not fold its debt back.
             if let Some(j) = state.journal.as_mut() {
                 j.spent.pop(key);
+                j.forgotten.insert(*key);
             }
             match state.table.peek_mut(key) {
                 None => return false,
@@ -1366,14 +1383,15 @@ impl GroupLimiter {
     }
 }
 
-/// A limiter that goes (its group removed by a reload, or rebuilt for a new charge mode) takes
-/// its table's entries out of the observer's count, as a shrinking reload does: the group's
-/// `door.clients` would otherwise keep them, and a group removed and added again would count its
-/// clients twice. Its requests still in flight keep their slots (their permits hold the shards)
-/// and report their settlement as before.
+/// A limiter that goes (its group removed by a reload, or rebuilt for a new charge mode) empties
+/// its table and takes the entries out of the observer's count, as a shrinking reload does: the
+/// group's `door.clients` would otherwise keep them, and a group removed and added again would
+/// count its clients twice. Its requests still in flight keep their slots (their permits hold the
+/// shards) and report their settlement as before; their rows are gone, so a settlement no longer
+/// sheds (and counts) a row a second time.
 impl Drop for GroupLimiter {
     fn drop(&mut self) {
-        let tracked = self.tracked_clients();
+        let tracked: usize = self.shards.iter().map(|s| s.lock().table.clear()).sum();
         if tracked > 0 {
             self.core
                 .observer

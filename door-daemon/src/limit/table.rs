@@ -315,6 +315,19 @@ impl<V: Copy> Table<V> {
         removed
     }
 
+    /// Removes every entry, busy or not (an entry number kept since no longer reaches anything);
+    /// returns how many there were.
+    pub(super) fn clear(&mut self) -> usize {
+        let n = self.len;
+        self.entries.clear();
+        self.free.clear();
+        self.index.fill(0);
+        self.head = NIL;
+        self.tail = NIL;
+        self.len = 0;
+        n
+    }
+
     /// Whether the table holds more entries than its capacity (after [`Table::resize`] kept
     /// busy entries past a smaller one).
     pub(super) fn over_cap(&self) -> bool {

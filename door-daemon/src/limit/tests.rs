@@ -961,9 +961,13 @@ proptest! {
 #[test]
 fn a_dropped_limiter_takes_its_clients_out_of_the_count() {
     let totals = Arc::new(Totals::default());
+    let small = Budget {
+        max_clients: 3,
+        ..Budget::link()
+    };
     let lim = Arc::new(GroupLimiter::new(
         "link",
-        Budget::link(),
+        small,
         true,
         Arc::new(ManualClock::at(1_000)),
         totals.clone(),
@@ -971,11 +975,58 @@ fn a_dropped_limiter_takes_its_clients_out_of_the_count() {
     for i in 0..3 {
         lim.admit(key(i)).unwrap().settle(Spend::Nothing);
     }
-    let held = lim.admit(key(0)).unwrap();
+    let held = [lim.admit(key(0)).unwrap(), lim.admit(key(1)).unwrap()];
     assert_eq!(totals.clients.load(Ordering::Relaxed), 3);
+    // A reload shrank the table while keys 0 and 1 were busy: their rows stay past the new
+    // size, to be shed as they settle.
+    lim.retune(
+        Budget {
+            max_clients: 1,
+            ..small
+        },
+        true,
+    );
+    assert_eq!(totals.clients.load(Ordering::Relaxed), 2);
     drop(lim);
     assert_eq!(totals.clients.load(Ordering::Relaxed), 0);
-    assert_eq!(totals.inflight.load(Ordering::Relaxed), 1);
-    held.settle(Spend::Nothing);
+    assert_eq!(totals.inflight.load(Ordering::Relaxed), 2);
+    for p in held {
+        p.settle(Spend::Nothing);
+    }
     assert_eq!(totals.inflight.load(Ordering::Relaxed), 0);
+    assert_eq!(
+        totals.clients.load(Ordering::Relaxed),
+        0,
+        "a settled row was shed and counted again"
+    );
+}
+
+/// A client forgotten while a cluster sync is under way (after the sync drained the spends, before
+/// it folds the store's answers) keeps its reset row: that sync's fold of its old debt is
+/// skipped. From the next drain on, folds apply again.
+#[test]
+fn a_client_forgotten_during_a_sync_is_not_folded_back() {
+    let lim = Arc::new(GroupLimiter::new(
+        "link",
+        Budget::link(),
+        true,
+        Arc::new(ManualClock::at(1_000)),
+        Arc::new(Unobserved),
+    ));
+    lim.record_spent(16);
+    let mut spent = Vec::new();
+    lim.admit(key(1)).unwrap().settle(Spend::Nothing);
+    lim.drain_spent(&mut spent);
+    assert_eq!(spent, vec![(key(1), 1)]);
+    // The admin API forgets it; the client comes back before the sync's answer.
+    assert!(lim.forget(&key(1)));
+    lim.admit(key(1)).unwrap().settle(Spend::Nothing);
+    let full = Budget::link().burst;
+    assert!(!lim.fold_deficit(&key(1), 3_600 * NS_PER_S), "folded back");
+    assert_eq!(lim.quota(&key(1)).remaining, full - 1);
+    // The next sync drains its new spend, and its answer folds as usual.
+    lim.drain_spent(&mut spent);
+    assert_eq!(spent, vec![(key(1), 1)]);
+    assert!(lim.fold_deficit(&key(1), 3_600 * NS_PER_S));
+    assert_eq!(lim.quota(&key(1)).remaining, 0);
 }
