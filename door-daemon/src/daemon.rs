@@ -77,7 +77,7 @@ impl ServeError {
             Self::Tls(TlsError::Read { .. }) => false,
             Self::Tls(_) | Self::Cluster(ClusterError::Url(_)) => true,
             Self::Cluster(ClusterError::CaFile { source, .. }) => {
-                source.kind() == std::io::ErrorKind::FileTooLarge
+                crate::http::tls::is_unusable(source)
             }
             _ => false,
         }

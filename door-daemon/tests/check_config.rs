@@ -50,15 +50,34 @@ fn door_command() -> Command {
     cmd
 }
 
-/// Runs `door check-config --config path` with no `DOOR_*` variables.
-#[expect(clippy::unwrap_used, reason = "test helper")]
+/// Runs `door check-config --config path` with no `DOOR_*` variables; fails the test if it has
+/// not exited within 30 s (a file that blocks its reader once held it for ever).
+#[expect(
+    clippy::unwrap_used,
+    clippy::panic,
+    reason = "test helper: a failed step fails the test"
+)]
 fn check_config_at(path: &Path) -> Output {
-    door_command()
+    let mut child = door_command()
         .arg("check-config")
         .arg("--config")
         .arg(path)
-        .output()
-        .unwrap()
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = door_daemon::time::now() + std::time::Duration::from_secs(30);
+    while child.try_wait().unwrap().is_none() {
+        if door_daemon::time::now() > deadline {
+            let _ = child.kill();
+            panic!(
+                "door check-config --config {} did not exit within 30 s",
+                path.display()
+            );
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    child.wait_with_output().unwrap()
 }
 
 #[test]
@@ -402,6 +421,15 @@ fn unusable_tls_and_cluster_files_exit_78_naming_the_file() {
     let notes = TempFile::new("not-pem", "");
     let not_pem = notes.dir.join("cert.pem");
     std::fs::write(&not_pem, "not a certificate\n").expect("write the file");
+    // A FIFO nothing writes to: opening it for reading used to wait for a writer, holding
+    // check-config (and a running door's reload, and its SIGTERM behind it) for ever.
+    let fifo = notes.dir.join("cert.fifo");
+    let made = Command::new("mkfifo")
+        .arg(&fifo)
+        .status()
+        .expect("run mkfifo");
+    assert!(made.success(), "mkfifo {fifo:?}");
+    let fifo_path = fifo.display().to_string();
     for (name, text, named) in [
         (
             "tls-not-pem",
@@ -422,6 +450,13 @@ fn unusable_tls_and_cluster_files_exit_78_naming_the_file() {
             "cluster-ca",
             "[cluster]\nredis = \"rediss://127.0.0.1:6380\"\nca_file = \"/dev/zero\"\n".to_owned(),
             "cluster.ca_file /dev/zero: larger than 1048576 bytes".to_owned(),
+        ),
+        (
+            "tls-fifo",
+            format!(
+                "listen = [\"127.0.0.1:0\"]\n[tls]\ncert = {fifo_path:?}\nkey = {fifo_path:?}\n"
+            ),
+            format!("tls.cert = {fifo:?}: a FIFO or a socket, not a file"),
         ),
     ] {
         let file = TempFile::new(name, &text);

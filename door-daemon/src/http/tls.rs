@@ -72,12 +72,26 @@ pub enum TlsError {
 pub const MAX_PEM_FILE: u64 = 1024 * 1024;
 
 /// Reads the PEM file at `path` whole (a certificate chain, a key, `cluster.ca_file`'s CAs).
+/// Opened without waiting (`O_NONBLOCK`): a FIFO at the path would otherwise hold the caller
+/// (a reload, and the signals queued behind it) until something writes to it.
 ///
 /// # Errors
 ///
-/// The I/O error; [`std::io::ErrorKind::FileTooLarge`] past [`MAX_PEM_FILE`] bytes.
+/// The I/O error; [`std::io::ErrorKind::FileTooLarge`] past [`MAX_PEM_FILE`] bytes, and
+/// [`std::io::ErrorKind::InvalidInput`] for a FIFO or a socket ([`is_unusable`] says both).
 pub fn read_pem_file(path: &Path) -> std::io::Result<Vec<u8>> {
-    let file = std::fs::File::open(path)?;
+    use std::os::unix::fs::{FileTypeExt as _, OpenOptionsExt as _};
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(path)?;
+    let kind = file.metadata()?.file_type();
+    if kind.is_fifo() || kind.is_socket() {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            "a FIFO or a socket, not a file: reading it would wait for a writer",
+        ));
+    }
     let mut bytes = Vec::new();
     file.take(MAX_PEM_FILE + 1).read_to_end(&mut bytes)?;
     if bytes.len() as u64 > MAX_PEM_FILE {
@@ -89,15 +103,24 @@ pub fn read_pem_file(path: &Path) -> std::io::Result<Vec<u8>> {
     Ok(bytes)
 }
 
+/// Whether a [`read_pem_file`] error says the path can never hold a PEM file (too large, a FIFO,
+/// a socket), rather than that it cannot be read now (missing, not permitted).
+pub fn is_unusable(e: &std::io::Error) -> bool {
+    matches!(
+        e.kind(),
+        std::io::ErrorKind::FileTooLarge | std::io::ErrorKind::InvalidInput
+    )
+}
+
 /// Reads `key`'s file at `path` ([`read_pem_file`]): [`TlsError::Read`] when it cannot be read,
-/// `unusable` when it is too large to be a PEM file.
+/// `unusable` when it can never be a PEM file ([`is_unusable`]).
 fn read_pair_file(
     key: &'static str,
     path: &Path,
     unusable: impl FnOnce(String) -> TlsError,
 ) -> Result<Vec<u8>, TlsError> {
     read_pem_file(path).map_err(|source| {
-        if source.kind() == std::io::ErrorKind::FileTooLarge {
+        if is_unusable(&source) {
             unusable(source.to_string())
         } else {
             TlsError::Read {
