@@ -499,33 +499,56 @@ async fn a_101_to_a_request_that_asked_for_no_upgrade_or_to_a_post_is_a_502() {
 /// An upstream of server-sent events: after `head_delay`, answers `text/event-stream` and sends
 /// `events` events `every` apart (on tokio's clock), then stays open and silent.
 async fn sse_upstream(head_delay: Duration, every: Duration, events: usize) -> SocketAddr {
+    serve_events(head_delay, every, events, None).await
+}
+
+/// An event-stream upstream that sends `events` events of 64 KiB as fast as they are read.
+async fn flooding_sse_upstream(events: usize) -> SocketAddr {
+    let event = Bytes::from(format!("data: {}\n\n", "x".repeat(65_536)));
+    serve_events(Duration::ZERO, Duration::ZERO, events, Some(event)).await
+}
+
+/// An event-stream upstream: after `head_delay`, `events` events `every` apart (`fixed`, or
+/// `data: event N`), then silent but open until the client goes away.
+async fn serve_events(
+    head_delay: Duration,
+    every: Duration,
+    events: usize,
+    fixed: Option<Bytes>,
+) -> SocketAddr {
     let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = l.local_addr().unwrap();
     tokio::spawn(async move {
         while let Ok((s, _)) = l.accept().await {
+            let fixed = fixed.clone();
             tokio::spawn(async move {
-                let svc = hyper::service::service_fn(move |_req: Request<Incoming>| async move {
-                    tokio::time::sleep(head_delay).await;
-                    let (tx, rx) = mpsc::channel::<Result<Frame<Bytes>, Infallible>>(4);
-                    tokio::spawn(async move {
-                        for i in 0..events {
-                            let event = format!("data: event {i}\n\n");
-                            if tx.send(Ok(Frame::data(Bytes::from(event)))).await.is_err() {
-                                return;
+                let svc = hyper::service::service_fn(move |_req: Request<Incoming>| {
+                    let fixed = fixed.clone();
+                    async move {
+                        tokio::time::sleep(head_delay).await;
+                        let (tx, rx) = mpsc::channel::<Result<Frame<Bytes>, Infallible>>(4);
+                        tokio::spawn(async move {
+                            for i in 0..events {
+                                let event = fixed
+                                    .clone()
+                                    .unwrap_or_else(|| Bytes::from(format!("data: event {i}\n\n")));
+                                if tx.send(Ok(Frame::data(event))).await.is_err() {
+                                    return;
+                                }
+                                tokio::time::sleep(every).await;
                             }
-                            tokio::time::sleep(every).await;
-                        }
-                        // Silent, but open, until the client (door) goes away.
-                        tx.closed().await;
-                    });
-                    let body: BoxBody<Bytes, Infallible> =
-                        http_body_util::BodyExt::boxed(StreamBody::new(tokio_stream_of(rx)));
-                    let res = Response::builder()
-                        .header("content-type", "text/event-stream")
-                        .header("cache-control", "no-cache")
-                        .body(body)
-                        .unwrap();
-                    Ok::<_, Infallible>(res)
+                            // Silent, but open, until the client (door) goes away.
+                            tx.closed().await;
+                        });
+                        let body: BoxBody<Bytes, Infallible> =
+                            http_body_util::BodyExt::boxed(StreamBody::new(tokio_stream_of(rx)));
+                        let res = Response::builder()
+                            .header("content-type", "text/event-stream")
+                            .header("cache-control", "no-cache")
+                            .body(body)
+                            .unwrap();
+                        Ok::<_, Infallible>(res)
+                    }
                 });
                 let _ = hyper::server::conn::http1::Builder::new()
                     .serve_connection(TokioIo::new(s), svc)
@@ -876,4 +899,29 @@ async fn a_websocket_handshake_the_upstream_never_answers_is_a_504_on_a_stream_r
         "{waited:?}"
     );
     d.eventually("freed", |d| d.inflight("stream") == 0).await;
+}
+
+/// A stream whose client stops reading while the upstream has plenty to send sends nothing: it
+/// gives its slot back at the idle timeout, though hyper no longer polls its body (the client's
+/// socket is full), where it held the slot for as long as the client kept the connection.
+#[tokio::test(start_paused = true)]
+async fn a_stream_whose_client_stops_reading_gives_its_slot_back_at_the_idle_timeout() {
+    // At most 64 MiB: far more than the loopback socket buffers take.
+    let up = flooding_sse_upstream(1_024).await;
+    let d = door(&config(up, "stream_idle_timeout = \"30s\"", ""), None).await;
+    let start = door_daemon::time::now();
+    let mut s = open_events(d.addr, "/events/stalled").await.unwrap();
+    assert!(next_event(&mut s).await.is_some());
+    assert_eq!(d.inflight("stream"), 1);
+    // The client reads no more, and keeps the connection (the clock is tokio's, paused).
+    tokio::time::sleep(Duration::from_secs(29)).await;
+    assert_eq!(d.inflight("stream"), 1, "freed before the idle timeout");
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    d.eventually("the stalled stream's slot is free", |d| {
+        d.inflight("stream") == 0
+    })
+    .await;
+    let waited = start.elapsed();
+    assert!(waited < Duration::from_secs(32), "{waited:?}");
+    drop(s);
 }

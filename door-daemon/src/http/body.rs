@@ -5,7 +5,10 @@
 
 use std::{
     pin::Pin,
-    sync::{Arc, Mutex, PoisonError},
+    sync::{
+        Arc, Mutex, PoisonError,
+        atomic::{AtomicBool, Ordering},
+    },
     task::{Context, Poll},
     time::Duration,
 };
@@ -78,6 +81,31 @@ impl HeldPermit {
         )
     }
 
+    /// Starts a stream's idle timer, if it is not running yet: a task that settles the permit
+    /// once no frame has gone to the client for `idle` since `last` (the time of the last one),
+    /// and sets `expired`. hyper stops polling a body its client does not take (HTTP/1.1 with a
+    /// full send buffer, HTTP/2 with a shut window), so the body's own timer alone would never
+    /// fire and the stream would hold its slot for as long as the client likes.
+    fn arm_idle(&mut self, idle: Duration, last: &Arc<StreamClock>) {
+        if let HeldPermit::Waiting(held, None) = self {
+            let slot = Arc::new(Mutex::new(held.take()));
+            let for_timer = Arc::clone(&slot);
+            let last = Arc::clone(last);
+            let timer = tokio::spawn(async move {
+                loop {
+                    let due = last.last() + idle;
+                    if crate::time::now() >= due {
+                        break;
+                    }
+                    tokio::time::sleep_until(due).await;
+                }
+                last.expire();
+                settle_held(&for_timer);
+            });
+            *self = HeldPermit::Armed { slot, timer };
+        }
+    }
+
     /// Starts the send deadline's timer, if there is one and it is not running yet.
     fn arm(&mut self) {
         if let HeldPermit::Waiting(held, Some(deadline)) = self {
@@ -114,14 +142,48 @@ fn settle_held(slot: &Mutex<Option<(Held, StatusCode)>>) {
     }
 }
 
+/// When a stream last sent the client a frame, and whether its idle timer task ended it.
+#[derive(Debug)]
+struct StreamClock {
+    last: Mutex<tokio::time::Instant>,
+    expired: AtomicBool,
+}
+
+impl StreamClock {
+    fn new() -> Self {
+        Self {
+            last: Mutex::new(crate::time::now()),
+            expired: AtomicBool::new(false),
+        }
+    }
+
+    fn last(&self) -> tokio::time::Instant {
+        *self.last.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn sent(&self) {
+        *self.last.lock().unwrap_or_else(PoisonError::into_inner) = crate::time::now();
+    }
+
+    fn expire(&self) {
+        self.expired.store(true, Ordering::Release);
+    }
+
+    fn expired(&self) -> bool {
+        self.expired.load(Ordering::Acquire)
+    }
+}
+
 #[derive(Debug)]
 enum Kind {
     Upstream(Incoming),
-    /// A stream's body: ended by door after `idle` without a frame.
+    /// A stream's body: ended by door after `idle` without a frame, by its own timer while hyper
+    /// polls it, and by its permit's idle task ([`HeldPermit::arm_idle`]) when hyper does not.
     Stream {
         body: Incoming,
         idle: Duration,
         timer: Pin<Box<Sleep>>,
+        clock: Arc<StreamClock>,
     },
     Full(Option<Bytes>),
 }
@@ -152,6 +214,7 @@ impl ResponseBody {
                 body,
                 idle,
                 timer: Box::pin(tokio::time::sleep(idle)),
+                clock: Arc::new(StreamClock::new()),
             },
             permit: permit.map(|(p, status)| HeldPermit::new(p, status, None)),
             active: None,
@@ -222,9 +285,19 @@ impl Body for ResponseBody {
             Kind::Upstream(b) => Pin::new(b)
                 .poll_frame(cx)
                 .map(|f| f.map(|r| r.map_err(ResponseBodyError::from))),
-            Kind::Stream { body, idle, timer } => match Pin::new(body).poll_frame(cx) {
+            // Ended by the idle task while hyper was not polling: closed at this poll.
+            Kind::Stream { idle, clock, .. } if clock.expired() => {
+                Poll::Ready(Some(Err(ResponseBodyError::Idle(*idle))))
+            }
+            Kind::Stream {
+                body,
+                idle,
+                timer,
+                clock,
+            } => match Pin::new(body).poll_frame(cx) {
                 Poll::Ready(frame) => {
                     timer.as_mut().reset(crate::time::now() + *idle);
+                    clock.sent();
                     Poll::Ready(frame.map(|r| r.map_err(ResponseBodyError::from)))
                 }
                 Poll::Pending => match timer.as_mut().poll(cx) {
@@ -237,10 +310,14 @@ impl Body for ResponseBody {
         match &poll {
             Poll::Ready(None | Some(Err(_))) => this.finish(),
             Poll::Ready(Some(Ok(_))) if this.is_end_stream() => this.finish(),
-            // Not over at this poll: the send deadline must be able to fire without us.
+            // Not over at this poll: the send deadline, or a stream's idle timeout, must be able
+            // to fire without us.
             _ => {
                 if let Some(held) = &mut this.permit {
-                    held.arm();
+                    match &this.kind {
+                        Kind::Stream { idle, clock, .. } => held.arm_idle(*idle, clock),
+                        _ => held.arm(),
+                    }
                 }
             }
         }
