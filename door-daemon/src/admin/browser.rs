@@ -109,23 +109,24 @@ fn cross_origin(what: &str) -> ApiError {
 }
 
 /// Whether `host` (a `Host` value, port and all) cannot be a rebound public name: an IP
-/// literal, a name without a dot, or a name under a special-use domain.
+/// literal, a name without a dot, or a name under a special-use domain. A value that is no
+/// authority at all (RFC 3986 §3.2, as the `http` crate reads it) names no DNS name either.
 fn rebind_proof(host: &str) -> bool {
-    // `[v6]:port`, `[v6]`, `v4:port`, `name:port`, `name`.
-    let name = match host.strip_prefix('[') {
-        Some(rest) => return rest.split_once(']').is_some(),
-        None => host.rsplit_once(':').map_or(host, |(name, _)| name),
+    let Ok(authority) = host.parse::<http::uri::Authority>() else {
+        return true;
     };
-    let name = name.strip_suffix('.').unwrap_or(name);
+    // An IPv6 literal comes bracketed.
+    let name = authority.host();
+    if name.starts_with('[') {
+        return true;
+    }
+    let name = name.strip_suffix('.').unwrap_or(name).to_ascii_lowercase();
     if name.parse::<std::net::Ipv4Addr>().is_ok() || !name.contains('.') {
         return true;
     }
     PRIVATE_SUFFIXES.iter().any(|suffix| {
-        name.len() > suffix.len()
-            && name
-                .get(name.len() - suffix.len()..)
-                .is_some_and(|end| end.eq_ignore_ascii_case(suffix))
-            && name.as_bytes().get(name.len() - suffix.len() - 1) == Some(&b'.')
+        name.strip_suffix(suffix)
+            .is_some_and(|rest| rest.ends_with('.'))
     })
 }
 
