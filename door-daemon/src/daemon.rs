@@ -178,15 +178,16 @@ pub async fn run(
     }
     let admin_task = admin.map(|l| {
         tracing::info!(at = %l.describe(), "admin status (GET /status, /metrics, /clients, /blocks)");
-        let for_status = Arc::clone(&app);
+        let (limiters, unblocked) = admin_hooks(&app);
         let source = Arc::new(StatusSource {
-            limiters: Arc::new(move || for_status.limiters()),
+            limiters,
             metrics: metrics.clone(),
             shield: shield.clone(),
             xdp_mode: config.xdp.mode.as_str(),
             cluster: cluster_status,
             exposition,
             blocklist: admin_blocklist,
+            unblocked,
         });
         tokio::spawn(crate::admin::serve(l, source))
     });
@@ -247,6 +248,17 @@ fn status_line(bound: &[String], shield: Option<&Arc<Mutex<Shield>>>) -> String 
 
 /// The blocklist of `POST /blocks` and its kin: `shield`'s (none without one), and in cluster
 /// mode also published to every door through `shared`.
+/// The admin API's two hooks into the request path: the groups in force (a reload replaces
+/// them), and the escalator to tell of an operator's unblock.
+fn admin_hooks(app: &Arc<App>) -> (crate::admin::LimiterSource, crate::admin::UnblockHook) {
+    let for_status = Arc::clone(app);
+    let for_unblock = Arc::clone(app);
+    (
+        Arc::new(move || for_status.limiters()),
+        Arc::new(move |key| for_unblock.forget_escalation(key)),
+    )
+}
+
 fn admin_blocklist(
     shield: Option<&Arc<Mutex<Shield>>>,
     shared: Option<&Arc<crate::cluster::SharedBlocklist>>,

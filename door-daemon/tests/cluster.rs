@@ -1269,6 +1269,7 @@ fn forget(d: &Door, client: &str) {
         cluster: d.cluster.status(),
         exposition: None,
         blocklist: None,
+        unblocked: Arc::new(|_| {}),
     };
     door_daemon::admin::api::forget(&source, client, None).unwrap();
 }

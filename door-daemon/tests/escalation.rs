@@ -16,10 +16,12 @@ use std::{
 
 use door_common::PrefixKey;
 use door_daemon::{
+    admin::{AdminBlocklist, StatusSource},
+    cluster::ClusterStatus,
     config::Config,
     http::{App, ConnInfo, ConnSettings, Front},
     obs::metrics::Metrics,
-    shield::escalate::Blocklist,
+    shield::{ShieldError, escalate::Blocklist},
     time::{Clock, MonotonicClock},
 };
 use tokio::{
@@ -34,6 +36,26 @@ impl Blocklist for Recorder {
     fn block(&self, key: PrefixKey, _duration: Duration) -> bool {
         self.0.lock().unwrap().push(key);
         true
+    }
+}
+
+/// The admin API's view of the same recorder: what is on it is what was escalated, less what
+/// was unblocked.
+impl AdminBlocklist for Recorder {
+    fn list(&self) -> Result<Vec<(PrefixKey, u64)>, ShieldError> {
+        Ok(self.0.lock().unwrap().iter().map(|k| (*k, 60)).collect())
+    }
+
+    fn block(&self, key: PrefixKey, _duration: Duration) -> Result<(), ShieldError> {
+        self.0.lock().unwrap().push(key);
+        Ok(())
+    }
+
+    fn unblock(&self, key: &PrefixKey) -> Result<bool, ShieldError> {
+        let mut list = self.0.lock().unwrap();
+        let before = list.len();
+        list.retain(|k| k != key);
+        Ok(list.len() != before)
     }
 }
 
@@ -208,5 +230,43 @@ burst = 1
     assert_eq!(
         *recorder.0.lock().unwrap(),
         vec![PrefixKey::from_ip(prober.ip())]
+    );
+}
+
+/// A client its operator took off the blocklist (`DELETE /blocks/{prefix}`) and that goes on
+/// collecting 429s is blocked again after `escalate_after` of them, not only once the
+/// `block_for` of its first escalation (an hour by default) has passed.
+#[tokio::test]
+async fn an_unblocked_client_is_escalated_again() {
+    let (app, _, recorder) = app("", "").await;
+    let peer: SocketAddr = "203.0.113.9:40000".parse().unwrap();
+    let addr = serve_as(Arc::clone(&app), peer).await;
+    let link = b"GET /l/x HTTP/1.1\r\nhost: d\r\nconnection: close\r\n\r\n";
+    assert_eq!(sequential(addr, link, 3).await, vec![200, 429, 429]);
+    let key = PrefixKey::from_ip(peer.ip());
+    assert_eq!(*recorder.0.lock().unwrap(), vec![key]);
+
+    // The operator lifts the block through the admin API's function, wired as the daemon wires it.
+    let for_unblock = Arc::clone(&app);
+    let for_status = Arc::clone(&app);
+    let source = StatusSource {
+        limiters: Arc::new(move || for_status.limiters()),
+        metrics: Metrics::noop(),
+        shield: None,
+        xdp_mode: "off",
+        cluster: Arc::new(ClusterStatus::off()),
+        exposition: None,
+        blocklist: Some(recorder.clone()),
+        unblocked: Arc::new(move |key| for_unblock.forget_escalation(key)),
+    };
+    door_daemon::admin::api::unblock(&source, "203.0.113.9", None).unwrap();
+    assert!(recorder.0.lock().unwrap().is_empty());
+
+    // Two more 429s (escalate_after = 2) put it back on the blocklist.
+    assert_eq!(sequential(addr, link, 2).await, vec![429, 429]);
+    assert_eq!(
+        *recorder.0.lock().unwrap(),
+        vec![key],
+        "the unblocked client was not escalated again"
     );
 }

@@ -473,7 +473,8 @@ pub fn block(source: &StatusSource, query: Option<&str>, body: &[u8]) -> Result<
     Ok(json!({ "prefix": key.to_string(), "seconds_left": req.for_s }))
 }
 
-/// `DELETE /blocks/{prefix}`: takes the prefix off the blocklist.
+/// `DELETE /blocks/{prefix}`: takes the prefix off the blocklist, and has the escalator forget
+/// it ([`StatusSource::unblocked`]), so that its next 429s can block it again.
 ///
 /// # Errors
 /// 400 for a bad prefix; 404 when it is not blocked; 503 without the shield; 500 if the map
@@ -482,7 +483,11 @@ pub fn unblock(source: &StatusSource, raw: &str, query: Option<&str>) -> Result<
     params(query, &[])?;
     let key = parse_prefix(raw)?;
     let list = blocklist(source)?;
-    if list.unblock(&key).map_err(|e| map_error(&e))? {
+    let was_blocked = list.unblock(&key).map_err(|e| map_error(&e))?;
+    // Also when it was not on the map (evicted, or a block the shield dropped): the escalator's
+    // mark would still hold its next escalation back.
+    (source.unblocked)(&key);
+    if was_blocked {
         Ok(json!({ "prefix": key.to_string(), "unblocked": true }))
     } else {
         Err(ApiError::new(

@@ -29,6 +29,7 @@ use std::{
 };
 
 use bytes::Bytes;
+use door_common::PrefixKey;
 use http::{Method, Request, Response, StatusCode, header::CONTENT_TYPE};
 use http_body_util::Full;
 use hyper::body::Incoming;
@@ -51,6 +52,10 @@ pub const TOP_PREFIXES: usize = 10;
 /// The limit groups in force, read at each `/status` (a reload replaces them).
 pub type LimiterSource = Arc<dyn Fn() -> Vec<Arc<GroupLimiter>> + Send + Sync>;
 
+/// Called with a prefix an operator took off the blocklist (`DELETE /blocks/{prefix}`): the
+/// escalator forgets it, so that it may be escalated again ([`crate::http::App::forget_escalation`]).
+pub type UnblockHook = Arc<dyn Fn(&PrefixKey) + Send + Sync>;
+
 /// What `/status` reads.
 #[derive(Clone)]
 pub struct StatusSource {
@@ -68,6 +73,8 @@ pub struct StatusSource {
     pub exposition: Option<Exposition>,
     /// The XDP blocklist for `/blocks` (`None` without the shield: answered 503).
     pub blocklist: Option<Arc<dyn AdminBlocklist>>,
+    /// Told of every prefix `DELETE /blocks/{prefix}` names.
+    pub unblocked: UnblockHook,
 }
 
 impl std::fmt::Debug for StatusSource {

@@ -511,6 +511,15 @@ impl App {
         crate::config::restart_only_changes(started, new)
     }
 
+    /// Forgets the escalator's count for `key`, and its mark as blocked: an operator took it off
+    /// the blocklist, so its next `escalate_after` 429s may block it again (nothing without an
+    /// escalator).
+    pub fn forget_escalation(&self, key: &PrefixKey) {
+        if let Some(e) = &self.policy().escalator {
+            e.forget(key);
+        }
+    }
+
     /// The groups' limiters, sorted by name.
     pub fn limiters(&self) -> Vec<Arc<GroupLimiter>> {
         let policy = self.policy();

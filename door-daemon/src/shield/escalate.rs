@@ -171,6 +171,17 @@ impl Escalator {
         }
         false
     }
+
+    /// Forgets what was counted for `key`, its mark as blocked included: called when an operator
+    /// takes it off the blocklist (`DELETE /blocks/{prefix}`), so that its next `escalate_after`
+    /// 429s within `escalate_window` block it again. Without this, the key would not be escalated
+    /// again until the `block_for` of its last escalation had passed.
+    pub fn forget(&self, key: &PrefixKey) {
+        self.windows
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .pop(key);
+    }
 }
 
 #[cfg(test)]
@@ -280,6 +291,23 @@ mod tests {
         assert!(!e.on_rejection(key("192.0.2.7"), KeySource::Peer, &OWN_429));
         assert!(e.on_rejection(key("192.0.2.7"), KeySource::Peer, &OWN_429));
         assert_eq!(rec.0.lock().unwrap().len(), 1);
+    }
+
+    /// A key its operator unblocked is escalated again by its next 429s, not only once the
+    /// `block_for` of its last escalation has passed.
+    #[test]
+    fn an_unblocked_key_is_escalated_again() {
+        let (clock, rec, e) = setup();
+        for _ in 0..3 {
+            e.on_rejection(key("192.0.2.7"), KeySource::Peer, &OWN_429);
+        }
+        assert_eq!(rec.0.lock().unwrap().len(), 1);
+        clock.advance(Duration::from_secs(5));
+        e.forget(&key("192.0.2.7"));
+        assert!(!e.on_rejection(key("192.0.2.7"), KeySource::Peer, &OWN_429));
+        assert!(!e.on_rejection(key("192.0.2.7"), KeySource::Peer, &OWN_429));
+        assert!(e.on_rejection(key("192.0.2.7"), KeySource::Peer, &OWN_429));
+        assert_eq!(rec.0.lock().unwrap().len(), 2);
     }
 
     #[test]

@@ -128,6 +128,7 @@ impl Door {
         let for_budgets = Arc::clone(&app);
         let budgets = observe_budgets(metrics.meter(), move || for_budgets.limiters());
         let for_status = Arc::clone(&app);
+        let for_unblock = Arc::clone(&app);
         let source = Arc::new(StatusSource {
             limiters: Arc::new(move || for_status.limiters()),
             metrics: metrics.clone(),
@@ -136,6 +137,7 @@ impl Door {
             cluster: Arc::new(door_daemon::cluster::ClusterStatus::off()),
             exposition: Some(telemetry.exposition()),
             blocklist,
+            unblocked: Arc::new(move |key| for_unblock.forget_escalation(key)),
         });
         Self {
             addr,
