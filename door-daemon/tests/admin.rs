@@ -943,3 +943,21 @@ async fn requests_a_web_page_makes_are_refused() {
         assert_eq!(status, StatusCode::OK, "{headers:?}: {text}");
     }
 }
+
+/// A listener on every address (`[::]`) refuses a rebound `Host` on connections made to a
+/// loopback address of either family: `127.0.0.1` reaches it as `::ffff:127.0.0.1`, which is
+/// loopback too. A name of the operator's own is served on any other address.
+#[tokio::test]
+async fn a_listener_on_every_address_refuses_rebound_hosts_on_loopback() {
+    let door = Door::start(&config(upstream().await, "")).await;
+    let port = door.admin_on("[::]:0").await.port();
+    let rebound = &[("host", "rebind.attacker.com")][..];
+    for ip in ["127.0.0.1", "::1"] {
+        let admin = std::net::SocketAddr::new(ip.parse().unwrap(), port);
+        let (status, text) = request(admin, "GET", "/clients", rebound, "").await;
+        assert_eq!(status, StatusCode::FORBIDDEN, "through {ip}: {text}");
+        assert_eq!(json(&text)["code"], "host-refused", "through {ip}: {text}");
+        let (status, text) = request(admin, "GET", "/status", &[], "").await;
+        assert_eq!(status, StatusCode::OK, "through {ip}: {text}");
+    }
+}

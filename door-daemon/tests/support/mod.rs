@@ -150,7 +150,13 @@ impl Door {
 
     /// Starts an admin listener on 127.0.0.1 (an ephemeral port) and returns its address.
     pub async fn admin(&self) -> SocketAddr {
-        let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        self.admin_on("127.0.0.1:0").await
+    }
+
+    /// Starts an admin listener bound to `bind` (`"[::]:0"`: every address, both families) and
+    /// returns its address.
+    pub async fn admin_on(&self, bind: &str) -> SocketAddr {
+        let l = TcpListener::bind(bind).await.unwrap();
         let addr = l.local_addr().unwrap();
         tokio::spawn(door_daemon::admin::serve(
             AdminListener::Tcp(l),
