@@ -183,6 +183,17 @@ impl Redis {
     fn kill(self) {
         drop(self);
     }
+
+    /// Sends the server `signal` with kill(1): `STOP` freezes it with its connections open (a
+    /// hung host, or a network that drops packets), `CONT` lets it go on.
+    fn signal(&self, signal: &str) {
+        let sent = Command::new("kill")
+            .arg(format!("-{signal}"))
+            .arg(self.child.id().to_string())
+            .status()
+            .unwrap();
+        assert!(sent.success(), "kill -{signal}: {sent}");
+    }
 }
 
 impl Drop for Redis {
@@ -605,6 +616,35 @@ async fn without_the_store_doors_serve_at_rate_over_n_and_resync_when_it_returns
         let json = d.cluster.status().json();
         assert_eq!(json["state"], "synced");
     }
+}
+
+/// A store that stops answering, its connection open (a hung host, a network that drops
+/// packets), is given up `cluster.timeout` into the door's next call, not at the whole sync's
+/// bound of 3 × `sync_interval`; the door syncs again once the store answers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_that_stops_answering_is_given_up_within_the_timeout() {
+    if !redis_or_skip() {
+        return;
+    }
+    let (redis, held) = Redis::start().await;
+    // A sync a second: the call's bound is 100 ms, the whole sync's 3 s.
+    let cfg = config_with(upstream().await, held.port, RATE, Duration::from_secs(1));
+    let d = door(&cfg, Arc::new(MonotonicClock::new()), "door-a").await;
+    let d = std::slice::from_ref(&d);
+    assert!(all_reach(d, State::Synced, Duration::from_secs(3)).await);
+
+    redis.signal("STOP");
+    // The next sync starts within a second and gives up 100 ms into its call; bounded by the
+    // whole sync alone, it would take 3 s more.
+    assert!(
+        all_reach(d, State::Degraded, Duration::from_millis(2_500)).await,
+        "the door waited on a store that does not answer"
+    );
+    redis.signal("CONT");
+    assert!(
+        all_reach(d, State::Synced, Duration::from_secs(5)).await,
+        "the door did not sync again once the store answered"
+    );
 }
 
 /// A door's shield as the sync task sees it: what was put on it, and for how long.
