@@ -72,9 +72,11 @@ async fn upstream(hits: Arc<AtomicUsize>) -> SocketAddr {
                         .iter()
                         .map(|v| v.to_str().unwrap().to_owned())
                         .collect();
+                    // The last `sid` wins, as in Python's `http.cookies` and Django.
                     let session = cookies
                         .iter()
                         .flat_map(|c| c.split(';'))
+                        .rev()
                         .find_map(|p| p.trim().strip_prefix("sid=").map(str::to_owned));
                     let status = match token.or(session) {
                         Some(t) if !VALID.contains(&t.as_str()) => StatusCode::UNAUTHORIZED,
@@ -188,6 +190,12 @@ async fn answer(res: Response<Incoming>) -> Answer {
 }
 
 const BEARER: &str = "header = \"authorization\"";
+
+/// A door whose session plane reads the cookie `sid`.
+async fn cookie_door() -> Door {
+    let hits = Arc::new(AtomicUsize::new(0));
+    door(&config(upstream(hits).await, "cookie = \"sid\"", "")).await
+}
 
 #[tokio::test]
 async fn a_verified_session_has_its_own_burst_and_anonymous_requests_go_to_the_ip_plane() {
@@ -326,15 +334,47 @@ async fn a_forged_copy_of_a_victims_token_never_touches_the_victims_bucket() {
     }
 }
 
+/// A session cookie sent twice earns no session bucket: the application reads the last `sid`
+/// (the test upstream, as Python's `http.cookies` does) and accepts it, and door must not verify
+/// the first on that answer. Before, every made-up first value beside one real session became a
+/// fresh session bucket. A quoted copy of the real value is the real session, as the
+/// application reads it.
+#[tokio::test]
+async fn a_cookie_sent_twice_earns_no_session_bucket() {
+    let d = cookie_door().await;
+    let client = "198.51.100.40";
+    // alice's session: verified by its first answer, then its burst of 3 spent.
+    assert!(
+        send(&d, "/api/a", client, &[("cookie", "sid=alice")])
+            .await
+            .ratelimit
+            .starts_with("\"ip\";")
+    );
+    for _ in 0..3 {
+        let a = send(&d, "/api/a", client, &[("cookie", "sid=alice")]).await;
+        assert_eq!(a.status, StatusCode::OK, "{a:?}");
+    }
+    let over = send(&d, "/api/a", client, &[("cookie", "sid=\"alice\"")]).await;
+    assert_eq!(over.status, StatusCode::TOO_MANY_REQUESTS, "{over:?}");
+    assert_eq!(over.scope.as_deref(), Some("session"), "{over:?}");
+    // Made-up values before alice's: each on the IP plane, and none verified by the 200.
+    for i in 0..3 {
+        let cookie = format!("sid=made-up-{i}; sid=alice");
+        let a = send(&d, "/api/a", client, &[("cookie", &cookie)]).await;
+        assert_eq!(a.status, StatusCode::OK, "{a:?}");
+        assert!(a.ratelimit.starts_with("\"ip\";"), "{a:?}");
+    }
+    let alone = send(&d, "/api/a", client, &[("cookie", "sid=made-up-0")]).await;
+    assert!(
+        alone.ratelimit.starts_with("\"ip\";"),
+        "a made-up value was verified: {alone:?}"
+    );
+    assert_eq!(d.count("session", Outcome::Ok), 3);
+}
+
 #[tokio::test]
 async fn a_session_cookie_split_over_http2_cookie_fields_is_found_and_joined() {
-    let hits = Arc::new(AtomicUsize::new(0));
-    let d = door(&config(
-        upstream(Arc::clone(&hits)).await,
-        "cookie = \"sid\"",
-        "",
-    ))
-    .await;
+    let d = cookie_door().await;
     let s = TcpStream::connect(d.addr).await.unwrap();
     let (mut c, conn) = hyper::client::conn::http2::handshake::<_, _, Empty<Bytes>>(
         TokioExecutor::new(),

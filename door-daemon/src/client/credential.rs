@@ -28,33 +28,43 @@ pub enum Credential {
 }
 
 impl Credential {
-    /// The credential bytes `headers` carry, if any: the first cookie named so across every
-    /// `cookie` field, or the bearer token (scheme matched case-insensitively, RFC 9110 §11.1).
-    /// An empty value is no credential.
+    /// The credential bytes `headers` carry, if any: the value of the cookie of this name across
+    /// every `cookie` field, or the bearer token (scheme matched case-insensitively, RFC 9110
+    /// §11.1).
+    ///
+    /// `None` for a request the application may read another credential from than door would:
+    /// door would verify its value on the application's answer to the other one, a fresh session
+    /// bucket for every made-up value. So a request that carries the credential more than once
+    /// with different values (`sid=made-up; sid=REAL`: Python's `http.cookies` and Django read
+    /// the last, PHP the first; `Authorization: Basic …` beside a `Bearer`), or a value outside
+    /// its grammar (a cookie value that is not RFC 6265 §4.1.1 `cookie-octet`s once one pair of
+    /// double quotes is taken off, as Python and Go take them off; a token that is not RFC 6750
+    /// §2.1 `b64token`), or an empty one, carries none, and is charged to the IP plane. A cookie
+    /// whose name PHP reads as this one (`.`, ` ` and `[` become `_` in PHP's `$_COOKIE`) counts
+    /// as the same cookie.
     pub fn find<'h>(&self, headers: &'h HeaderMap) -> Option<&'h [u8]> {
         match self {
-            Credential::Cookie(name) => headers
-                .get_all(COOKIE)
-                .iter()
-                .flat_map(|v| v.as_bytes().split(|b| *b == b';'))
-                .find_map(|pair| {
-                    let pair = trim(pair);
-                    let eq = pair.iter().position(|b| *b == b'=')?;
-                    let (k, v) = (trim(pair.get(..eq)?), trim(pair.get(eq + 1..)?));
-                    (k == name.as_bytes()).then_some(v)
-                })
-                .filter(|v| !v.is_empty()),
-            Credential::Bearer => headers
-                .get_all(AUTHORIZATION)
-                .iter()
-                .find_map(|v| {
-                    let v = trim(v.as_bytes());
-                    let scheme = v.get(..7)?;
-                    scheme
-                        .eq_ignore_ascii_case(b"bearer ")
-                        .then(|| trim(v.get(7..).unwrap_or_default()))
-                })
-                .filter(|v| !v.is_empty()),
+            Credential::Cookie(name) => only_one(
+                headers
+                    .get_all(COOKIE)
+                    .iter()
+                    .flat_map(|v| v.as_bytes().split(|b| *b == b';'))
+                    .filter_map(|pair| {
+                        let pair = trim(pair);
+                        let eq = pair.iter().position(|b| *b == b'=')?;
+                        let (k, v) = (trim(pair.get(..eq)?), trim(pair.get(eq + 1..)?));
+                        same_cookie_name(k, name.as_bytes()).then(|| cookie_value(v))
+                    }),
+            ),
+            Credential::Bearer => only_one(headers.get_all(AUTHORIZATION).iter().map(|v| {
+                let v = trim(v.as_bytes());
+                let token = v
+                    .get(..7)
+                    .filter(|scheme| scheme.eq_ignore_ascii_case(b"bearer "))
+                    .and_then(|_| v.get(7..))
+                    .map(trim)?;
+                is_b64token(token).then_some(token)
+            })),
         }
     }
 
@@ -65,6 +75,49 @@ impl Credential {
             Credential::Bearer => "authorization bearer".to_owned(),
         }
     }
+}
+
+/// The one value every candidate carries: `None` when there is no candidate, when one of them is
+/// not a well-formed value (`None`), or when two differ.
+fn only_one<'h>(mut candidates: impl Iterator<Item = Option<&'h [u8]>>) -> Option<&'h [u8]> {
+    let first = candidates.next()??;
+    candidates
+        .try_fold(first, |seen, next| next.filter(|v| *v == seen))
+        .filter(|v| !v.is_empty())
+}
+
+/// Whether the cookie named `got` is the cookie named `want`, as servers read names: byte for
+/// byte, or as PHP reads it (`.`, ` ` and `[` in a name read as `_`).
+fn same_cookie_name(got: &[u8], want: &[u8]) -> bool {
+    got.len() == want.len()
+        && got
+            .iter()
+            .zip(want)
+            .all(|(g, w)| g == w || (*w == b'_' && matches!(g, b'.' | b' ' | b'[')))
+}
+
+/// A cookie's value with one pair of surrounding double quotes taken off, if it is made of RFC
+/// 6265 `cookie-octet`s (printable US-ASCII but for `"`, `,`, `;`, `\` and space).
+fn cookie_value(v: &[u8]) -> Option<&[u8]> {
+    let v = match v {
+        [b'"', inner @ .., b'"'] => inner,
+        _ => v,
+    };
+    v.iter()
+        .all(|b| matches!(b, 0x21 | 0x23..=0x2B | 0x2D..=0x3A | 0x3C..=0x5B | 0x5D..=0x7E))
+        .then_some(v)
+}
+
+/// Whether `t` is an RFC 6750 `b64token`: `1*( ALPHA / DIGIT / "-" / "." / "_" / "~" / "+" /
+/// "/" ) *"="`.
+fn is_b64token(t: &[u8]) -> bool {
+    let body = t.iter().rposition(|b| *b != b'=').map_or(0, |i| i + 1);
+    body > 0
+        && t.get(..body).is_some_and(|b| {
+            b.iter().all(|c| {
+                c.is_ascii_alphanumeric() || matches!(c, b'-' | b'.' | b'_' | b'~' | b'+' | b'/')
+            })
+        })
 }
 
 fn trim(mut b: &[u8]) -> &[u8] {
@@ -159,6 +212,55 @@ mod tests {
             None
         );
         assert_eq!(c.find(&headers(&[("authorization", "Bearer ")])), None);
+    }
+
+    /// A request the application may read another credential from than door would carries
+    /// none: the cookie twice with different values (in one field or two), an empty copy beside
+    /// a full one, a value with an escape, a second `Authorization` field of any scheme, a
+    /// token outside `b64token`.
+    #[test]
+    fn a_credential_the_application_may_read_otherwise_is_none() {
+        let c = Credential::Cookie("sid".to_owned());
+        for fields in [
+            &[("cookie", "sid=made-up; sid=real")][..],
+            &[("cookie", "sid=made-up"), ("cookie", "sid=real")][..],
+            &[("cookie", "sid=; sid=real")][..],
+            &[("cookie", "sid=\\123eal")][..],
+            &[("cookie", "sid=\"real")][..],
+            &[("cookie", "sid=re al")][..],
+            &[("cookie", "sid=\"\"")][..],
+        ] {
+            assert_eq!(c.find(&headers(fields)), None, "{fields:?}");
+        }
+        // The same value twice is that value; quotes come off as Python and Go take them off.
+        let h = headers(&[("cookie", "sid=real; a=1"), ("cookie", "sid=\"real\"")]);
+        assert_eq!(c.find(&h), Some(&b"real"[..]));
+        // PHP reads `laravel.session` as `laravel_session`: it is the same cookie.
+        let c = Credential::Cookie("laravel_session".to_owned());
+        let h = headers(&[("cookie", "laravel.session=real; laravel_session=made-up")]);
+        assert_eq!(c.find(&h), None);
+        assert_eq!(
+            c.find(&headers(&[("cookie", "laravel[session=real")])),
+            Some(&b"real"[..])
+        );
+        let b = Credential::Bearer;
+        for fields in [
+            &[
+                ("authorization", "Basic dXNlcg=="),
+                ("authorization", "Bearer made-up"),
+            ][..],
+            &[
+                ("authorization", "Bearer made-up"),
+                ("authorization", "Bearer real"),
+            ][..],
+            &[("authorization", "Bearer a, Bearer b")][..],
+            &[("authorization", "Bearer \"real\"")][..],
+            &[("authorization", "Bearer ==")][..],
+        ] {
+            assert_eq!(b.find(&headers(fields)), None, "{fields:?}");
+        }
+        let h = headers(&[("authorization", "Bearer a.b-c_d~e+f/g==")]);
+        assert_eq!(b.find(&h), Some(&b"a.b-c_d~e+f/g=="[..]));
     }
 
     #[test]
