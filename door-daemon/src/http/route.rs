@@ -6,15 +6,16 @@
 //! (`//`, a trailing `/`) and `.` are ignored, `..` removes the previous segment (RFC 3986
 //! §5.2.4), and percent-encoded unreserved characters are decoded (RFC 3986 §6.2.2.2).
 //!
-//! A path that matches no route as written is tried once more as the lenient servers read it
-//! ([`lenient`]): an encoded slash (`%2F`), a backslash and an encoded backslash as separators,
-//! each segment's `;` parameters dropped, and letters compared without regard to case. For RFC
-//! 3986 those are other paths, but WSGI servers decode `%2F` (PEP 3333's `PATH_INFO`: Django and
-//! Flask behind gunicorn or uWSGI), WHATWG URL parsers (Node) read `\` as `/`, Tomcat and Spring
-//! drop `;` parameters, and Express and ASP.NET route without regard to case: through door,
-//! `/webhooks%2Fgithub` would reach their `/webhooks/github` unlimited. Tried second, this leaves
-//! a path that matches as written on its route. A `GET` route also matches `HEAD` (RFC 9110
-//! §9.3.2: HEAD is GET without the body).
+//! A path is also read as the lenient servers read it ([`lenient`]): an encoded slash (`%2F`), a
+//! backslash and an encoded backslash as separators, each segment's `;` parameters dropped, and
+//! letters compared without regard to case. For RFC 3986 those are other paths, but WSGI servers
+//! decode `%2F` (PEP 3333's `PATH_INFO`: Django and Flask behind gunicorn or uWSGI), WHATWG URL
+//! parsers (Node) read `\` as `/`, Tomcat and Spring drop `;` parameters, and Express and ASP.NET
+//! route without regard to case: through door, `/webhooks%2Fgithub` would reach their
+//! `/webhooks/github` unlimited. The first route that matches either reading wins, so a specific
+//! route listed before a wildcard one holds for every spelling (`/api/LOGIN` is `/api/login`'s,
+//! not `/api/{endpoint}`'s). A `GET` route also matches `HEAD` (RFC 9110 §9.3.2: HEAD is GET
+//! without the body).
 
 use std::borrow::Cow;
 
@@ -249,27 +250,33 @@ impl Router {
         self.route_for(method, path).map(|r| r.group.as_str())
     }
 
-    /// The first route matching `method` and `path`, or `None` (pass-through); a path that
-    /// matches none as written, the first route matching it as the lenient servers read it
-    /// ([`lenient`], see the module docs).
+    /// The first route matching `method` and `path` as written or as the lenient servers read
+    /// it ([`lenient`], see the module docs), or `None` (pass-through).
     pub fn route_for(&self, method: &Method, path: &str) -> Option<&Route> {
         let upper = upper_case(method);
         let method = upper.as_ref().unwrap_or(method);
-        let find = |path: &str, exact: bool| {
-            // Normalised once for all the routes: segments borrowed from `path` unless they
-            // carry an escape.
-            let segments = normalise(path);
-            self.routes
+        // Normalised once for all the routes: segments borrowed from `path` unless they carry an
+        // escape.
+        let first = |routes: &'_ [Route], segments: &Segments<'_>, exact: bool| {
+            routes
                 .iter()
-                .find(|r| r.method_matches(method) && r.path.matches_segments(&segments, exact))
+                .position(|r| r.method_matches(method) && r.path.matches_segments(segments, exact))
         };
-        find(path, true).or_else(|| {
-            if self.routes.is_empty() {
+        let as_written = first(&self.routes, &normalise(path), true);
+        // Only a route before that one can come first in the lenient reading; none when it is
+        // the first route (or there are no routes), and nothing to read again for the most
+        // paths, which that reading cannot change.
+        let before = self.routes.get(..as_written.unwrap_or(self.routes.len()))?;
+        let read_leniently = || {
+            if before.is_empty() {
                 return None;
             }
             let read = lenient(path)?;
-            find(&read, false)
-        })
+            first(before, &normalise(&read), false)
+        };
+        read_leniently()
+            .or(as_written)
+            .and_then(|i| self.routes.get(i))
     }
 
     /// The routes, in order.
@@ -511,22 +518,31 @@ mod tests {
         );
     }
 
-    /// A path that matches a route as written keeps that route: the encoded slash is data there,
-    /// and the case counts.
+    /// The first route matching either reading wins: a route listed first keeps a path that
+    /// matches it as written, and a specific route listed before a wildcard one holds for the
+    /// spellings a lenient server reads as its path.
     #[test]
-    fn the_lenient_reading_applies_only_when_the_path_matches_no_route_as_written() {
+    fn the_first_route_matching_either_reading_wins() {
         let r = Router::new(vec![
+            Route::new("upper", &[], "/Files/x").unwrap(),
             Route::new("a", &[], "/files/{name}").unwrap(),
             Route::new("b", &[], "/files/{dir}/{name}").unwrap(),
-            Route::new("upper", &[], "/Files/x").unwrap(),
-            Route::new("lower", &[], "/files/x").unwrap(),
+            Route::new("login", &["POST".to_owned()], "/api/login").unwrap(),
+            Route::new("api", &[], "/api/{endpoint}").unwrap(),
         ]);
         assert_eq!(r.group_for(&Method::GET, "/files/a%2Fb"), Some("a"));
         assert_eq!(r.group_for(&Method::GET, "/files/a/b"), Some("b"));
         assert_eq!(r.group_for(&Method::GET, "/files%2Fa%2Fb"), Some("b"));
         assert_eq!(r.group_for(&Method::GET, "/Files/x"), Some("upper"));
+        assert_eq!(r.group_for(&Method::GET, "/FILES/X"), Some("upper"));
         assert_eq!(r.group_for(&Method::GET, "/files/x"), Some("a"));
         assert_eq!(r.group_for(&Method::GET, "/FILES/X/y"), Some("b"));
+        for path in ["/api/login", "/api/LOGIN", "/api/login;x=1", "/API%2Flogin"] {
+            assert_eq!(r.group_for(&Method::POST, path), Some("login"), "{path}");
+        }
+        // The specific route's methods still apply: another method's spelling is the wildcard's.
+        assert_eq!(r.group_for(&Method::GET, "/api/LOGIN"), Some("api"));
+        assert_eq!(r.group_for(&Method::POST, "/api/Logout"), Some("api"));
     }
 
     #[test]
