@@ -1,6 +1,10 @@
 //! OTLP export of door's metrics (docs/design.md, "Observability"): OTLP/HTTP with protobuf
-//! bodies (`opentelemetry-otlp` 0.31, reqwest's blocking client without TLS features, so no system
-//! libraries), a periodic reader, cumulative temporality.
+//! bodies (`opentelemetry-otlp` 0.31, reqwest's blocking client), a periodic reader, cumulative
+//! temporality. An `https://` endpoint is verified against the system's roots (rustls with the
+//! `ring` provider, `rustls-native-certs`: `/etc/ssl/certs`, or `SSL_CERT_FILE` / `SSL_CERT_DIR`),
+//! with no system TLS library. A failed export is logged at `warn` (at most once every
+//! [`EXPORT_WARN_INTERVAL`], with how many failed meanwhile), where the SDK reports it at `debug`
+//! only, and the first export that works again is logged at `info`.
 //!
 //! The exporter runs when `[otlp] endpoint` (or `--otlp-endpoint` / `DOOR_OTLP_ENDPOINT`) is set,
 //! or when the standard `OTEL_EXPORTER_OTLP_METRICS_ENDPOINT` or `OTEL_EXPORTER_OTLP_ENDPOINT`
@@ -10,20 +14,30 @@
 //! no exporter is built. Either way the provider carries the Prometheus reader of
 //! [`crate::obs::prometheus`] (`GET /metrics`): the two readers aggregate separately.
 
-use std::time::Duration;
+use std::{
+    sync::atomic::{AtomicBool, Ordering},
+    time::Duration,
+};
 
 use opentelemetry::metrics::{Meter, MeterProvider as _};
 use opentelemetry_otlp::{MetricExporter, Protocol, WithExportConfig};
 use opentelemetry_sdk::{
     Resource,
-    metrics::{PeriodicReader, SdkMeterProvider},
+    error::OTelSdkResult,
+    metrics::{
+        PeriodicReader, SdkMeterProvider, Temporality, data::ResourceMetrics,
+        exporter::PushMetricExporter,
+    },
 };
 use thiserror::Error;
 
 use crate::{
     config::{DEFAULT_OTLP_INTERVAL, OtlpConfig},
-    obs::prometheus::Exposition,
+    obs::{logging::RateLimitedWarn, prometheus::Exposition},
 };
+
+/// How often a failing OTLP export is logged, at most.
+pub const EXPORT_WARN_INTERVAL: Duration = Duration::from_mins(10);
 
 /// The instrumentation scope door's instruments are created under.
 pub const SCOPE: &str = "door";
@@ -91,7 +105,10 @@ impl Telemetry {
                 builder = builder
                     .with_endpoint(format!("{}{METRICS_PATH}", endpoint.trim_end_matches('/')));
             }
-            let exporter = builder.build()?;
+            let exporter = Logged {
+                inner: builder.build()?,
+                failing: AtomicBool::new(false),
+            };
             let mut reader = PeriodicReader::builder(exporter);
             let sdk_env = std::env::var("OTEL_METRIC_EXPORT_INTERVAL").is_ok();
             match cfg.interval {
@@ -142,6 +159,47 @@ impl Telemetry {
         {
             tracing::warn!(error = %e, "OTLP exporter shutdown failed");
         }
+    }
+}
+
+/// The OTLP exporter, saying in door's log when exports fail and when they work again.
+#[derive(Debug)]
+struct Logged {
+    inner: MetricExporter,
+    /// Whether the last export failed.
+    failing: AtomicBool,
+}
+
+impl PushMetricExporter for Logged {
+    async fn export(&self, metrics: &ResourceMetrics) -> OTelSdkResult {
+        static FAILED: RateLimitedWarn = RateLimitedWarn::new(EXPORT_WARN_INTERVAL);
+        let result = self.inner.export(metrics).await;
+        match &result {
+            Err(e) => {
+                self.failing.store(true, Ordering::Relaxed);
+                if let Some(suppressed) = FAILED.due() {
+                    tracing::warn!(error = %e, suppressed, "OTLP export failed; the next export that works carries the totals (at most one line every 10 minutes)");
+                }
+            }
+            Ok(()) => {
+                if self.failing.swap(false, Ordering::Relaxed) {
+                    tracing::info!("OTLP export works again");
+                }
+            }
+        }
+        result
+    }
+
+    fn force_flush(&self) -> OTelSdkResult {
+        self.inner.force_flush()
+    }
+
+    fn shutdown_with_timeout(&self, timeout: Duration) -> OTelSdkResult {
+        self.inner.shutdown_with_timeout(timeout)
+    }
+
+    fn temporality(&self) -> Temporality {
+        self.inner.temporality()
     }
 }
 
