@@ -14,10 +14,10 @@
 //!
 //! - the metric name with every character outside `[a-zA-Z0-9_:]` replaced by `_`
 //!   (`door.xdp.packets` → `door_xdp_packets`), plus a unit suffix for a unit Prometheus has a name
-//!   for (`s` → `_seconds`, `By` → `_bytes`); door's units are all annotations (`{request}`),
-//!   which the mapping drops;
+//!   for (`s` → `_seconds`, `By` → `_bytes`); annotations (`{request}`) are dropped;
 //! - a monotonic sum (a counter) gets `_total` and type `counter`; an up-down counter and a gauge
-//!   become a `gauge`;
+//!   become a `gauge`; a histogram a `histogram` (`_bucket` with cumulative counts up to `+Inf`,
+//!   `_sum`, `_count`);
 //! - attribute keys the same way (`door.group` → `door_group`); values as they are.
 //!
 //! No scope labels and no `target_info` are added: every series carries only the instrument's
@@ -136,15 +136,30 @@ impl MetricReader for SharedReader {
 }
 
 /// One sample's value.
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, PartialEq)]
 enum Value {
     Int(i64),
     Uint(u64),
     Float(f64),
+    /// A histogram: the sum and count of what was recorded, and each bucket's upper bound with
+    /// what fell in it alone (not cumulative), the last bound `+Inf`.
+    Histogram {
+        sum: f64,
+        count: u64,
+        buckets: Vec<(f64, u64)>,
+    },
 }
 
 /// A sample's labels, sorted by key, and its value.
 type Sample = (Vec<(String, String)>, Value);
+
+/// The Prometheus type of a family.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Counter,
+    Gauge,
+    Histogram,
+}
 
 /// One metric family: its Prometheus base name (without `_total`), help, type and samples
 /// (labels sorted by key).
@@ -152,7 +167,7 @@ type Sample = (Vec<(String, String)>, Value);
 struct Family {
     name: String,
     help: String,
-    counter: bool,
+    kind: Kind,
     samples: Vec<Sample>,
 }
 
@@ -162,17 +177,17 @@ fn families(rm: &ResourceMetrics) -> Vec<Family> {
     let mut out: BTreeMap<String, Family> = BTreeMap::new();
     for sm in rm.scope_metrics() {
         for m in sm.metrics() {
-            let Some((counter, samples)) = samples(m.data()) else {
+            let Some((kind, samples)) = samples(m.data()) else {
                 continue;
             };
             let name = format!("{}{}", sanitize(m.name()), unit_suffix(m.unit()));
             let family = out.entry(name.clone()).or_insert_with(|| Family {
                 name,
                 help: m.description().to_owned(),
-                counter,
+                kind,
                 samples: Vec::new(),
             });
-            if family.counter == counter {
+            if family.kind == kind {
                 family.samples.extend(samples);
             }
         }
@@ -180,31 +195,58 @@ fn families(rm: &ResourceMetrics) -> Vec<Family> {
     out.into_values().collect()
 }
 
-/// Whether `data` is a counter, and its samples; `None` for kinds door does not record
-/// (histograms).
-fn samples(data: &AggregatedMetrics) -> Option<(bool, Vec<Sample>)> {
-    fn of<T: Copy>(data: &MetricData<T>, value: fn(T) -> Value) -> Option<(bool, Vec<Sample>)> {
+/// The family type of `data`, and its samples; `None` for exponential histograms, which door
+/// does not record.
+fn samples(data: &AggregatedMetrics) -> Option<(Kind, Vec<Sample>)> {
+    fn of<T: Copy>(
+        data: &MetricData<T>,
+        value: fn(T) -> Value,
+        float: fn(T) -> f64,
+    ) -> Option<(Kind, Vec<Sample>)> {
         match data {
             MetricData::Sum(sum) => Some((
-                sum.is_monotonic(),
+                if sum.is_monotonic() {
+                    Kind::Counter
+                } else {
+                    Kind::Gauge
+                },
                 sum.data_points()
                     .map(|p| (labels(p.attributes()), value(p.value())))
                     .collect(),
             )),
             MetricData::Gauge(gauge) => Some((
-                false,
+                Kind::Gauge,
                 gauge
                     .data_points()
                     .map(|p| (labels(p.attributes()), value(p.value())))
                     .collect(),
             )),
-            MetricData::Histogram(_) | MetricData::ExponentialHistogram(_) => None,
+            MetricData::Histogram(h) => Some((
+                Kind::Histogram,
+                h.data_points()
+                    .map(|p| {
+                        // One count more than bounds: the last bucket is everything above.
+                        let bounds = p.bounds().chain(core::iter::once(f64::INFINITY));
+                        let histogram = Value::Histogram {
+                            sum: float(p.sum()),
+                            count: p.count(),
+                            buckets: bounds.zip(p.bucket_counts()).collect(),
+                        };
+                        (labels(p.attributes()), histogram)
+                    })
+                    .collect(),
+            )),
+            MetricData::ExponentialHistogram(_) => None,
         }
     }
+    #[expect(
+        clippy::cast_precision_loss,
+        reason = "a histogram's sum as the text format's float; door records f64 histograms only"
+    )]
     match data {
-        AggregatedMetrics::U64(d) => of(d, Value::Uint),
-        AggregatedMetrics::I64(d) => of(d, Value::Int),
-        AggregatedMetrics::F64(d) => of(d, Value::Float),
+        AggregatedMetrics::U64(d) => of(d, Value::Uint, |v| v as f64),
+        AggregatedMetrics::I64(d) => of(d, Value::Int, |v| v as f64),
+        AggregatedMetrics::F64(d) => of(d, Value::Float, |v| v),
     }
 }
 
@@ -253,28 +295,36 @@ struct Snapshot(Vec<Family>);
 impl Collector for Snapshot {
     fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
         for f in &self.0 {
-            let kind = if f.counter {
-                MetricType::Counter
-            } else {
-                MetricType::Gauge
+            let kind = match f.kind {
+                Kind::Counter => MetricType::Counter,
+                Kind::Gauge => MetricType::Gauge,
+                Kind::Histogram => MetricType::Histogram,
             };
             let mut metric = encoder.encode_descriptor(&f.name, &f.help, None, kind)?;
             for (labels, value) in &f.samples {
                 let mut sample = metric.encode_family(labels)?;
-                match (f.counter, *value) {
-                    (true, Value::Uint(v)) => {
-                        sample.encode_counter::<NoLabelSet, _, f64>(&v, None)?;
+                match (f.kind, value) {
+                    (Kind::Counter, Value::Uint(v)) => {
+                        sample.encode_counter::<NoLabelSet, _, f64>(v, None)?;
                     }
-                    (true, Value::Int(v)) => sample.encode_counter::<NoLabelSet, _, f64>(
-                        &u64::try_from(v).unwrap_or(0),
+                    (Kind::Counter, Value::Int(v)) => sample.encode_counter::<NoLabelSet, _, f64>(
+                        &u64::try_from(*v).unwrap_or(0),
                         None,
                     )?,
-                    (true, Value::Float(v)) => {
-                        sample.encode_counter::<NoLabelSet, _, f64>(&v, None)?;
+                    (Kind::Counter, Value::Float(v)) => {
+                        sample.encode_counter::<NoLabelSet, _, f64>(v, None)?;
                     }
-                    (false, Value::Uint(v)) => sample.encode_gauge(&v)?,
-                    (false, Value::Int(v)) => sample.encode_gauge(&v)?,
-                    (false, Value::Float(v)) => sample.encode_gauge(&v)?,
+                    (_, Value::Uint(v)) => sample.encode_gauge(v)?,
+                    (_, Value::Int(v)) => sample.encode_gauge(v)?,
+                    (_, Value::Float(v)) => sample.encode_gauge(v)?,
+                    (
+                        _,
+                        Value::Histogram {
+                            sum,
+                            count,
+                            buckets,
+                        },
+                    ) => sample.encode_histogram::<NoLabelSet>(*sum, *count, buckets, None)?,
                 }
             }
         }
@@ -343,6 +393,36 @@ mod tests {
         assert_eq!(sanitize("9lives"), "_9lives");
         assert_eq!(unit_suffix("{request}"), "");
         assert_eq!(unit_suffix("s"), "_seconds");
+    }
+
+    /// A histogram (the cluster's `door.cluster.sync_duration`, in seconds) is exposed as one:
+    /// `_bucket` lines with cumulative counts up to `+Inf`, `_sum` and `_count`.
+    #[test]
+    fn histograms_are_exposed_with_cumulative_buckets() {
+        let exposition = Exposition::new();
+        let provider = SdkMeterProvider::builder()
+            .with_reader(exposition.reader())
+            .build();
+        let duration = provider
+            .meter("door")
+            .f64_histogram("door.cluster.sync_duration")
+            .with_unit("s")
+            .with_boundaries(vec![0.01, 0.1])
+            .build();
+        for v in [0.005, 0.05, 0.07, 3.0] {
+            duration.record(v, &[]);
+        }
+        let text = exposition.render().unwrap();
+        for line in [
+            "# TYPE door_cluster_sync_duration_seconds histogram\n",
+            "door_cluster_sync_duration_seconds_bucket{le=\"0.01\"} 1\n",
+            "door_cluster_sync_duration_seconds_bucket{le=\"0.1\"} 3\n",
+            "door_cluster_sync_duration_seconds_bucket{le=\"+Inf\"} 4\n",
+            "door_cluster_sync_duration_seconds_sum 3.125\n",
+            "door_cluster_sync_duration_seconds_count 4\n",
+        ] {
+            assert!(text.contains(line), "no {line:?} in:\n{text}");
+        }
     }
 
     #[test]
