@@ -42,10 +42,11 @@ pub const ATTR_REASON: &str = "door.reason";
 pub enum Outcome {
     /// The upstream answered 1xx, 2xx or 3xx.
     Ok,
-    /// The upstream answered 4xx.
+    /// The upstream answered 4xx, the request body missed its read deadline (408), or the client
+    /// went away before door answered (docs/decisions.md, "A request without an upstream answer").
     ClientError,
-    /// The upstream answered 5xx (or a status above 599), or gave no answer at all: upstream error,
-    /// upstream timeout, panic or cancelled request.
+    /// The upstream answered 5xx (or a status above 599), or gave no answer at all: upstream
+    /// refused, failed or timed out.
     ServerError,
     /// Rejected with 429: the client's (or the shared row's) token bucket was empty.
     RateLimited,
