@@ -2002,6 +2002,9 @@ async fn denied_clients_get_403_before_any_bucket_and_allowed_ones_are_never_lim
     // A /32 deny inside an allowed /24: denied wins.
     let res = c.send_request(from("198.51.100.66")).await.unwrap();
     assert_eq!(res.status(), StatusCode::FORBIDDEN);
+    // A NAT64 client (RFC 6052) is keyed, and listed, under the IPv4 address it embeds.
+    let res = c.send_request(from("64:ff9b::cb00:7109")).await.unwrap();
+    assert_eq!(res.status(), StatusCode::FORBIDDEN);
     assert_eq!(d.count("link", Outcome::Ok), 0, "no bucket was charged");
     // Allowed: far past link's burst of 20, never limited, and no RateLimit fields.
     for i in 0..40 {
@@ -2009,7 +2012,7 @@ async fn denied_clients_get_403_before_any_bucket_and_allowed_ones_are_never_lim
         assert_eq!(res.status(), StatusCode::OK, "request {i}");
         assert!(res.headers().get("ratelimit").is_none());
     }
-    assert_eq!(counted("door.denied", ""), 31);
+    assert_eq!(counted("door.denied", ""), 32);
     assert_eq!(counted("door.allowed", ""), 40);
     // Anyone else is limited as before.
     let mut last = StatusCode::OK;

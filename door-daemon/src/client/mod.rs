@@ -13,7 +13,9 @@ pub mod proxy_protocol;
 
 pub use forwarded::X_FORWARDED_FOR;
 
-use std::net::IpAddr;
+use std::net::{IpAddr, Ipv4Addr};
+
+use ipnet::IpNet;
 
 /// Whether `ip` is a local or private address: loopback, RFC 1918 private, link-local, shared
 /// address space (100.64.0.0/10, RFC 6598), IPv6 unique-local (fc00::/7, RFC 4193) or IPv6
@@ -30,5 +32,42 @@ pub fn is_local(ip: IpAddr) -> bool {
                 || (a == 100 && (64..128).contains(&b))
         }
         IpAddr::V6(v6) => v6.is_loopback() || v6.is_unique_local() || v6.is_unicast_link_local(),
+    }
+}
+
+/// The IPv4 address a NAT64 address embeds (the well-known prefix `64:ff9b::/96`, RFC 6052
+/// §2.1), which door keys its client on, as it keys an IPv4 client (`door_common::PrefixKey`).
+pub fn nat64_embedded(ip: IpAddr) -> Option<Ipv4Addr> {
+    let IpAddr::V6(v6) = ip else { return None };
+    let octets = v6.octets();
+    let (prefix, embedded) = octets.split_last_chunk::<4>()?;
+    (*prefix == [0, 0x64, 0xff, 0x9b, 0, 0, 0, 0, 0, 0, 0, 0]).then(|| Ipv4Addr::from(*embedded))
+}
+
+/// Whether the client `ip` is on the list `nets` (`allow`, `deny`): by its address, or by the
+/// IPv4 address it embeds as NAT64, under which door keys, limits and shows it (`/clients` lists
+/// `64:ff9b::c000:207` as `192.0.2.7/32`, so an operator denies `192.0.2.7`).
+pub fn listed(nets: &[IpNet], ip: IpAddr) -> bool {
+    let v4 = nat64_embedded(ip).map(IpAddr::V4);
+    nets.iter()
+        .any(|n| n.contains(&ip) || v4.is_some_and(|v4| n.contains(&v4)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_nat64_client_is_listed_under_its_ipv4_address_too() {
+        let ip = |s: &str| s.parse::<IpAddr>().unwrap();
+        let nets: Vec<IpNet> = vec!["192.0.2.7/32".parse().unwrap()];
+        assert!(listed(&nets, ip("192.0.2.7")));
+        assert!(listed(&nets, ip("64:ff9b::c000:207")));
+        assert!(!listed(&nets, ip("64:ff9b::c000:208")));
+        assert!(!listed(&nets, ip("64:ff9c::c000:207")));
+        let v6: Vec<IpNet> = vec!["64:ff9b::/96".parse().unwrap()];
+        assert!(listed(&v6, ip("64:ff9b::c000:207")));
+        assert!(!listed(&v6, ip("192.0.2.7")));
+        assert_eq!(nat64_embedded(ip("192.0.2.7")), None);
     }
 }

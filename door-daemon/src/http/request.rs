@@ -633,7 +633,7 @@ impl App {
             return res;
         }
         if let Some(d) = &listed
-            && policy.allow.iter().any(|n| n.contains(&d.client))
+            && crate::client::listed(&policy.allow, d.client)
         {
             // Never limited: forwarded as a request in no group, outside the planes.
             self.metrics.allowed();
@@ -731,7 +731,7 @@ impl App {
         listed: Option<&KeyDecision>,
         limited: Option<&Limited>,
     ) -> Option<Response<ResponseBody>> {
-        if listed.is_some_and(|d| policy.deny.iter().any(|n| n.contains(&d.client))) {
+        if listed.is_some_and(|d| crate::client::listed(&policy.deny, d.client)) {
             self.metrics.denied();
             return Some(answer::forbidden());
         }
