@@ -585,6 +585,32 @@ async fn a_health_probe_the_ip_plane_refuses_gets_the_cached_status_not_a_429() 
 /// A group named like a plane (`ip`, allowed while the planes are off) hands nothing to the
 /// plane a reload turns on: the client that drained the group starts the IP plane with its whole
 /// burst, as every other client.
+/// A reload of `plane.session.max_clients` resizes the set of verified credentials: with room
+/// for one, two sessions push each other back to the IP plane; after a reload to 100, both stay
+/// verified.
+#[tokio::test]
+async fn a_reload_resizes_the_verified_credentials() {
+    let hits = Arc::new(AtomicUsize::new(0));
+    let up = upstream(Arc::clone(&hits)).await;
+    let small = config(up, &format!("{BEARER}\nmax_clients = 1"), "");
+    let d = door(&small).await;
+    let plane = async |token: &str| {
+        let auth = format!("Bearer {token}");
+        let a = send(&d, "/api/a", "198.51.100.50", &[("authorization", &auth)]).await;
+        assert_eq!(a.status, StatusCode::OK, "{a:?}");
+        a.ratelimit.split(';').next().unwrap().to_owned()
+    };
+    // Room for one: bob's verification pushes alice out.
+    assert_eq!(plane("alice").await, "\"ip\"");
+    assert_eq!(plane("bob").await, "\"ip\"");
+    assert_eq!(plane("alice").await, "\"ip\"", "alice was still verified");
+    let big = config(up, &format!("{BEARER}\nmax_clients = 100"), "");
+    assert!(d.front.app().reload(&big, &small).is_empty());
+    assert_eq!(plane("bob").await, "\"ip\"");
+    assert_eq!(plane("alice").await, "\"session\"", "bob pushed alice out");
+    assert_eq!(plane("bob").await, "\"session\"");
+}
+
 #[tokio::test]
 async fn a_reload_that_turns_the_planes_on_gives_them_fresh_tables() {
     let hits = Arc::new(AtomicUsize::new(0));

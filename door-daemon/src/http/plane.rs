@@ -14,10 +14,14 @@
 //! The fix for that is the application's: a 401 for any credential it does not accept.
 //!
 //! The verified set is a bounded LRU table of keyed hashes ([`crate::client::credential`]), kept
-//! for the life of the process (a reload keeps it); a credential that falls out of it is charged to
+//! for the life of the process (a reload keeps it, resized to the new `max_clients`); a credential
+//! that falls out of it is charged to
 //! the IP plane again until its next answered request.
 
-use std::sync::{Mutex, PoisonError};
+use std::sync::{
+    Mutex, PoisonError,
+    atomic::{AtomicUsize, Ordering},
+};
 
 use door_common::prefix::PrefixKey;
 use http::{HeaderMap, StatusCode};
@@ -45,7 +49,8 @@ pub struct Sessions {
     /// allocates all of it at once, which `plane.session.max_clients = 4294967295` (a value the
     /// configuration accepts) turned into an abort at start-up.
     verified: Mutex<LruCache<PrefixKey, ()>>,
-    capacity: usize,
+    /// At most this many verified credentials (`plane.session.max_clients`; a reload sets it).
+    capacity: AtomicUsize,
 }
 
 impl Sessions {
@@ -54,7 +59,18 @@ impl Sessions {
         Self {
             hasher: CredentialHasher::new(),
             verified: Mutex::new(LruCache::unbounded()),
-            capacity: capacity.max(1),
+            capacity: AtomicUsize::new(capacity.max(1)),
+        }
+    }
+
+    /// Remembers at most `capacity` verified credentials from now on (a reload of
+    /// `plane.session.max_clients`): a smaller value forgets the least recently used at once.
+    pub fn set_capacity(&self, capacity: usize) {
+        let capacity = capacity.max(1);
+        self.capacity.store(capacity, Ordering::Relaxed);
+        let mut verified = self.lock();
+        while verified.len() > capacity {
+            verified.pop_lru();
         }
     }
 
@@ -87,7 +103,9 @@ impl Sessions {
         let mut verified = self.lock();
         if matches!(status, StatusCode::UNAUTHORIZED | StatusCode::FORBIDDEN) {
             verified.pop(&credential);
-        } else if verified.put(credential, ()).is_none() && verified.len() > self.capacity {
+        } else if verified.put(credential, ()).is_none()
+            && verified.len() > self.capacity.load(Ordering::Relaxed)
+        {
             verified.pop_lru();
         }
     }
@@ -144,6 +162,27 @@ mod tests {
             sessions.learn(PrefixKey::from_ipv4([i, 0, 0, 0]), StatusCode::OK);
         }
         assert_eq!(sessions.verified(), 2);
+    }
+
+    /// A reload's `max_clients` applies: more room keeps more sessions, less forgets the least
+    /// recently used at once.
+    #[test]
+    fn the_capacity_follows_a_reload() {
+        let sessions = Sessions::new(1);
+        let key = |i: u8| PrefixKey::from_ipv4([i, 0, 0, 0]);
+        sessions.set_capacity(3);
+        for i in 0..3 {
+            sessions.learn(key(i), StatusCode::OK);
+        }
+        assert_eq!(sessions.verified(), 3);
+        assert!(sessions.is_verified(&key(0)));
+        sessions.set_capacity(2);
+        assert_eq!(sessions.verified(), 2);
+        assert!(
+            !sessions.is_verified(&key(1)),
+            "the least recently used goes first"
+        );
+        assert!(sessions.is_verified(&key(0)) && sessions.is_verified(&key(2)));
     }
 
     #[test]

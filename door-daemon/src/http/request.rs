@@ -323,6 +323,14 @@ pub(crate) struct Policy {
     escalation: (u32, Duration, Duration),
 }
 
+/// How many verified credentials the session plane remembers: its `max_clients`.
+fn session_capacity(config: &Config) -> usize {
+    config
+        .planes
+        .as_ref()
+        .map_or(DEFAULT_MAX_CLIENTS, |p| p.session.max_clients)
+}
+
 /// Everything the request path needs, shared by all connections.
 #[derive(Debug)]
 pub struct App {
@@ -467,12 +475,7 @@ impl App {
             upstream_timeout: config.upstream_timeout,
             stream_idle_timeout: config.stream_idle_timeout,
             tunnels: std::sync::Mutex::new(JoinSet::new()),
-            sessions: Sessions::new(
-                config
-                    .planes
-                    .as_ref()
-                    .map_or(DEFAULT_MAX_CLIENTS, |p| p.session.max_clients),
-            ),
+            sessions: Sessions::new(session_capacity(config)),
             passthrough: Arc::new(PassThrough {
                 cap: config.upstream_max_inflight,
                 per_client: config.upstream_max_inflight_per_client,
@@ -508,6 +511,7 @@ impl App {
             Some(&current),
         );
         *self.policy.write().unwrap_or_else(PoisonError::into_inner) = Arc::new(policy);
+        self.sessions.set_capacity(session_capacity(new));
         crate::config::restart_only_changes(started, new)
     }
 
