@@ -15,8 +15,7 @@
 //!
 //! The verified set is a bounded LRU table of keyed hashes ([`crate::client::credential`]), kept
 //! for the life of the process (a reload keeps it, resized to the new `max_clients`); a credential
-//! that falls out of it is charged to
-//! the IP plane again until its next answered request.
+//! that falls out of it is charged to the IP plane again until its next answered request.
 
 use std::sync::{
     Mutex, PoisonError,
