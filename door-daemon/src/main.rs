@@ -1,7 +1,7 @@
 //! The `door` binary: parses flags (with `DOOR_*` environment fallbacks), loads and validates
 //! the configuration before binding anything, and runs the daemon.
 
-use std::{path::PathBuf, process::ExitCode};
+use std::{fmt::Write as _, io::Write as _, path::PathBuf, process::ExitCode};
 
 use anyhow::Context as _;
 use clap::{Args, Parser, Subcommand};
@@ -163,16 +163,35 @@ fn plane_line(config: &Config, headers: &http::HeaderMap, key: door_common::Pref
 
 /// `door check-config`: the effective configuration as TOML door accepts back (defaults filled
 /// in, secrets elided), then a comment saying it is valid.
-fn print_effective_config(config: &Config) {
-    println!("# door: effective configuration (flags, DOOR_* variables, file, defaults)");
-    print!("{}", config.to_toml());
+fn print_effective_config(config: &Config) -> anyhow::Result<()> {
+    let mut out =
+        String::from("# door: effective configuration (flags, DOOR_* variables, file, defaults)\n");
+    out.push_str(&config.to_toml());
     if config.max_connections.is_none() {
-        println!(
+        let _ = writeln!(
+            out,
             "# max_connections derived from this process's open-file limit: {}",
             config.effective_max_connections()
         );
     }
-    println!("\n# configuration OK");
+    out.push_str("\n# configuration OK\n");
+    print_out(&out)
+}
+
+/// Writes `text` to standard output. A reader that went away (`door check-config | head`) ends
+/// the output quietly, as it does any Unix filter's, instead of a panic.
+///
+/// # Errors
+/// Any other failure to write.
+fn print_out(text: &str) -> anyhow::Result<()> {
+    let mut stdout = std::io::stdout().lock();
+    match stdout
+        .write_all(text.as_bytes())
+        .and_then(|()| stdout.flush())
+    {
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
+        result => result.context("writing to standard output"),
+    }
 }
 
 /// `door top`: `--admin`, else the configuration's `admin_listen`.
@@ -196,8 +215,7 @@ fn top(cli: &Cli, admin: Option<&str>, once: bool) -> anyhow::Result<()> {
             .enable_all()
             .build()
             .context("starting the tokio runtime")?;
-        print!("{}", runtime.block_on(door_daemon::top::once(&addr))?);
-        return Ok(());
+        return print_out(&runtime.block_on(door_daemon::top::once(&addr))?);
     }
     door_daemon::top::live(&addr)?;
     Ok(())
@@ -218,8 +236,7 @@ fn run(cli: &Cli) -> anyhow::Result<()> {
                 // credential exists only while the unit runs): noted, not refused.
                 Err(e) => eprintln!("door: note: {e}: not checked here; door reads it at start"),
             }
-            print_effective_config(&config);
-            Ok(())
+            print_effective_config(&config)
         }
         Some(Command::Key {
             peer,
@@ -248,15 +265,15 @@ fn run(cli: &Cli) -> anyhow::Result<()> {
                 &config.trusted_proxies,
                 config.forwarded_header,
             );
-            println!("{}", d.key);
-            println!("{d}");
+            let mut out = format!("{}\n{d}\n", d.key);
             if d.ignored_untrusted_xff {
-                println!(
-                    "note: the peer is a local or private address that is not in trusted_proxies; its forwarding headers were ignored"
+                out.push_str(
+                    "note: the peer is a local or private address that is not in trusted_proxies; its forwarding headers were ignored\n",
                 );
             }
-            println!("{}", plane_line(&config, &headers, d.key));
-            Ok(())
+            out.push_str(&plane_line(&config, &headers, d.key));
+            out.push('\n');
+            print_out(&out)
         }
         Some(Command::Top { .. }) => Ok(()),
         None => {

@@ -104,6 +104,27 @@ fn a_good_file_prints_the_effective_configuration_and_exits_0() {
     assert_eq!(printed, Config::from_toml("example", example).unwrap());
 }
 
+/// A reader that goes away before door has written everything (`door check-config | head`) ends
+/// the output quietly: exit 0, no panic. Before, door panicked on the broken pipe and exited 101.
+#[test]
+fn a_reader_that_goes_away_ends_the_output_quietly() {
+    let example = include_str!("../../examples/door.toml");
+    let file = TempFile::new("pipe", example);
+    let (reader, writer) = std::io::pipe().unwrap();
+    drop(reader);
+    let out = door_command()
+        .arg("check-config")
+        .arg("--config")
+        .arg(&file.path)
+        .stdout(writer)
+        .stderr(std::process::Stdio::piped())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{:?}\n{stderr}", out.status);
+    assert!(!stderr.contains("panicked"), "{stderr}");
+}
+
 /// `door check-config` on `text`: asserts exit 0 and that the output parses back to the same
 /// configuration; returns the output.
 #[expect(clippy::expect_used, reason = "test helper")]
