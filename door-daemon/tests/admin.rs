@@ -15,6 +15,7 @@ mod support;
 
 use std::{collections::BTreeSet, os::unix::fs::PermissionsExt as _, sync::Arc, time::Duration};
 
+use door_daemon::obs::metrics::Outcome;
 use http::StatusCode;
 use serde_json::Value;
 use support::{Door, FakeBlocklist, config, request, request_unix, samples, upstream};
@@ -138,6 +139,33 @@ async fn metrics_exposes_every_instrument_with_prometheus_names_and_bounded_labe
     assert_eq!(status, StatusCode::METHOD_NOT_ALLOWED);
     let (status, body) = request(admin, "GET", "/nope", &[], "").await;
     assert_eq!(status, StatusCode::NOT_FOUND, "{body}");
+}
+
+/// A quiet door's groups and outcomes are on `/metrics` from the start, at 0: dashboards list
+/// their groups from `door_requests_total`, and `rate()` sees the first increment.
+#[tokio::test]
+async fn metrics_list_every_group_and_outcome_of_a_quiet_door() {
+    let door = Door::start(&config(upstream().await, "")).await;
+    let admin = door.admin().await;
+    let (status, text) = request(admin, "GET", "/metrics", &[], "").await;
+    assert_eq!(status, StatusCode::OK, "{text}");
+    let samples = samples(&text);
+    for group in ["link", "health"] {
+        for outcome in Outcome::ALL {
+            let labels = [
+                ("door_group".to_owned(), group.to_owned()),
+                ("door_outcome".to_owned(), outcome.as_str().to_owned()),
+            ];
+            let found = samples
+                .iter()
+                .find(|s| s.name == "door_requests_total" && s.labels == labels);
+            assert_eq!(
+                found.map(|s| s.value.as_str()),
+                Some("0"),
+                "{group} {outcome}:\n{text}"
+            );
+        }
+    }
 }
 
 #[tokio::test]

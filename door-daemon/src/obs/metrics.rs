@@ -176,7 +176,11 @@ struct Observed {
 /// Every group's counts by name.
 type Registry = Arc<Mutex<HashMap<String, Totals>>>;
 
-/// Calls `f` with each group's attribute and counts (at collection time).
+/// Calls `f` with each group's attribute and counts (at collection time). A group a reload
+/// removed is still reported: the SDK (0.31) keeps every attribute set an asynchronous instrument
+/// ever reported in its cumulative output, so leaving it out would freeze its series at their
+/// last values; reported, they settle to what is left (in-flight requests finishing, streams
+/// closing).
 fn each_group(registry: &Registry, mut f: impl FnMut(&KeyValue, &Counts)) {
     let groups: Vec<(String, Totals)> = registry
         .lock()
@@ -200,14 +204,13 @@ impl Observed {
             .with_unit("{request}")
             .with_callback(move |o| {
                 each_group(&r, |group, c| {
+                    // Zeros included: a quiet door's groups and outcomes exist from the start,
+                    // so dashboards list them and `rate()` sees the first increment.
                     for (outcome, n) in Outcome::ALL.iter().zip(&c.outcomes) {
-                        let n = n.load(Ordering::Relaxed);
-                        if n > 0 {
-                            o.observe(
-                                n,
-                                &[group.clone(), KeyValue::new(ATTR_OUTCOME, outcome.as_str())],
-                            );
-                        }
+                        o.observe(
+                            n.load(Ordering::Relaxed),
+                            &[group.clone(), KeyValue::new(ATTR_OUTCOME, outcome.as_str())],
+                        );
                     }
                 });
             })
