@@ -1,7 +1,7 @@
 //! A real Prometheus (Debian's `prometheus` package) scrapes door's `GET /metrics`: door and the
 //! demo upstream on loopback, a Prometheus with a 1 s scrape interval pointed at door's admin
 //! listener, some traffic, then Prometheus's HTTP API (`/api/v1/query`) returns
-//! `door_requests_total` series for the groups and outcomes that happened; and `promtool check
+//! `door_requests_total` series with the counts of what happened; and `promtool check
 //! metrics` accepts door's exposition as it is.
 //!
 //! Every process binds port 0 and the test reads the address it got from its log, so no port is
