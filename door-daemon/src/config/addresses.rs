@@ -34,11 +34,13 @@ pub(super) fn binds_v6_only(addr: SocketAddr, tcp: impl IntoIterator<Item = Sock
 /// Whether a connection to `upstream` (the host as written, `port` its port) would reach a
 /// listener bound to `listen` (IPv6 only with `v6_only`, [`binds_v6_only`]): the same port,
 /// and the host is the listener's address, or the listener is on an unspecified address and
-/// the host is a loopback or unspecified address (or `localhost`) it accepts: `0.0.0.0` IPv4
+/// the host is a loopback or unspecified address (or `localhost`, `localhost.`, an IPv4-mapped
+/// spelling) it accepts: `0.0.0.0` IPv4
 /// ones, `[::]` IPv6 ones, and IPv4 ones too unless it is bound IPv6-only (it accepts them
-/// where the kernel allows it). A name other than `localhost` is not resolved, and an address
-/// of this machine's that the listener covers through its wildcard is not known here: neither
-/// is refused.
+/// where the kernel allows it). A name other than `localhost` is not resolved (nor the legacy
+/// numeric forms `inet_aton(3)` accepts, `127.1` or `2130706433`), and an address of this
+/// machine's that the listener covers through its wildcard is not known here: none is refused
+/// (such a loop ends at `max_connections_per_client`).
 fn reaches(host: &str, port: u16, listen: SocketAddr, v6_only: bool) -> bool {
     if listen.port() == 0 || port != listen.port() {
         return false;
@@ -47,10 +49,12 @@ fn reaches(host: &str, port: u16, listen: SocketAddr, v6_only: bool) -> bool {
         .strip_prefix('[')
         .and_then(|h| h.strip_suffix(']'))
         .unwrap_or(host);
-    let ip = if host.eq_ignore_ascii_case("localhost") {
+    // `localhost.` is `localhost` as a fully qualified name.
+    let ip = if host.eq_ignore_ascii_case("localhost") || host.eq_ignore_ascii_case("localhost.") {
         IpAddr::V4(Ipv4Addr::LOCALHOST)
     } else if let Ok(ip) = host.parse::<IpAddr>() {
-        ip
+        // An IPv4-mapped address connects to the IPv4 address it maps.
+        ip.to_canonical()
     } else {
         // A name door does not resolve here: it may well be another machine.
         return false;
@@ -177,6 +181,16 @@ mod tests {
         // Bound IPv6-only (an IPv4 listener of door's shares the port), `[::]` takes no IPv4.
         assert!(!reaches("127.0.0.1", 8443, a("[::]:8443"), true));
         assert!(reaches("[::1]", 8443, a("[::]:8443"), true));
+        // Other spellings of loopback: mapped, and a fully qualified localhost.
+        assert!(reaches("[::ffff:127.0.0.1]", 8443, a("[::]:8443"), false));
+        assert!(reaches(
+            "[::ffff:127.0.0.1]",
+            8443,
+            a("0.0.0.0:8443"),
+            false
+        ));
+        assert!(reaches("localhost.", 8443, a("0.0.0.0:8443"), false));
+        assert!(!reaches("[::ffff:127.0.0.1]", 8443, a("[::]:8443"), true));
     }
 
     #[test]
