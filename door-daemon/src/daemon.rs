@@ -127,6 +127,10 @@ pub async fn run(
     exposition: Option<Exposition>,
     reload: Reloader,
 ) -> Result<(), ServeError> {
+    // First: a SIGTERM or SIGHUP while door starts (an XDP attach, a slow store) waits for the
+    // serving loop instead of killing door with the default action, which would leave a Unix
+    // admin socket behind and skip the drain.
+    let signals = Signals::install();
     let tls = config
         .tls
         .as_ref()
@@ -192,7 +196,6 @@ pub async fn run(
         tokio::spawn(crate::admin::serve(l, source))
     });
 
-    let signals = Signals::install();
     let status = status_line(&bound, shield.as_ref());
     notify(&[
         sd_notify::NotifyState::Ready,
