@@ -103,10 +103,16 @@ async fn top_says_what_is_wrong_with_its_admin_address() {
     assert!(stderr.contains(&addr), "{stderr}");
 }
 
-/// Runs `door top --admin ADMIN` in a `cols`x`rows` pseudo-terminal; once it has drawn, types
-/// `keys`, waits until the screen shows every one of `expect`, then types `q`: the screen, and
-/// whether it exited 0 within 10 s.
-fn live(admin: &str, cols: u16, rows: u16, keys: &[u8], expect: &[&str]) -> (String, bool) {
+/// Runs `door top --admin ADMIN` in a `cols`x`rows` pseudo-terminal; once its screen shows
+/// `ready`, types `keys`, waits until the screen shows every one of `expect`, then types `q`:
+/// the screen, and how long after `q` it exited 0 (`None`: not within 10 s).
+fn live(
+    admin: &str,
+    (cols, rows): (u16, u16),
+    ready: &str,
+    keys: &[u8],
+    expect: &[&str],
+) -> (String, Option<Duration>) {
     use portable_pty::{CommandBuilder, PtySize, native_pty_system};
 
     let pair = native_pty_system()
@@ -147,7 +153,7 @@ fn live(admin: &str, cols: u16, rows: u16, keys: &[u8], expect: &[&str]) -> (Str
     });
     let screen = || parser.lock().unwrap().screen().contents();
     for _ in 0..200 {
-        if screen().contains("door top") {
+        if screen().contains(ready) {
             break;
         }
         std::thread::sleep(Duration::from_millis(50));
@@ -166,15 +172,16 @@ fn live(admin: &str, cols: u16, rows: u16, keys: &[u8], expect: &[&str]) -> (Str
     assert!(shown, "the screen never showed {expect:?}:\n{seen}");
     writer.write_all(b"q").unwrap();
     writer.flush().unwrap();
-    let mut exited = false;
-    for _ in 0..200 {
+    let quit = door_daemon::time::now();
+    let mut exited = None;
+    for _ in 0..1000 {
         if let Some(status) = child.try_wait().unwrap() {
-            exited = status.success();
+            exited = status.success().then(|| quit.elapsed());
             break;
         }
-        std::thread::sleep(Duration::from_millis(50));
+        std::thread::sleep(Duration::from_millis(10));
     }
-    if !exited {
+    if exited.is_none() {
         let _ = child.kill();
     }
     drop(writer);
@@ -189,20 +196,20 @@ async fn top_renders_in_a_small_and_a_large_terminal_and_quits_on_q() {
     let admin = admin.to_string();
     let (small, small_exited) = tokio::task::spawn_blocking({
         let admin = admin.clone();
-        move || live(&admin, 20, 10, b"\ts", &["door top"])
+        move || live(&admin, (20, 10), "door top", b"\ts", &["door top"])
     })
     .await
     .unwrap();
     assert!(
-        small_exited,
+        small_exited.is_some(),
         "door top did not quit on q at 20x10:\n{small}"
     );
     let (large, large_exited) = tokio::task::spawn_blocking(move || {
         // Tab: from the first group (health) to link.
         live(
             &admin,
-            200,
-            60,
+            (200, 60),
+            "health:",
             b"\t",
             &["198.51.100.7/32", "rate_limited", " link: ", "q quit"],
         )
@@ -210,7 +217,7 @@ async fn top_renders_in_a_small_and_a_large_terminal_and_quits_on_q() {
     .await
     .unwrap();
     assert!(
-        large_exited,
+        large_exited.is_some(),
         "door top did not quit on q at 200x60:\n{large}"
     );
     assert!(large.contains("0/3"), "{large}");
@@ -247,6 +254,20 @@ async fn fake_admin(answer: impl Fn(&str) -> Vec<u8> + Send + Sync + 'static) ->
         }
     });
     addr
+}
+
+/// Keys are read while the admin listener is slow to answer: against one that never does (each
+/// request waits for its 3 s timeout), `q` quits at once. Before, the view waited on each fetch,
+/// so a key was read only between two of them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn top_quits_at_once_while_the_admin_listener_hangs() {
+    let admin = fake_admin(|_| Vec::new()).await.to_string();
+    let (screen, exited) =
+        tokio::task::spawn_blocking(move || live(&admin, (80, 24), "door top", b"", &["door top"]))
+            .await
+            .unwrap();
+    let took = exited.unwrap_or_else(|| panic!("door top did not quit on q:\n{screen}"));
+    assert!(took < Duration::from_secs(1), "q took {took:?}");
 }
 
 /// A 200 answer with `body` and its length.

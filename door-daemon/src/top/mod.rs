@@ -26,6 +26,10 @@ use crate::time::{Clock as _, MonotonicClock};
 /// How often the view refreshes.
 pub const REFRESH: Duration = Duration::from_secs(1);
 
+/// How often the live view looks whether a fetch under way has finished (while it waits for
+/// keys).
+const FETCH_POLL: Duration = Duration::from_millis(50);
+
 /// How many keys per group `door top` asks for (`GET /clients?top=N`).
 pub const TOP_KEYS: usize = 50;
 
@@ -78,13 +82,15 @@ pub async fn once(addr: &AdminAddr) -> Result<String, TopError> {
 }
 
 /// `door top`: the live view on this terminal until `q`. Blocking: call it outside async code
-/// (it runs its own single-threaded runtime for the admin requests).
+/// (it runs its own runtime, one worker thread, for the admin requests, which run beside the
+/// terminal's loop: keys are read while a slow admin listener is being waited on).
 ///
 /// # Errors
 /// [`TopError::Terminal`] when the terminal cannot be used; a failing admin listener is shown
 /// in the view, not returned.
 pub fn live(addr: &AdminAddr) -> Result<(), TopError> {
-    let runtime = tokio::runtime::Builder::new_current_thread()
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
         .enable_all()
         .build()?;
     let mut terminal = ratatui::try_init()?;
@@ -104,17 +110,29 @@ fn run_loop(
     let refresh_ns = u64::try_from(REFRESH.as_nanos()).unwrap_or(u64::MAX);
     let mut view = View::new(addr.to_string());
     let mut next = 0;
+    // The fetch under way, on the runtime's worker: at most one at a time.
+    let mut pending: Option<tokio::task::JoinHandle<Result<Snapshot, TopError>>> = None;
     loop {
-        let now = clock.now_ns();
-        if now >= next {
-            match runtime.block_on(fetch(addr)) {
-                Ok(snapshot) => view.update(snapshot, now),
+        if pending.is_none() && clock.now_ns() >= next {
+            let addr = addr.clone();
+            pending = Some(runtime.spawn(async move { fetch(&addr).await }));
+        }
+        if let Some(done) = pending.take_if(|h| h.is_finished()) {
+            let now = clock.now_ns();
+            match runtime.block_on(done) {
+                Ok(Ok(snapshot)) => view.update(snapshot, now),
+                Ok(Err(e)) => view.failed(&e.to_string()),
                 Err(e) => view.failed(&e.to_string()),
             }
+            // A second after this answer: a slow admin listener is not asked back to back.
             next = now.saturating_add(refresh_ns);
         }
         terminal.draw(|frame| view::draw(frame, &view))?;
-        let wait = Duration::from_nanos(next.saturating_sub(clock.now_ns()));
+        let wait = if pending.is_some() {
+            FETCH_POLL
+        } else {
+            Duration::from_nanos(next.saturating_sub(clock.now_ns()))
+        };
         if !event::poll(wait)? {
             continue;
         }

@@ -342,7 +342,12 @@ impl View {
                 self.xdp_rates.insert(c.clone(), rate(*n, b, seconds));
             }
         }
-        self.selected = self.selected.min(next.groups.len().saturating_sub(1));
+        // The same group stays selected when a reload adds or removes one before it.
+        let name = self.group().map(|g| g.name.clone());
+        self.selected = name
+            .and_then(|name| next.groups.iter().position(|g| g.name == name))
+            .unwrap_or(self.selected)
+            .min(next.groups.len().saturating_sub(1));
         self.snapshot = Some(next);
         self.taken_ns = now_ns;
         self.error = None;
@@ -454,6 +459,25 @@ mod tests {
         assert_eq!(view.group().unwrap().name, "health");
         view.previous_group();
         assert_eq!(view.group().unwrap().name, "link");
+    }
+
+    /// The selected group stays selected when a reload adds a group before it or removes one.
+    #[test]
+    fn the_selection_follows_its_group_by_name() {
+        let mut view = View::new(String::new());
+        view.update(Snapshot::from_json(&status(1, 1), &clients()), 0);
+        view.next_group();
+        assert_eq!(view.group().map(|g| g.name.as_str()), Some("link"));
+        let mut st = status(1, 1);
+        st["groups"]
+            .as_array_mut()
+            .unwrap()
+            .insert(0, json!({"name": "api", "burst": 1}));
+        view.update(Snapshot::from_json(&st, &clients()), 1);
+        assert_eq!(view.group().map(|g| g.name.as_str()), Some("link"));
+        st["groups"].as_array_mut().unwrap().truncate(2);
+        view.update(Snapshot::from_json(&st, &clients()), 2);
+        assert_eq!(view.group().map(|g| g.name.as_str()), Some("health"));
     }
 
     #[test]
