@@ -14,8 +14,19 @@ pub const MIN_DURATION: Duration = Duration::from_millis(1);
 pub const MAX_DURATION: Duration = Duration::from_hours(365 * 24);
 
 /// Parses a duration such as `"30s"`, `"1500ms"` or `"2m"` (humantime syntax), from
-/// [`MIN_DURATION`] to [`MAX_DURATION`]; zero is refused.
+/// [`MIN_DURATION`] to [`MAX_DURATION`]; zero is refused, and so is the unit `M`, which that
+/// syntax reads as a month where an operator likely meant a minute (`month` is accepted).
 pub(super) fn parse_duration(key: &str, s: &str) -> Result<Duration, ConfigError> {
+    if s.split(|c: char| !c.is_ascii_alphabetic())
+        .any(|unit| unit == "M")
+    {
+        return Err(invalid(
+            key,
+            format!("{s:?}"),
+            "\"M\" is a month in this syntax: write \"m\" or \"min\" for minutes, \"month\" \
+             for months",
+        ));
+    }
     let d = humantime::parse_duration(s).map_err(|e| {
         invalid(
             key,

@@ -20,6 +20,17 @@ use super::{
 pub(super) fn written_over(file: &mut File, o: &Overrides) -> Result<(), ConfigError> {
     written_over_xdp(&mut file.xdp, o)?;
     written_over_planes(&mut file.plane, o);
+    // One blank item alone is `DOOR_GROUP=` (set, empty): nothing to set. A blank item beside
+    // others is a stray comma (`--group link.rate=2,`), refused as in the CIDR lists.
+    if o.group.len() > 1
+        && let Some(i) = o.group.iter().position(|item| item.name.is_empty())
+    {
+        return Err(invalid(
+            format!("--group / DOOR_GROUP item {i}"),
+            "\"\"",
+            "empty (a stray comma?): remove it",
+        ));
+    }
     for item in o.group.iter().filter(|item| !item.name.is_empty()) {
         item.write_into(file.group.entry(item.name.clone()).or_default());
     }

@@ -86,11 +86,15 @@ fn plane_credential(session: &SessionPlaneFile) -> Result<Credential, ConfigErro
                 "must be \"authorization\" (a Bearer token)",
             ));
         }
-        (Some(_), Some(_)) => {
+        (Some(name), Some(h)) => {
             return Err(invalid(
-                "plane.session",
-                "{…}",
-                "give exactly one of cookie = NAME or header = \"authorization\"",
+                "plane.session.cookie",
+                format!("{name:?}"),
+                format!(
+                    "given with plane.session.header = {h:?}: give exactly one (from the file, \
+                     --plane-session-cookie / DOOR_PLANE_SESSION_COOKIE or \
+                     --plane-session-header / DOOR_PLANE_SESSION_HEADER)"
+                ),
             ));
         }
         (None, None) => {

@@ -547,8 +547,10 @@ fn a_plane_budget_without_a_credential_is_named() {
         "plane.ip = {…}: needs [plane.session]: the planes are enabled by the session plane"
     );
     assert!(
-        err("[plane.session]\ncookie = \"sid\"\nheader = \"authorization\"")
-            .starts_with("plane.session = {…}: give exactly one of cookie")
+        err("[plane.session]\ncookie = \"sid\"\nheader = \"authorization\"").starts_with(
+            "plane.session.cookie = \"sid\": given with plane.session.header = \"authorization\": \
+             give exactly one"
+        )
     );
 }
 
@@ -572,7 +574,14 @@ fn bad_durations_are_named() {
         err("header_read_timeout = \"999us\""),
         "header_read_timeout = \"999us\": must be at least 1ms"
     );
-    for ok in ["1ms", "365days"] {
+    // humantime's `M` is a month: an operator writing "1M" for a minute is told.
+    assert!(
+        err("[xdp]\nmode = \"off\"\nblock_for = \"1M\"")
+            .starts_with("xdp.block_for = \"1M\": \"M\" is a month in this syntax"),
+        "{}",
+        err("[xdp]\nmode = \"off\"\nblock_for = \"1M\"")
+    );
+    for ok in ["1ms", "365days", "1month", "2m 30s"] {
         let text = format!("[group.link]\nread_timeout = \"{ok}\"");
         assert!(Config::from_toml("door.toml", &text).is_ok(), "{ok}");
     }
@@ -1089,7 +1098,9 @@ fn plane_flags_without_a_credential_are_named() {
             ]
         )
         .unwrap_err()
-        .starts_with("plane.session = {…}: give exactly one of cookie")
+        .starts_with(
+            "plane.session.cookie = \"s\": given with plane.session.header = \"authorization\""
+        )
     );
 }
 
@@ -1159,6 +1170,15 @@ fn bad_group_items_are_named() {
             "{item}: {e}"
         );
     }
+    // A stray comma is refused, naming the item; one blank value alone sets nothing.
+    for list in ["link.rate=2,", "link.rate=2,,link.burst=3"] {
+        let e = load_with("group-comma", "", &["--group", list]).unwrap_err();
+        assert!(
+            e.starts_with("--group / DOOR_GROUP item ") && e.contains("a stray comma"),
+            "{list}: {e}"
+        );
+    }
+    assert!(load_with("group-blank", "", &["--group", ""]).is_ok());
     assert!(
         load_with("group-neg", "", &["--group", "link.rate=-1"])
             .unwrap_err()
