@@ -4,7 +4,8 @@
 //! Paths are compared segment by segment after normalisation, so that a client cannot step around
 //! a limited route with a spelling the application treats as the same path: empty segments
 //! (`//`, a trailing `/`) and `.` are ignored, `..` removes the previous segment (RFC 3986
-//! §5.2.4), and percent-encoded unreserved characters are decoded (RFC 3986 §6.2.2.2).
+//! §5.2.4), and percent-encoded characters are decoded as applications decode them, but for the
+//! few that would change the path's structure ([`decode_segment`]).
 //!
 //! A path is also read as the lenient servers read it ([`lenient`]): an encoded slash (`%2F`), a
 //! backslash and an encoded backslash as separators, each segment's `;` parameters dropped, and
@@ -293,7 +294,7 @@ type Segments<'a> = SmallVec<[Cow<'a, str>; 8]>;
 fn normalise(path: &str) -> Segments<'_> {
     let mut out = Segments::new();
     for raw in path.split('/') {
-        let segment = decode_unreserved(raw);
+        let segment = decode_segment(raw);
         match segment.as_ref() {
             "" | "." => {}
             ".." => {
@@ -344,40 +345,71 @@ pub fn lenient(path: &str) -> Option<String> {
     Some(out)
 }
 
-/// Decodes `%XX` escapes of unreserved characters (ALPHA / DIGIT / `-` `.` `_` `~`), which
-/// RFC 3986 §6.2.2.2 says are equivalent to the character; other escapes stay as written, with
-/// their hex digits upper-cased (§6.2.2.1). A segment without `%` is returned as it is.
-fn decode_unreserved(segment: &str) -> Cow<'_, str> {
+/// Decodes a segment's `%XX` escapes as applications decode a path before routing it (RFC 3986
+/// §6.2.2.2 makes that the rule for unreserved characters; Django, Express, Rails and the rest
+/// decode every escape): `/caf%C3%A9` is `/café`, `/a%3Ab` is `/a:b`. Kept as written, hex digits
+/// upper-cased (§6.2.2.1), are the escapes whose decoding would change what the path says to
+/// door: `%2F` and `%5C` (separators in the lenient reading, [`lenient`]), `%3B` (a parameter
+/// there), `%25` (decoded, it would start another escape), `%3F` and `%23` (no raw `?` or `#` is
+/// in a path), and bytes that are not UTF-8. A segment without `%` is returned as it is.
+fn decode_segment(segment: &str) -> Cow<'_, str> {
     if !segment.contains('%') {
         return Cow::Borrowed(segment);
     }
-    let bytes = segment.as_bytes();
-    let mut out = String::with_capacity(segment.len());
+    let escape = |i: usize| match (
+        segment.as_bytes().get(i),
+        segment.as_bytes().get(i + 1).copied().and_then(hex),
+        segment.as_bytes().get(i + 2).copied().and_then(hex),
+    ) {
+        (Some(b'%'), Some(h), Some(l)) => Some(h * 16 + l),
+        _ => None,
+    };
+    let kept = |b: u8| matches!(b, b'/' | b'\\' | b';' | b'%' | b'?' | b'#');
+    let mut out: Vec<u8> = Vec::with_capacity(segment.len());
+    let write_escaped = |out: &mut Vec<u8>, b: u8| {
+        let digits = b"0123456789ABCDEF";
+        out.push(b'%');
+        out.extend(digits.get(usize::from(b >> 4)));
+        out.extend(digits.get(usize::from(b & 15)));
+    };
     let mut i = 0;
-    while i < bytes.len() {
-        if let (Some(b'%'), Some(&hi), Some(&lo)) =
-            (bytes.get(i), bytes.get(i + 1), bytes.get(i + 2))
-            && let (Some(h), Some(l)) = (hex(hi), hex(lo))
-        {
-            let c = char::from(h * 16 + l);
-            if c.is_ascii_alphanumeric() || matches!(c, '-' | '.' | '_' | '~') {
-                out.push(c);
-            } else {
-                out.push('%');
-                out.push(char::from(hi).to_ascii_uppercase());
-                out.push(char::from(lo).to_ascii_uppercase());
+    while i < segment.len() {
+        match escape(i) {
+            Some(b) if b.is_ascii() => {
+                if kept(b) {
+                    write_escaped(&mut out, b);
+                } else {
+                    out.push(b);
+                }
+                i += 3;
             }
-            i += 3;
-            continue;
+            Some(_) => {
+                // A run of escaped bytes above 0x7F: decoded where they are UTF-8.
+                let mut run = Vec::new();
+                while let Some(b) = escape(i).filter(|b| !b.is_ascii()) {
+                    run.push(b);
+                    i += 3;
+                }
+                for chunk in run.utf8_chunks() {
+                    out.extend_from_slice(chunk.valid().as_bytes());
+                    for &b in chunk.invalid() {
+                        write_escaped(&mut out, b);
+                    }
+                }
+            }
+            None => {
+                // Not an escape: copy one UTF-8 character.
+                let Some(c) = segment.get(i..).and_then(|rest| rest.chars().next()) else {
+                    break;
+                };
+                let mut buf = [0u8; 4];
+                out.extend_from_slice(c.encode_utf8(&mut buf).as_bytes());
+                i += c.len_utf8();
+            }
         }
-        // Not an escape: copy one UTF-8 character.
-        let Some(c) = segment.get(i..).and_then(|rest| rest.chars().next()) else {
-            break;
-        };
-        out.push(c);
-        i += c.len_utf8();
     }
-    Cow::Owned(out)
+    // Valid by construction: whole characters of `segment`, ASCII, and checked UTF-8 runs.
+    Cow::Owned(String::from_utf8_lossy(&out).into_owned())
 }
 
 fn hex(b: u8) -> Option<u8> {
@@ -587,6 +619,38 @@ mod tests {
             Route::new("link", std::slice::from_ref(&long), "/x").unwrap_err(),
             RouteError::BadMethod(long)
         );
+    }
+
+    /// Escapes are decoded as applications decode them: a route written with UTF-8 or a reserved
+    /// character holds for the escaped spelling browsers send, and the other way round. Escapes
+    /// that would change the path's structure stay escapes.
+    #[test]
+    fn escaped_and_raw_spellings_match_the_same_route() {
+        let r = Router::new(vec![
+            Route::new("e", &[], "/\u{e9}/{id}").unwrap(),
+            Route::new("n", &[], "/%C3%B1/{id}").unwrap(),
+            Route::new("colon", &[], "/a%3Ab/{id}").unwrap(),
+            Route::new("pct", &[], "/p%25/{id}").unwrap(),
+        ]);
+        for (path, group) in [
+            ("/\u{e9}/1", "e"),
+            ("/%C3%A9/2", "e"),
+            ("/%c3%a9/3", "e"),
+            ("/\u{f1}/1", "n"),
+            ("/%C3%B1/2", "n"),
+            ("/a:b/1", "colon"),
+            ("/a%3ab/2", "colon"),
+            ("/p%25/1", "pct"),
+        ] {
+            assert_eq!(r.group_for(&Method::GET, path), Some(group), "{path}");
+        }
+        // Not decoded: an escaped percent (it would start another escape), bytes that are not
+        // UTF-8; and an escaped slash is not a separator as written.
+        for path in ["/p%2541/1", "/%C3/1", "/%E9/1", "/a%2Fb/1"] {
+            assert_eq!(r.group_for(&Method::GET, path), None, "{path}");
+        }
+        assert_eq!(decode_segment("%C3%A9%FF%41"), "\u{e9}%FFA");
+        assert_eq!(decode_segment("a%2fb%3b%3F%23"), "a%2Fb%3B%3F%23");
     }
 
     #[test]
