@@ -9,7 +9,10 @@
 //! changed lands elsewhere); without the key, an attacker cannot aim a credential at another's
 //! hash.
 
-use std::hash::{BuildHasher, Hasher};
+use std::{
+    borrow::Cow,
+    hash::{BuildHasher, Hasher},
+};
 
 use door_common::prefix::PrefixKey;
 use http::{
@@ -36,13 +39,15 @@ impl Credential {
     /// door would verify its value on the application's answer to the other one, a fresh session
     /// bucket for every made-up value. So a request that carries the credential more than once
     /// with different values (`sid=made-up; sid=REAL`: Python's `http.cookies` and Django read
-    /// the last, PHP the first; `Authorization: Basic …` beside a `Bearer`), or a value outside
-    /// its grammar (a cookie value that is not RFC 6265 §4.1.1 `cookie-octet`s once one pair of
-    /// double quotes is taken off, as Python and Go take them off; a token that is not RFC 6750
-    /// §2.1 `b64token`), or an empty one, carries none, and is charged to the IP plane. A cookie
-    /// whose name PHP reads as this one (`.`, ` ` and `[` become `_` in PHP's `$_COOKIE`) counts
-    /// as the same cookie.
-    pub fn find<'h>(&self, headers: &'h HeaderMap) -> Option<&'h [u8]> {
+    /// the last, PHP and ASP.NET the first; `Authorization: Basic …` beside a `Bearer`), or a
+    /// value outside its grammar (a cookie value that is not RFC 6265 §4.1.1 `cookie-octet`s once
+    /// one pair of double quotes is taken off, as Python and Go take them off; a token that is
+    /// not RFC 6750 §2.1 `b64token`), or an empty one, carries none, and is charged to the IP
+    /// plane. Cookie names and values are read as the lenient applications read them, so that
+    /// every spelling of one cookie is one credential: `%XX` escapes decoded (PHP, Rack, the
+    /// `cookie` package of Express decode both), names compared without regard to case (ASP.NET)
+    /// and with `.`, ` ` and `[` read as `_` (PHP's `$_COOKIE`).
+    pub fn find<'h>(&self, headers: &'h HeaderMap) -> Option<Cow<'h, [u8]>> {
         match self {
             Credential::Cookie(name) => only_one(
                 headers
@@ -53,7 +58,8 @@ impl Credential {
                         let pair = trim(pair);
                         let eq = pair.iter().position(|b| *b == b'=')?;
                         let (k, v) = (trim(pair.get(..eq)?), trim(pair.get(eq + 1..)?));
-                        same_cookie_name(k, name.as_bytes()).then(|| cookie_value(v))
+                        same_cookie_name(&percent_decoded(k), name.as_bytes())
+                            .then(|| cookie_value(v))
                     }),
             ),
             Credential::Bearer => only_one(headers.get_all(AUTHORIZATION).iter().map(|v| {
@@ -63,7 +69,7 @@ impl Credential {
                     .filter(|scheme| scheme.eq_ignore_ascii_case(b"bearer "))
                     .and_then(|_| v.get(7..))
                     .map(trim)?;
-                is_b64token(token).then_some(token)
+                is_b64token(token).then_some(Cow::Borrowed(token))
             })),
         }
     }
@@ -79,33 +85,64 @@ impl Credential {
 
 /// The one value every candidate carries: `None` when there is no candidate, when one of them is
 /// not a well-formed value (`None`), or when two differ.
-fn only_one<'h>(mut candidates: impl Iterator<Item = Option<&'h [u8]>>) -> Option<&'h [u8]> {
+fn only_one<'h>(
+    mut candidates: impl Iterator<Item = Option<Cow<'h, [u8]>>>,
+) -> Option<Cow<'h, [u8]>> {
     let first = candidates.next()??;
     candidates
-        .try_fold(first, |seen, next| next.filter(|v| *v == seen))
+        .try_fold(first, |seen, next| {
+            next.filter(|v| *v == seen).map(|_| seen)
+        })
         .filter(|v| !v.is_empty())
 }
 
-/// Whether the cookie named `got` is the cookie named `want`, as servers read names: byte for
-/// byte, or as PHP reads it (`.`, ` ` and `[` in a name read as `_`).
+/// Whether the cookie named `got` (escapes decoded) is the cookie named `want`, as the lenient
+/// servers read names: without regard to ASCII case, and with `.`, ` ` and `[` read as `_`.
 fn same_cookie_name(got: &[u8], want: &[u8]) -> bool {
     got.len() == want.len()
-        && got
-            .iter()
-            .zip(want)
-            .all(|(g, w)| g == w || (*w == b'_' && matches!(g, b'.' | b' ' | b'[')))
+        && got.iter().zip(want).all(|(g, w)| {
+            g.eq_ignore_ascii_case(w) || (*w == b'_' && matches!(g, b'.' | b' ' | b'['))
+        })
 }
 
-/// A cookie's value with one pair of surrounding double quotes taken off, if it is made of RFC
-/// 6265 `cookie-octet`s (printable US-ASCII but for `"`, `,`, `;`, `\` and space).
-fn cookie_value(v: &[u8]) -> Option<&[u8]> {
+/// A cookie's value as applications read it: one pair of surrounding double quotes taken off,
+/// then its `%XX` escapes decoded; `None` unless it is made of RFC 6265 `cookie-octet`s
+/// (printable US-ASCII but for `"`, `,`, `;`, `\` and space).
+fn cookie_value(v: &[u8]) -> Option<Cow<'_, [u8]>> {
     let v = match v {
         [b'"', inner @ .., b'"'] => inner,
         _ => v,
     };
     v.iter()
         .all(|b| matches!(b, 0x21 | 0x23..=0x2B | 0x2D..=0x3A | 0x3C..=0x5B | 0x5D..=0x7E))
-        .then_some(v)
+        .then(|| percent_decoded(v))
+}
+
+/// `b` with its `%XX` escapes decoded, once; a `%` not followed by two hex digits stays as is.
+fn percent_decoded(b: &[u8]) -> Cow<'_, [u8]> {
+    if !b.contains(&b'%') {
+        return Cow::Borrowed(b);
+    }
+    let hex = |c: u8| {
+        char::from(c)
+            .to_digit(16)
+            .and_then(|d| u8::try_from(d).ok())
+    };
+    let mut out = Vec::with_capacity(b.len());
+    let mut rest = b;
+    while let Some((&c, tail)) = rest.split_first() {
+        if c == b'%'
+            && let [hi, lo, after @ ..] = tail
+            && let (Some(h), Some(l)) = (hex(*hi), hex(*lo))
+        {
+            out.push(h * 16 + l);
+            rest = after;
+        } else {
+            out.push(c);
+            rest = tail;
+        }
+    }
+    Cow::Owned(out)
 }
 
 /// Whether `t` is an RFC 6750 `b64token`: `1*( ALPHA / DIGIT / "-" / "." / "_" / "~" / "+" /
@@ -187,31 +224,41 @@ mod tests {
     fn a_cookie_is_found_in_any_cookie_field() {
         let c = Credential::Cookie("malmo_session".to_owned());
         let h = headers(&[("cookie", "a=1; b=2"), ("cookie", "malmo_session=tok; c=3")]);
-        assert_eq!(c.find(&h), Some(&b"tok"[..]));
+        assert_eq!(c.find(&h).as_deref(), Some(&b"tok"[..]));
         let h = headers(&[("cookie", " malmo_session = tok2 ;x=1")]);
-        assert_eq!(c.find(&h), Some(&b"tok2"[..]));
+        assert_eq!(c.find(&h).as_deref(), Some(&b"tok2"[..]));
         let h = headers(&[("cookie", "malmo_sessionx=no; xmalmo_session=no")]);
-        assert_eq!(c.find(&h), None);
+        assert_eq!(c.find(&h).as_deref(), None);
         let h = headers(&[("cookie", "malmo_session=")]);
-        assert_eq!(c.find(&h), None, "an empty value is no credential");
+        assert_eq!(
+            c.find(&h).as_deref(),
+            None,
+            "an empty value is no credential"
+        );
     }
 
     #[test]
     fn a_bearer_token_is_found_with_any_case_of_the_scheme() {
         let c = Credential::Bearer;
         assert_eq!(
-            c.find(&headers(&[("authorization", "Bearer abc.def")])),
+            c.find(&headers(&[("authorization", "Bearer abc.def")]))
+                .as_deref(),
             Some(&b"abc.def"[..])
         );
         assert_eq!(
-            c.find(&headers(&[("authorization", "bearer  xyz ")])),
+            c.find(&headers(&[("authorization", "bearer  xyz ")]))
+                .as_deref(),
             Some(&b"xyz"[..])
         );
         assert_eq!(
-            c.find(&headers(&[("authorization", "Basic dXNlcg==")])),
+            c.find(&headers(&[("authorization", "Basic dXNlcg==")]))
+                .as_deref(),
             None
         );
-        assert_eq!(c.find(&headers(&[("authorization", "Bearer ")])), None);
+        assert_eq!(
+            c.find(&headers(&[("authorization", "Bearer ")])).as_deref(),
+            None
+        );
     }
 
     /// A request the application may read another credential from than door would carries
@@ -230,19 +277,36 @@ mod tests {
             &[("cookie", "sid=re al")][..],
             &[("cookie", "sid=\"\"")][..],
         ] {
-            assert_eq!(c.find(&headers(fields)), None, "{fields:?}");
+            assert_eq!(c.find(&headers(fields)).as_deref(), None, "{fields:?}");
         }
         // The same value twice is that value; quotes come off as Python and Go take them off.
         let h = headers(&[("cookie", "sid=real; a=1"), ("cookie", "sid=\"real\"")]);
-        assert_eq!(c.find(&h), Some(&b"real"[..]));
+        assert_eq!(c.find(&h).as_deref(), Some(&b"real"[..]));
         // PHP reads `laravel.session` as `laravel_session`: it is the same cookie.
         let c = Credential::Cookie("laravel_session".to_owned());
         let h = headers(&[("cookie", "laravel.session=real; laravel_session=made-up")]);
-        assert_eq!(c.find(&h), None);
+        assert_eq!(c.find(&h).as_deref(), None);
         assert_eq!(
-            c.find(&headers(&[("cookie", "laravel[session=real")])),
+            c.find(&headers(&[("cookie", "laravel[session=real")]))
+                .as_deref(),
             Some(&b"real"[..])
         );
+        // Escapes and case: every spelling of one cookie is one credential, and a second
+        // spelling of the name with another value makes it none.
+        let c = Credential::Cookie("sid".to_owned());
+        for (cookie, found) in [
+            ("sid=%72eal", Some(&b"real"[..])),
+            ("sid=real; sid=%72%65al", Some(&b"real"[..])),
+            ("SID=real", Some(&b"real"[..])),
+            ("s%69d=real", Some(&b"real"[..])),
+            ("s%69d=real; sid=made-up", None),
+            ("SID=real; sid=made-up", None),
+            ("sid=100%", Some(&b"100%"[..])),
+            ("sid=s%3Aabc.def", Some(&b"s:abc.def"[..])),
+        ] {
+            let h = headers(&[("cookie", cookie)]);
+            assert_eq!(c.find(&h).as_deref(), found, "{cookie}");
+        }
         let b = Credential::Bearer;
         for fields in [
             &[
@@ -257,10 +321,10 @@ mod tests {
             &[("authorization", "Bearer \"real\"")][..],
             &[("authorization", "Bearer ==")][..],
         ] {
-            assert_eq!(b.find(&headers(fields)), None, "{fields:?}");
+            assert_eq!(b.find(&headers(fields)).as_deref(), None, "{fields:?}");
         }
         let h = headers(&[("authorization", "Bearer a.b-c_d~e+f/g==")]);
-        assert_eq!(b.find(&h), Some(&b"a.b-c_d~e+f/g=="[..]));
+        assert_eq!(b.find(&h).as_deref(), Some(&b"a.b-c_d~e+f/g=="[..]));
     }
 
     #[test]

@@ -81,7 +81,7 @@ impl Sessions {
         headers: &HeaderMap,
         client: PrefixKey,
     ) -> PlaneChoice {
-        let hashed = credential.find(headers).map(|c| self.hasher.key(c));
+        let hashed = credential.find(headers).map(|c| self.hasher.key(&c));
         match hashed {
             Some(key) if self.is_verified(&key) => PlaneChoice {
                 plane: crate::config::SESSION_PLANE,
