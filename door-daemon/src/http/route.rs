@@ -238,12 +238,23 @@ fn upper_case(method: &Method) -> Option<Method> {
 #[derive(Debug, Clone, Default)]
 pub struct Router {
     routes: Vec<Route>,
+    /// Whether a route's literal segment has an upper-case letter: then a path without one can
+    /// still read, without regard to case, as that route's.
+    upper_case_literals: bool,
 }
 
 impl Router {
     /// A router over `routes`, tried in order.
     pub fn new(routes: Vec<Route>) -> Self {
-        Self { routes }
+        let upper_case_literals = routes.iter().any(|r| {
+            r.path.segments.iter().any(
+                |s| matches!(s, Segment::Literal(l) if l.bytes().any(|b| b.is_ascii_uppercase())),
+            )
+        });
+        Self {
+            routes,
+            upper_case_literals,
+        }
     }
 
     /// The group of the first route matching `method` and `path`, or `None` (pass-through).
@@ -269,11 +280,16 @@ impl Router {
         // paths, which that reading cannot change.
         let before = self.routes.get(..as_written.unwrap_or(self.routes.len()))?;
         let read_leniently = || {
-            if before.is_empty() {
+            if !before.iter().any(|r| r.method_matches(method)) {
                 return None;
             }
-            let read = lenient(path)?;
-            first(before, &normalise(&read), false)
+            match lenient(path) {
+                Some(read) => first(before, &normalise(&read), false),
+                // The path reads as written, but a route with capitals may match it without
+                // regard to case.
+                None if self.upper_case_literals => first(before, &normalise(path), false),
+                None => None,
+            }
         };
         read_leniently()
             .or(as_written)
@@ -351,7 +367,8 @@ pub fn lenient(path: &str) -> Option<String> {
 /// upper-cased (§6.2.2.1), are the escapes whose decoding would change what the path says to
 /// door: `%2F` and `%5C` (separators in the lenient reading, [`lenient`]), `%3B` (a parameter
 /// there), `%25` (decoded, it would start another escape), `%3F` and `%23` (no raw `?` or `#` is
-/// in a path), and bytes that are not UTF-8. A segment without `%` is returned as it is.
+/// in a path), `%7B` and `%7D` (a pattern's braces make a wildcard), and bytes that are not
+/// UTF-8. A segment without `%` is returned as it is.
 fn decode_segment(segment: &str) -> Cow<'_, str> {
     if !segment.contains('%') {
         return Cow::Borrowed(segment);
@@ -364,7 +381,7 @@ fn decode_segment(segment: &str) -> Cow<'_, str> {
         (Some(b'%'), Some(h), Some(l)) => Some(h * 16 + l),
         _ => None,
     };
-    let kept = |b: u8| matches!(b, b'/' | b'\\' | b';' | b'%' | b'?' | b'#');
+    let kept = |b: u8| matches!(b, b'/' | b'\\' | b';' | b'%' | b'?' | b'#' | b'{' | b'}');
     let mut out: Vec<u8> = Vec::with_capacity(segment.len());
     let write_escaped = |out: &mut Vec<u8>, b: u8| {
         let digits = b"0123456789ABCDEF";
@@ -372,6 +389,7 @@ fn decode_segment(segment: &str) -> Cow<'_, str> {
         out.extend(digits.get(usize::from(b >> 4)));
         out.extend(digits.get(usize::from(b & 15)));
     };
+    let mut run = Vec::new();
     let mut i = 0;
     while i < segment.len() {
         match escape(i) {
@@ -385,7 +403,7 @@ fn decode_segment(segment: &str) -> Cow<'_, str> {
             }
             Some(_) => {
                 // A run of escaped bytes above 0x7F: decoded where they are UTF-8.
-                let mut run = Vec::new();
+                run.clear();
                 while let Some(b) = escape(i).filter(|b| !b.is_ascii()) {
                     run.push(b);
                     i += 3;
@@ -409,7 +427,10 @@ fn decode_segment(segment: &str) -> Cow<'_, str> {
         }
     }
     // Valid by construction: whole characters of `segment`, ASCII, and checked UTF-8 runs.
-    Cow::Owned(String::from_utf8_lossy(&out).into_owned())
+    Cow::Owned(
+        String::from_utf8(out)
+            .unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned()),
+    )
 }
 
 fn hex(b: u8) -> Option<u8> {
@@ -508,7 +529,7 @@ mod tests {
         ] {
             assert_eq!(r.group_for(&Method::POST, path), Some("webhook"), "{path}");
         }
-        // A path that matches no route as written is read as the lenient servers read it:
+        // A path is also read as the lenient servers read it:
         // encoded slashes (WSGI), backslashes (WHATWG URL parsers), `;` parameters (Tomcat),
         // letters in any case (Express, ASP.NET).
         for path in [
@@ -561,13 +582,17 @@ mod tests {
             Route::new("b", &[], "/files/{dir}/{name}").unwrap(),
             Route::new("login", &["POST".to_owned()], "/api/login").unwrap(),
             Route::new("api", &[], "/api/{endpoint}").unwrap(),
+            Route::new("caps", &[], "/Admin/Login").unwrap(),
         ]);
         assert_eq!(r.group_for(&Method::GET, "/files/a%2Fb"), Some("a"));
         assert_eq!(r.group_for(&Method::GET, "/files/a/b"), Some("b"));
         assert_eq!(r.group_for(&Method::GET, "/files%2Fa%2Fb"), Some("b"));
         assert_eq!(r.group_for(&Method::GET, "/Files/x"), Some("upper"));
         assert_eq!(r.group_for(&Method::GET, "/FILES/X"), Some("upper"));
-        assert_eq!(r.group_for(&Method::GET, "/files/x"), Some("a"));
+        // A route written with capitals holds for a path in lower case too.
+        assert_eq!(r.group_for(&Method::GET, "/files/x"), Some("upper"));
+        assert_eq!(r.group_for(&Method::GET, "/admin/login"), Some("caps"));
+        assert_eq!(r.group_for(&Method::GET, "/files/y"), Some("a"));
         assert_eq!(r.group_for(&Method::GET, "/FILES/X/y"), Some("b"));
         for path in ["/api/login", "/api/LOGIN", "/api/login;x=1", "/API%2Flogin"] {
             assert_eq!(r.group_for(&Method::POST, path), Some("login"), "{path}");
@@ -632,6 +657,11 @@ mod tests {
             Route::new("colon", &[], "/a%3Ab/{id}").unwrap(),
             Route::new("pct", &[], "/p%25/{id}").unwrap(),
         ]);
+        // Escaped braces stay escapes: a literal segment, not a wildcard.
+        let lit = Router::new(vec![Route::new("lit", &[], "/a/%7Bid%7D").unwrap()]);
+        assert_eq!(lit.group_for(&Method::GET, "/a/%7bid%7d"), Some("lit"));
+        assert_eq!(lit.group_for(&Method::GET, "/a/anything"), None);
+        assert!(PathPattern::parse("/a/x%7B").is_ok());
         for (path, group) in [
             ("/\u{e9}/1", "e"),
             ("/%C3%A9/2", "e"),
