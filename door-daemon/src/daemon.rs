@@ -249,8 +249,6 @@ fn status_line(bound: &[String], shield: Option<&Arc<Mutex<Shield>>>) -> String 
     format!("serving on {}; {xdp_state}", bound.join(", "))
 }
 
-/// The blocklist of `POST /blocks` and its kin: `shield`'s (none without one), and in cluster
-/// mode also published to every door through `shared`.
 /// The admin API's two hooks into the request path: the groups in force (a reload replaces
 /// them), and the escalator to tell of an operator's unblock.
 fn admin_hooks(app: &Arc<App>) -> (crate::admin::LimiterSource, crate::admin::UnblockHook) {
@@ -262,6 +260,8 @@ fn admin_hooks(app: &Arc<App>) -> (crate::admin::LimiterSource, crate::admin::Un
     )
 }
 
+/// The blocklist of `POST /blocks` and its kin: `shield`'s (none without one), and in cluster
+/// mode also published to every door through `shared`.
 fn admin_blocklist(
     shield: Option<&Arc<Mutex<Shield>>>,
     shared: Option<&Arc<crate::cluster::SharedBlocklist>>,

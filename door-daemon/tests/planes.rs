@@ -582,9 +582,6 @@ async fn a_health_probe_the_ip_plane_refuses_gets_the_cached_status_not_a_429() 
     assert_eq!(d.count("ip", Outcome::RateLimited), 0);
 }
 
-/// A group named like a plane (`ip`, allowed while the planes are off) hands nothing to the
-/// plane a reload turns on: the client that drained the group starts the IP plane with its whole
-/// burst, as every other client.
 /// A reload of `plane.session.max_clients` resizes the set of verified credentials: with room
 /// for one, two sessions push each other back to the IP plane; after a reload to 100, both stay
 /// verified.
@@ -611,6 +608,9 @@ async fn a_reload_resizes_the_verified_credentials() {
     assert_eq!(plane("bob").await, "\"session\"");
 }
 
+/// A group named like a plane (`ip`, allowed while the planes are off) hands nothing to the
+/// plane a reload turns on: the client that drained the group starts the IP plane with its whole
+/// burst, as every other client.
 #[tokio::test]
 async fn a_reload_that_turns_the_planes_on_gives_them_fresh_tables() {
     let hits = Arc::new(AtomicUsize::new(0));
