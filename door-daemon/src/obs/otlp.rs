@@ -2,9 +2,10 @@
 //! bodies (`opentelemetry-otlp` 0.31, reqwest's blocking client), a periodic reader, cumulative
 //! temporality. An `https://` endpoint is verified against the system's roots (rustls with the
 //! `ring` provider, `rustls-native-certs`: `/etc/ssl/certs`, or `SSL_CERT_FILE` / `SSL_CERT_DIR`),
-//! with no system TLS library. A failed export is logged at `warn` (at most once every
-//! [`EXPORT_WARN_INTERVAL`], with how many failed meanwhile), where the SDK reports it at `debug`
-//! only, and the first export that works again is logged at `info`.
+//! with no system TLS library. Where the SDK reports a failed export at `debug` only, door logs
+//! the change: the first export that fails, at `warn` (at most once every
+//! [`EXPORT_WARN_INTERVAL`], with how many such lines were held back), and the first that works
+//! again, at `info`, when its failure was logged: the last line logged says how exports stand.
 //!
 //! The exporter runs when `[otlp] endpoint` (or `--otlp-endpoint` / `DOOR_OTLP_ENDPOINT`) is set,
 //! or when the standard `OTEL_EXPORTER_OTLP_METRICS_ENDPOINT` or `OTEL_EXPORTER_OTLP_ENDPOINT`
@@ -36,8 +37,8 @@ use crate::{
     obs::{logging::RateLimitedWarn, prometheus::Exposition},
 };
 
-/// How often a failing OTLP export is logged, at most.
-pub const EXPORT_WARN_INTERVAL: Duration = Duration::from_mins(10);
+/// How often exports that start failing are logged, at most.
+pub const EXPORT_WARN_INTERVAL: Duration = Duration::from_mins(1);
 
 /// The instrumentation scope door's instruments are created under.
 pub const SCOPE: &str = "door";
@@ -108,6 +109,7 @@ impl Telemetry {
             let exporter = Logged {
                 inner: builder.build()?,
                 failing: AtomicBool::new(false),
+                told: AtomicBool::new(false),
             };
             let mut reader = PeriodicReader::builder(exporter);
             let sdk_env = std::env::var("OTEL_METRIC_EXPORT_INTERVAL").is_ok();
@@ -162,12 +164,14 @@ impl Telemetry {
     }
 }
 
-/// The OTLP exporter, saying in door's log when exports fail and when they work again.
+/// The OTLP exporter, saying in door's log when exports start failing and when they work again.
 #[derive(Debug)]
 struct Logged {
     inner: MetricExporter,
     /// Whether the last export failed.
     failing: AtomicBool,
+    /// Whether the failure that started the current run of failures was logged (so its end is).
+    told: AtomicBool,
 }
 
 impl PushMetricExporter for Logged {
@@ -176,13 +180,18 @@ impl PushMetricExporter for Logged {
         let result = self.inner.export(metrics).await;
         match &result {
             Err(e) => {
-                self.failing.store(true, Ordering::Relaxed);
-                if let Some(suppressed) = FAILED.due() {
-                    tracing::warn!(error = %e, suppressed, "OTLP export failed; the next export that works carries the totals (at most one line every 10 minutes)");
+                if !self.failing.swap(true, Ordering::Relaxed) {
+                    let due = FAILED.due();
+                    if let Some(suppressed) = due {
+                        tracing::warn!(error = %e, suppressed, "OTLP export failed; the next export that works carries the totals (logged when exports start failing, at most once a minute)");
+                    }
+                    self.told.store(due.is_some(), Ordering::Relaxed);
                 }
             }
             Ok(()) => {
-                if self.failing.swap(false, Ordering::Relaxed) {
+                if self.failing.swap(false, Ordering::Relaxed)
+                    && self.told.swap(false, Ordering::Relaxed)
+                {
                     tracing::info!("OTLP export works again");
                 }
             }
