@@ -528,6 +528,25 @@ fn denied_prefixes_drop_every_syn_and_the_longest_match_decides() {
     // Outside the lists, the budget applies.
     let outsider = tcp4([192, 0, 2, 50], SERVER4, PORT, Flags::SYN);
     assert_eq!(verdict(&s, &outsider), (XDP_PASS, Counter::PassSyn));
+    // A NAT64 source (64:ff9b::/96, RFC 6052) is listed by the IPv4 address it embeds, as door
+    // keys and lists it at layer 7.
+    let nat64 = |v4: [u8; 4]| {
+        let mut a = [0, 0x64, 0xff, 0x9b, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0];
+        a[12..].copy_from_slice(&v4);
+        tcp6(a, SERVER6, PORT, Flags::SYN)
+    };
+    assert_eq!(
+        verdict(&s, &nat64([198, 51, 100, 7])),
+        (XDP_DROP, Counter::DropDenied)
+    );
+    assert_eq!(
+        verdict(&s, &nat64([198, 51, 100, 99])),
+        (XDP_PASS, Counter::PassExempt)
+    );
+    assert_eq!(
+        verdict(&s, &nat64([192, 0, 2, 50])),
+        (XDP_PASS, Counter::PassSyn)
+    );
     // Reconfiguring without the deny list lets the client in again.
     s.configure(&settings(1000), &[], &[]).unwrap();
     assert_eq!(verdict(&s, &syn4()), (XDP_PASS, Counter::PassSyn));

@@ -551,7 +551,7 @@ impl Shield {
     ///
     /// # Errors
     /// [`ShieldError::Map`] when a map cannot be written (the exempt trie holds
-    /// [`door_common::EXEMPT_CAPACITY`] entries).
+    /// [`door_common::EXEMPT_CAPACITY`] entries; an IPv4 network takes two, an IPv6 one one).
     pub fn configure(
         &mut self,
         xdp: &XdpConfig,
@@ -611,8 +611,11 @@ impl Shield {
             LpmTrie::try_from(map_mut(&mut self.ebpf, MAP_EXEMPT)?).map_err(map_err)?;
         let wanted: Vec<(Key<ExemptKey>, u32)> = exempt
             .iter()
-            .map(|n| (exempt_key(*n), door_common::EXEMPT))
-            .chain(deny.iter().map(|n| (exempt_key(*n), door_common::DENIED)))
+            .flat_map(|n| exempt_keys(*n).map(|k| (k, door_common::EXEMPT)))
+            .chain(
+                deny.iter()
+                    .flat_map(|n| exempt_keys(*n).map(|k| (k, door_common::DENIED))),
+            )
             .collect();
         let stale: Vec<Key<ExemptKey>> = trie
             .keys()
@@ -822,15 +825,29 @@ impl Drop for Shield {
     }
 }
 
-/// The exempt trie's key for `net`: IPv4 in its mapped 16-byte form with prefix length 96 + n.
-fn exempt_key(net: IpNet) -> Key<ExemptKey> {
-    match net {
-        IpNet::V4(v4) => Key::new(
-            96 + u32::from(v4.prefix_len()),
-            v4.network().to_ipv6_mapped().octets(),
-        ),
-        IpNet::V6(v6) => Key::new(u32::from(v6.prefix_len()), v6.network().octets()),
-    }
+/// The exempt trie's keys for `net`: an IPv6 network as it is; an IPv4 one twice, with prefix
+/// length 96 + n, in its mapped 16-byte form (how the program keys an IPv4 source) and under the
+/// NAT64 prefix `64:ff9b::/96` (RFC 6052 §2.1), whose clients door keys, limits and lists by the
+/// IPv4 address they embed ([`crate::client::listed`]).
+fn exempt_keys(net: IpNet) -> impl Iterator<Item = Key<ExemptKey>> {
+    let keys = match net {
+        IpNet::V4(v4) => {
+            let len = 96 + u32::from(v4.prefix_len());
+            let mut nat64 = [0, 0x64, 0xff, 0x9b, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0];
+            if let Some(tail) = nat64.last_chunk_mut::<4>() {
+                *tail = v4.network().octets();
+            }
+            [
+                Some(Key::new(len, v4.network().to_ipv6_mapped().octets())),
+                Some(Key::new(len, nat64)),
+            ]
+        }
+        IpNet::V6(v6) => [
+            Some(Key::new(u32::from(v6.prefix_len()), v6.network().octets())),
+            None,
+        ],
+    };
+    keys.into_iter().flatten()
 }
 
 fn same_key(a: &Key<ExemptKey>, b: &Key<ExemptKey>) -> bool {
