@@ -978,7 +978,7 @@ async fn requests_a_web_page_makes_are_refused() {
 #[tokio::test]
 async fn a_listener_on_every_address_refuses_rebound_hosts_on_loopback() {
     let door = Door::start(&config(upstream().await, "")).await;
-    let port = door.admin_on("[::]:0").await.port();
+    let port = door.admin_on("[::]:0").port();
     let rebound = &[("host", "rebind.attacker.com")][..];
     for ip in ["127.0.0.1", "::1"] {
         let admin = std::net::SocketAddr::new(ip.parse().unwrap(), port);

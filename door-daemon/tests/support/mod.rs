@@ -150,18 +150,25 @@ impl Door {
 
     /// Starts an admin listener on 127.0.0.1 (an ephemeral port) and returns its address.
     pub async fn admin(&self) -> SocketAddr {
-        self.admin_on("127.0.0.1:0").await
-    }
-
-    /// Starts an admin listener bound to `bind` (`"[::]:0"`: every address, both families) and
-    /// returns its address.
-    pub async fn admin_on(&self, bind: &str) -> SocketAddr {
-        let l = TcpListener::bind(bind).await.unwrap();
+        let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = l.local_addr().unwrap();
         tokio::spawn(door_daemon::admin::serve(
             AdminListener::Tcp(l),
             Arc::clone(&self.source),
         ));
+        addr
+    }
+
+    /// Starts an admin listener bound to `bind` as door binds `admin_listen` (`"[::]:0"`: every
+    /// address of both families, IPv6-only off whatever the host's `bindv6only`) and returns its
+    /// address.
+    pub fn admin_on(&self, bind: &str) -> SocketAddr {
+        let (l, _) = AdminListener::bind(&AdminListen::Tcp(bind.parse().unwrap()), false).unwrap();
+        let addr = match &l {
+            AdminListener::Tcp(tcp) => tcp.local_addr().unwrap(),
+            AdminListener::Unix(_) => unreachable!("bound as a TCP address"),
+        };
+        tokio::spawn(door_daemon::admin::serve(l, Arc::clone(&self.source)));
         addr
     }
 
