@@ -4,7 +4,7 @@
 //! in use" (exit 1, restarted by systemd in a loop), or, for the upstream, send every request
 //! back into door until a limit stopped it.
 
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::net::{IpAddr, Ipv6Addr, SocketAddr};
 
 use super::{AdminListen, ConfigError, Upstream, invalid};
 
@@ -49,10 +49,13 @@ fn reaches(host: &str, port: u16, listen: SocketAddr, v6_only: bool) -> bool {
         .strip_prefix('[')
         .and_then(|h| h.strip_suffix(']'))
         .unwrap_or(host);
-    // `localhost.` is `localhost` as a fully qualified name.
-    let ip = if host.eq_ignore_ascii_case("localhost") || host.eq_ignore_ascii_case("localhost.") {
-        IpAddr::V4(Ipv4Addr::LOCALHOST)
-    } else if let Ok(ip) = host.parse::<IpAddr>() {
+    // `localhost` (`localhost.` fully qualified) resolves to either loopback address.
+    if host.eq_ignore_ascii_case("localhost") || host.eq_ignore_ascii_case("localhost.") {
+        return ["127.0.0.1", "[::1]"]
+            .into_iter()
+            .any(|ip| reaches(ip, port, listen, v6_only));
+    }
+    let ip = if let Ok(ip) = host.parse::<IpAddr>() {
         // An IPv4-mapped address connects to the IPv4 address it maps.
         ip.to_canonical()
     } else {
@@ -190,6 +193,7 @@ mod tests {
             false
         ));
         assert!(reaches("localhost.", 8443, a("0.0.0.0:8443"), false));
+        assert!(reaches("localhost", 8443, a("[::1]:8443"), false));
         assert!(!reaches("[::ffff:127.0.0.1]", 8443, a("[::]:8443"), true));
     }
 

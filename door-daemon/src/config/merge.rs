@@ -26,7 +26,7 @@ pub(super) fn written_over(file: &mut File, o: &Overrides) -> Result<(), ConfigE
         && let Some(i) = o.group.iter().position(|item| item.name.is_empty())
     {
         return Err(invalid(
-            format!("--group / DOOR_GROUP item {i}"),
+            format!("--group / DOOR_GROUP[{i}]"),
             "\"\"",
             "empty (a stray comma?): remove it",
         ));

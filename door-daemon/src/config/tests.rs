@@ -1174,7 +1174,7 @@ fn bad_group_items_are_named() {
     for list in ["link.rate=2,", "link.rate=2,,link.burst=3"] {
         let e = load_with("group-comma", "", &["--group", list]).unwrap_err();
         assert!(
-            e.starts_with("--group / DOOR_GROUP item ") && e.contains("a stray comma"),
+            e.starts_with("--group / DOOR_GROUP[") && e.contains("a stray comma"),
             "{list}: {e}"
         );
     }

@@ -65,11 +65,19 @@ impl Sessions {
     /// Remembers at most `capacity` verified credentials from now on (a reload of
     /// `plane.session.max_clients`): a smaller value forgets the least recently used at once.
     pub fn set_capacity(&self, capacity: usize) {
+        /// Entries forgotten per hold of the lock, which every plane request takes: shrinking
+        /// millions of entries never stalls the planes for long.
+        const BATCH: usize = 4_096;
         let capacity = capacity.max(1);
         self.capacity.store(capacity, Ordering::Relaxed);
-        let mut verified = self.lock();
-        while verified.len() > capacity {
-            verified.pop_lru();
+        loop {
+            let mut verified = self.lock();
+            for _ in 0..BATCH {
+                if verified.len() <= capacity {
+                    return;
+                }
+                verified.pop_lru();
+            }
         }
     }
 
