@@ -566,19 +566,30 @@ fn tokio_stream_of<T: Send + 'static>(
     futures_util::stream::poll_fn(move |cx| rx.poll_recv(cx))
 }
 
-/// Opens an event stream on a connection of its own: the response, or its status if refused.
+/// Opens an event stream on a connection of its own, asking for one as an EventSource does: the
+/// response, or its status if refused.
 async fn open_events(addr: SocketAddr, path: &str) -> Result<Response<Incoming>, StatusCode> {
+    get_on_own_connection(addr, path, Some("text/event-stream")).await
+}
+
+/// `GET path` on a connection of its own, with `accept` if given: the response, or its status if
+/// it is not 200.
+async fn get_on_own_connection(
+    addr: SocketAddr,
+    path: &str,
+    accept: Option<&str>,
+) -> Result<Response<Incoming>, StatusCode> {
     let s = TcpStream::connect(addr).await.unwrap();
     let (mut send, conn) =
         hyper::client::conn::http1::handshake::<_, Empty<Bytes>>(TokioIo::new(s))
             .await
             .unwrap();
     tokio::spawn(conn);
-    let req = Request::get(path)
-        .header("host", "door.test")
-        .header("accept", "text/event-stream")
-        .body(Empty::new())
-        .unwrap();
+    let mut req = Request::get(path).header("host", "door.test");
+    if let Some(accept) = accept {
+        req = req.header("accept", accept);
+    }
+    let req = req.body(Empty::new()).unwrap();
     let res = send.send_request(req).await.unwrap();
     if res.status() == StatusCode::OK {
         Ok(res)
@@ -635,19 +646,30 @@ async fn two_event_streams_receive_while_a_third_gets_429_and_closing_one_frees_
     assert!(next_event(&mut b).await.is_some());
 }
 
+/// Any `text/event-stream` answer on a pass-through route is a stream of the stream group,
+/// whether or not the request asked for one (`Accept`): a script's plain `GET` holds a slot too.
 #[tokio::test]
 async fn an_event_stream_on_a_pass_through_route_is_limited_in_the_stream_group() {
     let up = sse_upstream(Duration::ZERO, Duration::from_millis(10), 1000).await;
     let d = door(&config(up, "", "[group.stream]\nper_client = 1\n"), None).await;
-    let mut a = open_events(d.addr, "/live").await.unwrap();
-    assert!(next_event(&mut a).await.is_some());
-    assert_eq!(d.inflight("stream"), 1);
-    assert_eq!(
-        open_events(d.addr, "/live").await.unwrap_err(),
-        StatusCode::TOO_MANY_REQUESTS
-    );
-    drop(a);
-    d.eventually("freed", |d| d.inflight("stream") == 0).await;
+    for accept in [Some("text/event-stream"), None, Some("*/*")] {
+        let mut a = get_on_own_connection(d.addr, "/live", accept)
+            .await
+            .unwrap();
+        assert!(next_event(&mut a).await.is_some());
+        assert_eq!(d.inflight("stream"), 1, "{accept:?}");
+        for again in [Some("text/event-stream"), None] {
+            assert_eq!(
+                get_on_own_connection(d.addr, "/live", again)
+                    .await
+                    .unwrap_err(),
+                StatusCode::TOO_MANY_REQUESTS,
+                "{accept:?} then {again:?}"
+            );
+        }
+        drop(a);
+        d.eventually("freed", |d| d.inflight("stream") == 0).await;
+    }
 }
 
 /// With the request planes on, an event stream on a pass-through route is charged to the plane

@@ -64,8 +64,8 @@ struct Job<'p> {
     credential: Option<PrefixKey>,
     /// A pass-through request's `upstream_max_inflight` slot.
     passthrough: Option<PassSlot>,
-    /// A pass-through request's client key when it asked for `text/event-stream` or passed a
-    /// request plane: an event-stream answer is limited under it in the stream group.
+    /// A pass-through request's client key: an event-stream answer is limited under it in the
+    /// stream group. `None` for a client on the allow list, never limited.
     sse_key: Option<PrefixKey>,
 }
 
@@ -103,10 +103,10 @@ struct PlaneRefusal<'p> {
 /// The permit a stream answer holds. A stream is exempt from the request planes: a plane's token
 /// taken when the request was admitted is given back, a group's stream keeping its group permit
 /// (`admitted`). A pass-through stream (its permit, if any, is the plane's) is limited in the
-/// stream group instead, under `sse_key` when the client's key is known: the plane's token is
-/// given back only once the stream group admits it, and spent when it refuses, so that an
-/// event-stream answer never leaves a request charged nowhere. Without a key the plane's permit
-/// stays.
+/// stream group instead, under `sse_key`, the client's key: the plane's token is given back only
+/// once the stream group admits it, and spent when it refuses, so that an event-stream answer
+/// never leaves a request charged nowhere. Without a key (a client on the allow list) the stream
+/// is not limited.
 ///
 /// # Errors
 /// The stream group's 429 or 503 when it refuses the stream.
@@ -140,15 +140,6 @@ fn stream_permit(
             Err(Box::new(answer::rejected(STREAM_GROUP, &r)))
         }
     }
-}
-
-/// Whether `Accept` asks for server-sent events (an EventSource always does).
-fn accepts_event_stream(headers: &http::HeaderMap) -> bool {
-    headers
-        .get_all(header::ACCEPT)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .any(|v| v.contains("text/event-stream"))
 }
 
 /// Whether a response is server-sent events (`Content-Type: text/event-stream`, WHATWG HTML
@@ -644,19 +635,18 @@ impl App {
             let job = Job::new(origin, upgrade, stream_route);
             return self.forward(conn, &policy, req, job).await;
         }
-        // An EventSource asks for text/event-stream: its answer will be a stream.
-        let event_stream = accepts_event_stream(req.headers());
         // A request that only asks for an event stream or an upgrade is charged to its plane like
         // any other until its answer shows it is a stream (then the plane's token is given back,
         // in `forward` and `switch`): a request header alone must not take a request past the
         // planes.
         let planes = policy.credential.as_ref().filter(|_| !stream_route);
-        let needed = limited.is_some() || planes.is_some() || event_stream;
-        let decision = listed.or_else(|| self.key_if_needed(needed, conn, &policy, &req, &origin));
+        // Every request's key: a pass-through one's too, since any `text/event-stream` answer is
+        // a stream, limited in the stream group under it.
+        let decision = listed.unwrap_or_else(|| self.client(conn, &policy, &req));
         let mut job = Job::new(origin, upgrade, stream_route);
         // The request planes first: a request one of them refuses never reaches its group.
-        let plane = match (planes, &decision) {
-            (Some(credential), Some(decision)) => {
+        let plane = match planes {
+            Some(credential) => {
                 match self.admit_plane(&policy, credential, &req, decision.key, &mut job) {
                     Ok(plane) => plane,
                     Err(r) => {
@@ -666,7 +656,7 @@ impl App {
                     }
                 }
             }
-            _ => None,
+            None => None,
         };
         let Some(limited) = limited else {
             let slot = match self.passthrough.take(conn.peer_inflight()) {
@@ -679,11 +669,8 @@ impl App {
                 }
             };
             job.passthrough = Some(slot);
-            // Known when the request asked for an event stream or passed a plane: an event-stream
-            // answer is then limited in the stream group.
-            if event_stream || plane.is_some() {
-                job.sse_key = decision.as_ref().map(|d| d.key);
-            }
+            // An event-stream answer is limited in the stream group under the client's key.
+            job.sse_key = Some(decision.key);
             let mut res = self.forward(conn, &policy, req, job).await;
             if let Some((p, key)) = plane {
                 answer::clear_ratelimit_fields(res.headers_mut());
@@ -691,8 +678,6 @@ impl App {
             }
             return res;
         };
-        // Always made above for a limited request; made here if that ever changes.
-        let decision = decision.unwrap_or_else(|| self.client(conn, &policy, &req));
         let mut res = match settle::admit(&limited.limiter, &limited.metrics, decision.key) {
             Ok(permit) => {
                 let permit = match job.plane.take() {
@@ -838,26 +823,6 @@ impl App {
             self.untrusted_forwarding(peer_ip);
         }
         decision
-    }
-
-    /// The client key of `req` when `needed`. A request that needs none still has its forwarding
-    /// headers dropped from an untrusted peer: from a local one they are counted and warned
-    /// about here, as [`Self::client`] does for a keyed request.
-    fn key_if_needed(
-        &self,
-        needed: bool,
-        conn: &ConnInfo,
-        policy: &Policy,
-        req: &Request<Incoming>,
-        origin: &Origin,
-    ) -> Option<KeyDecision> {
-        if needed {
-            return Some(self.client(conn, policy, req));
-        }
-        if !origin.peer_trusted && key::ignored_from_untrusted(origin.peer, req.headers()) {
-            self.untrusted_forwarding(origin.peer);
-        }
-        None
     }
 
     /// Counts (and warns once about) forwarding headers ignored from `peer_ip`, an untrusted local
