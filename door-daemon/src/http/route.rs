@@ -5,7 +5,7 @@
 //! a limited route with a spelling the application treats as the same path: empty segments
 //! (`//`, a trailing `/`) and `.` are ignored, `..` removes the previous segment (RFC 3986
 //! §5.2.4), and percent-encoded characters are decoded as applications decode them, but for the
-//! few that would change the path's structure ([`decode_segment`]).
+//! few that would change the path's structure (`decode_segment`).
 //!
 //! A path is also read as the lenient servers read it ([`lenient`]): an encoded slash (`%2F`), a
 //! backslash and an encoded backslash as separators, each segment's `;` parameters dropped, and
