@@ -141,6 +141,25 @@ async fn metrics_exposes_every_instrument_with_prometheus_names_and_bounded_labe
     assert_eq!(status, StatusCode::NOT_FOUND, "{body}");
 }
 
+/// Over-budget health probes are answered from the cache, never refused: `/clients` shows no
+/// rejection for their prober (`door top` ranks clients by it), only their tokens spent.
+#[tokio::test]
+async fn cached_health_answers_are_not_rejections() {
+    let cfg = config(upstream().await, "[group.health]\nrate = 0.001\nburst = 1");
+    let door = Door::start(&cfg).await;
+    let admin = door.admin().await;
+    for _ in 0..4 {
+        assert_eq!(door.get("/healthz", "198.51.100.9").await, StatusCode::OK);
+    }
+    let (status, body) = request(admin, "GET", "/clients?group=health", &[], "").await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let v = json(&body);
+    let client = &v["groups"][0]["clients"][0];
+    assert_eq!(client["key"], "198.51.100.9/32", "{body}");
+    assert_eq!(client["spent"], 1, "{body}");
+    assert_eq!(client["rejections"], 0, "{body}");
+}
+
 /// A quiet door's groups and outcomes are on `/metrics` from the start, at 0: dashboards list
 /// their groups from `door_requests_total`, and `rate()` sees the first increment.
 #[tokio::test]

@@ -97,6 +97,8 @@ struct Admitted<'p> {
 struct PlaneRefusal<'p> {
     answer: Response<ResponseBody>,
     plane: &'p Limited,
+    /// The key the plane refused: the client's, or the credential's hash.
+    key: PrefixKey,
     rejection: crate::limit::Rejection,
 }
 
@@ -693,8 +695,10 @@ impl App {
                     held.refund();
                 }
                 if limited.health {
-                    // Never refused, so never escalated: probes of a load balancer or an uptime
-                    // monitor past the budget must not get the prober's SYNs dropped.
+                    // Never refused, so never escalated (probes of a load balancer or an uptime
+                    // monitor past the budget must not get the prober's SYNs dropped), nor shown
+                    // as a rejection of its row.
+                    limited.limiter.uncount_rejection(&decision.key, &rejection);
                     Box::pin(self.cached_health(limited, req, job.origin)).await
                 } else {
                     Self::escalate(conn, &policy, &decision, &rejection);
@@ -779,6 +783,7 @@ impl App {
                 Err(Box::new(PlaneRefusal {
                     answer,
                     plane: p,
+                    key: choice.key,
                     rejection,
                 }))
             }
@@ -804,6 +809,11 @@ impl App {
             settle::refused(&refused.plane.metrics, &refused.rejection);
             return refused.answer;
         };
+        // Answered from the cache, not refused: no rejection of the plane's row.
+        refused
+            .plane
+            .limiter
+            .uncount_rejection(&refused.key, &refused.rejection);
         let mut res = self.cached_health(health, req, origin).await;
         health.ratelimit_fields(res.headers_mut(), &key);
         res

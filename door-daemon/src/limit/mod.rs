@@ -1233,6 +1233,23 @@ impl GroupLimiter {
         true
     }
 
+    /// Takes back the count of `rejection`, a refusal of `key` this limiter made, from the row
+    /// that counted it (the client's, or the shared row): the caller answered the request anyway
+    /// (an over-budget health probe gets the cached status, never a 429), so it is not one of the
+    /// rejections `/clients` shows. A group-cap refusal counted on no row; nothing to take back.
+    pub fn uncount_rejection(&self, key: &PrefixKey, rejection: &Rejection) {
+        let take_back = |row: &mut Row| row.rejections = row.rejections.saturating_sub(1);
+        match rejection.scope {
+            Scope::Client => {
+                if let Some(row) = self.shard_of(key).lock().table.peek_mut(key) {
+                    take_back(row);
+                }
+            }
+            Scope::Shared => take_back(&mut self.shared.lock().shared),
+            Scope::Group => {}
+        }
+    }
+
     /// Admits a request from client `key`, or rejects it (docs/design.md, "Limits").
     ///
     /// The group cap first (503, scope `group`: a slot taken under the client's shard lock,

@@ -630,6 +630,38 @@ fn top_orders_by_rejections_then_spend_and_forget_starts_afresh() {
     lim.check_invariants().unwrap();
 }
 
+/// A rejection the caller answered anyway (a cached health answer) is taken back from the row
+/// that counted it: the client's, or the shared row when the table was full.
+#[test]
+fn an_uncounted_rejection_leaves_its_row_as_before() {
+    let clock = Arc::new(ManualClock::at(0));
+    let lim = Arc::new(GroupLimiter::new(
+        "health",
+        Budget {
+            burst: 1,
+            rate: 0.001,
+            max_clients: 1,
+            ..Budget::link()
+        },
+        true,
+        clock,
+        Arc::new(Unobserved),
+    ));
+    lim.admit(key(1)).unwrap().settle(Spend::Nothing);
+    let own = lim.admit(key(1)).unwrap_err();
+    assert_eq!(lim.top(1)[0].1.rejections, 1);
+    lim.uncount_rejection(&key(1), &own);
+    assert_eq!(lim.top(1)[0].1.rejections, 0);
+    // key 2 finds the table full: the shared row decides, and counts.
+    lim.admit(key(2)).unwrap().settle(Spend::Nothing);
+    let shared = lim.admit(key(2)).unwrap_err();
+    assert_eq!(shared.scope, Scope::Shared);
+    assert_eq!(lim.shared_row().rejections, 1);
+    lim.uncount_rejection(&key(2), &shared);
+    assert_eq!(lim.shared_row().rejections, 0);
+    assert_eq!(lim.top(1)[0].1.rejections, 0, "key 1's row is untouched");
+}
+
 /// A case the property below once shrank to, kept by name: one slow token (0.3/s, burst 1), one
 /// slot, a one-entry table. The spent token is back exactly at Retry-After, and the client's own
 /// request in flight then refuses the next ones on the group cap (checked first), not on the rate.
