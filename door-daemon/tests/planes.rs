@@ -578,8 +578,17 @@ async fn a_health_probe_the_ip_plane_refuses_gets_the_cached_status_not_a_429() 
     }
     assert_eq!(hits.load(Ordering::SeqCst), 5, "served from the cache");
     assert_eq!(d.count("health", Outcome::Cached), 5);
-    // Each probe has one outcome: the plane does not also count the cached ones as refused.
+    // Each probe has one outcome: the plane does not also count the cached ones as refused,
+    // nor does its row (what `/clients` and `door top` show).
     assert_eq!(d.count("ip", Outcome::RateLimited), 0);
+    let ip = d
+        .front
+        .app()
+        .limiters()
+        .into_iter()
+        .find(|l| l.group() == "ip")
+        .unwrap();
+    assert_eq!(ip.top(1)[0].1.rejections, 0);
 }
 
 /// A reload of `plane.session.max_clients` resizes the set of verified credentials: with room
