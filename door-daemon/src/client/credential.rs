@@ -118,31 +118,10 @@ fn cookie_value(v: &[u8]) -> Option<Cow<'_, [u8]>> {
         .then(|| percent_decoded(v))
 }
 
-/// `b` with its `%XX` escapes decoded, once; a `%` not followed by two hex digits stays as is.
+/// `b` with its `%XX` escapes decoded, once; a `%` not followed by two hex digits stays as is
+/// (the rust-url project's `percent-encoding`).
 fn percent_decoded(b: &[u8]) -> Cow<'_, [u8]> {
-    if !b.contains(&b'%') {
-        return Cow::Borrowed(b);
-    }
-    let hex = |c: u8| {
-        char::from(c)
-            .to_digit(16)
-            .and_then(|d| u8::try_from(d).ok())
-    };
-    let mut out = Vec::with_capacity(b.len());
-    let mut rest = b;
-    while let Some((&c, tail)) = rest.split_first() {
-        if c == b'%'
-            && let [hi, lo, after @ ..] = tail
-            && let (Some(h), Some(l)) = (hex(*hi), hex(*lo))
-        {
-            out.push(h * 16 + l);
-            rest = after;
-        } else {
-            out.push(c);
-            rest = tail;
-        }
-    }
-    Cow::Owned(out)
+    percent_encoding::percent_decode(b).into()
 }
 
 /// Whether `t` is an RFC 6750 `b64token`: `1*( ALPHA / DIGIT / "-" / "." / "_" / "~" / "+" /
