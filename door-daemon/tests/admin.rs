@@ -330,6 +330,107 @@ async fn clients_lists_the_most_rejected_keys_and_forget_starts_them_afresh() {
     .await;
 }
 
+/// The session plane's keys are credential hashes, no addresses: `GET /clients` writes them as
+/// `credential:` and 32 hex digits (not as a made-up IPv6 /64), and `DELETE /clients/{key}`
+/// takes that back and forgets the session; an address key never matches in the session plane,
+/// nor a credential key in a group.
+#[tokio::test]
+async fn session_keys_are_listed_and_forgotten_as_credentials() {
+    let planes = "[plane.session]\nheader = \"authorization\"\nrate = 0.001\nburst = 2\n\
+                  [plane.ip]\nrate = 0.001\nburst = 50";
+    let door = Door::start(&config(upstream().await, planes)).await;
+    let admin = door.admin().await;
+    let bearer = [
+        ("x-forwarded-for", "198.51.100.7"),
+        ("authorization", "Bearer alice"),
+    ];
+    let get = async || request(door.addr, "GET", "/api/a", &bearer, "").await.0;
+    // The first request verifies the credential (on the IP plane); the next two spend the
+    // session's burst of 2, the third is refused.
+    for _ in 0..3 {
+        assert_eq!(get().await, StatusCode::OK);
+    }
+    assert_eq!(get().await, StatusCode::TOO_MANY_REQUESTS);
+
+    let (status, body) = request(admin, "GET", "/clients?group=session", &[], "").await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let session = &json(&body)["groups"][0];
+    assert_eq!(session["tracked_clients"], 1, "{body}");
+    let row = &session["clients"][0];
+    let key = row["key"].as_str().unwrap().to_owned();
+    let hex = key
+        .strip_prefix("credential:")
+        .unwrap_or_else(|| panic!("{body}"));
+    assert!(
+        hex.len() == 32 && hex.bytes().all(|b| b.is_ascii_hexdigit()),
+        "{body}"
+    );
+    assert_eq!(row["spent"], 2, "{body}");
+    assert_eq!(row["rejections"], 1, "{body}");
+    // The IP plane's keys are still addresses.
+    let (_, body) = request(admin, "GET", "/clients?group=ip", &[], "").await;
+    assert_eq!(
+        json(&body)["groups"][0]["clients"][0]["key"],
+        "198.51.100.7/32",
+        "{body}"
+    );
+
+    // A credential key is not looked for in the groups and the IP plane, nor an address in the
+    // session plane.
+    refused(
+        admin,
+        "DELETE",
+        &format!("/clients/{key}?group=ip"),
+        "",
+        StatusCode::BAD_REQUEST,
+        "bad-prefix",
+        "credential",
+    )
+    .await;
+    refused(
+        admin,
+        "DELETE",
+        "/clients/198.51.100.7?group=session",
+        "",
+        StatusCode::BAD_REQUEST,
+        "bad-prefix",
+        "\"session\"",
+    )
+    .await;
+    let (status, body) = request(admin, "DELETE", "/clients/198.51.100.7", &[], "").await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(json(&body)["forgotten_in"], serde_json::json!(["ip"]));
+    assert_eq!(get().await, StatusCode::TOO_MANY_REQUESTS, "still refused");
+
+    // Forgotten by its credential key (hex digits in either case): the session starts afresh.
+    let upper = format!("credential:{}", hex.to_ascii_uppercase());
+    let (status, body) = request(admin, "DELETE", &format!("/clients/{upper}"), &[], "").await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(json(&body)["key"], key.as_str(), "{body}");
+    assert_eq!(json(&body)["forgotten_in"], serde_json::json!(["session"]));
+    assert_eq!(get().await, StatusCode::OK);
+    refused(
+        admin,
+        "DELETE",
+        &format!("/clients/{}", key.replace("credential:", "credential:0")),
+        "",
+        StatusCode::BAD_REQUEST,
+        "bad-prefix",
+        "32 hex digits",
+    )
+    .await;
+    refused(
+        admin,
+        "DELETE",
+        "/clients/credential:0123456789abcdef0123456789abcdeg",
+        "",
+        StatusCode::BAD_REQUEST,
+        "bad-prefix",
+        "abcdeg",
+    )
+    .await;
+}
+
 /// (method, target, body, status, code, what the message names).
 type Refusal = (
     &'static str,

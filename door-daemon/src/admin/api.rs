@@ -21,7 +21,7 @@ use serde_json::{Value, json};
 use super::StatusSource;
 use crate::{
     cluster::SharedBlocklist,
-    limit::{GroupLimiter, RowSnapshot},
+    limit::{CREDENTIAL_KEY_PREFIX, GroupLimiter, KeyKind, RowSnapshot},
     shield::{Shield, ShieldError},
 };
 
@@ -306,7 +306,7 @@ pub fn clients(source: &StatusSource, query: Option<&str>) -> Result<Value, ApiE
                 .map(|(k, r)| {
                     let mut v = row_json(r);
                     if let Some(o) = v.as_object_mut() {
-                        o.insert("key".to_owned(), json!(k.to_string()));
+                        o.insert("key".to_owned(), json!(l.key_kind().text(k)));
                     }
                     v
                 })
@@ -327,18 +327,47 @@ pub fn clients(source: &StatusSource, query: Option<&str>) -> Result<Value, ApiE
     Ok(json!({ "groups": groups }))
 }
 
-/// `DELETE /clients/{prefix}[?group=G]`: forgets the key in every group (or only `G`).
+/// `DELETE /clients/{key}[?group=G]`: forgets the key in every group (or only `G`) whose keys are
+/// of its kind: a client key ([`parse_prefix`]) in the groups and the IP plane, a credential key
+/// (`credential:` and 32 hex digits, as `GET /clients` writes the session plane's) in the session
+/// plane.
 ///
 /// # Errors
-/// 400 for a bad prefix, an unknown parameter or group; 404 when no selected group tracks the
-/// key.
+/// 400 for a bad key, an unknown parameter or group, or a group `G` whose keys are of the other
+/// kind; 404 when no selected group tracks the key.
 pub fn forget(source: &StatusSource, raw: &str, query: Option<&str>) -> Result<Value, ApiError> {
     let pairs = params(query, &["group"])?;
-    let key = parse_prefix(raw)?;
-    let groups = select_groups((source.limiters)(), param(&pairs, "group"))?;
+    let (kind, key) = match KeyKind::parse_credential(raw) {
+        Some(key) => (KeyKind::Credential, key),
+        None if raw.starts_with(CREDENTIAL_KEY_PREFIX) => {
+            return Err(ApiError::bad(
+                "bad-prefix",
+                format!(
+                    "{raw:?} is not a credential key: {CREDENTIAL_KEY_PREFIX} takes exactly 32 \
+                     hex digits, as GET /clients writes them"
+                ),
+            ));
+        }
+        None => (KeyKind::Client, parse_prefix(raw)?),
+    };
+    let group = param(&pairs, "group");
+    let groups = select_groups((source.limiters)(), group)?;
+    if let (Some(g), Some(l)) = (group, groups.first())
+        && l.key_kind() != kind
+    {
+        return Err(ApiError::bad(
+            "bad-prefix",
+            format!(
+                "group {g:?} keys {}, and {raw:?} is {}",
+                describe(l.key_kind()),
+                describe(kind)
+            ),
+        ));
+    }
+    let text = kind.text(&key);
     let forgotten: Vec<&str> = groups
         .iter()
-        .filter(|l| l.forget(&key))
+        .filter(|l| l.key_kind() == kind && l.forget(&key))
         .map(|l| l.group())
         .collect();
     for group in &forgotten {
@@ -350,15 +379,23 @@ pub fn forget(source: &StatusSource, raw: &str, query: Option<&str>) -> Result<V
             StatusCode::NOT_FOUND,
             "not-tracked",
             format!(
-                "{key} is not tracked in {}",
-                match param(&pairs, "group") {
+                "{text} is not tracked in {}",
+                match group {
                     Some(g) => format!("group {g:?}"),
                     None => "any group".to_owned(),
                 }
             ),
         ));
     }
-    Ok(json!({ "key": key.to_string(), "forgotten_in": forgotten }))
+    Ok(json!({ "key": text, "forgotten_in": forgotten }))
+}
+
+/// What keys of `kind` are, for an error message.
+const fn describe(kind: KeyKind) -> &'static str {
+    match kind {
+        KeyKind::Client => "client addresses (198.51.100.7/32, 2001:db8:1:2::/64)",
+        KeyKind::Credential => "credentials (credential: and 32 hex digits)",
+    }
 }
 
 fn blocklist(source: &StatusSource) -> Result<Arc<dyn AdminBlocklist>, ApiError> {

@@ -42,7 +42,7 @@ use crate::{
         upstream::{BodyEvent, Origin, Proxy, UpstreamBody, prepare},
     },
     limit::DEFAULT_MAX_CLIENTS,
-    limit::GroupLimiter,
+    limit::{GroupLimiter, KeyKind},
     obs::metrics::{GroupMetrics, Metrics, Outcome},
     shield::escalate::{Blocklist, Escalator, KeySource},
     time::Clock,
@@ -393,13 +393,20 @@ impl Policy {
                 let group_metrics = Arc::new(metrics.clone().for_group(name));
                 let limiter = match kept {
                     Some(l) => Arc::clone(l),
-                    None => Arc::new(GroupLimiter::new(
-                        name,
-                        g.budget,
-                        enforce,
-                        Arc::clone(clock),
-                        Arc::clone(&group_metrics) as Arc<dyn crate::limit::Observer>,
-                    )),
+                    None => Arc::new(
+                        GroupLimiter::new(
+                            name,
+                            g.budget,
+                            enforce,
+                            Arc::clone(clock),
+                            Arc::clone(&group_metrics) as Arc<dyn crate::limit::Observer>,
+                        )
+                        .keyed_by(if plane && name == SESSION_PLANE {
+                            KeyKind::Credential
+                        } else {
+                            KeyKind::Client
+                        }),
+                    ),
                 };
                 let sf_name = answer::sf_string(name);
                 let policy = config

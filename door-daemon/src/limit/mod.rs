@@ -863,6 +863,51 @@ impl Shard {
     }
 }
 
+/// What the keys of a limiter's table stand for: how the admin API writes them
+/// (`GET /clients`) and reads them back (`DELETE /clients/{key}`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum KeyKind {
+    /// Client keys (`crate::client::key`): an IPv4 /32 or IPv6 /64 prefix, written as one
+    /// (`198.51.100.7/32`, `2001:db8:1:2::/64`). Every route group and the IP plane.
+    #[default]
+    Client,
+    /// Keyed hashes of credentials (`crate::client::credential`, the session plane): 16 bytes
+    /// that are no address, written [`CREDENTIAL_KEY_PREFIX`] and 32 lower-case hex digits. The
+    /// hash's key is random per process, so the text names the same credential only until door
+    /// restarts.
+    Credential,
+}
+
+/// How the admin API writes a [`KeyKind::Credential`] key: `credential:` then its 16 bytes in hex.
+pub const CREDENTIAL_KEY_PREFIX: &str = "credential:";
+
+impl KeyKind {
+    /// `key` as the admin API writes it for a table of this kind.
+    pub fn text(self, key: &PrefixKey) -> String {
+        match self {
+            Self::Client => key.to_string(),
+            Self::Credential => format!(
+                "{CREDENTIAL_KEY_PREFIX}{:032x}",
+                u128::from_be_bytes(key.addr)
+            ),
+        }
+    }
+
+    /// The credential key `raw` writes ([`KeyKind::text`] of a [`KeyKind::Credential`] key):
+    /// [`CREDENTIAL_KEY_PREFIX`] and exactly 32 hex digits (either case); `None` for anything
+    /// else.
+    pub fn parse_credential(raw: &str) -> Option<PrefixKey> {
+        let hex = raw.strip_prefix(CREDENTIAL_KEY_PREFIX)?;
+        if hex.len() != 32 || !hex.bytes().all(|b| b.is_ascii_hexdigit()) {
+            return None;
+        }
+        let n = u128::from_str_radix(hex, 16).ok()?;
+        Some(PrefixKey {
+            addr: n.to_be_bytes(),
+        })
+    }
+}
+
 /// The limiter of one route group (docs/design.md, "Limits").
 ///
 /// `Send + Sync`; share it as `Arc<GroupLimiter>`. The client table is split into
@@ -880,6 +925,8 @@ pub struct GroupLimiter {
     shared: Arc<Shard>,
     /// `false` in shadow mode.
     enforce: AtomicBool,
+    /// What the table's keys stand for ([`GroupLimiter::keyed_by`]).
+    keys: KeyKind,
     /// The configured budget and the divisor of its rate in force, under one lock, so that a
     /// reload ([`GroupLimiter::retune`]) and a cluster's degraded mode
     /// ([`GroupLimiter::divide_rate`]) each change their own part and never undo the other's.
@@ -937,6 +984,7 @@ impl GroupLimiter {
             shared: shard(1),
             core,
             enforce: AtomicBool::new(tuning.enforce),
+            keys: KeyKind::Client,
             tune: Mutex::new(Tune {
                 configured: budget,
                 divisor: 1,
@@ -947,6 +995,19 @@ impl GroupLimiter {
     /// The group's name (`door.group`).
     pub fn group(&self) -> &str {
         &self.group
+    }
+
+    /// This limiter, its keys standing for `keys` (a new limiter's are [`KeyKind::Client`]). Only
+    /// what the admin API shows changes: the limiter decides on any key alike.
+    #[must_use]
+    pub fn keyed_by(mut self, keys: KeyKind) -> Self {
+        self.keys = keys;
+        self
+    }
+
+    /// What the table's keys stand for ([`GroupLimiter::keyed_by`]).
+    pub fn key_kind(&self) -> KeyKind {
+        self.keys
     }
 
     /// The budget in force (after clamping, see [`GroupLimiter::new`]): the configured one with

@@ -1062,3 +1062,36 @@ fn a_client_forgotten_during_a_sync_is_not_folded_back() {
     assert!(lim.fold_deficit(&key(1), 3_600 * NS_PER_S));
     assert_eq!(lim.quota(&key(1)).remaining, 0);
 }
+
+#[test]
+fn credential_keys_are_written_in_hex_and_read_back() {
+    let key = PrefixKey {
+        addr: core::array::from_fn(|i| u8::try_from(i * 17).unwrap_or(0)),
+    };
+    let text = KeyKind::Credential.text(&key);
+    assert_eq!(text, "credential:00112233445566778899aabbccddeeff");
+    assert_eq!(KeyKind::parse_credential(&text), Some(key));
+    assert_eq!(
+        KeyKind::parse_credential(
+            &text
+                .to_ascii_uppercase()
+                .replace("CREDENTIAL", "credential")
+        ),
+        Some(key)
+    );
+    for bad in [
+        "credential:",
+        "credential:00112233445566778899aabbccddeef",
+        "credential:00112233445566778899aabbccddeeff0",
+        "credential:+0112233445566778899aabbccddeeff",
+        "credential:0x12233445566778899aabbccddeeff0",
+        "Credential:00112233445566778899aabbccddeeff",
+        "00112233445566778899aabbccddeeff",
+        "198.51.100.7/32",
+    ] {
+        assert_eq!(KeyKind::parse_credential(bad), None, "{bad}");
+    }
+    // A client key stays an address.
+    let client = PrefixKey::from_ipv4([198, 51, 100, 7]);
+    assert_eq!(KeyKind::Client.text(&client), "198.51.100.7/32");
+}
