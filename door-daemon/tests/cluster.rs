@@ -1236,9 +1236,18 @@ async fn values_door_did_not_write_do_not_stop_the_sync() {
 /// The shared debt of `client` in the `link` group, in seconds past the store's now; `None`
 /// when the store holds none.
 async fn store_debt_s(con: &mut redis::aio::MultiplexedConnection, client: &str) -> Option<f64> {
+    store_debt_in(con, "link", client).await
+}
+
+/// The shared debt of `client` in `group` (a group or a plane), as [`store_debt_s`].
+async fn store_debt_in(
+    con: &mut redis::aio::MultiplexedConnection,
+    group: &str,
+    client: &str,
+) -> Option<f64> {
     let key = PrefixKey::from_ip(client.parse().unwrap());
     let tat: Option<f64> = redis::cmd("GET")
-        .arg(format!("door:{{link}}:{}", hex(key)))
+        .arg(format!("door:{{{group}}}:{}", hex(key)))
         .query_async(con)
         .await
         .unwrap();
@@ -1361,4 +1370,145 @@ async fn a_store_that_refuses_del_keeps_the_door_synced() {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     assert_eq!(d.cluster.status().snapshot().state, State::Synced);
+}
+
+/// An upstream that answers every request with a short `text/event-stream` once `gate` is
+/// notified (one request per notification).
+async fn gated_event_stream(gate: Arc<tokio::sync::Notify>) -> SocketAddr {
+    let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let up = l.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((s, _)) = l.accept().await {
+            let opened = Arc::clone(&gate);
+            tokio::spawn(async move {
+                let svc = hyper::service::service_fn(move |_req: Request<Incoming>| {
+                    let opened = Arc::clone(&opened);
+                    async move {
+                        opened.notified().await;
+                        let res = Response::builder()
+                            .header("content-type", "text/event-stream")
+                            .body(Full::new(Bytes::from_static(b"data: one\n\n")))
+                            .unwrap();
+                        Ok::<_, Infallible>(res)
+                    }
+                });
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(TokioIo::new(s), svc)
+                    .await;
+            });
+        }
+    });
+    up
+}
+
+/// door with the request planes on (the IP plane: burst 5, one token per 1,000 s), in front of
+/// `up`, sharing through the store on `redis_port` every 50 ms.
+fn planes_config(up: SocketAddr, redis_port: u16) -> Config {
+    Config::from_toml(
+        "cluster-planes.toml",
+        &format!(
+            r#"
+listen = ["127.0.0.1:0"]
+upstream = "http://{up}"
+admin_listen = "off"
+trusted_proxies = ["127.0.0.1/32"]
+[plane.session]
+header = "authorization"
+rate = 0.001
+burst = 3
+[plane.ip]
+rate = 0.001
+burst = 5
+[cluster]
+redis = "redis://127.0.0.1:{redis_port}/0"
+sync_interval = "50ms"
+timeout = "100ms"
+"#
+        ),
+    )
+    .unwrap()
+}
+
+/// With the planes on, a request that turns out to be an event stream gives its plane token
+/// back (docs/design.md, "Streams"). When a sync has already sent that token to the store, the
+/// next sync takes it back there too: the store's debt goes, and is not folded back into the
+/// client's row, so each stream opened in a cluster costs the client nothing on its plane.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_plane_token_refunded_after_a_sync_is_taken_back_from_the_store() {
+    if !redis_or_skip() {
+        return;
+    }
+    let (_redis, held) = Redis::start().await;
+    let gate = Arc::new(tokio::sync::Notify::new());
+    let cfg = planes_config(gated_event_stream(Arc::clone(&gate)).await, held.port);
+    let d = once_synced(door(&cfg, Arc::new(MonotonicClock::new()), "door-a").await).await;
+    let mut con = store(held.port).await;
+    let client = "198.51.100.7";
+    let key = PrefixKey::from_ip(client.parse().unwrap());
+    let ip = d
+        .front
+        .app()
+        .limiters()
+        .into_iter()
+        .find(|l| l.group() == "ip")
+        .unwrap();
+
+    let addr = d.addr;
+    let stream = tokio::spawn(async move {
+        let s = TcpStream::connect(addr).await.unwrap();
+        let (mut c, conn) = hyper::client::conn::http1::handshake(TokioIo::new(s))
+            .await
+            .unwrap();
+        tokio::spawn(conn);
+        let req = Request::get("/events")
+            .header("host", "door.test")
+            .header("x-forwarded-for", client)
+            .header("accept", "text/event-stream")
+            .body(Empty::<Bytes>::new())
+            .unwrap();
+        c.send_request(req).await.unwrap().status()
+    });
+    // The plane's token reaches the store (one token: 1,000 s of debt) while the upstream has
+    // not answered yet.
+    let deadline = door_daemon::time::now() + Duration::from_secs(3);
+    while store_debt_in(&mut con, "ip", client)
+        .await
+        .is_none_or(|s| s < 900.0)
+    {
+        assert!(
+            door_daemon::time::now() < deadline,
+            "the plane's spend never reached the store"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(ip.quota(&key).remaining, 4);
+    gate.notify_one();
+    assert_eq!(stream.await.unwrap(), StatusCode::OK);
+
+    // Refunded here at once, and taken back from the store by a later sync: the client's row is
+    // full again and stays so over further syncs.
+    let deadline = door_daemon::time::now() + Duration::from_secs(3);
+    loop {
+        let debt = store_debt_in(&mut con, "ip", client).await;
+        if debt.is_none_or(|s| s < 1.0) {
+            break;
+        }
+        assert!(
+            door_daemon::time::now() < deadline,
+            "the store kept the refunded token: {debt:?} s of debt"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let synced = door_daemon::time::now();
+    while d
+        .cluster
+        .status()
+        .snapshot()
+        .last_sync
+        .is_none_or(|t| t < synced + SYNC * 3)
+    {
+        assert!(door_daemon::time::now() < synced + Duration::from_secs(2));
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(ip.quota(&key).remaining, 5, "the debt was folded back");
 }

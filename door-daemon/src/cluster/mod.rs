@@ -7,7 +7,8 @@
 //! 1. refreshes this door's membership: a sorted set `door:alive` scored by the store's clock
 //!    (µs), members older than 3 × `sync_interval` removed; its size is `N`, the doors alive;
 //! 2. for each client a limited group or plane charged here since the last sync (drained with
-//!    [`GroupLimiter::drain_spent`]), adds the tokens it spent here to the shared GCRA
+//!    [`GroupLimiter::drain_spent`]), adds the tokens it spent here (less those refunded, which
+//!    may make it a subtraction, never below the store's now) to the shared GCRA
 //!    theoretical arrival time at `door:{GROUP}:{HEX KEY}`, computed with `redis.call('TIME')`
 //!    (the store's clock, never a door's), stored with a `PEXPIRE` of the debt plus 2 × the
 //!    bucket's full-refill window, and returns its deficit (`TAT − store now`, ≥ 0, ns);
@@ -74,8 +75,9 @@ pub const ALIVE_KEY: &str = "door:alive";
 /// [`blocks::BLOCKS_META_KEY`], then one per client. `ARGV[1]`: door id, `ARGV[2]`: membership
 /// lifetime (ms), `ARGV[3]`: `1` when this call also handles blocks (the first call of a sync),
 /// `ARGV[4]`, `ARGV[5]`: the door's block cursor (epoch, sequence number), `ARGV[6]`: `P`, the
-/// blocks published, then `P` pairs (member, lifetime ms), then per client key: tokens spent here,
-/// emission interval (ns), burst (tokens). Returns `{N, {deficit_ns…}, {epoch, seq, member,
+/// blocks published, then `P` pairs (member, lifetime ms), then per client key: tokens spent here
+/// (negative when refunds of tokens an earlier sync sent outnumber them), emission interval
+/// (ns), burst (tokens). Returns `{N, {deficit_ns…}, {epoch, seq, member,
 /// left_ms, …}}` (the last empty when `ARGV[3]` is not `1`). Times are µs in Lua's doubles (exact
 /// to 0.25 µs at today's epoch), deficits ns, block deadlines ms.
 const SCRIPT: &str = r"
@@ -139,6 +141,8 @@ for i = 5, #KEYS do
   local most = now + (doors + 1) * (burst * interval + life * 1000)
   if tat > most then tat = most end
   tat = tat + n * interval
+  -- A refund (n < 0) gives back what this door added before, never more than the debt.
+  if tat < now then tat = now end
   local window = math.ceil(burst * interval / 1000)
   local ttl = math.ceil((tat - now) / 1000) + 2 * window + 1
   redis.call('SET', KEYS[i], string.format('%.3f', tat), 'PX', ttl)
@@ -480,7 +484,7 @@ struct Syncer {
     timeout: Duration,
     status: Arc<ClusterStatus>,
     metrics: ClusterMetrics,
-    spent: Vec<(PrefixKey, u32)>,
+    spent: Vec<(PrefixKey, i32)>,
     /// The door's shared blocklist, when it has a shield.
     blocks: Option<Arc<SharedBlocklist>>,
     /// The last block change fetched from the store.
@@ -499,7 +503,7 @@ impl Syncer {
         let started = crate::time::now();
         let limiters = self.app.limiters();
         let mut keys = Vec::new();
-        let mut args: Vec<u64> = Vec::new();
+        let mut args: Vec<i64> = Vec::new();
         let mut entries: Vec<Entry> = Vec::new();
         for (i, l) in limiters.iter().enumerate() {
             let budget = l.configured_budget();
@@ -514,7 +518,11 @@ impl Syncer {
             }
             for &(key, n) in &self.spent {
                 keys.push(store_key(l.group(), &key));
-                args.extend([u64::from(n), budget.interval_ns(), u64::from(budget.burst)]);
+                args.extend([
+                    i64::from(n),
+                    i64::try_from(budget.interval_ns()).unwrap_or(i64::MAX),
+                    i64::from(budget.burst),
+                ]);
                 entries.push((i, key));
             }
         }
@@ -616,7 +624,7 @@ impl Syncer {
     async fn send(
         &mut self,
         keys: &[String],
-        args: &[u64],
+        args: &[i64],
         published: &[blocks::Pending],
     ) -> Result<Answer, ClusterError> {
         let life_ms = u64::try_from(self.interval.saturating_mul(3).as_millis())
@@ -626,7 +634,7 @@ impl Syncer {
         let mut deficits = Vec::with_capacity(keys.len());
         let mut fetched = None;
         // An empty sync still refreshes membership and the blocks.
-        let batches: Vec<(&[String], &[u64])> = if keys.is_empty() {
+        let batches: Vec<(&[String], &[i64])> = if keys.is_empty() {
             vec![(&[], &[])]
         } else {
             keys.chunks(BATCH).zip(args.chunks(BATCH * 3)).collect()

@@ -712,11 +712,12 @@ struct ShardState {
     journal: Option<Journal>,
 }
 
-/// Tokens spent per client since the last drain: a bounded map, the oldest entry dropped (and
-/// counted) when a new client would pass its capacity.
+/// Tokens spent per client since the last drain, less those refunded: a bounded map, the oldest
+/// entry dropped (and counted) when a new client would pass its capacity. A refund of a token an
+/// earlier drain took makes a count of -1: the sync gives the token back to the store.
 #[derive(Debug)]
 struct Journal {
-    spent: LruCache<PrefixKey, u32>,
+    spent: LruCache<PrefixKey, i32>,
     dropped: u64,
     /// Clients forgotten ([`GroupLimiter::forget`]) since the last drain: a sync under way, which
     /// drained before, must not fold their debts back ([`GroupLimiter::fold_deficit`]).
@@ -736,19 +737,18 @@ impl ShardState {
             && self.table.remove(key).is_some()
     }
 
-    /// Records that `key` spent one token (`+1`) or had one refunded (`-1`).
+    /// Records that `key` spent one token (`+1`) or had one refunded (`-1`): a refund of a spend
+    /// recorded since the last drain cancels it, one of a spend an earlier drain took is
+    /// recorded as `-1` of its own, so that the store gets the token back too.
     fn note(&mut self, key: PrefixKey, spent: bool) {
         let Some(j) = self.journal.as_mut() else {
             return;
         };
-        if spent {
-            if let Some(n) = j.spent.get_mut(&key) {
-                *n = n.saturating_add(1);
-            } else if j.spent.push(key, 1).is_some() {
-                j.dropped += 1;
-            }
-        } else if let Some(n) = j.spent.peek_mut(&key) {
-            *n = n.saturating_sub(1);
+        let delta = if spent { 1 } else { -1 };
+        if let Some(n) = j.spent.get_mut(&key) {
+            *n = n.saturating_add(delta);
+        } else if j.spent.push(key, delta).is_some() {
+            j.dropped += 1;
         }
     }
 }
@@ -1180,17 +1180,20 @@ impl GroupLimiter {
         }
     }
 
-    /// Moves the clients charged since the last call, with the tokens each spent here, into
-    /// `out` (cleared first; entries with nothing left after refunds are skipped), and returns
-    /// how many clients were dropped from the record since the last call because it was full.
-    /// Empty unless [`GroupLimiter::record_spent`] was called.
-    pub fn drain_spent(&self, out: &mut Vec<(PrefixKey, u32)>) -> u64 {
+    /// Moves the clients charged or refunded since the last call, with the tokens each spent
+    /// here less those refunded, into `out` (cleared first; clients whose spends and refunds
+    /// cancel out are skipped), and returns how many clients were dropped from the record since
+    /// the last call because it was full. A count is negative when refunds of tokens an earlier
+    /// call took outnumber the new spends (a request admitted before that call and refunded
+    /// after it: a stream's plane token, [`Permit::refund`]). Empty unless
+    /// [`GroupLimiter::record_spent`] was called.
+    pub fn drain_spent(&self, out: &mut Vec<(PrefixKey, i32)>) -> u64 {
         out.clear();
         let mut dropped = 0;
         for shard in &self.shards {
             let mut state = shard.lock();
             if let Some(j) = state.journal.as_mut() {
-                out.extend(core::iter::from_fn(|| j.spent.pop_lru()).filter(|&(_, n)| n > 0));
+                out.extend(core::iter::from_fn(|| j.spent.pop_lru()).filter(|&(_, n)| n != 0));
                 dropped += core::mem::take(&mut j.dropped);
                 j.forgotten.clear();
             }

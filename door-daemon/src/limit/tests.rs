@@ -1033,6 +1033,34 @@ fn a_dropped_limiter_takes_its_clients_out_of_the_count() {
     );
 }
 
+/// A token refunded after a cluster sync drained its spend (a stream's plane token, given back
+/// when the answer turns out to be a stream) is drained as -1 by the next sync, so that the store
+/// gives it back too; a refund of a spend not yet drained cancels it.
+#[test]
+fn a_refund_after_the_drain_is_drained_as_a_negative_spend() {
+    let lim = Arc::new(GroupLimiter::new(
+        "link",
+        Budget::link(),
+        true,
+        Arc::new(ManualClock::at(1_000)),
+        Arc::new(Unobserved),
+    ));
+    lim.record_spent(16);
+    let mut spent = Vec::new();
+    let long = lim.admit(key(1)).unwrap();
+    lim.admit(key(2)).unwrap().settle(Spend::Nothing);
+    lim.drain_spent(&mut spent);
+    spent.sort_by_key(|(k, _)| k.addr);
+    assert_eq!(spent, vec![(key(1), 1), (key(2), 1)]);
+    long.refund();
+    // Key 2 spends one and has it refunded within the same interval: nothing to send.
+    lim.admit(key(2)).unwrap().refund();
+    lim.drain_spent(&mut spent);
+    assert_eq!(spent, vec![(key(1), -1)]);
+    lim.drain_spent(&mut spent);
+    assert!(spent.is_empty());
+}
+
 /// A client forgotten while a cluster sync is under way (after the sync drained the spends, before
 /// it folds the store's answers) keeps its reset row: that sync's fold of its old debt is
 /// skipped. From the next drain on, folds apply again.
