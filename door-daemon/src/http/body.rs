@@ -21,7 +21,7 @@ use tokio::time::Sleep;
 
 use crate::{
     http::{
-        request::{ActiveGuard, PassSlot},
+        inflight::{ActiveGuard, PassSlot},
         settle::{End, Held},
     },
     obs::metrics::StreamOpen,

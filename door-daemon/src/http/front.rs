@@ -1,8 +1,9 @@
-//! The request path and the daemon's lifecycle (docs/design.md, "Limits" and "Operating
-//! contract"): listeners serving HTTP/1.1 and HTTP/2 (h2c on cleartext listeners, ALPN `h2` /
-//! `http/1.1` under TLS), route matching, admission by the group's limiter, forwarding with the
-//! body read deadline and the upstream timeout, the 408/429/431/502/503/504 answers, the
-//! `RateLimit-Policy` / `RateLimit` fields, cached health, and the SIGTERM drain.
+//! The listeners (docs/design.md, "Connections and deadlines" and "Operating contract"): the
+//! accept loops, the connection limits decided at accept, the PROXY protocol header, the TLS
+//! handshake, the worker threads connections are served on, and serving HTTP/1.1 and HTTP/2 (h2c
+//! on cleartext listeners, ALPN `h2` / `http/1.1` under TLS) with the header bounds below and the
+//! connection's idle watch, each request handed to [`App::handle`]; the SIGTERM drain's closing
+//! of the connections.
 //!
 //! Connection limits (RFC 9110 §15.5.20 / RFC 6585 §5 for 431; RFC 9113 §6.5.2 for
 //! `SETTINGS_MAX_HEADER_LIST_SIZE`):
@@ -22,7 +23,7 @@ use std::{
     net::SocketAddr,
     sync::{
         Arc, Mutex, PoisonError, RwLock,
-        atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering},
+        atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering},
     },
     time::Duration,
 };
@@ -42,8 +43,9 @@ use tokio_rustls::TlsAcceptor;
 use crate::{
     config::{Config, DEFAULT_MAX_HEADER_FIELDS, TlsConfig},
     http::{
+        conn::ConnInfo,
         conn_limit::{ConnLimits, ConnSlot, Refusal},
-        idle::{Activity, serve_watched},
+        idle::serve_watched,
         request::App,
         tls::TlsError,
     },
@@ -57,61 +59,6 @@ pub const MAX_HEADER_BYTES: usize = 64 << 10;
 /// HTTP/2 streams a client may have open at once (`SETTINGS_MAX_CONCURRENT_STREAMS`, RFC 9113
 /// §6.5.2): 250, the default of Go's HTTP/2 server (`golang.org/x/net/http2`).
 pub const MAX_CONCURRENT_STREAMS: u32 = 250;
-
-/// Per-connection state: where it comes from, when it last had a request in flight, and its slot
-/// against the connection limits.
-#[derive(Debug)]
-pub struct ConnInfo {
-    pub(crate) peer: SocketAddr,
-    pub(crate) tls: bool,
-    /// The peer address came from a PROXY protocol header sent by a trusted proxy.
-    pub(crate) proxied: bool,
-    /// The peer's address in canonical form (IPv4-mapped unmapped, zone dropped).
-    pub(crate) peer_ip: std::net::IpAddr,
-    /// `peer_ip` as the `X-Forwarded-For` element door appends: formatted once per connection.
-    pub(crate) peer_value: http::HeaderValue,
-    /// When it last had a request in flight, for the idle watch.
-    activity: Activity,
-    /// The connection's slot against `max_connections` and `max_connections_per_client`
-    /// (`None` for a connection made outside the accept loop, in tests). Freed when the last
-    /// holder of this info lets go: an HTTP/1.1 connection that switched protocols is no longer
-    /// served by hyper, and its tunnel holds the info, and the slot, until it closes.
-    slot: Option<ConnSlot>,
-}
-
-impl ConnInfo {
-    /// A connection from `peer`; `tls` when door terminated TLS on it.
-    pub fn new(peer: SocketAddr, tls: bool) -> Self {
-        let peer_ip = crate::client::key::canonical(peer.ip());
-        Self {
-            peer,
-            tls,
-            proxied: false,
-            peer_ip,
-            peer_value: http::HeaderValue::try_from(peer_ip.to_string())
-                .unwrap_or_else(|_| http::HeaderValue::from_static("unknown")),
-            activity: Activity::new(),
-            slot: None,
-        }
-    }
-
-    /// The pass-through requests in flight of this connection's TCP peer, shared by all its
-    /// connections ([`ConnSlot::peer_inflight`]); `None` for an exempt peer or a connection
-    /// made outside the accept loop.
-    pub(crate) fn peer_inflight(&self) -> Option<&Arc<AtomicU32>> {
-        self.slot.as_ref().and_then(ConnSlot::peer_inflight)
-    }
-
-    /// A request on this connection started; `http1` when it came over HTTP/1.x.
-    pub(crate) fn request_started(&self, http1: bool) {
-        self.activity.request_started(http1);
-    }
-
-    /// A request on this connection ended (its response body was sent or dropped).
-    pub(crate) fn request_ended(&self) {
-        self.activity.request_ended();
-    }
-}
 
 /// Connection settings shared by every listener.
 #[derive(Debug, Clone, Copy)]

@@ -1,5 +1,7 @@
 //! The request path (docs/design.md, "Limits"): the listeners ([`front`]) and their sockets
-//! ([`bind`]), one request from admission to settlement ([`request`]), the *one* place a limiter
+//! ([`bind`]), one client connection ([`conn`]) and its limits at accept ([`conn_limit`]), one
+//! request from admission to settlement ([`request`]), what is counted in flight (`inflight`:
+//! the pass-through caps, the requests the drain waits for), the *one* place a limiter
 //! decision becomes a status, body and `RateLimit` fields ([`answer`]), the *one* function that
 //! decides whether a request's end spends a token ([`settle`]), the streamed response body that
 //! holds the permit ([`body`]), the upstream client and forwarding-header rewrite ([`upstream`])
@@ -13,12 +15,14 @@
 pub mod answer;
 pub mod bind;
 pub mod body;
+pub mod conn;
 pub mod conn_limit;
 pub mod connect;
 pub mod front;
 pub mod head;
 pub mod health;
 pub(crate) mod idle;
+pub(crate) mod inflight;
 pub mod plane;
 pub mod request;
 pub mod route;
@@ -29,5 +33,6 @@ pub mod upgrade;
 pub mod upstream;
 pub mod worker;
 
-pub use front::{ConnInfo, ConnSettings, Front, MAX_CONCURRENT_STREAMS, MAX_HEADER_BYTES};
+pub use conn::ConnInfo;
+pub use front::{ConnSettings, Front, MAX_CONCURRENT_STREAMS, MAX_HEADER_BYTES};
 pub use request::{App, HEALTH_GROUP};

@@ -7,7 +7,7 @@ use std::{
     collections::HashMap,
     sync::{
         Arc, PoisonError,
-        atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering},
+        atomic::{AtomicBool, Ordering},
     },
     time::Duration,
 };
@@ -17,10 +17,7 @@ use http::{HeaderValue, Method, Request, Response, StatusCode, Version, header};
 use hyper::body::Incoming;
 use hyper_util::rt::TokioIo;
 use ipnet::IpNet;
-use tokio::{
-    sync::{Notify, oneshot},
-    task::JoinSet,
-};
+use tokio::{sync::oneshot, task::JoinSet};
 
 use crate::{
     client::{
@@ -31,9 +28,10 @@ use crate::{
     http::{
         answer::{self, Failure},
         body::ResponseBody,
-        front::ConnInfo,
+        conn::ConnInfo,
         head,
         health::{CachedHealth, HEALTH_TTL},
+        inflight::{Active, ActiveGuard, PassRefusal, PassSlot, PassThrough},
         plane::Sessions,
         route::Router,
         settle::{self, End, Held},
@@ -190,111 +188,6 @@ impl Limited {
     }
 }
 
-/// The caps on pass-through requests (routes in no group) forwarded at once: door-wide
-/// (`upstream_max_inflight`), so that an application behind door is never sent more than this
-/// many of them together, however many connections clients open; and per TCP peer
-/// (`upstream_max_inflight_per_client`), so that one client cannot hold them all (its requests'
-/// bodies or its HTTP/2 window left open, for as long as it likes: pass-through requests have no
-/// deadline).
-#[derive(Debug)]
-pub(crate) struct PassThrough {
-    cap: u32,
-    per_client: u32,
-    open: AtomicU32,
-}
-
-/// Which pass-through cap refused a request.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum PassRefusal {
-    /// `upstream_max_inflight`: 503.
-    Door,
-    /// `upstream_max_inflight_per_client`: 429.
-    Client,
-}
-
-/// Takes one of `count`'s `cap` places; whether there was one.
-fn take_one(count: &AtomicU32, cap: u32) -> bool {
-    count
-        .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
-            (n < cap).then_some(n + 1)
-        })
-        .is_ok()
-}
-
-impl PassThrough {
-    /// A slot for a request of the peer whose in-flight count is `peer` (`None`: exempt), or the
-    /// cap that refused it; a refused request holds nothing.
-    fn take(self: &Arc<Self>, peer: Option<&Arc<AtomicU32>>) -> Result<PassSlot, PassRefusal> {
-        if let Some(peer) = peer
-            && !take_one(peer, self.per_client)
-        {
-            return Err(PassRefusal::Client);
-        }
-        if !take_one(&self.open, self.cap) {
-            if let Some(peer) = peer {
-                peer.fetch_sub(1, Ordering::AcqRel);
-            }
-            return Err(PassRefusal::Door);
-        }
-        Ok(PassSlot {
-            door: Arc::clone(self),
-            peer: peer.map(Arc::clone),
-        })
-    }
-}
-
-/// One pass-through request's place under both caps, held until its response body has been sent
-/// or dropped.
-#[derive(Debug)]
-pub(crate) struct PassSlot {
-    door: Arc<PassThrough>,
-    peer: Option<Arc<AtomicU32>>,
-}
-
-impl Drop for PassSlot {
-    fn drop(&mut self) {
-        self.door.open.fetch_sub(1, Ordering::AcqRel);
-        if let Some(peer) = &self.peer {
-            peer.fetch_sub(1, Ordering::AcqRel);
-        }
-    }
-}
-
-/// Requests door is answering, door-wide: the drain waits for this to reach zero.
-#[derive(Debug, Default)]
-struct Active {
-    count: AtomicUsize,
-    zero: Notify,
-}
-
-/// Counts one request on the door-wide and per-connection in-flight counts until dropped.
-#[derive(Debug)]
-pub(crate) struct ActiveGuard {
-    app: Arc<App>,
-    conn: Arc<ConnInfo>,
-}
-
-impl ActiveGuard {
-    /// Counts a request (or a tunnel) on `conn`, which speaks HTTP/1.x when `http1`.
-    pub(crate) fn new(app: &Arc<App>, conn: &Arc<ConnInfo>, http1: bool) -> Self {
-        app.active.count.fetch_add(1, Ordering::AcqRel);
-        conn.request_started(http1);
-        Self {
-            app: Arc::clone(app),
-            conn: Arc::clone(conn),
-        }
-    }
-}
-
-impl Drop for ActiveGuard {
-    fn drop(&mut self) {
-        self.conn.request_ended();
-        if self.app.active.count.fetch_sub(1, Ordering::AcqRel) == 1 {
-            self.app.active.zero.notify_waiters();
-        }
-    }
-}
-
 /// What a reload (SIGHUP) replaces as a whole: routes, limit groups, trusted proxies and the
 /// escalation settings. Requests take a snapshot when they start, so a reload never changes the
 /// rules under a request in flight.
@@ -344,7 +237,7 @@ pub struct App {
     sessions: Sessions,
     health: CachedHealth,
     draining: Arc<AtomicBool>,
-    active: Active,
+    active: Arc<Active>,
 }
 
 impl Policy {
@@ -476,14 +369,13 @@ impl App {
             stream_idle_timeout: config.stream_idle_timeout,
             tunnels: std::sync::Mutex::new(JoinSet::new()),
             sessions: Sessions::new(session_capacity(config)),
-            passthrough: Arc::new(PassThrough {
-                cap: config.upstream_max_inflight,
-                per_client: config.upstream_max_inflight_per_client,
-                open: AtomicU32::new(0),
-            }),
+            passthrough: Arc::new(PassThrough::new(
+                config.upstream_max_inflight,
+                config.upstream_max_inflight_per_client,
+            )),
             health: CachedHealth::new(Arc::clone(clock), HEALTH_TTL, Arc::clone(&draining)),
             draining,
-            active: Active::default(),
+            active: Arc::default(),
         }
     }
 
@@ -550,28 +442,17 @@ impl App {
 
     /// Pass-through requests forwarded upstream now (≤ `upstream_max_inflight`).
     pub fn passthrough_in_flight(&self) -> u32 {
-        self.passthrough.open.load(Ordering::Acquire)
+        self.passthrough.open()
     }
 
     /// Requests door is answering now (until their response body has been sent or dropped).
     pub fn requests_in_flight(&self) -> usize {
-        self.active.count.load(Ordering::Acquire)
+        self.active.count()
     }
 
     /// Waits until no request is in flight, at most `grace`; `true` when none is left.
     pub async fn wait_idle(&self, grace: Duration) -> bool {
-        let wait = async {
-            loop {
-                let zero = self.active.zero.notified();
-                tokio::pin!(zero);
-                zero.as_mut().enable();
-                if self.requests_in_flight() == 0 {
-                    return;
-                }
-                zero.await;
-            }
-        };
-        tokio::time::timeout(grace, wait).await.is_ok()
+        self.active.wait_idle(grace).await
     }
 
     /// Handles one request on connection `conn`.
@@ -585,7 +466,7 @@ impl App {
         conn: Arc<ConnInfo>,
         mut req: Request<Incoming>,
     ) -> impl Future<Output = Response<ResponseBody>> + Send + 'static {
-        let guard = ActiveGuard::new(&self, &conn, req.version() < Version::HTTP_2);
+        let guard = ActiveGuard::new(&self.active, &conn, req.version() < Version::HTTP_2);
         async move {
             // Decided when the request starts, like the health answer, so that a response to a
             // request that began before the drain never closes the connection under its client.
@@ -1063,7 +944,7 @@ impl App {
         let open = permit.as_ref().map(|p| p.metrics().stream_opened());
         // In flight until it closes: the drain waits for it within its grace period.
         let http1 = matches!(upgrade, Upgrade::Http1 { .. });
-        let active = ActiveGuard::new(self, conn, http1);
+        let active = ActiveGuard::new(&self.active, conn, http1);
         let conn = Arc::clone(conn);
         let clock = Arc::clone(&self.clock);
         let idle = self.stream_idle_timeout;
