@@ -5,9 +5,10 @@
 //! is never parsed as a header.
 //!
 //! Two shapes an attacker could use to slip a SYN past a parser are reported rather than passed
-//! as unparsed: a TCP first fragment too short to hold the TCP header (RFC 1858 §3.1: the flags
-//! would arrive in a later fragment, and the kernel reassembles it), and an IPv6 packet whose
-//! extension-header chain is longer than the program walks (the kernel would still deliver it).
+//! as unparsed: a first fragment too short to hold the TCP header, or, in IPv6, one that ends
+//! inside its extension-header chain (RFC 1858 §3.1: the flags would arrive in a later fragment,
+//! and the kernel reassembles it), and an IPv6 packet whose extension-header chain is longer than
+//! the program walks (the kernel would still deliver it).
 //!
 //! Sources: IEEE 802.3 (Ethernet II), IEEE 802.1Q (C-tag 0x8100, S-tag 0x88a8), RFC 791 (IPv4),
 //! RFC 8200 §4 (IPv6 extension headers), RFC 4302 (AH length), RFC 9293 (TCP), RFC 1858.
@@ -197,7 +198,7 @@ fn ipv6(pkt: &Packet, offset: usize) -> Parsed {
             IPPROTO_HOPOPTS | IPPROTO_ROUTING | IPPROTO_DSTOPTS => {
                 // Next header, length in 8-octet units not counting the first 8 (RFC 8200 §4.3).
                 let Some(h) = pkt.read::<2>(offset) else {
-                    return Parsed::Other(Counter::PassTruncated);
+                    return cut_chain(pkt, offset, addr, first_fragment);
                 };
                 next = h[0];
                 offset += (usize::from(h[1]) + 1) * 8;
@@ -205,7 +206,7 @@ fn ipv6(pkt: &Packet, offset: usize) -> Parsed {
             IPPROTO_AH => {
                 // Length in 4-octet units, minus 2 (RFC 4302 §2.2).
                 let Some(h) = pkt.read::<2>(offset) else {
-                    return Parsed::Other(Counter::PassTruncated);
+                    return cut_chain(pkt, offset, addr, first_fragment);
                 };
                 next = h[0];
                 offset += (usize::from(h[1]) + 2) * 4;
@@ -235,6 +236,22 @@ fn ipv6(pkt: &Packet, offset: usize) -> Parsed {
         return tcp(pkt, offset, addr, first_fragment, at);
     }
     Parsed::Unwalkable { addr }
+}
+
+/// An IPv6 extension header at `offset` that cannot be read. In a first fragment whose datagram
+/// ends there, the rest of the chain, and the TCP header with its flags, come in a later fragment
+/// that the kernel reassembles with it (Linux does not discard such a first fragment, although RFC
+/// 8200 §4.5 says the first fragment carries the whole chain): a tiny fragment, as in [`tcp`].
+/// Otherwise the frame is merely cut short of its datagram, and the kernel drops it too.
+#[inline(always)]
+fn cut_chain(pkt: &Packet, offset: usize, addr: [u8; 16], first_fragment: bool) -> Parsed {
+    if first_fragment && pkt.datagram_ends_before(offset + 2) {
+        return Parsed::TinyFragment {
+            addr,
+            dst_port: None,
+        };
+    }
+    Parsed::Other(Counter::PassTruncated)
 }
 
 /// Where the IP header of a segment is, and its shape.

@@ -712,6 +712,67 @@ fn tiny_first_fragments_are_dropped_on_protected_ports() {
     let mut tiny6 = frag6[..ETH_HLEN + 40 + 8 + 8].to_vec();
     tiny6[ETH_HLEN + 4..ETH_HLEN + 6].copy_from_slice(&16u16.to_be_bytes());
     assert_eq!(verdict(&s, &tiny6), (XDP_DROP, Counter::DropTinyFragment));
+    // IPv6: a first fragment that ends inside its extension-header chain (the destination
+    // options and the TCP header follow in the next fragment, which Linux reassembles with it),
+    // with and without a byte of the cut header, and behind an AH header.
+    for (chain, cut) in [
+        (
+            vec![
+                Ext::Fragment {
+                    offset: 0,
+                    more: true,
+                },
+                Ext::DestOpts { extra: 0 },
+            ],
+            8,
+        ),
+        (
+            vec![
+                Ext::Fragment {
+                    offset: 0,
+                    more: true,
+                },
+                Ext::DestOpts { extra: 0 },
+            ],
+            9,
+        ),
+        (
+            vec![
+                Ext::HopByHop,
+                Ext::Fragment {
+                    offset: 0,
+                    more: true,
+                },
+                Ext::Ah,
+            ],
+            16,
+        ),
+    ] {
+        let whole = with_ipv6_extensions(&syn6(), &chain);
+        let mut cut6 = whole[..ETH_HLEN + 40 + cut].to_vec();
+        let payload = u16::try_from(cut).unwrap();
+        cut6[ETH_HLEN + 4..ETH_HLEN + 6].copy_from_slice(&payload.to_be_bytes());
+        assert_eq!(
+            verdict(&s, &cut6),
+            (XDP_DROP, Counter::DropTinyFragment),
+            "{chain:?} cut after {cut} bytes"
+        );
+        // Not a fragment: merely truncated, passed (the kernel drops it).
+        let unfragmented: Vec<Ext> = chain
+            .iter()
+            .copied()
+            .filter(|e| !matches!(e, Ext::Fragment { .. }))
+            .collect();
+        let plain = with_ipv6_extensions(&syn6(), &unfragmented);
+        let mut short = plain[..ETH_HLEN + 40 + cut.min(8)].to_vec();
+        let payload = u16::try_from(cut.min(8)).unwrap();
+        short[ETH_HLEN + 4..ETH_HLEN + 6].copy_from_slice(&payload.to_be_bytes());
+        assert_eq!(
+            verdict(&s, &short).0,
+            XDP_PASS,
+            "{chain:?} without the fragment"
+        );
+    }
     // Exempt sources are never shed, tiny fragments included.
     let Some(exempt) = shield(&settings(1000), &["198.51.100.0/24"]) else {
         return;
