@@ -44,7 +44,7 @@ pub enum Counter {
     /// Passed: a SYN whose prefix could not be recorded (map update failed; fail-open).
     PassMapFull = 5,
     /// Passed: a header had impossible contents (wrong IP version, IPv4 IHL below 5, TCP data
-    /// offset below 5; fail-open).
+    /// offset below 5; in cookie mode, a SYN with a bad IPv4 header checksum; fail-open).
     PassMalformed = 6,
     /// Passed: an IPv4 or IPv6 fragment other than the first (carries no TCP header).
     PassFragment = 7,
@@ -75,8 +75,10 @@ pub enum Counter {
     /// Dropped: a SYN from an address on the operator's deny list (`deny`).
     DropDenied = 17,
     /// Passed: a SYN within every budget while this CPU is in cookie mode, of a shape the program
-    /// does not answer from XDP (IPv4 options, an IPv4 first fragment, IPv6 extension headers):
-    /// the kernel handles it as usual.
+    /// does not answer from XDP (IPv4 options, an IPv4 first fragment, IPv6 extension headers), or
+    /// one the kernel would not answer itself (a group Ethernet address, a multicast, broadcast
+    /// or martian IP address, a datagram longer than its frame, TCP options past the datagram's
+    /// end): the kernel handles it as usual.
     PassCookieUnavailable = 18,
     /// Answered (`XDP_TX`): a SYN within every budget while this CPU is in cookie mode, rewritten
     /// into a SYN-ACK carrying the kernel's SYN cookie for the listening socket (RFC 4987 §3.6).

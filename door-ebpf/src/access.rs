@@ -72,6 +72,13 @@ impl Packet {
         end > self.limit
     }
 
+    /// Whether the frame holds the whole datagram (see [`Packet::limited_to`]): `false` for a
+    /// datagram whose length field says it goes on past the frame's end, which the kernel drops.
+    #[inline(always)]
+    pub(crate) fn frame_holds_datagram(&self) -> bool {
+        self.limit <= self.end - self.start
+    }
+
     /// The `N` bytes at `offset` from the start of the packet, or `None` when the packet (or the
     /// datagram, see [`Packet::limited_to`]) ends before `offset + N` or `offset` exceeds
     /// [`MAX_OFFSET`].

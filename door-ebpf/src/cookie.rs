@@ -18,6 +18,14 @@
 //! the program cannot compute; without a timestamp in the SYN-ACK the client's ACK carries none,
 //! and the kernel then builds the connection without them, as it does for its own cookies.
 //!
+//! Only a SYN the kernel would answer itself is answered: one that came to this host alone (no
+//! group Ethernet address either way), between unicast addresses that are not martians, whose
+//! frame holds its datagram and whose datagram holds its TCP header, options included, and, in
+//! IPv4, with a correct header checksum. The TCP checksum is not verified: a frame from a sender
+//! on this host (over a veth pair, say) may carry only the pseudo-header's sum, which the kernel
+//! accepts (`CHECKSUM_PARTIAL`); a segment whose checksum is wrong costs the sender as much as a
+//! correct one, and its SYN-ACK answers an address the SYN named either way.
+//!
 //! Headers: the Ethernet addresses swapped and any VLAN tags kept as they were; IPv4 (only
 //! without options and unfragmented) rewritten with DF, TTL 64, its checksum (RFC 791, RFC 1071);
 //! IPv6 (only without extension headers) with hop limit 64 and no flow label; the TCP checksum
@@ -69,6 +77,12 @@ pub(crate) fn answer(pkt: &Packet, seg: &TcpSegment) -> Counter {
     {
         return Counter::PassTruncated;
     }
+    if !seg.v6 && fold(sum_words(&scratch, IP, 5)) != 0 {
+        return Counter::PassMalformed;
+    }
+    if !unicast_macs(pkt) || !answerable(&scratch, seg.v6) {
+        return Counter::PassCookieUnavailable;
+    }
     // The tuple: the SYN's source and destination addresses, then its ports.
     let ports = scratch.load_u32(TCP);
     let addr_words = if seg.v6 { 8 } else { 2 };
@@ -90,6 +104,66 @@ pub(crate) fn answer(pkt: &Packet, seg: &TcpSegment) -> Counter {
     } else {
         Counter::PassTruncated
     }
+}
+
+/// Whether the frame came to this host alone from a station: its Ethernet destination is not a
+/// group address (broadcast or multicast: the low bit of the first octet, IEEE 802-2014 §8.2),
+/// nor its source, which the SYN-ACK goes back to. The kernel answers only a frame addressed to
+/// the host (`PACKET_HOST`).
+#[inline(always)]
+fn unicast_macs(pkt: &Packet) -> bool {
+    let (Some([dst, ..]), Some([src, ..])) = (pkt.read::<1>(0), pkt.read::<1>(6)) else {
+        return false;
+    };
+    dst & 1 == 0 && src & 1 == 0
+}
+
+/// Whether the kernel would answer a SYN between these addresses (the copies in `scratch`):
+/// neither is multicast or the same as the other; an IPv4 source and destination in none of
+/// 0/8, 127/8, 224/4 (multicast), 240/4 (class E and the limited broadcast), which the kernel
+/// treats as martians or refuses to answer (`ip_route_input_slow`, `tcp_v4_conn_request`); an
+/// IPv6 source that is not `::`, `::1` or IPv4-mapped, which `tcp_v6_conn_request` and
+/// `ip6_rcv_core` drop. A directed broadcast cannot be told from here: its routes are the
+/// kernel's.
+#[inline(always)]
+fn answerable(scratch: &MapValue<CookieScratch>, v6: bool) -> bool {
+    if v6 {
+        let (s0, s1, s2, s3) = (
+            be(scratch, IP + 8),
+            be(scratch, IP + 12),
+            be(scratch, IP + 16),
+            be(scratch, IP + 20),
+        );
+        let (d0, d1, d2, d3) = (
+            be(scratch, IP + 24),
+            be(scratch, IP + 28),
+            be(scratch, IP + 32),
+            be(scratch, IP + 36),
+        );
+        let low_zero = s0 == 0 && s1 == 0;
+        let unspecified_or_loopback = low_zero && s2 == 0 && s3 <= 1;
+        let mapped = low_zero && s2 == 0x0000_ffff;
+        let same = (s0, s1, s2, s3) == (d0, d1, d2, d3);
+        s0 >> 24 != 0xff && d0 >> 24 != 0xff && !unspecified_or_loopback && !mapped && !same
+    } else {
+        let (src, dst) = (be(scratch, IP + 12), be(scratch, IP + 16));
+        let martian = |a: u32| a >> 28 >= 0xe || a >> 24 == 0 || a >> 24 == 127;
+        !martian(src) && !martian(dst) && src != dst
+    }
+}
+
+/// The one's-complement sum (RFC 1071, not yet folded) of `words` (at most 16) 4-byte words of
+/// the scratch value at `at`.
+#[inline(always)]
+fn sum_words(scratch: &MapValue<CookieScratch>, at: usize, words: usize) -> u32 {
+    let mut acc = 0;
+    for i in 0..16 {
+        if i >= words {
+            break;
+        }
+        acc = add32(acc, be(scratch, at + 4 * i));
+    }
+    acc
 }
 
 /// Copies `words` (at most 16) 4-byte words of the packet at `from` to the scratch value at

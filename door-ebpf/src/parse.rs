@@ -55,8 +55,9 @@ pub(crate) struct TcpSegment {
     pub(crate) tcp_len: usize,
     /// IPv6 (otherwise IPv4).
     pub(crate) v6: bool,
-    /// The TCP header follows a bare IP header: IPv4 without options and not a fragment, or IPv6
-    /// without extension headers. Only such a SYN is answered with a cookie.
+    /// The TCP header follows a bare IP header (IPv4 without options and not a fragment, or IPv6
+    /// without extension headers), the frame holds the whole datagram, and the datagram the
+    /// whole TCP header, options included. Only such a SYN is answered with a cookie.
     pub(crate) bare: bool,
 }
 
@@ -144,18 +145,13 @@ fn ipv4(pkt: &Packet, offset: usize) -> Parsed {
     }
     let addr = PrefixKey::from_ipv4([ip[12], ip[13], ip[14], ip[15]]).addr;
     let first_fragment = frag & 0x2000 != 0;
+    let pkt = pkt.limited_to(offset + total);
     let at = L3 {
         ip: offset,
         v6: false,
-        bare: ihl == IPV4_MIN_HLEN && !first_fragment,
+        bare: ihl == IPV4_MIN_HLEN && !first_fragment && pkt.frame_holds_datagram(),
     };
-    tcp(
-        &pkt.limited_to(offset + total),
-        offset + ihl,
-        addr,
-        first_fragment,
-        at,
-    )
+    tcp(&pkt, offset + ihl, addr, first_fragment, at)
 }
 
 #[inline(always)]
@@ -166,9 +162,11 @@ fn ipv6(pkt: &Packet, offset: usize) -> Parsed {
     if ip[0] >> 4 != 6 {
         return Parsed::Other(Counter::PassMalformed);
     }
-    // Payload length 0 means a jumbogram (RFC 2675): no bound from the header.
+    // Payload length 0 means a jumbogram (RFC 2675), whose length is in a hop-by-hop option: no
+    // bound from the header. Without a hop-by-hop header it is no jumbogram, and the kernel trims
+    // the packet to its fixed header (`ip6_rcv_core`).
     let payload = usize::from(u16::from_be_bytes([ip[4], ip[5]]));
-    let pkt = if payload == 0 {
+    let pkt = if payload == 0 && ip[6] == IPPROTO_HOPOPTS {
         *pkt
     } else {
         pkt.limited_to(offset + IPV6_HLEN + payload)
@@ -191,7 +189,7 @@ fn ipv6(pkt: &Packet, offset: usize) -> Parsed {
                 let at = L3 {
                     ip: ip_at,
                     v6: true,
-                    bare: offset == ip_at + IPV6_HLEN,
+                    bare: offset == ip_at + IPV6_HLEN && pkt.frame_holds_datagram(),
                 };
                 return tcp(pkt, offset, addr, first_fragment, at);
             }
@@ -293,6 +291,8 @@ fn tcp(pkt: &Packet, offset: usize, addr: [u8; 16], first_fragment: bool, at: L3
         tcp: offset,
         tcp_len,
         v6: at.v6,
-        bare: at.bare,
+        // Options that go on past the datagram's end are no options the kernel would read: it
+        // drops such a segment.
+        bare: at.bare && !pkt.datagram_ends_before(offset + tcp_len),
     })
 }

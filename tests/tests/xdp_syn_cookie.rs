@@ -41,6 +41,7 @@ use door_tests::{
 use etherparse::{LinkExtHeader, LinkHeader, NetHeaders, PacketHeaders, TransportHeader};
 
 const XDP_PASS: u32 = 2;
+const ETH_HLEN: usize = 14;
 const XDP_TX: u32 = 3;
 const CLIENT4: [u8; 4] = [198, 51, 100, 7];
 const SERVER4: [u8; 4] = [203, 0, 113, 1];
@@ -444,6 +445,113 @@ fn ipv4_options_and_ipv6_extension_headers_are_left_to_the_kernel() {
         let (verdict, out) = run_frame(&shield, &syn);
         assert_eq!(verdict, (XDP_PASS, Counter::PassCookieUnavailable));
         assert_eq!(out, syn, "the SYN is left as it was");
+    }
+}
+
+/// SYNs the kernel would not answer are not answered from XDP either, so that a spoofed SYN
+/// cannot make door send a SYN-ACK to a group address or a martian: a group Ethernet address
+/// either way, multicast, broadcast, class E, zero or loopback IPv4 addresses, multicast,
+/// unspecified, loopback or IPv4-mapped IPv6 sources, a source that is the destination; nor SYNs
+/// the kernel discards: a bad IPv4 header checksum, a datagram longer than its frame, an IPv6
+/// payload length of 0 without a jumbo option, a TCP header whose options go on past the
+/// datagram (into the frame's padding).
+#[test]
+fn syns_the_kernel_would_not_answer_are_passed_unanswered() {
+    let Some((shield, _listener, port)) = cookie_shield(2, true) else {
+        return;
+    };
+    let syn4 = |src: [u8; 4], dst: [u8; 4]| {
+        syn4_with_options(src, dst, CLIENT_PORT, port, CLIENT_SEQ, &[2, 4, 5, 0xb4])
+    };
+    let syn6 = |src: [u8; 16], dst: [u8; 16]| {
+        syn6_with_options(src, dst, CLIENT_PORT, port, CLIENT_SEQ, &[2, 4, 5, 0xb4])
+    };
+    let mut ff02_1 = [0u8; 16];
+    ff02_1[0] = 0xff;
+    ff02_1[1] = 0x02;
+    ff02_1[15] = 1;
+    let mut loopback6 = [0u8; 16];
+    loopback6[15] = 1;
+    let mut mapped = [0u8; 16];
+    mapped[10..12].copy_from_slice(&[0xff, 0xff]);
+    mapped[12..].copy_from_slice(&CLIENT4);
+    let with_mac = |at: usize, mac: [u8; 6]| {
+        let mut f = mss_syn4(port);
+        f[at..at + 6].copy_from_slice(&mac);
+        f
+    };
+    let unanswered = [
+        (
+            "to the broadcast address",
+            syn4(CLIENT4, [255, 255, 255, 255]),
+        ),
+        ("to a multicast group", syn4(CLIENT4, [224, 0, 0, 1])),
+        ("from a multicast group", syn4([224, 0, 0, 251], SERVER4)),
+        ("from 0.0.0.0", syn4([0, 0, 0, 0], SERVER4)),
+        ("from class E", syn4([240, 0, 0, 1], SERVER4)),
+        ("from loopback", syn4([127, 0, 0, 1], SERVER4)),
+        ("from itself", syn4(SERVER4, SERVER4)),
+        ("to the Ethernet broadcast", with_mac(0, [0xff; 6])),
+        (
+            "to an Ethernet multicast",
+            with_mac(0, [0x01, 0, 0x5e, 0, 0, 1]),
+        ),
+        ("from the Ethernet broadcast", with_mac(6, [0xff; 6])),
+        ("IPv6 to ff02::1", syn6(CLIENT6, ff02_1)),
+        ("IPv6 from ff02::1", syn6(ff02_1, SERVER6)),
+        ("IPv6 from ::", syn6([0; 16], SERVER6)),
+        ("IPv6 from ::1", syn6(loopback6, SERVER6)),
+        ("IPv6 from an IPv4-mapped address", syn6(mapped, SERVER6)),
+        ("IPv6 from itself", syn6(SERVER6, SERVER6)),
+    ];
+    for (what, syn) in unanswered {
+        let (verdict, out) = run_frame(&shield, &syn);
+        assert_eq!(
+            verdict,
+            (XDP_PASS, Counter::PassCookieUnavailable),
+            "{what}"
+        );
+        assert_eq!(out, syn, "{what}: the SYN is left as it was");
+    }
+
+    // Malformed: the kernel discards these.
+    let mut bad_check = mss_syn4(port);
+    bad_check[ETH_HLEN + 10] ^= 0xff;
+    let mut long4 = mss_syn4(port);
+    long4[ETH_HLEN + 2..ETH_HLEN + 4].copy_from_slice(&1000u16.to_be_bytes());
+    let mut zero6 = mss_syn6(port);
+    zero6[ETH_HLEN + 4..ETH_HLEN + 6].copy_from_slice(&[0, 0]);
+    // A SYN without options whose data offset says 24 bytes, the last 4 (an MSS option) in the
+    // link layer's padding after the datagram.
+    let mut padded = syn4_with_options(CLIENT4, SERVER4, CLIENT_PORT, port, CLIENT_SEQ, &[]);
+    padded[ETH_HLEN + 20 + 12] = 6 << 4;
+    padded.extend_from_slice(&[2, 4, 5, 0xb4]);
+    let malformed = [
+        (
+            "a bad IPv4 header checksum",
+            bad_check,
+            Counter::PassMalformed,
+        ),
+        (
+            "an IPv4 datagram longer than its frame",
+            long4,
+            Counter::PassCookieUnavailable,
+        ),
+        (
+            "an IPv6 payload length of 0 without a jumbo option",
+            zero6,
+            Counter::PassTruncated,
+        ),
+        (
+            "TCP options in the frame's padding",
+            padded,
+            Counter::PassCookieUnavailable,
+        ),
+    ];
+    for (what, syn, counter) in malformed {
+        let (verdict, out) = run_frame(&shield, &syn);
+        assert_eq!(verdict, (XDP_PASS, counter), "{what}");
+        assert_eq!(out, syn, "{what}: the SYN is left as it was");
     }
 }
 
