@@ -40,6 +40,11 @@ pub const EXEMPT: u32 = 1;
 /// [`MAP_EXEMPT`] value: every SYN dropped.
 pub const DENIED: u32 = 2;
 
+/// [`MAP_EXEMPT`] value: on no list. Written at `::ffff:0:0/96` when an IPv6 network on a list
+/// covers it: the program looks an IPv4 source up in its mapped form, which such a network
+/// would otherwise list, where layer 7 never matches an IPv4 client against an IPv6 network.
+pub const UNLISTED: u32 = 0;
+
 /// Name of the hash map blocklist: [`PrefixKey`] → `u64` deadline (`bpf_ktime_get_coarse_ns` clock,
 /// nanoseconds). SYNs from a listed prefix are dropped until the deadline, then the entry is
 /// deleted.

@@ -476,8 +476,8 @@ fn reconfigure_shield(shield: Option<&Arc<Mutex<Shield>>>, config: &Config) {
     let Some(shield) = shield else { return };
     if let Err(e) = lock(shield).configure(
         &config.xdp,
-        &exempt_prefixes(config),
-        &denied_prefixes(config),
+        &config.shield_exempt(),
+        &config.shield_denied(),
     ) {
         tracing::error!(error = %e, "reload: could not update the XDP maps; the shield keeps its previous settings where they were not written");
     }
@@ -526,9 +526,12 @@ fn start_shield(config: &Config) -> Result<Option<Arc<Mutex<Shield>>>, ServeErro
             );
         }
     }
-    let exempt = exempt_prefixes(config);
     let attached = Shield::load_with_capacity(config.xdp.max_prefixes).and_then(|mut s| {
-        s.configure(&config.xdp, &exempt, &denied_prefixes(config))?;
+        s.configure(
+            &config.xdp,
+            &config.shield_exempt(),
+            &config.shield_denied(),
+        )?;
         s.attach(&interface, mode).map(|m| (s, m))
     });
     match attached {
@@ -548,23 +551,6 @@ fn start_shield(config: &Config) -> Result<Option<Arc<Mutex<Shield>>>, ServeErro
             source,
         }),
     }
-}
-
-/// The prefixes whose SYNs the shield drops: the top-level `deny` (also 403 at layer 7) and
-/// `xdp.deny` (at XDP only).
-fn denied_prefixes(config: &Config) -> Vec<ipnet::IpNet> {
-    let mut denied = config.deny.clone();
-    denied.extend(config.xdp.deny.iter().copied());
-    denied
-}
-
-/// The prefixes the shield never sheds: the trusted proxies (blocking one would block everyone
-/// behind it), `xdp.allow` and the top-level `allow`.
-fn exempt_prefixes(config: &Config) -> Vec<ipnet::IpNet> {
-    let mut exempt = config.trusted_proxies.nets().to_vec();
-    exempt.extend(config.xdp.allow.iter().copied());
-    exempt.extend(config.allow.iter().copied());
-    exempt
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {

@@ -66,8 +66,9 @@ use aya_ebpf::{
     programs::XdpContext,
 };
 use door_common::{
-    BLOCKED_CAPACITY, COUNTER_COUNT, CookieState, Counter, DENIED, EXEMPT_CAPACITY, ExemptKey,
-    GuardState, PREFIX_MAP_CAPACITY, PrefixKey, PrefixState, ShieldConfig, Verdict, gcra,
+    BLOCKED_CAPACITY, COUNTER_COUNT, CookieState, Counter, DENIED, EXEMPT, EXEMPT_CAPACITY,
+    ExemptKey, GuardState, PREFIX_MAP_CAPACITY, PrefixKey, PrefixState, ShieldConfig, Verdict,
+    gcra,
     shield::{
         CONFIG_ALL_PORTS, CONFIG_COOKIES, CONFIG_HAS_BLOCKLIST, CONFIG_HAS_EXEMPT, CONFIG_WRITTEN,
     },
@@ -347,11 +348,12 @@ fn judge(
     if settings.exempt()
         && let Some(listed) = DOOR_EXEMPT.get(Key::new(128, *addr))
     {
-        return if *listed == DENIED {
-            Counter::DropDenied
-        } else {
-            Counter::PassExempt
-        };
+        match *listed {
+            DENIED => return Counter::DropDenied,
+            EXEMPT => return Counter::PassExempt,
+            // UNLISTED: an IPv4 source under an IPv6 network that covers `::ffff:0:0/96`.
+            _ => {}
+        }
     }
     let now = now_ns();
     // Expired entries are ignored, never deleted here: the daemon owns the blocklist's entries,

@@ -552,6 +552,87 @@ fn denied_prefixes_drop_every_syn_and_the_longest_match_decides() {
     assert_eq!(verdict(&s, &syn4()), (XDP_PASS, Counter::PassSyn));
 }
 
+/// An IPv6 network that covers every IPv4-mapped address (`::/8`, in the usual IPv6 bogon lists)
+/// lists IPv6 sources only, as at layer 7: the program looks IPv4 sources up in their mapped form,
+/// which such a network would otherwise cover, denying (or exempting) every IPv4 client.
+#[test]
+fn ipv6_networks_list_no_ipv4_source() {
+    let Some(mut s) = shield(&settings(1000), &[]) else {
+        return;
+    };
+    let nets = |l: &[&str]| -> Vec<IpNet> { l.iter().map(|n| n.parse().unwrap()).collect() };
+    let v6 = |a: &str| {
+        let addr: std::net::Ipv6Addr = a.parse().unwrap();
+        tcp6(addr.octets(), SERVER6, PORT, Flags::SYN)
+    };
+    let v6_under = v6("42::9");
+    for (denied, under) in [
+        ("::/8", "42::9"),
+        ("::/1", "2001:db8::9"),
+        ("::fffe:0:0/95", "::fffe:0:9"),
+    ] {
+        s.configure(&settings(1000), &[], &nets(&[denied])).unwrap();
+        assert_eq!(
+            verdict(&s, &syn4()),
+            (XDP_PASS, Counter::PassSyn),
+            "deny {denied:?}: an IPv4 source"
+        );
+        assert_eq!(
+            verdict(&s, &v6(under)),
+            (XDP_DROP, Counter::DropDenied),
+            "deny {denied:?}: an IPv6 source under it"
+        );
+    }
+    // An IPv4 network on a list still applies under such an IPv6 network.
+    s.configure(&settings(1000), &[], &nets(&["::/8", "198.51.100.0/24"]))
+        .unwrap();
+    assert_eq!(verdict(&s, &syn4()), (XDP_DROP, Counter::DropDenied));
+    let other4 = tcp4([192, 0, 2, 50], SERVER4, PORT, Flags::SYN);
+    assert_eq!(verdict(&s, &other4), (XDP_PASS, Counter::PassSyn));
+    // Nor does `allow = ["::/8"]` exempt IPv4 sources from the budget.
+    s.configure(&settings(1), &nets(&["::/8"]), &[]).unwrap();
+    let fresh4 = tcp4([192, 0, 2, 60], SERVER4, PORT, Flags::SYN);
+    assert_eq!(verdict(&s, &fresh4), (XDP_PASS, Counter::PassSyn));
+    assert_eq!(verdict(&s, &fresh4), (XDP_DROP, Counter::DropSynBudget));
+    assert_eq!(verdict(&s, &v6_under), (XDP_PASS, Counter::PassExempt));
+}
+
+/// Lists longer than the lists map holds are refused before it is touched: the old lists stay
+/// in force whole, and the configuration's count agrees with what the shield would write.
+#[test]
+fn lists_too_long_for_the_map_leave_the_old_ones_whole() {
+    let Some(mut s) = shield(&settings(1000), &[]) else {
+        return;
+    };
+    let old: Vec<IpNet> = vec!["198.51.100.0/24".parse().unwrap()];
+    s.configure(&settings(1000), &[], &old).unwrap();
+    assert_eq!(verdict(&s, &syn4()), (XDP_DROP, Counter::DropDenied));
+    // 2,100 IPv4 /32s: 4,200 entries, against 4,096.
+    let long: Vec<IpNet> = (0..2100u32)
+        .map(|i| {
+            let [_, _, a, b] = i.to_be_bytes();
+            IpNet::from(std::net::IpAddr::from([203, 0, a, b]))
+        })
+        .collect();
+    assert_eq!(door_daemon::config::shield_list_entries(&[], &long), 4200);
+    let err = s.configure(&settings(1000), &[], &long).unwrap_err();
+    assert!(err.to_string().contains("4200 entries"), "{err}");
+    assert_eq!(
+        verdict(&s, &syn4()),
+        (XDP_DROP, Counter::DropDenied),
+        "the old deny list is whole"
+    );
+    let first_new = tcp4([203, 0, 0, 0], SERVER4, PORT, Flags::SYN);
+    assert_eq!(verdict(&s, &first_new), (XDP_PASS, Counter::PassSyn));
+    // Just within the map: written whole.
+    let fits = &long[..2048];
+    assert_eq!(door_daemon::config::shield_list_entries(&[], fits), 4096);
+    s.configure(&settings(1000), &[], fits).unwrap();
+    let last = tcp4([203, 0, 7, 255], SERVER4, PORT, Flags::SYN);
+    assert_eq!(verdict(&s, &last), (XDP_DROP, Counter::DropDenied));
+    assert_eq!(verdict(&s, &syn4()), (XDP_PASS, Counter::PassSyn));
+}
+
 #[test]
 fn churn_guard_keeps_tracked_prefixes_and_shares_one_overflow_bucket() {
     const NEW_PREFIX_BURST: u32 = 3;

@@ -53,6 +53,16 @@ pub fn listed(nets: &[IpNet], ip: IpAddr) -> bool {
         .any(|n| n.contains(&ip) || v4.is_some_and(|v4| n.contains(&v4)))
 }
 
+/// Whether `net` is an IPv6 network that covers every IPv4-mapped address (`::ffff:0:0/96`, RFC
+/// 4291 §2.5.5.2), `::/8` for one. door keys an IPv4-mapped client as the IPv4 address it maps
+/// and never matches an IPv4 address against an IPv6 network ([`listed`]), so such a network
+/// lists no IPv4 client; the XDP program, which looks IPv4 sources up in their mapped form, is
+/// told so (`door_common::UNLISTED`).
+pub fn covers_ipv4_mapped(net: &IpNet) -> bool {
+    const MAPPED: std::net::Ipv6Addr = Ipv4Addr::UNSPECIFIED.to_ipv6_mapped();
+    matches!(net, IpNet::V6(v6) if v6.prefix_len() <= 96 && v6.contains(&MAPPED))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -69,5 +79,18 @@ mod tests {
         assert!(listed(&v6, ip("64:ff9b::c000:207")));
         assert!(!listed(&v6, ip("192.0.2.7")));
         assert_eq!(nat64_embedded(ip("192.0.2.7")), None);
+    }
+
+    #[test]
+    fn ipv6_networks_that_cover_the_mapped_addresses_are_told_apart() {
+        let covers = |s: &str| covers_ipv4_mapped(&s.parse().unwrap());
+        assert!(covers("::/8"));
+        assert!(covers("::/1"));
+        assert!(covers("::fffe:0:0/95"));
+        assert!(covers("::ffff:0:0/96"));
+        assert!(!covers("2001:db8::/32"));
+        assert!(!covers("64:ff9b::/96"));
+        assert!(!covers("::ffff:0:0/97"));
+        assert!(!covers("192.0.2.0/24"));
     }
 }

@@ -79,6 +79,7 @@ use front::{build_connection_limits, build_front, build_max_header_fields};
 use groups::{build_groups, build_routes};
 use listen::{build_admin_listen, build_listen, proxy_protocol_listeners};
 use merge::written_over;
+pub use networks::shield_list_entries;
 use networks::{access_list, parse_cidrs};
 use otlp::build_otlp;
 use planes::build_planes;
@@ -504,7 +505,7 @@ impl Config {
             listeners.iter().map(|l| (l.key.clone(), l.addr)).collect();
         addresses::check(&keyed, admin_listen.as_ref(), &upstream)?;
 
-        Ok(Self {
+        let config = Self {
             listen,
             proxy_protocol_listen,
             upstream,
@@ -532,11 +533,65 @@ impl Config {
             planes,
             allow,
             deny,
-        })
+        };
+        check_shield_lists(&config).map(|()| config)
     }
 }
 
+/// Refuses lists that take more entries of the XDP shield's lists map than it holds
+/// ([`door_common::EXEMPT_CAPACITY`], [`shield_list_entries`]), naming the longest: written to
+/// the shield they would fail, and door would start without it (`xdp.mode = "auto"`). Not
+/// checked with `xdp.mode = "off"`, where the lists apply at layer 7 only.
+fn check_shield_lists(config: &Config) -> Result<(), ConfigError> {
+    if config.xdp.mode == XdpMode::Off {
+        return Ok(());
+    }
+    let entries = shield_list_entries(&config.shield_exempt(), &config.shield_denied());
+    let capacity = door_common::EXEMPT_CAPACITY as usize;
+    if entries <= capacity {
+        return Ok(());
+    }
+    let lists = [
+        ("trusted_proxies", config.trusted_proxies.nets()),
+        ("allow", config.allow.as_slice()),
+        ("deny", config.deny.as_slice()),
+        ("xdp.allow", config.xdp.allow.as_slice()),
+        ("xdp.deny", config.xdp.deny.as_slice()),
+    ];
+    let (key, longest) = lists
+        .iter()
+        .max_by_key(|(_, nets)| nets.len())
+        .copied()
+        .unwrap_or(("deny", &[]));
+    Err(invalid(
+        key,
+        format!("[{} networks]", longest.len()),
+        format!(
+            "with trusted_proxies, allow, deny, xdp.allow and xdp.deny these take {entries} \
+             entries of the XDP shield's lists, which hold {capacity} (an IPv4 network takes \
+             two: its own and its NAT64 form); aggregate them, or set xdp.mode = \"off\""
+        ),
+    ))
+}
+
 impl Config {
+    /// The networks the XDP shield never sheds: the trusted proxies (blocking one would block
+    /// everyone behind it), `xdp.allow` and `allow`.
+    pub fn shield_exempt(&self) -> Vec<IpNet> {
+        let mut exempt = self.trusted_proxies.nets().to_vec();
+        exempt.extend(self.xdp.allow.iter().copied());
+        exempt.extend(self.allow.iter().copied());
+        exempt
+    }
+
+    /// The networks whose SYNs the XDP shield drops: `deny` (also 403 at layer 7) and `xdp.deny`
+    /// (at XDP only).
+    pub fn shield_denied(&self) -> Vec<IpNet> {
+        let mut denied = self.deny.clone();
+        denied.extend(self.xdp.deny.iter().copied());
+        denied
+    }
+
     /// Whether connections on the listener bound to `addr` (an entry of [`Config::listen`]) must
     /// start with a PROXY protocol header.
     pub fn requires_proxy_protocol(&self, addr: SocketAddr) -> bool {

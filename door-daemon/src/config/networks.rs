@@ -99,3 +99,18 @@ pub(super) fn access_list(key: &str, raw: &[String]) -> Result<Vec<IpNet>, Confi
     refuse_whole_family(key, &nets, ASK)?;
     Ok(nets)
 }
+
+/// The entries of the XDP shield's lists map (an LPM trie of [`door_common::EXEMPT_CAPACITY`]
+/// entries) that `exempt` and `deny` take, as `crate::shield::Shield::configure` writes them:
+/// one per IPv6 network, two per IPv4 network (its IPv4-mapped form, in which the program looks
+/// IPv4 sources up, and its NAT64 form, `64:ff9b::/96`), a network on both lists once, and one
+/// more when an IPv6 network covers every IPv4-mapped address
+/// ([`crate::client::covers_ipv4_mapped`]).
+pub fn shield_list_entries(exempt: &[IpNet], deny: &[IpNet]) -> usize {
+    let nets: std::collections::BTreeSet<IpNet> = exempt.iter().chain(deny).copied().collect();
+    let keys: usize = nets
+        .iter()
+        .map(|n| if n.addr().is_ipv4() { 2 } else { 1 })
+        .sum();
+    keys + usize::from(nets.iter().any(crate::client::covers_ipv4_mapped))
+}

@@ -1395,3 +1395,45 @@ fn empty_list_flags_empty_a_list_and_turn_nothing_on() {
     .unwrap();
     assert!(c.xdp.allow.is_empty(), "the flag empties the file's list");
 }
+
+/// Lists that take more entries of the XDP shield's lists map than it holds are refused, naming
+/// the longest list and the count (an IPv4 network takes two); with `xdp.mode = "off"` they apply
+/// at layer 7 only, and any length is accepted.
+#[test]
+fn lists_longer_than_the_shields_map_are_refused() {
+    let nets = |n: u32, first: u8| -> String {
+        (0..n)
+            .map(|i| {
+                let [_, _, a, b] = i.to_be_bytes();
+                format!("\"{first}.0.{a}.{b}\"")
+            })
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let text = |deny: u32, allow: u32, mode: &str| {
+        format!(
+            "deny = [{}]\nallow = [{}]\n[xdp]\ninterface = \"lo\"\nmode = \"{mode}\"\n",
+            nets(deny, 203),
+            nets(allow, 198)
+        )
+    };
+    let e = err(&text(2000, 50, "auto"));
+    assert!(
+        e.starts_with(
+            "deny = [2000 networks]: with trusted_proxies, allow, deny, xdp.allow and \
+                       xdp.deny these take 4100 entries of the XDP shield's lists, which hold \
+                       4096"
+        ),
+        "{e}"
+    );
+    assert!(Config::from_toml("door.toml", &text(2000, 48, "auto")).is_ok());
+    assert!(Config::from_toml("door.toml", &text(2000, 50, "off")).is_ok());
+    // An IPv6 network that covers the IPv4-mapped addresses takes one more entry.
+    assert_eq!(
+        shield_list_entries(
+            &["192.0.2.0/24".parse().unwrap()],
+            &["::/8".parse().unwrap(), "192.0.2.0/24".parse().unwrap()]
+        ),
+        4
+    );
+}

@@ -12,6 +12,7 @@ pub use metrics::{ShieldInstruments, XdpReadings, observe, observe_readings};
 
 use std::{
     fmt,
+    net::Ipv4Addr,
     os::fd::{AsRawFd, RawFd},
     sync::{Arc, Mutex, PoisonError},
     time::Duration,
@@ -27,9 +28,9 @@ use aya::{
 };
 use aya_log::EbpfLogger;
 use door_common::{
-    COUNTER_COUNT, CookieState, Counter, ExemptKey, GuardState, MAP_BLOCKED, MAP_CONFIG,
-    MAP_COOKIE, MAP_COUNTERS, MAP_EXEMPT, MAP_GUARD, MAP_PREFIXES, PROGRAM_NAME, PrefixKey,
-    PrefixState, ShieldConfig, gcra,
+    COUNTER_COUNT, CookieState, Counter, EXEMPT_CAPACITY, ExemptKey, GuardState, MAP_BLOCKED,
+    MAP_CONFIG, MAP_COOKIE, MAP_COUNTERS, MAP_EXEMPT, MAP_GUARD, MAP_PREFIXES, PROGRAM_NAME,
+    PrefixKey, PrefixState, ShieldConfig, gcra,
     shield::{CONFIG_ALL_PORTS, CONFIG_COOKIES, CONFIG_HAS_BLOCKLIST, CONFIG_HAS_EXEMPT},
 };
 use ipnet::IpNet;
@@ -136,13 +137,24 @@ pub enum ShieldError {
     /// the verifier's log).
     #[error("loading the XDP program: {0}")]
     Program(#[from] ProgramError),
-    /// A map is missing or has an unexpected type.
-    #[error("reading the map {name}: {source}")]
+    /// A map is missing, has an unexpected type, or could not be read or written.
+    #[error("the map {name}: {source}")]
     Map {
         /// The map's name.
         name: &'static str,
         /// aya's error.
         source: MapError,
+    },
+    /// The lists (`allow`, `deny`, `trusted_proxies`, `xdp.allow`, `xdp.deny`) take more
+    /// entries of the lists trie than it holds ([`door_common::EXEMPT_CAPACITY`]); nothing was
+    /// written. The configuration's checks refuse such lists first.
+    #[error(
+        "the allow, deny and trusted-proxy lists take {entries} entries of the XDP lists map, which holds {}",
+        EXEMPT_CAPACITY
+    )]
+    ListsTooLong {
+        /// The entries the lists take.
+        entries: usize,
     },
     /// Attaching failed in every mode that was tried.
     #[error("attaching to {interface} failed: {attempts}")]
@@ -609,14 +621,13 @@ impl Shield {
         };
         let mut trie: LpmTrie<_, ExemptKey, u32> =
             LpmTrie::try_from(map_mut(&mut self.ebpf, MAP_EXEMPT)?).map_err(map_err)?;
-        let wanted: Vec<(Key<ExemptKey>, u32)> = exempt
-            .iter()
-            .flat_map(|n| exempt_keys(*n).map(|k| (k, door_common::EXEMPT)))
-            .chain(
-                deny.iter()
-                    .flat_map(|n| exempt_keys(*n).map(|k| (k, door_common::DENIED))),
-            )
-            .collect();
+        let wanted = list_entries(exempt, deny);
+        // Checked before the trie is touched, so that a list too long leaves the old one whole.
+        if wanted.len() > EXEMPT_CAPACITY as usize {
+            return Err(ShieldError::ListsTooLong {
+                entries: wanted.len(),
+            });
+        }
         let stale: Vec<Key<ExemptKey>> = trie
             .keys()
             .filter_map(Result::ok)
@@ -848,6 +859,35 @@ fn exempt_keys(net: IpNet) -> impl Iterator<Item = Key<ExemptKey>> {
         ],
     };
     keys.into_iter().flatten()
+}
+
+/// The lists trie's entries for `exempt` (never shed) and `deny` (dropped): each network's
+/// [`exempt_keys`], a key on both lists denied, and [`door_common::UNLISTED`] at
+/// `::ffff:0:0/96` when an IPv6 network covers it ([`crate::client::covers_ipv4_mapped`]).
+/// [`crate::config::shield_list_entries`] counts them before a configuration is accepted.
+fn list_entries(exempt: &[IpNet], deny: &[IpNet]) -> Vec<(Key<ExemptKey>, u32)> {
+    let mut entries: Vec<(Key<ExemptKey>, u32)> = Vec::new();
+    let listed = exempt
+        .iter()
+        .map(|n| (n, door_common::EXEMPT))
+        .chain(deny.iter().map(|n| (n, door_common::DENIED)));
+    for (net, value) in listed {
+        for key in exempt_keys(*net) {
+            match entries.iter_mut().find(|(k, _)| same_key(k, &key)) {
+                Some(entry) => entry.1 = value.max(entry.1),
+                None => entries.push((key, value)),
+            }
+        }
+    }
+    if exempt
+        .iter()
+        .chain(deny)
+        .any(crate::client::covers_ipv4_mapped)
+    {
+        let mapped = Ipv4Addr::UNSPECIFIED.to_ipv6_mapped().octets();
+        entries.push((Key::new(96, mapped), door_common::UNLISTED));
+    }
+    entries
 }
 
 fn same_key(a: &Key<ExemptKey>, b: &Key<ExemptKey>) -> bool {
