@@ -2,7 +2,9 @@
 //! forwards each record to its own log): a CPU entering or leaving cookie mode, the churn guard
 //! closing, the per-prefix map refusing an entry. Never per packet: cookie mode's transitions are
 //! edges already; the guard's closing is logged on the edge from open to closed (state in
-//! [`DOOR_EVENTS`]), and a full map at most once a second. With the daemon's level below them
+//! [`DOOR_EVENTS`]), at most once every 10 seconds with the closings not logged since (under a
+//! sustained rotation flood every refilled token reopens the guard, and the next new prefix
+//! closes it again), and a full map at most once a second. With the daemon's level below them
 //! (`AYA_LOG_LEVEL`, set at load) a record costs one load of that global, only on these paths.
 //!
 //! Each logging function is its own BPF function (`#[inline(never)]`), so the record's assembly
@@ -25,9 +27,13 @@ pub(crate) struct EventState {
     guard_closed: u64,
     /// `bpf_ktime_get_coarse_ns` of the last "prefix map full" record, ns.
     map_full_ns: u64,
+    /// `bpf_ktime_get_coarse_ns` of the last "churn guard closed" record, ns.
+    guard_logged_ns: u64,
+    /// Closings of the churn guard since that record, not logged.
+    guard_unlogged: u64,
 }
 
-const _: () = assert!(size_of::<EventState>() == 16);
+const _: () = assert!(size_of::<EventState>() == 32);
 
 /// State of the logged edges (one entry).
 #[map(name = "DOOR_EVENTS")]
@@ -35,6 +41,9 @@ static DOOR_EVENTS: Array<EventState> = Array::with_max_entries(1, 0);
 
 /// At most one "prefix map full" record per this many nanoseconds (one second).
 const MAP_FULL_EVERY_NS: u64 = 1_000_000_000;
+
+/// At most one "churn guard closed" record per this many nanoseconds (ten seconds).
+const GUARD_CLOSED_EVERY_NS: u64 = 10_000_000_000;
 
 /// This CPU entered (`true`) or left cookie mode.
 #[inline(never)]
@@ -50,9 +59,11 @@ pub(crate) fn cookie_mode(ctx: &XdpContext, entered: bool) {
     }
 }
 
-/// The churn guard had no new-prefix token for a new prefix: logged when it was open before.
+/// The churn guard had no new-prefix token for a new prefix at `now`: logged when it was open
+/// before, at most once every [`GUARD_CLOSED_EVERY_NS`], with the count of closings not logged
+/// since the last record.
 #[inline(never)]
-pub(crate) fn guard_closed(ctx: &XdpContext) {
+pub(crate) fn guard_closed(ctx: &XdpContext, now: u64) {
     let Some(state) = MapValue::in_array(&DOOR_EVENTS, 0) else {
         return;
     };
@@ -61,9 +72,20 @@ pub(crate) fn guard_closed(ctx: &XdpContext) {
         return;
     }
     state.store(at, 1);
+    let logged_at = offset_of!(EventState, guard_logged_ns);
+    let unlogged_at = offset_of!(EventState, guard_unlogged);
+    let last = state.load(logged_at);
+    if last != 0 && now.saturating_sub(last) < GUARD_CLOSED_EVERY_NS {
+        state.store(unlogged_at, state.load(unlogged_at).saturating_add(1));
+        return;
+    }
+    let unlogged = state.load(unlogged_at);
+    state.store(logged_at, now | 1);
+    state.store(unlogged_at, 0);
     info!(
         ctx,
-        "churn guard closed: new prefixes share the overflow bucket until its new-prefix bucket refills"
+        "churn guard closed: new prefixes share the overflow bucket until its new-prefix bucket refills ({} closings not logged since the last record)",
+        unlogged
     );
 }
 

@@ -380,7 +380,7 @@ fn judge(
     {
         let tat_at = offset_of!(GuardState, new_prefix_tat_ns);
         let Some(tat) = gcra::take(guard.load(tat_at), now, p.interval, p.tolerance) else {
-            events::guard_closed(ctx);
+            events::guard_closed(ctx, now);
             return match guard.project::<PrefixState>(offset_of!(GuardState, overflow)) {
                 Some(overflow) => match charge(&overflow, now, settings.overflow(), true, kind) {
                     c if c == kind.pass() => Counter::PassOverflowSyn,

@@ -695,6 +695,37 @@ fn churn_guard_keeps_tracked_prefixes_and_shares_one_overflow_bucket() {
     }
 }
 
+/// Under a sustained rotation flood the guard reopens with every refilled new-prefix token and
+/// closes at the next new prefix: its closing is logged once per 10 s, not at each of those
+/// edges (the program's coarse clock moves while the flood runs; the loop is bounded).
+#[test]
+fn a_flapping_churn_guard_is_logged_once_per_interval() {
+    let mut cfg = settings(1000);
+    cfg.new_prefix_rate = 200.0;
+    cfg.new_prefix_burst = 1;
+    let Some(mut s) = shield(&cfg, &[]) else {
+        return;
+    };
+    let mut sent = 0u32;
+    // Each prefix given an entry after the first closing is one reopening of the guard.
+    while s.tracked_prefixes().unwrap() < 6 && sent < 400_000 {
+        let mut src = CLIENT6;
+        src[4..8].copy_from_slice(&sent.to_be_bytes());
+        let _ = verdict(&s, &tcp6(src, SERVER6, PORT, Flags::SYN));
+        sent += 1;
+    }
+    assert!(
+        s.tracked_prefixes().unwrap() >= 6,
+        "the guard never reopened in {sent} SYNs"
+    );
+    let lines = s.take_log().expect("the program logs").drain();
+    let closed = lines
+        .iter()
+        .filter(|l| l.message.starts_with("churn guard closed"))
+        .count();
+    assert_eq!(closed, 1, "{lines:?}");
+}
+
 #[test]
 fn counters_are_exported_as_door_xdp_packets() {
     use std::sync::{Arc, Mutex};
