@@ -2078,3 +2078,43 @@ async fn an_upstream_answer_with_content_length_and_transfer_encoding_is_framed_
     let (status, body) = h2_send(&c, Request::get("http://door.test/p").body(()).unwrap()).await;
     assert_eq!((status, body.as_str()), (StatusCode::OK, "hello"));
 }
+
+/// Spellings of a limited route that applications route as it, at the request level: a target
+/// that begins with `//host` (a URL parser's authority), and a `POST` naming the route's method in
+/// `X-HTTP-Method-Override`, are charged to the route's group, not passed through.
+#[tokio::test]
+async fn a_network_path_and_a_method_override_are_charged_to_the_route() {
+    let up = upstream(echo()).await;
+    let d = door(&config(up, "", "[group.link]\nrate = 0.001\nburst = 1")).await;
+    let status = async |request: &str| {
+        let text = raw(d.addr, request.as_bytes()).await;
+        text.get(9..12).unwrap_or_default().to_owned()
+    };
+    let close = "Host: door.test\r\nConnection: close\r\n";
+    assert_eq!(
+        status(&format!("GET /l/session/a HTTP/1.1\r\n{close}\r\n")).await,
+        "200"
+    );
+    assert_eq!(
+        status(&format!("GET //x/l/session/a HTTP/1.1\r\n{close}\r\n")).await,
+        "429",
+        "a network-path spelling is the route's"
+    );
+    assert_eq!(
+        status(&format!(
+            "POST /l/session/a HTTP/1.1\r\n{close}X-HTTP-Method-Override: GET\r\n\
+             Content-Length: 0\r\n\r\n"
+        ))
+        .await,
+        "429",
+        "a POST that says it is a GET is the GET route's"
+    );
+    assert_eq!(
+        status(&format!(
+            "POST /l/session/a HTTP/1.1\r\n{close}Content-Length: 0\r\n\r\n"
+        ))
+        .await,
+        "200",
+        "a plain POST is no GET route's"
+    );
+}

@@ -33,7 +33,7 @@ use crate::{
         health::{CachedHealth, HEALTH_TTL},
         inflight::{Active, ActiveGuard, PassRefusal, PassSlot, PassThrough},
         plane::Sessions,
-        route::Router,
+        route::{self, Router},
         settle::{self, End, Held},
         tunnel,
         upgrade::{self, Upgrade, UpgradeError},
@@ -505,7 +505,15 @@ impl App {
             peer_trusted: policy.trusted.contains(peer_ip),
             tls: conn.tls,
         };
-        let route = policy.router.route_for(req.method(), req.uri().path());
+        let overridden = policy
+            .router
+            .method_specific()
+            .then(|| route::method_override(req.headers()))
+            .flatten();
+        let route =
+            policy
+                .router
+                .route_for_either(req.method(), overridden.as_ref(), req.uri().path());
         let stream_route = route.is_some_and(|r| r.stream);
         // An upgrade on a route in no group is limited as a stream.
         let group = route

@@ -15,8 +15,11 @@
 //! route without regard to case: through door, `/webhooks%2Fgithub` would reach their
 //! `/webhooks/github` unlimited. The first route that matches either reading wins, so a specific
 //! route listed before a wildcard one holds for every spelling (`/api/LOGIN` is `/api/login`'s,
-//! not `/api/{endpoint}`'s). A `GET` route also matches `HEAD` (RFC 9110 §9.3.2: HEAD is GET
-//! without the body).
+//! not `/api/{endpoint}`'s). A path that begins with two separators is also read without its
+//! first segment, as URL parsers read such a target (`network_path`), and a request that names
+//! another method in a method-override field is routed under that method too
+//! ([`method_override`]). A `GET` route also matches `HEAD` (RFC 9110 §9.3.2: HEAD is GET without
+//! the body).
 
 use std::borrow::Cow;
 
@@ -241,6 +244,8 @@ pub struct Router {
     /// Whether a route's literal segment has an upper-case letter: then a path without one can
     /// still read, without regard to case, as that route's.
     upper_case_literals: bool,
+    /// Whether a route lists methods: only then can a method override change the route.
+    method_specific: bool,
 }
 
 impl Router {
@@ -251,10 +256,18 @@ impl Router {
                 |s| matches!(s, Segment::Literal(l) if l.bytes().any(|b| b.is_ascii_uppercase())),
             )
         });
+        let method_specific = routes.iter().any(|r| !r.methods.is_empty());
         Self {
             routes,
             upper_case_literals,
+            method_specific,
         }
+    }
+
+    /// Whether a route lists methods ([`Router::route_for_either`] then may differ from
+    /// [`Router::route_for`]); a request's method override need not be looked for otherwise.
+    pub fn method_specific(&self) -> bool {
+        self.method_specific
     }
 
     /// The group of the first route matching `method` and `path`, or `None` (pass-through).
@@ -265,6 +278,30 @@ impl Router {
     /// The first route matching `method` and `path` as written or as the lenient servers read
     /// it ([`lenient`], see the module docs), or `None` (pass-through).
     pub fn route_for(&self, method: &Method, path: &str) -> Option<&Route> {
+        self.position_for(method, path)
+            .and_then(|i| self.routes.get(i))
+    }
+
+    /// As [`Router::route_for`], for a request that also names the method the application may
+    /// act on instead (`overridden`, from [`method_override`]): the first route matching the
+    /// path under either method.
+    pub fn route_for_either(
+        &self,
+        method: &Method,
+        overridden: Option<&Method>,
+        path: &str,
+    ) -> Option<&Route> {
+        let first = self.position_for(method, path);
+        let other = overridden.and_then(|m| self.position_for(m, path));
+        first
+            .into_iter()
+            .chain(other)
+            .min()
+            .and_then(|i| self.routes.get(i))
+    }
+
+    /// The index of [`Router::route_for`]'s route.
+    fn position_for(&self, method: &Method, path: &str) -> Option<usize> {
         let upper = upper_case(method);
         let method = upper.as_ref().unwrap_or(method);
         // Normalised once for all the routes: segments borrowed from `path` unless they carry an
@@ -283,17 +320,18 @@ impl Router {
             if !before.iter().any(|r| r.method_matches(method)) {
                 return None;
             }
-            match lenient(path) {
-                Some(read) => first(before, &normalise(&read), false),
-                // The path reads as written, but a route with capitals may match it without
-                // regard to case.
-                None if self.upper_case_literals => first(before, &normalise(path), false),
-                None => None,
-            }
+            let read = lenient(path);
+            let text = read.as_deref().unwrap_or(path);
+            // The path reads as written, but a route with capitals may match it without regard
+            // to case.
+            let leniently = (read.is_some() || self.upper_case_literals)
+                .then(|| first(before, &normalise(text), false))
+                .flatten();
+            let without_authority =
+                network_path(text).and_then(|rest| first(before, &normalise(rest), false));
+            leniently.into_iter().chain(without_authority).min()
         };
-        read_leniently()
-            .or(as_written)
-            .and_then(|i| self.routes.get(i))
+        read_leniently().or(as_written)
     }
 
     /// The routes, in order.
@@ -359,6 +397,39 @@ pub fn lenient(path: &str) -> Option<String> {
         rest = rest.get(len..).unwrap_or_default();
     }
     Some(out)
+}
+
+/// What follows the authority of `path` when it begins with two separators (`//host/rest`, or
+/// `/\host/rest` read leniently): a URL parser given such a request target reads it as a
+/// network-path reference (RFC 3986 §4.2), so `host` becomes the authority and `/rest` the path.
+/// An origin-form target is an absolute path, never that (RFC 9112 §3.2.1), but Node's
+/// documented `new URL(req.url, base)` and Python's `urlsplit` read it so: through door,
+/// `//x/api/login` would reach their `/api/login` unlimited. `None` for any other path (most:
+/// two bytes compared).
+fn network_path(path: &str) -> Option<&str> {
+    let rest = path.strip_prefix("//")?;
+    Some(rest.find('/').map_or("/", |i| rest.get(i..).unwrap_or("/")))
+}
+
+/// The fields in which a client names the method an application should act on instead of the
+/// request's (`X-HTTP-Method-Override`: Rack's `MethodOverride`, in Rails' default stack,
+/// Express's `method-override`, Flask's documented middleware; `X-HTTP-Method`: OData;
+/// `X-Method-Override`).
+const METHOD_OVERRIDES: [&str; 3] = [
+    "x-http-method-override",
+    "x-http-method",
+    "x-method-override",
+];
+
+/// The method `headers` ask the application to act on instead of the request's (see
+/// `METHOD_OVERRIDES`; the first that is a method), for [`Router::route_for_either`]: a route
+/// limited for `DELETE` must hold for a `POST` that says it is one. `None` when there is none
+/// (most requests: three lookups).
+pub fn method_override(headers: &http::HeaderMap) -> Option<Method> {
+    METHOD_OVERRIDES
+        .iter()
+        .filter_map(|name| headers.get(*name))
+        .find_map(|v| Method::from_bytes(v.as_bytes()).ok())
 }
 
 /// Decodes a segment's `%XX` escapes as applications decode a path before routing it (RFC 3986
@@ -487,6 +558,84 @@ mod tests {
             Some("health")
         );
         assert_eq!(r.group_for(&Method::GET, "/l/session/other"), Some("link"));
+    }
+
+    /// A target that begins with two separators is, to a URL parser (Node's `new URL(req.url,
+    /// base)`, Python's `urlsplit`), an authority and a path: `//x/webhooks/github` is
+    /// `/webhooks/github` there, and must be limited as that.
+    #[test]
+    fn a_network_path_reference_is_read_without_its_authority() {
+        let r = router();
+        for spelling in [
+            "//x/webhooks/github",
+            "//x:1/webhooks/github",
+            "//user@x/webhooks/github",
+            "/\\x/webhooks/github",
+            "/\\x\\webhooks\\github",
+            "///webhooks/github",
+            "//X/Webhooks/GitHub",
+        ] {
+            assert_eq!(
+                r.group_for(&Method::POST, spelling),
+                Some("webhook"),
+                "{spelling}"
+            );
+        }
+        // Its other reading stays too: a route for the path as written still matches it first.
+        let both = Router::new(vec![
+            Route::new("link", &[], "/x/webhooks/github").unwrap(),
+            Route::new("webhook", &[], "/webhooks/github").unwrap(),
+        ]);
+        assert_eq!(
+            both.group_for(&Method::POST, "//x/webhooks/github"),
+            Some("link")
+        );
+        // One separator: no authority.
+        assert_eq!(r.group_for(&Method::POST, "/x/webhooks/github"), None);
+        assert_eq!(network_path("//host"), Some("/"));
+        assert_eq!(network_path("/a//b"), None);
+    }
+
+    /// A request that names another method in a method-override field is routed under that
+    /// method too, as Rails, Express and Flask's documented middleware act on it.
+    #[test]
+    fn a_method_override_is_routed_under_the_method_it_names() {
+        let r = Router::new(vec![
+            Route::new("login", &["DELETE".into()], "/api/login").unwrap(),
+            Route::new("link", &[], "/api/{x}").unwrap(),
+        ]);
+        assert!(r.method_specific());
+        let mut headers = http::HeaderMap::new();
+        assert_eq!(method_override(&headers), None);
+        for name in METHOD_OVERRIDES {
+            headers.clear();
+            headers.insert(name, http::HeaderValue::from_static("delete"));
+            let overridden = method_override(&headers);
+            assert_eq!(overridden.as_ref().map(Method::as_str), Some("delete"));
+            assert_eq!(
+                r.route_for_either(&Method::POST, overridden.as_ref(), "/api/login")
+                    .map(|r| r.group.as_str()),
+                Some("login"),
+                "{name}"
+            );
+        }
+        assert_eq!(
+            r.route_for_either(&Method::POST, None, "/api/login")
+                .map(|r| r.group.as_str()),
+            Some("link")
+        );
+        // A value that is no method is no override.
+        headers.clear();
+        headers.insert(
+            "x-http-method-override",
+            http::HeaderValue::from_static("DE LETE"),
+        );
+        assert_eq!(method_override(&headers), None);
+        assert!(!router_without_methods().method_specific());
+    }
+
+    fn router_without_methods() -> Router {
+        Router::new(vec![Route::new("health", &[], "/healthz").unwrap()])
     }
 
     #[test]
