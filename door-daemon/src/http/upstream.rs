@@ -482,14 +482,18 @@ static PROTECTED: [&HeaderName; 6] = [
     &COOKIE,
 ];
 
-/// Client-identity and client-scheme fields other proxies and frameworks read (`X-Real-IP` by
-/// nginx's realip and chi's RealIP, `True-Client-IP` by Akamai and chi, `X-Forwarded-Ssl`,
-/// `X-Forwarded-Scheme` and `X-Forwarded-Port` by Rack, `X-Forwarded-Port` and
-/// `X-Forwarded-Prefix` by Werkzeug's `ProxyFix` and Spring, `Front-End-Https` by IIS,
-/// `Client-IP` by PHP applications, …): from an untrusted peer they are dropped, so that the
+/// Client-identity, client-scheme and rewritten-target fields other proxies, platforms and
+/// frameworks read (`X-Real-IP` by nginx's realip and chi's RealIP, `True-Client-IP` by Akamai
+/// and chi, `X-Forwarded-Ssl`, `X-Forwarded-Scheme` and `X-Forwarded-Port` by Rack,
+/// `X-Forwarded-Port` and `X-Forwarded-Prefix` by Werkzeug's `ProxyFix` and Spring,
+/// `Front-End-Https` by IIS, `Client-IP` by PHP applications, `X-Scheme` by Tornado (before
+/// `X-Forwarded-Proto`), `Forwarded-For` and `X-Forwarded` by django-ipware, `X-Original-URL` and
+/// `X-Rewrite-URL` by IIS rewrites and the frameworks that honoured them (CVE-2018-14773), the
+/// platforms' client-address fields, …): from an untrusted peer they are dropped, so that the
 /// application can trust exactly one hop, door (docs/design.md, "Client key"). door's own
-/// `X-Forwarded-Proto` says which scheme the client used.
-static IDENTITY: [HeaderName; 17] = [
+/// `X-Forwarded-Proto` says which scheme the client used. A list of names, so a field no
+/// framework door knows of passes: an application must trust only door's fields.
+static IDENTITY: [HeaderName; 32] = [
     HeaderName::from_static("x-real-ip"),
     HeaderName::from_static("true-client-ip"),
     HeaderName::from_static("x-client-ip"),
@@ -507,6 +511,21 @@ static IDENTITY: [HeaderName; 17] = [
     HeaderName::from_static("x-forwarded-prefix"),
     HeaderName::from_static("x-url-scheme"),
     HeaderName::from_static("front-end-https"),
+    HeaderName::from_static("x-scheme"),
+    HeaderName::from_static("x-forwarded-protocol"),
+    HeaderName::from_static("x-forwarded-uri"),
+    HeaderName::from_static("x-original-url"),
+    HeaderName::from_static("x-rewrite-url"),
+    HeaderName::from_static("x-original-host"),
+    HeaderName::from_static("x-host"),
+    HeaderName::from_static("forwarded-for"),
+    HeaderName::from_static("x-forwarded"),
+    HeaderName::from_static("x-envoy-external-address"),
+    HeaderName::from_static("fly-client-ip"),
+    HeaderName::from_static("x-appengine-user-ip"),
+    HeaderName::from_static("x-azure-clientip"),
+    HeaderName::from_static("x-azure-socketip"),
+    HeaderName::from_static("x-proxyuser-ip"),
 ];
 
 /// Drops the fields whose name, with `_` read as `-`, is a forwarding or identity field door
@@ -796,6 +815,21 @@ mod tests {
             ("x-url-scheme", "https"),
             ("front-end-https", "on"),
             ("x-forwarded-prefix", "/admin"),
+            ("x-scheme", "https"),
+            ("x-forwarded-protocol", "https"),
+            ("x-forwarded-uri", "/admin"),
+            ("x-original-url", "/admin"),
+            ("x-rewrite-url", "/admin"),
+            ("x-original-host", "evil"),
+            ("x-host", "evil"),
+            ("forwarded-for", "6.6.6.6"),
+            ("x-forwarded", "for=6.6.6.6"),
+            ("x-envoy-external-address", "6.6.6.6"),
+            ("fly-client-ip", "6.6.6.6"),
+            ("x-appengine-user-ip", "6.6.6.6"),
+            ("x-azure-clientip", "6.6.6.6"),
+            ("x-azure-socketip", "6.6.6.6"),
+            ("x-proxyuser-ip", "6.6.6.6"),
             ("x_forwarded_for", "6.6.6.6"),
             ("x_forwarded_proto", "https"),
             ("client_ip", "6.6.6.6"),
