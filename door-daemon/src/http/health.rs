@@ -5,9 +5,10 @@
 //! bypassed and health answers 503 at once.
 //!
 //! Only a status that speaks for the application is kept ([`speaks_for_health`]): any client may
-//! probe, and a 4xx (a `Host` the application refuses, a bad `Authorization`), a `304` (a
-//! conditional request) or a `206` (a range) answers that client's request, not the question
-//! every prober asks; kept, it would be served to every over-budget probe.
+//! probe, and a 4xx (a `Host` the application refuses, a bad `Authorization`), a 3xx (a redirect
+//! to the canonical host or to the path with a trailing `/`), a `304` (a conditional request) or
+//! a `206` (a range) answers that client's request, not the question every prober asks; kept, it
+//! would be served to every over-budget probe.
 //!
 //! Time comes only from the injected [`Clock`]; tests never sleep.
 
@@ -27,14 +28,14 @@ use crate::time::Clock;
 /// How long an upstream health status is served to over-budget probes: 1 s.
 pub const HEALTH_TTL: Duration = Duration::from_secs(1);
 
-/// Whether `status` speaks for the application's health, whoever asked: not a 4xx, a `304 Not
-/// Modified` or a `206 Partial Content`, which depend on the request (its `Host`, credentials,
-/// conditionals or range: RFC 9110 §15.5, §15.4.5, §15.3.7). A 2xx, a 3xx redirect and a 5xx
-/// (the upstream's own, or door's 502/504 when the upstream failed) do.
+/// Whether `status` speaks for the application's health, whoever asked: a 2xx but `206 Partial
+/// Content`, or a 5xx (the upstream's own, or door's 502/504 when the upstream failed). Not a
+/// 4xx, a 3xx or a `206`, which depend on the request (its `Host`, credentials, target,
+/// conditionals or range: RFC 9110 §15.5, §15.4, §15.3.7): a redirect to the canonical host or
+/// to the path with a trailing `/` answers how the asker spelt its request, and kept, it would
+/// fail every load balancer that expects a 200.
 pub fn speaks_for_health(status: StatusCode) -> bool {
-    !(status.is_client_error()
-        || status == StatusCode::NOT_MODIFIED
-        || status == StatusCode::PARTIAL_CONTENT)
+    (status.is_success() && status != StatusCode::PARTIAL_CONTENT) || status.is_server_error()
 }
 
 /// The last upstream health status and the clock reading when it was taken.
@@ -283,6 +284,10 @@ mod tests {
             StatusCode::RANGE_NOT_SATISFIABLE,
             StatusCode::NOT_MODIFIED,
             StatusCode::PARTIAL_CONTENT,
+            StatusCode::MOVED_PERMANENTLY,
+            StatusCode::FOUND,
+            StatusCode::TEMPORARY_REDIRECT,
+            StatusCode::PERMANENT_REDIRECT,
         ] {
             c.record(own);
             assert_eq!(c.last(), None, "{own} kept");
@@ -309,7 +314,7 @@ mod tests {
         );
         for kept in [
             StatusCode::NO_CONTENT,
-            StatusCode::MOVED_PERMANENTLY,
+            StatusCode::OK,
             StatusCode::SERVICE_UNAVAILABLE,
             StatusCode::GATEWAY_TIMEOUT,
         ] {
