@@ -9,7 +9,8 @@
 //! - **plain text** otherwise: the `tracing_subscriber` default with a timestamp, coloured only
 //!   when stderr is a terminal.
 //!
-//! Filtering is `RUST_LOG` syntax (`RUST_LOG=door_daemon=debug,info`), `info` by default.
+//! Filtering is `RUST_LOG` syntax (`RUST_LOG=door_daemon=debug,info`), [`DEFAULT_FILTER`] by
+//! default.
 //!
 //! Conditions that can repeat once per request (an upstream that refuses connections, a proxy
 //! missing from `trusted_proxies`) must not log once per request: [`WarnOnce`] and
@@ -35,8 +36,12 @@ use tracing_subscriber::{
     registry::LookupSpan,
 };
 
-/// The filter used when `RUST_LOG` is unset or invalid.
-pub const DEFAULT_FILTER: &str = "info";
+/// The filter used when `RUST_LOG` is unset or invalid: `info`, but aya's loader at `error`. The
+/// kernel refuses the XDP object's BTF (bpf-linker 0.10 leaves a type named `MaybeUninit<u8>`,
+/// from aya-log's level global, which the kernel's BTF check takes for an invalid name), and aya
+/// then loads the program without it, which door does not need, after a warning that dumps the
+/// whole BTF, some 160 lines at every start (`RUST_LOG=info,aya::bpf=warn` shows it).
+pub const DEFAULT_FILTER: &str = "info,aya::bpf=error";
 
 /// Installs the global subscriber: [`JournaldFormat`] when stderr is connected to the journal,
 /// plain text otherwise; `RUST_LOG` filtering. Call once, first thing in `main`; later calls (and
