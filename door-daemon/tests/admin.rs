@@ -631,6 +631,69 @@ async fn blocks_are_added_listed_and_removed_through_the_blocklist() {
     .await;
 }
 
+/// A blocklist whose shield never sheds `exempt` (on `allow`, say).
+struct ExemptOne {
+    list: FakeBlocklist,
+    exempt: door_common::PrefixKey,
+}
+
+impl door_daemon::admin::AdminBlocklist for ExemptOne {
+    fn list(&self) -> Result<Vec<(door_common::PrefixKey, u64)>, door_daemon::shield::ShieldError> {
+        self.list.list()
+    }
+    fn block(
+        &self,
+        key: door_common::PrefixKey,
+        duration: Duration,
+    ) -> Result<(), door_daemon::shield::ShieldError> {
+        self.list.block(key, duration)
+    }
+    fn unblock(
+        &self,
+        key: &door_common::PrefixKey,
+    ) -> Result<bool, door_daemon::shield::ShieldError> {
+        self.list.unblock(key)
+    }
+    fn exempt(
+        &self,
+        key: &door_common::PrefixKey,
+    ) -> Result<bool, door_daemon::shield::ShieldError> {
+        Ok(*key == self.exempt)
+    }
+}
+
+/// Blocking a prefix the shield never sheds would drop nothing while answering 200: it is
+/// refused with 409 naming the lists, and nothing is blocked; other prefixes block as before.
+#[tokio::test]
+async fn blocking_an_exempt_prefix_is_refused() {
+    let list = Arc::new(ExemptOne {
+        list: FakeBlocklist::default(),
+        exempt: door_common::PrefixKey::from_ipv4([198, 51, 100, 7]),
+    });
+    let door = Door::start_with(&config(upstream().await, ""), Some(list.clone())).await;
+    let admin = door.admin().await;
+    refused(
+        admin,
+        "POST",
+        "/blocks",
+        r#"{"prefix":"198.51.100.7","for_s":600}"#,
+        StatusCode::CONFLICT,
+        "exempt",
+        "198.51.100.7/32 is on allow, xdp.allow or trusted_proxies",
+    )
+    .await;
+    assert!(list.list.0.lock().unwrap().is_empty());
+    let (status, body) = request(
+        admin,
+        "POST",
+        "/blocks",
+        JSON,
+        r#"{"prefix":"198.51.100.8","for_s":600}"#,
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+}
+
 #[tokio::test]
 async fn blocks_bad_inputs_are_named() {
     let list = Arc::new(FakeBlocklist::default());

@@ -528,6 +528,11 @@ fn denied_prefixes_drop_every_syn_and_the_longest_match_decides() {
     // Outside the lists, the budget applies.
     let outsider = tcp4([192, 0, 2, 50], SERVER4, PORT, Flags::SYN);
     assert_eq!(verdict(&s, &outsider), (XDP_PASS, Counter::PassSyn));
+    // What the admin API asks before a block: only the allowed /32 is exempt.
+    let key = |v4: [u8; 4]| PrefixKey::from_ipv4(v4);
+    assert!(s.exempt(&key([198, 51, 100, 99])).unwrap());
+    assert!(!s.exempt(&key(CLIENT4)).unwrap(), "denied is not exempt");
+    assert!(!s.exempt(&key([192, 0, 2, 50])).unwrap());
     // A NAT64 source (64:ff9b::/96, RFC 6052) is listed by the IPv4 address it embeds, as door
     // keys and lists it at layer 7.
     let nat64 = |v4: [u8; 4]| {

@@ -83,6 +83,14 @@ pub trait AdminBlocklist: Send + Sync + 'static {
     /// # Errors
     /// [`ShieldError::Map`] if the blocklist cannot be written.
     fn unblock(&self, key: &PrefixKey) -> Result<bool, ShieldError>;
+    /// Whether `key` is exempt from the shield (never shed, so never blocked either:
+    /// [`Shield::exempt`]); `false` by default.
+    ///
+    /// # Errors
+    /// [`ShieldError::Map`] if the exempt lists cannot be read.
+    fn exempt(&self, _key: &PrefixKey) -> Result<bool, ShieldError> {
+        Ok(false)
+    }
 }
 
 /// The admin blocklist in cluster mode: `POST /blocks` puts the block on this door's shield and
@@ -112,6 +120,10 @@ impl AdminBlocklist for ClusterBlocklist {
     fn unblock(&self, key: &PrefixKey) -> Result<bool, ShieldError> {
         self.local.unblock(key)
     }
+
+    fn exempt(&self, key: &PrefixKey) -> Result<bool, ShieldError> {
+        self.local.exempt(key)
+    }
 }
 
 impl AdminBlocklist for Mutex<Shield> {
@@ -132,6 +144,12 @@ impl AdminBlocklist for Mutex<Shield> {
         self.lock()
             .unwrap_or_else(PoisonError::into_inner)
             .block(key, duration)
+    }
+
+    fn exempt(&self, key: &PrefixKey) -> Result<bool, ShieldError> {
+        self.lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .exempt(key)
     }
 
     fn unblock(&self, key: &PrefixKey) -> Result<bool, ShieldError> {
@@ -479,8 +497,9 @@ pub async fn read_body(body: Incoming, timeout: Duration) -> Result<Bytes, ApiEr
 /// at XDP for `for_s` seconds (1..=[`MAX_BLOCK_S`]).
 ///
 /// # Errors
-/// 400 for bad JSON, a bad prefix or `for_s` out of range; 503 without the shield; 500 if the map
-/// cannot be written.
+/// 400 for bad JSON, a bad prefix or `for_s` out of range; 409 `exempt` for a prefix the shield
+/// never sheds (on `allow`, `xdp.allow` or `trusted_proxies`); 503 without the shield; 500 if a
+/// map cannot be read or written.
 pub fn block(source: &StatusSource, query: Option<&str>, body: &[u8]) -> Result<Value, ApiError> {
     params(query, &[])?;
     // Through a map: serde would also read the struct from an array (`["198.51.100.7", 600]`).
@@ -505,6 +524,16 @@ pub fn block(source: &StatusSource, query: Option<&str>, body: &[u8]) -> Result<
         ));
     }
     let list = blocklist(source)?;
+    if list.exempt(&key).map_err(|e| map_error(&e))? {
+        return Err(ApiError::new(
+            StatusCode::CONFLICT,
+            "exempt",
+            format!(
+                "{key} is on allow, xdp.allow or trusted_proxies: the shield never sheds its SYNs, \
+                 so a block would drop nothing; take it off that list first"
+            ),
+        ));
+    }
     list.block(key, Duration::from_secs(req.for_s))
         .map_err(|e| map_error(&e))?;
     Ok(json!({ "prefix": key.to_string(), "seconds_left": req.for_s }))

@@ -755,6 +755,29 @@ impl Shield {
         }
     }
 
+    /// Whether the program never sheds `key`'s SYNs: its address (the prefix's first) is on an
+    /// exempt list (`allow`, `xdp.allow`, `trusted_proxies`) as the lists trie's longest match
+    /// says, which the program checks before the blocklist.
+    ///
+    /// # Errors
+    /// [`ShieldError::Map`] if the lists trie cannot be read.
+    pub fn exempt(&self, key: &PrefixKey) -> Result<bool, ShieldError> {
+        let map_err = |source| ShieldError::Map {
+            name: MAP_EXEMPT,
+            source,
+        };
+        let trie: LpmTrie<_, ExemptKey, u32> =
+            LpmTrie::try_from(map_ref(&self.ebpf, MAP_EXEMPT)?).map_err(map_err)?;
+        match trie.get(&Key::new(128, key.addr), 0) {
+            Ok(value) => Ok(value == door_common::EXEMPT),
+            Err(MapError::KeyNotFound) => Ok(false),
+            Err(MapError::SyscallError(e)) if e.io_error.raw_os_error() == Some(libc::ENOENT) => {
+                Ok(false)
+            }
+            Err(source) => Err(map_err(source)),
+        }
+    }
+
     /// The blocklist: prefixes and their deadlines (ns, CLOCK_MONOTONIC_COARSE), expired entries
     /// included until the next [`Shield::block`] deletes them.
     ///
