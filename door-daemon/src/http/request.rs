@@ -505,15 +505,11 @@ impl App {
             peer_trusted: policy.trusted.contains(peer_ip),
             tls: conn.tls,
         };
-        let overridden = policy
-            .router
-            .method_specific()
-            .then(|| route::method_override(req.headers()))
-            .flatten();
-        let route =
-            policy
-                .router
-                .route_for_either(req.method(), overridden.as_ref(), req.uri().path());
+        let route = policy.router.route_for_either(
+            req.method(),
+            || route::method_override(req.headers()),
+            req.uri().path(),
+        );
         let stream_route = route.is_some_and(|r| r.stream);
         // An upgrade on a route in no group is limited as a stream.
         let group = route

@@ -15,15 +15,15 @@
 //! route without regard to case: through door, `/webhooks%2Fgithub` would reach their
 //! `/webhooks/github` unlimited. The first route that matches either reading wins, so a specific
 //! route listed before a wildcard one holds for every spelling (`/api/LOGIN` is `/api/login`'s,
-//! not `/api/{endpoint}`'s). A path that begins with two separators is also read without its
-//! first segment, as URL parsers read such a target (`network_path`), and a request that names
-//! another method in a method-override field is routed under that method too
-//! ([`method_override`]). A `GET` route also matches `HEAD` (RFC 9110 §9.3.2: HEAD is GET without
+//! not `/api/{endpoint}`'s). A path that begins with two separators and matches no route in
+//! those readings is read without its first segment, as URL parsers read such a target
+//! (`network_path`), and a request whose method has no route is routed under the method it
+//! names in a method-override field ([`method_override`]). A `GET` route also matches `HEAD` (RFC 9110 §9.3.2: HEAD is GET without
 //! the body).
 
 use std::borrow::Cow;
 
-use http::Method;
+use http::{HeaderName, Method};
 use smallvec::SmallVec;
 use thiserror::Error;
 
@@ -282,21 +282,24 @@ impl Router {
             .and_then(|i| self.routes.get(i))
     }
 
-    /// As [`Router::route_for`], for a request that also names the method the application may
-    /// act on instead (`overridden`, from [`method_override`]): the first route matching the
-    /// path under either method.
+    /// As [`Router::route_for`], and when no route matches the request's own method, the first
+    /// route matching the method the request names for the application to act on instead
+    /// (`overridden`, [`method_override`], looked for only then, and only when a route lists
+    /// methods). The request's own method wins whenever it has a route: an application that
+    /// ignores the override acts on that one.
     pub fn route_for_either(
         &self,
         method: &Method,
-        overridden: Option<&Method>,
+        overridden: impl FnOnce() -> Option<Method>,
         path: &str,
     ) -> Option<&Route> {
-        let first = self.position_for(method, path);
-        let other = overridden.and_then(|m| self.position_for(m, path));
-        first
-            .into_iter()
-            .chain(other)
-            .min()
+        self.position_for(method, path)
+            .or_else(|| {
+                self.method_specific
+                    .then(overridden)
+                    .flatten()
+                    .and_then(|m| self.position_for(&m, path))
+            })
             .and_then(|i| self.routes.get(i))
     }
 
@@ -320,18 +323,25 @@ impl Router {
             if !before.iter().any(|r| r.method_matches(method)) {
                 return None;
             }
-            let read = lenient(path);
-            let text = read.as_deref().unwrap_or(path);
-            // The path reads as written, but a route with capitals may match it without regard
-            // to case.
-            let leniently = (read.is_some() || self.upper_case_literals)
-                .then(|| first(before, &normalise(text), false))
-                .flatten();
-            let without_authority =
-                network_path(text).and_then(|rest| first(before, &normalise(rest), false));
-            leniently.into_iter().chain(without_authority).min()
+            match lenient(path) {
+                Some(read) => first(before, &normalise(&read), false),
+                // The path reads as written, but a route with capitals may match it without
+                // regard to case.
+                None if self.upper_case_literals => first(before, &normalise(path), false),
+                None => None,
+            }
         };
-        read_leniently().or(as_written)
+        // Read without its authority only when no other reading has a route: an application
+        // that takes the path as one (Rails, Tomcat) acts on that route.
+        let without_authority = || {
+            if !(path.starts_with("//") || path.starts_with("/\\")) {
+                return None;
+            }
+            let read = lenient(path);
+            network_path(read.as_deref().unwrap_or(path))
+                .and_then(|rest| first(&self.routes, &normalise(rest), false))
+        };
+        read_leniently().or(as_written).or_else(without_authority)
     }
 
     /// The routes, in order.
@@ -415,10 +425,10 @@ fn network_path(path: &str) -> Option<&str> {
 /// request's (`X-HTTP-Method-Override`: Rack's `MethodOverride`, in Rails' default stack,
 /// Express's `method-override`, Flask's documented middleware; `X-HTTP-Method`: OData;
 /// `X-Method-Override`).
-const METHOD_OVERRIDES: [&str; 3] = [
-    "x-http-method-override",
-    "x-http-method",
-    "x-method-override",
+static METHOD_OVERRIDES: [HeaderName; 3] = [
+    HeaderName::from_static("x-http-method-override"),
+    HeaderName::from_static("x-http-method"),
+    HeaderName::from_static("x-method-override"),
 ];
 
 /// The method `headers` ask the application to act on instead of the request's (see
@@ -428,7 +438,7 @@ const METHOD_OVERRIDES: [&str; 3] = [
 pub fn method_override(headers: &http::HeaderMap) -> Option<Method> {
     METHOD_OVERRIDES
         .iter()
-        .filter_map(|name| headers.get(*name))
+        .filter_map(|name| headers.get(name))
         .find_map(|v| Method::from_bytes(v.as_bytes()).ok())
 }
 
@@ -581,50 +591,85 @@ mod tests {
                 "{spelling}"
             );
         }
-        // Its other reading stays too: a route for the path as written still matches it first.
+        // Read so only when no other reading has a route: a route matching the path as written
+        // (which Rails and Tomcat act on) wins, even one listed later.
         let both = Router::new(vec![
-            Route::new("link", &[], "/x/webhooks/github").unwrap(),
-            Route::new("webhook", &[], "/webhooks/github").unwrap(),
+            Route::new("link", &[], "/webhooks/github").unwrap(),
+            Route::new("webhook", &[], "/x/webhooks/github").unwrap(),
         ]);
         assert_eq!(
             both.group_for(&Method::POST, "//x/webhooks/github"),
-            Some("link")
+            Some("webhook")
         );
+        let page = Router::new(vec![
+            Route::new("page", &[], "/{page}").unwrap(),
+            Route::new("login", &[], "/api/login").unwrap(),
+        ]);
+        assert_eq!(page.group_for(&Method::POST, "//api/login"), Some("login"));
         // One separator: no authority.
         assert_eq!(r.group_for(&Method::POST, "/x/webhooks/github"), None);
         assert_eq!(network_path("//host"), Some("/"));
         assert_eq!(network_path("/a//b"), None);
     }
 
-    /// A request that names another method in a method-override field is routed under that
-    /// method too, as Rails, Express and Flask's documented middleware act on it.
+    /// A request whose own method has no route is routed under the method it names in a
+    /// method-override field, as Rails, Express and Flask's documented middleware act on it; its
+    /// own method's route wins whenever there is one, since most applications ignore the field.
     #[test]
-    fn a_method_override_is_routed_under_the_method_it_names() {
+    fn a_method_override_is_routed_only_when_the_method_has_no_route() {
+        let group = |r: &Router, m: &Method, over: Option<&str>, path: &str| {
+            r.route_for_either(
+                m,
+                || over.map(|o| Method::from_bytes(o.as_bytes()).unwrap()),
+                path,
+            )
+            .map(|r| r.group.clone())
+        };
         let r = Router::new(vec![
             Route::new("login", &["DELETE".into()], "/api/login").unwrap(),
-            Route::new("link", &[], "/api/{x}").unwrap(),
         ]);
         assert!(r.method_specific());
+        assert_eq!(
+            group(&r, &Method::POST, Some("DELETE"), "/api/login").as_deref(),
+            Some("login")
+        );
+        assert_eq!(
+            group(&r, &Method::POST, Some("delete"), "/api/login").as_deref(),
+            Some("login")
+        );
+        assert_eq!(group(&r, &Method::POST, None, "/api/login"), None);
+        // The request's own method has a route: that one, whatever the field says.
+        let r = Router::new(vec![
+            Route::new("lax", &["GET".into()], "/api/{x}").unwrap(),
+            Route::new("strict", &["POST".into()], "/api/login").unwrap(),
+        ]);
+        assert_eq!(
+            group(&r, &Method::POST, Some("GET"), "/api/login").as_deref(),
+            Some("strict")
+        );
+        // The field is not even looked for then.
+        let looked = std::cell::Cell::new(false);
+        let _ = r.route_for_either(
+            &Method::POST,
+            || {
+                looked.set(true);
+                None
+            },
+            "/api/login",
+        );
+        assert!(!looked.get());
+        // Every field, and a value that is no method.
         let mut headers = http::HeaderMap::new();
         assert_eq!(method_override(&headers), None);
-        for name in METHOD_OVERRIDES {
+        for name in &METHOD_OVERRIDES {
             headers.clear();
             headers.insert(name, http::HeaderValue::from_static("delete"));
-            let overridden = method_override(&headers);
-            assert_eq!(overridden.as_ref().map(Method::as_str), Some("delete"));
             assert_eq!(
-                r.route_for_either(&Method::POST, overridden.as_ref(), "/api/login")
-                    .map(|r| r.group.as_str()),
-                Some("login"),
+                method_override(&headers).as_ref().map(Method::as_str),
+                Some("delete"),
                 "{name}"
             );
         }
-        assert_eq!(
-            r.route_for_either(&Method::POST, None, "/api/login")
-                .map(|r| r.group.as_str()),
-            Some("link")
-        );
-        // A value that is no method is no override.
         headers.clear();
         headers.insert(
             "x-http-method-override",
