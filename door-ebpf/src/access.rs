@@ -1,7 +1,7 @@
 //! The only `unsafe` of the eBPF crate: bounds-checked reads and writes of the packet, access to
 //! the values the kernel's map lookup helpers return, the clock helper, and the SYN cookie path's
 //! helpers (`bpf_skc_lookup_tcp`, `bpf_tcp_gen_syncookie`, `bpf_sk_release`,
-//! `bpf_xdp_adjust_tail`).
+//! `bpf_xdp_adjust_tail`, `bpf_fib_lookup`).
 //!
 //! The verifier rejects any packet access it cannot prove lies inside `[data, data_end)`; the
 //! checks below are the ones it looks for, so a program that passes them cannot read out of bounds.
@@ -17,8 +17,11 @@ use core::ptr::NonNull;
 use core::mem::offset_of;
 
 use aya_ebpf::{
-    bindings::{bpf_sock_tuple, xdp_md},
-    helpers::{bpf_sk_release, bpf_skc_lookup_tcp, bpf_tcp_gen_syncookie, bpf_xdp_adjust_tail},
+    bindings::{bpf_fib_lookup as FibLookup, bpf_sock_tuple, xdp_md},
+    helpers::{
+        bpf_fib_lookup, bpf_sk_release, bpf_skc_lookup_tcp, bpf_tcp_gen_syncookie,
+        bpf_xdp_adjust_tail,
+    },
     maps::{Array, LruHashMap, PerCpuArray},
     programs::XdpContext,
 };
@@ -216,6 +219,66 @@ impl Packet {
     }
 }
 
+impl Packet {
+    /// Whether the kernel would deliver the SYN whose IP and TCP headers were copied into
+    /// `scratch` to this host rather than forward it: `bpf_fib_lookup` (Linux 4.18, "bpf: Provide
+    /// helper to do forwarding lookups in kernel FIB table") from the interface the packet came
+    /// in on answers `BPF_FIB_LKUP_RET_NOT_FWDED` for a local destination (and for one without a
+    /// route), or `BPF_FIB_LKUP_RET_FWD_DISABLED` when the interface does not forward at all,
+    /// before looking. Any other answer is a route elsewhere (a forwarding host: a Kubernetes
+    /// node, a router) or one the kernel refuses: not this host's SYN to answer.
+    #[inline(always)]
+    pub(crate) fn delivered_here(&self, scratch: &MapValue<CookieScratch>, v6: bool) -> bool {
+        const AF_INET: u8 = 2;
+        const AF_INET6: u8 = 10;
+        const IPPROTO_TCP: u8 = 6;
+        const NOT_FWDED: i64 = 4;
+        const FWD_DISABLED: i64 = 5;
+        let fib = offset_of!(CookieScratch, fib);
+        let ip = offset_of!(CookieScratch, ip);
+        let ports = scratch
+            .load_u32(offset_of!(CookieScratch, tcp))
+            .to_ne_bytes();
+        // SAFETY: `ctx` is this invocation's context, an `xdp_md` the kernel keeps readable for
+        // the whole invocation; the verifier allows reading its fields.
+        let ifindex = unsafe { (*self.ctx).ingress_ifindex };
+        let (family, tot_len, src, dst, words) = if v6 {
+            (AF_INET6, 40 + 20, ip + 8, ip + 24, 4)
+        } else {
+            (AF_INET, 20 + 20, ip + 12, ip + 16, 1)
+        };
+        let [t0, t1] = u16::to_ne_bytes(tot_len);
+        scratch.store_u32(
+            fib,
+            u32::from_ne_bytes([family, IPPROTO_TCP, ports[0], ports[1]]),
+        );
+        scratch.store_u32(fib + 4, u32::from_ne_bytes([ports[2], ports[3], t0, t1]));
+        scratch.store_u32(fib + 8, ifindex);
+        for i in 0..13 {
+            scratch.store_u32(fib + 12 + 4 * i, 0);
+        }
+        for i in 0..4 {
+            if i < words {
+                scratch.store_u32(fib + 16 + 4 * i, scratch.load_u32(src + 4 * i));
+                scratch.store_u32(fib + 32 + 4 * i, scratch.load_u32(dst + 4 * i));
+            }
+        }
+        let params = scratch.ptr.as_ptr() as usize + fib;
+        // SAFETY: `ctx` is this invocation's context; `params` points at the 64-byte
+        // `struct bpf_fib_lookup` inside the scratch map value, filled in above; the helper reads
+        // it and writes its results there.
+        let ret = unsafe {
+            bpf_fib_lookup(
+                self.ctx.cast(),
+                params as *mut FibLookup,
+                size_of::<FibLookup>() as i32,
+                0,
+            )
+        };
+        ret == NOT_FWDED || ret == FWD_DISABLED
+    }
+}
+
 /// Why [`Packet::syn_cookie`] has no cookie.
 #[derive(Clone, Copy)]
 pub(crate) enum CookieError {
@@ -239,9 +302,12 @@ pub(crate) struct CookieScratch {
     pub(crate) ip: [u32; 10],
     /// The SYN's TCP header with its options (20 to 60 bytes).
     pub(crate) tcp: [u32; 16],
+    /// `struct bpf_fib_lookup` of [`Packet::delivered_here`] (64 bytes).
+    pub(crate) fib: [u32; 16],
 }
 
-const _: () = assert!(size_of::<CookieScratch>() == 144);
+const _: () = assert!(size_of::<CookieScratch>() == 208);
+const _: () = assert!(size_of::<FibLookup>() == 64);
 
 /// A value inside a BPF map, obtained from one of the lookup functions below during this
 /// invocation. The kernel keeps it alive until the program returns, and map values start 8-byte

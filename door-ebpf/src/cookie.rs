@@ -18,10 +18,13 @@
 //! the program cannot compute; without a timestamp in the SYN-ACK the client's ACK carries none,
 //! and the kernel then builds the connection without them, as it does for its own cookies.
 //!
-//! Only a SYN the kernel would answer itself is answered: one that came to this host alone (no
-//! group Ethernet address either way), between unicast addresses that are not martians, whose
-//! frame holds its datagram and whose datagram holds its TCP header, options included, and, in
-//! IPv4, with a correct header checksum. The TCP checksum is not verified: a frame from a sender
+//! Only a SYN the kernel would answer itself is answered: one without a group Ethernet address
+//! either way, between unicast addresses that are not martians, that the kernel's routes deliver
+//! to this host rather than forward (`bpf_fib_lookup`; on an interface that does not forward,
+//! the lookup cannot tell, and a SYN for another host's address that reached this one is
+//! answered as before), whose frame holds its datagram and whose datagram holds its TCP header,
+//! options included, and, in IPv4, with a correct header checksum. A unicast frame for another
+//! station's MAC address (promiscuous mode) is not told apart. The TCP checksum is not verified: a frame from a sender
 //! on this host (over a veth pair, say) may carry only the pseudo-header's sum, which the kernel
 //! accepts (`CHECKSUM_PARTIAL`); a segment whose checksum is wrong costs the sender as much as a
 //! correct one, and its SYN-ACK answers an address the SYN named either way.
@@ -80,7 +83,8 @@ pub(crate) fn answer(pkt: &Packet, seg: &TcpSegment) -> Counter {
     if !seg.v6 && fold(sum_words(&scratch, IP, 5)) != 0 {
         return Counter::PassMalformed;
     }
-    if !unicast_macs(pkt) || !answerable(&scratch, seg.v6) {
+    if !unicast_macs(pkt) || !answerable(&scratch, seg.v6) || !pkt.delivered_here(&scratch, seg.v6)
+    {
         return Counter::PassCookieUnavailable;
     }
     // The tuple: the SYN's source and destination addresses, then its ports.
@@ -121,10 +125,10 @@ fn unicast_macs(pkt: &Packet) -> bool {
 /// Whether the kernel would answer a SYN between these addresses (the copies in `scratch`):
 /// neither is multicast or the same as the other; an IPv4 source and destination in none of
 /// 0/8, 127/8, 224/4 (multicast), 240/4 (class E and the limited broadcast), which the kernel
-/// treats as martians or refuses to answer (`ip_route_input_slow`, `tcp_v4_conn_request`); an
-/// IPv6 source that is not `::`, `::1` or IPv4-mapped, which `tcp_v6_conn_request` and
-/// `ip6_rcv_core` drop. A directed broadcast cannot be told from here: its routes are the
-/// kernel's.
+/// treats as martians or refuses to answer (`ip_route_input_slow`, `tcp_v4_conn_request`); IPv6
+/// addresses that are not `::`, `::1` or IPv4-mapped, which `tcp_v6_conn_request` and
+/// `ip6_rcv_core` drop. Whether the destination is this host's is not told here (see
+/// [`crate::access::Packet::delivered_here`]).
 #[inline(always)]
 fn answerable(scratch: &MapValue<CookieScratch>, v6: bool) -> bool {
     if v6 {
@@ -140,11 +144,16 @@ fn answerable(scratch: &MapValue<CookieScratch>, v6: bool) -> bool {
             be(scratch, IP + 32),
             be(scratch, IP + 36),
         );
-        let low_zero = s0 == 0 && s1 == 0;
-        let unspecified_or_loopback = low_zero && s2 == 0 && s3 <= 1;
-        let mapped = low_zero && s2 == 0x0000_ffff;
+        // `::`, `::1` and IPv4-mapped addresses, either way.
+        let special = |a0: u32, a1: u32, a2: u32, a3: u32| {
+            a0 == 0 && a1 == 0 && ((a2 == 0 && a3 <= 1) || a2 == 0x0000_ffff)
+        };
         let same = (s0, s1, s2, s3) == (d0, d1, d2, d3);
-        s0 >> 24 != 0xff && d0 >> 24 != 0xff && !unspecified_or_loopback && !mapped && !same
+        s0 >> 24 != 0xff
+            && d0 >> 24 != 0xff
+            && !special(s0, s1, s2, s3)
+            && !special(d0, d1, d2, d3)
+            && !same
     } else {
         let (src, dst) = (be(scratch, IP + 12), be(scratch, IP + 16));
         let martian = |a: u32| a >> 28 >= 0xe || a >> 24 == 0 || a >> 24 == 127;

@@ -503,6 +503,11 @@ fn syns_the_kernel_would_not_answer_are_passed_unanswered() {
         ("IPv6 from ::1", syn6(loopback6, SERVER6)),
         ("IPv6 from an IPv4-mapped address", syn6(mapped, SERVER6)),
         ("IPv6 from itself", syn6(SERVER6, SERVER6)),
+        ("IPv4 to loopback", syn4(CLIENT4, [127, 0, 0, 1])),
+        ("IPv4 to 0.0.0.0", syn4(CLIENT4, [0, 0, 0, 0])),
+        ("IPv6 to ::1", syn6(CLIENT6, loopback6)),
+        ("IPv6 to ::", syn6(CLIENT6, [0; 16])),
+        ("IPv6 to an IPv4-mapped address", syn6(CLIENT6, mapped)),
     ];
     for (what, syn) in unanswered {
         let (verdict, out) = run_frame(&shield, &syn);
@@ -552,6 +557,75 @@ fn syns_the_kernel_would_not_answer_are_passed_unanswered() {
         let (verdict, out) = run_frame(&shield, &syn);
         assert_eq!(verdict, (XDP_PASS, counter), "{what}");
         assert_eq!(out, syn, "{what}: the SYN is left as it was");
+    }
+}
+
+/// Runs `ip ARGS` in this thread's network namespace (a child inherits the thread's).
+fn ip(args: &str) {
+    let status = std::process::Command::new("ip")
+        .args(args.split(' '))
+        .status()
+        .unwrap();
+    assert!(status.success(), "ip {args}");
+}
+
+/// On a host that forwards (a Kubernetes node, a router) with a wildcard listener on a protected
+/// port, a SYN for another host's address is routed on by the kernel: cookie mode leaves it to
+/// the kernel instead of answering for that host; a SYN for this host's own address is answered.
+#[test]
+fn on_a_forwarding_host_a_syn_for_another_host_is_left_to_the_kernel() {
+    let Some((shield, _listener, port)) = cookie_shield(2, true) else {
+        return;
+    };
+    ip("link set lo up");
+    ip("addr add 203.0.113.1/32 dev lo");
+    ip("-6 addr add 2001:db8:d0::1/128 dev lo");
+    ip("route add 192.0.2.0/24 dev lo");
+    ip("-6 route add 2001:db8:99::/64 dev lo");
+    for sysctl in ["ipv4/conf/all/forwarding", "ipv6/conf/all/forwarding"] {
+        std::fs::write(format!("/proc/sys/net/{sysctl}"), "1\n").unwrap();
+    }
+    let to4 = |dst: [u8; 4]| {
+        syn4_with_options(
+            CLIENT4,
+            dst,
+            CLIENT_PORT,
+            port,
+            CLIENT_SEQ,
+            &[2, 4, 5, 0xb4],
+        )
+    };
+    let to6 = |dst: [u8; 16]| {
+        syn6_with_options(
+            CLIENT6,
+            dst,
+            CLIENT_PORT,
+            port,
+            CLIENT_SEQ,
+            &[2, 4, 5, 0xb4],
+        )
+    };
+    let mut elsewhere6 = SERVER6;
+    elsewhere6[5] = 0x99;
+    elsewhere6[4] = 0;
+    for (what, syn) in [
+        ("IPv4 routed on", to4([192, 0, 2, 99])),
+        ("IPv6 routed on", to6(elsewhere6)),
+    ] {
+        let (verdict, out) = run_frame(&shield, &syn);
+        assert_eq!(
+            verdict,
+            (XDP_PASS, Counter::PassCookieUnavailable),
+            "{what}"
+        );
+        assert_eq!(out, syn, "{what}: the SYN is left as it was");
+    }
+    for (what, syn) in [
+        ("IPv4 to this host", to4(SERVER4)),
+        ("IPv6 to this host", to6(SERVER6)),
+    ] {
+        let (verdict, _) = run_frame(&shield, &syn);
+        assert_eq!(verdict, (XDP_TX, Counter::TxSynCookie), "{what}");
     }
 }
 
