@@ -271,7 +271,7 @@ impl Packet {
             bpf_fib_lookup(
                 self.ctx.cast(),
                 params as *mut FibLookup,
-                size_of::<FibLookup>() as i32,
+                FIB_LOOKUP_LEN,
                 0,
             )
         };
@@ -307,7 +307,9 @@ pub(crate) struct CookieScratch {
 }
 
 const _: () = assert!(size_of::<CookieScratch>() == 208);
-const _: () = assert!(size_of::<FibLookup>() == 64);
+/// `struct bpf_fib_lookup`'s size, as [`Packet::delivered_here`] passes it to the helper.
+const FIB_LOOKUP_LEN: i32 = 64;
+const _: () = assert!(size_of::<FibLookup>() == FIB_LOOKUP_LEN as usize);
 
 /// A value inside a BPF map, obtained from one of the lookup functions below during this
 /// invocation. The kernel keeps it alive until the program returns, and map values start 8-byte
