@@ -1976,6 +1976,40 @@ async fn behind_a_proxy_protocol_listener_the_named_client_holds_the_per_client_
     drop(held);
 }
 
+/// A trusted proxy whose PROXY header names no client (v1 `UNKNOWN`, v2 `LOCAL`: a health check,
+/// or a frontend on a Unix socket relaying whoever connects) leaves the proxy as the peer, and the
+/// `X-Forwarded-For` on that connection, which the proxy relays unchecked, is not believed: a
+/// client there cannot pick an allowed address or another client's key.
+#[tokio::test]
+async fn a_proxy_protocol_header_naming_no_client_leaves_forwarding_fields_unbelieved() {
+    let up = upstream(echo()).await;
+    let top = "trusted_proxies = [\"127.0.0.1/32\"]\nallow = [\"198.51.100.0/24\"]";
+    let d = door(&config(up, top, "[group.link]\nrate = 0.001\nburst = 1")).await;
+    let proxied = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = proxied.local_addr().unwrap();
+    d.front.serve(proxied, true);
+    let request = |header: &str, xff: &str| {
+        format!(
+            "{header}GET /l/session/x HTTP/1.1\r\nHost: door.test\r\n\
+             X-Forwarded-For: {xff}\r\nConnection: close\r\n\r\n"
+        )
+    };
+    let status = async |header: &str, xff: &str| {
+        let out = raw(addr, request(header, xff).as_bytes()).await;
+        out.get(9..12).unwrap_or_default().to_owned()
+    };
+    let unknown = "PROXY UNKNOWN\r\n";
+    // Keyed as the proxy: its burst of 1, whatever address the client wrote.
+    assert_eq!(status(unknown, "198.51.100.7").await, "200");
+    assert_eq!(status(unknown, "198.51.100.7").await, "429", "not allowed");
+    assert_eq!(status(unknown, "203.0.113.5").await, "429", "the same key");
+    // A header that names the client still lets its proxy chain speak.
+    let named = "PROXY TCP4 127.0.0.1 192.0.2.1 40000 8443\r\n";
+    for _ in 0..3 {
+        assert_eq!(status(named, "198.51.100.7").await, "200", "allowed");
+    }
+}
+
 // ---------------------------------------------------------------- allow and deny
 
 #[tokio::test]

@@ -168,6 +168,28 @@ pub async fn accept_within<S: AsyncRead + Unpin>(
     trusted: &TrustedProxies,
     limit: Duration,
 ) -> Result<SocketAddr, ProxyProtocolError> {
+    Ok(accept_header(stream, peer, trusted, limit).await?.peer)
+}
+
+/// What a PROXY protocol header left door with: the peer the rest of door uses, and whether the
+/// header named it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Accepted {
+    /// The client the header names, or the proxy itself ([`Header::Unknown`]).
+    pub peer: SocketAddr,
+    /// `false` for a header that names no client (v2 `LOCAL`, v1 `UNKNOWN`, an unspecified,
+    /// Unix or datagram source): the proxy opened the connection itself (a health check) or does
+    /// not know whom it relays (a frontend on a Unix socket), so the forwarding fields on the
+    /// connection come from no proxy door trusts and must not be believed.
+    pub named: bool,
+}
+
+async fn accept_header<S: AsyncRead + Unpin>(
+    stream: &mut S,
+    peer: SocketAddr,
+    trusted: &TrustedProxies,
+    limit: Duration,
+) -> Result<Accepted, ProxyProtocolError> {
     if !trusted.contains(peer.ip()) {
         return Err(ProxyProtocolError::Untrusted { peer: peer.ip() });
     }
@@ -175,21 +197,25 @@ pub async fn accept_within<S: AsyncRead + Unpin>(
         .await
         .map_err(|_| ProxyProtocolError::Timeout { limit })??;
     Ok(match header {
-        Header::Proxied { source } => source,
-        Header::Unknown => peer,
+        Header::Proxied { source } => Accepted {
+            peer: source,
+            named: true,
+        },
+        Header::Unknown => Accepted { peer, named: false },
     })
 }
 
-/// [`accept`] for the accept loop: on failure, logs at debug level, counts the rejection in
-/// `door.proxy_protocol_rejected` and returns `None` (the caller drops the connection).
+/// [`accept`] for the accept loop, saying whether the header named the peer ([`Accepted`]): on
+/// failure, logs at debug level, counts the rejection in `door.proxy_protocol_rejected` and
+/// returns `None` (the caller drops the connection).
 pub async fn accept_or_reject<S: AsyncRead + Unpin>(
     stream: &mut S,
     peer: SocketAddr,
     trusted: &TrustedProxies,
     metrics: &Metrics,
-) -> Option<SocketAddr> {
-    match accept(stream, peer, trusted).await {
-        Ok(client) => Some(client),
+) -> Option<Accepted> {
+    match accept_header(stream, peer, trusted, HEADER_TIMEOUT).await {
+        Ok(accepted) => Some(accepted),
         Err(e) => {
             tracing::debug!(%peer, error = %e, "dropping connection on a PROXY protocol listener");
             metrics.proxy_protocol_rejected(e.reason());

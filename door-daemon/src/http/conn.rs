@@ -16,8 +16,13 @@ use crate::http::{conn_limit::ConnSlot, idle::Activity};
 pub struct ConnInfo {
     pub(crate) peer: SocketAddr,
     pub(crate) tls: bool,
-    /// The peer address came from a PROXY protocol header sent by a trusted proxy.
+    /// The connection came in on a PROXY protocol listener (its peer from the header a trusted
+    /// proxy sent).
     pub(crate) proxied: bool,
+    /// The PROXY protocol header named no client (v2 `LOCAL`, v1 `UNKNOWN`, a Unix or datagram
+    /// source): the peer is the proxy itself, and the forwarding fields on the connection, which
+    /// such a proxy relays unchecked from whoever it serves, are not believed.
+    pub(crate) unnamed: bool,
     /// The peer's address in canonical form (IPv4-mapped unmapped, zone dropped).
     pub(crate) peer_ip: std::net::IpAddr,
     /// `peer_ip` as the `X-Forwarded-For` element door appends: formatted once per connection.
@@ -39,6 +44,7 @@ impl ConnInfo {
             peer,
             tls,
             proxied: false,
+            unnamed: false,
             peer_ip,
             peer_value: http::HeaderValue::try_from(peer_ip.to_string())
                 .unwrap_or_else(|_| http::HeaderValue::from_static("unknown")),

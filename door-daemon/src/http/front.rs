@@ -520,7 +520,7 @@ async fn connection(mut stream: TcpStream, conn: Connection) {
         stop,
     } = conn;
     // PROXY protocol listener: the header, read before any TLS, names the peer.
-    let peer = if proxy_protocol {
+    let (peer, unnamed) = if proxy_protocol {
         let policy = app.policy();
         let accepted = crate::client::proxy_protocol::accept_or_reject(
             &mut stream,
@@ -528,20 +528,21 @@ async fn connection(mut stream: TcpStream, conn: Connection) {
             &policy.trusted,
             &app.metrics,
         );
-        let Some(peer) = accepted.await else {
+        let Some(accepted) = accepted.await else {
             return;
         };
         // The named client, not the proxy, shares its pass-through cap.
-        let ip = crate::client::key::canonical(peer.ip());
+        let ip = crate::client::key::canonical(accepted.peer.ip());
         slot.rekey(ip, policy.trusted.contains(ip));
-        peer
+        (accepted.peer, !accepted.named)
     } else {
-        peer
+        (peer, false)
     };
     match tls {
         None => {
             let info = Arc::new(ConnInfo {
                 proxied: proxy_protocol,
+                unnamed,
                 slot: Some(slot),
                 ..ConnInfo::new(peer, false)
             });
@@ -554,6 +555,7 @@ async fn connection(mut stream: TcpStream, conn: Connection) {
                 Ok(Ok(tls_stream)) => {
                     let info = Arc::new(ConnInfo {
                         proxied: proxy_protocol,
+                        unnamed,
                         slot: Some(slot),
                         ..ConnInfo::new(peer, true)
                     });

@@ -502,7 +502,7 @@ impl App {
         let origin = Origin {
             peer: peer_ip,
             peer_value: conn.peer_value.clone(),
-            peer_trusted: policy.trusted.contains(peer_ip),
+            peer_trusted: policy.trusted.contains(peer_ip) && !conn.unnamed,
             tls: conn.tls,
         };
         let route = policy.router.route_for_either(
@@ -715,13 +715,12 @@ impl App {
     /// from an untrusted local peer.
     fn client(&self, conn: &ConnInfo, policy: &Policy, req: &Request<Incoming>) -> KeyDecision {
         let peer_ip = key::canonical(conn.peer.ip());
-        let decision = key::client_key(
-            peer_ip,
-            req.headers(),
-            &policy.trusted,
-            policy.forwarded_header,
-        );
-        if decision.ignored_untrusted_xff {
+        // A proxy that named no client in its PROXY header relays forwarding fields it did not
+        // write: keyed as the proxy, as if no proxy were trusted.
+        let none = TrustedProxies::default();
+        let trusted = if conn.unnamed { &none } else { &policy.trusted };
+        let decision = key::client_key(peer_ip, req.headers(), trusted, policy.forwarded_header);
+        if decision.ignored_untrusted_xff && !conn.unnamed {
             self.untrusted_forwarding(peer_ip);
         }
         decision

@@ -542,7 +542,20 @@ async fn accept_or_reject_drops_and_counts() {
     let mut r = input.as_slice();
     assert_eq!(
         accept_or_reject(&mut r, proxy_peer(), &trusted(), &metrics).await,
-        Some(addr("203.0.113.7:51234"))
+        Some(Accepted {
+            peer: addr("203.0.113.7:51234"),
+            named: true
+        })
+    );
+    // A header that names no client leaves the proxy as the peer, and says so.
+    let input = with_http(b"PROXY UNKNOWN\r\n");
+    let mut r = input.as_slice();
+    assert_eq!(
+        accept_or_reject(&mut r, proxy_peer(), &trusted(), &metrics).await,
+        Some(Accepted {
+            peer: proxy_peer(),
+            named: false
+        })
     );
 }
 
