@@ -1976,6 +1976,44 @@ async fn behind_a_proxy_protocol_listener_the_named_client_holds_the_per_client_
     drop(held);
 }
 
+/// `max_connections_per_client` holds for a client a PROXY header names, as for a direct one:
+/// its connection past the cap is closed once the header is read; another client's is served.
+#[tokio::test]
+async fn behind_a_proxy_protocol_listener_the_named_client_holds_the_connection_cap() {
+    let up = upstream(echo()).await;
+    let top = "trusted_proxies = [\"127.0.0.1/32\"]\nmax_connections_per_client = 1";
+    let d = door(&config(up, top, "")).await;
+    let proxied = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = proxied.local_addr().unwrap();
+    d.front.serve(proxied, true);
+    let header = |client: &str| format!("PROXY TCP4 {client} 192.0.2.1 40000 8443\r\n");
+    let request = |client: &str| {
+        format!(
+            "{}GET /pass/x HTTP/1.1\r\nHost: door.test\r\nConnection: close\r\n\r\n",
+            header(client)
+        )
+    };
+    // 203.0.113.9's one connection, open and idle after its header and one request.
+    let mut held = TcpStream::connect(addr).await.unwrap();
+    held.write_all(
+        format!(
+            "{}GET /pass/x HTTP/1.1\r\nHost: door.test\r\n\r\n",
+            header("203.0.113.9")
+        )
+        .as_bytes(),
+    )
+    .await
+    .unwrap();
+    let mut first = [0u8; 12];
+    held.read_exact(&mut first).await.unwrap();
+    assert_eq!(&first, b"HTTP/1.1 200");
+    let out = raw(addr, request("203.0.113.9").as_bytes()).await;
+    assert_eq!(out, "", "closed without an answer");
+    let out = raw(addr, request("203.0.113.10").as_bytes()).await;
+    assert!(out.starts_with("HTTP/1.1 200"), "{out}");
+    drop(held);
+}
+
 /// A trusted proxy whose PROXY header names no client (v1 `UNKNOWN`, v2 `LOCAL`: a health check,
 /// or a frontend on a Unix socket relaying whoever connects) leaves the proxy as the peer, and the
 /// `X-Forwarded-For` on that connection, which the proxy relays unchecked, is not believed: a

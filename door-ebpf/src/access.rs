@@ -267,14 +267,8 @@ impl Packet {
         // SAFETY: `ctx` is this invocation's context; `params` points at the 64-byte
         // `struct bpf_fib_lookup` inside the scratch map value, filled in above; the helper reads
         // it and writes its results there.
-        let ret = unsafe {
-            bpf_fib_lookup(
-                self.ctx.cast(),
-                params as *mut FibLookup,
-                FIB_LOOKUP_LEN,
-                0,
-            )
-        };
+        let ret =
+            unsafe { bpf_fib_lookup(self.ctx.cast(), params as *mut FibLookup, FIB_LOOKUP_LEN, 0) };
         ret == NOT_FWDED || ret == FWD_DISABLED
     }
 }

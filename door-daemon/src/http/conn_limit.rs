@@ -1,6 +1,7 @@
 //! Door-wide connection limits, decided at accept (before a byte is read): at most
 //! `max_connections` client connections at once, and at most `max_connections_per_client` from
-//! one TCP peer (its /32 or /64; trusted proxies are exempt, since they carry many clients). A
+//! one TCP peer (its /32 or /64; trusted proxies are exempt, since they carry many clients), or
+//! from one client a PROXY protocol header names (decided once the header is read). A
 //! refused connection is closed at once, counted on `door.connections_refused` by reason, and
 //! warned about at most once a minute per reason.
 //!
@@ -137,15 +138,27 @@ impl ConnSlot {
 
     /// Counts this connection for `peer` instead of the TCP peer it was admitted for: a trusted
     /// proxy's PROXY protocol header named `peer` (a canonical address) as the client. The
-    /// connection then shares `peer`'s pass-through count with the peer's other connections
-    /// (none for an `exempt` peer) and counts among them, but is not refused:
-    /// `max_connections_per_client` was decided at accept, for the proxy.
-    pub fn rekey(&mut self, peer: IpAddr, exempt: bool) {
+    /// connection then counts among `peer`'s connections against `max_connections_per_client`
+    /// and shares its pass-through count (neither for an `exempt` peer).
+    ///
+    /// # Errors
+    /// [`Refusal::MaxConnectionsPerClient`] when `peer` has that many connections open already;
+    /// the slot is left as it was (the caller drops the connection, which frees it).
+    pub fn rekey(&mut self, peer: IpAddr, exempt: bool) -> Result<(), Refusal> {
         let key = (!exempt).then(|| PrefixKey::from_ip(peer));
         if key == self.key {
-            return;
+            return Ok(());
         }
+        let per_client = self.limits.per_client;
         let mut open = self.limits.lock();
+        if let Some(new) = key
+            && open
+                .by_peer
+                .get(&new)
+                .is_some_and(|p| p.connections >= per_client)
+        {
+            return Err(Refusal::MaxConnectionsPerClient);
+        }
         if let Some(old) = self.key {
             Open::leave(&mut open.by_peer, old);
         }
@@ -155,6 +168,7 @@ impl ConnSlot {
             Arc::clone(&entry.inflight)
         });
         self.key = key;
+        Ok(())
     }
 }
 
@@ -223,7 +237,7 @@ mod tests {
         let direct = limits.admit(client, false).unwrap();
         let mut named = limits.admit(proxy, true).unwrap();
         assert!(named.peer_inflight().is_none());
-        named.rekey(client, false);
+        named.rekey(client, false).unwrap();
         assert_eq!(
             Arc::as_ptr(named.peer_inflight().unwrap()),
             Arc::as_ptr(direct.peer_inflight().unwrap())
@@ -232,16 +246,43 @@ mod tests {
             limits.lock().by_peer[&PrefixKey::from_ip(client)].connections,
             2
         );
-        named.rekey(proxy, true);
+        named.rekey(proxy, true).unwrap();
         assert!(named.peer_inflight().is_none());
         assert_eq!(
             limits.lock().by_peer[&PrefixKey::from_ip(client)].connections,
             1
         );
-        named.rekey(client, false);
+        named.rekey(client, false).unwrap();
         drop((direct, named));
         assert!(limits.lock().by_peer.is_empty());
         assert_eq!(limits.open(), 0);
+    }
+
+    /// A client a PROXY header names is held to `max_connections_per_client` too: past it the
+    /// rekey is refused and leaves the slot (and the client's count) as they were.
+    #[test]
+    fn a_named_client_past_its_cap_is_refused() {
+        let limits = ConnLimits::new(10, 2);
+        let proxy = IpAddr::V4(Ipv4Addr::new(192, 0, 2, 9));
+        let client = IpAddr::V4(Ipv4Addr::new(198, 51, 100, 1));
+        let mut first = limits.admit(proxy, true).unwrap();
+        let mut second = limits.admit(proxy, true).unwrap();
+        let mut third = limits.admit(proxy, true).unwrap();
+        first.rekey(client, false).unwrap();
+        second.rekey(client, false).unwrap();
+        assert_eq!(
+            third.rekey(client, false),
+            Err(Refusal::MaxConnectionsPerClient)
+        );
+        assert!(third.peer_inflight().is_none(), "left as it was");
+        assert_eq!(
+            limits.lock().by_peer[&PrefixKey::from_ip(client)].connections,
+            2
+        );
+        drop(third);
+        assert_eq!(limits.open(), 2);
+        drop((first, second));
+        assert!(limits.lock().by_peer.is_empty());
     }
 
     #[test]

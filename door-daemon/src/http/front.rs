@@ -531,9 +531,12 @@ async fn connection(mut stream: TcpStream, conn: Connection) {
         let Some(accepted) = accepted.await else {
             return;
         };
-        // The named client, not the proxy, shares its pass-through cap.
+        // The named client, not the proxy, holds the per-client caps.
         let ip = crate::client::key::canonical(accepted.peer.ip());
-        slot.rekey(ip, policy.trusted.contains(ip));
+        if let Err(refusal) = slot.rekey(ip, policy.trusted.contains(ip)) {
+            refused(&app, refusal, accepted.peer);
+            return;
+        }
         (accepted.peer, !accepted.named)
     } else {
         (peer, false)
