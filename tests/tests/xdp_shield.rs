@@ -638,6 +638,50 @@ fn lists_too_long_for_the_map_leave_the_old_ones_whole() {
     assert_eq!(verdict(&s, &syn4()), (XDP_PASS, Counter::PassSyn));
 }
 
+/// A log line written into a shared buffer, for the test to read.
+#[derive(Clone, Default)]
+struct Captured(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl std::io::Write for Captured {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// When door's live blocks reach the blocklist's capacity, the kernel's LRU frees blocks to make
+/// room: door says so, once (at most a line a minute), not silently and not per block.
+#[test]
+fn a_full_blocklist_is_warned_about_once() {
+    let Some(mut s) = shield(&settings(1000), &[]) else {
+        return;
+    };
+    let log = Captured::default();
+    let writer = log.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_writer(move || writer.clone())
+        .with_ansi(false)
+        .finish();
+    let capacity = door_common::BLOCKED_CAPACITY;
+    tracing::subscriber::with_default(subscriber, || {
+        for i in 0..capacity + 100 {
+            let mut addr = CLIENT6;
+            addr[4..8].copy_from_slice(&i.to_be_bytes());
+            s.block(PrefixKey::from_ipv6(addr), Duration::from_hours(1))
+                .unwrap();
+        }
+    });
+    let text = String::from_utf8(log.0.lock().unwrap().clone()).unwrap();
+    assert_eq!(
+        text.matches("the XDP blocklist is full").count(),
+        1,
+        "{text}"
+    );
+}
+
 #[test]
 fn churn_guard_keeps_tracked_prefixes_and_shares_one_overflow_bucket() {
     const NEW_PREFIX_BURST: u32 = 3;

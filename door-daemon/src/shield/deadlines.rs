@@ -69,8 +69,7 @@ impl Deadlines {
         due
     }
 
-    /// Keys recorded.
-    #[cfg(test)]
+    /// Keys recorded: the blocks this daemon wrote that are live or not yet taken out as due.
     pub(super) fn len(&self) -> usize {
         self.by_key.len()
     }

@@ -36,7 +36,10 @@ use door_common::{
 use ipnet::IpNet;
 use thiserror::Error;
 
-use crate::config::{SynCookies, XdpConfig, XdpMode};
+use crate::{
+    config::{SynCookies, XdpConfig, XdpMode},
+    obs::logging::RateLimitedWarn,
+};
 
 /// How long cookie mode lasts once the SYN rate is back under 80% of the threshold.
 const COOKIE_HOLD: Duration = Duration::from_secs(1);
@@ -658,7 +661,8 @@ impl Shield {
     /// admin API's `POST /blocks`, whose operator means this duration): the program drops its
     /// SYNs until then and ignores the entry after. Expired entries are deleted by the next block.
     /// The blocklist is an LRU map of [`door_common::BLOCKED_CAPACITY`] entries: when it is full,
-    /// a new entry takes the place of the one whose prefix sent a SYN least recently
+    /// the kernel frees a batch of the entries whose prefixes sent a SYN least recently (up to
+    /// 128 at once, its per-CPU free target) to make room, and door warns at most once a minute
     /// (docs/decisions.md, "The daemon owns the blocklist's entries; the map is an LRU").
     ///
     /// # Errors
@@ -719,6 +723,21 @@ impl Shield {
         };
         map.insert(key, deadline_ns, 0).map_err(map_err)?;
         self.deadlines.set(key, deadline_ns);
+        // The index holds the live blocks this daemon wrote (expired ones were just taken out):
+        // at the map's capacity, the kernel's LRU has begun to free blocks to make room.
+        if self.deadlines.len() >= door_common::BLOCKED_CAPACITY as usize {
+            static FULL: RateLimitedWarn = RateLimitedWarn::new(Duration::from_mins(1));
+            if let Some(suppressed) = FULL.due() {
+                tracing::warn!(
+                    capacity = door_common::BLOCKED_CAPACITY,
+                    suppressed,
+                    "the XDP blocklist is full: the kernel frees the blocks whose prefixes sent a \
+                     SYN least recently, up to 128 at a time, to make room for new ones; those \
+                     prefixes are no longer blocked (GET /blocks lists what is; at most one line a \
+                     minute)"
+                );
+            }
+        }
         // The entry is in place before the flag that makes the program look it up.
         self.blocklist_used = true;
         if let Some(config) = &self.config
