@@ -136,17 +136,23 @@ for i = 5, #KEYS do
   local n = tonumber(ARGV[a])
   local interval = tonumber(ARGV[a + 1]) / 1000
   local burst = tonumber(ARGV[a + 2])
-  local tat = tonumber(redis.call('GET', KEYS[i])) or now
-  if tat ~= tat or tat < now then tat = now end
-  local most = now + (doors + 1) * (burst * interval + life * 1000)
-  if tat > most then tat = most end
-  tat = tat + n * interval
-  -- A refund (n < 0) gives back what this door added before, never more than the debt.
-  if tat < now then tat = now end
-  local window = math.ceil(burst * interval / 1000)
-  local ttl = math.ceil((tat - now) / 1000) + 2 * window + 1
-  redis.call('SET', KEYS[i], string.format('%.3f', tat), 'PX', ttl)
-  deficits[i - 4] = math.floor((tat - now) * 1000)
+  local stored = redis.call('GET', KEYS[i])
+  if not stored and n <= 0 then
+    -- A refund of a debt the store no longer holds: nothing to give back, nothing to write.
+    deficits[i - 4] = 0
+  else
+    local tat = tonumber(stored) or now
+    if tat ~= tat or tat < now then tat = now end
+    local most = now + (doors + 1) * (burst * interval + life * 1000)
+    if tat > most then tat = most end
+    tat = tat + n * interval
+    -- A refund (n < 0) gives back what this door added before, never more than the debt.
+    if tat < now then tat = now end
+    local window = math.ceil(burst * interval / 1000)
+    local ttl = math.ceil((tat - now) / 1000) + 2 * window + 1
+    redis.call('SET', KEYS[i], string.format('%.3f', tat), 'PX', ttl)
+    deficits[i - 4] = math.floor((tat - now) * 1000)
+  end
 end
 return { doors, deficits, blocks }
 ";

@@ -1206,19 +1206,22 @@ impl GroupLimiter {
     /// holds no more than the cluster's shared bucket. The remote deficit is not capped at
     /// `burst × interval`: tokens the cluster admitted past its budget between syncs are a debt
     /// this client repays before it is admitted again (a retune caps it, see
-    /// [`GroupLimiter::retune`]). Does nothing (and returns `false`) when `key` has no entry, or
-    /// was forgotten since the last [`GroupLimiter::drain_spent`] (its reset row keeps its full
-    /// bucket; the cluster deletes the debt at its next sync).
+    /// [`GroupLimiter::retune`]). Tokens refunded here since the last drain, which the deficit
+    /// still holds (the store gets them back at the next sync), are taken off it first. Does
+    /// nothing (and returns `false`) when `key` has no entry, or was forgotten since the last
+    /// [`GroupLimiter::drain_spent`] (its reset row keeps its full bucket; the cluster deletes the
+    /// debt at its next sync).
     pub fn fold_deficit(&self, key: &PrefixKey, deficit_ns: u64) -> bool {
         let now = self.core.clock.now_ns();
         let mut state = self.shard_of(key).lock();
-        if state
-            .journal
-            .as_ref()
-            .is_some_and(|j| j.forgotten.contains(key))
-        {
-            return false;
-        }
+        let state = &mut *state;
+        let refunded = match &state.journal {
+            Some(j) if j.forgotten.contains(key) => return false,
+            Some(j) => j.spent.peek(key).map_or(0, |&n| n.min(0).unsigned_abs()),
+            None => 0,
+        };
+        let deficit_ns = deficit_ns
+            .saturating_sub(u64::from(refunded).saturating_mul(state.tuning.bucket.interval));
         match state.table.peek_mut(key) {
             Some(row) => {
                 row.full_at = row.full_at.max(now.saturating_add(deficit_ns));

@@ -1061,6 +1061,36 @@ fn a_refund_after_the_drain_is_drained_as_a_negative_spend() {
     assert!(spent.is_empty());
 }
 
+/// A refund that lands while a sync is under way (after its drain took the spend, before its
+/// answer folds the store's deficit, which still holds that token) is not charged again by the
+/// fold.
+#[test]
+fn a_refund_during_a_sync_is_not_folded_back() {
+    let lim = Arc::new(GroupLimiter::new(
+        "link",
+        Budget::link(),
+        true,
+        Arc::new(ManualClock::at(1_000)),
+        Arc::new(Unobserved),
+    ));
+    lim.record_spent(16);
+    let burst = Budget::link().burst;
+    let interval = Budget::link().interval_ns();
+    let mut spent = Vec::new();
+    let p = lim.admit(key(1)).unwrap();
+    lim.drain_spent(&mut spent);
+    p.refund();
+    assert_eq!(lim.quota(&key(1)).remaining, burst);
+    // The store's answer: the one token this door sent.
+    assert!(lim.fold_deficit(&key(1), interval));
+    assert_eq!(lim.quota(&key(1)).remaining, burst, "the refunded token");
+    // A deficit past the refund still folds.
+    assert!(lim.fold_deficit(&key(1), 3 * interval));
+    assert_eq!(lim.quota(&key(1)).remaining, burst - 2);
+    lim.drain_spent(&mut spent);
+    assert_eq!(spent, vec![(key(1), -1)]);
+}
+
 /// A client forgotten while a cluster sync is under way (after the sync drained the spends, before
 /// it folds the store's answers) keeps its reset row: that sync's fold of its old debt is
 /// skipped. From the next drain on, folds apply again.
