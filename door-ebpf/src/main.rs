@@ -18,7 +18,8 @@
 //!    address-rotation flood cannot make the LRU map evict the prefixes it already tracks. The
 //!    overflow bucket has its own, larger budget so that a small rotation flood cannot shut out
 //!    every new legitimate client; the guard bounds entry creation, so a tracked prefix idle for
-//!    less than `max_prefixes / new_prefix_rate` seconds is never evicted.
+//!    less than about `(max_prefixes - new_prefix_burst) / new_prefix_rate` seconds is never
+//!    evicted.
 //!
 //! 5. cookie mode ([`cookie_mode`], `[xdp] syn_cookies = "auto"`): while this CPU's rate of SYNs
 //!    that passed the steps above is over its share of `cookie_threshold`, the CPU is in cookie

@@ -774,9 +774,11 @@ impl Shield {
         }
     }
 
-    /// Whether the program never sheds `key`'s SYNs: its address (the prefix's first) is on an
-    /// exempt list (`allow`, `xdp.allow`, `trusted_proxies`) as the lists trie's longest match
-    /// says, which the program checks before the blocklist.
+    /// Whether the program never sheds `key`'s SYNs: the prefix's first and last addresses (one
+    /// address for an IPv4 /32) are both on an exempt list (`allow`, `xdp.allow`,
+    /// `trusted_proxies`) as the lists trie's longest match says, which the program checks
+    /// before the blocklist. An exempt network inside an IPv6 /64 leaves the rest of it
+    /// blockable: not exempt.
     ///
     /// # Errors
     /// [`ShieldError::Map`] if the lists trie cannot be read.
@@ -787,14 +789,25 @@ impl Shield {
         };
         let trie: LpmTrie<_, ExemptKey, u32> =
             LpmTrie::try_from(map_ref(&self.ebpf, MAP_EXEMPT)?).map_err(map_err)?;
-        match trie.get(&Key::new(128, key.addr), 0) {
-            Ok(value) => Ok(value == door_common::EXEMPT),
-            Err(MapError::KeyNotFound) => Ok(false),
-            Err(MapError::SyscallError(e)) if e.io_error.raw_os_error() == Some(libc::ENOENT) => {
-                Ok(false)
-            }
-            Err(source) => Err(map_err(source)),
+        let mut last = key.addr;
+        if key.network().is_ipv6()
+            && let Some(host) = last.last_chunk_mut::<8>()
+        {
+            *host = [0xff; 8];
         }
+        for addr in [key.addr, last] {
+            match trie.get(&Key::new(128, addr), 0) {
+                Ok(value) if value == door_common::EXEMPT => {}
+                Ok(_) | Err(MapError::KeyNotFound) => return Ok(false),
+                Err(MapError::SyscallError(e))
+                    if e.io_error.raw_os_error() == Some(libc::ENOENT) =>
+                {
+                    return Ok(false);
+                }
+                Err(source) => return Err(map_err(source)),
+            }
+        }
+        Ok(true)
     }
 
     /// The blocklist: prefixes and their deadlines (ns, CLOCK_MONOTONIC_COARSE), expired entries

@@ -233,13 +233,13 @@ pub fn plain(view: &View) -> String {
         );
         let _ = writeln!(
             out,
-            "{:<40} {:>12} {:>8} {:>10} {:>11}",
+            "{:<43} {:>12} {:>8} {:>10} {:>11}",
             "KEY", "TOKENS", "SPENT", "IN FLIGHT", "REJECTIONS"
         );
         for c in view.sorted_clients(g) {
             let _ = writeln!(
                 out,
-                "{:<40} {:>12} {:>8} {:>10} {:>11}",
+                "{:<43} {:>12} {:>8} {:>10} {:>11}",
                 c.key,
                 format!("{}/{}", c.tokens, g.burst),
                 c.spent,
