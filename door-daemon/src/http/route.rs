@@ -17,8 +17,10 @@
 //! route listed before a wildcard one holds for every spelling (`/api/LOGIN` is `/api/login`'s,
 //! not `/api/{endpoint}`'s). A path that begins with two separators and matches no route in
 //! those readings is read without its first segment, as URL parsers read such a target
-//! (`network_path`), and a request whose method has no route is routed under the method it
-//! names in a method-override field ([`method_override`]). A `GET` route also matches `HEAD` (RFC 9110 §9.3.2: HEAD is GET without
+//! (`network_path`), then, if it has `.` or `..` segments, with them kept as segments, as WSGI
+//! servers and Express route them (`/l/session/%2e` is a session `.` there), and a request whose
+//! method has no route is routed under the method it names in a method-override field
+//! ([`method_override`]). A `GET` route also matches `HEAD` (RFC 9110 §9.3.2: HEAD is GET without
 //! the body).
 
 use std::borrow::Cow;
@@ -331,8 +333,9 @@ impl Router {
                 None => None,
             }
         };
-        // Read without its authority only when no other reading has a route: an application
-        // that takes the path as one (Rails, Tomcat) acts on that route.
+        // Read without its authority, or with its dot segments kept, only when no other reading
+        // has a route: an application that removes dot segments or takes the path as one
+        // (Rails, Tomcat) acts on that route.
         let without_authority = || {
             if !(path.starts_with("//") || path.starts_with("/\\")) {
                 return None;
@@ -341,7 +344,21 @@ impl Router {
             network_path(read.as_deref().unwrap_or(path))
                 .and_then(|rest| first(&self.routes, &normalise(rest), false))
         };
-        read_leniently().or(as_written).or_else(without_authority)
+        let keeping_dots = || {
+            if !may_have_dot_segment(path) {
+                return None;
+            }
+            let read = lenient(path);
+            first(
+                &self.routes,
+                &segments(read.as_deref().unwrap_or(path), true),
+                false,
+            )
+        };
+        read_leniently()
+            .or(as_written)
+            .or_else(without_authority)
+            .or_else(keeping_dots)
     }
 
     /// The routes, in order.
@@ -356,10 +373,18 @@ type Segments<'a> = SmallVec<[Cow<'a, str>; 8]>;
 
 /// Splits a path into normalised segments (see the module docs).
 fn normalise(path: &str) -> Segments<'_> {
+    segments(path, false)
+}
+
+/// Splits a path into segments, escapes decoded ([`decode_segment`]) and empty ones dropped;
+/// `.` and `..` removed as RFC 3986 §5.2.4 removes them, or with `keep_dots` kept as the
+/// segments WSGI servers, Express and other frameworks that do not remove them route on.
+fn segments(path: &str, keep_dots: bool) -> Segments<'_> {
     let mut out = Segments::new();
     for raw in path.split('/') {
         let segment = decode_segment(raw);
         match segment.as_ref() {
+            "." | ".." if keep_dots => out.push(segment),
             "" | "." => {}
             ".." => {
                 out.pop();
@@ -368,6 +393,17 @@ fn normalise(path: &str) -> Segments<'_> {
         }
     }
     out
+}
+
+/// Whether `path` may hold a `.` or `..` segment, written or escaped (`%2e`): then it is also read
+/// with them kept ([`segments`]). A quick test of its bytes; most paths have neither.
+fn may_have_dot_segment(path: &str) -> bool {
+    path.contains("/.")
+        || path.contains("\\.")
+        || path
+            .as_bytes()
+            .windows(3)
+            .any(|w| matches!(w, [b'%', b'2', b'e' | b'E']))
 }
 
 /// `path` as the lenient servers read it: `%2F`, `\\` and `%5C` (either case) made `/`, and each
@@ -610,6 +646,46 @@ mod tests {
         assert_eq!(r.group_for(&Method::POST, "/x/webhooks/github"), None);
         assert_eq!(network_path("//host"), Some("/"));
         assert_eq!(network_path("/a//b"), None);
+    }
+
+    /// A `.` or `..` segment, written or escaped, which RFC 3986 removes but WSGI servers and
+    /// Express route on (`/l/session/%2e` is the session `.` to them), is read as a segment when
+    /// the path has no route otherwise; a path that does keeps its route.
+    #[test]
+    fn dot_segments_are_kept_when_the_path_has_no_route_otherwise() {
+        let r = router();
+        for spelling in [
+            "/l/session/%2e",
+            "/l/session/%2E",
+            "/l/session/.",
+            "/l/session/..",
+            "/l/session/%2e%2E",
+            "/l/session\\%2e",
+        ] {
+            assert_eq!(
+                r.group_for(&Method::GET, spelling),
+                Some("link"),
+                "{spelling}"
+            );
+        }
+        assert_eq!(
+            r.group_for(&Method::GET, "/l/x/../session/abc"),
+            Some("link")
+        );
+        let strict = Router::new(vec![
+            Route::new("lax", &[], "/{a}/{b}/{c}").unwrap(),
+            Route::new("strict", &[], "/api/login").unwrap(),
+        ]);
+        assert_eq!(
+            strict.group_for(&Method::GET, "/api/./login"),
+            Some("strict")
+        );
+        assert_eq!(
+            strict.group_for(&Method::GET, "/api/%2e/login"),
+            Some("strict")
+        );
+        assert!(!may_have_dot_segment("/l/session/abc.json"));
+        assert!(may_have_dot_segment("/l/.hidden"));
     }
 
     /// A request whose own method has no route is routed under the method it names in a
