@@ -280,49 +280,63 @@ impl Router {
     /// The first route matching `method` and `path` as written or as the lenient servers read
     /// it ([`lenient`], see the module docs), or `None` (pass-through).
     pub fn route_for(&self, method: &Method, path: &str) -> Option<&Route> {
-        self.position_for(method, path)
-            .and_then(|i| self.routes.get(i))
+        self.route_for_either(method, || None, path)
     }
 
-    /// As [`Router::route_for`], and when no route matches the request's own method, the first
-    /// route matching the method the request names for the application to act on instead
-    /// (`overridden`, [`method_override`], looked for only then, and only when a route lists
-    /// methods). The request's own method wins whenever it has a route: an application that
-    /// ignores the override acts on that one.
+    /// As [`Router::route_for`], for a request that may name, in a method-override field, the
+    /// method the application acts on instead (`overridden`, [`method_override`]; looked for only
+    /// when the request's own method has no route in the main readings, and only when a route
+    /// lists methods). Tried in order, the first with a route deciding: the request's own method
+    /// in the main readings (as written, lenient), the override's in them, then the fallback
+    /// readings (without the authority of a `//host` path, dot segments kept) of each. The
+    /// request's own method wins whenever its path has a route: an application that ignores the
+    /// override acts on that one.
     pub fn route_for_either(
         &self,
         method: &Method,
         overridden: impl FnOnce() -> Option<Method>,
         path: &str,
     ) -> Option<&Route> {
-        self.position_for(method, path)
-            .or_else(|| {
-                self.method_specific
-                    .then(overridden)
-                    .flatten()
-                    .and_then(|m| self.position_for(&m, path))
-            })
+        let own = self.main_position(method, path);
+        let other = match own {
+            Some(_) => None,
+            None => self.method_specific.then(overridden).flatten(),
+        };
+        own.or_else(|| other.as_ref().and_then(|m| self.main_position(m, path)))
+            .or_else(|| self.fallback_position(method, path))
+            .or_else(|| other.as_ref().and_then(|m| self.fallback_position(m, path)))
             .and_then(|i| self.routes.get(i))
     }
 
-    /// The index of [`Router::route_for`]'s route.
-    fn position_for(&self, method: &Method, path: &str) -> Option<usize> {
+    /// The index of the first route matching `method`: a closure over the routes, with the
+    /// method upper-cased once ([`upper_case`]).
+    fn matcher(
+        method: &Method,
+    ) -> impl Fn(&[Route], &Segments<'_>, bool) -> Option<usize> + use<'_> {
         let upper = upper_case(method);
-        let method = upper.as_ref().unwrap_or(method);
-        // Normalised once for all the routes: segments borrowed from `path` unless they carry an
-        // escape.
-        let first = |routes: &'_ [Route], segments: &Segments<'_>, exact: bool| {
+        move |routes: &[Route], segments: &Segments<'_>, exact: bool| {
+            let method = upper.as_ref().unwrap_or(method);
             routes
                 .iter()
                 .position(|r| r.method_matches(method) && r.path.matches_segments(segments, exact))
-        };
+        }
+    }
+
+    /// The main readings' route for `method`: the first route matching the path as written or as
+    /// the lenient servers read it, whichever comes first.
+    fn main_position(&self, method: &Method, path: &str) -> Option<usize> {
+        let first = Self::matcher(method);
+        // Normalised once for all the routes: segments borrowed from `path` unless they carry an
+        // escape.
         let as_written = first(&self.routes, &normalise(path), true);
         // Only a route before that one can come first in the lenient reading; none when it is
         // the first route (or there are no routes), and nothing to read again for the most
         // paths, which that reading cannot change.
         let before = self.routes.get(..as_written.unwrap_or(self.routes.len()))?;
+        let upper = upper_case(method);
+        let m = upper.as_ref().unwrap_or(method);
         let read_leniently = || {
-            if !before.iter().any(|r| r.method_matches(method)) {
+            if !before.iter().any(|r| r.method_matches(m)) {
                 return None;
             }
             match lenient(path) {
@@ -333,32 +347,29 @@ impl Router {
                 None => None,
             }
         };
-        // Read without its authority, or with its dot segments kept, only when no other reading
-        // has a route: an application that removes dot segments or takes the path as one
-        // (Rails, Tomcat) acts on that route.
-        let without_authority = || {
-            if !(path.starts_with("//") || path.starts_with("/\\")) {
-                return None;
-            }
-            let read = lenient(path);
-            network_path(read.as_deref().unwrap_or(path))
-                .and_then(|rest| first(&self.routes, &normalise(rest), false))
-        };
-        let keeping_dots = || {
-            if !may_have_dot_segment(path) {
-                return None;
-            }
-            let read = lenient(path);
-            first(
-                &self.routes,
-                &segments(read.as_deref().unwrap_or(path), true),
-                false,
-            )
-        };
-        read_leniently()
-            .or(as_written)
-            .or_else(without_authority)
-            .or_else(keeping_dots)
+        read_leniently().or(as_written)
+    }
+
+    /// The fallback readings' route for `method`, for a path the main readings give none: the
+    /// path without its authority when it begins with two separators, then with its dot
+    /// segments kept. An application that removes dot segments or takes `//` as `/` (Rails,
+    /// Tomcat) acts on the main readings' route, so these never override one.
+    fn fallback_position(&self, method: &Method, path: &str) -> Option<usize> {
+        let two_separators = path.starts_with("//") || path.starts_with("/\\");
+        let dots = may_have_dot_segment(path);
+        if !two_separators && !dots {
+            return None;
+        }
+        let first = Self::matcher(method);
+        let read = lenient(path);
+        let text = read.as_deref().unwrap_or(path);
+        let without_authority =
+            || network_path(text).and_then(|rest| first(&self.routes, &normalise(rest), false));
+        let keeping_dots = || first(&self.routes, &segments(text, true), false);
+        two_separators
+            .then(without_authority)
+            .flatten()
+            .or_else(|| dots.then(keeping_dots).flatten())
     }
 
     /// The routes, in order.
@@ -722,6 +733,20 @@ mod tests {
         assert_eq!(
             group(&r, &Method::POST, Some("GET"), "/api/login").as_deref(),
             Some("strict")
+        );
+        // The override's main readings come before the fallback readings of either method:
+        // Rails reads `//api/account` as `/api/account` and acts on the DELETE.
+        let account = Router::new(vec![
+            Route::new("account", &["DELETE".into()], "/api/account").unwrap(),
+            Route::new("pages", &[], "/{page}").unwrap(),
+        ]);
+        assert_eq!(
+            group(&account, &Method::POST, Some("DELETE"), "//api/account").as_deref(),
+            Some("account")
+        );
+        assert_eq!(
+            group(&account, &Method::POST, None, "//api/account").as_deref(),
+            Some("pages")
         );
         // The field is not even looked for then.
         let looked = std::cell::Cell::new(false);
