@@ -723,18 +723,20 @@ impl Shield {
         };
         map.insert(key, deadline_ns, 0).map_err(map_err)?;
         self.deadlines.set(key, deadline_ns);
-        // The index holds the live blocks this daemon wrote (expired ones were just taken out):
-        // at the map's capacity, the kernel's LRU has begun to free blocks to make room.
-        if self.deadlines.len() >= door_common::BLOCKED_CAPACITY as usize {
+        // The index holds the live blocks this daemon wrote (expired ones were just taken out).
+        // The kernel's LRU keeps up to 128 free entries per CPU that wrote to the map, so it may
+        // begin to free blocks that much below the map's capacity.
+        let margin = 128 * aya::util::nr_cpus().map_or(1, |n| n.max(1));
+        if self.deadlines.len() + margin >= door_common::BLOCKED_CAPACITY as usize {
             static FULL: RateLimitedWarn = RateLimitedWarn::new(Duration::from_mins(1));
             if let Some(suppressed) = FULL.due() {
                 tracing::warn!(
                     capacity = door_common::BLOCKED_CAPACITY,
                     suppressed,
-                    "the XDP blocklist is full: the kernel frees the blocks whose prefixes sent a \
-                     SYN least recently, up to 128 at a time, to make room for new ones; those \
-                     prefixes are no longer blocked (GET /blocks lists what is; at most one line a \
-                     minute)"
+                    "the XDP blocklist is full or nearly: the kernel frees the blocks whose \
+                     prefixes sent a SYN least recently, up to 128 at a time, to make room for \
+                     new ones; those prefixes are no longer blocked (GET /blocks lists what is; at \
+                     most one line a minute)"
                 );
             }
         }
