@@ -177,10 +177,11 @@ pub async fn accept_within<S: AsyncRead + Unpin>(
 pub struct Accepted {
     /// The client the header names, or the proxy itself ([`Header::Unknown`]).
     pub peer: SocketAddr,
-    /// `false` for a header that names no client (v2 `LOCAL`, v1 `UNKNOWN`, an unspecified,
-    /// Unix or datagram source): the proxy opened the connection itself (a health check) or does
-    /// not know whom it relays (a frontend on a Unix socket), so the forwarding fields on the
-    /// connection come from no proxy door trusts and must not be believed.
+    /// `false` for a header that names no client (v2 `LOCAL`, v1 `UNKNOWN`, an `AF_UNSPEC`,
+    /// `AF_UNIX` or datagram source, or the unspecified address `0.0.0.0` or `::`): the proxy
+    /// opened the connection itself (a health check) or does not know whom it relays (a frontend
+    /// on a Unix socket), so the forwarding fields on the connection come from no proxy door
+    /// trusts and must not be believed.
     pub named: bool,
 }
 
@@ -197,11 +198,11 @@ async fn accept_header<S: AsyncRead + Unpin>(
         .await
         .map_err(|_| ProxyProtocolError::Timeout { limit })??;
     Ok(match header {
-        Header::Proxied { source } => Accepted {
+        Header::Proxied { source } if !source.ip().is_unspecified() => Accepted {
             peer: source,
             named: true,
         },
-        Header::Unknown => Accepted { peer, named: false },
+        Header::Proxied { .. } | Header::Unknown => Accepted { peer, named: false },
     })
 }
 

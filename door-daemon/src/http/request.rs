@@ -720,10 +720,30 @@ impl App {
         let none = TrustedProxies::default();
         let trusted = if conn.unnamed { &none } else { &policy.trusted };
         let decision = key::client_key(peer_ip, req.headers(), trusted, policy.forwarded_header);
-        if decision.ignored_untrusted_xff && !conn.unnamed {
-            self.untrusted_forwarding(peer_ip);
+        if decision.ignored_untrusted_xff {
+            if conn.unnamed {
+                self.unnamed_forwarding(peer_ip);
+            } else {
+                self.untrusted_forwarding(peer_ip);
+            }
         }
         decision
+    }
+
+    /// Counts (and warns once about) forwarding headers ignored on a connection whose PROXY
+    /// protocol header named no client: `door.untrusted_xff` too.
+    fn unnamed_forwarding(&self, proxy: std::net::IpAddr) {
+        static WARNED: AtomicBool = AtomicBool::new(false);
+        self.metrics.untrusted_xff();
+        if !WARNED.swap(true, Ordering::Relaxed) {
+            tracing::warn!(
+                %proxy,
+                "ignoring X-Forwarded-For/Forwarded on connections whose PROXY protocol header \
+                 names no client (LOCAL, UNKNOWN, a Unix socket): their clients are keyed as the \
+                 proxy; have the proxy send the client's address (counted in door.untrusted_xff; \
+                 warned once)"
+            );
+        }
     }
 
     /// Counts (and warns once about) forwarding headers ignored from `peer_ip`, an untrusted local

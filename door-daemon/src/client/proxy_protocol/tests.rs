@@ -548,15 +548,23 @@ async fn accept_or_reject_drops_and_counts() {
         })
     );
     // A header that names no client leaves the proxy as the peer, and says so.
-    let input = with_http(b"PROXY UNKNOWN\r\n");
-    let mut r = input.as_slice();
-    assert_eq!(
-        accept_or_reject(&mut r, proxy_peer(), &trusted(), &metrics).await,
-        Some(Accepted {
-            peer: proxy_peer(),
-            named: false
-        })
-    );
+    for header in [
+        &b"PROXY UNKNOWN\r\n"[..],
+        b"PROXY TCP4 0.0.0.0 192.0.2.1 51234 8443\r\n",
+        b"PROXY TCP6 :: 2001:db8::1 51234 8443\r\n",
+    ] {
+        let input = with_http(header);
+        let mut r = input.as_slice();
+        assert_eq!(
+            accept_or_reject(&mut r, proxy_peer(), &trusted(), &metrics).await,
+            Some(Accepted {
+                peer: proxy_peer(),
+                named: false
+            }),
+            "{}",
+            String::from_utf8_lossy(header)
+        );
+    }
 }
 
 #[test]
