@@ -1429,6 +1429,99 @@ timeout = "100ms"
     .unwrap()
 }
 
+/// One `GET /events` asking for an event stream from `client` (by `X-Forwarded-For`), on a task:
+/// its status once the head arrives.
+fn spawn_event_stream(
+    addr: SocketAddr,
+    client: &'static str,
+) -> tokio::task::JoinHandle<StatusCode> {
+    tokio::spawn(async move {
+        let s = TcpStream::connect(addr).await.unwrap();
+        let (mut c, conn) = hyper::client::conn::http1::handshake(TokioIo::new(s))
+            .await
+            .unwrap();
+        tokio::spawn(conn);
+        let req = Request::get("/events")
+            .header("host", "door.test")
+            .header("x-forwarded-for", client)
+            .header("accept", "text/event-stream")
+            .body(Empty::<Bytes>::new())
+            .unwrap();
+        c.send_request(req).await.unwrap().status()
+    })
+}
+
+/// Waits (at most 3 s) until the store holds `client`'s IP-plane token: 1,000 s of debt or more.
+async fn until_store_debt(con: &mut redis::aio::MultiplexedConnection, client: &str) {
+    let deadline = door_daemon::time::now() + Duration::from_secs(3);
+    while store_debt_in(con, "ip", client)
+        .await
+        .is_none_or(|s| s < 900.0)
+    {
+        assert!(
+            door_daemon::time::now() < deadline,
+            "the plane's spend never reached the store"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// A refund whose debt the store no longer holds (repaid, or gone) writes nothing: a repaid key
+/// keeps the value it had, and a gone one stays gone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refund_of_a_repaid_debt_writes_nothing() {
+    if !redis_or_skip() {
+        return;
+    }
+    let (_redis, held) = Redis::start().await;
+    let gate = Arc::new(tokio::sync::Notify::new());
+    let cfg = planes_config(gated_event_stream(Arc::clone(&gate)).await, held.port);
+    let d = once_synced(door(&cfg, Arc::new(MonotonicClock::new()), "door-a").await).await;
+    let mut con = store(held.port).await;
+    let client = "198.51.100.7";
+    let store_key = format!(
+        "door:{{ip}}:{}",
+        hex(PrefixKey::from_ip(client.parse().unwrap()))
+    );
+    let stream = spawn_event_stream(d.addr, client);
+    until_store_debt(&mut con, client).await;
+    // The debt repaid (as if its time had passed): a TAT a second ago, kept a minute.
+    let (s, us): (u64, u64) = redis::cmd("TIME").query_async(&mut con).await.unwrap();
+    let repaid = format!("{}.000", (s - 1) * 1_000_000 + us);
+    let () = redis::cmd("SET")
+        .arg(&store_key)
+        .arg(&repaid)
+        .arg("PX")
+        .arg(60_000)
+        .query_async(&mut con)
+        .await
+        .unwrap();
+    gate.notify_one();
+    assert_eq!(stream.await.unwrap(), StatusCode::OK);
+    // Two syncs after the refund: the key is as the test left it.
+    let refunded = door_daemon::time::now();
+    while d
+        .cluster
+        .status()
+        .snapshot()
+        .last_sync
+        .is_none_or(|t| t < refunded + SYNC * 3)
+    {
+        assert!(door_daemon::time::now() < refunded + Duration::from_secs(2));
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let now: Option<String> = redis::cmd("GET")
+        .arg(&store_key)
+        .query_async(&mut con)
+        .await
+        .unwrap();
+    assert_eq!(
+        now.as_deref(),
+        Some(repaid.as_str()),
+        "rewritten by the refund"
+    );
+}
+
 /// With the planes on, a request that turns out to be an event stream gives its plane token
 /// back (docs/design.md, "Streams"). When a sync has already sent that token to the store, the
 /// next sync takes it back there too: the store's debt goes, and is not folded back into the
@@ -1453,34 +1546,10 @@ async fn a_plane_token_refunded_after_a_sync_is_taken_back_from_the_store() {
         .find(|l| l.group() == "ip")
         .unwrap();
 
-    let addr = d.addr;
-    let stream = tokio::spawn(async move {
-        let s = TcpStream::connect(addr).await.unwrap();
-        let (mut c, conn) = hyper::client::conn::http1::handshake(TokioIo::new(s))
-            .await
-            .unwrap();
-        tokio::spawn(conn);
-        let req = Request::get("/events")
-            .header("host", "door.test")
-            .header("x-forwarded-for", client)
-            .header("accept", "text/event-stream")
-            .body(Empty::<Bytes>::new())
-            .unwrap();
-        c.send_request(req).await.unwrap().status()
-    });
+    let stream = spawn_event_stream(d.addr, client);
     // The plane's token reaches the store (one token: 1,000 s of debt) while the upstream has
     // not answered yet.
-    let deadline = door_daemon::time::now() + Duration::from_secs(3);
-    while store_debt_in(&mut con, "ip", client)
-        .await
-        .is_none_or(|s| s < 900.0)
-    {
-        assert!(
-            door_daemon::time::now() < deadline,
-            "the plane's spend never reached the store"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    until_store_debt(&mut con, client).await;
     assert_eq!(ip.quota(&key).remaining, 4);
     gate.notify_one();
     assert_eq!(stream.await.unwrap(), StatusCode::OK);

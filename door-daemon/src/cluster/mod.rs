@@ -137,12 +137,13 @@ for i = 5, #KEYS do
   local interval = tonumber(ARGV[a + 1]) / 1000
   local burst = tonumber(ARGV[a + 2])
   local stored = redis.call('GET', KEYS[i])
-  if not stored and n <= 0 then
-    -- A refund of a debt the store no longer holds: nothing to give back, nothing to write.
+  local tat = tonumber(stored) or now
+  if tat ~= tat or tat < now then tat = now end
+  if n <= 0 and tat <= now then
+    -- A refund of a debt the store no longer holds (gone, or repaid): nothing to give back,
+    -- nothing to write.
     deficits[i - 4] = 0
   else
-    local tat = tonumber(stored) or now
-    if tat ~= tat or tat < now then tat = now end
     local most = now + (doors + 1) * (burst * interval + life * 1000)
     if tat > most then tat = most end
     tat = tat + n * interval
