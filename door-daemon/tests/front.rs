@@ -884,10 +884,11 @@ fn picky_health(seen: Arc<Mutex<Vec<(String, String, usize)>>>) -> Handler {
                 .collect()
                 .await
                 .map_or(0, |b| b.to_bytes().len());
-            let status = if host == "evil.test" {
-                StatusCode::BAD_REQUEST
-            } else {
-                StatusCode::OK
+            let status = match host.as_str() {
+                "evil.test" => StatusCode::BAD_REQUEST,
+                // A redirect to the canonical host, as many applications answer any other.
+                "www.door.test" => StatusCode::PERMANENT_REDIRECT,
+                _ => StatusCode::OK,
             };
             seen.lock().unwrap().push((method, host.clone(), len));
             let mut res = Response::new(full(host));
@@ -954,6 +955,33 @@ async fn a_probe_with_a_host_the_application_refuses_cannot_poison_the_cached_he
         &("GET".to_owned(), "door.test".to_owned(), 0)
     );
     assert_eq!(d.count("health", Outcome::Cached), 4);
+}
+
+/// A redirect answers how its asker spelt the request: an over-budget probe whose refresh the
+/// application answers 308 gets the 308 alone; the next probe is not served it from the cache.
+#[tokio::test]
+async fn a_redirect_for_one_probe_is_not_served_to_the_next() {
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let up = upstream(picky_health(Arc::clone(&seen))).await;
+    let clock = Arc::new(ManualClock::at(1));
+    let cfg = config(up, "", "[group.health]\nburst = 1\nrate = 0.01");
+    let d = door_with(&cfg, clock.clone(), None).await;
+    let mut c = h1(d.addr).await;
+    let mut status = async |req| {
+        let res = c.send_request(req).await.unwrap();
+        let s = res.status();
+        body_string(res).await;
+        s
+    };
+    assert_eq!(status(probe("GET", "door.test", "")).await, StatusCode::OK);
+    clock.advance(Duration::from_secs(1));
+    // Over budget with a stale status: this probe's refresh is redirected, for it alone.
+    assert_eq!(
+        status(probe("GET", "www.door.test", "")).await,
+        StatusCode::PERMANENT_REDIRECT
+    );
+    assert_eq!(status(probe("GET", "door.test", "")).await, StatusCode::OK);
+    assert_eq!(seen.lock().unwrap().len(), 3, "the next probe refreshed");
 }
 
 /// A load balancer on the allow list sees the drain: its probe is answered 503 by door, not
@@ -2020,7 +2048,18 @@ async fn behind_a_proxy_protocol_listener_the_named_client_holds_the_connection_
 /// client there cannot pick an allowed address or another client's key.
 #[tokio::test]
 async fn a_proxy_protocol_header_naming_no_client_leaves_forwarding_fields_unbelieved() {
-    let up = upstream(echo()).await;
+    // Echoes the X-Forwarded-For the upstream received.
+    let xff_echo: Handler = Arc::new(|req: Request<Incoming>| {
+        Box::pin(async move {
+            let xff = req
+                .headers()
+                .get("x-forwarded-for")
+                .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned())
+                .unwrap_or_default();
+            Response::new(full(format!("xff={xff}")))
+        })
+    });
+    let up = upstream(xff_echo).await;
     let top = "trusted_proxies = [\"127.0.0.1/32\"]\nallow = [\"198.51.100.0/24\"]";
     let d = door(&config(up, top, "[group.link]\nrate = 0.001\nburst = 1")).await;
     let proxied = TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -2037,8 +2076,11 @@ async fn a_proxy_protocol_header_naming_no_client_leaves_forwarding_fields_unbel
         out.get(9..12).unwrap_or_default().to_owned()
     };
     let unknown = "PROXY UNKNOWN\r\n";
-    // Keyed as the proxy: its burst of 1, whatever address the client wrote.
-    assert_eq!(status(unknown, "198.51.100.7").await, "200");
+    // Keyed as the proxy: its burst of 1, whatever address the client wrote; the upstream is
+    // told the proxy's address alone, not the client's chain.
+    let out = raw(addr, request(unknown, "198.51.100.7").as_bytes()).await;
+    assert!(out.starts_with("HTTP/1.1 200"), "{out}");
+    assert!(out.ends_with("xff=127.0.0.1"), "{out}");
     assert_eq!(status(unknown, "198.51.100.7").await, "429", "not allowed");
     assert_eq!(status(unknown, "203.0.113.5").await, "429", "the same key");
     // A header that names the client still lets its proxy chain speak.
