@@ -1466,6 +1466,21 @@ async fn until_store_debt(con: &mut redis::aio::MultiplexedConnection, client: &
     }
 }
 
+/// Waits (at most 2 s) until `d` has synced three sync intervals after `since`: at least two
+/// whole syncs later.
+async fn until_synced_after(d: &Door, since: tokio::time::Instant) {
+    while d
+        .cluster
+        .status()
+        .snapshot()
+        .last_sync
+        .is_none_or(|t| t < since + SYNC * 3)
+    {
+        assert!(door_daemon::time::now() < since + Duration::from_secs(2));
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
 /// A refund whose debt the store no longer holds (repaid, or gone) writes nothing: a repaid key
 /// keeps the value it had, and a gone one stays gone.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1499,17 +1514,7 @@ async fn a_refund_of_a_repaid_debt_writes_nothing() {
     gate.notify_one();
     assert_eq!(stream.await.unwrap(), StatusCode::OK);
     // Two syncs after the refund: the key is as the test left it.
-    let refunded = door_daemon::time::now();
-    while d
-        .cluster
-        .status()
-        .snapshot()
-        .last_sync
-        .is_none_or(|t| t < refunded + SYNC * 3)
-    {
-        assert!(door_daemon::time::now() < refunded + Duration::from_secs(2));
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    until_synced_after(&d, door_daemon::time::now()).await;
     let now: Option<String> = redis::cmd("GET")
         .arg(&store_key)
         .query_async(&mut con)
@@ -1568,16 +1573,6 @@ async fn a_plane_token_refunded_after_a_sync_is_taken_back_from_the_store() {
         );
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    let synced = door_daemon::time::now();
-    while d
-        .cluster
-        .status()
-        .snapshot()
-        .last_sync
-        .is_none_or(|t| t < synced + SYNC * 3)
-    {
-        assert!(door_daemon::time::now() < synced + Duration::from_secs(2));
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    until_synced_after(&d, door_daemon::time::now()).await;
     assert_eq!(ip.quota(&key).remaining, 5, "the debt was folded back");
 }
