@@ -56,6 +56,7 @@
 mod access;
 mod cookie;
 mod events;
+mod key;
 mod parse;
 
 use core::mem::offset_of;
@@ -68,8 +69,7 @@ use aya_ebpf::{
 };
 use door_common::{
     BLOCKED_CAPACITY, COUNTER_COUNT, CookieState, Counter, DENIED, EXEMPT, EXEMPT_CAPACITY,
-    ExemptKey, GuardState, PREFIX_MAP_CAPACITY, PrefixKey, PrefixState, ShieldConfig, Verdict,
-    gcra,
+    ExemptKey, GuardState, PREFIX_MAP_CAPACITY, PrefixState, ShieldConfig, Verdict, gcra,
     shield::{
         CONFIG_ALL_PORTS, CONFIG_COOKIES, CONFIG_HAS_BLOCKLIST, CONFIG_HAS_EXEMPT, CONFIG_WRITTEN,
     },
@@ -77,12 +77,13 @@ use door_common::{
 
 use crate::{
     access::{CookieScratch, MapValue, Packet, now_ns},
+    key::{MapKey, Source},
     parse::{Parsed, TcpSegment, parse},
 };
 
 /// Per-prefix SYN state; name and layout shared with the daemon through `door-common`.
 #[map(name = "DOOR_PREFIXES")]
-static DOOR_PREFIXES: LruHashMap<PrefixKey, PrefixState> =
+static DOOR_PREFIXES: LruHashMap<MapKey, PrefixState> =
     LruHashMap::with_max_entries(PREFIX_MAP_CAPACITY, 0);
 
 /// One `u64` per [`Counter`], per CPU.
@@ -100,7 +101,7 @@ static DOOR_EXEMPT: LpmTrie<ExemptKey, u32> = LpmTrie::with_max_entries(EXEMPT_C
 /// Blocklist: prefix → deadline (ns, `bpf_ktime_get_coarse_ns` clock). An LRU map, so that it can never
 /// fill up: when full, the least recently used entry (most likely an expired one) makes room.
 #[map(name = "DOOR_BLOCKED")]
-static DOOR_BLOCKED: LruHashMap<PrefixKey, u64> = LruHashMap::with_max_entries(BLOCKED_CAPACITY, 0);
+static DOOR_BLOCKED: LruHashMap<MapKey, u64> = LruHashMap::with_max_entries(BLOCKED_CAPACITY, 0);
 
 /// The churn guard (one entry).
 #[map(name = "DOOR_GUARD")]
@@ -124,10 +125,10 @@ fn door_xdp(ctx: XdpContext) -> u32 {
     let packet = Packet::new(&ctx);
     let counter = match parse(&packet) {
         Parsed::Syn(segment) => syn(&ctx, &packet, &segment),
-        Parsed::TinyFragment { addr, dst_port } => {
-            judge_at(&ctx, &addr, dst_port, Kind::TinyFragment)
+        Parsed::TinyFragment { src, dst_port } => {
+            judge_at(&ctx, &packet, src, dst_port, Kind::TinyFragment)
         }
-        Parsed::Unwalkable { addr } => judge_at(&ctx, &addr, None, Kind::Unwalkable),
+        Parsed::Unwalkable { src } => judge_at(&ctx, &packet, src, None, Kind::Unwalkable),
         Parsed::Other(counter) => counter,
     };
     count(counter);
@@ -311,7 +312,7 @@ fn syn(ctx: &XdpContext, packet: &Packet, segment: &TcpSegment) -> Counter {
     let Some(settings) = Settings::read(Some(segment.dst_port)) else {
         return Counter::PassUnprotectedPort;
     };
-    match judge(ctx, &settings, &segment.addr, segment.key(), Kind::Syn) {
+    match judge(ctx, &settings, packet, segment.src, Kind::Syn) {
         Counter::PassSyn | Counter::PassOverflowSyn
             if settings.cookies().is_some_and(|cfg| cookie_mode(ctx, cfg)) =>
         {
@@ -321,33 +322,44 @@ fn syn(ctx: &XdpContext, packet: &Packet, segment: &TcpSegment) -> Counter {
     }
 }
 
-/// Judges a packet that may hide a SYN (`kind` is not [`Kind::Syn`]) from `addr`, charged to
-/// `addr`'s prefix, to `port`: [`Counter::PassUnprotectedPort`] when `port` is known and not
+/// Judges a packet that may hide a SYN (`kind` is not [`Kind::Syn`]) from `src`, charged to
+/// `src`'s prefix, to `port`: [`Counter::PassUnprotectedPort`] when `port` is known and not
 /// protected; `None` (the port is not in the packet) counts as protected.
 #[inline(always)]
-fn judge_at(ctx: &XdpContext, addr: &[u8; 16], port: Option<u16>, kind: Kind) -> Counter {
+fn judge_at(
+    ctx: &XdpContext,
+    packet: &Packet,
+    src: Source,
+    port: Option<u16>,
+    kind: Kind,
+) -> Counter {
     match Settings::read(port) {
-        Some(settings) => judge(ctx, &settings, addr, PrefixKey::from_ipv6(*addr), kind),
+        Some(settings) => judge(ctx, &settings, packet, src, kind),
         None => Counter::PassUnprotectedPort,
     }
 }
 
-/// Judges a packet from `addr` (its prefix key `src`) to a protected port under `settings` (see
-/// the crate docs for the order).
+/// Judges `packet`, from `source`, to a protected port under `settings` (see the crate docs
+/// for the order).
 #[inline(always)]
 fn judge(
     ctx: &XdpContext,
     settings: &Settings,
-    addr: &[u8; 16],
-    src: PrefixKey,
+    packet: &Packet,
+    source: Source,
     kind: Kind,
 ) -> Counter {
     let enforce = settings.enforce();
     if !enforce && kind != Kind::Syn {
         return kind.pass();
     }
+    // The parser read the address already: `None` is unreachable, and would pass (fail-open).
+    let Some(src) = source.key(packet) else {
+        return kind.pass();
+    };
     if settings.exempt()
-        && let Some(listed) = DOOR_EXEMPT.get(Key::new(128, *addr))
+        && let Some(addr) = source.addr(packet)
+        && let Some(listed) = DOOR_EXEMPT.get(Key::new(128, addr))
     {
         match *listed {
             DENIED => return Counter::DropDenied,

@@ -13,9 +13,12 @@
 //! Sources: IEEE 802.3 (Ethernet II), IEEE 802.1Q (C-tag 0x8100, S-tag 0x88a8), RFC 791 (IPv4),
 //! RFC 8200 §4 (IPv6 extension headers), RFC 4302 (AH length), RFC 9293 (TCP), RFC 1858.
 
-use door_common::{Counter, PrefixKey};
+use door_common::Counter;
 
-use crate::access::{MAX_OFFSET, Packet};
+use crate::{
+    access::{MAX_OFFSET, Packet},
+    key::Source,
+};
 
 const ETH_HLEN: usize = 14;
 const VLAN_HLEN: usize = 4;
@@ -43,8 +46,8 @@ const TCP_ACK: u8 = 0x10;
 /// The facts the program needs about a TCP segment.
 #[derive(Clone, Copy)]
 pub(crate) struct TcpSegment {
-    /// The source address, 16 bytes (IPv4 as `::ffff:a.b.c.d`), unmasked: the exempt trie's key.
-    pub(crate) addr: [u8; 16],
+    /// The source address.
+    pub(crate) src: Source,
     /// The destination port, host order.
     pub(crate) dst_port: u16,
     /// Offset of the IP header from the start of the packet.
@@ -61,18 +64,6 @@ pub(crate) struct TcpSegment {
     pub(crate) bare: bool,
 }
 
-impl TcpSegment {
-    /// The source's prefix key: for IPv4, `addr` already is (the parser builds it with
-    /// [`PrefixKey::from_ipv4`]), so only IPv6 pays for [`PrefixKey::from_ipv6`]'s checks.
-    pub(crate) fn key(&self) -> PrefixKey {
-        if self.v6 {
-            PrefixKey::from_ipv6(self.addr)
-        } else {
-            PrefixKey { addr: self.addr }
-        }
-    }
-}
-
 /// What the parser found.
 pub(crate) enum Parsed {
     /// A TCP SYN (SYN set, ACK clear: a connection opening; a SYN-ACK is the other side's
@@ -82,16 +73,16 @@ pub(crate) enum Parsed {
     /// A TCP first fragment too short to hold the TCP header: its flags are unknown. The
     /// destination port, when its first 4 bytes are present.
     TinyFragment {
-        /// The source address (16-byte form).
-        addr: [u8; 16],
+        /// The source address.
+        src: Source,
         /// The destination port, if the fragment carries it.
         dst_port: Option<u16>,
     },
     /// An IPv6 packet whose extension headers go on past [`MAX_EXT_HEADERS`] or [`MAX_OFFSET`]:
     /// whether it is a SYN is unknown.
     Unwalkable {
-        /// The source address (16-byte form).
-        addr: [u8; 16],
+        /// The source address.
+        src: Source,
     },
     /// Anything else, with the pass counter it is recorded under.
     Other(Counter),
@@ -143,7 +134,7 @@ fn ipv4(pkt: &Packet, offset: usize) -> Parsed {
     if frag & 0x1fff != 0 {
         return Parsed::Other(Counter::PassFragment);
     }
-    let addr = PrefixKey::from_ipv4([ip[12], ip[13], ip[14], ip[15]]).addr;
+    let src = Source::ipv4(offset + 12);
     let first_fragment = frag & 0x2000 != 0;
     let pkt = pkt.limited_to(offset + total);
     let at = L3 {
@@ -151,7 +142,7 @@ fn ipv4(pkt: &Packet, offset: usize) -> Parsed {
         v6: false,
         bare: ihl == IPV4_MIN_HLEN && !first_fragment && pkt.frame_holds_datagram(),
     };
-    tcp(&pkt, offset + ihl, addr, first_fragment, at)
+    tcp(&pkt, offset + ihl, src, first_fragment, at)
 }
 
 #[inline(always)]
@@ -172,17 +163,14 @@ fn ipv6(pkt: &Packet, offset: usize) -> Parsed {
         pkt.limited_to(offset + IPV6_HLEN + payload)
     };
     let pkt = &pkt;
-    let addr = [
-        ip[8], ip[9], ip[10], ip[11], ip[12], ip[13], ip[14], ip[15], ip[16], ip[17], ip[18],
-        ip[19], ip[20], ip[21], ip[22], ip[23],
-    ];
+    let src = Source::ipv6(offset + 8);
     let mut next = ip[6];
     let ip_at = offset;
     let mut offset = offset + IPV6_HLEN;
     let mut first_fragment = false;
     for _ in 0..MAX_EXT_HEADERS {
         if offset > MAX_OFFSET {
-            return Parsed::Unwalkable { addr };
+            return Parsed::Unwalkable { src };
         }
         match next {
             IPPROTO_TCP => {
@@ -191,12 +179,12 @@ fn ipv6(pkt: &Packet, offset: usize) -> Parsed {
                     v6: true,
                     bare: offset == ip_at + IPV6_HLEN && pkt.frame_holds_datagram(),
                 };
-                return tcp(pkt, offset, addr, first_fragment, at);
+                return tcp(pkt, offset, src, first_fragment, at);
             }
             IPPROTO_HOPOPTS | IPPROTO_ROUTING | IPPROTO_DSTOPTS => {
                 // Next header, length in 8-octet units not counting the first 8 (RFC 8200 §4.3).
                 let Some(h) = pkt.read::<2>(offset) else {
-                    return cut_chain(pkt, offset, addr, first_fragment);
+                    return cut_chain(pkt, offset, src, first_fragment);
                 };
                 next = h[0];
                 offset += (usize::from(h[1]) + 1) * 8;
@@ -204,7 +192,7 @@ fn ipv6(pkt: &Packet, offset: usize) -> Parsed {
             IPPROTO_AH => {
                 // Length in 4-octet units, minus 2 (RFC 4302 §2.2).
                 let Some(h) = pkt.read::<2>(offset) else {
-                    return cut_chain(pkt, offset, addr, first_fragment);
+                    return cut_chain(pkt, offset, src, first_fragment);
                 };
                 next = h[0];
                 offset += (usize::from(h[1]) + 2) * 4;
@@ -231,9 +219,9 @@ fn ipv6(pkt: &Packet, offset: usize) -> Parsed {
             v6: true,
             bare: false,
         };
-        return tcp(pkt, offset, addr, first_fragment, at);
+        return tcp(pkt, offset, src, first_fragment, at);
     }
-    Parsed::Unwalkable { addr }
+    Parsed::Unwalkable { src }
 }
 
 /// An IPv6 extension header at `offset` that cannot be read. In a first fragment whose datagram
@@ -242,10 +230,10 @@ fn ipv6(pkt: &Packet, offset: usize) -> Parsed {
 /// 8200 §4.5 says the first fragment carries the whole chain): a tiny fragment, as in [`tcp`].
 /// Otherwise the frame is merely cut short of its datagram, and the kernel drops it too.
 #[inline(always)]
-fn cut_chain(pkt: &Packet, offset: usize, addr: [u8; 16], first_fragment: bool) -> Parsed {
+fn cut_chain(pkt: &Packet, offset: usize, src: Source, first_fragment: bool) -> Parsed {
     if first_fragment && pkt.datagram_ends_before(offset + 2) {
         return Parsed::TinyFragment {
-            addr,
+            src,
             dst_port: None,
         };
     }
@@ -263,7 +251,7 @@ struct L3 {
 /// The TCP header at `offset`; `first_fragment` when the datagram is the first of several, in
 /// which case a header cut short is a tiny fragment rather than a truncated packet.
 #[inline(always)]
-fn tcp(pkt: &Packet, offset: usize, addr: [u8; 16], first_fragment: bool, at: L3) -> Parsed {
+fn tcp(pkt: &Packet, offset: usize, src: Source, first_fragment: bool, at: L3) -> Parsed {
     let Some(tcp) = pkt.read::<TCP_MIN_HLEN>(offset) else {
         // A datagram that says it ends inside the TCP header is a tiny fragment; a frame cut short
         // of its datagram is merely truncated (the kernel drops it too).
@@ -271,7 +259,7 @@ fn tcp(pkt: &Packet, offset: usize, addr: [u8; 16], first_fragment: bool, at: L3
             let dst_port = pkt
                 .read::<4>(offset)
                 .map(|p| u16::from_be_bytes([p[2], p[3]]));
-            return Parsed::TinyFragment { addr, dst_port };
+            return Parsed::TinyFragment { src, dst_port };
         }
         return Parsed::Other(Counter::PassTruncated);
     };
@@ -285,7 +273,7 @@ fn tcp(pkt: &Packet, offset: usize, addr: [u8; 16], first_fragment: bool, at: L3
         return Parsed::Other(Counter::PassNotSyn);
     }
     Parsed::Syn(TcpSegment {
-        addr,
+        src,
         dst_port: u16::from_be_bytes([tcp[2], tcp[3]]),
         ip: at.ip,
         tcp: offset,
