@@ -1,8 +1,9 @@
 //! Benchmark reference: the irreducible work of keeping per-prefix state — parse Ethernet, IPv4
 //! (honouring IHL) and TCP, then one LRU-hash update keyed by the source prefix — and nothing
-//! else (no VLANs, no IPv6, no budget, no counters). `cargo xtask bench xdp` compares door's
-//! program with it. Its entry point is named like door's so the daemon's loader runs it
-//! unchanged; it reads packets through door's bounds-checked accessor.
+//! else (no VLANs, no IPv6, no budget, no counters). The key is built as door builds it
+//! (`key::MapKey`, two 8-byte stores). `cargo xtask bench xdp` compares door's program with it.
+//! Its entry point is named like door's so the daemon's loader runs it unchanged; it reads
+//! packets through door's bounds-checked accessor.
 #![cfg_attr(target_arch = "bpf", no_std)]
 #![cfg_attr(target_arch = "bpf", no_main)]
 #![expect(
@@ -13,6 +14,12 @@
 #[path = "../access.rs"]
 #[expect(dead_code, reason = "the reference uses only part of the accessor")]
 mod access;
+#[path = "../key.rs"]
+#[expect(
+    dead_code,
+    reason = "the reference builds its key from the header it read"
+)]
+mod key;
 
 use aya_ebpf::{
     bindings::xdp_action,
@@ -22,12 +29,14 @@ use aya_ebpf::{
 };
 use door_common::{PREFIX_MAP_CAPACITY, PrefixKey};
 
-use crate::access::{MapValue, Packet};
+use crate::{
+    access::{MapValue, Packet},
+    key::MapKey,
+};
 
 /// Source prefix → packets seen.
 #[map(name = "REF_PREFIXES")]
-static REF_PREFIXES: LruHashMap<PrefixKey, u64> =
-    LruHashMap::with_max_entries(PREFIX_MAP_CAPACITY, 0);
+static REF_PREFIXES: LruHashMap<MapKey, u64> = LruHashMap::with_max_entries(PREFIX_MAP_CAPACITY, 0);
 
 /// Parse to TCP, count the source prefix, pass.
 #[xdp]
@@ -53,7 +62,7 @@ fn door_xdp(ctx: XdpContext) -> u32 {
     if pkt.read::<20>(14 + ihl).is_none() {
         return xdp_action::XDP_PASS;
     }
-    let key = PrefixKey::from_ipv4([ip[12], ip[13], ip[14], ip[15]]);
+    let key = MapKey::new(PrefixKey::from_ipv4([ip[12], ip[13], ip[14], ip[15]]));
     match MapValue::in_lru(&REF_PREFIXES, &key) {
         Some(count) => count.store(0, count.load(0) + 1),
         None => {
