@@ -23,21 +23,14 @@ pub(crate) struct MapKey([u64; 2]);
 const _: () = assert!(size_of::<MapKey>() == size_of::<PrefixKey>());
 
 impl MapKey {
-    /// The key of `key`, byte for byte: on this little-endian target (`bpfel`) the first 8 bytes
-    /// are the low half of the little-endian `u128`, and stored as a native `u64` they land
-    /// where they were.
+    /// The key of `key`, byte for byte: each half's 8 bytes as a native-order word.
     #[inline(always)]
-    #[expect(
-        clippy::cast_possible_truncation,
-        reason = "the two halves of a u128, each exactly a u64"
-    )]
     pub(crate) fn new(key: PrefixKey) -> Self {
-        let both = u128::from_le_bytes(key.addr);
-        Self([both as u64, (both >> 64) as u64])
+        let (halves, _) = key.addr.as_chunks::<8>();
+        let half = |i: usize| halves.get(i).map_or(0, |h| u64::from_ne_bytes(*h));
+        Self([half(0), half(1)])
     }
 }
-
-const _: () = assert!(cfg!(target_endian = "little"));
 
 /// Where a datagram's source address lies in the packet. The address is read from the packet
 /// where it is needed rather than carried through the parser: a SYN to judge needs only its
@@ -52,16 +45,22 @@ pub(crate) struct Source {
 }
 
 impl Source {
-    /// The IPv4 source address at offset `at` of the packet (byte 12 of the IPv4 header).
+    /// The source address of the IPv4 header at offset `header` of the packet (its bytes 12–15).
     #[inline(always)]
-    pub(crate) fn ipv4(at: usize) -> Self {
-        Self { at, v6: false }
+    pub(crate) fn ipv4(header: usize) -> Self {
+        Self {
+            at: header + 12,
+            v6: false,
+        }
     }
 
-    /// The IPv6 source address at offset `at` of the packet (byte 8 of the IPv6 header).
+    /// The source address of the IPv6 header at offset `header` of the packet (its bytes 8–23).
     #[inline(always)]
-    pub(crate) fn ipv6(at: usize) -> Self {
-        Self { at, v6: true }
+    pub(crate) fn ipv6(header: usize) -> Self {
+        Self {
+            at: header + 8,
+            v6: true,
+        }
     }
 
     /// The address in its 16-byte form (IPv4 as `::ffff:a.b.c.d`), unmasked: the exempt trie's

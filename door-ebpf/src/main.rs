@@ -312,7 +312,7 @@ fn syn(ctx: &XdpContext, packet: &Packet, segment: &TcpSegment) -> Counter {
     let Some(settings) = Settings::read(Some(segment.dst_port)) else {
         return Counter::PassUnprotectedPort;
     };
-    match judge(ctx, &settings, packet, segment.src, Kind::Syn) {
+    match judge(ctx, &settings, packet, segment.src(), Kind::Syn) {
         Counter::PassSyn | Counter::PassOverflowSyn
             if settings.cookies().is_some_and(|cfg| cookie_mode(ctx, cfg)) =>
         {
@@ -357,14 +357,16 @@ fn judge(
     let Some(src) = source.key(packet) else {
         return kind.pass();
     };
-    if settings.exempt()
-        && let Some(addr) = source.addr(packet)
-        && let Some(listed) = DOOR_EXEMPT.get(Key::new(128, addr))
-    {
-        match *listed {
-            DENIED => return Counter::DropDenied,
-            EXEMPT => return Counter::PassExempt,
-            // UNLISTED: an IPv4 source under an IPv6 network that covers `::ffff:0:0/96`.
+    if settings.exempt() {
+        // As above: unreachable, and `None` passes (fail-open).
+        let Some(addr) = source.addr(packet) else {
+            return kind.pass();
+        };
+        match DOOR_EXEMPT.get(Key::new(128, addr)).copied() {
+            Some(DENIED) => return Counter::DropDenied,
+            Some(EXEMPT) => return Counter::PassExempt,
+            // Not listed, or UNLISTED: an IPv4 source under an IPv6 network that covers
+            // `::ffff:0:0/96`.
             _ => {}
         }
     }

@@ -46,8 +46,6 @@ const TCP_ACK: u8 = 0x10;
 /// The facts the program needs about a TCP segment.
 #[derive(Clone, Copy)]
 pub(crate) struct TcpSegment {
-    /// The source address.
-    pub(crate) src: Source,
     /// The destination port, host order.
     pub(crate) dst_port: u16,
     /// Offset of the IP header from the start of the packet.
@@ -62,6 +60,14 @@ pub(crate) struct TcpSegment {
     /// without extension headers), the frame holds the whole datagram, and the datagram the
     /// whole TCP header, options included. Only such a SYN is answered with a cookie.
     pub(crate) bare: bool,
+}
+
+impl TcpSegment {
+    /// The segment's source address.
+    #[inline(always)]
+    pub(crate) fn src(&self) -> Source {
+        source(self.ip, self.v6)
+    }
 }
 
 /// What the parser found.
@@ -134,7 +140,6 @@ fn ipv4(pkt: &Packet, offset: usize) -> Parsed {
     if frag & 0x1fff != 0 {
         return Parsed::Other(Counter::PassFragment);
     }
-    let src = Source::ipv4(offset + 12);
     let first_fragment = frag & 0x2000 != 0;
     let pkt = pkt.limited_to(offset + total);
     let at = L3 {
@@ -142,7 +147,7 @@ fn ipv4(pkt: &Packet, offset: usize) -> Parsed {
         v6: false,
         bare: ihl == IPV4_MIN_HLEN && !first_fragment && pkt.frame_holds_datagram(),
     };
-    tcp(&pkt, offset + ihl, src, first_fragment, at)
+    tcp(&pkt, offset + ihl, first_fragment, at)
 }
 
 #[inline(always)]
@@ -163,7 +168,7 @@ fn ipv6(pkt: &Packet, offset: usize) -> Parsed {
         pkt.limited_to(offset + IPV6_HLEN + payload)
     };
     let pkt = &pkt;
-    let src = Source::ipv6(offset + 8);
+    let src = Source::ipv6(offset);
     let mut next = ip[6];
     let ip_at = offset;
     let mut offset = offset + IPV6_HLEN;
@@ -179,7 +184,7 @@ fn ipv6(pkt: &Packet, offset: usize) -> Parsed {
                     v6: true,
                     bare: offset == ip_at + IPV6_HLEN && pkt.frame_holds_datagram(),
                 };
-                return tcp(pkt, offset, src, first_fragment, at);
+                return tcp(pkt, offset, first_fragment, at);
             }
             IPPROTO_HOPOPTS | IPPROTO_ROUTING | IPPROTO_DSTOPTS => {
                 // Next header, length in 8-octet units not counting the first 8 (RFC 8200 §4.3).
@@ -219,7 +224,7 @@ fn ipv6(pkt: &Packet, offset: usize) -> Parsed {
             v6: true,
             bare: false,
         };
-        return tcp(pkt, offset, src, first_fragment, at);
+        return tcp(pkt, offset, first_fragment, at);
     }
     Parsed::Unwalkable { src }
 }
@@ -248,10 +253,28 @@ struct L3 {
     bare: bool,
 }
 
+impl L3 {
+    /// The datagram's source address.
+    #[inline(always)]
+    fn src(&self) -> Source {
+        source(self.ip, self.v6)
+    }
+}
+
+/// The source address of the IP header at offset `ip`, IPv6 or IPv4.
+#[inline(always)]
+fn source(ip: usize, v6: bool) -> Source {
+    if v6 {
+        Source::ipv6(ip)
+    } else {
+        Source::ipv4(ip)
+    }
+}
+
 /// The TCP header at `offset`; `first_fragment` when the datagram is the first of several, in
 /// which case a header cut short is a tiny fragment rather than a truncated packet.
 #[inline(always)]
-fn tcp(pkt: &Packet, offset: usize, src: Source, first_fragment: bool, at: L3) -> Parsed {
+fn tcp(pkt: &Packet, offset: usize, first_fragment: bool, at: L3) -> Parsed {
     let Some(tcp) = pkt.read::<TCP_MIN_HLEN>(offset) else {
         // A datagram that says it ends inside the TCP header is a tiny fragment; a frame cut short
         // of its datagram is merely truncated (the kernel drops it too).
@@ -259,7 +282,10 @@ fn tcp(pkt: &Packet, offset: usize, src: Source, first_fragment: bool, at: L3) -
             let dst_port = pkt
                 .read::<4>(offset)
                 .map(|p| u16::from_be_bytes([p[2], p[3]]));
-            return Parsed::TinyFragment { src, dst_port };
+            return Parsed::TinyFragment {
+                src: at.src(),
+                dst_port,
+            };
         }
         return Parsed::Other(Counter::PassTruncated);
     };
@@ -273,7 +299,6 @@ fn tcp(pkt: &Packet, offset: usize, src: Source, first_fragment: bool, at: L3) -
         return Parsed::Other(Counter::PassNotSyn);
     }
     Parsed::Syn(TcpSegment {
-        src,
         dst_port: u16::from_be_bytes([tcp[2], tcp[3]]),
         ip: at.ip,
         tcp: offset,
