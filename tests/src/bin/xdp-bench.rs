@@ -79,13 +79,21 @@ fn settings(syn_rate: f64, syn_burst: u32) -> XdpConfig {
 }
 
 /// The repeat table's cases, in the order printed.
-const CASES: [&str; 5] = [
+const CASES: [&str; 6] = [
     "reference: empty program (floor)",
     "reference: parse + one LRU update",
     "door: pass path (TCP ACK)",
     "door: SYN counted, within budget",
     "door: SYN dropped, over budget",
+    "door: SYN counted, lists set",
 ];
+
+/// The lists of the `lists set` case: a trusted proxy and an allowed network (exempt), and a
+/// denied network, none of them the benchmark's client, so that every SYN walks the trie and is
+/// then counted as in `SYN counted`.
+const EXEMPT: [&str; 2] = ["192.0.2.10/32", "2001:db8:ffff::/48"];
+/// See [`EXEMPT`].
+const DENY: [&str; 1] = ["203.0.113.128/25"];
 
 /// The programs of the repeat table. Loaded afresh for every round, so that the median spans
 /// loads: with one load per process, the same build measured door's counted SYN at about 90 ns
@@ -99,6 +107,8 @@ struct Programs {
     counting: Shield,
     /// door's program with one token per 1000 s, burst 1, spent by a first SYN.
     dropping: Shield,
+    /// `counting` with [`EXEMPT`] and [`DENY`] in its lists trie.
+    listed: Shield,
 }
 
 impl Programs {
@@ -111,11 +121,19 @@ impl Programs {
         let mut dropping = Shield::load().context("loading door's program")?;
         dropping.configure(&settings(0.001, 1), &[], &[])?;
         dropping.test_run(syn, 1)?;
+        let nets = |list: &[&str]| -> anyhow::Result<Vec<ipnet::IpNet>> {
+            list.iter()
+                .map(|n| n.parse().with_context(|| format!("network {n}")))
+                .collect()
+        };
+        let mut listed = Shield::load().context("loading door's program")?;
+        listed.configure(&settings(1e9, u32::MAX), &nets(&EXEMPT)?, &nets(&DENY)?)?;
         Ok(Self {
             floor,
             minimal,
             counting,
             dropping,
+            listed,
         })
     }
 }
@@ -135,6 +153,7 @@ fn interleaved_medians(args: &Args, syn: &[u8], ack: &[u8]) -> anyhow::Result<Ve
             (&p.counting, ack),
             (&p.counting, syn),
             (&p.dropping, syn),
+            (&p.listed, syn),
         ];
         let mut order: Vec<_> = CASES.iter().zip(runs).zip(&mut samples).collect();
         order.rotate_left(round % n);
