@@ -8,6 +8,7 @@
 )]
 
 mod serving;
+mod support;
 
 use std::{
     convert::Infallible,
@@ -549,6 +550,73 @@ async fn a_body_still_arriving_at_the_read_timeout_gets_408_and_frees_the_slot()
     }
 }
 
+/// An upstream that reads a request's head and then stops reading its body (an application
+/// whose workers are all busy accepts connections and reads nothing) holds the request no longer
+/// than the read timeout: the body's own timer runs only while the upstream takes the body, so
+/// without a deadline of its own the request would hold its slots until the upstream closed.
+/// It is the upstream's doing: 504, counted as a server error, nothing charged.
+#[tokio::test(start_paused = true)]
+async fn an_upstream_that_stops_reading_the_body_gets_504_at_the_read_timeout() {
+    let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let up = l.local_addr().unwrap();
+    let (held_tx, mut held_rx) = mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        let (mut s, _) = l.accept().await.unwrap();
+        let mut head = vec![0u8; 4096];
+        let _ = s.read(&mut head).await;
+        // Reads nothing more, and keeps the connection open until the test ends.
+        held_tx.send(s).unwrap();
+    });
+    let d = door(&config(up, "", "")).await;
+    let start = door_daemon::time::now();
+    let s = TcpStream::connect(d.addr).await.unwrap();
+    let (mut rd, mut wr) = s.into_split();
+    // Far more than the loopback sockets' buffers hold, so door is left holding a part of it.
+    let len = 64 << 20;
+    let writer = tokio::spawn(async move {
+        let head = format!(
+            "POST /webhooks/github HTTP/1.1\r\nHost: door.test\r\nContent-Length: {len}\r\n\r\n"
+        );
+        wr.write_all(head.as_bytes()).await.unwrap();
+        let chunk = vec![b'x'; 64 << 10];
+        for _ in 0..len / chunk.len() {
+            if wr.write_all(&chunk).await.is_err() {
+                return;
+            }
+        }
+    });
+    let held = held_rx.recv().await.unwrap();
+    // webhook's read_timeout is 10 s. The client is still writing: read the answer, not to EOF.
+    let mut out = Vec::new();
+    let mut buf = [0u8; 1024];
+    while !String::from_utf8_lossy(&out).contains("stopped reading the request") {
+        let n = tokio::time::timeout(Duration::from_mins(5), rd.read(&mut buf))
+            .await
+            .expect("no answer")
+            .unwrap();
+        assert_ne!(
+            n,
+            0,
+            "closed without an answer: {}",
+            String::from_utf8_lossy(&out)
+        );
+        out.extend_from_slice(buf.get(..n).unwrap());
+    }
+    let waited = start.elapsed();
+    assert!(
+        waited >= Duration::from_secs(10) && waited < Duration::from_secs(11),
+        "answered after {waited:?}, not 10 s"
+    );
+    let out = String::from_utf8_lossy(&out);
+    assert!(out.starts_with("HTTP/1.1 504"), "{out}");
+    assert_eq!(d.inflight("webhook"), 0);
+    assert_eq!(d.count("webhook", Outcome::ServerError), 1);
+    assert_eq!(d.count("webhook", Outcome::ClientError), 0);
+    assert_eq!(d.app().requests_in_flight(), 0);
+    writer.abort();
+    drop(held);
+}
+
 /// What door answers on `s`, read to its end, and that it came `secs` seconds after `start` (on
 /// tokio's paused clock: five minutes pass at once when nothing else can happen, so no answer
 /// fails at once).
@@ -863,6 +931,128 @@ async fn health_over_budget_is_served_from_the_cache_and_counted_as_cached() {
     let res = c.send_request(get("/healthz")).await.unwrap();
     assert_eq!(res.status(), StatusCode::SERVICE_UNAVAILABLE);
     assert_eq!(hits.load(Ordering::SeqCst), 4);
+}
+
+/// An upstream written by hand: for each connection, reads one request head and writes `answer`,
+/// then closes. For answers hyper's server would never send.
+async fn raw_upstream(answer: &'static [u8]) -> SocketAddr {
+    let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    tokio::spawn(async move {
+        loop {
+            let Ok((mut s, _)) = l.accept().await else {
+                return;
+            };
+            tokio::spawn(async move {
+                if support::read_request_head(&mut s).await.is_none() {
+                    return;
+                }
+                let _ = s.write_all(answer).await;
+                let _ = s.shutdown().await;
+            });
+        }
+    });
+    addr
+}
+
+/// A health refresh the upstream answers with `101` (it switched although door's probe asked for
+/// no upgrade) is a failure, 502, as on the forwarding path: a `101` served to a plain probe
+/// would close an HTTP/1.1 client's connection and reset an HTTP/2 client's stream.
+#[tokio::test]
+async fn a_health_refresh_answered_with_101_is_served_as_502() {
+    let up = raw_upstream(
+        b"HTTP/1.1 101 Switching Protocols\r\nConnection: upgrade\r\nUpgrade: foo\r\n\r\n",
+    )
+    .await;
+    let clock = Arc::new(ManualClock::at(1));
+    let cfg = config(up, "", "[group.health]\nburst = 1\nrate = 0.01");
+    let d = door_with(&cfg, clock.clone(), None).await;
+    // Within budget, forwarded: the unrequested switch is a 502.
+    let mut c = h1(d.addr).await;
+    let res = c.send_request(get("/healthz")).await.unwrap();
+    assert_eq!(res.status(), StatusCode::BAD_GATEWAY);
+    body_string(res).await;
+    // Over budget past the ttl: the refresh gets the 101.
+    clock.advance(Duration::from_secs(2));
+    let mut c = h1(d.addr).await;
+    let res = c.send_request(get("/healthz")).await.unwrap();
+    assert_eq!(res.status(), StatusCode::BAD_GATEWAY);
+    assert!(res.headers().contains_key("cache-status"));
+    assert_eq!(d.count("health", Outcome::Cached), 1);
+}
+
+/// The response head door relays for `answer`'s, over HTTP/1.1: its lines, lower-cased.
+async fn relayed_head(answer: &'static [u8]) -> Vec<String> {
+    let up = raw_upstream(answer).await;
+    let d = door(&config(up, "", "")).await;
+    let mut s = TcpStream::connect(d.addr).await.unwrap();
+    s.write_all(b"GET /static HTTP/1.1\r\nHost: door.test\r\nConnection: close\r\n\r\n")
+        .await
+        .unwrap();
+    let mut out = Vec::new();
+    tokio::time::timeout(Duration::from_secs(10), s.read_to_end(&mut out))
+        .await
+        .unwrap()
+        .unwrap();
+    let out = String::from_utf8_lossy(&out).to_ascii_lowercase();
+    let (head, body) = out.split_once("\r\n\r\n").unwrap();
+    assert_eq!(body, "hello", "{out}");
+    head.lines().map(str::to_owned).collect()
+}
+
+/// A `Content-Length` the upstream sent twice, or as a list of one value, which hyper's client
+/// accepts, reaches the client as one field of one value (RFC 9110 §8.6): two fields would make
+/// an HTTP/2 client reset the stream, and HTTP/1.1 parsers such as Node's refuse the list.
+#[tokio::test]
+async fn a_repeated_content_length_from_the_upstream_is_relayed_as_one() {
+    for answer in [
+        &b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\nContent-Length: 5\r\n\r\nhello"[..],
+        b"HTTP/1.1 200 OK\r\nContent-Length: 5, 5\r\n\r\nhello",
+    ] {
+        let head = relayed_head(answer).await;
+        let lengths: Vec<_> = head
+            .iter()
+            .filter(|l| l.starts_with("content-length:"))
+            .collect();
+        assert_eq!(lengths, ["content-length: 5"], "{head:?}");
+    }
+}
+
+/// An upgrade's `101` reaches the client with the upstream's end-to-end fields and its `Upgrade`,
+/// but not its hop-by-hop ones (`Keep-Alive`, `Proxy-Authenticate`, a field its `Connection`
+/// names: RFC 9110 §7.6.1).
+#[tokio::test]
+async fn an_upgrade_answer_loses_the_upstreams_hop_by_hop_fields() {
+    let up = raw_upstream(
+        b"HTTP/1.1 101 Switching Protocols\r\nConnection: upgrade, x-hop\r\nUpgrade: foo\r\n\
+          Keep-Alive: timeout=5\r\nProxy-Authenticate: Basic\r\nX-Hop: 1\r\nX-App: 1\r\n\r\n",
+    )
+    .await;
+    let d = door(&config(up, "", "")).await;
+    let mut s = TcpStream::connect(d.addr).await.unwrap();
+    s.write_all(
+        b"GET /static HTTP/1.1\r\nHost: door.test\r\nConnection: upgrade\r\nUpgrade: foo\r\n\r\n",
+    )
+    .await
+    .unwrap();
+    let mut out = Vec::new();
+    let mut buf = [0u8; 1024];
+    while !out.windows(4).any(|w| w == b"\r\n\r\n") {
+        let n = tokio::time::timeout(Duration::from_secs(10), s.read(&mut buf))
+            .await
+            .expect("no answer")
+            .unwrap();
+        assert_ne!(n, 0, "closed: {}", String::from_utf8_lossy(&out));
+        out.extend_from_slice(buf.get(..n).unwrap());
+    }
+    let head = String::from_utf8_lossy(&out).to_ascii_lowercase();
+    assert!(head.starts_with("http/1.1 101"), "{head}");
+    for kept in ["upgrade: foo", "connection: upgrade", "x-app: 1"] {
+        assert!(head.contains(kept), "{kept}: {head}");
+    }
+    for gone in ["keep-alive", "proxy-authenticate", "x-hop"] {
+        assert!(!head.contains(gone), "{gone}: {head}");
+    }
 }
 
 /// A health upstream that answers 400 to a `Host` it does not serve (as Django's

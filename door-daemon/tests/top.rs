@@ -238,18 +238,13 @@ async fn fake_admin(answer: impl Fn(&str) -> Vec<u8> + Send + Sync + 'static) ->
             };
             let answer = Arc::clone(&answer);
             tokio::spawn(async move {
-                let mut head = Vec::new();
-                let mut buf = [0u8; 1024];
-                while !head.windows(4).any(|w| w == b"\r\n\r\n") {
-                    match s.read(&mut buf).await {
-                        Ok(0) | Err(_) => return,
-                        Ok(n) => head.extend_from_slice(buf.get(..n).unwrap_or_default()),
-                    }
-                }
+                let Some(head) = support::read_request_head(&mut s).await else {
+                    return;
+                };
                 let text = String::from_utf8_lossy(&head).into_owned();
                 let path = text.split_whitespace().nth(1).unwrap_or("");
                 let _ = s.write_all(&answer(path)).await;
-                let _ = s.read(&mut buf).await;
+                let _ = s.read(&mut [0u8; 1]).await;
             });
         }
     });

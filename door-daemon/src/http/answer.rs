@@ -29,6 +29,9 @@ pub enum Failure {
     BodyTimeout,
     /// The upstream sent no response head within `upstream_timeout` (504).
     UpstreamTimeout,
+    /// The upstream stopped taking the request body, which then missed its read deadline while
+    /// door held a part of it the upstream would not read (504).
+    UpstreamStalled,
     /// The upstream call failed: refused, reset, malformed (502).
     Upstream(ProxyError),
     /// The upstream switched protocols where it must not (502).
@@ -61,7 +64,7 @@ pub fn sf_string(s: &str) -> String {
 pub fn failure_status(f: &Failure) -> StatusCode {
     match f {
         Failure::BodyTimeout => StatusCode::REQUEST_TIMEOUT,
-        Failure::UpstreamTimeout => StatusCode::GATEWAY_TIMEOUT,
+        Failure::UpstreamTimeout | Failure::UpstreamStalled => StatusCode::GATEWAY_TIMEOUT,
         Failure::Upstream(_) | Failure::Protocol(_) => StatusCode::BAD_GATEWAY,
         Failure::ClientGone => StatusCode::BAD_REQUEST,
     }
@@ -82,6 +85,10 @@ pub fn failure_response(f: &Failure) -> Response<ResponseBody> {
             "gateway-timeout",
             "the application behind door did not answer in time".to_owned(),
         ),
+        Failure::UpstreamStalled => (
+            "gateway-timeout",
+            "the application behind door stopped reading the request".to_owned(),
+        ),
         Failure::Upstream(e) => {
             // An upstream down fails every request: one line a minute, with the count skipped.
             static UPSTREAM_FAILED: RateLimitedWarn = RateLimitedWarn::new(Duration::from_mins(1));
@@ -98,7 +105,10 @@ pub fn failure_response(f: &Failure) -> Response<ResponseBody> {
         failure_status(f),
         &serde_json::json!({ "code": code, "message": message }),
     );
-    if matches!(f, Failure::BodyTimeout | Failure::ClientGone) {
+    if matches!(
+        f,
+        Failure::BodyTimeout | Failure::ClientGone | Failure::UpstreamStalled
+    ) {
         // The rest of the body is never read: the connection cannot be reused.
         res.headers_mut()
             .insert(header::CONNECTION, HeaderValue::from_static("close"));

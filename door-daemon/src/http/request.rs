@@ -17,7 +17,7 @@ use http::{HeaderValue, Method, Request, Response, StatusCode, Version, header};
 use hyper::body::Incoming;
 use hyper_util::rt::TokioIo;
 use ipnet::IpNet;
-use tokio::{sync::oneshot, task::JoinSet};
+use tokio::task::JoinSet;
 
 use crate::{
     client::{
@@ -37,7 +37,7 @@ use crate::{
         settle::{self, End, Held},
         tunnel,
         upgrade::{self, Upgrade, UpgradeError},
-        upstream::{BodyEvent, Origin, Proxy, UpstreamBody, prepare},
+        upstream::{BodyEnd, BodyWatch, Origin, Proxy, UpstreamBody, prepare},
     },
     limit::DEFAULT_MAX_CLIENTS,
     limit::{GroupLimiter, KeyKind},
@@ -812,13 +812,13 @@ impl App {
             .as_ref()
             .filter(|_| !stream_route && !tunnel_body)
             .map(|a| a.limited.read_timeout);
-        let (body, events) = UpstreamBody::new(body, deadline);
+        let (body, watch) = UpstreamBody::new(body, deadline);
         let up = Request::from_parts(parts, body);
         // Handed to the upstream now: the future below holds the call, not the request.
         // A stream's response has no head deadline, but an upgrade's `101` is a handshake: it
         // must come within `upstream_timeout` on a stream route too.
         let head_timeout = !stream_route || upgrade.is_some();
-        let call = self.call(up, &origin, events, upgrade.as_ref(), head_timeout);
+        let call = self.call(up, &origin, watch, upgrade.as_ref(), head_timeout);
         async move {
             let result = call.await;
             let (permit, read_timeout) = match admitted {
@@ -884,10 +884,10 @@ impl App {
         }
     }
 
-    /// Sends `req` upstream. While the request body is still arriving, only its read deadline
-    /// applies (`events` says when it ended or missed the deadline); once it has been sent in
-    /// full (at once for a request without a body), the upstream has `upstream_timeout` to
-    /// answer with its response head.
+    /// Sends `req` upstream. While the request body is still being sent, only its read deadline
+    /// applies (`body` says when it ended or missed the deadline, and whether the client or the
+    /// upstream was late); once it has been sent in full (at once for a request without a body),
+    /// the upstream has `upstream_timeout` to answer with its response head.
     ///
     /// The request is prepared and handed to the pooled client before the returned future is
     /// first polled: that future holds the client's future, the body's events and the upstream
@@ -896,7 +896,7 @@ impl App {
         &'a self,
         req: Request<UpstreamBody>,
         origin: &Origin,
-        events: Option<oneshot::Receiver<BodyEvent>>,
+        body: Option<BodyWatch>,
         upgrade: Option<&Upgrade>,
         head_timeout: bool,
     ) -> impl Future<Output = Result<Response<Incoming>, Failure>> + Send + use<'a> {
@@ -908,13 +908,14 @@ impl App {
         let upstream_timeout = head_timeout.then_some(self.upstream_timeout);
         async move {
             tokio::pin!(upstream);
-            if let Some(events) = events {
+            if let Some(body) = body {
                 tokio::select! {
                     biased;
-                    ev = events => match ev {
-                        Ok(BodyEvent::TimedOut) => return Err(Failure::BodyTimeout),
-                        Ok(BodyEvent::Failed) => return Err(Failure::ClientGone),
-                        Ok(BodyEvent::Ended) | Err(_) => {}
+                    end = body.end() => match end {
+                        BodyEnd::TimedOut => return Err(Failure::BodyTimeout),
+                        BodyEnd::ClientGone => return Err(Failure::ClientGone),
+                        BodyEnd::UpstreamStalled => return Err(Failure::UpstreamStalled),
+                        BodyEnd::Sent => {}
                     },
                     r = upstream.as_mut() => return r.map_err(Failure::Upstream),
                 }
@@ -1031,6 +1032,9 @@ impl App {
             }
             let probe = Request::from_parts(parts, UpstreamBody::empty());
             match self.call(probe, &origin, None, None, true).await {
+                // A 1xx is no answer to a probe door sent without `Upgrade` (hyper's client
+                // passes a `101` on): 502, as the forwarding path answers an unrequested switch.
+                Ok(res) if res.status().is_informational() => StatusCode::BAD_GATEWAY,
                 Ok(res) => res.status(),
                 Err(f) => answer::failure_status(&f),
             }

@@ -191,7 +191,8 @@ impl Upgrade {
     }
 
     /// The answer the client gets for the upstream's `101` headers `upstream`: for HTTP/1.1 the
-    /// `101` itself with the upstream's fields (its `Upgrade`, `Sec-WebSocket-*`, cookies…); for
+    /// `101` itself with the upstream's end-to-end fields (its `Upgrade`, `Sec-WebSocket-*`,
+    /// cookies…); for
     /// an extended CONNECT a `200` with the negotiated subprotocol and extensions (RFC 8441 §5:
     /// no `Upgrade`, `Connection` or accept value over HTTP/2).
     pub fn client_response(&self, upstream: &HeaderMap) -> Response<()> {
@@ -199,9 +200,16 @@ impl Upgrade {
         match self {
             Upgrade::Http1 { .. } => {
                 *res.status_mut() = StatusCode::SWITCHING_PROTOCOLS;
-                *res.headers_mut() = upstream.clone();
-                res.headers_mut()
-                    .insert(CONNECTION, HeaderValue::from_static("upgrade"));
+                // The upstream's fields but its hop-by-hop ones (`Keep-Alive`, `Proxy-*`, those
+                // its `Connection` names: RFC 9110 §7.6.1), then the switch's own two.
+                let mut headers = upstream.clone();
+                let upgrade = headers.remove(UPGRADE);
+                crate::http::upstream::strip_hop_by_hop(&mut headers);
+                if let Some(upgrade) = upgrade {
+                    headers.insert(UPGRADE, upgrade);
+                }
+                headers.insert(CONNECTION, HeaderValue::from_static("upgrade"));
+                *res.headers_mut() = headers;
             }
             Upgrade::ExtendedConnect { .. } => {
                 for name in [SEC_WEBSOCKET_PROTOCOL, SEC_WEBSOCKET_EXTENSIONS] {

@@ -8,13 +8,20 @@ use std::{
     future::Future,
     net::IpAddr,
     pin::Pin,
+    sync::{
+        Arc,
+        atomic::{AtomicBool, Ordering},
+    },
     task::{Context, Poll},
     time::Duration,
 };
 
 use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
-use tokio::{sync::oneshot, time::Sleep};
+use tokio::{
+    sync::oneshot,
+    time::{Instant, Sleep},
+};
 
 use http::{
     HeaderMap, HeaderName, HeaderValue, Method, Request, Response, Uri, Version,
@@ -49,16 +56,78 @@ static PROXY_CONNECTION: HeaderName = HeaderName::from_static("proxy-connection"
 /// read deadline (a limited route's `read_timeout`, docs/design.md "Limits"), or none at all
 /// ([`UpstreamBody::empty`], door's own health probe).
 ///
-/// It reports once, on the receiver [`UpstreamBody::new`] returns, whether the body ended or
+/// It reports once, to the [`BodyWatch`] [`UpstreamBody::new`] returns, whether the body ended or
 /// missed its deadline. On a missed deadline the body also yields
 /// [`UpstreamBodyError::TimedOut`], which makes the upstream client abort the request, so that
-/// the request path can answer 408 (RFC 9110 §15.5.9).
+/// the request path can answer 408 (RFC 9110 §15.5.9). The body's own timer runs only while the
+/// upstream client polls it; an upstream that stops taking the body stops that polling, which is
+/// why the [`BodyWatch`] keeps the same deadline too.
 #[derive(Debug)]
 pub struct UpstreamBody {
     /// The client's body; `None` for an empty one.
     inner: Option<Incoming>,
     deadline: Option<Pin<Box<Sleep>>>,
     events: Option<oneshot::Sender<BodyEvent>>,
+    /// Whether door last asked the client for the next frame and has not had it: the body is
+    /// waiting for the client, not for the upstream to take a frame. Shared with the
+    /// [`BodyWatch`]; `None` without a deadline.
+    awaiting_client: Option<Arc<AtomicBool>>,
+}
+
+/// What the request path watches of a body being sent upstream ([`UpstreamBody::new`]): the
+/// event the body reports, and its deadline.
+#[derive(Debug)]
+pub struct BodyWatch {
+    events: oneshot::Receiver<BodyEvent>,
+    /// The deadline, and the body's [`UpstreamBody::awaiting_client`].
+    deadline: Option<(Instant, Arc<AtomicBool>)>,
+}
+
+/// How sending a request body upstream ended, as [`BodyWatch::end`] tells it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BodyEnd {
+    /// Sent to its end, or no longer needed (the upstream answered before it ended).
+    Sent,
+    /// The deadline passed while door was waiting for the client: the client is late (408).
+    TimedOut,
+    /// Reading the client's body failed (the client went away, or broke the protocol).
+    ClientGone,
+    /// The deadline passed while door had a part of the body the upstream was not taking: the
+    /// upstream stopped reading the request (an application whose workers are all busy accepts
+    /// connections and reads nothing), which is not the client's doing.
+    UpstreamStalled,
+}
+
+impl BodyWatch {
+    /// Waits until the body is sent, fails, or passes its deadline.
+    pub async fn end(self) -> BodyEnd {
+        let Self { events, deadline } = self;
+        let event = match deadline {
+            None => events.await,
+            Some((at, awaiting_client)) => {
+                // Boxed, as the body's own timer is: the request's future stays small for the
+                // requests without a body deadline (tests/future_size.rs).
+                let timer = Box::pin(tokio::time::sleep_until(at));
+                tokio::select! {
+                    biased;
+                    ev = events => ev,
+                    () = timer => {
+                        return if awaiting_client.load(Ordering::Relaxed) {
+                            BodyEnd::TimedOut
+                        } else {
+                            BodyEnd::UpstreamStalled
+                        };
+                    }
+                }
+            }
+        };
+        match event {
+            // A body dropped before its end: the upstream client no longer needs it.
+            Ok(BodyEvent::Ended) | Err(_) => BodyEnd::Sent,
+            Ok(BodyEvent::TimedOut) => BodyEnd::TimedOut,
+            Ok(BodyEvent::Failed) => BodyEnd::ClientGone,
+        }
+    }
 }
 
 /// What happened to a request body, reported once by [`UpstreamBody`].
@@ -87,26 +156,32 @@ pub enum UpstreamBodyError {
 impl UpstreamBody {
     /// The client's body, which must end within `deadline` from now when one is given (routes in
     /// no group have none). A body that is already complete (no body, `Content-Length: 0`) gets
-    /// neither timer nor receiver; otherwise the receiver resolves with the [`BodyEvent`].
-    pub fn new(
-        inner: Incoming,
-        deadline: Option<Duration>,
-    ) -> (Self, Option<oneshot::Receiver<BodyEvent>>) {
+    /// neither timer nor watch; otherwise the [`BodyWatch`] tells how sending it ended.
+    pub fn new(inner: Incoming, deadline: Option<Duration>) -> (Self, Option<BodyWatch>) {
         if inner.is_end_stream() {
             let body = Self {
                 inner: Some(inner),
                 deadline: None,
                 events: None,
+                awaiting_client: None,
             };
             return (body, None);
         }
         let (tx, rx) = oneshot::channel();
+        let deadline = deadline.map(|d| (crate::time::now() + d, Arc::new(AtomicBool::new(false))));
         let body = Self {
             inner: Some(inner),
-            deadline: deadline.map(|d| Box::pin(tokio::time::sleep(d))),
+            deadline: deadline
+                .as_ref()
+                .map(|(at, _)| Box::pin(tokio::time::sleep_until(*at))),
             events: Some(tx),
+            awaiting_client: deadline.as_ref().map(|(_, a)| Arc::clone(a)),
         };
-        (body, Some(rx))
+        let watch = BodyWatch {
+            events: rx,
+            deadline,
+        };
+        (body, Some(watch))
     }
 
     /// No body: a request door makes itself (the health cache's refresh).
@@ -115,6 +190,7 @@ impl UpstreamBody {
             inner: None,
             deadline: None,
             events: None,
+            awaiting_client: None,
         }
     }
 
@@ -139,6 +215,9 @@ impl Body for UpstreamBody {
             return Poll::Ready(None);
         };
         let poll = Pin::new(&mut *inner).poll_frame(cx);
+        if let Some(awaiting) = &this.awaiting_client {
+            awaiting.store(poll.is_pending(), Ordering::Relaxed);
+        }
         if let Poll::Ready(frame) = poll {
             match &frame {
                 None => this.report(BodyEvent::Ended),
@@ -212,7 +291,7 @@ pub struct Proxy {
     /// Worker 0's client (and that of every thread that is not a worker).
     first: Client<Connector, UpstreamBody>,
     /// The clients of workers 1, 2, ...
-    others: std::sync::Arc<[Client<Connector, UpstreamBody>]>,
+    others: Arc<[Client<Connector, UpstreamBody>]>,
     upstream: Upstream,
 }
 
@@ -282,6 +361,8 @@ impl Proxy {
             // over HTTP/2).
             if has_field(res.headers(), &TRANSFER_ENCODING) {
                 res.headers_mut().remove(CONTENT_LENGTH);
+            } else {
+                single_content_length(res.headers_mut());
             }
             // A 101's Connection and Upgrade are the upgrade's answer (crate::http::upgrade).
             if res.status() != http::StatusCode::SWITCHING_PROTOCOLS {
@@ -294,6 +375,31 @@ impl Proxy {
     /// The upstream this proxy sends to.
     pub fn upstream(&self) -> &Upstream {
         &self.upstream
+    }
+}
+
+/// Replaces a `Content-Length` sent as several fields or as a list of the same value (`5, 5`),
+/// which hyper's client accepts (RFC 9112 §6.3 lets a recipient take such a list as the one
+/// value; differing values fail the response), with one field of that value, as RFC 9110 §8.6
+/// asks of a recipient that accepts the list: forwarded as they came, an HTTP/2 client resets
+/// the stream (two `content-length` fields are malformed, RFC 9113 §8.1.1) and HTTP/1.1 parsers
+/// such as Node's refuse the list. One field of one value, the usual case, is left as it is.
+fn single_content_length(headers: &mut HeaderMap) {
+    let mut fields = headers.get_all(CONTENT_LENGTH).iter();
+    let Some(first) = fields.next() else {
+        return;
+    };
+    if fields.next().is_none() && !first.as_bytes().contains(&b',') {
+        return;
+    }
+    let value = first
+        .to_str()
+        .ok()
+        .and_then(|v| v.split(',').next())
+        .map(str::trim)
+        .and_then(|v| HeaderValue::from_str(v).ok());
+    if let Some(value) = value {
+        headers.insert(CONTENT_LENGTH, value);
     }
 }
 

@@ -307,3 +307,19 @@ pub fn samples(text: &str) -> Vec<Sample> {
         })
         .collect()
 }
+
+/// Reads from `s` until a whole request head has arrived (it and what came with it); `None`
+/// when the peer closes first. For hand-written servers in tests: an upstream or an admin
+/// listener that answers what hyper's server never would.
+pub async fn read_request_head(s: &mut TcpStream) -> Option<Vec<u8>> {
+    use tokio::io::AsyncReadExt as _;
+    let mut head = Vec::new();
+    let mut buf = [0u8; 1024];
+    while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+        match s.read(&mut buf).await {
+            Ok(0) | Err(_) => return None,
+            Ok(n) => head.extend_from_slice(buf.get(..n).unwrap_or_default()),
+        }
+    }
+    Some(head)
+}
