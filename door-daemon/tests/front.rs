@@ -552,9 +552,10 @@ async fn a_body_still_arriving_at_the_read_timeout_gets_408_and_frees_the_slot()
 
 /// An upstream that reads a request's head and then stops reading its body (an application
 /// whose workers are all busy accepts connections and reads nothing) holds the request no longer
-/// than the read timeout: the body's own timer runs only while the upstream takes the body, so
-/// without a deadline of its own the request would hold its slots until the upstream closed.
-/// It is the upstream's doing: 504, counted as a server error, nothing charged.
+/// than the read timeout and then `upstream_timeout` without taking anything: the body's own
+/// timer runs only while the upstream takes the body, so without a deadline of its own the
+/// request would hold its slots until the upstream closed. It is the upstream's doing: 504,
+/// counted as a server error, nothing charged.
 #[tokio::test(start_paused = true)]
 async fn an_upstream_that_stops_reading_the_body_gets_504_at_the_read_timeout() {
     let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -567,7 +568,7 @@ async fn an_upstream_that_stops_reading_the_body_gets_504_at_the_read_timeout() 
         // Reads nothing more, and keeps the connection open until the test ends.
         held_tx.send(s).unwrap();
     });
-    let d = door(&config(up, "", "")).await;
+    let d = door(&config(up, "upstream_timeout = \"5s\"", "")).await;
     let start = door_daemon::time::now();
     let s = TcpStream::connect(d.addr).await.unwrap();
     let (mut rd, mut wr) = s.into_split();
@@ -586,7 +587,8 @@ async fn an_upstream_that_stops_reading_the_body_gets_504_at_the_read_timeout() 
         }
     });
     let held = held_rx.recv().await.unwrap();
-    // webhook's read_timeout is 10 s. The client is still writing: read the answer, not to EOF.
+    // webhook's read_timeout is 10 s, then 5 s without progress. The client is still writing:
+    // read the answer, not to EOF.
     let mut out = Vec::new();
     let mut buf = [0u8; 1024];
     while !String::from_utf8_lossy(&out).contains("stopped reading the request") {
@@ -604,8 +606,8 @@ async fn an_upstream_that_stops_reading_the_body_gets_504_at_the_read_timeout() 
     }
     let waited = start.elapsed();
     assert!(
-        waited >= Duration::from_secs(10) && waited < Duration::from_secs(11),
-        "answered after {waited:?}, not 10 s"
+        waited >= Duration::from_secs(15) && waited < Duration::from_secs(16),
+        "answered after {waited:?}, not 15 s"
     );
     let out = String::from_utf8_lossy(&out);
     assert!(out.starts_with("HTTP/1.1 504"), "{out}");

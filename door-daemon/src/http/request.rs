@@ -836,7 +836,12 @@ impl App {
                         });
                     }
                     let res = answer::failure_response(&f);
-                    if feeds_cache && !matches!(f, Failure::BodyTimeout | Failure::ClientGone) {
+                    if feeds_cache
+                        && !matches!(
+                            f,
+                            Failure::BodyTimeout | Failure::ClientGone | Failure::UpstreamStalled
+                        )
+                    {
                         self.health.record(res.status());
                     }
                     return res;
@@ -885,9 +890,10 @@ impl App {
     }
 
     /// Sends `req` upstream. While the request body is still being sent, only its read deadline
-    /// applies (`body` says when it ended or missed the deadline, and whether the client or the
-    /// upstream was late); once it has been sent in full (at once for a request without a body),
-    /// the upstream has `upstream_timeout` to answer with its response head.
+    /// applies (`body` says when it ended or missed the deadline, and, when the upstream was not
+    /// taking it then, whether it took nothing for a further `upstream_timeout`:
+    /// [`BodyWatch::end`]); once it has been sent in full (at once for a request without a
+    /// body), the upstream has `upstream_timeout` to answer with its response head.
     ///
     /// The request is prepared and handed to the pooled client before the returned future is
     /// first polled: that future holds the client's future, the body's events and the upstream
@@ -906,12 +912,14 @@ impl App {
         }
         let upstream = self.proxy.forward(req);
         let upstream_timeout = head_timeout.then_some(self.upstream_timeout);
+        // Boxed: only a request with a body pays for the watch's future.
+        let body = body.map(|w| Box::pin(w.end(self.upstream_timeout)));
         async move {
             tokio::pin!(upstream);
             if let Some(body) = body {
                 tokio::select! {
                     biased;
-                    end = body.end() => match end {
+                    end = body => match end {
                         BodyEnd::TimedOut => return Err(Failure::BodyTimeout),
                         BodyEnd::ClientGone => return Err(Failure::ClientGone),
                         BodyEnd::UpstreamStalled => return Err(Failure::UpstreamStalled),

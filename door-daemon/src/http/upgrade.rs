@@ -192,9 +192,8 @@ impl Upgrade {
 
     /// The answer the client gets for the upstream's `101` headers `upstream`: for HTTP/1.1 the
     /// `101` itself with the upstream's end-to-end fields (its `Upgrade`, `Sec-WebSocket-*`,
-    /// cookies…); for
-    /// an extended CONNECT a `200` with the negotiated subprotocol and extensions (RFC 8441 §5:
-    /// no `Upgrade`, `Connection` or accept value over HTTP/2).
+    /// cookies…); for an extended CONNECT a `200` with the negotiated subprotocol and extensions
+    /// (RFC 8441 §5: no `Upgrade`, `Connection` or accept value over HTTP/2).
     pub fn client_response(&self, upstream: &HeaderMap) -> Response<()> {
         let mut res = Response::new(());
         match self {
@@ -203,10 +202,10 @@ impl Upgrade {
                 // The upstream's fields but its hop-by-hop ones (`Keep-Alive`, `Proxy-*`, those
                 // its `Connection` names: RFC 9110 §7.6.1), then the switch's own two.
                 let mut headers = upstream.clone();
-                let upgrade = headers.remove(UPGRADE);
+                let upgrade: Vec<HeaderValue> = headers.get_all(UPGRADE).iter().cloned().collect();
                 crate::http::upstream::strip_hop_by_hop(&mut headers);
-                if let Some(upgrade) = upgrade {
-                    headers.insert(UPGRADE, upgrade);
+                for value in upgrade {
+                    headers.append(UPGRADE, value);
                 }
                 headers.insert(CONNECTION, HeaderValue::from_static("upgrade"));
                 *res.headers_mut() = headers;

@@ -88,35 +88,41 @@ pub struct BodyWatch {
 pub enum BodyEnd {
     /// Sent to its end, or no longer needed (the upstream answered before it ended).
     Sent,
-    /// The deadline passed while door was waiting for the client: the client is late (408).
+    /// The deadline passed before the body ended: the client is late (408).
     TimedOut,
     /// Reading the client's body failed (the client went away, or broke the protocol).
     ClientGone,
-    /// The deadline passed while door had a part of the body the upstream was not taking: the
-    /// upstream stopped reading the request (an application whose workers are all busy accepts
-    /// connections and reads nothing), which is not the client's doing.
+    /// The deadline passed while door held a part of the body the upstream was not taking, and
+    /// the upstream took nothing for a further `upstream_timeout`: it stopped reading the
+    /// request (an application whose workers are all busy accepts connections and reads
+    /// nothing, or the connection to it is still being made), which is not the client's doing.
     UpstreamStalled,
 }
 
 impl BodyWatch {
-    /// Waits until the body is sent, fails, or passes its deadline.
-    pub async fn end(self) -> BodyEnd {
+    /// Waits until the body is sent, fails, or passes its deadline. At the deadline, a body
+    /// waiting for the client has timed out. One waiting for the upstream to take a part door
+    /// holds is given `stall` more: as soon as the upstream takes it, the body asks the client
+    /// again, finds its own timer passed and reports [`BodyEnd::TimedOut`] (the body did not
+    /// end in time, the upstream was only slow); if the upstream takes nothing for `stall`, it
+    /// is [`BodyEnd::UpstreamStalled`].
+    pub async fn end(self, stall: Duration) -> BodyEnd {
         let Self { events, deadline } = self;
         let event = match deadline {
             None => events.await,
             Some((at, awaiting_client)) => {
-                // Boxed, as the body's own timer is: the request's future stays small for the
-                // requests without a body deadline (tests/future_size.rs).
-                let timer = Box::pin(tokio::time::sleep_until(at));
+                tokio::pin!(events);
                 tokio::select! {
                     biased;
-                    ev = events => ev,
-                    () = timer => {
-                        return if awaiting_client.load(Ordering::Relaxed) {
-                            BodyEnd::TimedOut
-                        } else {
-                            BodyEnd::UpstreamStalled
-                        };
+                    ev = &mut events => ev,
+                    () = tokio::time::sleep_until(at) => {
+                        if awaiting_client.load(Ordering::Relaxed) {
+                            return BodyEnd::TimedOut;
+                        }
+                        match tokio::time::timeout(stall, events).await {
+                            Ok(ev) => ev,
+                            Err(_) => return BodyEnd::UpstreamStalled,
+                        }
                     }
                 }
             }
@@ -392,14 +398,26 @@ fn single_content_length(headers: &mut HeaderMap) {
     if fields.next().is_none() && !first.as_bytes().contains(&b',') {
         return;
     }
-    let value = first
-        .to_str()
-        .ok()
-        .and_then(|v| v.split(',').next())
-        .map(str::trim)
-        .and_then(|v| HeaderValue::from_str(v).ok());
-    if let Some(value) = value {
-        headers.insert(CONTENT_LENGTH, value);
+    // hyper checked the values agree only where they frame a body: not for a HEAD, 204 or 304,
+    // whose length is the resource's. Equal numbers are kept as one; anything else goes.
+    let mut values = headers
+        .get_all(CONTENT_LENGTH)
+        .iter()
+        .flat_map(|v| v.as_bytes().split(|&b| b == b','))
+        .map(|v| {
+            std::str::from_utf8(v)
+                .ok()
+                .and_then(|v| v.trim().parse::<u64>().ok())
+        });
+    let one = values.next().flatten();
+    let agreed = one.filter(|n| values.all(|v| v == Some(*n)));
+    match agreed {
+        Some(n) => {
+            headers.insert(CONTENT_LENGTH, HeaderValue::from(n));
+        }
+        None => {
+            headers.remove(CONTENT_LENGTH);
+        }
     }
 }
 
@@ -768,6 +786,66 @@ fn join_lines(headers: &HeaderMap, name: &HeaderName) -> Option<Vec<u8>> {
 #[cfg(test)]
 mod tests {
     use proptest::prelude::*;
+
+    /// Several `Content-Length` values become one when they agree, and none when they do not
+    /// (hyper checks them only where they frame a body: not for a HEAD, 204 or 304).
+    #[test]
+    fn a_repeated_content_length_becomes_one_or_none() {
+        let of = |values: &[&str]| {
+            let mut h = HeaderMap::new();
+            for v in values {
+                h.append(CONTENT_LENGTH, v.parse().unwrap());
+            }
+            single_content_length(&mut h);
+            h.get_all(CONTENT_LENGTH)
+                .iter()
+                .map(|v| v.to_str().unwrap().to_owned())
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(of(&["5"]), ["5"]);
+        assert_eq!(of(&["5", "5"]), ["5"]);
+        assert_eq!(of(&["5, 5"]), ["5"]);
+        assert_eq!(of(&[" 5 ,5", "5"]), ["5"]);
+        assert!(of(&["5, 6"]).is_empty());
+        assert!(of(&["5", "6"]).is_empty());
+        assert!(of(&["abc, 5"]).is_empty());
+        assert!(of(&["5,"]).is_empty());
+        assert!(of(&[]).is_empty());
+    }
+
+    /// A watch whose body is waiting for the upstream (`awaiting_client` false) at a deadline
+    /// 10 s away, with the sender of its body's events.
+    fn stalled_watch() -> (BodyWatch, oneshot::Sender<BodyEvent>) {
+        let (tx, rx) = oneshot::channel();
+        let at = crate::time::now() + Duration::from_secs(10);
+        let awaiting = Arc::new(AtomicBool::new(false));
+        let watch = BodyWatch {
+            events: rx,
+            deadline: Some((at, awaiting)),
+        };
+        (watch, tx)
+    }
+
+    /// Past the deadline, a body held for the upstream is the upstream's stall only if the
+    /// upstream takes nothing for the stall time; once it takes the part door holds, the body
+    /// reports its own passed deadline, and the client is late (a client cannot turn its late
+    /// body into the upstream's failure by sending a burst the upstream is slow to read).
+    #[tokio::test(start_paused = true)]
+    async fn a_body_held_for_the_upstream_at_its_deadline_is_a_stall_only_without_progress() {
+        let (watch, _tx) = stalled_watch();
+        let start = crate::time::now();
+        assert_eq!(
+            watch.end(Duration::from_secs(5)).await,
+            BodyEnd::UpstreamStalled
+        );
+        assert_eq!(start.elapsed(), Duration::from_secs(15));
+
+        let (watch, tx) = stalled_watch();
+        let end = tokio::spawn(watch.end(Duration::from_secs(5)));
+        tokio::time::sleep(Duration::from_secs(12)).await;
+        tx.send(BodyEvent::TimedOut).unwrap();
+        assert_eq!(end.await.unwrap(), BodyEnd::TimedOut);
+    }
 
     use super::*;
 
