@@ -10,7 +10,7 @@ use std::{
     pin::Pin,
     sync::{
         Arc,
-        atomic::{AtomicBool, Ordering},
+        atomic::{AtomicBool, AtomicU64, Ordering},
     },
     task::{Context, Poll},
     time::Duration,
@@ -68,10 +68,19 @@ pub struct UpstreamBody {
     inner: Option<Incoming>,
     deadline: Option<Pin<Box<Sleep>>>,
     events: Option<oneshot::Sender<BodyEvent>>,
+    /// How far sending the body has got, shared with the [`BodyWatch`]; `None` without a
+    /// deadline.
+    progress: Option<Arc<Progress>>,
+}
+
+/// How far sending a request body upstream has got, as the [`BodyWatch`] reads it.
+#[derive(Debug, Default)]
+struct Progress {
     /// Whether door last asked the client for the next frame and has not had it: the body is
-    /// waiting for the client, not for the upstream to take a frame. Shared with the
-    /// [`BodyWatch`]; `None` without a deadline.
-    awaiting_client: Option<Arc<AtomicBool>>,
+    /// waiting for the client, not for the upstream to take a frame.
+    awaiting_client: AtomicBool,
+    /// Frames the upstream client has taken.
+    frames: AtomicU64,
 }
 
 /// What the request path watches of a body being sent upstream ([`UpstreamBody::new`]): the
@@ -79,8 +88,8 @@ pub struct UpstreamBody {
 #[derive(Debug)]
 pub struct BodyWatch {
     events: oneshot::Receiver<BodyEvent>,
-    /// The deadline, and the body's [`UpstreamBody::awaiting_client`].
-    deadline: Option<(Instant, Arc<AtomicBool>)>,
+    /// The deadline, and the body's [`Progress`].
+    deadline: Option<(Instant, Arc<Progress>)>,
 }
 
 /// How sending a request body upstream ended, as [`BodyWatch::end`] tells it.
@@ -93,8 +102,8 @@ pub enum BodyEnd {
     /// Reading the client's body failed (the client went away, or broke the protocol).
     ClientGone,
     /// The deadline passed while door held a part of the body the upstream was not taking, and
-    /// the upstream took nothing for a further `upstream_timeout`: it stopped reading the
-    /// request (an application whose workers are all busy accepts connections and reads
+    /// from then on the upstream went `upstream_timeout` without taking any: it stopped reading
+    /// the request (an application whose workers are all busy accepts connections and reads
     /// nothing, or the connection to it is still being made), which is not the client's doing.
     UpstreamStalled,
 }
@@ -102,26 +111,33 @@ pub enum BodyEnd {
 impl BodyWatch {
     /// Waits until the body is sent, fails, or passes its deadline. At the deadline, a body
     /// waiting for the client has timed out. One waiting for the upstream to take a part door
-    /// holds is given `stall` more: as soon as the upstream takes it, the body asks the client
-    /// again, finds its own timer passed and reports [`BodyEnd::TimedOut`] (the body did not
-    /// end in time, the upstream was only slow); if the upstream takes nothing for `stall`, it
-    /// is [`BodyEnd::UpstreamStalled`].
+    /// holds goes on while the upstream keeps taking frames: the first time the body then waits
+    /// for the client, its own timer, passed, reports [`BodyEnd::TimedOut`] (the body did not
+    /// end in time; the upstream was only slow), or the body ends. An upstream that takes no
+    /// frame for `stall` is [`BodyEnd::UpstreamStalled`].
     pub async fn end(self, stall: Duration) -> BodyEnd {
         let Self { events, deadline } = self;
         let event = match deadline {
             None => events.await,
-            Some((at, awaiting_client)) => {
+            Some((at, progress)) => {
                 tokio::pin!(events);
                 tokio::select! {
                     biased;
                     ev = &mut events => ev,
                     () = tokio::time::sleep_until(at) => {
-                        if awaiting_client.load(Ordering::Relaxed) {
-                            return BodyEnd::TimedOut;
-                        }
-                        match tokio::time::timeout(stall, events).await {
-                            Ok(ev) => ev,
-                            Err(_) => return BodyEnd::UpstreamStalled,
+                        let mut seen = progress.frames.load(Ordering::Relaxed);
+                        loop {
+                            if progress.awaiting_client.load(Ordering::Relaxed) {
+                                return BodyEnd::TimedOut;
+                            }
+                            if let Ok(ev) = tokio::time::timeout(stall, &mut events).await {
+                                break ev;
+                            }
+                            let frames = progress.frames.load(Ordering::Relaxed);
+                            if frames == seen {
+                                return BodyEnd::UpstreamStalled;
+                            }
+                            seen = frames;
                         }
                     }
                 }
@@ -169,19 +185,19 @@ impl UpstreamBody {
                 inner: Some(inner),
                 deadline: None,
                 events: None,
-                awaiting_client: None,
+                progress: None,
             };
             return (body, None);
         }
         let (tx, rx) = oneshot::channel();
-        let deadline = deadline.map(|d| (crate::time::now() + d, Arc::new(AtomicBool::new(false))));
+        let deadline = deadline.map(|d| (crate::time::now() + d, Arc::new(Progress::default())));
         let body = Self {
             inner: Some(inner),
             deadline: deadline
                 .as_ref()
                 .map(|(at, _)| Box::pin(tokio::time::sleep_until(*at))),
             events: Some(tx),
-            awaiting_client: deadline.as_ref().map(|(_, a)| Arc::clone(a)),
+            progress: deadline.as_ref().map(|(_, p)| Arc::clone(p)),
         };
         let watch = BodyWatch {
             events: rx,
@@ -196,7 +212,7 @@ impl UpstreamBody {
             inner: None,
             deadline: None,
             events: None,
-            awaiting_client: None,
+            progress: None,
         }
     }
 
@@ -221,8 +237,13 @@ impl Body for UpstreamBody {
             return Poll::Ready(None);
         };
         let poll = Pin::new(&mut *inner).poll_frame(cx);
-        if let Some(awaiting) = &this.awaiting_client {
-            awaiting.store(poll.is_pending(), Ordering::Relaxed);
+        if let Some(progress) = &this.progress {
+            progress
+                .awaiting_client
+                .store(poll.is_pending(), Ordering::Relaxed);
+            if poll.is_ready() {
+                progress.frames.fetch_add(1, Ordering::Relaxed);
+            }
         }
         if let Poll::Ready(frame) = poll {
             match &frame {
@@ -815,15 +836,15 @@ mod tests {
 
     /// A watch whose body is waiting for the upstream (`awaiting_client` false) at a deadline
     /// 10 s away, with the sender of its body's events.
-    fn stalled_watch() -> (BodyWatch, oneshot::Sender<BodyEvent>) {
+    fn stalled_watch() -> (BodyWatch, oneshot::Sender<BodyEvent>, Arc<Progress>) {
         let (tx, rx) = oneshot::channel();
         let at = crate::time::now() + Duration::from_secs(10);
-        let awaiting = Arc::new(AtomicBool::new(false));
+        let progress = Arc::new(Progress::default());
         let watch = BodyWatch {
             events: rx,
-            deadline: Some((at, awaiting)),
+            deadline: Some((at, Arc::clone(&progress))),
         };
-        (watch, tx)
+        (watch, tx, progress)
     }
 
     /// Past the deadline, a body held for the upstream is the upstream's stall only if the
@@ -832,19 +853,32 @@ mod tests {
     /// body into the upstream's failure by sending a burst the upstream is slow to read).
     #[tokio::test(start_paused = true)]
     async fn a_body_held_for_the_upstream_at_its_deadline_is_a_stall_only_without_progress() {
-        let (watch, _tx) = stalled_watch();
+        // Nothing taken after the deadline: a stall, `stall` after it.
+        let (watch, _tx, _progress) = stalled_watch();
         let start = crate::time::now();
-        assert_eq!(
-            watch.end(Duration::from_secs(5)).await,
-            BodyEnd::UpstreamStalled
-        );
+        let stall = Duration::from_secs(5);
+        assert_eq!(watch.end(stall).await, BodyEnd::UpstreamStalled);
         assert_eq!(start.elapsed(), Duration::from_secs(15));
 
-        let (watch, tx) = stalled_watch();
-        let end = tokio::spawn(watch.end(Duration::from_secs(5)));
-        tokio::time::sleep(Duration::from_secs(12)).await;
+        // The upstream takes a frame every 4 s (under `stall`): no stall; the body then waits
+        // for the client and reports its passed deadline.
+        let (watch, tx, progress) = stalled_watch();
+        let end = tokio::spawn(watch.end(stall));
+        tokio::time::sleep(Duration::from_secs(10)).await;
+        for _ in 0..5 {
+            tokio::time::sleep(Duration::from_secs(4)).await;
+            progress.frames.fetch_add(1, Ordering::Relaxed);
+        }
+        assert!(!end.is_finished(), "a stall while the upstream took frames");
         tx.send(BodyEvent::TimedOut).unwrap();
         assert_eq!(end.await.unwrap(), BodyEnd::TimedOut);
+
+        // Waiting for the client at the deadline: timed out at once.
+        let (watch, _tx, progress) = stalled_watch();
+        progress.awaiting_client.store(true, Ordering::Relaxed);
+        let start = crate::time::now();
+        assert_eq!(watch.end(stall).await, BodyEnd::TimedOut);
+        assert_eq!(start.elapsed(), Duration::from_secs(10));
     }
 
     use super::*;
