@@ -238,7 +238,7 @@ async fn fake_admin(answer: impl Fn(&str) -> Vec<u8> + Send + Sync + 'static) ->
             };
             let answer = Arc::clone(&answer);
             tokio::spawn(async move {
-                let Some(head) = support::read_request_head(&mut s).await else {
+                let Some(head) = support::read_head(&mut s).await else {
                     return;
                 };
                 let text = String::from_utf8_lossy(&head).into_owned();

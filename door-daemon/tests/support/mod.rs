@@ -308,10 +308,11 @@ pub fn samples(text: &str) -> Vec<Sample> {
         .collect()
 }
 
-/// Reads from `s` until a whole request head has arrived (it and what came with it); `None`
-/// when the peer closes first. For hand-written servers in tests: an upstream or an admin
-/// listener that answers what hyper's server never would.
-pub async fn read_request_head(s: &mut TcpStream) -> Option<Vec<u8>> {
+/// Reads from `s` until a whole HTTP/1.1 head has arrived, a request's or a response's (it and
+/// whatever came with it); `None` when the peer closes first. For hand-written peers in tests:
+/// an upstream or an admin listener that answers what hyper's server never would, a client that
+/// reads an answer's head byte for byte.
+pub async fn read_head(s: &mut TcpStream) -> Option<Vec<u8>> {
     use tokio::io::AsyncReadExt as _;
     let mut head = Vec::new();
     let mut buf = [0u8; 1024];
