@@ -10,6 +10,7 @@
 
 pub mod counter;
 pub mod gcra;
+pub mod list_filter;
 pub mod prefix;
 pub mod shield;
 
@@ -33,6 +34,10 @@ pub const MAP_CONFIG: &str = "DOOR_CONFIG";
 /// trusted proxies and the allowlist (never shed), [`DENIED`] for the deny list (every SYN
 /// dropped). The longest matching prefix decides.
 pub const MAP_EXEMPT: &str = "DOOR_EXEMPT";
+
+/// Name of the array of `u64` words of the lists filter ([`list_filter`]): a bitmap per address
+/// family in front of [`MAP_EXEMPT`], so that a source no list can decide skips the trie.
+pub const MAP_LIST_FILTER: &str = "DOOR_LIST_FILTER";
 
 /// [`MAP_EXEMPT`] value: never shed.
 pub const EXEMPT: u32 = 1;

@@ -19,6 +19,12 @@ pub const CONFIG_HAS_BLOCKLIST: u64 = 8;
 /// answered with a SYN-ACK carrying a SYN cookie.
 pub const CONFIG_COOKIES: u64 = 16;
 
+/// [`ShieldConfig::flags`]: the lists filter ([`crate::list_filter`]) holds the bits of the lists
+/// trie's entries under [`ShieldConfig::lead_mask_v4`] and [`ShieldConfig::lead_mask_v6`]: a source
+/// whose bit is clear is on no list, and the trie is not walked. Clear while the daemon changes
+/// the trie (every source walks it then).
+pub const CONFIG_LIST_FILTER: u64 = 32;
+
 /// Words of the destination-port bitmap (65,536 bits).
 pub const PORT_WORDS: usize = 1_024;
 
@@ -28,7 +34,7 @@ pub const PORT_WORDS: usize = 1_024;
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ShieldConfig {
     /// [`CONFIG_WRITTEN`] | [`CONFIG_ALL_PORTS`] | [`CONFIG_HAS_EXEMPT`] | [`CONFIG_HAS_BLOCKLIST`]
-    /// | [`CONFIG_COOKIES`].
+    /// | [`CONFIG_COOKIES`] | [`CONFIG_LIST_FILTER`].
     pub flags: u64,
     /// Nanoseconds between two SYN tokens of a prefix (`[xdp] syn_rate`, see
     /// [`crate::gcra::interval_ns`]).
@@ -58,11 +64,16 @@ pub struct ShieldConfig {
     pub cookie_leave_tolerance_ns: u64,
     /// How long the SYN rate must stay within the leave bucket before cookie mode ends, ns.
     pub cookie_hold_ns: u64,
+    /// The lists filter's lead mask for IPv4 sources ([`crate::list_filter::lead_mask`], in the
+    /// low 32 bits); read only with [`CONFIG_LIST_FILTER`].
+    pub lead_mask_v4: u64,
+    /// The lists filter's lead mask for IPv6 sources, as [`ShieldConfig::lead_mask_v4`].
+    pub lead_mask_v6: u64,
     /// Protected destination ports, one bit each: port `p` is bit `p % 64` of word `p / 64`.
     pub ports: [u64; PORT_WORDS],
 }
 
-const _: () = assert!(size_of::<ShieldConfig>() == 12 * 8 + PORT_WORDS * 8);
+const _: () = assert!(size_of::<ShieldConfig>() == 14 * 8 + PORT_WORDS * 8);
 
 impl ShieldConfig {
     /// A configuration with no port protected and the guard off (flags: written).
@@ -80,6 +91,8 @@ impl ShieldConfig {
             cookie_leave_interval_ns: 0,
             cookie_leave_tolerance_ns: 0,
             cookie_hold_ns: 0,
+            lead_mask_v4: 0,
+            lead_mask_v6: 0,
             ports: [0; PORT_WORDS],
         }
     }

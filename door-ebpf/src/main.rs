@@ -7,7 +7,8 @@
 //!
 //! 1. an address in the LPM trie of the operator's lists ([`door_common::MAP_EXEMPT`]) passes
 //!    when its longest matching prefix is exempt (a trusted proxy, `allow`), and is dropped when
-//!    it is denied (`deny`);
+//!    it is denied (`deny`); a bitmap in front of it ([`door_common::MAP_LIST_FILTER`]) spares
+//!    most sources on no list the trie's walk;
 //! 2. a prefix on the daemon's blocklist ([`door_common::MAP_BLOCKED`]) is dropped until its
 //!    deadline, after which the entry is ignored (the daemon deletes it);
 //! 3. a prefix with an entry in the LRU map ([`door_common::MAP_PREFIXES`]) takes a token from
@@ -70,8 +71,10 @@ use aya_ebpf::{
 use door_common::{
     BLOCKED_CAPACITY, COUNTER_COUNT, CookieState, Counter, DENIED, EXEMPT, EXEMPT_CAPACITY,
     ExemptKey, GuardState, PREFIX_MAP_CAPACITY, PrefixState, ShieldConfig, Verdict, gcra,
+    list_filter::{LIST_FILTER_WORDS, V6_WORDS_START, filter_bit},
     shield::{
-        CONFIG_ALL_PORTS, CONFIG_COOKIES, CONFIG_HAS_BLOCKLIST, CONFIG_HAS_EXEMPT, CONFIG_WRITTEN,
+        CONFIG_ALL_PORTS, CONFIG_COOKIES, CONFIG_HAS_BLOCKLIST, CONFIG_HAS_EXEMPT,
+        CONFIG_LIST_FILTER, CONFIG_WRITTEN,
     },
 };
 
@@ -97,6 +100,11 @@ static DOOR_CONFIG: Array<ShieldConfig> = Array::with_max_entries(1, 0);
 /// The operator's lists: exempt addresses (trusted proxies, allowlist) and denied ones.
 #[map(name = "DOOR_EXEMPT")]
 static DOOR_EXEMPT: LpmTrie<ExemptKey, u32> = LpmTrie::with_max_entries(EXEMPT_CAPACITY, 0);
+
+/// The lists filter in front of [`DOOR_EXEMPT`]: a bitmap per address family
+/// ([`door_common::list_filter`]).
+#[map(name = "DOOR_LIST_FILTER")]
+static DOOR_LIST_FILTER: Array<u64> = Array::with_max_entries(LIST_FILTER_WORDS, 0);
 
 /// Blocklist: prefix → deadline (ns, `bpf_ktime_get_coarse_ns` clock). An LRU map, so that it can never
 /// fill up: when full, the least recently used entry (most likely an expired one) makes room.
@@ -234,6 +242,34 @@ impl Settings {
         self.flags & CONFIG_HAS_EXEMPT != 0
     }
 
+    /// Whether the lists trie may decide `source`: `false` only when the lists filter is on and
+    /// the source's bit is clear ([`door_common::list_filter`]). Fail-open toward the trie: a
+    /// source or a filter word that cannot be read is looked up.
+    #[inline(always)]
+    fn may_be_listed(&self, source: Source, packet: &Packet) -> bool {
+        let Some(cfg) = self
+            .cfg
+            .as_ref()
+            .filter(|_| self.flags & CONFIG_LIST_FILTER != 0)
+        else {
+            return true;
+        };
+        let Some((lead, v6)) = source.lead(packet) else {
+            return true;
+        };
+        let (mask, start) = if v6 {
+            (
+                cfg.load(offset_of!(ShieldConfig, lead_mask_v6)),
+                V6_WORDS_START,
+            )
+        } else {
+            (cfg.load(offset_of!(ShieldConfig, lead_mask_v4)), 0)
+        };
+        let (word, bit) = filter_bit(lead, mask);
+        MapValue::in_array(&DOOR_LIST_FILTER, start + word)
+            .is_none_or(|w| w.load(0) & (1 << bit) != 0)
+    }
+
     /// Whether the blocklist may have entries.
     #[inline(always)]
     fn blocklist(&self) -> bool {
@@ -357,7 +393,7 @@ fn judge(
     let Some(src) = source.key(packet) else {
         return kind.pass();
     };
-    if settings.exempt() {
+    if settings.exempt() && settings.may_be_listed(source, packet) {
         // As above: unreachable, and `None` passes (fail-open).
         let Some(addr) = source.addr(packet) else {
             return kind.pass();

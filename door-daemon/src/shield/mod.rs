@@ -5,6 +5,7 @@
 pub mod blocklist;
 mod deadlines;
 pub mod escalate;
+mod lists;
 pub mod metrics;
 
 pub use blocklist::BlocklistWriter;
@@ -12,7 +13,6 @@ pub use metrics::{ShieldInstruments, XdpReadings, observe, observe_readings};
 
 use std::{
     fmt,
-    net::Ipv4Addr,
     os::fd::{AsRawFd, RawFd},
     sync::{Arc, Mutex, PoisonError},
     time::Duration,
@@ -29,13 +29,18 @@ use aya::{
 use aya_log::EbpfLogger;
 use door_common::{
     COUNTER_COUNT, CookieState, Counter, EXEMPT_CAPACITY, ExemptKey, GuardState, MAP_BLOCKED,
-    MAP_CONFIG, MAP_COOKIE, MAP_COUNTERS, MAP_EXEMPT, MAP_GUARD, MAP_PREFIXES, PROGRAM_NAME,
-    PrefixKey, PrefixState, ShieldConfig, gcra,
-    shield::{CONFIG_ALL_PORTS, CONFIG_COOKIES, CONFIG_HAS_BLOCKLIST, CONFIG_HAS_EXEMPT},
+    MAP_CONFIG, MAP_COOKIE, MAP_COUNTERS, MAP_EXEMPT, MAP_GUARD, MAP_LIST_FILTER, MAP_PREFIXES,
+    PROGRAM_NAME, PrefixKey, PrefixState, ShieldConfig, gcra,
+    list_filter::LIST_FILTER_WORDS,
+    shield::{
+        CONFIG_ALL_PORTS, CONFIG_COOKIES, CONFIG_HAS_BLOCKLIST, CONFIG_HAS_EXEMPT,
+        CONFIG_LIST_FILTER,
+    },
 };
 use ipnet::IpNet;
 use thiserror::Error;
 
+use self::lists::ListFilter;
 use crate::{
     config::{SynCookies, XdpConfig, XdpMode},
     obs::logging::RateLimitedWarn,
@@ -319,6 +324,9 @@ pub struct Shield {
     config: Option<Box<ShieldConfig>>,
     /// Whether anything was ever put on the blocklist (its flag then stays set).
     blocklist_used: bool,
+    /// The words of the lists filter as last written ([`door_common::MAP_LIST_FILTER`], zeros
+    /// when loaded).
+    list_filter: Box<[u64]>,
     /// The deadlines of the blocklist entries written, to delete expired ones without a walk.
     deadlines: deadlines::Deadlines,
     attached: Option<(String, AttachedMode, XdpLinkId)>,
@@ -385,6 +393,7 @@ impl Shield {
             log,
             config: None,
             blocklist_used: false,
+            list_filter: vec![0; LIST_FILTER_WORDS as usize].into_boxed_slice(),
             deadlines: deadlines::Deadlines::default(),
             attached: None,
         })
@@ -622,19 +631,28 @@ impl Shield {
             name: MAP_EXEMPT,
             source,
         };
-        let mut trie: LpmTrie<_, ExemptKey, u32> =
-            LpmTrie::try_from(map_mut(&mut self.ebpf, MAP_EXEMPT)?).map_err(map_err)?;
-        let wanted = list_entries(exempt, deny);
+        let wanted = lists::list_entries(exempt, deny);
         // Checked before the trie is touched, so that a list too long leaves the old one whole.
         if wanted.len() > EXEMPT_CAPACITY as usize {
             return Err(ShieldError::ListsTooLong {
                 entries: wanted.len(),
             });
         }
+        // While the trie changes, the program walks it for every source: the filter of the old
+        // lists may not have the new entries' bits.
+        if let Some(old) = self.config.as_deref()
+            && old.flags & CONFIG_LIST_FILTER != 0
+        {
+            let mut off = Box::new(*old);
+            off.flags &= !CONFIG_LIST_FILTER;
+            self.write_config(off)?;
+        }
+        let mut trie: LpmTrie<_, ExemptKey, u32> =
+            LpmTrie::try_from(map_mut(&mut self.ebpf, MAP_EXEMPT)?).map_err(map_err)?;
         let stale: Vec<Key<ExemptKey>> = trie
             .keys()
             .filter_map(Result::ok)
-            .filter(|k| !wanted.iter().any(|(w, _)| same_key(w, k)))
+            .filter(|k| !wanted.iter().any(|(w, _)| lists::same_key(w, k)))
             .collect();
         for key in &stale {
             trie.remove(key).map_err(map_err)?;
@@ -642,7 +660,31 @@ impl Shield {
         for (key, value) in &wanted {
             trie.insert(key, value, 0).map_err(map_err)?;
         }
+        if cfg.flags & CONFIG_HAS_EXEMPT != 0 {
+            let filter = ListFilter::of(&wanted);
+            self.write_list_filter(&filter.words)?;
+            cfg.lead_mask_v4 = filter.mask_v4;
+            cfg.lead_mask_v6 = filter.mask_v6;
+            cfg.flags |= CONFIG_LIST_FILTER;
+        }
         self.write_config(cfg)
+    }
+
+    /// Writes the words of the lists filter that differ from those written last.
+    fn write_list_filter(&mut self, words: &[u64]) -> Result<(), ShieldError> {
+        let map_err = |source| ShieldError::Map {
+            name: MAP_LIST_FILTER,
+            source,
+        };
+        let mut array: Array<_, u64> =
+            Array::try_from(map_mut(&mut self.ebpf, MAP_LIST_FILTER)?).map_err(map_err)?;
+        for ((i, new), old) in (0u32..).zip(words).zip(self.list_filter.iter_mut()) {
+            if new != old {
+                array.set(i, new, 0).map_err(map_err)?;
+                *old = *new;
+            }
+        }
+        Ok(())
     }
 
     fn write_config(&mut self, config: Box<ShieldConfig>) -> Result<(), ShieldError> {
@@ -891,64 +933,6 @@ impl Drop for Shield {
     fn drop(&mut self) {
         self.detach();
     }
-}
-
-/// The exempt trie's keys for `net`: an IPv6 network as it is; an IPv4 one twice, with prefix
-/// length 96 + n, in its mapped 16-byte form (how the program keys an IPv4 source) and under the
-/// NAT64 prefix `64:ff9b::/96` (RFC 6052 §2.1), whose clients door keys, limits and lists by the
-/// IPv4 address they embed ([`crate::client::listed`]).
-fn exempt_keys(net: IpNet) -> impl Iterator<Item = Key<ExemptKey>> {
-    let keys = match net {
-        IpNet::V4(v4) => {
-            let len = 96 + u32::from(v4.prefix_len());
-            let mut nat64 = [0, 0x64, 0xff, 0x9b, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0];
-            if let Some(tail) = nat64.last_chunk_mut::<4>() {
-                *tail = v4.network().octets();
-            }
-            [
-                Some(Key::new(len, v4.network().to_ipv6_mapped().octets())),
-                Some(Key::new(len, nat64)),
-            ]
-        }
-        IpNet::V6(v6) => [
-            Some(Key::new(u32::from(v6.prefix_len()), v6.network().octets())),
-            None,
-        ],
-    };
-    keys.into_iter().flatten()
-}
-
-/// The lists trie's entries for `exempt` (never shed) and `deny` (dropped): each network's
-/// [`exempt_keys`], a key on both lists denied, and [`door_common::UNLISTED`] at
-/// `::ffff:0:0/96` when an IPv6 network covers it ([`crate::client::covers_ipv4_mapped`]).
-/// [`crate::config::shield_list_entries`] counts them before a configuration is accepted.
-fn list_entries(exempt: &[IpNet], deny: &[IpNet]) -> Vec<(Key<ExemptKey>, u32)> {
-    let mut entries: Vec<(Key<ExemptKey>, u32)> = Vec::new();
-    let listed = exempt
-        .iter()
-        .map(|n| (n, door_common::EXEMPT))
-        .chain(deny.iter().map(|n| (n, door_common::DENIED)));
-    for (net, value) in listed {
-        for key in exempt_keys(*net) {
-            match entries.iter_mut().find(|(k, _)| same_key(k, &key)) {
-                Some(entry) => entry.1 = value.max(entry.1),
-                None => entries.push((key, value)),
-            }
-        }
-    }
-    if exempt
-        .iter()
-        .chain(deny)
-        .any(crate::client::covers_ipv4_mapped)
-    {
-        let mapped = Ipv4Addr::UNSPECIFIED.to_ipv6_mapped().octets();
-        entries.push((Key::new(96, mapped), door_common::UNLISTED));
-    }
-    entries
-}
-
-fn same_key(a: &Key<ExemptKey>, b: &Key<ExemptKey>) -> bool {
-    a.prefix_len() == b.prefix_len() && a.data() == b.data()
 }
 
 fn map_ref<'a>(ebpf: &'a Ebpf, name: &'static str) -> Result<&'a aya::maps::Map, ShieldError> {
