@@ -36,19 +36,45 @@ use tracing_subscriber::{
     registry::LookupSpan,
 };
 
-/// The filter used when `RUST_LOG` is unset or invalid: `info`, but aya's loader at `error`. The
-/// kernel refuses the XDP object's BTF (bpf-linker 0.10 leaves a type named `MaybeUninit<u8>`,
-/// from aya-log's level global, which the kernel's BTF check takes for an invalid name), and aya
-/// then loads the program without it, which door does not need, after a warning that dumps the
-/// whole BTF, some 160 lines at every start (`RUST_LOG=info,aya::bpf=warn` shows it).
-pub const DEFAULT_FILTER: &str = "info,aya::bpf=error";
+/// The filter used when `RUST_LOG` is unset or invalid: `info`, and the [`QUIET`] targets at
+/// `error`.
+pub const DEFAULT_FILTER: &str = "info,aya::bpf=error,rustls=error";
+
+/// Targets held at `error` whatever `RUST_LOG` says, unless it names them itself:
+///
+/// - `aya::bpf`: the kernel refuses the XDP object's BTF (bpf-linker 0.10 leaves a type named
+///   `MaybeUninit<u8>`, from aya-log's level global, which the kernel's BTF check takes for an
+///   invalid name), and aya then loads the program without it, which door does not need, after a
+///   warning that dumps the whole BTF, some 160 lines at every start (`RUST_LOG=info,aya::bpf=warn`
+///   shows it).
+/// - `rustls`: the TLS library warns once per failed handshake (a record out of order, an invalid
+///   SNI name, with the client's text in it), so any client could write a line per connection;
+///   door logs its handshake failures itself, at `debug`.
+pub const QUIET: [&str; 2] = ["aya::bpf", "rustls"];
+
+/// The filter of `rust_log` (the `RUST_LOG` value; [`DEFAULT_FILTER`] when unset or invalid):
+/// its directives, then each [`QUIET`] target it does not name at `error`.
+pub fn filter(rust_log: Option<&str>) -> EnvFilter {
+    let Some(Ok(mut filter)) = rust_log.map(EnvFilter::try_new) else {
+        return EnvFilter::new(DEFAULT_FILTER);
+    };
+    for target in QUIET {
+        let named = rust_log.is_some_and(|spec| {
+            spec.split(',')
+                .any(|d| d.trim().split(['=', '[']).next() == Some(target))
+        });
+        if let (false, Ok(directive)) = (named, format!("{target}=error").parse()) {
+            filter = filter.add_directive(directive);
+        }
+    }
+    filter
+}
 
 /// Installs the global subscriber: [`JournaldFormat`] when stderr is connected to the journal,
-/// plain text otherwise; `RUST_LOG` filtering. Call once, first thing in `main`; later calls (and
-/// a subscriber already set, as in tests) are ignored.
+/// plain text otherwise; `RUST_LOG` filtering ([`filter`]). Call once, first thing in `main`;
+/// later calls (and a subscriber already set, as in tests) are ignored.
 pub fn init() {
-    let filter =
-        EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(DEFAULT_FILTER));
+    let filter = filter(std::env::var(EnvFilter::DEFAULT_ENV).ok().as_deref());
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr);
@@ -307,6 +333,40 @@ mod tests {
             ]
         );
         assert!(!text.contains('\x1b'), "no ANSI escapes: {text:?}");
+    }
+
+    /// What a plain-text subscriber with [`filter`] of `rust_log` writes of a warning of door's
+    /// and one of rustls's (the one a ClientHello with an invalid SNI name causes).
+    fn filtered(rust_log: Option<&str>) -> String {
+        let out = Capture::default();
+        let subscriber = tracing_subscriber::fmt()
+            .with_env_filter(filter(rust_log))
+            .with_ansi(false)
+            .with_writer(out.clone())
+            .finish();
+        tracing::subscriber::with_default(subscriber, || {
+            tracing::warn!(target: "door_daemon::http::front", "door's own");
+            tracing::warn!(target: "rustls::msgs::handshake", "Illegal SNI hostname received");
+        });
+        out.text()
+    }
+
+    #[test]
+    fn a_client_cannot_make_rustls_write_a_line_unless_rust_log_asks_for_it() {
+        for rust_log in [
+            None,
+            Some("info"),
+            Some("warn,door_daemon=debug"),
+            Some("not a [filter"),
+        ] {
+            let text = filtered(rust_log);
+            assert!(text.contains("door's own"), "{rust_log:?}: {text}");
+            assert!(!text.contains("SNI"), "{rust_log:?}: {text}");
+        }
+        for rust_log in ["info,rustls=warn", "rustls=debug,info", "rustls"] {
+            let text = filtered(Some(rust_log));
+            assert!(text.contains("SNI"), "{rust_log:?} names rustls: {text}");
+        }
     }
 
     #[test]
