@@ -1,5 +1,6 @@
 //! OTLP export of door's metrics (docs/design.md, "Observability"): OTLP/HTTP with protobuf
-//! bodies (`opentelemetry-otlp` 0.31, reqwest's blocking client), a periodic reader, cumulative
+//! bodies (`opentelemetry-otlp` 0.31, reqwest's blocking client with its answers bounded and no
+//! redirects: [`crate::obs::otlp_http`]), a periodic reader, cumulative
 //! temporality. An `https://` endpoint is verified against the system's roots (rustls with the
 //! `ring` provider, `rustls-native-certs`: `/etc/ssl/certs`, or `SSL_CERT_FILE` / `SSL_CERT_DIR`),
 //! with no system TLS library. Where the SDK reports a failed export at `debug` only, door logs
@@ -21,7 +22,7 @@ use std::{
 };
 
 use opentelemetry::metrics::{Meter, MeterProvider as _};
-use opentelemetry_otlp::{MetricExporter, Protocol, WithExportConfig};
+use opentelemetry_otlp::{MetricExporter, Protocol, WithExportConfig, WithHttpConfig};
 use opentelemetry_sdk::{
     Resource,
     error::OTelSdkResult,
@@ -34,7 +35,7 @@ use thiserror::Error;
 
 use crate::{
     config::{DEFAULT_OTLP_INTERVAL, OtlpConfig},
-    obs::{logging::RateLimitedWarn, prometheus::Exposition},
+    obs::{logging::RateLimitedWarn, otlp_http::BoundedClient, prometheus::Exposition},
 };
 
 /// How often exports that start failing are logged, at most.
@@ -101,7 +102,8 @@ impl Telemetry {
         if exporting {
             let mut builder = MetricExporter::builder()
                 .with_http()
-                .with_protocol(Protocol::HttpBinary);
+                .with_protocol(Protocol::HttpBinary)
+                .with_http_client(BoundedClient::new(BoundedClient::timeout_from_env()));
             if let Some(endpoint) = &cfg.endpoint {
                 builder = builder
                     .with_endpoint(format!("{}{METRICS_PATH}", endpoint.trim_end_matches('/')));
