@@ -22,6 +22,7 @@ use lru::LruCache;
 use crate::{
     client::key::KeyDecision,
     limit::{RejectReason, Rejection, Scope},
+    obs::logging::RateLimitedWarn,
     time::Clock,
 };
 
@@ -90,7 +91,13 @@ pub struct Escalator {
     clock: Arc<dyn Clock>,
     blocklist: Arc<dyn Blocklist>,
     windows: Mutex<LruCache<PrefixKey, Window>>,
+    /// Escalations are logged at most once a minute: an attacker with many prefixes (IPv6 /64s
+    /// come cheap) would otherwise write a line per prefix; `GET /blocks` lists every block.
+    warned: RateLimitedWarn,
 }
+
+/// How often an escalation is logged at `warn`, at most (the others at `debug`).
+pub const ESCALATION_WARN_INTERVAL: Duration = Duration::from_mins(1);
 
 impl Escalator {
     /// Escalates after `after` rejections within `window` (both from `[xdp]`), blocking for
@@ -111,6 +118,7 @@ impl Escalator {
             windows: Mutex::new(LruCache::new(
                 NonZeroUsize::new(TRACKED_KEYS).unwrap_or(NonZeroUsize::MIN),
             )),
+            warned: RateLimitedWarn::new(ESCALATION_WARN_INTERVAL),
         }
     }
 
@@ -156,7 +164,17 @@ impl Escalator {
         if !escalate {
             return false;
         }
-        tracing::warn!(%key, after = self.after, block_for = ?self.block_for, "escalating to the XDP blocklist");
+        if let Some(suppressed) = self.warned.due() {
+            tracing::warn!(
+                %key,
+                after = self.after,
+                block_for = ?self.block_for,
+                suppressed,
+                "escalating to the XDP blocklist (at most one line a minute, `suppressed` escalations since the last; GET /blocks lists them)"
+            );
+        } else {
+            tracing::debug!(%key, "escalating to the XDP blocklist");
+        }
         if self.blocklist.block(key, self.block_for) {
             return true;
         }
@@ -279,6 +297,47 @@ mod tests {
     /// A block the blocklist could not take (its writer's queue was full) does not count as made:
     /// the key's next 429s escalate it again, where it would otherwise go unblocked for
     /// `block_for`.
+    /// A log line written into a shared buffer, for the test to read.
+    #[derive(Clone, Default)]
+    struct Captured(Arc<Mutex<Vec<u8>>>);
+
+    impl std::io::Write for Captured {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(buf);
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn many_prefixes_escalated_at_once_make_one_warning() {
+        let (_, rec, e) = setup();
+        let log = Captured::default();
+        let writer = log.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_writer(move || writer.clone())
+            .with_ansi(false)
+            .finish();
+        tracing::subscriber::with_default(subscriber, || {
+            for i in 1..=50u16 {
+                let prefix = key(&format!("2001:db8:{i:x}::1"));
+                for _ in 0..3 {
+                    e.on_rejection(prefix, KeySource::Peer, &OWN_429);
+                }
+            }
+        });
+        assert_eq!(rec.0.lock().unwrap().len(), 50, "every prefix is blocked");
+        let text = String::from_utf8(log.0.lock().unwrap().clone()).unwrap();
+        let warnings = text.lines().filter(|l| l.contains("WARN")).count();
+        assert_eq!(warnings, 1, "one line for 50 escalations: {text}");
+        assert!(
+            text.contains("2001:db8:1::/64"),
+            "the first names its prefix: {text}"
+        );
+    }
+
     #[test]
     fn a_dropped_block_does_not_count_as_made() {
         let (_, rec, e) = setup();
