@@ -325,8 +325,12 @@ impl View {
         if let Some(prev) = &self.snapshot
             && seconds > 0.0
         {
+            // By name, so that a status of many groups (a hostile or broken admin endpoint)
+            // costs one lookup per group, not a scan of the previous list.
+            let previous: BTreeMap<&str, &Group> =
+                prev.groups.iter().map(|p| (p.name.as_str(), p)).collect();
             for g in &next.groups {
-                let before = prev.groups.iter().find(|p| p.name == g.name);
+                let before = previous.get(g.name.as_str()).copied();
                 let rates = g
                     .outcomes
                     .iter()
@@ -459,6 +463,38 @@ mod tests {
         assert_eq!(view.group().unwrap().name, "health");
         view.previous_group();
         assert_eq!(view.group().unwrap().name, "link");
+    }
+
+    /// Rates pair each group with its own previous counts, whatever the order of the groups (a
+    /// reload may change it) and however many there are.
+    #[test]
+    fn rates_pair_groups_by_name() {
+        let many = |ok_of: fn(u64) -> u64, reversed: bool| {
+            let mut names: Vec<u64> = (0..5_000).collect();
+            if reversed {
+                names.reverse();
+            }
+            let groups: Vec<Value> = names
+                .iter()
+                .map(|i| json!({"name": format!("g{i}")}))
+                .collect();
+            let requests: serde_json::Map<String, Value> = names
+                .iter()
+                .map(|i| (format!("g{i}"), json!({"ok": ok_of(*i)})))
+                .collect();
+            json!({"groups": groups, "requests": requests})
+        };
+        let mut view = View::new(String::new());
+        view.update(Snapshot::from_json(&many(|i| i, false), &json!({})), 0);
+        view.update(
+            Snapshot::from_json(&many(|i| 3 * i, true), &json!({})),
+            1_000_000_000,
+        );
+        assert_eq!(view.outcome_rates.len(), 5_000);
+        for i in [0u32, 1, 2_500, 4_999] {
+            let r = view.outcome_rates[&format!("g{i}")]["ok"];
+            assert!((r - 2.0 * f64::from(i)).abs() < 1e-9, "g{i}: {r}");
+        }
     }
 
     /// The selected group stays selected when a reload adds a group before it or removes one.
