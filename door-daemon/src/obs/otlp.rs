@@ -35,7 +35,11 @@ use thiserror::Error;
 
 use crate::{
     config::{DEFAULT_OTLP_INTERVAL, OtlpConfig},
-    obs::{logging::RateLimitedWarn, otlp_http::BoundedClient, prometheus::Exposition},
+    obs::{
+        logging::RateLimitedWarn,
+        otlp_http::{BoundedClient, ClientError},
+        prometheus::Exposition,
+    },
 };
 
 /// How often exports that start failing are logged, at most.
@@ -55,8 +59,14 @@ pub const ENDPOINT_VARS: [&str; 2] = [
 
 /// The exporter could not be built.
 #[derive(Debug, Error)]
-#[error("otlp.endpoint: cannot build the OTLP exporter: {0}")]
-pub struct TelemetryError(#[from] opentelemetry_otlp::ExporterBuildError);
+pub enum TelemetryError {
+    /// The SDK refused the exporter's settings (the endpoint, say).
+    #[error("otlp.endpoint: cannot build the OTLP exporter: {0}")]
+    Exporter(#[from] opentelemetry_otlp::ExporterBuildError),
+    /// The HTTP client could not be built ([`BoundedClient::new`]).
+    #[error("otlp.endpoint: {0}")]
+    Client(#[from] ClientError),
+}
 
 /// door's meter provider: always the Prometheus reader behind `GET /metrics`
 /// ([`crate::obs::prometheus`]), and the OTLP exporter beside it when configured.
@@ -103,7 +113,7 @@ impl Telemetry {
             let mut builder = MetricExporter::builder()
                 .with_http()
                 .with_protocol(Protocol::HttpBinary)
-                .with_http_client(BoundedClient::new(BoundedClient::timeout_from_env()));
+                .with_http_client(BoundedClient::new(BoundedClient::timeout_from_env())?);
             if let Some(endpoint) = &cfg.endpoint {
                 builder = builder
                     .with_endpoint(format!("{}{METRICS_PATH}", endpoint.trim_end_matches('/')));

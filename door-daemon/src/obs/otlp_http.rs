@@ -5,9 +5,11 @@
 //! body whole into memory, so a collector (or anything on the path to an `http://` endpoint) that
 //! answered with gigabytes would grow door by as much until the timeout. And redirects are not
 //! followed: a collector's `3xx` fails the export, rather than sending its body and
-//! `OTEL_EXPORTER_OTLP_HEADERS` (often a credential) to whatever host the answer names.
+//! `OTEL_EXPORTER_OTLP_HEADERS` (often a credential) to whatever host the answer names. The
+//! timeout bounds the whole exchange, the body's reading included, where reqwest's blocking
+//! client bounds each read on its own.
 
-use std::{io::Read as _, time::Duration};
+use std::{io::Read, time::Duration};
 
 use opentelemetry_http::{Bytes, HttpClient, HttpError, Request, Response};
 
@@ -27,33 +29,51 @@ pub const TIMEOUT_VARS: [&str; 2] = [
 
 /// The exporter's client (see the module docs).
 #[derive(Debug, Clone)]
-pub struct BoundedClient(reqwest::blocking::Client);
+pub struct BoundedClient {
+    client: reqwest::blocking::Client,
+    /// The whole exchange's bound: reqwest's blocking client bounds each read of the body on
+    /// its own, so a collector dripping a byte at a time would never meet it.
+    timeout: Duration,
+}
 
-/// An answer whose body is longer than [`MAX_ANSWER_BYTES`].
+/// Why an answer was not taken.
 #[derive(Debug, thiserror::Error)]
-#[error("the collector's answer is longer than {MAX_ANSWER_BYTES} bytes: not read")]
-pub struct AnswerTooLong;
+pub enum AnswerError {
+    /// The body is longer than [`MAX_ANSWER_BYTES`] (announced, or as read).
+    #[error("the collector's answer is longer than {MAX_ANSWER_BYTES} bytes: not read")]
+    TooLong,
+    /// The body did not arrive within the export's timeout, counted from the request's start.
+    #[error("the collector's answer did not arrive within {0:?}")]
+    Late(Duration),
+}
+
+/// The client could not be built: TLS could not be set up (no usable system roots, say), or the
+/// thread it is built on failed.
+#[derive(Debug, thiserror::Error)]
+#[error("cannot build the OTLP exporter's HTTP client: {0}")]
+pub struct ClientError(String);
 
 impl BoundedClient {
-    /// A client whose requests time out after `timeout` (the whole exchange: connecting, sending,
-    /// reading the answer).
+    /// A client whose exports time out `timeout` after they start: connecting, sending and
+    /// reading the answer, together (a read already under way may take up to `timeout` more).
     ///
     /// Built on a thread of its own: reqwest's blocking client starts (and, dropped, stops) an
-    /// internal runtime, which must not happen on a thread already running tokio. Falls back to
-    /// reqwest's defaults (no timeout, redirects followed) only if the TLS backend cannot be set
-    /// up, as the SDK's own client does.
-    pub fn new(timeout: Duration) -> Self {
+    /// internal runtime, which must not happen on a thread already running tokio.
+    ///
+    /// # Errors
+    /// [`ClientError`] when reqwest cannot build the client.
+    pub fn new(timeout: Duration) -> Result<Self, ClientError> {
         let build = move || {
             reqwest::blocking::Client::builder()
                 .timeout(timeout)
                 .redirect(reqwest::redirect::Policy::none())
                 .build()
-                .unwrap_or_else(|_| reqwest::blocking::Client::new())
+                .map_err(|e| ClientError(e.to_string()))
         };
         let client = std::thread::spawn(build)
             .join()
-            .unwrap_or_else(|_| reqwest::blocking::Client::new());
-        Self(client)
+            .map_err(|_| ClientError("the thread building it panicked".to_owned()))??;
+        Ok(Self { client, timeout })
     }
 
     /// The timeout the environment sets ([`TIMEOUT_VARS`]), else [`DEFAULT_TIMEOUT`].
@@ -71,23 +91,64 @@ fn timeout_from(var: impl Fn(&str) -> Option<String>) -> Duration {
         .map_or(DEFAULT_TIMEOUT, Duration::from_millis)
 }
 
+/// Reads `body` to its end, at most [`MAX_ANSWER_BYTES`], checking `late` after each read.
+///
+/// # Errors
+/// [`AnswerError::TooLong`] past the bound, [`AnswerError::Late`] (with `timeout`) once `late`
+/// says so, and the reader's own errors.
+fn read_bounded(
+    body: &mut impl Read,
+    mut late: impl FnMut() -> bool,
+    timeout: Duration,
+) -> Result<Vec<u8>, HttpError> {
+    let mut out = Vec::new();
+    let mut chunk = [0u8; 8 * 1024];
+    loop {
+        let n = body.read(&mut chunk)?;
+        if n == 0 {
+            return Ok(out);
+        }
+        out.extend_from_slice(chunk.get(..n).unwrap_or_default());
+        if out.len() as u64 > MAX_ANSWER_BYTES {
+            return Err(Box::new(AnswerError::TooLong));
+        }
+        if late() {
+            return Err(Box::new(AnswerError::Late(timeout)));
+        }
+    }
+}
+
 #[async_trait::async_trait]
 impl HttpClient for BoundedClient {
-    /// Sends `request` and reads the answer, its body at most [`MAX_ANSWER_BYTES`].
+    /// Sends `request` and reads the answer: a `2xx` answer's body, at most
+    /// [`MAX_ANSWER_BYTES`]; any other answer (a `3xx`, not followed) with an empty body, so that
+    /// what a collector writes there never reaches door's log through the SDK's error.
     ///
     /// # Errors
-    /// reqwest's error when the request cannot be sent or the answer read (a refused connection,
-    /// the timeout), or its status is an error (`4xx`, `5xx`: the body is not read);
-    /// [`AnswerTooLong`] when the body is longer than the bound.
+    /// reqwest's error when the request cannot be sent or the answer's head read (a refused
+    /// connection, the timeout), or its status is an error (`4xx`, `5xx`: the body is not read);
+    /// [`AnswerError`] when the body is longer than the bound (its `Content-Length` says so, or
+    /// its bytes do) or not all there by the timeout.
     async fn send_bytes(&self, request: Request<Bytes>) -> Result<Response<Bytes>, HttpError> {
-        let mut answer = self.0.execute(request.try_into()?)?.error_for_status()?;
+        let started = crate::time::now();
+        let mut answer = self
+            .client
+            .execute(request.try_into()?)?
+            .error_for_status()?;
         let status = answer.status();
         let headers = std::mem::take(answer.headers_mut());
-        let mut body = Vec::new();
-        answer.take(MAX_ANSWER_BYTES + 1).read_to_end(&mut body)?;
-        if body.len() as u64 > MAX_ANSWER_BYTES {
-            return Err(Box::new(AnswerTooLong));
-        }
+        let body = if !status.is_success() {
+            Vec::new()
+        } else if answer.content_length().unwrap_or(0) > MAX_ANSWER_BYTES {
+            return Err(Box::new(AnswerError::TooLong));
+        } else {
+            let timeout = self.timeout;
+            read_bounded(
+                &mut answer,
+                || crate::time::now().saturating_duration_since(started) > timeout,
+                timeout,
+            )?
+        };
         let mut response = Response::builder().status(status).body(Bytes::from(body))?;
         *response.headers_mut() = headers;
         Ok(response)
@@ -144,7 +205,7 @@ mod tests {
                 .to_owned(),
             5,
         );
-        let response = export(&BoundedClient::new(Duration::from_secs(10)), &to).unwrap();
+        let response = export(&BoundedClient::new(Duration::from_secs(10)).unwrap(), &to).unwrap();
         assert_eq!(response.status(), 200);
         assert_eq!(response.body().len(), 5);
         assert!(response.headers().contains_key("content-type"));
@@ -153,17 +214,70 @@ mod tests {
 
     #[test]
     fn an_answer_longer_than_the_bound_is_refused_without_being_read() {
-        // A gibibyte announced; the client stops after the bound, so the collector's writes stop
-        // once the socket buffers are full, far short of it.
+        // A gibibyte with no length announced (the end of the connection ends it): the client
+        // stops after the bound, so the collector's writes stop once the socket buffers are
+        // full, far short of it.
         let gib = 1 << 30;
-        let (to, collector) = collector(
-            format!("HTTP/1.1 200 OK\r\ncontent-length: {gib}\r\n\r\n"),
+        let (to, peer) = collector(
+            "HTTP/1.1 200 OK\r\nconnection: close\r\n\r\n".to_owned(),
             gib,
         );
-        let err = export(&BoundedClient::new(Duration::from_secs(10)), &to).unwrap_err();
-        assert!(err.is::<AnswerTooLong>(), "{err}");
-        let written = collector.join().unwrap();
+        let client = BoundedClient::new(Duration::from_secs(10)).unwrap();
+        let err = export(&client, &to).unwrap_err();
+        assert!(
+            matches!(err.downcast_ref(), Some(AnswerError::TooLong)),
+            "{err}"
+        );
+        let written = peer.join().unwrap();
         assert!(written < 64 << 20, "the collector wrote {written} bytes");
+        // Announced: refused before a byte of the body is read.
+        let (to, peer) = collector(
+            format!("HTTP/1.1 200 OK\r\ncontent-length: {gib}\r\n\r\n"),
+            0,
+        );
+        let err = export(&client, &to).unwrap_err();
+        assert!(
+            matches!(err.downcast_ref(), Some(AnswerError::TooLong)),
+            "{err}"
+        );
+        peer.join().unwrap();
+    }
+
+    /// A collector dripping its answer: one byte a read, without end.
+    struct Dripping;
+
+    impl Read for Dripping {
+        fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+            Ok(buf.first_mut().map_or(0, |b| {
+                *b = b'x';
+                1
+            }))
+        }
+    }
+
+    /// Each read is quick, and the clock moves a second a read: late at the first read past
+    /// the timeout, where a bound on each read alone would go on to the size bound.
+    #[test]
+    fn an_answer_dripped_past_the_timeout_is_late_although_each_read_is_quick() {
+        let timeout = Duration::from_secs(10);
+        let mut reads = 0u64;
+        let err = read_bounded(
+            &mut Dripping,
+            || {
+                reads += 1;
+                Duration::from_secs(reads) > timeout
+            },
+            timeout,
+        )
+        .unwrap_err();
+        assert!(
+            matches!(err.downcast_ref(), Some(AnswerError::Late(t)) if *t == timeout),
+            "{err}"
+        );
+        assert_eq!(reads, 11);
+        // Within the timeout, a whole short body is read.
+        let body = read_bounded(&mut std::io::repeat(b'x').take(1_000), || false, timeout).unwrap();
+        assert_eq!(body.len(), 1_000);
     }
 
     #[test]
@@ -176,11 +290,11 @@ mod tests {
         };
         let (to, collector) = collector(
             format!(
-                "HTTP/1.1 307 Temporary Redirect\r\nlocation: {target}\r\ncontent-length: 0\r\n\r\n"
+                "HTTP/1.1 307 Temporary Redirect\r\nlocation: {target}\r\ncontent-length: 11\r\n\r\n"
             ),
-            0,
+            11,
         );
-        let response = export(&BoundedClient::new(Duration::from_secs(10)), &to).unwrap();
+        let response = export(&BoundedClient::new(Duration::from_secs(10)).unwrap(), &to).unwrap();
         assert_eq!(
             response.status(),
             307,
