@@ -64,8 +64,9 @@ pub struct ShieldConfig {
     pub cookie_leave_tolerance_ns: u64,
     /// How long the SYN rate must stay within the leave bucket before cookie mode ends, ns.
     pub cookie_hold_ns: u64,
-    /// The lists filter's lead mask for IPv4 sources ([`crate::list_filter::lead_mask`], in the
-    /// low 32 bits); read only with [`CONFIG_LIST_FILTER`].
+    /// The lists filter's lead mask for IPv4 sources: [`crate::list_filter::lead_mask`] of the
+    /// shortest IPv4 network listed, over [`crate::list_filter::lead_v4`]'s 64 bits (the address
+    /// in the top 32); read only with [`CONFIG_LIST_FILTER`].
     pub lead_mask_v4: u64,
     /// The lists filter's lead mask for IPv6 sources, as [`ShieldConfig::lead_mask_v4`].
     pub lead_mask_v6: u64,

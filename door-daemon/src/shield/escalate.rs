@@ -294,9 +294,6 @@ mod tests {
         assert!(!e.on_rejection(key("192.0.2.7"), KeySource::Peer, &OWN_429));
     }
 
-    /// A block the blocklist could not take (its writer's queue was full) does not count as made:
-    /// the key's next 429s escalate it again, where it would otherwise go unblocked for
-    /// `block_for`.
     /// A log line written into a shared buffer, for the test to read.
     #[derive(Clone, Default)]
     struct Captured(Arc<Mutex<Vec<u8>>>);
@@ -338,6 +335,9 @@ mod tests {
         );
     }
 
+    /// A block the blocklist could not take (its writer's queue was full) does not count as made:
+    /// the key's next 429s escalate it again, where it would otherwise go unblocked for
+    /// `block_for`.
     #[test]
     fn a_dropped_block_does_not_count_as_made() {
         let (_, rec, e) = setup();

@@ -44,17 +44,22 @@ fn exempt_keys(net: IpNet) -> impl Iterator<Item = Key<ExemptKey>> {
     keys.into_iter().flatten()
 }
 
-/// The lists trie's entries for `exempt` (never shed) and `deny` (dropped): each network's
-/// [`exempt_keys`], a key on both lists denied, and [`door_common::UNLISTED`] at
-/// `::ffff:0:0/96` when an IPv6 network covers it ([`crate::client::covers_ipv4_mapped`]).
+/// The lists trie's entries for `exempt` (never shed) and `deny` (dropped), one per key: each
+/// network's [`exempt_keys`], a key on both lists denied. When an IPv6 network covers
+/// `::ffff:0:0/96` ([`crate::client::covers_ipv4_mapped`]), the entry at that key decides every
+/// IPv4 source that no more specific IPv4 network matches: an IPv4 `0.0.0.0/0`'s value when one is
+/// listed (its key is that one), [`door_common::UNLISTED`] otherwise, also over an IPv6 network
+/// written as `::ffff:0:0/96` (layer 7 never matches an IPv4 client against an IPv6 network).
 /// [`crate::config::shield_list_entries`] counts them before a configuration is accepted.
 pub(super) fn list_entries(exempt: &[IpNet], deny: &[IpNet]) -> Vec<(Key<ExemptKey>, u32)> {
     let mut entries: Vec<(Key<ExemptKey>, u32)> = Vec::new();
-    let listed = exempt
-        .iter()
-        .map(|n| (n, EXEMPT))
-        .chain(deny.iter().map(|n| (n, DENIED)));
-    for (net, value) in listed {
+    let listed = || {
+        exempt
+            .iter()
+            .map(|n| (n, EXEMPT))
+            .chain(deny.iter().map(|n| (n, DENIED)))
+    };
+    for (net, value) in listed() {
         for key in exempt_keys(*net) {
             match entries.iter_mut().find(|(k, _)| same_key(k, &key)) {
                 Some(entry) => entry.1 = value.max(entry.1),
@@ -62,13 +67,17 @@ pub(super) fn list_entries(exempt: &[IpNet], deny: &[IpNet]) -> Vec<(Key<ExemptK
             }
         }
     }
-    if exempt
-        .iter()
-        .chain(deny)
-        .any(crate::client::covers_ipv4_mapped)
-    {
-        let mapped = Ipv4Addr::UNSPECIFIED.to_ipv6_mapped().octets();
-        entries.push((Key::new(96, mapped), door_common::UNLISTED));
+    if listed().any(|(net, _)| crate::client::covers_ipv4_mapped(net)) {
+        let ipv4_anywhere = listed()
+            .filter(|(net, _)| matches!(net, IpNet::V4(v4) if v4.prefix_len() == 0))
+            .map(|(_, value)| value)
+            .max();
+        let value = ipv4_anywhere.unwrap_or(door_common::UNLISTED);
+        let mapped = Key::new(96, Ipv4Addr::UNSPECIFIED.to_ipv6_mapped().octets());
+        match entries.iter_mut().find(|(k, _)| same_key(k, &mapped)) {
+            Some(entry) => entry.1 = value,
+            None => entries.push((mapped, value)),
+        }
     }
     entries
 }
@@ -235,6 +244,29 @@ mod tests {
         }
     }
 
+    #[test]
+    fn ipv4_anywhere_beside_an_ipv6_network_over_the_mapped_range_decides_ipv4_sources() {
+        // `::/0` covers `::ffff:0:0/96`, the key `0.0.0.0/0` has too: the IPv4 network decides
+        // IPv4 sources (layer 7 never matches an IPv4 client against an IPv6 network). door's
+        // configuration refuses a /0; the shield's own interface takes one.
+        let v4 = |ip: &str| source(ip.parse().unwrap()).0;
+        let entries = list_entries(&nets(&["0.0.0.0/0", "::/0"]), &[]);
+        assert_eq!(lookup(&entries, &v4("198.51.100.7")), Some(EXEMPT));
+        let entries = list_entries(&nets(&["0.0.0.0/0"]), &nets(&["::/8"]));
+        assert_eq!(lookup(&entries, &v4("198.51.100.7")), Some(EXEMPT));
+        // Without it, an IPv4 source is on no list, whatever the IPv6 networks.
+        for (exempt, deny) in [
+            (vec![], vec!["::/0"]),
+            (vec!["::ffff:0:0/96"], vec!["::/8"]),
+        ] {
+            let entries = list_entries(&nets(&exempt), &nets(&deny));
+            assert_eq!(
+                lookup(&entries, &v4("198.51.100.7")),
+                Some(door_common::UNLISTED)
+            );
+        }
+    }
+
     /// Networks of both families, some of them long, short, covering the mapped range or
     /// under the NAT64 prefix.
     fn net() -> impl Strategy<Value = IpNet> {
@@ -293,6 +325,12 @@ mod tests {
             picks in prop::collection::vec((any::<usize>(), any::<[u8; 16]>()), 1..24),
         ) {
             let entries = list_entries(&exempt, &deny);
+            for (i, (a, _)) in entries.iter().enumerate() {
+                prop_assert!(
+                    entries.iter().skip(i + 1).all(|(b, _)| !same_key(a, b)),
+                    "one entry per key: the trie keeps only the last written"
+                );
+            }
             let filter = ListFilter::of(&entries);
             let all: Vec<IpNet> = exempt.iter().chain(&deny).copied().collect();
             for ip in sources(&all, &picks) {

@@ -665,6 +665,10 @@ impl Shield {
             self.write_list_filter(&filter.words)?;
             cfg.lead_mask_v4 = filter.mask_v4;
             cfg.lead_mask_v6 = filter.mask_v6;
+            // The masks land with the flag still clear, and the flag alone after them: a map
+            // update is a copy, and a SYN judged during it must not pair the new flag with the
+            // old masks.
+            self.write_config(cfg.clone())?;
             cfg.flags |= CONFIG_LIST_FILTER;
         }
         self.write_config(cfg)
