@@ -570,8 +570,10 @@ impl Shield {
 
     /// Writes the shield's settings (SYN budget, churn guard, protected ports) into the config map
     /// and replaces the lists trie's contents with `exempt` (never shed) and `deny` (every SYN
-    /// dropped; a prefix in both is denied). Takes effect for the next packet;
-    /// the program is not reattached. Until this is called the program only observes.
+    /// dropped; a prefix in both is denied), and the lists filter in front of it
+    /// ([`door_common::list_filter`]: the program walks the trie for every source while it
+    /// changes). Takes effect for the next packet; the program is not reattached. Until this is
+    /// called the program only observes.
     ///
     /// # Errors
     /// [`ShieldError::Map`] when a map cannot be written (the exempt trie holds
