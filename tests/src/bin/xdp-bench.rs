@@ -89,8 +89,9 @@ const CASES: [&str; 6] = [
 ];
 
 /// The lists of the `lists set` case: a trusted proxy and an allowed network (exempt), and a
-/// denied network, none of them the benchmark's client, so that every SYN walks the trie and is
-/// then counted as in `SYN counted`.
+/// denied network, none of them the benchmark's client, so that every SYN tests the lists
+/// filter's bit (clear for this client: the trie is not walked) and is then counted as in `SYN
+/// counted`.
 const EXEMPT: [&str; 2] = ["192.0.2.10/32", "2001:db8:ffff::/48"];
 /// See [`EXEMPT`].
 const DENY: [&str; 1] = ["203.0.113.128/25"];
