@@ -258,19 +258,19 @@ impl RateLimitedWarn {
     }
 }
 
+/// A log sink for tests: what a subscriber writes, kept for the test to read.
 #[cfg(test)]
-mod tests {
+pub(crate) mod capture {
     use std::{
         io,
-        sync::{Arc, Mutex},
+        sync::{Arc, Mutex, PoisonError},
     };
 
     use tracing_subscriber::fmt::MakeWriter;
 
-    use super::*;
-
+    /// The lines a subscriber wrote ([`Capture::text`]); clones share them.
     #[derive(Clone, Default)]
-    struct Capture(Arc<Mutex<Vec<u8>>>);
+    pub(crate) struct Capture(Arc<Mutex<Vec<u8>>>);
 
     impl io::Write for Capture {
         fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
@@ -293,11 +293,17 @@ mod tests {
     }
 
     impl Capture {
-        fn text(&self) -> String {
+        /// What was written so far, as text.
+        pub(crate) fn text(&self) -> String {
             String::from_utf8_lossy(&self.0.lock().unwrap_or_else(PoisonError::into_inner))
                 .into_owned()
         }
     }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{capture::Capture, *};
 
     /// Runs `f` under a journald-format subscriber at `trace` and returns what it wrote.
     fn journald(f: impl FnOnce()) -> String {

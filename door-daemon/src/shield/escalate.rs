@@ -294,27 +294,12 @@ mod tests {
         assert!(!e.on_rejection(key("192.0.2.7"), KeySource::Peer, &OWN_429));
     }
 
-    /// A log line written into a shared buffer, for the test to read.
-    #[derive(Clone, Default)]
-    struct Captured(Arc<Mutex<Vec<u8>>>);
-
-    impl std::io::Write for Captured {
-        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-            self.0.lock().unwrap().extend_from_slice(buf);
-            Ok(buf.len())
-        }
-        fn flush(&mut self) -> std::io::Result<()> {
-            Ok(())
-        }
-    }
-
     #[test]
     fn many_prefixes_escalated_at_once_make_one_warning() {
         let (_, rec, e) = setup();
-        let log = Captured::default();
-        let writer = log.clone();
+        let log = crate::obs::logging::capture::Capture::default();
         let subscriber = tracing_subscriber::fmt()
-            .with_writer(move || writer.clone())
+            .with_writer(log.clone())
             .with_ansi(false)
             .finish();
         tracing::subscriber::with_default(subscriber, || {
@@ -326,7 +311,7 @@ mod tests {
             }
         });
         assert_eq!(rec.0.lock().unwrap().len(), 50, "every prefix is blocked");
-        let text = String::from_utf8(log.0.lock().unwrap().clone()).unwrap();
+        let text = log.text();
         let warnings = text.lines().filter(|l| l.contains("WARN")).count();
         assert_eq!(warnings, 1, "one line for 50 escalations: {text}");
         assert!(
