@@ -1,5 +1,5 @@
 //! The only `unsafe` of the eBPF crate: bounds-checked reads and writes of the packet, access to
-//! the values the kernel's map lookup helpers return, the clock helper, and the SYN cookie path's
+//! the values the kernel's map lookup helpers return, the clock helpers, and the SYN cookie path's
 //! helpers (`bpf_skc_lookup_tcp`, `bpf_tcp_gen_syncookie`, `bpf_sk_release`,
 //! `bpf_xdp_adjust_tail`, `bpf_fib_lookup`).
 //!
@@ -422,12 +422,23 @@ impl<T> MapValue<T> {
 
 /// The kernel's `CLOCK_MONOTONIC_COARSE` in nanoseconds (`bpf_ktime_get_coarse_ns`, Linux 5.11):
 /// `CLOCK_MONOTONIC` as of the last timer tick (1 to 4 ms old), read without touching the clock
-/// source; the daemon reads the same clock (docs/decisions.md, "XDP: the coarse clock").
+/// source; the daemon reads the same clock (docs/decisions.md, "XDP: the coarse clock"). A helper
+/// call: the program asks it once per tick per CPU ([`crate::clock::now_ns`]).
 #[inline(always)]
-pub(crate) fn now_ns() -> u64 {
+pub(crate) fn coarse_ns() -> u64 {
     // SAFETY: `bpf_ktime_get_coarse_ns` takes no arguments, touches no memory and is allowed in
     // XDP for a program loaded with CAP_BPF, as door's is.
     unsafe { aya_ebpf::helpers::bpf_ktime_get_coarse_ns() }
+}
+
+/// The kernel's `jiffies`: timer ticks since boot, plus an offset (`bpf_jiffies64`, Linux 5.5).
+/// Not a helper call: the verifier replaces it with one load of `jiffies` on 64-bit JITs
+/// (kernel/bpf/verifier.c, "Implement bpf_jiffies64 inline").
+#[inline(always)]
+pub(crate) fn jiffies() -> u64 {
+    // SAFETY: `bpf_jiffies64` takes no arguments, touches no memory and is allowed in XDP for a
+    // program loaded with CAP_BPF, as door's is.
+    unsafe { aya_ebpf::helpers::bpf_jiffies64() }
 }
 
 /// The number of the CPU running the program (`bpf_get_smp_processor_id`, Linux 4.1).

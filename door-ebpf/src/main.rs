@@ -55,6 +55,7 @@
 )]
 
 mod access;
+mod clock;
 mod cookie;
 mod events;
 mod key;
@@ -79,7 +80,8 @@ use door_common::{
 };
 
 use crate::{
-    access::{CookieScratch, MapValue, Packet, now_ns},
+    access::{CookieScratch, MapValue, Packet},
+    clock::now_ns,
     key::{MapKey, Source},
     parse::{Parsed, TcpSegment, parse},
 };

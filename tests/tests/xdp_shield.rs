@@ -425,6 +425,44 @@ fn blocklist_drops_until_the_deadline_then_forgets() {
     );
 }
 
+/// The time the program records a SYN at is the daemon's `CLOCK_MONOTONIC_COARSE` at that
+/// moment, tick after tick: the clock the blocklist's deadlines and a prefix's idle age are read
+/// on. The program asks the kernel for it once per tick per CPU; a reading kept past its tick
+/// would fall behind here. The clock cannot be faked, so the loop runs until it has stepped
+/// twice (4 ms a step at `CONFIG_HZ=250`), bounded in count.
+#[test]
+fn a_syn_is_recorded_at_the_daemons_coarse_clock_tick_after_tick() {
+    let Some(s) = shield(&settings(1000), &[]) else {
+        return;
+    };
+    let key = PrefixKey::from_ipv4(CLIENT4);
+    let mut seen = Vec::new();
+    let mut runs = 0u32;
+    while seen.len() < 3 && runs < 200_000 {
+        let before = door_daemon::time::kernel_monotonic_ns();
+        let _ = verdict(&s, &syn4());
+        let after = door_daemon::time::kernel_monotonic_ns();
+        let last = s
+            .prefix(&key)
+            .unwrap()
+            .expect("the SYN's prefix is tracked")
+            .last_ns;
+        assert!(
+            (before..=after).contains(&last),
+            "SYN recorded at {last} ns, the coarse clock read {before} ns before it and {after} after"
+        );
+        if seen.last() != Some(&last) {
+            seen.push(last);
+        }
+        runs += 1;
+    }
+    assert_eq!(
+        seen.len(),
+        3,
+        "the coarse clock stepped fewer than twice in {runs} SYNs"
+    );
+}
+
 /// An escalation or a block fetched from the cluster (`extend`) never cuts a longer block short;
 /// the operator's `POST /blocks` (`block`) sets the deadline it names.
 #[test]
