@@ -13,6 +13,7 @@ pub mod gcra;
 pub mod list_filter;
 pub mod prefix;
 pub mod shield;
+pub mod tick_clock;
 
 pub use counter::{COUNTER_COUNT, Counter, Verdict};
 pub use prefix::PrefixKey;
@@ -61,6 +62,10 @@ pub const MAP_GUARD: &str = "DOOR_GUARD";
 /// Name of the per-CPU one-entry array of [`CookieState`]: each CPU's cookie-mode state.
 pub const MAP_COOKIE: &str = "DOOR_COOKIE";
 
+/// Name of the per-CPU one-entry array of [`tick_clock::TickClock`]: each CPU's kept reading of
+/// the coarse clock. The program's alone; the daemon neither reads nor writes it.
+pub const MAP_CLOCK: &str = "DOOR_CLOCK";
+
 /// Entries of [`MAP_EXEMPT`].
 pub const EXEMPT_CAPACITY: u32 = 4_096;
 
@@ -85,7 +90,8 @@ pub struct PrefixState {
     pub drops: u64,
     /// The SYN bucket's theoretical arrival time ([`gcra`]), `bpf_ktime_get_coarse_ns` clock, ns.
     pub tat_ns: u64,
-    /// `bpf_ktime_get_coarse_ns()` (CLOCK_MONOTONIC_COARSE, nanoseconds) of the latest SYN seen.
+    /// The program's clock (CLOCK_MONOTONIC_COARSE, the clock `bpf_ktime_get_coarse_ns` reads;
+    /// [`tick_clock`]), nanoseconds, at the latest SYN seen.
     pub last_ns: u64,
 }
 

@@ -427,8 +427,9 @@ fn blocklist_drops_until_the_deadline_then_forgets() {
 
 /// The time the program records a SYN at is the daemon's `CLOCK_MONOTONIC_COARSE` at that
 /// moment, tick after tick: the clock the blocklist's deadlines and a prefix's idle age are read
-/// on. The program asks the kernel for it once per tick per CPU; a reading kept past its tick
-/// would fall behind here. The clock cannot be faked, so the loop runs until it has stepped
+/// on. The program asks the kernel for it about once per tick per CPU; a reading kept past its
+/// tick would fall behind here (the rule itself is tested against a model of the tick in
+/// `door_common::tick_clock`). The clock cannot be faked, so the loop runs until it has stepped
 /// twice (4 ms a step at `CONFIG_HZ=250`), bounded in count.
 #[test]
 fn a_syn_is_recorded_at_the_daemons_coarse_clock_tick_after_tick() {
