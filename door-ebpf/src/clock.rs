@@ -13,7 +13,7 @@
 use core::mem::offset_of;
 
 use aya_ebpf::{macros::map, maps::PerCpuArray};
-use door_common::tick_clock::TickClock;
+use door_common::tick_clock::{Kept, TickClock};
 
 use crate::access::{MapValue, coarse_ns, jiffies};
 
@@ -21,8 +21,8 @@ use crate::access::{MapValue, coarse_ns, jiffies};
 #[map(name = "DOOR_CLOCK")]
 static DOOR_CLOCK: PerCpuArray<TickClock> = PerCpuArray::with_max_entries(1, 0);
 
-/// The coarse clock now, nanoseconds: this CPU's kept reading when it is settled for the current
-/// tick, the kernel's otherwise (see the module docs).
+/// The coarse clock now, nanoseconds: this CPU's kept reading while it is settled for the
+/// current tick, the kernel's otherwise (see the module docs).
 #[inline(always)]
 pub(crate) fn now_ns() -> u64 {
     let tick = jiffies();
@@ -35,14 +35,19 @@ pub(crate) fn now_ns() -> u64 {
         tick: last.load(tick_at),
         ns: last.load(ns_at),
     };
-    if let Some(ns) = kept.at(tick) {
-        return ns;
+    match kept.at(tick) {
+        Kept::Serve(ns) => return ns,
+        Kept::Count { ns, tick } => {
+            last.store(tick_at, tick);
+            return ns;
+        }
+        Kept::Ask => {}
     }
-    let now = coarse_ns();
-    if let Some(next) = kept.after(tick, now) {
-        // Per-CPU: only a program interrupting this one on the same CPU could see the two
-        // stores apart; the reading first, then its tick, shows it at worst this fresh reading
-        // under the tick kept before, never a time older than one it could serve anyway.
+    let (now, keep) = kept.after(tick, coarse_ns());
+    if let Some(next) = keep {
+        // Per-CPU: only a program interrupting this one on the same CPU sees the two stores
+        // apart. The reading first, then its tick: it may see this fresh reading under the
+        // tick kept before, and serve it (as fresh as its own would be) or ask the kernel.
         last.store(ns_at, next.ns);
         last.store(tick_at, next.tick);
     }
