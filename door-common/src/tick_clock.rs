@@ -20,9 +20,10 @@
 //!   the check, a flood (every tick's first reading then falls in the gap) would carry such a
 //!   lag from tick to tick.
 //!
-//! A reading within a step of the previous tick's keeps what is kept, and the next packet asks
-//! again. The first reading, and the first after an idle tick or more, is kept unsettled; it
-//! settles at a change within its tick, or by a step at the next tick.
+//! A reading within a step of the previous tick's (before the tick's update, or at a tick the
+//! clock skips), the first reading, and the first after an idle tick or more, are kept
+//! unsettled: the next packet asks again, and a change within the tick, or a step at the next
+//! tick, settles.
 //!
 //! Bounds (the tests below check them against a model of the tick): a served time never goes
 //! back on a CPU, is never ahead of a value the kernel returned, and is at most one clock update
@@ -143,20 +144,23 @@ impl TickClock {
             };
             return (serve, keep);
         }
-        if seen.wrapping_add(1) == tick && now >= self.ns.saturating_add(TICK_STEP_MIN_NS) {
-            // A step on from the previous tick's reading: served, and checked again.
-            return (
-                serve,
-                Some(Self {
+        if seen.wrapping_add(1) == tick {
+            // A step on from the previous tick's reading: served, and checked once more. Within
+            // a step (before the tick's update, or a tick the clock skips): kept unsettled under
+            // this tick, so that a change later in it, or a step at the next, settles.
+            let keep = if now >= self.ns.saturating_add(TICK_STEP_MIN_NS) {
+                Self {
                     tick: tick | SETTLED | RECHECK,
                     ns: now,
-                }),
-            );
+                }
+            } else {
+                Self { tick, ns: serve }
+            };
+            return (serve, Some(keep));
         }
-        // Within a step of the previous tick's reading (before the tick's update), or older
-        // than the kept one (a program that interrupted this one on its CPU kept a newer one):
-        // the tick word stays, and a greater value is kept under it, so that the kept reading
-        // is always the greatest served, and none served later is less.
+        // Older than the kept one (a program that interrupted this one on its CPU kept a newer
+        // one): the tick word stays, and a greater value is kept under it, so that the kept
+        // reading is always the greatest served, and none served later is less.
         let keep = if now > self.ns {
             Some(Self {
                 tick: self.tick,
