@@ -8,9 +8,9 @@
 //! the new `jiffies` with the old time (the *gap*), so the first reading after a tick may be the
 //! previous tick's value. A reading is therefore served for its tick only once it is *settled*:
 //!
-//! - by a change: it is greater than a reading taken earlier in the same tick (the timekeeper
-//!   moved the clock in between, so the later one is after the update). It is served for the
-//!   rest of the tick without asking again;
+//! - by a change: it is at least [`TICK_STEP_MIN_NS`] greater than a reading taken earlier in
+//!   the same tick (the timekeeper's update came in between). It is served for the rest of the
+//!   tick without asking again;
 //! - by a step: it is at least [`TICK_STEP_MIN_NS`] past a reading taken in the previous tick (a
 //!   reading in the gap equals that one, or exceeds it by what the timekeeper moved the clock
 //!   between ticks; one after the update is a whole tick on). Such a reading is served for
@@ -29,10 +29,14 @@
 //! back on a CPU, is never ahead of a value the kernel returned, and is at most one clock update
 //! behind the kernel's. It is behind only after two consecutive ticks were each read inside
 //! their gaps (the first reading after an idle spell, then the next tick's first), and then for
-//! at most [`RECHECK_EVERY`] packets after the update, unless that tick's gap itself lasted that
-//! many packets (its check then fell inside it too): for the rest of that tick. Apart from that
-//! it is the kernel's, less what the timekeeper moved the clock since the reading (a clock step,
-//! an NTP adjustment) until the next tick. Before Linux's "timekeeping: Fix possible inconsistencies in
+//! at most [`RECHECK_EVERY`] packets after the update; if that tick's gap itself held that many
+//! packets (its check fell inside it too), for the rest of the tick, and of every following tick
+//! whose gap holds that many. Apart from that it is the kernel's, less what the timekeeper moved
+//! the clock since the reading (a clock step, an NTP adjustment) until the next tick.
+//!
+//! Cost: a CPU asks the kernel at a tick's first reading, at every reading inside its gap, and,
+//! when none fell in the gap, once more for the check; at a tick the clock skips, at every
+//! reading of that tick. Before Linux's "timekeeping: Fix possible inconsistencies in
 //! _COARSE clockids" (2025), an NTP adjustment could move the coarse clock back by a fraction of
 //! a tick; a served time then stays where it was, ahead of the kernel's by that fraction, until
 //! the clock passes it. On the same CPU, a program preempted between its reading and its stores
@@ -131,17 +135,21 @@ impl TickClock {
             return (serve, Some(Self { tick, ns: serve }));
         }
         if seen == tick {
-            // A reading later in the kept one's tick: a greater value is after the tick's
+            // A reading later in the kept one's tick: a value a step greater is after the tick's
             // update, and settled for the rest of the tick; so is the kept one, settled by a
-            // step, when its check finds the clock unchanged. An unsettled kept reading stays.
-            let keep = if now > self.ns || self.tick & SETTLED != 0 {
-                Some(Self {
-                    tick: tick | SETTLED,
-                    ns: serve,
-                })
-            } else {
-                None
-            };
+            // step, at its check. An unsettled kept reading stays unsettled, raised to a greater
+            // value (the timekeeper nudged the clock).
+            let keep =
+                if now >= self.ns.saturating_add(TICK_STEP_MIN_NS) || self.tick & SETTLED != 0 {
+                    Some(Self {
+                        tick: tick | SETTLED,
+                        ns: serve,
+                    })
+                } else if now > self.ns {
+                    Some(Self { tick, ns: serve })
+                } else {
+                    None
+                };
             return (serve, keep);
         }
         if seen.wrapping_add(1) == tick {

@@ -423,7 +423,7 @@ impl<T> MapValue<T> {
 /// The kernel's `CLOCK_MONOTONIC_COARSE` in nanoseconds (`bpf_ktime_get_coarse_ns`, Linux 5.11):
 /// `CLOCK_MONOTONIC` as of the last timer tick (1 to 4 ms old), read without touching the clock
 /// source; the daemon reads the same clock (docs/decisions.md, "XDP: the coarse clock"). A helper
-/// call: the program asks it once per tick per CPU ([`crate::clock::now_ns`]).
+/// call: the program asks it about once per tick per CPU ([`crate::clock::now_ns`]).
 #[inline(always)]
 pub(crate) fn coarse_ns() -> u64 {
     // SAFETY: `bpf_ktime_get_coarse_ns` takes no arguments, touches no memory and is allowed in

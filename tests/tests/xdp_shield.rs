@@ -430,7 +430,8 @@ fn blocklist_drops_until_the_deadline_then_forgets() {
 /// on. The program asks the kernel for it about once per tick per CPU; a reading kept past its
 /// tick would fall behind here (the rule itself is tested against a model of the tick in
 /// `door_common::tick_clock`). The clock cannot be faked, so the loop runs until it has stepped
-/// twice (4 ms a step at `CONFIG_HZ=250`), bounded in count.
+/// twice (4 ms a step at `CONFIG_HZ=250`), bounded in count. (On a kernel without 2025's fix for
+/// the coarse clocks, an NTP adjustment moving the clock back mid-test could fail it.)
 #[test]
 fn a_syn_is_recorded_at_the_daemons_coarse_clock_tick_after_tick() {
     let Some(s) = shield(&settings(1000), &[]) else {

@@ -226,10 +226,10 @@ fn an_idle_cpu_waking_in_the_gap_does_not_keep_the_old_time() {
     }
 }
 
-/// Under a flood with no reading in the gaps, a settled CPU asks twice a tick: at the tick's first
-/// reading and at its check.
+/// Under a flood with no reading in the gaps (the CPU doing the timekeeping sees none), a settled
+/// CPU asks twice a tick: at the tick's first reading and at its check.
 #[test]
-fn a_flooded_cpu_asks_twice_a_tick() {
+fn a_flooded_cpu_that_never_reads_in_the_gap_asks_twice_a_tick() {
     let mut cpu = Cpu::settled(TICK_NS);
     for _ in 0..5 {
         cpu.tick(1);
@@ -291,6 +291,25 @@ fn a_nudge_between_ticks_is_not_taken_for_a_tick() {
     let asked = cpu.asked;
     assert_eq!(cpu.read(), gap + TICK_NS);
     assert_eq!(cpu.asked, asked);
+}
+
+/// An NTP nudge inside the gap, after an idle spell's unsettled reading, is not the tick's update.
+#[test]
+fn a_nudge_inside_the_gap_settles_nothing() {
+    let mut cpu = Cpu::settled(TICK_NS);
+    cpu.tick(3);
+    cpu.jiffies_advance(1);
+    let stale = cpu.read();
+    cpu.nudge(2_000);
+    assert_eq!(cpu.read(), stale + 2_000);
+    let asked = cpu.asked;
+    assert_eq!(cpu.read(), stale + 2_000, "still asking in the gap");
+    assert_eq!(cpu.asked, asked + 1);
+    cpu.clock_update(0);
+    assert_eq!(cpu.read(), stale + 2_000 + TICK_NS);
+    let asked = cpu.asked;
+    assert_eq!(cpu.read(), stale + 2_000 + TICK_NS);
+    assert_eq!(cpu.asked, asked, "settled by the update");
 }
 
 /// A tick whose update takes no time (the accumulation grid just missed it) is asked about on
