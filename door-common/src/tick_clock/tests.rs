@@ -4,7 +4,7 @@
 
 extern crate std;
 
-use std::{format, vec::Vec};
+use std::{format, string::String, vec::Vec};
 
 use proptest::prelude::*;
 
@@ -360,6 +360,18 @@ fn event() -> impl Strategy<Value = Event> {
     ]
 }
 
+/// A tick's length, nanoseconds: `CONFIG_HZ` 1000, 250 or 100.
+fn tick_ns() -> impl Strategy<Value = u64> {
+    prop_oneof![Just(1_000_000u64), Just(4_000_000), Just(10_000_000)]
+}
+
+/// Keeps the first served value that is not the kernel's when `counts`, with the CPU's state.
+fn note_late(late: &mut Option<String>, counts: bool, cpu: &Cpu, value: u64) {
+    if counts && value != cpu.clock && late.is_none() {
+        *late = Some(format!("{value}: {cpu:?}"));
+    }
+}
+
 /// Applies `e`; every reading's value goes to `check`.
 fn apply(cpu: &mut Cpu, e: &Event, check: &mut dyn FnMut(&Cpu, u64)) {
     match *e {
@@ -388,7 +400,7 @@ proptest! {
     /// (asserted in `Cpu::read_across`).
     #[test]
     fn a_served_time_is_within_one_update_of_the_kernels(
-        tick_ns in prop_oneof![Just(1_000_000u64), Just(4_000_000), Just(10_000_000)],
+        tick_ns in tick_ns(),
         events in proptest::collection::vec(
             prop_oneof![5 => event(), 1 => (1i64..400_000).prop_map(|ns| Event::Nudge(-ns))],
             1..200,
@@ -405,20 +417,15 @@ proptest! {
     /// many readings (its check fell inside the gap too): a lag never outlives a check.
     #[test]
     fn from_a_check_after_the_update_on_a_served_time_is_the_kernels(
-        tick_ns in prop_oneof![Just(1_000_000u64), Just(4_000_000), Just(10_000_000)],
+        tick_ns in tick_ns(),
         events in proptest::collection::vec(event(), 1..200),
     ) {
         let mut cpu = Cpu::new(tick_ns);
         let mut late = None;
         for e in events.iter().filter(|e| !matches!(e, Event::Nudge(_))) {
             apply(&mut cpu, e, &mut |cpu, value| {
-                if cpu.after_update >= RECHECK_EVERY
-                    && cpu.in_gap < RECHECK_EVERY
-                    && value != cpu.clock
-                    && late.is_none()
-                {
-                    late = Some(format!("{value} at reading {}: {cpu:?}", cpu.after_update));
-                }
+                let counts = cpu.after_update >= RECHECK_EVERY && cpu.in_gap < RECHECK_EVERY;
+                note_late(&mut late, counts, cpu, value);
             });
         }
         prop_assert!(late.is_none(), "{:?}", late);
@@ -428,7 +435,7 @@ proptest! {
     /// time is exactly the kernel's: one reading in a gap, after any idle time, misleads nothing.
     #[test]
     fn without_gap_readings_at_consecutive_ticks_a_served_time_is_the_kernels(
-        tick_ns in prop_oneof![Just(1_000_000u64), Just(4_000_000), Just(10_000_000)],
+        tick_ns in tick_ns(),
         events in proptest::collection::vec(event(), 1..200),
     ) {
         let mut cpu = Cpu::new(tick_ns);
@@ -442,35 +449,9 @@ proptest! {
                     exception |= gap_read_at.is_some_and(|t| t + 1 == cpu.jiffies);
                     gap_read_at = Some(cpu.jiffies);
                 }
-                if !exception && value != cpu.clock && late.is_none() {
-                    late = Some(format!("{value}: {cpu:?}"));
-                }
+                note_late(&mut late, !exception, cpu, value);
             });
         }
         prop_assert!(late.is_none(), "{:?}", late);
-    }
-
-    /// With no reading inside a gap and no nudge, every served time is exactly the kernel's.
-    #[test]
-    fn without_gap_readings_or_nudges_a_served_time_is_the_kernels(
-        tick_ns in prop_oneof![Just(1_000_000u64), Just(4_000_000), Just(10_000_000)],
-        events in proptest::collection::vec(event(), 1..200),
-    ) {
-        let mut cpu = Cpu::new(tick_ns);
-        for e in &events {
-            match e {
-                Event::Nudge(_) => {}
-                Event::Read(_) | Event::Flood(_) if cpu.pending > 0 => {}
-                _ => {
-                    let mut late = None;
-                    apply(&mut cpu, e, &mut |cpu, value| {
-                        if value != cpu.clock && late.is_none() {
-                            late = Some(format!("{value}: {cpu:?}"));
-                        }
-                    });
-                    prop_assert!(late.is_none(), "{:?}", late);
-                }
-            }
-        }
     }
 }
