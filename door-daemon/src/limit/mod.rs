@@ -1372,6 +1372,10 @@ impl GroupLimiter {
         let now = self.core.clock.now_ns();
         let pool = &self.core.pool;
         let shard = self.shard_of(&key);
+        // The permit's reference, taken before the lock: a locked instruction waits for the
+        // stores before it, and after the decision those are the row's (docs/decisions.md, "The
+        // permit's reference taken before the shard's lock"). A refused request drops it again.
+        let held = Arc::clone(shard);
         let moved = {
             let Some(mut state) = self.slot_on(shard) else {
                 return (Err(Rejection::group_cap()), change);
@@ -1400,7 +1404,7 @@ impl GroupLimiter {
                     if spends {
                         state.note(key, true);
                     }
-                    return (Ok((Arc::clone(shard), id)), change);
+                    return (Ok((held, id)), change);
                 }
                 Some(Err(rejection)) => {
                     state.slots.free(pool);
