@@ -1372,6 +1372,10 @@ impl GroupLimiter {
         let now = self.core.clock.now_ns();
         let pool = &self.core.pool;
         let shard = self.shard_of(&key);
+        // At the group cap, refused without touching the shard ([`Pool::is_full`]).
+        if pool.is_full() {
+            return (Err(Rejection::group_cap()), change);
+        }
         // The permit's reference, taken before the lock: a locked instruction waits for the
         // stores before it, and after the decision those are the row's (docs/decisions.md, "The
         // permit's reference taken before the shard's lock"). A refused request drops it again.

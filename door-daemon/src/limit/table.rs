@@ -77,13 +77,14 @@ impl<V: Copy> Table<V> {
     pub(super) fn new(cap: usize) -> Self {
         let cap = cap.max(1);
         let index = empty_index(cap);
+        let tag_width = u32::BITS;
         Self {
             entries: Vec::with_capacity(cap),
             free: Vec::new(),
-            tags: tag_bits(index.len(), u32::BITS),
+            tags: tag_bits(index.len(), tag_width),
             index,
             hasher: foldhash::fast::RandomState::default(),
-            tag_width: u32::BITS,
+            tag_width,
             head: NIL,
             tail: NIL,
             len: 0,
@@ -377,7 +378,11 @@ impl<V: Copy> Table<V> {
     fn index_insert(&mut self, key: &PrefixKey, at: u32) {
         let mask = self.mask();
         let (mut slot, tag) = self.probe(key);
-        debug_assert_eq!((at + 1) & self.tags, 0, "entry number {at} in the tag");
+        debug_assert!(
+            (at as usize) < self.index.len() / 2,
+            "entry number {at} reaches the tag bits of {} slots",
+            self.index.len()
+        );
         for _ in 0..self.index.len() {
             match self.index.get_mut(slot) {
                 Some(s) if *s == 0 => {
@@ -590,6 +595,21 @@ mod tests {
         }
     }
 
+    /// Slots of other keys with `key`'s tag that a probe for `key` passes: up to `key`'s own
+    /// slot, or to the empty slot that ends the probe of an absent key.
+    fn same_tag_passed<V: Copy>(t: &Table<V>, key: &PrefixKey) -> usize {
+        let (mut slot, tag) = t.probe(key);
+        let mut n = 0;
+        while let Some(&s) = t.index.get(slot).filter(|&&s| s != 0) {
+            if t.entry((s & !t.tags) - 1).map(|e| e.key) == Some(*key) {
+                break;
+            }
+            n += usize::from(s & t.tags == tag);
+            slot = (slot + 1) & t.mask();
+        }
+        n
+    }
+
     /// Keys whose index slots share a tag are told apart by their entries' keys: with one-bit
     /// tags, probes pass slots of other keys with the same tag, and every key still finds its
     /// own value, and no absent key finds one, before and after half the keys are removed (the
@@ -602,19 +622,8 @@ mod tests {
             assert!(t.insert(key(i), i).is_some());
         }
         assert_eq!(t.tags, 1 << 31);
-        // Same-tag slots of other keys passed on the way to each present and absent key.
-        let passed = |t: &Table<u16>, i: u16| {
-            let (mut slot, tag) = t.probe(&key(i));
-            let mut n = 0;
-            while let Some(&s) = t.index.get(slot).filter(|&&s| s != 0) {
-                let other = t.entry((s & !t.tags) - 1).map(|e| e.key) != Some(key(i));
-                n += usize::from(s & t.tags == tag && other);
-                slot = (slot + 1) & t.mask();
-            }
-            n
-        };
-        // 800 to 1,200 in runs: one slot passed in two has the same one-bit tag.
-        let collisions: usize = (0..2 * N).map(|i| passed(&t, i)).sum();
+        // 400 to 600 in runs: one slot passed in two has the same one-bit tag.
+        let collisions: usize = (0..2 * N).map(|i| same_tag_passed(&t, &key(i))).sum();
         assert!(
             collisions > 100,
             "{collisions} probes passed a slot with their tag"
@@ -628,6 +637,55 @@ mod tests {
         for i in 0..2 * N {
             let present = i < N && i % 2 == 1;
             assert_eq!(t.peek(&key(i)).copied(), present.then_some(i), "key {i}");
+        }
+    }
+
+    #[test]
+    fn tags_take_every_bit_above_the_entry_number() {
+        for (slots, width, want) in [
+            (8, 32, !0b111),
+            (2048, 32, !0b111_1111_1111),
+            (1 << 31, 32, 1 << 31),
+            (1 << 32, 32, 0),
+            (2048, 0, 0),
+            (2048, 2, 0b11 << 30),
+            (8, 40, !0b111),
+        ] {
+            assert_eq!(tag_bits(slots, width), want, "{slots} slots, width {width}");
+        }
+    }
+
+    /// A table as the limiter builds it, filled to powers of two and other caps, grown, and
+    /// filled again: its tags take every bit above the entry number, so a probe passes at most
+    /// one slot of another key with its tag (a chance of about one in 2^20 a slot passed), and
+    /// every key finds its own value.
+    #[test]
+    fn a_full_table_with_its_own_tags_reads_no_other_entry() {
+        for cap in [1usize, 3, 4, 8, 512, 1000, 1024] {
+            let mut t = Table::new(cap);
+            let n = u16::try_from(cap).unwrap();
+            for i in 0..n {
+                assert!(t.insert(key(i), i).is_some(), "cap {cap}, key {i}");
+            }
+            assert_eq!(t.resize(2 * cap, |_| false), 0);
+            for i in n..2 * n {
+                assert!(t.insert(key(i), i).is_some(), "cap {}, key {i}", 2 * cap);
+            }
+            let slots = t.index.len();
+            assert_eq!(
+                t.tags.count_ones(),
+                32 - slots.trailing_zeros(),
+                "cap {cap}"
+            );
+            let mut passed = 0;
+            for i in 0..4 * n {
+                passed += same_tag_passed(&t, &key(i));
+                assert_eq!(t.peek(&key(i)).copied(), (i < 2 * n).then_some(i));
+            }
+            assert!(
+                passed <= 1,
+                "cap {cap}: {passed} slots passed with the key's tag"
+            );
         }
     }
 
