@@ -111,8 +111,9 @@ impl<V: Copy> Table<V> {
     /// high half gives the tag, masked to the slot's free bits.
     fn probe(&self, key: &PrefixKey) -> (usize, u32) {
         // Hashed as a byte array (its length, then its bytes): foldhash's one-call `u128` hash
-        // measured twice the tag collisions and up to 25 % more probes a key on keys that differ
-        // only in a few bytes, as clients' prefixes do.
+        // spread keys that differ in a few bytes only, as clients' prefixes do, unevenly, by how
+        // much depending on the random seed (1.26 to 1.87 slots probed a key in runs over
+        // 262,144 of them, where a uniform hash gives 1.5).
         let h = self.hasher.hash_one(key.addr);
         #[expect(
             clippy::cast_possible_truncation,
@@ -640,6 +641,8 @@ mod tests {
         }
     }
 
+    /// A tag takes the bits above the largest entry number an index of that length holds, at
+    /// most `width` of them, and none at 2^32 slots.
     #[test]
     fn tags_take_every_bit_above_the_entry_number() {
         for (slots, width, want) in [
