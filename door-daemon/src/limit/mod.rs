@@ -586,18 +586,27 @@ pub struct Quota {
     pub reset_s: u64,
 }
 
-/// Which row a permit holds its slot on: a table entry (the client's key and the entry's
-/// number, so that settling finds it without a lookup) or the shared row.
+/// Which row a permit holds its slot on: a table entry, by its number, or the shared row.
+///
+/// The number alone finds the entry at settlement, without a lookup and without the key: an
+/// entry with requests in flight is never removed or taken over until its table is cleared (a
+/// miss takes over only idle entries, [`find_row`]; `forget`, a shrink and a shed keep busy
+/// ones), and a cleared entry is no longer in the table ([`table::Table::live_at_mut`]). Eight
+/// bytes without the key: with it, the decision was handed between calls with a 16-byte key
+/// written in pieces and read back in wider ones, each read waiting for the writes to reach the
+/// cache (docs/decisions.md, "The limiter's admission inlined, its permit without the key").
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum RowId {
-    Key(PrefixKey, u32),
+    Entry(u32),
     Shared,
 }
+
+const _: () = assert!(size_of::<RowId>() == 8);
 
 impl RowId {
     const fn scope(self) -> Scope {
         match self {
-            RowId::Key(..) => Scope::Client,
+            RowId::Entry(..) => Scope::Client,
             RowId::Shared => Scope::Shared,
         }
     }
@@ -725,6 +734,21 @@ struct Journal {
 }
 
 impl ShardState {
+    /// The row a permit's slot is on: for a table entry its key and number beside the row;
+    /// `None` for an entry no longer in the table (its table was cleared).
+    fn row(&mut self, id: RowId) -> (Option<(PrefixKey, u32)>, Option<&mut Row>) {
+        match id {
+            RowId::Entry(at) => match self.table.live_at_mut(at) {
+                Some((key, row)) => {
+                    debug_assert!(row.inflight > 0, "a permit's entry counts its slot");
+                    (Some((key, at)), Some(row))
+                }
+                None => (None, None),
+            },
+            RowId::Shared => (None, Some(&mut self.shared)),
+        }
+    }
+
     /// Removes `key`'s entry number `at` if it is idle and the table is over its capacity (a
     /// reload shrank `max_clients` while the entry was busy: [`GroupLimiter::retune`]); returns
     /// whether it did.
@@ -809,10 +833,7 @@ impl Shard {
             let mut state = self.lock();
             let state = &mut *state;
             let t = state.tuning;
-            let row = match id {
-                RowId::Key(k, at) => state.table.at_mut(at, &k),
-                RowId::Shared => Some(&mut state.shared),
-            };
+            let (entry, row) = state.row(id);
             if let Some(row) = row {
                 row.inflight = row.inflight.saturating_sub(1);
                 if t.budget.charge == Charge::OnFailure {
@@ -820,14 +841,14 @@ impl Shard {
                     if spend == Spend::Token {
                         // The clock is read only when a token is spent.
                         t.bucket.spend(row, self.core.clock.now_ns());
-                        if let RowId::Key(k, _) = id {
+                        if let Some((k, _)) = entry {
                             state.note(k, true);
                         }
                     }
                 }
             }
             free_slot(&mut state.slots, id, &self.core.pool);
-            shed = matches!(id, RowId::Key(k, at) if state.shed_if_over(&k, at));
+            shed = entry.is_some_and(|(k, at)| state.shed_if_over(&k, at));
         }
         self.slot_freed(shed);
     }
@@ -840,24 +861,21 @@ impl Shard {
             let mut state = self.lock();
             let state = &mut *state;
             let t = state.tuning;
-            let row = match id {
-                RowId::Key(k, at) => state.table.at_mut(at, &k),
-                RowId::Shared => Some(&mut state.shared),
-            };
+            let (entry, row) = state.row(id);
             if let Some(row) = row {
                 row.inflight = row.inflight.saturating_sub(1);
                 match t.budget.charge {
                     Charge::OnFailure => row.held = row.held.saturating_sub(1),
                     Charge::Always => {
                         row.full_at = row.full_at.saturating_sub(t.bucket.interval);
-                        if let RowId::Key(k, _) = id {
+                        if let Some((k, _)) = entry {
                             state.note(k, false);
                         }
                     }
                 }
             }
             free_slot(&mut state.slots, id, &self.core.pool);
-            shed = matches!(id, RowId::Key(k, at) if state.shed_if_over(&k, at));
+            shed = entry.is_some_and(|(k, at)| state.shed_if_over(&k, at));
         }
         self.slot_freed(shed);
     }
@@ -1336,6 +1354,16 @@ impl GroupLimiter {
     /// A [`Rejection`] when enforcing and a check fails; it spends and holds nothing. In shadow
     /// mode this never fails: the permit says what would have happened
     /// ([`Permit::shadow_rejection`]) and holds nothing either.
+    ///
+    /// Inlined into its caller (door calls it from one place on the request path): returned
+    /// from a call, the result is written to the caller's stack a field at a time and read back
+    /// in wider pieces, and a read that no single write covers waits until the writes reach the
+    /// cache (docs/decisions.md, "The limiter's admission inlined, its permit without the key").
+    #[expect(
+        clippy::inline_always,
+        reason = "measured, 5 ns an admission; a plain #[inline] is not taken for a body this size"
+    )]
+    #[inline(always)]
     pub fn admit(self: &Arc<Self>, key: PrefixKey) -> Result<Permit, Rejection> {
         let enforce = self.enforcing();
         let (decision, change) = self.decide(key);
@@ -1388,11 +1416,11 @@ impl GroupLimiter {
             let spends = t.budget.charge == Charge::Always;
             // Hit: one lookup (which also marks the entry used).
             let decision = if let Some((at, row)) = state.table.get_mut(&key) {
-                Some(take(&t, row, RowId::Key(key, at), now))
+                Some(take(&t, row, RowId::Entry(at), now))
             } else {
                 find_row(&mut state.table, key, now, &mut change).map(|at| {
                     match state.table.at_mut(at, &key) {
-                        Some(row) => take(&t, row, RowId::Key(key, at), now),
+                        Some(row) => take(&t, row, RowId::Entry(at), now),
                         // find_row only says so for a key it just inserted; unreachable, and
                         // harmless: the request is refused rather than admitted without
                         // accounting.

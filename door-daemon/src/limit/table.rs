@@ -186,6 +186,15 @@ impl<V: Copy> Table<V> {
             .map(|e| &mut e.value)
     }
 
+    /// The key and value of entry `at` if it is in the table, without a lookup; the order and
+    /// the use mark are left alone. The caller knows the entry is still the one it numbered
+    /// (the limiter's permits: a busy entry is never removed or replaced, only cleared).
+    pub(super) fn live_at_mut(&mut self, at: u32) -> Option<(PrefixKey, &mut V)> {
+        self.entry_mut(at)
+            .filter(|e| e.prev != FREE)
+            .map(|e| (e.key, &mut e.value))
+    }
+
     /// Adds `key`, which has no entry, at the front with `value`, unmarked; `None` (nothing
     /// changed) when the table is full or `key` has an entry already.
     pub(super) fn insert(&mut self, key: PrefixKey, value: V) -> Option<u32> {

@@ -867,6 +867,16 @@ proptest! {
             if let Err(e) = lim.check_invariants().and_then(|()| totals.check(&lim)) {
                 prop_assert!(false, "{}", e);
             }
+            // Each client's entry counts exactly the slots of its own permits: a permit settles
+            // on the entry it was admitted on, by number, whatever entries came and went since.
+            for k in 0..6 {
+                let own = permits
+                    .iter()
+                    .filter(|(pk, p)| *pk == k && p.holds_slot() && p.scope() == Scope::Client)
+                    .count();
+                let row = lim.shard_of(&key(k)).lock().table.peek(&key(k)).map_or(0, |r| r.inflight);
+                prop_assert_eq!(row as usize, own, "key {}'s entry", k);
+            }
             if own_rows_only {
                 let interval = budget.interval_ns();
                 for (k, n) in &spent {
