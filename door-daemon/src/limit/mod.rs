@@ -591,23 +591,40 @@ pub struct Quota {
 /// The number alone finds the entry at settlement, without a lookup and without the key: an
 /// entry with requests in flight is never removed or taken over until its table is cleared (a
 /// miss takes over only idle entries, [`find_row`]; `forget`, a shrink and a shed keep busy
-/// ones), and a cleared entry is no longer in the table ([`table::Table::live_at_mut`]). Eight
-/// bytes without the key: with it, the decision was handed between calls with a 16-byte key
-/// written in pieces and read back in wider ones, each read waiting for the writes to reach the
-/// cache (docs/decisions.md, "The limiter's admission inlined, its permit without the key").
+/// ones), and a cleared entry is no longer in the table ([`table::Table::live_at_mut`]).
+///
+/// One `u32`, written and read whole: a decision is handed between calls through memory, and a
+/// read wider than the writes it reads (a 16-byte key written in pieces, or an enum's tag and
+/// number written apart and read as one word) waits for the writes to reach the cache
+/// (docs/decisions.md, "The limiter's admission inlined, its permit without the key").
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum RowId {
-    Entry(u32),
-    Shared,
-}
+struct RowId(u32);
 
-const _: () = assert!(size_of::<RowId>() == 8);
+const _: () = assert!(size_of::<RowId>() == 4);
 
 impl RowId {
+    /// The shared row: a number no entry has (entry numbers are below half the index's length,
+    /// itself at most 2^32 slots).
+    const SHARED: RowId = RowId(u32::MAX);
+
+    /// Table entry number `at`.
+    const fn entry(at: u32) -> Self {
+        RowId(at)
+    }
+
+    /// The entry's number; `None` for the shared row.
+    const fn entry_number(self) -> Option<u32> {
+        if self.0 == Self::SHARED.0 {
+            None
+        } else {
+            Some(self.0)
+        }
+    }
+
     const fn scope(self) -> Scope {
-        match self {
-            RowId::Entry(..) => Scope::Client,
-            RowId::Shared => Scope::Shared,
+        match self.entry_number() {
+            Some(_) => Scope::Client,
+            None => Scope::Shared,
         }
     }
 }
@@ -737,15 +754,15 @@ impl ShardState {
     /// The row a permit's slot is on: for a table entry its key and number beside the row;
     /// `None` for an entry no longer in the table (its table was cleared).
     fn row(&mut self, id: RowId) -> (Option<(PrefixKey, u32)>, Option<&mut Row>) {
-        match id {
-            RowId::Entry(at) => match self.table.live_at_mut(at) {
+        match id.entry_number() {
+            Some(at) => match self.table.live_at_mut(at) {
                 Some((key, row)) => {
                     debug_assert!(row.inflight > 0, "a permit's entry counts its slot");
                     (Some((key, at)), Some(row))
                 }
                 None => (None, None),
             },
-            RowId::Shared => (None, Some(&mut self.shared)),
+            None => (None, Some(&mut self.shared)),
         }
     }
 
@@ -1386,7 +1403,7 @@ impl GroupLimiter {
             Err(rejection) if enforce => Err(rejection),
             Err(rejection) => Ok(Permit {
                 shard: None,
-                slot: RowId::Shared,
+                slot: RowId::SHARED,
                 scope: rejection.scope,
                 shadow: Some(rejection.reason),
             }),
@@ -1416,11 +1433,11 @@ impl GroupLimiter {
             let spends = t.budget.charge == Charge::Always;
             // Hit: one lookup (which also marks the entry used).
             let decision = if let Some((at, row)) = state.table.get_mut(&key) {
-                Some(take(&t, row, RowId::Entry(at), now))
+                Some(take(&t, row, RowId::entry(at), now))
             } else {
                 find_row(&mut state.table, key, now, &mut change).map(|at| {
                     match state.table.at_mut(at, &key) {
-                        Some(row) => take(&t, row, RowId::Entry(at), now),
+                        Some(row) => take(&t, row, RowId::entry(at), now),
                         // find_row only says so for a key it just inserted; unreachable, and
                         // harmless: the request is refused rather than admitted without
                         // accounting.
@@ -1459,9 +1476,9 @@ impl GroupLimiter {
             state
         };
         let t = state.tuning;
-        let decision = take(&t, &mut state.shared, RowId::Shared, now);
+        let decision = take(&t, &mut state.shared, RowId::SHARED, now);
         if decision.is_err() {
-            free_slot(&mut state.slots, RowId::Shared, pool);
+            free_slot(&mut state.slots, RowId::SHARED, pool);
         }
         (decision.map(|id| (Arc::clone(&self.shared), id)), change)
     }
@@ -1525,7 +1542,7 @@ impl Drop for GroupLimiter {
 /// freed slot goes back to the pool at once.
 fn free_slot(slots: &mut Lease, id: RowId, pool: &Pool) {
     slots.free(pool);
-    if matches!(id, RowId::Shared) {
+    if id == RowId::SHARED {
         slots.give_back_idle(pool);
     }
 }
