@@ -603,12 +603,13 @@ struct RowId(u32);
 const _: () = assert!(size_of::<RowId>() == 4);
 
 impl RowId {
-    /// The shared row: a number no entry has (entry numbers are below half the index's length,
-    /// itself at most 2^32 slots).
+    /// The shared row: a number no entry has ([`table::Table::insert`] hands out numbers below
+    /// `u32::MAX - 1`, and a table holds at most [`MAX_CLIENTS`] entries).
     const SHARED: RowId = RowId(u32::MAX);
 
     /// Table entry number `at`.
     const fn entry(at: u32) -> Self {
+        debug_assert!(at != Self::SHARED.0, "no entry has the shared row's number");
         RowId(at)
     }
 
@@ -757,7 +758,12 @@ impl ShardState {
         match id.entry_number() {
             Some(at) => match self.table.live_at_mut(at) {
                 Some((key, row)) => {
-                    debug_assert!(row.inflight > 0, "a permit's entry counts its slot");
+                    // Not while unwinding: a permit dropped by a failing test would abort the
+                    // test binary.
+                    debug_assert!(
+                        row.inflight > 0 || std::thread::panicking(),
+                        "a permit's entry counts its slot"
+                    );
                     (Some((key, at)), Some(row))
                 }
                 None => (None, None),

@@ -19,7 +19,7 @@
 //! when the tags agree, as SwissTable's control bytes spare its buckets (Abseil, "Swiss Tables
 //! Design Notes"). Entries never move: an entry's number stays valid
 //! until the entry is removed, so a permit can keep it and settle without a lookup
-//! ([`Table::at_mut`]). Keys are hashed with a per-table random key (`foldhash`), so a client
+//! ([`Table::live_at_mut`]). Keys are hashed with a per-table random key (`foldhash`), so a client
 //! cannot choose addresses that collide in the index.
 //!
 //! The table allocates its entry array (`cap` entries) and its index when it is created or
@@ -562,6 +562,28 @@ mod tests {
         assert_eq!(b, a, "the free entry is reused");
         assert_eq!(t.at_mut(a, &key(1)), None);
         assert_eq!(t.at_mut(b, &key(2)).copied(), Some(2));
+    }
+
+    #[test]
+    fn an_entry_number_reaches_its_entry_while_it_is_in_the_table() {
+        let mut t = Table::new(2);
+        let a = t.insert(key(1), 1).unwrap();
+        let b = t.insert(key(2), 2).unwrap();
+        assert_eq!(t.live_at_mut(a).map(|(k, v)| (k, *v)), Some((key(1), 1)));
+        // Reordering and a growing resize keep the numbers.
+        t.get_mut(&key(1)).unwrap();
+        t.second_chances(10);
+        t.resize(8, |_| false);
+        assert_eq!(t.live_at_mut(b).map(|(k, v)| (k, *v)), Some((key(2), 2)));
+        assert_eq!(t.remove(&key(1)), Some(1));
+        assert_eq!(t.live_at_mut(a), None, "a removed entry is free");
+        let c = t.insert(key(3), 3).unwrap();
+        assert_eq!(c, a, "the free entry is reused");
+        assert_eq!(t.live_at_mut(a).map(|(k, v)| (k, *v)), Some((key(3), 3)));
+        assert_eq!(t.clear(), 2);
+        assert_eq!(t.live_at_mut(a), None, "a cleared table has no entries");
+        assert_eq!(t.live_at_mut(b), None);
+        assert_eq!(t.live_at_mut(u32::MAX), None);
     }
 
     #[test]
