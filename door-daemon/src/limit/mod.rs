@@ -787,15 +787,25 @@ impl ShardState {
     /// Records that `key` spent one token (`+1`) or had one refunded (`-1`): a refund of a spend
     /// recorded since the last drain cancels it, one of a spend an earlier drain took is
     /// recorded as `-1` of its own, so that the store gets the token back too.
+    ///
+    /// Inlined: without a cluster there is no journal, and the request path pays one test for it,
+    /// not a call.
+    #[inline]
     fn note(&mut self, key: PrefixKey, spent: bool) {
-        let Some(j) = self.journal.as_mut() else {
-            return;
-        };
+        if let Some(j) = self.journal.as_mut() {
+            j.note(key, spent);
+        }
+    }
+}
+
+impl Journal {
+    /// [`ShardState::note`] with a journal.
+    fn note(&mut self, key: PrefixKey, spent: bool) {
         let delta = if spent { 1 } else { -1 };
-        if let Some(n) = j.spent.get_mut(&key) {
+        if let Some(n) = self.spent.get_mut(&key) {
             *n = n.saturating_add(delta);
-        } else if j.spent.push(key, delta).is_some() {
-            j.dropped += 1;
+        } else if self.spent.push(key, delta).is_some() {
+            self.dropped += 1;
         }
     }
 }
