@@ -874,7 +874,9 @@ proptest! {
                     .iter()
                     .filter(|(pk, p)| *pk == k && p.holds_slot() && p.scope() == Scope::Client)
                     .count();
-                let row = lim.shard_of(&key(k)).lock().table.peek(&key(k)).map_or(0, |r| r.inflight);
+                let shard = lim.shard_of(&key(k)).lock();
+                let row = shard.table.peek(&key(k)).map_or(0, |r| r.inflight);
+                drop(shard);
                 prop_assert_eq!(row as usize, own, "key {}'s entry", k);
             }
             if own_rows_only {
