@@ -530,13 +530,20 @@ fn points(exporter: &InMemoryMetricExporter, name: &str) -> Vec<(Vec<(String, St
     out
 }
 
-#[test]
-fn door_limits_metrics() {
+/// door's instruments on a meter provider whose reader exports to memory: read them with
+/// [`points`] after `provider.force_flush()`.
+fn exported() -> (InMemoryMetricExporter, SdkMeterProvider, Metrics) {
     let exporter = InMemoryMetricExporter::default();
     let provider = SdkMeterProvider::builder()
         .with_reader(PeriodicReader::builder(exporter.clone()).build())
         .build();
     let metrics = Metrics::new(&provider.meter("door"));
+    (exporter, provider, metrics)
+}
+
+#[test]
+fn door_limits_metrics() {
+    let (exporter, provider, metrics) = exported();
     let clock = Arc::new(ManualClock::at(0));
     let budget = Budget {
         rate: 1.0,
@@ -637,11 +644,7 @@ fn door_limits_metrics() {
 
 #[test]
 fn door_limits_metrics_count_inflight_while_held() {
-    let exporter = InMemoryMetricExporter::default();
-    let provider = SdkMeterProvider::builder()
-        .with_reader(PeriodicReader::builder(exporter.clone()).build())
-        .build();
-    let metrics = Metrics::new(&provider.meter("door"));
+    let (exporter, provider, metrics) = exported();
     let clock = Arc::new(ManualClock::at(0));
     let (lim, _) = observed("webhook", Budget::webhook(), true, &clock, &metrics);
     let held: Vec<_> = (0..3).map(|i| lim.admit(peer(i)).unwrap()).collect();
@@ -651,6 +654,31 @@ fn door_limits_metrics_count_inflight_while_held() {
     assert_eq!(inflight[0].1, 3);
     assert_eq!(points(&exporter, "door.clients")[0].1, 3);
     drop(held);
+}
+
+/// A reload that rebuilds a group's limiter (a new charge mode) leaves the old limiter's requests
+/// in flight on `door.inflight` beside the new one's until they settle, and the series ends at
+/// zero once both are done.
+#[test]
+fn door_limits_inflight_spans_a_rebuilt_limiter() {
+    let (exporter, provider, metrics) = exported();
+    let clock = Arc::new(ManualClock::at(0));
+    let inflight = |exporter: &InMemoryMetricExporter| {
+        provider.force_flush().unwrap();
+        let p = points(exporter, "door.inflight");
+        assert_eq!(p.len(), 1, "{p:?}");
+        p[0].1
+    };
+    let (old, _) = observed("webhook", Budget::webhook(), true, &clock, &metrics);
+    let held: Vec<_> = (0..2).map(|i| old.admit(peer(i)).unwrap()).collect();
+    drop(old);
+    let (new, _) = observed("webhook", Budget::link(), true, &clock, &metrics);
+    let fresh = new.admit(peer(9)).unwrap();
+    assert_eq!(inflight(&exporter), 3);
+    drop(held);
+    assert_eq!(inflight(&exporter), 1);
+    drop(fresh);
+    assert_eq!(inflight(&exporter), 0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

@@ -39,7 +39,7 @@ use std::{
     collections::HashSet,
     num::NonZeroUsize,
     sync::{
-        Arc, Mutex, MutexGuard, PoisonError,
+        Arc, Mutex, MutexGuard, PoisonError, Weak,
         atomic::{AtomicBool, Ordering},
     },
 };
@@ -660,17 +660,50 @@ impl Tuning {
     }
 }
 
-/// What a [`GroupLimiter`] reports as its table and slots change, so that metrics
-/// (`door.clients`, `door.evictions`, `door.inflight`) follow it without the limiter knowing
-/// them (implemented by `crate::obs::metrics::GroupMetrics`). Called after the group's lock is
+/// What a [`GroupLimiter`] reports as its table changes, so that metrics (`door.clients`,
+/// `door.evictions`) follow it without the limiter knowing them (implemented by
+/// `crate::obs::metrics::GroupMetrics`); `door.inflight` is read when it is reported, from the
+/// [`InflightGauge`] the limiter hands over as it is built. Called after the group's lock is
 /// released; must not block.
 pub trait Observer: Send + Sync + core::fmt::Debug {
     /// `delta` entries were added to (positive) or removed from the client table.
     fn clients_changed(&self, delta: i64);
     /// A full, idle table entry was replaced by a new client.
     fn evicted(&self);
-    /// `delta` slots were taken (positive, at admission) or freed (negative, at settlement).
-    fn inflight_changed(&self, delta: i64);
+    /// Called once, by [`GroupLimiter::new`]: `gauge` reads the new limiter's requests in flight
+    /// whenever the observer reports them. Nothing is reported per admission or settlement,
+    /// which would cost every request two calls and, in a shared counter, two atomic additions
+    /// on a cache line every core writes (docs/decisions.md, "`door.inflight` read, not
+    /// counted").
+    fn watch_inflight(&self, gauge: InflightGauge);
+}
+
+/// The requests in flight on one [`GroupLimiter`], read when asked ([`InflightGauge::read`]):
+/// what `door.inflight` reports. It reaches the limiter's shards without keeping them alive, so
+/// that it also reads the requests of a limiter a reload removed or rebuilt while they settle
+/// (their permits keep their shards), and reads 0 for good once the limiter and every permit are
+/// gone ([`InflightGauge::is_gone`]).
+#[derive(Debug, Clone)]
+pub struct InflightGauge {
+    shards: Arc<[Weak<Shard>]>,
+}
+
+impl InflightGauge {
+    /// Requests holding a slot on the limiter now, as [`GroupLimiter::inflight`]: takes each
+    /// remaining shard's lock in turn (for collection, not the request path).
+    pub fn read(&self) -> u32 {
+        self.shards
+            .iter()
+            .filter_map(Weak::upgrade)
+            .map(|s| s.lock().slots.taken())
+            .fold(0, u32::saturating_add)
+    }
+
+    /// Whether the limiter and all its permits are gone: [`InflightGauge::read`] is 0 from now
+    /// on, and the gauge can be dropped.
+    pub fn is_gone(&self) -> bool {
+        self.shards.iter().all(|s| s.strong_count() == 0)
+    }
 }
 
 /// An [`Observer`] that ignores everything (benchmarks, tests of the limiter alone).
@@ -680,7 +713,7 @@ pub struct Unobserved;
 impl Observer for Unobserved {
     fn clients_changed(&self, _: i64) {}
     fn evicted(&self) {}
-    fn inflight_changed(&self, _: i64) {}
+    fn watch_inflight(&self, _: InflightGauge) {}
 }
 
 /// Whether a settled request spends the token it holds under [`Charge::OnFailure`] (under
@@ -848,10 +881,9 @@ impl Shard {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// What follows a freed slot once the lock is released: the observer; `shed` when the slot's
-    /// entry left the table with it ([`ShardState::shed_if_over`]).
+    /// What follows a freed slot once the lock is released: `shed` when the slot's entry left
+    /// the table with it ([`ShardState::shed_if_over`]), for the observer.
     fn slot_freed(&self, shed: bool) {
-        self.core.observer.inflight_changed(-1);
         if shed {
             self.core.observer.clients_changed(-1);
         }
@@ -997,7 +1029,7 @@ impl GroupLimiter {
     /// invalid budget is clamped: zero counts act as 1, the rate as in [`Budget::interval_ns`]).
     /// `enforce = false` is shadow mode (`disable_anon_route_limits`): every request is admitted
     /// and [`Permit::shadow_rejection`] says what enforcement would have done. Time comes only from
-    /// `clock`; table and slot changes go to `observer`.
+    /// `clock`; table changes go to `observer`, which is handed the limiter's [`InflightGauge`].
     pub fn new(
         group: &str,
         budget: Budget,
@@ -1026,13 +1058,21 @@ impl GroupLimiter {
                 core: Arc::clone(&core),
             })
         };
-        let shards = (0..n)
+        let shards: Box<[Arc<Shard>]> = (0..n)
             .map(|i| shard(share(tuning.budget.max_clients, n, i)))
             .collect();
+        let shared_shard = shard(1);
+        core.observer.watch_inflight(InflightGauge {
+            shards: shards
+                .iter()
+                .chain([&shared_shard])
+                .map(Arc::downgrade)
+                .collect(),
+        });
         Self {
             group: group.to_owned(),
             shards,
-            shared: shard(1),
+            shared: shared_shard,
             core,
             enforce: AtomicBool::new(tuning.enforce),
             keys: KeyKind::Client,
@@ -1407,15 +1447,12 @@ impl GroupLimiter {
             self.core.observer.evicted();
         }
         match decision {
-            Ok((shard, row)) => {
-                self.core.observer.inflight_changed(1);
-                Ok(Permit {
-                    shard: Some(shard),
-                    slot: row,
-                    scope: row.scope(),
-                    shadow: None,
-                })
-            }
+            Ok((shard, row)) => Ok(Permit {
+                shard: Some(shard),
+                slot: row,
+                scope: row.scope(),
+                shadow: None,
+            }),
             Err(rejection) if enforce => Err(rejection),
             Err(rejection) => Ok(Permit {
                 shard: None,

@@ -10,11 +10,12 @@ fn key(i: u32) -> PrefixKey {
     PrefixKey::from_ipv4(i.to_be_bytes())
 }
 
-/// An [`Observer`] that keeps the running totals it is told, as the metrics do.
+/// An [`Observer`] that keeps the running totals it is told and the in-flight gauges it is
+/// handed, as the metrics do.
 #[derive(Debug, Default)]
 struct Totals {
     clients: std::sync::atomic::AtomicI64,
-    inflight: std::sync::atomic::AtomicI64,
+    gauges: Mutex<Vec<InflightGauge>>,
 }
 
 impl Observer for Totals {
@@ -22,16 +23,29 @@ impl Observer for Totals {
         self.clients.fetch_add(delta, Ordering::Relaxed);
     }
     fn evicted(&self) {}
-    fn inflight_changed(&self, delta: i64) {
-        self.inflight.fetch_add(delta, Ordering::Relaxed);
+    fn watch_inflight(&self, gauge: InflightGauge) {
+        self.gauges
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .push(gauge);
     }
 }
 
 impl Totals {
+    /// The requests in flight the gauges read, over every limiter built with this observer.
+    fn inflight(&self) -> i64 {
+        self.gauges
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .iter()
+            .map(|g| i64::from(g.read()))
+            .sum()
+    }
+
     /// Checks that the totals reported match the limiter's own counts.
     fn check(&self, lim: &GroupLimiter) -> Result<(), String> {
         let clients = self.clients.load(Ordering::Relaxed);
-        let inflight = self.inflight.load(Ordering::Relaxed);
+        let inflight = self.inflight();
         if usize::try_from(clients).ok() != Some(lim.tracked_clients()) {
             return Err(format!(
                 "observer counts {clients} clients, the table {}",
@@ -999,9 +1013,10 @@ proptest! {
 }
 
 /// A limiter dropped by a reload (its group removed, or rebuilt for a new charge mode) takes its
-/// entries out of the observer's client count, and a request still in flight on it settles into
-/// the in-flight count as before: `door.clients` and `door.inflight` end at zero, not at what the
-/// old table held.
+/// entries out of the observer's client count, and its requests still in flight count until
+/// they settle, beside those of the limiter that replaced it: `door.clients` and
+/// `door.inflight` end at what the new limiter holds, not at what the old table held, and the
+/// old limiter's gauge is gone once nothing holds its shards.
 #[test]
 fn a_dropped_limiter_takes_its_clients_out_of_the_count() {
     let totals = Arc::new(Totals::default());
@@ -1033,16 +1048,55 @@ fn a_dropped_limiter_takes_its_clients_out_of_the_count() {
     assert_eq!(totals.clients.load(Ordering::Relaxed), 2);
     drop(lim);
     assert_eq!(totals.clients.load(Ordering::Relaxed), 0);
-    assert_eq!(totals.inflight.load(Ordering::Relaxed), 2);
-    for p in held {
-        p.settle(Spend::Nothing);
-    }
-    assert_eq!(totals.inflight.load(Ordering::Relaxed), 0);
+    assert_eq!(
+        totals.inflight(),
+        2,
+        "the gone limiter's requests still count"
+    );
+    // The group rebuilt (a new charge mode): its new limiter reports to the same observer, whose
+    // in-flight count spans both.
+    let rebuilt = Arc::new(GroupLimiter::new(
+        "link",
+        small,
+        true,
+        Arc::new(ManualClock::at(1_000)),
+        totals.clone(),
+    ));
+    let fresh = rebuilt.admit(key(7)).unwrap();
+    assert_eq!(totals.inflight(), 3);
+    let [first, second] = held;
+    first.settle(Spend::Nothing);
+    assert_eq!(totals.inflight(), 2);
+    let gone = || {
+        totals
+            .gauges
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|g| g.is_gone())
+            .count()
+    };
+    assert_eq!(
+        gone(),
+        0,
+        "a permit still holds a shard of the gone limiter"
+    );
+    second.settle(Spend::Nothing);
+    assert_eq!(totals.inflight(), 1);
+    assert_eq!(
+        gone(),
+        1,
+        "nothing holds the gone limiter's shards any more"
+    );
     assert_eq!(
         totals.clients.load(Ordering::Relaxed),
-        0,
+        1,
         "a settled row was shed and counted again"
     );
+    fresh.settle(Spend::Nothing);
+    drop(rebuilt);
+    assert_eq!(totals.inflight(), 0);
+    assert_eq!(gone(), 2);
 }
 
 /// A token refunded after a cluster sync drained its spend (a stream's plane token, given back

@@ -22,7 +22,7 @@ use opentelemetry::{
     },
 };
 
-use crate::limit::GroupLimiter;
+use crate::limit::{GroupLimiter, InflightGauge};
 
 /// The attribute naming a route group (`webhook`, `link`, `health`, ...).
 pub const ATTR_GROUP: &str = "door.group";
@@ -140,7 +140,8 @@ pub struct Metrics {
     meter: Meter,
     /// `door.requests`, `door.inflight`, `door.streams` and `door.clients`, read from
     /// [`Counts`] at each collection: recording one is an atomic add on the request path, never
-    /// an instrument call.
+    /// an instrument call; `door.inflight` costs the request path nothing, its limiters' shards
+    /// are read at collection ([`InflightGauge`]).
     _observed: Arc<Observed>,
     evictions: Counter<u64>,
     untrusted_xff: Counter<u64>,
@@ -155,13 +156,25 @@ pub struct Metrics {
 }
 
 /// What a group counts whatever is exported: requests per outcome (in [`Outcome::ALL`] order),
-/// its streams open now, its requests holding a slot, its tracked clients.
+/// its streams open now, its tracked clients; and the gauges its requests holding a slot are
+/// read from, one per limiter built for the group (a reload that rebuilds the limiter adds one;
+/// the old one reads its requests still in flight until it is gone).
 #[derive(Debug, Default)]
 struct Counts {
     outcomes: [AtomicU64; Outcome::ALL.len()],
     streams: AtomicU64,
-    inflight: AtomicI64,
+    inflight: Mutex<Vec<InflightGauge>>,
     clients: AtomicI64,
+}
+
+impl Counts {
+    /// The group's requests holding a slot now, over every limiter built for it; forgets the
+    /// gauges of limiters that are gone.
+    fn inflight(&self) -> i64 {
+        let mut gauges = self.inflight.lock().unwrap_or_else(PoisonError::into_inner);
+        gauges.retain(|g| !g.is_gone());
+        gauges.iter().map(|g| i64::from(g.read())).sum()
+    }
 }
 
 /// The observable instruments, alive as long as a [`Metrics`] is.
@@ -237,7 +250,7 @@ impl Observed {
                 "door.inflight",
                 "Requests holding a limiter slot, by group",
                 "{request}",
-                |c| c.inflight.load(Ordering::Relaxed),
+                Counts::inflight,
             ),
             _streams: gauge(
                 "door.streams",
@@ -453,8 +466,12 @@ impl crate::limit::Observer for GroupMetrics {
         GroupMetrics::evicted(self);
     }
 
-    fn inflight_changed(&self, delta: i64) {
-        self.inflight_add(delta);
+    fn watch_inflight(&self, gauge: InflightGauge) {
+        self.totals
+            .inflight
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .push(gauge);
     }
 }
 
@@ -473,11 +490,6 @@ impl GroupMetrics {
             .zip(self.totals.outcomes.iter())
             .map(|(o, n)| (*o, n.load(Ordering::Relaxed)))
             .collect()
-    }
-
-    /// Adds `delta` (±1) to `door.inflight`.
-    pub fn inflight_add(&self, delta: i64) {
-        self.totals.inflight.fetch_add(delta, Ordering::Relaxed);
     }
 
     /// Adds `delta` to `door.clients`.
