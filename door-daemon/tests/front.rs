@@ -302,6 +302,80 @@ async fn tls_min_version_13_refuses_a_tls12_client() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
+/// A connection to a TLS listener that sends something other than a TLS handshake, or closes
+/// during one, is counted on `door.tls_handshake_failures` as `error`; one that sends nothing is
+/// closed at `header_read_timeout` and counted as `timeout`; a completed handshake counts
+/// nothing.
+#[tokio::test(start_paused = true)]
+async fn failed_tls_handshakes_are_counted_by_reason() {
+    let dir = tempdir("tlsfail");
+    let (cert, key, c) = tls_pair(&dir);
+    let up = upstream(echo()).await;
+    let cfg = config(up, "", &format!("[tls]\ncert = {cert:?}\nkey = {key:?}"));
+    let tls = door_daemon::http::tls::load(cfg.tls.as_ref().unwrap()).unwrap();
+    let (d, counted, _provider) = door_counting_tls(&cfg, Some(tls)).await;
+    let failures = |reason: &str| counted("door.tls_handshake_failures", reason);
+
+    // Plain HTTP on the TLS port: rustls refuses it at once.
+    let mut s = TcpStream::connect(d.addr).await.unwrap();
+    s.write_all(b"GET / HTTP/1.1\r\nHost: door.test\r\n\r\n")
+        .await
+        .unwrap();
+    let mut out = Vec::new();
+    let _ = s.read_to_end(&mut out).await;
+    assert!(
+        !String::from_utf8_lossy(&out).contains("HTTP/1.1"),
+        "{out:?}"
+    );
+    // A client that gives up after its hello.
+    let s = TcpStream::connect(d.addr).await.unwrap();
+    let mut half = tls_client(&c, b"http/1.1").connect(
+        rustls::pki_types::ServerName::try_from("door.test").unwrap(),
+        s,
+    );
+    // One poll sends the ClientHello; the connection is then dropped mid-handshake.
+    assert!(poll_once(&mut half).await.is_none());
+    drop(half);
+    // A client that sends nothing: closed at header_read_timeout (10 s, on the paused clock).
+    let start = door_daemon::time::now();
+    let mut silent = TcpStream::connect(d.addr).await.unwrap();
+    let mut out = Vec::new();
+    let _ = silent.read_to_end(&mut out).await;
+    let waited = start.elapsed();
+    assert!(
+        waited >= Duration::from_secs(10) && waited < Duration::from_secs(11),
+        "header_read_timeout is 10 s: {waited:?}"
+    );
+    // A completed handshake and request count nothing.
+    let s = TcpStream::connect(d.addr).await.unwrap();
+    let mut ok = tls_client(&c, b"http/1.1")
+        .connect(
+            rustls::pki_types::ServerName::try_from("door.test").unwrap(),
+            s,
+        )
+        .await
+        .unwrap();
+    ok.write_all(b"GET /x HTTP/1.1\r\nHost: door.test\r\nConnection: close\r\n\r\n")
+        .await
+        .unwrap();
+    let mut out = Vec::new();
+    let _ = ok.read_to_end(&mut out).await;
+    assert!(String::from_utf8_lossy(&out).starts_with("HTTP/1.1 200"));
+
+    assert_eq!(failures("error"), 2);
+    assert_eq!(failures("timeout"), 1);
+    assert_eq!(failures(""), 3);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// Polls `f` once: `Some` of its output when it is ready at once, `None` when it is pending.
+async fn poll_once<F: Future + Unpin>(f: &mut F) -> Option<F::Output> {
+    match std::future::poll_fn(|cx| std::task::Poll::Ready(Pin::new(&mut *f).poll(cx))).await {
+        std::task::Poll::Ready(out) => Some(out),
+        std::task::Poll::Pending => None,
+    }
+}
+
 #[tokio::test]
 async fn a_bad_key_pair_fails_start_up_before_binding_naming_the_file() {
     let dir = tempdir("badtls");
@@ -1971,6 +2045,18 @@ async fn door_counting(
     impl Fn(&str, &str) -> u64,
     opentelemetry_sdk::metrics::SdkMeterProvider,
 ) {
+    door_counting_tls(cfg, None).await
+}
+
+/// [`door_counting`], terminating TLS with `tls` when given.
+async fn door_counting_tls(
+    cfg: &Config,
+    tls: Option<Arc<rustls::ServerConfig>>,
+) -> (
+    Door,
+    impl Fn(&str, &str) -> u64 + use<>,
+    opentelemetry_sdk::metrics::SdkMeterProvider,
+) {
     use opentelemetry::metrics::MeterProvider as _;
     use opentelemetry_sdk::metrics::{
         InMemoryMetricExporter, PeriodicReader, SdkMeterProvider,
@@ -1983,7 +2069,7 @@ async fn door_counting(
     let metrics = Metrics::new(&provider.meter("door"));
     let clock: Arc<dyn Clock> = Arc::new(MonotonicClock::new());
     let app = Arc::new(App::new(cfg, &clock, &metrics, None));
-    let front = Front::new(app, ConnSettings::from_config(cfg), None);
+    let front = Front::new(app, ConnSettings::from_config(cfg), tls);
     let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = l.local_addr().unwrap();
     front.serve(l, false);

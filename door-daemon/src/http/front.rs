@@ -49,7 +49,7 @@ use crate::{
         request::App,
         tls::TlsError,
     },
-    obs::logging::RateLimitedWarn,
+    obs::{logging::RateLimitedWarn, metrics::TlsFailure},
 };
 
 /// The request-head bound, bytes: 64 KiB on both protocols (docs/design.md, "Limits",
@@ -566,8 +566,14 @@ async fn connection(mut stream: TcpStream, conn: Connection) {
                     info.activity.negotiated(h2);
                     serve_io(tls_stream, info, app, settings, &builder, stop).await;
                 }
-                Ok(Err(e)) => tracing::debug!(%peer, error = %e, "TLS handshake failed"),
-                Err(_) => tracing::debug!(%peer, "TLS handshake timed out"),
+                Ok(Err(e)) => {
+                    app.metrics.tls_handshake_failed(TlsFailure::Error);
+                    tracing::debug!(%peer, error = %e, "TLS handshake failed");
+                }
+                Err(_) => {
+                    app.metrics.tls_handshake_failed(TlsFailure::Timeout);
+                    tracing::debug!(%peer, "TLS handshake timed out");
+                }
             }
         }
     }

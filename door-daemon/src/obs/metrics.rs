@@ -108,6 +108,26 @@ impl core::fmt::Display for Outcome {
     }
 }
 
+/// Why a TLS handshake did not complete (`door.tls_handshake_failures`' `door.reason`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TlsFailure {
+    /// rustls refused the handshake (no protocol version or cipher suite in common, a message
+    /// that is not TLS, an SNI name it rejects) or the client closed the connection during it.
+    Error,
+    /// The handshake was not done within `header_read_timeout`.
+    Timeout,
+}
+
+impl TlsFailure {
+    /// The `door.reason` value: `error` or `timeout`.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::Error => "error",
+            Self::Timeout => "timeout",
+        }
+    }
+}
+
 /// door's instruments (docs/design.md, "Observability"). Cheap to clone (the instruments are
 /// `Arc`s).
 ///
@@ -133,6 +153,10 @@ impl core::fmt::Display for Outcome {
 /// - `door.requests_refused` (counter, `{request}`): requests door answers 400 or 501 itself
 ///   before routing, per `door.reason` ([`crate::http::head::HeadError::REASONS`]). hyper's own
 ///   answers to a head it cannot parse (400, 431) are not counted.
+/// - `door.tls_handshake_failures` (counter, `{connection}`): connections to a TLS listener
+///   closed before the handshake completed, per `door.reason` ([`TlsFailure::as_str`]: `error`,
+///   a handshake rustls refused or the client abandoned; `timeout`, none within
+///   `header_read_timeout`).
 ///
 /// The groups' caps are registered separately, once the groups exist ([`observe_budgets`]).
 #[derive(Clone, Debug)]
@@ -148,6 +172,7 @@ pub struct Metrics {
     proxy_protocol_rejected: Counter<u64>,
     connections_refused: Counter<u64>,
     requests_refused: Counter<u64>,
+    tls_handshake_failures: Counter<u64>,
     allowed: Counter<u64>,
     denied: Counter<u64>,
     /// Per-group outcome totals by group name, shared by every [`GroupMetrics`] of that name, so
@@ -321,6 +346,15 @@ impl Metrics {
                 )
                 .with_unit("{request}")
                 .build(),
+            tls_handshake_failures: meter
+                .u64_counter("door.tls_handshake_failures")
+                .with_description(
+                    "Connections to a TLS listener closed before the handshake completed: refused \
+                     or abandoned (error), or not done within header_read_timeout (timeout), by \
+                     reason",
+                )
+                .with_unit("{connection}")
+                .build(),
             allowed: meter
                 .u64_counter("door.allowed")
                 .with_description("Requests from clients on the allow list, forwarded unlimited")
@@ -365,6 +399,13 @@ impl Metrics {
     pub fn request_refused(&self, reason: &'static str) {
         self.requests_refused
             .add(1, &[KeyValue::new(ATTR_REASON, reason)]);
+    }
+
+    /// Counts one connection on `door.tls_handshake_failures`, with `door.reason` = `failure`'s
+    /// name.
+    pub fn tls_handshake_failed(&self, failure: TlsFailure) {
+        self.tls_handshake_failures
+            .add(1, &[KeyValue::new(ATTR_REASON, failure.as_str())]);
     }
 
     /// Counts one request on `door.allowed` (no attributes).
