@@ -89,6 +89,15 @@ async fn upstream() -> SocketAddr {
 /// about 17 minutes), escalation after two 429s, `top` (top-level keys) and `tables` added, and
 /// the recording blocklist it escalates to.
 async fn app(top: &str, tables: &str) -> (Arc<App>, Config, Arc<Recorder>) {
+    app_counting(top, tables, &Metrics::noop()).await
+}
+
+/// [`app`], its instruments recording into `metrics`.
+async fn app_counting(
+    top: &str,
+    tables: &str,
+    metrics: &Metrics,
+) -> (Arc<App>, Config, Arc<Recorder>) {
     let up = upstream().await;
     let cfg = Config::from_toml(
         "escalation.toml",
@@ -114,13 +123,40 @@ escalate_after = 2
     .unwrap();
     let clock: Arc<dyn Clock> = Arc::new(MonotonicClock::new());
     let recorder = Arc::new(Recorder::default());
-    let app = Arc::new(App::new(
-        &cfg,
-        &clock,
-        &Metrics::noop(),
-        Some(recorder.clone()),
-    ));
+    let app = Arc::new(App::new(&cfg, &clock, metrics, Some(recorder.clone())));
     (app, cfg, recorder)
+}
+
+/// door's instruments exported to memory, and a reader of `door.escalations`.
+fn escalations_counted() -> (Metrics, impl Fn() -> u64) {
+    use opentelemetry::metrics::MeterProvider as _;
+    use opentelemetry_sdk::metrics::{
+        InMemoryMetricExporter, PeriodicReader, SdkMeterProvider,
+        data::{AggregatedMetrics, MetricData, ScopeMetrics, SumDataPoint},
+    };
+    let exporter = InMemoryMetricExporter::default();
+    let provider = SdkMeterProvider::builder()
+        .with_reader(PeriodicReader::builder(exporter.clone()).build())
+        .build();
+    let metrics = Metrics::new(&provider.meter("door"));
+    let read = move || {
+        provider.force_flush().unwrap();
+        let all = exporter.get_finished_metrics().unwrap();
+        let Some(last) = all.last() else { return 0 };
+        let mut n = 0;
+        for m in last
+            .scope_metrics()
+            .flat_map(ScopeMetrics::metrics)
+            .filter(|m| m.name() == "door.escalations")
+        {
+            let AggregatedMetrics::U64(MetricData::Sum(sum)) = m.data() else {
+                unreachable!("door.escalations is a u64 counter: {:?}", m.data());
+            };
+            n += sum.data_points().map(SumDataPoint::value).sum::<u64>();
+        }
+        n
+    };
+    (metrics, read)
 }
 
 /// Sends `bytes` on a fresh connection and returns the status code door answered.
@@ -238,13 +274,15 @@ burst = 1
 /// `block_for` of its first escalation (an hour by default) has passed.
 #[tokio::test]
 async fn an_unblocked_client_is_escalated_again() {
-    let (app, _, recorder) = app("", "").await;
+    let (metrics, escalations) = escalations_counted();
+    let (app, _, recorder) = app_counting("", "", &metrics).await;
     let peer: SocketAddr = "203.0.113.9:40000".parse().unwrap();
     let addr = serve_as(Arc::clone(&app), peer).await;
     let link = b"GET /l/x HTTP/1.1\r\nhost: d\r\nconnection: close\r\n\r\n";
     assert_eq!(sequential(addr, link, 3).await, vec![200, 429, 429]);
     let key = PrefixKey::from_ip(peer.ip());
     assert_eq!(*recorder.0.lock().unwrap(), vec![key]);
+    assert_eq!(escalations(), 1, "door.escalations");
 
     // The operator lifts the block through the admin API's function, wired as the daemon wires it.
     let for_unblock = Arc::clone(&app);
@@ -269,4 +307,5 @@ async fn an_unblocked_client_is_escalated_again() {
         vec![key],
         "the unblocked client was not escalated again"
     );
+    assert_eq!(escalations(), 2, "door.escalations");
 }

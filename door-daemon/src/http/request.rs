@@ -593,7 +593,7 @@ impl App {
                     limited.limiter.uncount_rejection(&decision.key, &rejection);
                     Box::pin(self.cached_health(limited, req, job.origin)).await
                 } else {
-                    Self::escalate(conn, &policy, &decision, &rejection);
+                    self.escalate(conn, &policy, &decision, &rejection);
                     settle::refused(&limited.metrics, &rejection);
                     answer::rejected(limited.limiter.group(), &rejection)
                 }
@@ -628,8 +628,9 @@ impl App {
     /// 429s of the client's own row ([`crate::shield::escalate::counts`]: a 429 of the shared row
     /// is the doing of every client without a row). A peer named by a trusted proxy's PROXY
     /// header was learned through that proxy and is never escalated (docs/design.md, "Flood
-    /// shield").
+    /// shield"). A key put on the blocklist is counted on `door.escalations`.
     fn escalate(
+        &self,
         conn: &ConnInfo,
         policy: &Policy,
         decision: &KeyDecision,
@@ -641,7 +642,9 @@ impl App {
             } else {
                 KeySource::of(decision)
             };
-            e.on_rejection(decision.key, source, rejection);
+            if e.on_rejection(decision.key, source, rejection) {
+                self.metrics.escalated();
+            }
         }
     }
 

@@ -153,6 +153,9 @@ impl TlsFailure {
 /// - `door.requests_refused` (counter, `{request}`): requests door answers 400 or 501 itself
 ///   before routing, per `door.reason` ([`crate::http::head::HeadError::REASONS`]). hyper's own
 ///   answers to a head it cannot parse (400, 431) are not counted.
+/// - `door.escalations` (counter, `{prefix}`): client keys put on the XDP blocklist by
+///   escalation (`[xdp] escalate_after` 429s within `escalate_window`; a block the blocklist's
+///   writer dropped is not counted).
 /// - `door.tls_handshake_failures` (counter, `{connection}`): connections to a TLS listener
 ///   closed before the handshake completed, per `door.reason` ([`TlsFailure::as_str`]: `error`,
 ///   a handshake rustls refused or the client abandoned; `timeout`, none within
@@ -173,6 +176,7 @@ pub struct Metrics {
     connections_refused: Counter<u64>,
     requests_refused: Counter<u64>,
     tls_handshake_failures: Counter<u64>,
+    escalations: Counter<u64>,
     allowed: Counter<u64>,
     denied: Counter<u64>,
     /// Per-group outcome totals by group name, shared by every [`GroupMetrics`] of that name, so
@@ -355,6 +359,14 @@ impl Metrics {
                 )
                 .with_unit("{connection}")
                 .build(),
+            escalations: meter
+                .u64_counter("door.escalations")
+                .with_description(
+                    "Client keys put on the XDP blocklist by escalation (escalate_after 429s \
+                     within escalate_window)",
+                )
+                .with_unit("{prefix}")
+                .build(),
             allowed: meter
                 .u64_counter("door.allowed")
                 .with_description("Requests from clients on the allow list, forwarded unlimited")
@@ -406,6 +418,11 @@ impl Metrics {
     pub fn tls_handshake_failed(&self, failure: TlsFailure) {
         self.tls_handshake_failures
             .add(1, &[KeyValue::new(ATTR_REASON, failure.as_str())]);
+    }
+
+    /// Counts one key on `door.escalations` (no attributes).
+    pub fn escalated(&self) {
+        self.escalations.add(1, &[]);
     }
 
     /// Counts one request on `door.allowed` (no attributes).
