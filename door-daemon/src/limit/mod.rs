@@ -664,7 +664,8 @@ impl Tuning {
 /// `door.evictions`) follow it without the limiter knowing them (implemented by
 /// `crate::obs::metrics::GroupMetrics`); `door.inflight` is read when it is reported, from the
 /// [`InflightGauge`] the limiter hands over as it is built. Called after the group's lock is
-/// released; must not block.
+/// released; must not block (but for [`Observer::watch_inflight`], called once, while the limiter
+/// is built, with no lock held).
 pub trait Observer: Send + Sync + core::fmt::Debug {
     /// `delta` entries were added to (positive) or removed from the client table.
     fn clients_changed(&self, delta: i64);
@@ -1577,8 +1578,8 @@ impl GroupLimiter {
 /// its table and takes the entries out of the observer's count, as a shrinking reload does: the
 /// group's `door.clients` would otherwise keep them, and a group removed and added again would
 /// count its clients twice. Its requests still in flight keep their slots (their permits hold the
-/// shards) and report their settlement as before; their rows are gone, so a settlement no longer
-/// sheds (and counts) a row a second time.
+/// shards, which its [`InflightGauge`] goes on reading until they settle); their rows are gone,
+/// so a settlement no longer sheds (and counts) a row a second time.
 impl Drop for GroupLimiter {
     fn drop(&mut self) {
         let tracked: usize = self.shards.iter().map(|s| s.lock().table.clear()).sum();

@@ -524,12 +524,16 @@ impl crate::limit::Observer for GroupMetrics {
         GroupMetrics::evicted(self);
     }
 
+    /// Keeps `gauge` beside the group's others, dropping those that are gone: without a
+    /// collection (no exporter, no scrape) every rebuilding reload would otherwise leave one.
     fn watch_inflight(&self, gauge: InflightGauge) {
-        self.totals
+        let mut gauges = self
+            .totals
             .inflight
             .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .push(gauge);
+            .unwrap_or_else(PoisonError::into_inner);
+        gauges.retain(|g| !g.is_gone());
+        gauges.push(gauge);
     }
 }
 
@@ -655,5 +659,43 @@ mod tests {
         for (i, o) in Outcome::ALL.iter().enumerate() {
             assert_eq!(o.index(), i);
         }
+    }
+
+    /// A group's metrics keep the in-flight gauge of a limiter a reload replaced while its
+    /// requests are in flight, and drop it once they have settled, at the next limiter built for
+    /// the group even when nothing collects (no exporter, no scrape).
+    #[test]
+    fn gone_limiters_gauges_are_dropped_without_a_collection() {
+        use crate::limit::{Budget, GroupLimiter, Observer, Spend};
+        let group = Arc::new(Metrics::noop().for_group("link"));
+        let clock = Arc::new(crate::time::ManualClock::at(0));
+        let build = || {
+            GroupLimiter::new(
+                "link",
+                Budget::link(),
+                true,
+                clock.clone(),
+                Arc::clone(&group) as Arc<dyn Observer>,
+            )
+        };
+        let kept = |g: &GroupMetrics| {
+            g.totals
+                .inflight
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .len()
+        };
+        let key = door_common::PrefixKey::from_ipv4([192, 0, 2, 1]);
+        let old = Arc::new(build());
+        let permit = old.admit(key).unwrap();
+        drop(old);
+        let new = Arc::new(build());
+        assert_eq!(kept(&group), 2, "the old limiter's request is in flight");
+        permit.settle(Spend::Nothing);
+        drop(new);
+        // No collection since: building the next limiter drops the two gone gauges.
+        let _newest = build();
+        assert_eq!(kept(&group), 1, "only the newest limiter's gauge is left");
+        assert_eq!(group.totals.inflight(), 0);
     }
 }
