@@ -8,6 +8,8 @@
     reason = "test code: a failed step fails the test"
 )]
 
+mod support;
+
 use std::{
     net::SocketAddr,
     sync::{Arc, Mutex},
@@ -127,38 +129,6 @@ escalate_after = 2
     (app, cfg, recorder)
 }
 
-/// door's instruments exported to memory, and a reader of `door.escalations`.
-fn escalations_counted() -> (Metrics, impl Fn() -> u64) {
-    use opentelemetry::metrics::MeterProvider as _;
-    use opentelemetry_sdk::metrics::{
-        InMemoryMetricExporter, PeriodicReader, SdkMeterProvider,
-        data::{AggregatedMetrics, MetricData, ScopeMetrics, SumDataPoint},
-    };
-    let exporter = InMemoryMetricExporter::default();
-    let provider = SdkMeterProvider::builder()
-        .with_reader(PeriodicReader::builder(exporter.clone()).build())
-        .build();
-    let metrics = Metrics::new(&provider.meter("door"));
-    let read = move || {
-        provider.force_flush().unwrap();
-        let all = exporter.get_finished_metrics().unwrap();
-        let Some(last) = all.last() else { return 0 };
-        let mut n = 0;
-        for m in last
-            .scope_metrics()
-            .flat_map(ScopeMetrics::metrics)
-            .filter(|m| m.name() == "door.escalations")
-        {
-            let AggregatedMetrics::U64(MetricData::Sum(sum)) = m.data() else {
-                unreachable!("door.escalations is a u64 counter: {:?}", m.data());
-            };
-            n += sum.data_points().map(SumDataPoint::value).sum::<u64>();
-        }
-        n
-    };
-    (metrics, read)
-}
-
 /// Sends `bytes` on a fresh connection and returns the status code door answered.
 async fn status(addr: SocketAddr, bytes: &[u8]) -> u16 {
     let mut s = TcpStream::connect(addr).await.unwrap();
@@ -274,7 +244,8 @@ burst = 1
 /// `block_for` of its first escalation (an hour by default) has passed.
 #[tokio::test]
 async fn an_unblocked_client_is_escalated_again() {
-    let (metrics, escalations) = escalations_counted();
+    let (metrics, counted, _provider) = support::counting_metrics();
+    let escalations = || counted("door.escalations", "");
     let (app, _, recorder) = app_counting("", "", &metrics).await;
     let peer: SocketAddr = "203.0.113.9:40000".parse().unwrap();
     let addr = serve_as(Arc::clone(&app), peer).await;

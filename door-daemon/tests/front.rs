@@ -317,16 +317,8 @@ async fn failed_tls_handshakes_are_counted_by_reason() {
     let failures = |reason: &str| counted("door.tls_handshake_failures", reason);
 
     // Plain HTTP on the TLS port: rustls refuses it at once.
-    let mut s = TcpStream::connect(d.addr).await.unwrap();
-    s.write_all(b"GET / HTTP/1.1\r\nHost: door.test\r\n\r\n")
-        .await
-        .unwrap();
-    let mut out = Vec::new();
-    let _ = s.read_to_end(&mut out).await;
-    assert!(
-        !String::from_utf8_lossy(&out).contains("HTTP/1.1"),
-        "{out:?}"
-    );
+    let out = raw(d.addr, b"GET / HTTP/1.1\r\nHost: door.test\r\n\r\n").await;
+    assert!(!out.contains("HTTP/1.1"), "{out:?}");
     // A client that gives up after its hello.
     let s = TcpStream::connect(d.addr).await.unwrap();
     let mut half = tls_client(&c, b"http/1.1").connect(
@@ -2057,48 +2049,13 @@ async fn door_counting_tls(
     impl Fn(&str, &str) -> u64 + use<>,
     opentelemetry_sdk::metrics::SdkMeterProvider,
 ) {
-    use opentelemetry::metrics::MeterProvider as _;
-    use opentelemetry_sdk::metrics::{
-        InMemoryMetricExporter, PeriodicReader, SdkMeterProvider,
-        data::{AggregatedMetrics, MetricData},
-    };
-    let exporter = InMemoryMetricExporter::default();
-    let provider = SdkMeterProvider::builder()
-        .with_reader(PeriodicReader::builder(exporter.clone()).build())
-        .build();
-    let metrics = Metrics::new(&provider.meter("door"));
+    let (metrics, counted, provider) = support::counting_metrics();
     let clock: Arc<dyn Clock> = Arc::new(MonotonicClock::new());
     let app = Arc::new(App::new(cfg, &clock, &metrics, None));
     let front = Front::new(app, ConnSettings::from_config(cfg), tls);
     let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = l.local_addr().unwrap();
     front.serve(l, false);
-    let for_reader = provider.clone();
-    let counted = move |name: &str, attr: &str| {
-        for_reader.force_flush().unwrap();
-        let mut n = 0;
-        for batch in exporter
-            .get_finished_metrics()
-            .unwrap()
-            .iter()
-            .rev()
-            .take(1)
-        {
-            for scope in batch.scope_metrics() {
-                for m in scope.metrics().filter(|m| m.name() == name) {
-                    if let AggregatedMetrics::U64(MetricData::Sum(sum)) = m.data() {
-                        for p in sum.data_points() {
-                            if attr.is_empty() || p.attributes().any(|kv| kv.value.as_str() == attr)
-                            {
-                                n += p.value();
-                            }
-                        }
-                    }
-                }
-            }
-        }
-        n
-    };
     (Door { addr, front }, counted, provider)
 }
 

@@ -324,3 +324,48 @@ pub async fn read_head(s: &mut TcpStream) -> Option<Vec<u8>> {
     }
     Some(head)
 }
+
+/// door's instruments on a meter provider whose reader exports to memory, and a reader of a `u64`
+/// counter's total: `(name, attribute value)`, the attribute value empty to add up every data
+/// point (a counter without attributes, or all of its reasons). The reader flushes the provider
+/// first; keep the provider for as long as the instruments record.
+pub fn counting_metrics() -> (
+    Metrics,
+    impl Fn(&str, &str) -> u64 + use<>,
+    opentelemetry_sdk::metrics::SdkMeterProvider,
+) {
+    use opentelemetry::metrics::MeterProvider as _;
+    use opentelemetry_sdk::metrics::{
+        InMemoryMetricExporter, PeriodicReader, SdkMeterProvider,
+        data::{AggregatedMetrics, MetricData, ScopeMetrics, SumDataPoint},
+    };
+    let exporter = InMemoryMetricExporter::default();
+    let provider = SdkMeterProvider::builder()
+        .with_reader(PeriodicReader::builder(exporter.clone()).build())
+        .build();
+    let metrics = Metrics::new(&provider.meter("door"));
+    let for_reader = provider.clone();
+    let counted = move |name: &str, attr: &str| {
+        for_reader.force_flush().unwrap();
+        let all = exporter.get_finished_metrics().unwrap();
+        let Some(last) = all.last() else { return 0 };
+        let mut n = 0;
+        for m in last
+            .scope_metrics()
+            .flat_map(ScopeMetrics::metrics)
+            .filter(|m| m.name() == name)
+        {
+            if let AggregatedMetrics::U64(MetricData::Sum(sum)) = m.data() {
+                n += sum
+                    .data_points()
+                    .filter(|p| {
+                        attr.is_empty() || p.attributes().any(|kv| kv.value.as_str() == attr)
+                    })
+                    .map(SumDataPoint::value)
+                    .sum::<u64>();
+            }
+        }
+        n
+    };
+    (metrics, counted, provider)
+}
