@@ -111,6 +111,9 @@ fn checks_installed() -> anyhow::Result<()> {
         "/usr/share/doc/door/operations.md",
         "/usr/share/doc/door/configuration.md",
         "/usr/share/doc/door/troubleshooting.md",
+        "/usr/share/doc/door/design.md",
+        "/usr/share/doc/door/decisions.md",
+        "/usr/share/doc/door/performance.md",
         "/usr/share/doc/door/grafana/door.json",
     ] {
         ensure!(
