@@ -1,5 +1,5 @@
 //! The credential a request carries, for the session plane (docs/design.md, "Streams and
-//! sessions", "Planes"): a named cookie (RFC 6265 §5.4, in any of the `cookie` fields an HTTP/2
+//! sessions", Planes): a named cookie (RFC 6265 §5.4, in any of the `cookie` fields an HTTP/2
 //! client may send, RFC 9113 §8.2.3) or an `Authorization: Bearer` token (RFC 6750 §2.1).
 //!
 //! door never keeps a credential itself: [`CredentialHasher`] turns it into a 128-bit keyed hash

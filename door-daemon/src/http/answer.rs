@@ -287,7 +287,7 @@ fn append_item(headers: &mut HeaderMap, name: &HeaderName, item: HeaderValue) {
 }
 
 /// The 429 of a request plane (`session` or `ip`): as [`rejected`], with `details.group` and
-/// `details.scope` both naming the plane (docs/design.md, "Planes").
+/// `details.scope` both naming the plane (docs/design.md, "Streams and sessions", Planes).
 pub fn rejected_by_plane(plane: &str, r: &Rejection) -> Response<ResponseBody> {
     let body = serde_json::json!({
         "code": "rate-limited",

@@ -1,5 +1,5 @@
 //! The per-session and per-IP request planes (docs/design.md, "Streams and sessions",
-//! "Planes"): with `[plane.session]` configured, every request that is not a stream is charged to
+//! Planes): with `[plane.session]` configured, every request that is not a stream is charged to
 //! one plane on top of its route group, the session plane for a *verified* credential and the IP
 //! plane for everything else.
 //!

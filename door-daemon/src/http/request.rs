@@ -648,9 +648,9 @@ impl App {
         }
     }
 
-    /// Charges a request that is not a stream to its request plane (docs/design.md, "Planes"):
-    /// the plane's permit and the credential's hash go into `job`; the plane and key are returned
-    /// for the `RateLimit` fields.
+    /// Charges a request that is not a stream to its request plane (docs/design.md, "Streams and
+    /// sessions", Planes): the plane's permit and the credential's hash go into `job`; the plane
+    /// and key are returned for the `RateLimit` fields.
     ///
     /// # Errors
     /// The plane's 429 when it refuses the request.

@@ -118,8 +118,8 @@ pub struct Held {
     permit: Option<Permit>,
     /// The group's instruments: shared, so that holding them costs one reference count.
     metrics: std::sync::Arc<GroupMetrics>,
-    /// The request plane's permit the request also holds (docs/design.md, "Planes"), settled
-    /// with this one.
+    /// The request plane's permit the request also holds (docs/design.md, "Streams and sessions",
+    /// Planes), settled with this one.
     plane: Option<Box<Held>>,
 }
 

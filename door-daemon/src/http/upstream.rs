@@ -616,8 +616,8 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
 /// Fields a `Connection` header may not name for removal: `Host` and the forwarding fields door
 /// rewrites itself, and the credential fields door reads for its request planes (a client that
 /// named `Authorization` there would have its made-up token counted by door and hidden from the
-/// application, which then could not refuse it: docs/design.md, "Planes"). All are end to end;
-/// RFC 9110 §7.6.1 forbids naming such a field as a connection option.
+/// application, which then could not refuse it: docs/design.md, "Streams and sessions", Planes).
+/// All are end to end; RFC 9110 §7.6.1 forbids naming such a field as a connection option.
 static PROTECTED: [&HeaderName; 6] = [
     &HOST,
     &X_FORWARDED_FOR,
