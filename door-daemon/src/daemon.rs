@@ -470,8 +470,9 @@ fn reload_tls(front: &Front, config: &Config) {
     }
 }
 
-/// Writes a reloaded configuration's XDP settings and exempt prefixes (trusted proxies and
-/// `xdp.allow`) into the attached program's maps, in place.
+/// Writes a reloaded configuration's XDP settings, exempt prefixes ([`Config::shield_exempt`]:
+/// trusted proxies, `allow` and `xdp.allow`) and denied ones ([`Config::shield_denied`]: `deny`
+/// and `xdp.deny`) into the attached program's maps, in place.
 fn reconfigure_shield(shield: Option<&Arc<Mutex<Shield>>>, config: &Config) {
     let Some(shield) = shield else { return };
     if let Err(e) = lock(shield).configure(

@@ -345,10 +345,12 @@ impl ClusterMetrics {
         Self {
             syncs: meter
                 .u64_counter("door.cluster.syncs")
+                .with_unit("{sync}")
                 .with_description("Good syncs with the cluster store")
                 .build(),
             errors: meter
                 .u64_counter("door.cluster.errors")
+                .with_unit("{sync}")
                 .with_description("Failed or timed-out syncs with the cluster store")
                 .build(),
             duration: meter

@@ -21,8 +21,9 @@ pub struct ClusterConfig {
     /// How often a door syncs its consumption (`cluster.sync_interval`;
     /// `--cluster-sync-interval` / `DOOR_CLUSTER_SYNC_INTERVAL`). Default 250 ms.
     pub sync_interval: Duration,
-    /// How long one sync (connect, script) may take before the door counts it failed
-    /// (`cluster.timeout`; `--cluster-timeout` / `DOOR_CLUSTER_TIMEOUT`). Default 100 ms.
+    /// How long the connection and each of a sync's script calls may take before the door counts
+    /// the sync failed; the whole sync may take 3 × `sync_interval`, or `timeout` when that is
+    /// longer (`cluster.timeout`; `--cluster-timeout` / `DOOR_CLUSTER_TIMEOUT`). Default 100 ms.
     pub timeout: Duration,
     /// PEM file of the certificate authorities a `rediss://` store's certificate must chain to,
     /// instead of the system's roots (`cluster.ca_file`; `--cluster-ca-file` /

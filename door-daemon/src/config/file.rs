@@ -7,6 +7,9 @@ use serde::Deserialize;
 
 use super::{ConfigError, listen::LISTEN_TABLE_KEYS};
 
+/// The file's top level as written: every key optional, checked and given its default by
+/// [`Config`](super::Config), whose fields (and docs/configuration.md) state each key's unit and
+/// default. The tables below mirror the file's sections the same way.
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(super) struct File {
@@ -40,6 +43,7 @@ pub(super) struct File {
     pub(super) max_header_fields: Option<i64>,
 }
 
+/// `[tls]` as written; checked into [`TlsConfig`](super::TlsConfig).
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(super) struct TlsFile {
@@ -48,6 +52,7 @@ pub(super) struct TlsFile {
     pub(super) min_version: Option<String>,
 }
 
+/// `[cluster]` as written; checked into [`ClusterConfig`](super::ClusterConfig).
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(super) struct ClusterFile {
@@ -57,6 +62,7 @@ pub(super) struct ClusterFile {
     pub(super) ca_file: Option<String>,
 }
 
+/// `[otlp]` as written; checked into [`OtlpConfig`](super::OtlpConfig).
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(super) struct OtlpFile {
@@ -64,6 +70,8 @@ pub(super) struct OtlpFile {
     pub(super) interval: Option<String>,
 }
 
+/// One `[[route]]` as written (`group` and `path` required, `methods` every method when empty,
+/// `stream` false when absent); checked into a [`Route`](crate::http::route::Route).
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(super) struct RouteFile {
@@ -75,6 +83,8 @@ pub(super) struct RouteFile {
     pub(super) stream: bool,
 }
 
+/// `[plane]` as written: its two tables, checked together into
+/// [`PlanesConfig`](super::PlanesConfig).
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(super) struct PlaneFile {
@@ -82,6 +92,7 @@ pub(super) struct PlaneFile {
     pub(super) ip: Option<IpPlaneFile>,
 }
 
+/// `[plane.session]` as written (the credential's `cookie` or `header`, the plane's budget).
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(super) struct SessionPlaneFile {
@@ -92,6 +103,7 @@ pub(super) struct SessionPlaneFile {
     pub(super) max_clients: Option<i64>,
 }
 
+/// `[plane.ip]` as written (the plane's budget).
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(super) struct IpPlaneFile {
@@ -100,6 +112,8 @@ pub(super) struct IpPlaneFile {
     pub(super) max_clients: Option<i64>,
 }
 
+/// One `[group.NAME]` as written: every key optional, a built-in group's defaults filling the
+/// rest; checked into a [`GroupConfig`](super::GroupConfig).
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(super) struct GroupFile {
@@ -112,6 +126,7 @@ pub(super) struct GroupFile {
     pub(super) charge: Option<String>,
 }
 
+/// `[xdp]` as written; checked into [`XdpConfig`](super::XdpConfig).
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(super) struct XdpFile {

@@ -86,6 +86,7 @@ pub struct Overrides {
 
     /// Address to serve on whose connections must start with a PROXY protocol v1/v2 header from a
     /// trusted proxy (repeatable or comma-separated; with --listen, replaces the file's listen).
+    /// Default: none.
     #[arg(
         long,
         env = "DOOR_LISTEN_PROXY_PROTOCOL",
@@ -102,7 +103,7 @@ pub struct Overrides {
     #[arg(long, env = "DOOR_ADMIN_LISTEN", global = true)]
     pub admin_listen: Option<String>,
 
-    /// Trusted proxy CIDR (repeatable or comma-separated); a /0 is refused.
+    /// Trusted proxy CIDR (repeatable or comma-separated); a /0 is refused. Default: none.
     #[arg(
         long = "trusted-proxy",
         env = "DOOR_TRUSTED_PROXIES",
@@ -112,23 +113,25 @@ pub struct Overrides {
     pub trusted_proxies: Option<Vec<String>>,
 
     /// Authoritative header when a trusted proxy sends both: x-forwarded-for or forwarded.
+    /// Default x-forwarded-for.
     #[arg(long, env = "DOOR_FORWARDED_HEADER", global = true)]
     pub forwarded_header: Option<String>,
 
     /// Shadow mode: admit everything, count what would have been refused. `true`/`false`, or
-    /// `1`/`0`, `yes`/`no`, `on`/`off`.
+    /// `1`/`0`, `yes`/`no`, `on`/`off`. Default false.
     #[arg(long, env = "DOOR_DISABLE_ANON_ROUTE_LIMITS", global = true, num_args = 0..=1, default_missing_value = "true", value_parser = EnvNamed(clap::builder::BoolishValueParser::new()))]
     pub disable_anon_route_limits: Option<bool>,
 
-    /// Interface the XDP program attaches to.
+    /// Interface the XDP program attaches to. Required unless --xdp-mode is off; default: none.
     #[arg(long, env = "DOOR_XDP_INTERFACE", global = true)]
     pub xdp_interface: Option<String>,
 
-    /// XDP attach mode: auto, driver, skb or off.
+    /// XDP attach mode: auto, driver, skb or off. Default off without an xdp section, auto with
+    /// one.
     #[arg(long, env = "DOOR_XDP_MODE", global = true)]
     pub xdp_mode: Option<String>,
 
-    /// TLS certificate chain (PEM); needs --tls-key.
+    /// TLS certificate chain (PEM); needs --tls-key. Default: none (plain HTTP only).
     #[arg(long, env = "DOOR_TLS_CERT", global = true)]
     pub tls_cert: Option<String>,
 
@@ -144,7 +147,7 @@ pub struct Overrides {
     #[arg(long, env = "DOOR_HEADER_READ_TIMEOUT", global = true)]
     pub header_read_timeout: Option<String>,
 
-    /// Close connections with no request in flight for this long. Default 60s.
+    /// Close connections with no request in flight for this long (e.g. 90s). Default 1m.
     #[arg(long, env = "DOOR_IDLE_TIMEOUT", global = true)]
     pub idle_timeout: Option<String>,
 
@@ -162,6 +165,7 @@ pub struct Overrides {
     pub ratelimit_headers: Option<bool>,
 
     /// OTLP/HTTP collector base URL (e.g. http://127.0.0.1:4318); OTEL_EXPORTER_OTLP_* also work.
+    /// Default: none (no OTLP export).
     #[arg(long, env = "DOOR_OTLP_ENDPOINT", global = true)]
     pub otlp_endpoint: Option<String>,
 
@@ -169,6 +173,7 @@ pub struct Overrides {
     #[arg(long, env = "DOOR_OTLP_INTERVAL", global = true)]
     pub otlp_interval: Option<String>,
     /// Redis or Valkey URL (redis://HOST:PORT/DB or rediss://) to share budgets through.
+    /// Default: none (no cluster).
     #[arg(long, env = "DOOR_CLUSTER_REDIS", global = true)]
     pub cluster_redis: Option<String>,
 
@@ -176,7 +181,8 @@ pub struct Overrides {
     #[arg(long, env = "DOOR_CLUSTER_SYNC_INTERVAL", global = true)]
     pub cluster_sync_interval: Option<String>,
 
-    /// How long one cluster sync may take (e.g. 100ms). Default 100ms.
+    /// How long the connection and each script call of a cluster sync may take (e.g. 100ms).
+    /// Default 100ms.
     #[arg(long, env = "DOOR_CLUSTER_TIMEOUT", global = true)]
     pub cluster_timeout: Option<String>,
 
@@ -201,10 +207,10 @@ pub struct Overrides {
     /// Close a stream (WebSocket, server-sent events) silent this long (e.g. 5m). Default 5m.
     #[arg(long, env = "DOOR_STREAM_IDLE_TIMEOUT", global = true)]
     pub stream_idle_timeout: Option<String>,
-    /// Clients never limited nor shed: CIDRs (repeatable or comma-separated).
+    /// Clients never limited nor shed: CIDRs (repeatable or comma-separated). Default: none.
     #[arg(long, env = "DOOR_ALLOW", value_delimiter = ',', global = true)]
     pub allow: Option<Vec<String>>,
-    /// Clients refused (403, SYNs dropped): CIDRs (repeatable or comma-separated).
+    /// Clients refused (403, SYNs dropped): CIDRs (repeatable or comma-separated). Default: none.
     #[arg(long, env = "DOOR_DENY", value_delimiter = ',', global = true)]
     pub deny: Option<Vec<String>>,
 
@@ -234,11 +240,11 @@ pub struct Overrides {
     /// XDP: entries of the per-prefix map. Default 65536.
     #[arg(long, env = "DOOR_XDP_MAX_PREFIXES", global = true, value_parser = EnvNamed(clap::value_parser!(i64)))]
     pub xdp_max_prefixes: Option<i64>,
-    /// XDP: CIDRs never shed (repeatable or comma-separated).
+    /// XDP: CIDRs never shed (repeatable or comma-separated). Default: none.
     #[arg(long, env = "DOOR_XDP_ALLOW", value_delimiter = ',', global = true)]
     pub xdp_allow: Option<Vec<String>>,
     /// XDP: CIDRs whose SYNs are all dropped at XDP, layer 7 unaffected (repeatable or
-    /// comma-separated).
+    /// comma-separated). Default: none.
     #[arg(long, env = "DOOR_XDP_DENY", value_delimiter = ',', global = true)]
     pub xdp_deny: Option<Vec<String>>,
     /// XDP: 429s within --xdp-escalate-window that block a peer's SYNs; 0 is off. Default 0.
@@ -258,11 +264,11 @@ pub struct Overrides {
     pub xdp_cookie_threshold: Option<f64>,
 
     /// Session plane: the cookie holding the credential (turns the planes on). Replaces the
-    /// file's cookie or header.
+    /// file's cookie or header. Default: none (planes off).
     #[arg(long, env = "DOOR_PLANE_SESSION_COOKIE", global = true)]
     pub plane_session_cookie: Option<String>,
     /// Session plane: "authorization" for a Bearer token (turns the planes on). Replaces the
-    /// file's cookie or header.
+    /// file's cookie or header. Default: none (planes off).
     #[arg(long, env = "DOOR_PLANE_SESSION_HEADER", global = true)]
     pub plane_session_header: Option<String>,
     /// Session plane: tokens per second per verified credential. Default 2.

@@ -11,7 +11,7 @@ use super::{
 };
 use crate::{
     http::route::Route,
-    limit::{Budget, Charge},
+    limit::{Budget, Charge, DEFAULT_MAX_CLIENTS},
 };
 
 /// `per_client` of a group that is not one of the defaults, when the file does not give it (and
@@ -184,7 +184,7 @@ pub(super) fn build_groups(
                         burst: 1,
                         per_client: NEW_GROUP_PER_CLIENT,
                         inflight: NEW_GROUP_INFLIGHT,
-                        max_clients: 16_384,
+                        max_clients: DEFAULT_MAX_CLIENTS,
                         charge: Charge::Always,
                     },
                     read_timeout: Duration::from_secs(30),

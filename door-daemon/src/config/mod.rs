@@ -263,7 +263,8 @@ pub struct Config {
     /// Limit groups by name: the defaults (webhook, link, health, stream) merged with
     /// `[group.NAME]` and `--group NAME.KEY=VALUE` / `DOOR_GROUP`.
     pub groups: BTreeMap<String, GroupConfig>,
-    /// The flood shield.
+    /// The flood shield (`[xdp]`; `--xdp-*` / `DOOR_XDP_*`). Default: off (`mode = "off"`) without
+    /// an `[xdp]` section or flag; each key's unit and default are on [`XdpConfig`].
     pub xdp: XdpConfig,
     /// TLS termination on every `listen` address (`[tls]`); `None`, the default, serves
     /// cleartext HTTP/1.1 and h2c.
@@ -293,9 +294,11 @@ pub struct Config {
     /// Whether limited routes' responses carry the `RateLimit-Policy` and `RateLimit` fields
     /// (`ratelimit_headers`; `--ratelimit-headers` / `DOOR_RATELIMIT_HEADERS`). Default `true`.
     pub ratelimit_headers: bool,
-    /// OTLP metrics export.
+    /// OTLP metrics export (`[otlp]`; `--otlp-*` / `DOOR_OTLP_*`). Default: no export (no
+    /// endpoint); the interval's unit and default are on [`OtlpConfig`].
     pub otlp: OtlpConfig,
-    /// Budget sharing between doors (`[cluster]`).
+    /// Budget sharing between doors (`[cluster]`; `--cluster-*` / `DOOR_CLUSTER_*`). Default: off
+    /// (no `redis` URL); each key's unit and default are on [`ClusterConfig`].
     pub cluster: ClusterConfig,
     /// Client connections door serves at once, door-wide (`max_connections`;
     /// `--max-connections` / `DOOR_MAX_CONNECTIONS`); past it new connections are closed at

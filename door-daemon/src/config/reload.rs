@@ -8,9 +8,10 @@ use super::{Config, XdpConfig};
 
 /// The settings read only at start whose values differ between `old` and `new`, by their
 /// configuration key (a reload cannot apply them; a restart does). Everything else (routes,
-/// groups, trusted proxies, the forwarding header, shadow mode, the `RateLimit` fields, the TLS
-/// certificate, key and minimum version, and the XDP budgets, ports, allow list and escalation)
-/// is applied by the reload itself.
+/// groups, the request planes, trusted proxies, the forwarding header, shadow mode, the
+/// `RateLimit` fields, `allow` and `deny`, the TLS certificate, key and minimum version, and the
+/// XDP budgets, ports, churn guard, lists, escalation and SYN cookie settings) is applied by the
+/// reload itself.
 pub fn restart_only_changes(old: &Config, new: &Config) -> Vec<&'static str> {
     let Config {
         listen,

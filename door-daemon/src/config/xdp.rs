@@ -14,8 +14,9 @@ use super::{
 pub const DEFAULT_SYN_RATE: f64 = 100.0;
 /// Default `[xdp] syn_burst`, SYNs.
 pub const DEFAULT_SYN_BURST: u32 = 200;
-/// Default `[xdp] new_prefix_rate`, new prefixes per second: with the default `max_prefixes`, a
-/// tracked prefix idle for less than 65,536 / 200 ≈ 5.5 minutes is never evicted by churn.
+/// Default `[xdp] new_prefix_rate`, new prefixes per second: with the defaults, a tracked prefix
+/// idle for less than (`max_prefixes` − `new_prefix_burst`) / `new_prefix_rate` = (65,536 − 2,000)
+/// / 200 ≈ 317 s is never evicted by churn (docs/configuration.md, `[xdp]`).
 pub const DEFAULT_NEW_PREFIX_RATE: f64 = 200.0;
 /// Default `[xdp] new_prefix_burst`, new prefixes.
 pub const DEFAULT_NEW_PREFIX_BURST: u32 = 2_000;

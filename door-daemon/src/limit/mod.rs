@@ -146,9 +146,11 @@ pub struct Budget {
     pub per_client: u32,
     /// Requests the whole group may have in flight (`group.NAME.inflight`), ≥ 1.
     pub inflight: u32,
-    /// Entries in the client table (`group.NAME.max_clients`), ≥ 1.
+    /// Entries in the client table, clients (`group.NAME.max_clients`), ≥ 1; default
+    /// [`DEFAULT_MAX_CLIENTS`] (16,384) in every built-in group.
     pub max_clients: usize,
-    /// When a token is spent (`group.NAME.charge`).
+    /// When a token is spent (`group.NAME.charge`): [`Charge::OnFailure`] in the built-in `webhook`
+    /// group, [`Charge::Always`] in the others and in a new group unless configured.
     pub charge: Charge,
 }
 
@@ -1708,8 +1710,8 @@ impl Permit {
     /// Gives everything back, as if the request had never been admitted: frees the slot, releases
     /// a held token, and under [`Charge::Always`] un-spends the token admission took (exactly, if
     /// nothing else was spent on the row since). For a request another limiter then refused
-    /// (docs/design.md, "Planes": a request rejected by one plane or group spends nothing in the
-    /// others).
+    /// (docs/design.md, "Streams and sessions", Planes: a request rejected by one plane or group
+    /// spends nothing in the others).
     pub fn refund(mut self) {
         if let Some(shard) = self.shard.take() {
             shard.refund(self.slot);
