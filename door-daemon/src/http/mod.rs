@@ -6,8 +6,10 @@
 //! decides whether a request's end spends a token ([`settle`]), the streamed response body that
 //! holds the permit ([`body`]), the upstream client and forwarding-header rewrite ([`upstream`])
 //! and its connector ([`connect`]), the checks of a request head ([`head`]), routes ([`route`]),
-//! cached health ([`health`]), TLS ([`tls`]), the worker threads' identity ([`worker`]) and the
-//! connections' idle watch (`idle`, also the admin listener's).
+//! the request planes' verified credentials ([`plane`]), protocol upgrades ([`upgrade`]) and the
+//! upgraded connection's copy ([`tunnel`]), cached health ([`health`]), TLS ([`tls`]), the worker
+//! threads' identity ([`worker`]) and the connections' idle watch (`idle`, also the admin
+//! listener's).
 //!
 //! May use [`crate::client`], [`crate::limit`], [`crate::obs`], [`crate::shield::escalate`] and
 //! [`crate::time`]; it never touches the XDP program itself.
