@@ -793,11 +793,9 @@ async fn a_kept_alive_connection_whose_next_head_is_late_is_closed_at_the_header
 async fn a_connection_whose_first_head_never_comes_is_closed_at_the_header_timeout() {
     let up = upstream(echo()).await;
     let d = door(&config(up, "", "")).await;
-    // Nothing at all, a byte of a request line, part of the HTTP/2 preface, and the preface with
-    // its SETTINGS but no HEADERS: each closed at 10 s (a cleartext connection that has sent no
-    // request is not known to speak HTTP/2, so it gets no GOAWAY).
-    let preface: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\0\0\0\x04\0\0\0\0\0";
-    for sent in [&b""[..], b"G", b"PRI * HTTP/2.0\r\n", preface] {
+    // Nothing at all, a byte of a request line, and part of the HTTP/2 preface: each closed at
+    // 10 s, without a frame (the connection is not known to speak HTTP/2).
+    for sent in [&b""[..], b"G", b"PRI * HTTP/2.0\r\n"] {
         let start = door_daemon::time::now();
         let mut s = TcpStream::connect(d.addr).await.unwrap();
         s.write_all(sent).await.unwrap();
@@ -808,7 +806,44 @@ async fn a_connection_whose_first_head_never_comes_is_closed_at_the_header_timeo
             waited >= Duration::from_secs(10) && waited < Duration::from_secs(11),
             "sent {sent:?}: header_read_timeout is 10 s, idle_timeout 60 s: closed after {waited:?}"
         );
+        assert!(out.is_empty(), "sent {sent:?}: got {out:?}");
     }
+}
+
+/// A cleartext client that sent the whole HTTP/2 preface (h2c with prior knowledge, as gRPC
+/// channels do before their first call) and no request gets a GOAWAY at the header read timeout,
+/// as one that chose `h2` by ALPN does, and is dropped if it has not left the timeout after.
+#[tokio::test(start_paused = true)]
+async fn an_h2c_connection_whose_first_request_never_comes_gets_a_goaway() {
+    let up = upstream(echo()).await;
+    let d = door(&config(up, "", "")).await;
+    // The preface, sent in two pieces, then an empty SETTINGS frame.
+    let start = door_daemon::time::now();
+    let mut s = TcpStream::connect(d.addr).await.unwrap();
+    s.write_all(b"PRI * HTTP/2.0\r\n").await.unwrap();
+    tokio::task::yield_now().await;
+    s.write_all(b"\r\nSM\r\n\r\n\0\0\0\x04\0\0\0\0\0")
+        .await
+        .unwrap();
+    let mut out = Vec::new();
+    let _ = s.read_to_end(&mut out).await;
+    let waited = start.elapsed();
+    // Frames: a 9-byte header (length, type, flags, stream), then the payload.
+    let mut types = Vec::new();
+    let mut rest = &out[..];
+    while let [a, b, c, kind, _, _, _, _, _, payload @ ..] = rest {
+        let len = usize::from(*a) << 16 | usize::from(*b) << 8 | usize::from(*c);
+        types.push(*kind);
+        rest = payload.get(len..).unwrap_or_default();
+    }
+    assert!(
+        types.contains(&0x7),
+        "a GOAWAY (type 7) among door's frames: types {types:?}"
+    );
+    assert!(
+        waited >= Duration::from_secs(20) && waited < Duration::from_secs(21),
+        "the GOAWAY at 10 s, the connection dropped 10 s later: closed after {waited:?}"
+    );
 }
 
 #[tokio::test(start_paused = true)]
@@ -906,6 +941,85 @@ async fn response_trailers_cross_door_over_http11() {
         assert_eq!(body.to_bytes(), "te=trailers", "{path}");
         assert_eq!(trailers.unwrap()["x-sum"], "42", "{path}");
     }
+}
+
+/// A request's trailers reach the upstream without the fields door reads or rewrites in the
+/// header section: an upstream that merges trailers into the header section (Apache httpd's
+/// `MergeTrailers On`) would otherwise take a client-chosen address or session from there. Other
+/// trailer fields pass. Over HTTP/1.1 (chunked, the fields named in `Trailer`) and h2c.
+#[tokio::test]
+async fn request_trailers_reach_the_upstream_without_identity_or_credential_fields() {
+    // The upstream answers with the names of the trailer fields it got, sorted.
+    let handler: Handler = Arc::new(|req: Request<Incoming>| {
+        Box::pin(async move {
+            let body = req.into_body().collect().await.unwrap();
+            let mut names: Vec<String> = body
+                .trailers()
+                .map(|t| t.keys().map(|k| k.as_str().to_owned()).collect())
+                .unwrap_or_default();
+            names.sort();
+            Response::new(full(names.join(",")))
+        })
+    });
+    let up = upstream(handler).await;
+    let d = door(&config(up, "", "")).await;
+    let sent = [
+        ("x-forwarded-for", "198.51.100.66"),
+        ("forwarded", "for=198.51.100.70"),
+        ("x-real-ip", "198.51.100.71"),
+        ("x_forwarded_for", "198.51.100.72"),
+        ("cookie", "sid=zzz"),
+        ("authorization", "Bearer made-up"),
+        ("x-sum", "42"),
+    ];
+    let mut trailers = http::HeaderMap::new();
+    for (k, v) in sent {
+        trailers.insert(
+            http::HeaderName::from_static(k),
+            http::HeaderValue::from_static(v),
+        );
+    }
+    let names = sent.map(|(k, _)| k).join(", ");
+
+    // HTTP/1.1: hyper's client sends the trailer fields `Trailer` names, chunked.
+    for path in ["/webhooks/github", "/unlimited"] {
+        let frames: Vec<Result<Frame<Bytes>, Infallible>> = vec![
+            Ok(Frame::data(Bytes::from_static(b"payload"))),
+            Ok(Frame::trailers(trailers.clone())),
+        ];
+        let req = Request::post(path)
+            .header("host", "door.test")
+            .header("trailer", names.as_str())
+            .body(StreamBody::new(futures_util::stream::iter(frames)).boxed())
+            .unwrap();
+        let res = h1(d.addr).await.send_request(req).await.unwrap();
+        assert_eq!(res.status(), StatusCode::OK, "{path}");
+        assert_eq!(body_string(res).await, "x-sum", "HTTP/1.1 {path}");
+    }
+
+    // h2c: a HEADERS frame (with `Trailer`, which door's HTTP/1.1 hop to the upstream needs),
+    // DATA, then the trailers in a last HEADERS frame.
+    let s = TcpStream::connect(d.addr).await.unwrap();
+    let (c, conn) = h2::client::handshake(s).await.unwrap();
+    tokio::spawn(conn);
+    let req = Request::post("http://door.test/unlimited")
+        .header("trailer", names.as_str())
+        .body(())
+        .unwrap();
+    let mut c = c.ready().await.unwrap();
+    let (res, mut stream) = c.send_request(req, false).unwrap();
+    stream
+        .send_data(Bytes::from_static(b"payload"), false)
+        .unwrap();
+    stream.send_trailers(trailers).unwrap();
+    let res = res.await.unwrap();
+    assert_eq!(res.status(), StatusCode::OK);
+    let mut body = res.into_body();
+    let mut got = Vec::new();
+    while let Some(chunk) = body.data().await {
+        got.extend_from_slice(&chunk.unwrap());
+    }
+    assert_eq!(String::from_utf8_lossy(&got), "x-sum", "h2c");
 }
 
 /// Responses stream through unbuffered (docs/design.md, "Limits"): an upstream flush reaches the

@@ -46,6 +46,7 @@ use crate::{
         conn::ConnInfo,
         conn_limit::{ConnLimits, ConnSlot, Refusal},
         idle::serve_watched,
+        preface::PrefaceWatch,
         request::App,
         tls::TlsError,
     },
@@ -549,6 +550,8 @@ async fn connection(mut stream: TcpStream, conn: Connection) {
                 slot: Some(slot),
                 ..ConnInfo::new(peer, false)
             });
+            // Cleartext: the HTTP/2 preface, not ALPN, says whether the client speaks h2c.
+            let stream = PrefaceWatch::new(stream, Arc::clone(&info));
             serve_io(stream, info, app, settings, &builder, stop).await;
         }
         Some(acceptor) => {

@@ -8,8 +8,9 @@
 //! and its connector ([`connect`]), the checks of a request head ([`head`]), routes ([`route`]),
 //! the request planes' verified credentials ([`plane`]), protocol upgrades ([`upgrade`]) and the
 //! upgraded connection's copy ([`tunnel`]), cached health ([`health`]), TLS ([`tls`]), the worker
-//! threads' identity ([`worker`]) and the connections' idle watch (`idle`, also the admin
-//! listener's).
+//! threads' identity ([`worker`]), the connections' idle watch (`idle`, also the admin
+//! listener's) and the HTTP/2 preface it learns a cleartext connection's protocol from
+//! (`preface`).
 //!
 //! May use [`crate::client`], [`crate::limit`], [`crate::obs`], [`crate::shield::escalate`] and
 //! [`crate::time`]; it never touches the XDP program itself.
@@ -26,6 +27,7 @@ pub mod health;
 pub(crate) mod idle;
 pub(crate) mod inflight;
 pub mod plane;
+pub(crate) mod preface;
 pub mod request;
 pub mod route;
 pub mod settle;

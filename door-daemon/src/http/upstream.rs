@@ -27,7 +27,7 @@ use http::{
     HeaderMap, HeaderName, HeaderValue, Method, Request, Response, Uri, Version,
     header::{
         AUTHORIZATION, CONNECTION, CONTENT_LENGTH, COOKIE, FORWARDED, HOST, PROXY_AUTHENTICATE,
-        PROXY_AUTHORIZATION, TE, TRANSFER_ENCODING, UPGRADE,
+        PROXY_AUTHORIZATION, TE, TRAILER, TRANSFER_ENCODING, UPGRADE,
     },
     uri::PathAndQuery,
 };
@@ -252,7 +252,15 @@ impl Body for UpstreamBody {
                 Some(Err(_)) => this.report(BodyEvent::Failed),
                 Some(Ok(_)) => {}
             }
-            return Poll::Ready(frame.map(|f| f.map_err(UpstreamBodyError::Client)));
+            return Poll::Ready(frame.map(|f| {
+                f.map(|mut frame| {
+                    if let Some(trailers) = frame.trailers_mut() {
+                        strip_request_trailers(trailers);
+                    }
+                    frame
+                })
+                .map_err(UpstreamBodyError::Client)
+            }));
         }
         if let Some(d) = &mut this.deadline
             && d.as_mut().poll(cx).is_ready()
@@ -703,8 +711,10 @@ fn drop_underscore_aliases(headers: &mut HeaderMap) {
 
 /// From an untrusted peer, client-sent `X-Forwarded-For` and `Forwarded` (and the other identity
 /// fields of `is_identity`) are dropped and replaced by the peer; from a trusted proxy the chains
-/// are kept byte for byte and the peer appended. `X-Forwarded-Proto` always says what door
-/// received.
+/// are kept byte for byte and the peer appended, but for a `Forwarded` chain that ends inside a
+/// quoted string (`for="198.51.100.66`), which would make door's element part of that string: it
+/// is replaced by door's element, as the client key treats it as naming no address.
+/// `X-Forwarded-Proto` always says what door received.
 pub fn rewrite_forwarding(headers: &mut HeaderMap, origin: &Origin) {
     // One pass over the names says what is there (compared, not hashed): a lookup or removal
     // hashes its name, and most requests carry none of these fields.
@@ -774,7 +784,9 @@ pub fn rewrite_forwarding(headers: &mut HeaderMap, origin: &Origin) {
         }
     }
     if let Some(fwd) = prior_forwarded {
-        let value = if origin.peer_trusted {
+        // A chain that ends inside a quoted string would swallow door's element: kept, it would
+        // hide the one hop the application can trust (found by hostile testing).
+        let value = if origin.peer_trusted && !ends_in_quoted_string(&fwd) {
             append(fwd, &forwarded_for())
         } else {
             forwarded_for()
@@ -787,6 +799,52 @@ pub fn rewrite_forwarding(headers: &mut HeaderMap, origin: &Origin) {
         &X_FORWARDED_PROTO,
         HeaderValue::from_static(if origin.tls { "https" } else { "http" }),
     );
+}
+
+/// Drops from a request's trailer section every field door reads, rewrites or drops in the header
+/// section, whoever the peer: the hop-by-hop fields and `Content-Length`, `Host`, the forwarding
+/// and identity fields (`X-Forwarded-For`, `Forwarded`, `X-Forwarded-Proto`, those of
+/// `is_identity`, and their `_` spellings), and the credentials the request planes read
+/// (`Authorization`, `Cookie`). None of them belongs in a trailer (RFC 9110 §6.5.1: fields for
+/// framing, routing, authentication and request modifiers are not to be sent there), yet an
+/// application or server that merges trailers into the header section (Apache httpd's
+/// `MergeTrailers On`, for one) would take a client-chosen address or session from there, past
+/// door's rewrite and its planes (found by hostile testing). Other trailer fields (a checksum,
+/// a signature) pass. Trailers are rare: a body without them never calls this.
+fn strip_request_trailers(trailers: &mut HeaderMap) {
+    let names: Vec<HeaderName> = trailers
+        .keys()
+        .filter(|k| {
+            let dashed = k.as_str().replace('_', "-");
+            is_identity(&dashed)
+                || HOP_BY_HOP
+                    .iter()
+                    .chain(PROTECTED.iter())
+                    .chain([&&CONTENT_LENGTH, &&TRAILER])
+                    .any(|h| h.as_str() == dashed)
+        })
+        .cloned()
+        .collect();
+    for name in names {
+        trailers.remove(name);
+    }
+}
+
+/// Whether `value` (a `Forwarded` field, RFC 7239 §4) ends inside a quoted string (RFC 9110
+/// §5.6.4: a `"` opens and closes one, a `\` inside it escapes the next byte), so that anything
+/// appended to it would be read as part of that string.
+fn ends_in_quoted_string(value: &[u8]) -> bool {
+    let mut quoted = false;
+    let mut bytes = value.iter();
+    while let Some(&b) = bytes.next() {
+        match b {
+            b'"' => quoted = !quoted,
+            // The guard takes the escaped byte; a `\` with none after it leaves the string open.
+            b'\\' if quoted && bytes.next().is_none() => return true,
+            _ => {}
+        }
+    }
+    quoted
 }
 
 /// All lines of `name` joined with `", "` in wire order (RFC 9110 §5.3), byte for byte (obs-text
@@ -953,7 +1011,7 @@ mod tests {
             let req = prepared(&[("te", te), ("connection", "te"), ("trailer", "x-sum")]);
             assert_eq!(req.headers()[TE], "trailers", "{te}");
             assert_eq!(req.headers()[CONNECTION], "te", "{te}");
-            assert_eq!(req.headers()[http::header::TRAILER], "x-sum", "{te}");
+            assert_eq!(req.headers()[TRAILER], "x-sum", "{te}");
         }
         let req = prepared(&[("te", "gzip"), ("connection", "te")]);
         assert!(!req.headers().contains_key(TE));
@@ -1025,6 +1083,58 @@ mod tests {
         assert_eq!(h["authorization"], "Bearer t");
         assert_eq!(h["cookie"], "sid=s");
         assert!(h.get("x-other").is_none());
+    }
+
+    /// A trusted proxy's `Forwarded` chain gets door's element appended, unless it ends inside a
+    /// quoted string that would swallow that element: then door's element stands alone.
+    #[test]
+    fn a_forwarded_chain_left_inside_a_quoted_string_does_not_swallow_doors_element() {
+        let proxy = origin("192.0.2.10", true);
+        for (sent, upstream) in [
+            (
+                r#"for="[2001:db8::1]:80", for=198.51.100.9"#,
+                r#"for="[2001:db8::1]:80", for=198.51.100.9, for=192.0.2.10"#,
+            ),
+            (
+                r#"for="a\"b", for=198.51.100.9"#,
+                r#"for="a\"b", for=198.51.100.9, for=192.0.2.10"#,
+            ),
+            (r#"for="198.51.100.66"#, "for=192.0.2.10"),
+            (r#"for="a\", for=198.51.100.9"#, "for=192.0.2.10"),
+            (r#"for="a\"#, "for=192.0.2.10"),
+        ] {
+            let mut h = headers(&[("forwarded", sent)]);
+            rewrite_forwarding(&mut h, &proxy);
+            assert_eq!(h["forwarded"], upstream, "{sent}");
+        }
+    }
+
+    /// A request's trailers lose the fields door reads or rewrites in the header section,
+    /// whoever sent them; other fields pass.
+    #[test]
+    fn request_trailers_lose_forwarding_identity_framing_and_credential_fields() {
+        let mut t = headers(&[
+            ("x-forwarded-for", "198.51.100.66"),
+            ("forwarded", "for=198.51.100.66"),
+            ("x-forwarded-proto", "https"),
+            ("x-real-ip", "198.51.100.66"),
+            ("client_ip", "198.51.100.66"),
+            ("host", "evil.example"),
+            ("cookie", "sid=made-up"),
+            ("authorization", "Bearer made-up"),
+            ("content-length", "5"),
+            ("trailer", "x-sum"),
+            ("connection", "close"),
+            ("x-sum", "42"),
+            (
+                "digest",
+                "sha-256=X48E9qOokqqrvdts8nOJRJN3OWDUoyWxBf7kbu9DBPE=",
+            ),
+        ]);
+        strip_request_trailers(&mut t);
+        let mut left: Vec<&str> = t.keys().map(HeaderName::as_str).collect();
+        left.sort_unstable();
+        assert_eq!(left, ["digest", "x-sum"]);
     }
 
     #[test]
