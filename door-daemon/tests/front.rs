@@ -970,6 +970,7 @@ async fn request_trailers_reach_the_upstream_without_identity_or_credential_fiel
         ("x_forwarded_for", "198.51.100.72"),
         ("cookie", "sid=zzz"),
         ("authorization", "Bearer made-up"),
+        ("x-http-method-override", "DELETE"),
         ("x-sum", "42"),
     ];
     let mut trailers = http::HeaderMap::new();
@@ -1020,6 +1021,26 @@ async fn request_trailers_reach_the_upstream_without_identity_or_credential_fiel
         got.extend_from_slice(&chunk.unwrap());
     }
     assert_eq!(String::from_utf8_lossy(&got), "x-sum", "h2c");
+
+    // Trailers of stripped fields only: the body still ends, with no trailer section.
+    let mut only = http::HeaderMap::new();
+    only.insert("x-real-ip", http::HeaderValue::from_static("198.51.100.71"));
+    let frames: Vec<Result<Frame<Bytes>, Infallible>> = vec![
+        Ok(Frame::data(Bytes::from_static(b"payload"))),
+        Ok(Frame::trailers(only)),
+    ];
+    let req = Request::post("/unlimited")
+        .header("host", "door.test")
+        .header("trailer", "x-real-ip")
+        .body(StreamBody::new(futures_util::stream::iter(frames)).boxed())
+        .unwrap();
+    let res = h1(d.addr).await.send_request(req).await.unwrap();
+    assert_eq!(res.status(), StatusCode::OK);
+    assert_eq!(
+        body_string(res).await,
+        "",
+        "no trailer field reached the upstream"
+    );
 }
 
 /// Responses stream through unbuffered (docs/design.md, "Limits"): an upstream flush reaches the

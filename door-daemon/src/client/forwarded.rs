@@ -83,10 +83,10 @@ pub(crate) struct ForwardedFor<'a> {
     done: bool,
 }
 
-impl<'a> Iterator for ForwardedFor<'a> {
-    type Item = Entry<'a>;
-
-    fn next(&mut self) -> Option<Entry<'a>> {
+impl<'a> ForwardedFor<'a> {
+    /// The next element to the left, trimmed, with its entry (for an unterminated quoted string
+    /// or a backslash, the rest of its line).
+    fn next_element(&mut self) -> Option<(&'a [u8], Entry<'a>)> {
         while !self.done {
             let line = match self.current.take() {
                 Some(rest) => rest,
@@ -94,7 +94,7 @@ impl<'a> Iterator for ForwardedFor<'a> {
             };
             let Some((rest, element)) = split_last_element(line) else {
                 self.done = true;
-                return Some(Entry::Malformed);
+                return Some((line, Entry::Malformed));
             };
             self.current = rest;
             let element = trim_ows(element);
@@ -103,11 +103,35 @@ impl<'a> Iterator for ForwardedFor<'a> {
                 if entry == Entry::Malformed {
                     self.done = true;
                 }
-                return Some(entry);
+                return Some((element, entry));
             }
         }
         None
     }
+}
+
+impl<'a> Iterator for ForwardedFor<'a> {
+    type Item = Entry<'a>;
+
+    fn next(&mut self) -> Option<Entry<'a>> {
+        self.next_element().map(|(_, entry)| entry)
+    }
+}
+
+/// The `Forwarded` elements the client key reads ([`forwarded_entries`]) when they stop at a
+/// malformed one: the well-formed elements right of it, in wire order, each trimmed. `None` when
+/// every element is well formed (or there is none): the chain reads to its start.
+pub(crate) fn forwarded_readable_part(headers: &HeaderMap) -> Option<Vec<&[u8]>> {
+    let mut walk = forwarded_entries(headers);
+    let mut readable = Vec::new();
+    while let Some((element, entry)) = walk.next_element() {
+        if entry == Entry::Malformed {
+            readable.reverse();
+            return Some(readable);
+        }
+        readable.push(element);
+    }
+    None
 }
 
 /// Cuts the last element off a `Forwarded` line: scans from the end for a comma outside quoted

@@ -12,6 +12,7 @@ pub mod key;
 pub mod proxy_protocol;
 
 pub use forwarded::X_FORWARDED_FOR;
+pub(crate) use forwarded::forwarded_readable_part;
 
 use std::net::{IpAddr, Ipv4Addr};
 

@@ -472,7 +472,7 @@ fn network_path(path: &str) -> Option<&str> {
 /// request's (`X-HTTP-Method-Override`: Rack's `MethodOverride`, in Rails' default stack,
 /// Express's `method-override`, Flask's documented middleware; `X-HTTP-Method`: OData;
 /// `X-Method-Override`).
-static METHOD_OVERRIDES: [HeaderName; 3] = [
+pub(crate) static METHOD_OVERRIDES: [HeaderName; 3] = [
     HeaderName::from_static("x-http-method-override"),
     HeaderName::from_static("x-http-method"),
     HeaderName::from_static("x-method-override"),

@@ -39,11 +39,12 @@ use hyper_util::{
 use thiserror::Error;
 
 use crate::{
-    client::X_FORWARDED_FOR,
+    client::{X_FORWARDED_FOR, forwarded_readable_part},
     config::Upstream,
     http::{
         connect::{Connector, POOL_AUTHORITY},
         head::has_field,
+        route::METHOD_OVERRIDES,
     },
 };
 
@@ -711,10 +712,9 @@ fn drop_underscore_aliases(headers: &mut HeaderMap) {
 
 /// From an untrusted peer, client-sent `X-Forwarded-For` and `Forwarded` (and the other identity
 /// fields of `is_identity`) are dropped and replaced by the peer; from a trusted proxy the chains
-/// are kept byte for byte and the peer appended, but for a `Forwarded` chain that ends inside a
-/// quoted string (`for="198.51.100.66`), which would make door's element part of that string: it
-/// is replaced by door's element, as the client key treats it as naming no address.
-/// `X-Forwarded-Proto` always says what door received.
+/// are kept byte for byte and the peer appended, but for the part of a `Forwarded` chain the
+/// client key cannot read (`readable_forwarded`). `X-Forwarded-Proto` always says what door
+/// received.
 pub fn rewrite_forwarding(headers: &mut HeaderMap, origin: &Origin) {
     // One pass over the names says what is there (compared, not hashed): a lookup or removal
     // hashes its name, and most requests carry none of these fields.
@@ -768,8 +768,8 @@ pub fn rewrite_forwarding(headers: &mut HeaderMap, origin: &Origin) {
     } else {
         None
     };
-    let prior_forwarded = if forwarded {
-        join_lines(headers, &FORWARDED)
+    let prior_forwarded = if forwarded && origin.peer_trusted {
+        readable_forwarded(headers)
     } else {
         None
     };
@@ -783,13 +783,10 @@ pub fn rewrite_forwarding(headers: &mut HeaderMap, origin: &Origin) {
             headers.insert(&X_FORWARDED_FOR, origin.peer_value.clone());
         }
     }
-    if let Some(fwd) = prior_forwarded {
-        // A chain that ends inside a quoted string would swallow door's element: kept, it would
-        // hide the one hop the application can trust (found by hostile testing).
-        let value = if origin.peer_trusted && !ends_in_quoted_string(&fwd) {
-            append(fwd, &forwarded_for())
-        } else {
-            forwarded_for()
+    if forwarded {
+        let value = match prior_forwarded {
+            Some(fwd) => append(fwd, &forwarded_for()),
+            None => forwarded_for(),
         };
         if let Ok(v) = HeaderValue::from_bytes(&value) {
             headers.insert(&FORWARDED, v);
@@ -804,8 +801,8 @@ pub fn rewrite_forwarding(headers: &mut HeaderMap, origin: &Origin) {
 /// Drops from a request's trailer section every field door reads, rewrites or drops in the header
 /// section, whoever the peer: the hop-by-hop fields and `Content-Length`, `Host`, the forwarding
 /// and identity fields (`X-Forwarded-For`, `Forwarded`, `X-Forwarded-Proto`, those of
-/// `is_identity`, and their `_` spellings), and the credentials the request planes read
-/// (`Authorization`, `Cookie`). None of them belongs in a trailer (RFC 9110 §6.5.1: fields for
+/// `is_identity`), the method overrides routing reads ([`METHOD_OVERRIDES`]), the credentials the
+/// request planes read (`Authorization`, `Cookie`), and the `_` spellings of them all. None of them belongs in a trailer (RFC 9110 §6.5.1: fields for
 /// framing, routing, authentication and request modifiers are not to be sent there), yet an
 /// application or server that merges trailers into the header section (Apache httpd's
 /// `MergeTrailers On`, for one) would take a client-chosen address or session from there, past
@@ -822,6 +819,7 @@ fn strip_request_trailers(trailers: &mut HeaderMap) {
                     .chain(PROTECTED.iter())
                     .chain([&&CONTENT_LENGTH, &&TRAILER])
                     .any(|h| h.as_str() == dashed)
+                || METHOD_OVERRIDES.iter().any(|h| h.as_str() == dashed)
         })
         .cloned()
         .collect();
@@ -830,21 +828,23 @@ fn strip_request_trailers(trailers: &mut HeaderMap) {
     }
 }
 
-/// Whether `value` (a `Forwarded` field, RFC 7239 §4) ends inside a quoted string (RFC 9110
-/// §5.6.4: a `"` opens and closes one, a `\` inside it escapes the next byte), so that anything
-/// appended to it would be read as part of that string.
-fn ends_in_quoted_string(value: &[u8]) -> bool {
-    let mut quoted = false;
-    let mut bytes = value.iter();
-    while let Some(&b) = bytes.next() {
-        match b {
-            b'"' => quoted = !quoted,
-            // The guard takes the escaped byte; a `\` with none after it leaves the string open.
-            b'\\' if quoted && bytes.next().is_none() => return true,
-            _ => {}
-        }
+/// A trusted proxy's `Forwarded` chain as door passes it on, before its own element: byte for
+/// byte when the client key reads it to its start; otherwise what the client key read of it
+/// (the well-formed elements right of the first malformed one, [`forwarded_readable_part`]),
+/// after `for=unknown` (RFC 7239 §6.3) in place of the rest. Kept whole, a malformed element could
+/// swallow door's (`for="198.51.100.66` leaves a quoted string open) or be read by the
+/// application as naming a client door did not key on: the application's walk from the right
+/// stops where door's did (found by hostile testing). `None` when there is no `Forwarded` field.
+fn readable_forwarded(headers: &HeaderMap) -> Option<Vec<u8>> {
+    let Some(readable) = forwarded_readable_part(headers) else {
+        return join_lines(headers, &FORWARDED);
+    };
+    let mut value = b"for=unknown".to_vec();
+    for element in readable {
+        value.extend_from_slice(b", ");
+        value.extend_from_slice(element);
     }
-    quoted
+    Some(value)
 }
 
 /// All lines of `name` joined with `", "` in wire order (RFC 9110 §5.3), byte for byte (obs-text
@@ -1085,28 +1085,50 @@ mod tests {
         assert!(h.get("x-other").is_none());
     }
 
-    /// A trusted proxy's `Forwarded` chain gets door's element appended, unless it ends inside a
-    /// quoted string that would swallow that element: then door's element stands alone.
+    /// A trusted proxy's `Forwarded` chain gets door's element appended; the part of it the
+    /// client key cannot read (from the first malformed element leftwards) is replaced by
+    /// `for=unknown`, so that the application reads the chain as door did and a malformed element
+    /// cannot swallow door's.
     #[test]
-    fn a_forwarded_chain_left_inside_a_quoted_string_does_not_swallow_doors_element() {
+    fn a_forwarded_chain_is_passed_on_as_far_as_the_client_key_reads_it() {
         let proxy = origin("192.0.2.10", true);
         for (sent, upstream) in [
             (
-                r#"for="[2001:db8::1]:80", for=198.51.100.9"#,
-                r#"for="[2001:db8::1]:80", for=198.51.100.9, for=192.0.2.10"#,
+                &[r#"for="[2001:db8::1]:80", for=198.51.100.9;proto=https;by=203.0.113.1"#][..],
+                r#"for="[2001:db8::1]:80", for=198.51.100.9;proto=https;by=203.0.113.1, for=192.0.2.10"#,
+            ),
+            (&[r#"for="198.51.100.66"#], "for=unknown, for=192.0.2.10"),
+            (&[r#"for="a\"#], "for=unknown, for=192.0.2.10"),
+            (
+                &[r#"for="a\"b", for=198.51.100.9"#],
+                "for=unknown, for=198.51.100.9, for=192.0.2.10",
             ),
             (
-                r#"for="a\"b", for=198.51.100.9"#,
-                r#"for="a\"b", for=198.51.100.9, for=192.0.2.10"#,
+                &[r#"for="a\", for=198.51.100.9"#],
+                "for=unknown, for=198.51.100.9, for=192.0.2.10",
             ),
-            (r#"for="198.51.100.66"#, "for=192.0.2.10"),
-            (r#"for="a\", for=198.51.100.9"#, "for=192.0.2.10"),
-            (r#"for="a\"#, "for=192.0.2.10"),
+            (
+                &[r#"for=a"b, for=198.51.100.9"#],
+                "for=unknown, for=198.51.100.9, for=192.0.2.10",
+            ),
+            (
+                &[r#"for="x"#, "for=198.51.100.9"],
+                "for=unknown, for=198.51.100.9, for=192.0.2.10",
+            ),
+            (
+                &["for=198.51.100.9, by=203.0.113.1", "for=203.0.113.7"],
+                "for=unknown, for=203.0.113.7, for=192.0.2.10",
+            ),
         ] {
-            let mut h = headers(&[("forwarded", sent)]);
+            let lines: Vec<(&str, &str)> = sent.iter().map(|l| ("forwarded", *l)).collect();
+            let mut h = headers(&lines);
             rewrite_forwarding(&mut h, &proxy);
-            assert_eq!(h["forwarded"], upstream, "{sent}");
+            assert_eq!(h["forwarded"], upstream, "{sent:?}");
         }
+        // An untrusted peer's chain is replaced whole, malformed or not.
+        let mut h = headers(&[("forwarded", r#"for="198.51.100.66"#)]);
+        rewrite_forwarding(&mut h, &origin("192.0.2.7", false));
+        assert_eq!(h["forwarded"], "for=192.0.2.7");
     }
 
     /// A request's trailers lose the fields door reads or rewrites in the header section,
@@ -1125,6 +1147,8 @@ mod tests {
             ("content-length", "5"),
             ("trailer", "x-sum"),
             ("connection", "close"),
+            ("x-http-method-override", "DELETE"),
+            ("x_method_override", "DELETE"),
             ("x-sum", "42"),
             (
                 "digest",
