@@ -1527,10 +1527,10 @@ async fn a_refund_of_a_repaid_debt_writes_nothing() {
     );
 }
 
-/// With the planes on, a request that turns out to be an event stream gives its plane token
-/// back (docs/design.md, "Streams and sessions", Streams). When a sync has already sent that token to the store, the
-/// next sync takes it back there too: the store's debt goes, and is not folded back into the
-/// client's row, so each stream opened in a cluster costs the client nothing on its plane.
+/// With the planes on, a request that turns out to be an event stream gives its plane token back
+/// (docs/design.md, "Streams and sessions", Streams). When a sync has already sent that token to
+/// the store, the next sync takes it back there too: the store's debt goes, and is not folded back
+/// into the client's row, so each stream opened in a cluster costs the client nothing on its plane.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_plane_token_refunded_after_a_sync_is_taken_back_from_the_store() {
     if !redis_or_skip() {

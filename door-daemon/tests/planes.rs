@@ -1,7 +1,7 @@
 //! The per-session and per-IP request planes through the daemon (docs/design.md, "Streams and
 //! sessions", Planes): door's front in-process on 127.0.0.1 in front of an upstream that accepts
-//! some bearer tokens (or a session cookie) and answers 401 to the rest. No test sleeps: the planes' rates are so
-//! slow that only bursts matter.
+//! some bearer tokens (or a session cookie) and answers 401 to the rest. No test sleeps: the
+//! planes' rates are so slow that only bursts matter.
 
 #![expect(
     clippy::unwrap_used,

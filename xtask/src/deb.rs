@@ -114,6 +114,8 @@ fn checks_installed() -> anyhow::Result<()> {
         "/usr/share/doc/door/design.md",
         "/usr/share/doc/door/decisions.md",
         "/usr/share/doc/door/performance.md",
+        "/usr/share/doc/door/performance-history.md",
+        "/usr/share/doc/door/README.md",
         "/usr/share/doc/door/grafana/door.json",
     ] {
         ensure!(

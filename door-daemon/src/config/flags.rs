@@ -126,8 +126,8 @@ pub struct Overrides {
     #[arg(long, env = "DOOR_XDP_INTERFACE", global = true)]
     pub xdp_interface: Option<String>,
 
-    /// XDP attach mode: auto, driver, skb or off. Default off without an xdp section, auto with
-    /// one.
+    /// XDP attach mode: auto, driver, skb or off. Default off without an xdp section or --xdp-*
+    /// flag, auto with one.
     #[arg(long, env = "DOOR_XDP_MODE", global = true)]
     pub xdp_mode: Option<String>,
 

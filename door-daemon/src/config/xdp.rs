@@ -16,7 +16,7 @@ pub const DEFAULT_SYN_RATE: f64 = 100.0;
 pub const DEFAULT_SYN_BURST: u32 = 200;
 /// Default `[xdp] new_prefix_rate`, new prefixes per second: with the defaults, a tracked prefix
 /// idle for less than (`max_prefixes` − `new_prefix_burst`) / `new_prefix_rate` = (65,536 − 2,000)
-/// / 200 ≈ 317 s is never evicted by churn (docs/configuration.md, `[xdp]`).
+/// / 200 ≈ 318 s is never evicted by churn (docs/configuration.md, `[xdp]`).
 pub const DEFAULT_NEW_PREFIX_RATE: f64 = 200.0;
 /// Default `[xdp] new_prefix_burst`, new prefixes.
 pub const DEFAULT_NEW_PREFIX_BURST: u32 = 2_000;

@@ -605,8 +605,9 @@ async fn serve_io<I>(
     tokio::pin!(conn);
     // The first head of a connection, in either protocol, is due within the header read timeout
     // from the end of the TLS handshake or the PROXY protocol header (when `info` was made): a
-    // client that sends nothing, or only part of the HTTP/2 preface or of a first HEADERS frame,
-    // holds a slot no longer than a slow HTTP/1.1 head would.
+    // client that sends nothing, or only part of the HTTP/2 preface, holds a slot no longer than
+    // a slow HTTP/1.1 head would; one that sent the preface (or chose `h2` by ALPN) and then no
+    // request gets a GOAWAY then, and is dropped if it is still there the timeout after.
     let stop = async move {
         let _ = stop.changed().await;
     };

@@ -17,7 +17,8 @@ use std::{
 
 use tokio::time::Instant;
 
-/// [`Activity`]'s protocol before the connection's first request or ALPN has told it.
+/// [`Activity`]'s protocol before the connection's first request, ALPN or its HTTP/2 preface has
+/// told it.
 const UNKNOWN: u8 = 0;
 /// [`Activity`]'s protocol: HTTP/1.x.
 const HTTP1: u8 = 1;
@@ -45,7 +46,7 @@ pub(crate) struct Activity {
     /// A request has started on this connection (until then its first head is awaited).
     started: AtomicBool,
     /// The connection's protocol as far as it is known: [`UNKNOWN`], [`HTTP1`] or [`HTTP2`]
-    /// (from ALPN, else from its first request). Between requests HTTP/1.x awaits a head, due
+    /// (from ALPN or a cleartext connection's HTTP/2 preface, else from its first request). Between requests HTTP/1.x awaits a head, due
     /// within the header read timeout; HTTP/2 awaits nothing between its streams.
     protocol: AtomicU8,
     /// Nanoseconds after `origin` of the last request end.
@@ -76,8 +77,9 @@ impl Activity {
         }
     }
 
-    /// TLS's ALPN chose the protocol (`http2` for `h2`) before the first request: a connection
-    /// known to speak HTTP/2 whose first request is late gets a GOAWAY, not a close.
+    /// The protocol is known before the first request (`http2`): TLS's ALPN chose it (`h2`), or a
+    /// cleartext connection sent the HTTP/2 preface (`crate::http::preface`). A connection known
+    /// to speak HTTP/2 whose first request is late gets a GOAWAY, not a close.
     pub(crate) fn negotiated(&self, http2: bool) {
         let protocol = if http2 { HTTP2 } else { HTTP1 };
         self.protocol.store(protocol, Ordering::Relaxed);

@@ -1,9 +1,10 @@
 //! The HTTP/2 connection preface (RFC 9113 §3.4) seen on a cleartext connection: a client that
-//! speaks h2c with prior knowledge says so with its first 24 bytes, before any request, where a
-//! TLS connection says so with ALPN. [`PrefaceWatch`] reads the connection's first bytes as they
-//! pass to hyper and, once they are the whole preface, tells the connection's idle watch
-//! ([`Activity::negotiated`](crate::http::idle::Activity::negotiated)), so that a first request that is late ends the connection with a
-//! GOAWAY (RFC 9113 §6.8) instead of a bare close, as it does after ALPN's `h2`.
+//! speaks h2c with prior knowledge says so with its first 24 bytes, before any request, where a TLS
+//! connection says so with ALPN. [`PrefaceWatch`] reads the connection's first bytes as they pass
+//! to hyper and, once they are the whole preface, tells the connection's idle watch
+//! ([`Activity::negotiated`](crate::http::idle::Activity::negotiated)), so that a first request
+//! that is late ends the connection with a GOAWAY (RFC 9113 §6.8) instead of a bare close, as it
+//! does after ALPN's `h2`.
 
 use std::{
     io,
