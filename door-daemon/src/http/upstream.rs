@@ -802,12 +802,13 @@ pub fn rewrite_forwarding(headers: &mut HeaderMap, origin: &Origin) {
 /// section, whoever the peer: the hop-by-hop fields and `Content-Length`, `Host`, the forwarding
 /// and identity fields (`X-Forwarded-For`, `Forwarded`, `X-Forwarded-Proto`, those of
 /// `is_identity`), the method overrides routing reads ([`METHOD_OVERRIDES`]), the credentials the
-/// request planes read (`Authorization`, `Cookie`), and the `_` spellings of them all. None of them belongs in a trailer (RFC 9110 §6.5.1: fields for
-/// framing, routing, authentication and request modifiers are not to be sent there), yet an
-/// application or server that merges trailers into the header section (Apache httpd's
-/// `MergeTrailers On`, for one) would take a client-chosen address or session from there, past
-/// door's rewrite and its planes (found by hostile testing). Other trailer fields (a checksum,
-/// a signature) pass. Trailers are rare: a body without them never calls this.
+/// request planes read (`Authorization`, `Cookie`), and the `_` spellings of them all. None of them
+/// belongs in a trailer (RFC 9110 §6.5.1: fields for framing, routing, authentication and request
+/// modifiers are not to be sent there), yet an application or server that merges trailers into the
+/// header section (Apache httpd's `MergeTrailers On`, for one) would take a client-chosen address
+/// or session from there, past door's rewrite and its planes (found by hostile testing). Other
+/// trailer fields (a checksum, a signature) pass. Trailers are rare: a body without them never
+/// calls this.
 fn strip_request_trailers(trailers: &mut HeaderMap) {
     let names: Vec<HeaderName> = trailers
         .keys()
