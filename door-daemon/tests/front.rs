@@ -946,19 +946,28 @@ async fn response_trailers_cross_door_over_http11() {
 /// A request's trailers reach the upstream without the fields door reads or rewrites in the
 /// header section: an upstream that merges trailers into the header section (Apache httpd's
 /// `MergeTrailers On`) would otherwise take a client-chosen address or session from there. Other
-/// trailer fields pass. Over HTTP/1.1 (chunked, the fields named in `Trailer`) and h2c.
+/// trailer fields pass, and the request's `Trailer` field names only those. Over HTTP/1.1
+/// (chunked, the fields named in `Trailer`) and h2c.
 #[tokio::test]
 async fn request_trailers_reach_the_upstream_without_identity_or_credential_fields() {
-    // The upstream answers with the names of the trailer fields it got, sorted.
+    // The upstream answers with the names of the trailer fields it got, sorted, then `|` and
+    // the request's `Trailer` field.
     let handler: Handler = Arc::new(|req: Request<Incoming>| {
         Box::pin(async move {
+            let announced = req
+                .headers()
+                .get_all("trailer")
+                .iter()
+                .map(|v| v.to_str().unwrap().to_owned())
+                .collect::<Vec<_>>()
+                .join(",");
             let body = req.into_body().collect().await.unwrap();
             let mut names: Vec<String> = body
                 .trailers()
                 .map(|t| t.keys().map(|k| k.as_str().to_owned()).collect())
                 .unwrap_or_default();
             names.sort();
-            Response::new(full(names.join(",")))
+            Response::new(full(format!("{}|{announced}", names.join(","))))
         })
     });
     let up = upstream(handler).await;
@@ -995,7 +1004,7 @@ async fn request_trailers_reach_the_upstream_without_identity_or_credential_fiel
             .unwrap();
         let res = h1(d.addr).await.send_request(req).await.unwrap();
         assert_eq!(res.status(), StatusCode::OK, "{path}");
-        assert_eq!(body_string(res).await, "x-sum", "HTTP/1.1 {path}");
+        assert_eq!(body_string(res).await, "x-sum|x-sum", "HTTP/1.1 {path}");
     }
 
     // h2c: a HEADERS frame (with `Trailer`, which door's HTTP/1.1 hop to the upstream needs),
@@ -1020,7 +1029,7 @@ async fn request_trailers_reach_the_upstream_without_identity_or_credential_fiel
     while let Some(chunk) = body.data().await {
         got.extend_from_slice(&chunk.unwrap());
     }
-    assert_eq!(String::from_utf8_lossy(&got), "x-sum", "h2c");
+    assert_eq!(String::from_utf8_lossy(&got), "x-sum|x-sum", "h2c");
 
     // Trailers of stripped fields only: the body still ends, with no trailer section.
     let mut only = http::HeaderMap::new();
@@ -1038,8 +1047,8 @@ async fn request_trailers_reach_the_upstream_without_identity_or_credential_fiel
     assert_eq!(res.status(), StatusCode::OK);
     assert_eq!(
         body_string(res).await,
-        "",
-        "no trailer field reached the upstream"
+        "|",
+        "no trailer field reached the upstream, and no `Trailer` naming one"
     );
 }
 

@@ -476,6 +476,9 @@ pub fn prepare<B: Body>(mut req: Request<B>, upstream: &Upstream, origin: &Origi
         headers.insert(TE, HeaderValue::from_static("trailers"));
         headers.append(CONNECTION, HeaderValue::from_static("te"));
     }
+    if has_field(headers, &TRAILER) {
+        prune_trailer_names(headers);
+    }
     rewrite_forwarding(headers, origin);
     join_cookies(headers);
     req
@@ -694,20 +697,22 @@ fn is_identity(name: &str) -> bool {
 fn drop_underscore_aliases(headers: &mut HeaderMap) {
     let aliases: Vec<HeaderName> = headers
         .keys()
-        .filter(|k| {
-            k.as_str().contains('_') && {
-                let dashed = k.as_str().replace('_', "-");
-                is_identity(&dashed)
-                    || [&X_FORWARDED_FOR, &FORWARDED, &X_FORWARDED_PROTO]
-                        .iter()
-                        .any(|n| n.as_str() == dashed)
-            }
-        })
+        .filter(|k| k.as_str().contains('_') && is_forwarding(&k.as_str().replace('_', "-")))
         .cloned()
         .collect();
     for name in aliases {
         headers.remove(name);
     }
+}
+
+/// Whether `name` (lower case, `_` already read as `-`) is a forwarding or identity field door
+/// writes or drops: `X-Forwarded-For`, `Forwarded`, `X-Forwarded-Proto`, or one of
+/// [`is_identity`].
+fn is_forwarding(name: &str) -> bool {
+    is_identity(name)
+        || [&X_FORWARDED_FOR, &FORWARDED, &X_FORWARDED_PROTO]
+            .iter()
+            .any(|n| n.as_str() == name)
 }
 
 /// From an untrusted peer, client-sent `X-Forwarded-For` and `Forwarded` (and the other identity
@@ -812,20 +817,55 @@ pub fn rewrite_forwarding(headers: &mut HeaderMap, origin: &Origin) {
 fn strip_request_trailers(trailers: &mut HeaderMap) {
     let names: Vec<HeaderName> = trailers
         .keys()
-        .filter(|k| {
-            let dashed = k.as_str().replace('_', "-");
-            is_identity(&dashed)
-                || HOP_BY_HOP
-                    .iter()
-                    .chain(PROTECTED.iter())
-                    .chain([&&CONTENT_LENGTH, &&TRAILER])
-                    .any(|h| h.as_str() == dashed)
-                || METHOD_OVERRIDES.iter().any(|h| h.as_str() == dashed)
-        })
+        .filter(|k| barred_from_trailers(k.as_str()))
         .cloned()
         .collect();
     for name in names {
         trailers.remove(name);
+    }
+}
+
+/// Whether door drops a request trailer field named `name` (lower case) in
+/// [`strip_request_trailers`], which says which and why.
+fn barred_from_trailers(name: &str) -> bool {
+    let dashed = name.replace('_', "-");
+    is_forwarding(&dashed)
+        || HOP_BY_HOP
+            .iter()
+            .chain(PROTECTED.iter())
+            .chain([&&CONTENT_LENGTH, &&TRAILER])
+            .any(|h| h.as_str() == dashed)
+        || METHOD_OVERRIDES.iter().any(|h| h.as_str() == dashed)
+}
+
+/// Takes out of a request's `Trailer` field (RFC 9110 §6.6.2: the names of the trailer fields the
+/// sender means to send) the names door drops from the trailer section
+/// ([`strip_request_trailers`]), so that the upstream is not told to expect fields that will not
+/// come; a `Trailer` left naming nothing is removed. A field that names none of them is kept
+/// byte for byte. Called only when the request has a `Trailer` field.
+fn prune_trailer_names(headers: &mut HeaderMap) {
+    let names: Vec<&[u8]> = headers
+        .get_all(TRAILER)
+        .iter()
+        .flat_map(|v| v.as_bytes().split(|&b| b == b','))
+        // OWS is spaces and tabs (RFC 9110 §5.6.3).
+        .map(<[u8]>::trim_ascii)
+        .filter(|n| !n.is_empty())
+        .collect();
+    let barred = |n: &[u8]| {
+        core::str::from_utf8(n).is_ok_and(|n| barred_from_trailers(&n.to_ascii_lowercase()))
+    };
+    if !names.iter().any(|n| barred(n)) {
+        return;
+    }
+    let kept: Vec<&[u8]> = names.into_iter().filter(|n| !barred(n)).collect();
+    match HeaderValue::from_bytes(&kept.join(&b", "[..])) {
+        Ok(v) if !kept.is_empty() => {
+            headers.insert(TRAILER, v);
+        }
+        _ => {
+            headers.remove(TRAILER);
+        }
     }
 }
 
@@ -1017,6 +1057,39 @@ mod tests {
         let req = prepared(&[("te", "gzip"), ("connection", "te")]);
         assert!(!req.headers().contains_key(TE));
         assert!(!req.headers().contains_key(CONNECTION));
+    }
+
+    /// `Trailer` names no field door drops from the trailer section: such names are taken out,
+    /// a field naming only them goes, and one naming none of them is kept byte for byte.
+    #[test]
+    fn trailer_names_no_field_door_drops_from_the_trailers() {
+        let upstream = Upstream::parse("http://127.0.0.1:3000").unwrap();
+        let announced = |pairs: &[(&str, &str)]| {
+            let mut req = Request::builder()
+                .uri("/p")
+                .body(http_body_util::Empty::<Bytes>::new())
+                .unwrap();
+            *req.headers_mut() = headers(pairs);
+            let req = prepare(req, &upstream, &origin("192.0.2.1", false));
+            req.headers()
+                .get_all(TRAILER)
+                .iter()
+                .map(|v| v.to_str().unwrap().to_owned())
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(
+            announced(&[("trailer", "x-sum, X-Forwarded-For ,cookie,\tdigest")]),
+            ["x-sum, digest"]
+        );
+        assert_eq!(
+            announced(&[("trailer", "x-sum"), ("trailer", "X_Real_IP, host")]),
+            ["x-sum"]
+        );
+        assert!(announced(&[("trailer", "forwarded, Authorization, content-length")]).is_empty());
+        assert_eq!(
+            announced(&[("trailer", "X-Sum ,Digest")]),
+            ["X-Sum ,Digest"]
+        );
     }
 
     #[test]
