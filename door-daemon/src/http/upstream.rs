@@ -454,8 +454,9 @@ fn single_content_length(headers: &mut HeaderMap) {
 /// Rewrites a client's request for the upstream: absolute URI on the pool's key, HTTP/1.1, the
 /// client's `Host` kept or set from the target, or the upstream's without either
 /// ([`retarget`]), hop-by-hop headers removed (a client's `TE` listing `trailers` passed on as
-/// `TE: trailers`), forwarding headers rewritten per `origin`, an HTTP/2 request's `cookie`
-/// fields joined. A `GET` or `HEAD` that came with a chunked body (HTTP/1.1) is sent chunked:
+/// `TE: trailers`), the names of the trailer fields door drops taken out of `Trailer`
+/// ([`prune_trailer_names`]), forwarding headers rewritten per `origin`, an HTTP/2 request's
+/// `cookie` fields joined. A `GET` or `HEAD` that came with a chunked body (HTTP/1.1) is sent chunked:
 /// hyper's client drops a body of unknown length on those methods unless told, where it forwards
 /// one with a `Content-Length`. (An HTTP/2 request's body has no transfer coding to keep: one
 /// without `Content-Length` on those methods is as likely an empty DATA frame as a body.)
@@ -697,7 +698,9 @@ fn is_identity(name: &str) -> bool {
 fn drop_underscore_aliases(headers: &mut HeaderMap) {
     let aliases: Vec<HeaderName> = headers
         .keys()
-        .filter(|k| k.as_str().contains('_') && is_forwarding(&k.as_str().replace('_', "-")))
+        .filter(|k| {
+            k.as_str().contains('_') && is_forwarding_or_identity(&k.as_str().replace('_', "-"))
+        })
         .cloned()
         .collect();
     for name in aliases {
@@ -708,7 +711,7 @@ fn drop_underscore_aliases(headers: &mut HeaderMap) {
 /// Whether `name` (lower case, `_` already read as `-`) is a forwarding or identity field door
 /// writes or drops: `X-Forwarded-For`, `Forwarded`, `X-Forwarded-Proto`, or one of
 /// [`is_identity`].
-fn is_forwarding(name: &str) -> bool {
+fn is_forwarding_or_identity(name: &str) -> bool {
     is_identity(name)
         || [&X_FORWARDED_FOR, &FORWARDED, &X_FORWARDED_PROTO]
             .iter()
@@ -829,11 +832,16 @@ fn strip_request_trailers(trailers: &mut HeaderMap) {
 /// [`strip_request_trailers`], which says which and why.
 fn barred_from_trailers(name: &str) -> bool {
     let dashed = name.replace('_', "-");
-    is_forwarding(&dashed)
+    is_forwarding_or_identity(&dashed)
         || HOP_BY_HOP
             .iter()
-            .chain(PROTECTED.iter())
-            .chain([&&CONTENT_LENGTH, &&TRAILER])
+            .chain([
+                &&HOST,
+                &&AUTHORIZATION,
+                &&COOKIE,
+                &&CONTENT_LENGTH,
+                &&TRAILER,
+            ])
             .any(|h| h.as_str() == dashed)
         || METHOD_OVERRIDES.iter().any(|h| h.as_str() == dashed)
 }
@@ -841,31 +849,51 @@ fn barred_from_trailers(name: &str) -> bool {
 /// Takes out of a request's `Trailer` field (RFC 9110 §6.6.2: the names of the trailer fields the
 /// sender means to send) the names door drops from the trailer section
 /// ([`strip_request_trailers`]), so that the upstream is not told to expect fields that will not
-/// come; a `Trailer` left naming nothing is removed. A field that names none of them is kept
-/// byte for byte. Called only when the request has a `Trailer` field.
+/// come. Line by line: a line that names none of them is kept byte for byte; one that does is
+/// written again with the other names, each trimmed of OWS, joined by `, ` (its empty elements
+/// go, as RFC 9110 §5.6.1 lets a recipient drop them); a line left naming nothing is removed.
+/// Lines are not merged: hyper's HTTP/1.1 client reads the names it may send line by line and
+/// skips a line holding a byte outside visible ASCII, so one such name must not take the others
+/// with it. Called only when the request has a `Trailer` field.
 fn prune_trailer_names(headers: &mut HeaderMap) {
-    let names: Vec<&[u8]> = headers
-        .get_all(TRAILER)
-        .iter()
-        .flat_map(|v| v.as_bytes().split(|&b| b == b','))
-        // OWS is spaces and tabs (RFC 9110 §5.6.3).
-        .map(<[u8]>::trim_ascii)
-        .filter(|n| !n.is_empty())
-        .collect();
+    /// The non-empty elements of one line of a list field, trimmed of OWS (spaces and tabs,
+    /// RFC 9110 §5.6.3).
+    fn names(line: &HeaderValue) -> Vec<&[u8]> {
+        line.as_bytes()
+            .split(|&b| b == b',')
+            .map(<[u8]>::trim_ascii)
+            .filter(|n| !n.is_empty())
+            .collect()
+    }
     let barred = |n: &[u8]| {
         core::str::from_utf8(n).is_ok_and(|n| barred_from_trailers(&n.to_ascii_lowercase()))
     };
-    if !names.iter().any(|n| barred(n)) {
+    if !headers
+        .get_all(TRAILER)
+        .iter()
+        .any(|line| names(line).into_iter().any(barred))
+    {
         return;
     }
-    let kept: Vec<&[u8]> = names.into_iter().filter(|n| !barred(n)).collect();
-    match HeaderValue::from_bytes(&kept.join(&b", "[..])) {
-        Ok(v) if !kept.is_empty() => {
-            headers.insert(TRAILER, v);
-        }
-        _ => {
-            headers.remove(TRAILER);
-        }
+    let lines: Vec<HeaderValue> = headers
+        .get_all(TRAILER)
+        .iter()
+        .filter_map(|line| {
+            let all = names(line);
+            if !all.iter().any(|n| barred(n)) {
+                return Some(line.clone());
+            }
+            let kept: Vec<&[u8]> = all.into_iter().filter(|n| !barred(n)).collect();
+            if kept.is_empty() {
+                return None;
+            }
+            // Made of a valid value's bytes and `, `: always a valid value.
+            HeaderValue::from_bytes(&kept.join(&b", "[..])).ok()
+        })
+        .collect();
+    headers.remove(TRAILER);
+    for line in lines {
+        headers.append(TRAILER, line);
     }
 }
 
@@ -1084,6 +1112,10 @@ mod tests {
         assert_eq!(
             announced(&[("trailer", "x-sum"), ("trailer", "X_Real_IP, host")]),
             ["x-sum"]
+        );
+        assert_eq!(
+            announced(&[("trailer", "a,,b , cookie"), ("trailer", "x-sum,,digest")]),
+            ["a, b", "x-sum,,digest"]
         );
         assert!(announced(&[("trailer", "forwarded, Authorization, content-length")]).is_empty());
         assert_eq!(
