@@ -455,7 +455,7 @@ fn single_content_length(headers: &mut HeaderMap) {
 /// client's `Host` kept or set from the target, or the upstream's without either
 /// ([`retarget`]), hop-by-hop headers removed (a client's `TE` listing `trailers` passed on as
 /// `TE: trailers`), the names of the trailer fields door drops taken out of `Trailer`
-/// ([`prune_trailer_names`]), forwarding headers rewritten per `origin`, an HTTP/2 request's
+/// (`prune_trailer_names`), forwarding headers rewritten per `origin`, an HTTP/2 request's
 /// `cookie` fields joined. A `GET` or `HEAD` that came with a chunked body (HTTP/1.1) is sent chunked:
 /// hyper's client drops a body of unknown length on those methods unless told, where it forwards
 /// one with a `Content-Length`. (An HTTP/2 request's body has no transfer coding to keep: one
