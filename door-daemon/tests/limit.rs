@@ -19,7 +19,8 @@ use door_daemon::{
         settle::{self, End},
     },
     limit::{
-        Budget, Charge, DEFAULT_MAX_CLIENTS, GroupLimiter, Permit, RejectReason, Scope, Unobserved,
+        Budget, Charge, DEFAULT_MAX_CLIENTS, GroupLimiter, Permit, RejectReason, Scope, ShardsRef,
+        Unobserved,
     },
     obs::metrics::{GroupMetrics, Metrics, Outcome},
     time::ManualClock,
@@ -50,7 +51,7 @@ trait Answered {
     fn answered(self, status: StatusCode);
 }
 
-impl Answered for Permit {
+impl<H: ShardsRef> Answered for Permit<H> {
     fn answered(self, status: StatusCode) {
         settle::settle(
             self,
@@ -556,9 +557,13 @@ fn door_limits_metrics() {
     let (enforce, enforce_m) = observed("link", budget, true, &clock, &metrics);
     let (shadow, shadow_m) = observed("shadow", budget, false, &clock, &metrics);
 
+    let group = |lim: &GroupLimiter, m: &Arc<GroupMetrics>| {
+        Arc::new(settle::Group::new(lim, Arc::clone(m)))
+    };
     for (lim, m) in [(&enforce, &enforce_m), (&shadow, &shadow_m)] {
         // As the request path does: a refusal answered as one is counted.
-        let admit = |k| settle::admit(lim, m, k).inspect_err(|r| settle::refused(m, r));
+        let g = group(lim, m);
+        let admit = |k| settle::admit(&g, k).inspect_err(|r| settle::refused(m, r));
         admit(peer(1))
             .unwrap()
             .settle(End::Answered(StatusCode::OK)); // ok
@@ -576,7 +581,7 @@ fn door_limits_metrics() {
     }
     // Peer 1 refills, idle: a new peer evicts it.
     clock.advance(Duration::from_secs(2));
-    settle::admit(&enforce, &enforce_m, peer(5))
+    settle::admit(&group(&enforce, &enforce_m), peer(5))
         .unwrap()
         .settle(End::Answered(StatusCode::OK)); // ok
     metrics.clone().for_group("health").record(Outcome::Cached);
@@ -670,7 +675,11 @@ fn door_limits_inflight_spans_a_rebuilt_limiter() {
         p[0].1
     };
     let (old, _) = observed("webhook", Budget::webhook(), true, &clock, &metrics);
-    let held: Vec<_> = (0..2).map(|i| old.admit(peer(i)).unwrap()).collect();
+    // Held as the request path holds them: through a reference to the shards, which outlives the
+    // limiter.
+    let held: Vec<_> = (0..2)
+        .map(|i| Permit::admit(Arc::clone(old.shards()), peer(i)).unwrap())
+        .collect();
     drop(old);
     let (new, _) = observed("webhook", Budget::link(), true, &clock, &metrics);
     let fresh = new.admit(peer(9)).unwrap();

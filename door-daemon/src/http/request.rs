@@ -125,7 +125,7 @@ fn stream_permit(
     let (Some(key), Some(streams)) = (sse_key, policy.limited.get(STREAM_GROUP)) else {
         return Ok(permit);
     };
-    match settle::admit(&streams.limiter, &streams.metrics, key) {
+    match settle::admit(streams.group(), key) {
         Ok(stream) => {
             if let Some(plane) = permit {
                 plane.refund();
@@ -133,7 +133,7 @@ fn stream_permit(
             Ok(Some(stream))
         }
         Err(r) => {
-            settle::refused(&streams.metrics, &r);
+            settle::refused(streams.metrics(), &r);
             if let Some(plane) = permit {
                 plane.settle(End::Answered(StatusCode::TOO_MANY_REQUESTS));
             }
@@ -163,8 +163,12 @@ pub const HEALTH_GROUP: &str = "health";
 #[derive(Debug)]
 struct Limited {
     limiter: Arc<GroupLimiter>,
-    /// The group's instruments: admissions and settlements are counted here.
-    metrics: Arc<GroupMetrics>,
+    /// The group's shards and instruments as an admitted request holds them (admissions and
+    /// settlements are counted on the instruments): one holder per worker thread
+    /// ([`Limited::group`]), this one worker 0's (and any other thread's)...
+    group: Arc<settle::Group>,
+    /// ... and these the other workers', in order.
+    others: Box<[Arc<settle::Group>]>,
     read_timeout: Duration,
     /// The precomputed `RateLimit-Policy` value; `None` when the fields are off (or the group
     /// name cannot be a structured-field string).
@@ -178,6 +182,20 @@ struct Limited {
 }
 
 impl Limited {
+    /// The group's holder for the worker thread running this code ([`crate::http::worker`]): what
+    /// an admitted request's permit keeps a reference to.
+    fn group(&self) -> &Arc<settle::Group> {
+        crate::http::worker::index()
+            .checked_sub(1)
+            .and_then(|i| self.others.get(i))
+            .unwrap_or(&self.group)
+    }
+
+    /// The group's instruments: admissions and settlements are counted here.
+    fn metrics(&self) -> &GroupMetrics {
+        self.group().metrics()
+    }
+
     /// Sets this group's `RateLimit-Policy` and `RateLimit` fields for client `key` on a
     /// response (appended to another group's or plane's, as a list), when they are on.
     fn ratelimit_fields(&self, headers: &mut http::HeaderMap, key: &PrefixKey) {
@@ -307,8 +325,14 @@ impl Policy {
                     .then(|| answer::ratelimit_policy(&sf_name, g.budget.burst, limiter.window_s()))
                     .flatten();
                 let l = Limited {
+                    // One holder per worker thread, so that the reference a request's permit
+                    // takes is counted on its own worker's cache line (docs/decisions.md, "The
+                    // permit reaches its shards through its holder's reference").
+                    group: Arc::new(settle::Group::new(&limiter, Arc::clone(&group_metrics))),
+                    others: (1..crate::http::worker::count())
+                        .map(|_| Arc::new(settle::Group::new(&limiter, Arc::clone(&group_metrics))))
+                        .collect(),
                     limiter,
-                    metrics: group_metrics,
                     read_timeout: g.read_timeout,
                     policy,
                     sf_name,
@@ -572,7 +596,7 @@ impl App {
             }
             return res;
         };
-        let mut res = match settle::admit(&limited.limiter, &limited.metrics, decision.key) {
+        let mut res = match settle::admit(limited.group(), decision.key) {
             Ok(permit) => {
                 let permit = match job.plane.take() {
                     Some(plane) => permit.with_plane(plane),
@@ -594,7 +618,7 @@ impl App {
                     Box::pin(self.cached_health(limited, req, job.origin)).await
                 } else {
                     self.escalate(conn, &policy, &decision, &rejection);
-                    settle::refused(&limited.metrics, &rejection);
+                    settle::refused(limited.metrics(), &rejection);
                     answer::rejected(limited.limiter.group(), &rejection)
                 }
             }
@@ -667,7 +691,7 @@ impl App {
         let Some(p) = policy.limited.get(choice.plane) else {
             return Ok(None);
         };
-        match settle::admit(&p.limiter, &p.metrics, choice.key) {
+        match settle::admit(p.group(), choice.key) {
             Ok(held) => {
                 job.plane = Some(held);
                 Ok(Some((p, choice.key)))
@@ -701,7 +725,7 @@ impl App {
         key: PrefixKey,
     ) -> Response<ResponseBody> {
         let Some(health) = limited.filter(|l| l.health) else {
-            settle::refused(&refused.plane.metrics, &refused.rejection);
+            settle::refused(refused.plane.metrics(), &refused.rejection);
             return refused.answer;
         };
         // Answered from the cache, not refused: no rejection of the plane's row.
@@ -872,7 +896,10 @@ impl App {
                     Ok(permit) => permit,
                     Err(refused) => return *refused,
                 };
-                let open = permit.as_ref().map(|p| p.metrics().stream_opened());
+                let open = permit
+                    .as_ref()
+                    .and_then(Held::metrics)
+                    .map(GroupMetrics::stream_opened);
                 let idle = self.stream_idle_timeout;
                 let mut out =
                     res.map(|b| ResponseBody::stream(b, permit.map(|p| (p, status)), idle, open));
@@ -976,7 +1003,10 @@ impl App {
         });
         let on_upstream = hyper::upgrade::on(&mut res);
         let answer = upgrade.client_response(res.headers());
-        let open = permit.as_ref().map(|p| p.metrics().stream_opened());
+        let open = permit
+            .as_ref()
+            .and_then(Held::metrics)
+            .map(GroupMetrics::stream_opened);
         // In flight until it closes: the drain waits for it within its grace period.
         let http1 = matches!(upgrade, Upgrade::Http1 { .. });
         let active = ActiveGuard::new(&self.active, conn, http1);
@@ -1051,7 +1081,7 @@ impl App {
             }
         };
         let status = self.health.status(refresh).await;
-        limited.metrics.record(Outcome::Cached);
+        limited.metrics().record(Outcome::Cached);
         answer::health_response(status, "door; hit")
     }
 }

@@ -7,13 +7,47 @@
 //! it [`End`]ed, or until it is dropped (the client went away: [`End::Abandoned`]). [`charge`] is the whole
 //! rule.
 
+use std::sync::Arc;
+
 use door_common::prefix::PrefixKey;
 use http::StatusCode;
 
 use crate::{
-    limit::{GroupLimiter, Permit, RejectReason, Rejection, Spend},
+    limit::{GroupLimiter, Permit, RejectReason, Rejection, Shards, ShardsRef, Spend},
     obs::metrics::{GroupMetrics, Outcome},
 };
+
+/// One group as an admitted request holds it: its limiter's shards, which the permit settles
+/// on, and its instruments, which the request's end is counted on, behind the one reference
+/// count a request takes (a permit keeps no reference of its own: docs/decisions.md, "The permit
+/// reaches its shards through its holder's reference"). Built with the configuration; a request
+/// a reload left behind keeps the group it was admitted in.
+#[derive(Debug)]
+pub struct Group {
+    shards: Arc<Shards>,
+    metrics: Arc<GroupMetrics>,
+}
+
+impl Group {
+    /// `limiter`'s shards with `metrics`, the instruments its requests are counted on.
+    pub fn new(limiter: &GroupLimiter, metrics: Arc<GroupMetrics>) -> Self {
+        Self {
+            shards: Arc::clone(limiter.shards()),
+            metrics,
+        }
+    }
+
+    /// The group's instruments.
+    pub fn metrics(&self) -> &GroupMetrics {
+        &self.metrics
+    }
+}
+
+impl ShardsRef for Arc<Group> {
+    fn shards(&self) -> &Shards {
+        &self.shards
+    }
+}
 
 /// How a limited request ended, as far as its budget is concerned.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -66,32 +100,24 @@ pub const fn rejected_outcome(reason: RejectReason, shadow: bool) -> Outcome {
     }
 }
 
-/// Admits a request of client `key` on `limiter`; in shadow mode a would-be rejection is counted
-/// on `metrics` and the request is admitted.
+/// Admits a request of client `key` in `group`; in shadow mode a would-be rejection is counted
+/// on its instruments and the request is admitted. The permit holds `group` (one reference
+/// count, taken before the decision; a refused request drops it again).
 ///
 /// # Errors
 /// The limiter's [`Rejection`] when enforcing and a check fails; it spends and holds nothing,
 /// and is not counted yet: the caller counts it with [`refused`] when it answers the request as
 /// refused (an over-budget health probe is answered from the cache and counted as `cached`
 /// instead, so that each request has one outcome).
-pub fn admit(
-    limiter: &std::sync::Arc<GroupLimiter>,
-    metrics: &std::sync::Arc<GroupMetrics>,
-    key: PrefixKey,
-) -> Result<Held, Rejection> {
-    match limiter.admit(key) {
-        Ok(permit) => {
-            if let Some(reason) = permit.shadow_rejection() {
-                metrics.record(rejected_outcome(reason, true));
-            }
-            Ok(Held {
-                permit: Some(permit),
-                metrics: std::sync::Arc::clone(metrics),
-                plane: None,
-            })
-        }
-        Err(rejection) => Err(rejection),
+pub fn admit(group: &Arc<Group>, key: PrefixKey) -> Result<Held, Rejection> {
+    let permit = Permit::admit(Arc::clone(group), key)?;
+    if let Some(reason) = permit.shadow_rejection() {
+        group.metrics.record(rejected_outcome(reason, true));
     }
+    Ok(Held {
+        permit: Some(permit),
+        plane: None,
+    })
 }
 
 /// Counts a request [`admit`] refused and door answers as refused (429 or 503), by its reason.
@@ -101,23 +127,35 @@ pub fn refused(metrics: &GroupMetrics, rejection: &Rejection) {
 
 /// Settles `permit` as `end` by [`charge`]'s rule, counting the outcome on `metrics` unless the
 /// permit holds no slot (a shadow-mode would-be rejection, counted at admission).
-pub fn settle(permit: Permit, end: End, metrics: &GroupMetrics) {
+pub fn settle<H: ShardsRef>(permit: Permit<H>, end: End, metrics: &GroupMetrics) {
+    let spend = counted(&permit, end, metrics);
+    permit.settle(spend);
+}
+
+/// Counts how `permit`'s request ended on `metrics` (unless it holds no slot) and returns what
+/// it spends, by [`charge`]'s rule.
+fn counted<H: ShardsRef>(permit: &Permit<H>, end: End, metrics: &GroupMetrics) -> Spend {
     let (spend, outcome) = charge(end);
     if permit.holds_slot() {
         metrics.record(outcome);
     }
+    spend
+}
+
+/// Settles a held `permit` as `end`, counted on its group's instruments ([`settle`]).
+fn settle_held(permit: Permit<Arc<Group>>, end: End) {
+    let spend = counted(&permit, end, permit.via().metrics());
     permit.settle(spend);
 }
 
-/// An admitted request's permit with the metrics its end is counted on. Settle it with
-/// [`Held::settle`]; dropped unsettled (the request future was dropped: the client went away),
-/// it settles as [`End::Abandoned`].
+/// An admitted request's permit, holding its [`Group`]. Settle it with [`Held::settle`];
+/// dropped unsettled (the request future was dropped: the client went away), it settles as
+/// [`End::Abandoned`].
 #[derive(Debug)]
 #[must_use = "dropping a held permit at once settles the request as abandoned"]
 pub struct Held {
-    permit: Option<Permit>,
-    /// The group's instruments: shared, so that holding them costs one reference count.
-    metrics: std::sync::Arc<GroupMetrics>,
+    /// `None` only once settled or given back.
+    permit: Option<Permit<Arc<Group>>>,
     /// The request plane's permit the request also holds (docs/design.md, "Streams and sessions",
     /// Planes), settled with this one.
     plane: Option<Box<Held>>,
@@ -127,7 +165,7 @@ impl Held {
     /// Settles the request as `end` (see [`charge`]), and its plane's permit with it.
     pub fn settle(mut self, end: End) {
         if let Some(permit) = self.permit.take() {
-            settle(permit, end, &self.metrics);
+            settle_held(permit, end);
         }
         if let Some(plane) = self.plane.take() {
             plane.settle(end);
@@ -159,13 +197,13 @@ impl Held {
         self
     }
 
-    /// The instruments this request is counted on.
-    pub fn metrics(&self) -> &GroupMetrics {
-        &self.metrics
+    /// The instruments this request is counted on; `None` only once settled.
+    pub fn metrics(&self) -> Option<&GroupMetrics> {
+        self.permit.as_ref().map(|p| p.via().metrics())
     }
 
-    /// The permit (its scope, its limiter).
-    pub fn permit(&self) -> Option<&Permit> {
+    /// The permit (its scope, its group).
+    pub fn permit(&self) -> Option<&Permit<Arc<Group>>> {
         self.permit.as_ref()
     }
 }
@@ -173,7 +211,7 @@ impl Held {
 impl Drop for Held {
     fn drop(&mut self) {
         if let Some(permit) = self.permit.take() {
-            settle(permit, End::Abandoned, &self.metrics);
+            settle_held(permit, End::Abandoned);
         }
     }
 }

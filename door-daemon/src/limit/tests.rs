@@ -74,14 +74,14 @@ fn rows_of(state: &ShardState) -> impl Iterator<Item = (Option<PrefixKey>, &Row)
 impl GroupLimiter {
     /// Checks every invariant of the state; returns a description of the first violation.
     fn check_invariants(&self) -> Result<(), String> {
-        let now = self.core.clock.now_ns();
+        let now = self.set.core.clock.now_ns();
         let enforce = self.enforcing();
         let mut sum = 0u32;
         let mut leased = 0u64;
         let mut tracked = 0;
         let mut busy = 0;
         let mut b = None;
-        for shard in self.shards.iter().chain([&self.shared]) {
+        for shard in self.set.list.iter().chain([&self.set.shared]) {
             let state = shard.lock();
             let budget = state.tuning.budget;
             let bucket = state.tuning.bucket;
@@ -137,10 +137,10 @@ impl GroupLimiter {
         if sum != inflight {
             return Err(format!("rows hold {sum}, group counts {inflight}"));
         }
-        if leased != self.core.pool.leased() {
+        if leased != self.set.core.pool.leased() {
             return Err(format!(
                 "shards hold {leased} leased slots, the pool counts {}",
-                self.core.pool.leased()
+                self.set.core.pool.leased()
             ));
         }
         Ok(())
@@ -149,7 +149,7 @@ impl GroupLimiter {
     /// Checks that no row, in the table or shared, holds a slot or a token (every permit is
     /// gone); returns the first row that does.
     fn check_idle(&self) -> Result<(), String> {
-        for shard in self.shards.iter().chain([&self.shared]) {
+        for shard in self.set.list.iter().chain([&self.set.shared]) {
             let state = shard.lock();
             let rows = rows_of(&state);
             for (k, row) in rows {
@@ -344,7 +344,7 @@ fn permits_settle_on_their_own_shard() {
         clock.clone(),
         totals.clone(),
     ));
-    assert_eq!(lim.shards.len(), 2);
+    assert_eq!(lim.set.list.len(), 2);
     // More clients than the table holds, each with two requests in flight: the table fills with
     // busy entries, and the rest are decided on the shared row.
     let n = u32::try_from(2 * MIN_SHARD_ENTRIES + 200).unwrap();
@@ -381,7 +381,7 @@ fn permits_settle_on_their_own_shard() {
         },
         true,
     );
-    assert_eq!(lim.shards.len(), 2, "the number of shards stays");
+    assert_eq!(lim.set.list.len(), 2, "the number of shards stays");
     assert!(lim.tracked_clients() > smaller, "busy entries stay");
     clock.advance(Duration::from_millis(10));
     lim.check_invariants().unwrap();
@@ -797,7 +797,7 @@ proptest! {
         let clock = Arc::new(ManualClock::at(1_000));
         let totals = Arc::new(Totals::default());
         let lim = Arc::new(GroupLimiter::new("p", budget, enforce, clock.clone(), totals.clone()));
-        let mut permits: Vec<(u32, Permit)> = Vec::new();
+        let mut permits: Vec<(u32, Permit<&Shards>)> = Vec::new();
         // Per key: first-seen time and tokens spent while on its own row.
         let mut first: HashMap<u32, u64> = HashMap::new();
         let mut spent: HashMap<u32, u64> = HashMap::new();
@@ -888,7 +888,7 @@ proptest! {
                     .iter()
                     .filter(|(pk, p)| *pk == k && p.holds_slot() && p.scope() == Scope::Client)
                     .count();
-                let shard = lim.shard_of(&key(k)).lock();
+                let shard = lim.set.shard(&key(k)).lock();
                 let row = shard.table.peek(&key(k)).map_or(0, |r| r.inflight);
                 drop(shard);
                 prop_assert_eq!(row as usize, own, "key {}'s entry", k);
@@ -951,9 +951,9 @@ proptest! {
             Arc::new(ManualClock::at(1_000)),
             Arc::new(Unobserved),
         ));
-        prop_assert!(lim.core.pool.leases_batches());
+        prop_assert!(lim.set.core.pool.leases_batches());
         let mut cap = cap;
-        let mut permits: Vec<Permit> = Vec::new();
+        let mut permits: Vec<Permit<&Shards>> = Vec::new();
         for (k, what, i) in ops {
             match what {
                 // Admissions more often than ends, so that the cap is reached.
@@ -1034,7 +1034,10 @@ fn a_dropped_limiter_takes_its_clients_out_of_the_count() {
     for i in 0..3 {
         lim.admit(key(i)).unwrap().settle(Spend::Nothing);
     }
-    let held = [lim.admit(key(0)).unwrap(), lim.admit(key(1)).unwrap()];
+    // Held as door's request path holds them: through a reference to the shards, which outlives
+    // the limiter.
+    let owned = |k| Permit::admit(Arc::clone(lim.shards()), key(k)).unwrap();
+    let held = [owned(0), owned(1)];
     assert_eq!(totals.clients.load(Ordering::Relaxed), 3);
     // A reload shrank the table while keys 0 and 1 were busy: their rows stay past the new
     // size, to be shed as they settle.

@@ -687,7 +687,7 @@ mod tests {
         };
         let key = door_common::PrefixKey::from_ipv4([192, 0, 2, 1]);
         let old = Arc::new(build());
-        let permit = old.admit(key).unwrap();
+        let permit = crate::limit::Permit::admit(Arc::clone(old.shards()), key).unwrap();
         drop(old);
         let new = Arc::new(build());
         assert_eq!(kept(&group), 2, "the old limiter's request is in flight");
