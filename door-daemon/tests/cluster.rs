@@ -19,7 +19,10 @@ use std::{
     io::Write as _,
     net::SocketAddr,
     process::{Child, Command, Stdio},
-    sync::{Arc, Mutex},
+    sync::{
+        Arc, Mutex,
+        atomic::{AtomicBool, Ordering},
+    },
     time::Duration,
 };
 
@@ -140,7 +143,7 @@ impl Redis {
     /// first (a port taken, a build without TLS) or is not ready in time.
     async fn launch(args: &[std::ffi::OsString], port: u16, ready: Ready) -> Self {
         static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
-        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let n = NEXT.fetch_add(1, Ordering::Relaxed);
         let log =
             std::env::temp_dir().join(format!("door-redis-{}-{port}-{n}.log", std::process::id()));
         let out = std::fs::File::create(&log).unwrap();
@@ -644,6 +647,77 @@ async fn a_store_that_stops_answering_is_given_up_within_the_timeout() {
     assert!(
         all_reach(d, State::Synced, Duration::from_secs(5)).await,
         "the door did not sync again once the store answered"
+    );
+}
+
+/// Copies `from` to `to` until either ends, dropping what it reads once `silent` is set (a
+/// connection whose packets go nowhere, neither refused nor reset).
+async fn pump(
+    mut from: tokio::net::tcp::OwnedReadHalf,
+    mut to: tokio::net::tcp::OwnedWriteHalf,
+    silent: Arc<AtomicBool>,
+) {
+    let mut buf = vec![0u8; 16 * 1024];
+    while let Ok(n) = from.read(&mut buf).await {
+        if n == 0 {
+            return;
+        }
+        if silent.load(Ordering::Relaxed) {
+            continue;
+        }
+        if to.write_all(&buf[..n]).await.is_err() {
+            return;
+        }
+    }
+}
+
+/// A store connection that goes silent for good while the store itself is healthy (a NAT or a
+/// firewall that forgot the connection, a reply lost on the way) is dropped after the sync it
+/// failed: the next sync opens a new connection and the door syncs again, rather than writing to
+/// the silent one until TCP gives up on it (found by hostile testing).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_connection_gone_silent_is_replaced_after_the_sync_it_failed() {
+    if !redis_or_skip() {
+        return;
+    }
+    let (_redis, held) = Redis::start().await;
+    // A relay in front of the store: the door's first connection goes silent when told, every
+    // later one is relayed as it is.
+    let relay = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let relay_port = relay.local_addr().unwrap().port();
+    let store_port = held.port;
+    let silent = Arc::new(AtomicBool::new(false));
+    let silence = Arc::clone(&silent);
+    tokio::spawn(async move {
+        let mut first = true;
+        while let Ok((conn, _)) = relay.accept().await {
+            let Ok(store) = TcpStream::connect(("127.0.0.1", store_port)).await else {
+                continue;
+            };
+            let flag = if std::mem::take(&mut first) {
+                Arc::clone(&silence)
+            } else {
+                Arc::new(AtomicBool::new(false))
+            };
+            let (from_door, to_door) = conn.into_split();
+            let (from_store, to_store) = store.into_split();
+            tokio::spawn(pump(from_door, to_store, Arc::clone(&flag)));
+            tokio::spawn(pump(from_store, to_door, flag));
+        }
+    });
+    let redis = format!("redis://127.0.0.1:{relay_port}/0");
+    let cfg = config_for(upstream().await, &redis, RATE, Duration::from_millis(200));
+    let d = door(&cfg, Arc::new(MonotonicClock::new()), "door-a").await;
+    let d = std::slice::from_ref(&d);
+    assert!(all_reach(d, State::Synced, Duration::from_secs(3)).await);
+    silent.store(true, Ordering::Relaxed);
+    assert!(
+        all_reach(d, State::Degraded, Duration::from_secs(3)).await,
+        "a sync on the silent connection failed"
+    );
+    assert!(
+        all_reach(d, State::Synced, Duration::from_secs(5)).await,
+        "the door kept waiting on its silent connection to a healthy store"
     );
 }
 

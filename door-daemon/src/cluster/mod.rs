@@ -453,12 +453,15 @@ pub fn spawn(
         .set_number_of_retries(2)
         .set_min_delay(Duration::from_millis(50))
         .set_max_delay(Duration::from_secs(2));
-    let manager = ConnectionManager::new_lazy_with_config(client, manager_config)
+    let manager = ConnectionManager::new_lazy_with_config(client.clone(), manager_config.clone())
         .map_err(ClusterError::Url)?;
     let status = Arc::new(ClusterStatus::with(State::Degraded));
     let mut syncer = Syncer {
         app,
         conn: manager,
+        client,
+        manager_config,
+        warned: false,
         script: Script::new(SCRIPT),
         id,
         interval: config.sync_interval,
@@ -487,6 +490,13 @@ type Entry = (usize, PrefixKey);
 struct Syncer {
     app: Arc<App>,
     conn: ConnectionManager,
+    /// The store's client and the connection's settings, for a new connection after a failed
+    /// sync ([`Syncer::reconnect`]).
+    client: redis::Client,
+    manager_config: ConnectionManagerConfig,
+    /// Whether the failure of the syncs since the last good one (or since the start) was
+    /// logged: once per run of failures, whether or not the door was ever synced.
+    warned: bool,
     script: Script,
     id: String,
     interval: Duration,
@@ -587,6 +597,13 @@ impl Syncer {
                 }
                 Self::restore(&limiters);
                 let doors = doors.max(1);
+                if self.warned {
+                    tracing::info!(
+                        doors,
+                        "cluster: the store answers again; the configured rates apply"
+                    );
+                }
+                self.warned = false;
                 self.status.set(|s| {
                     s.state = State::Synced;
                     s.doors = doors;
@@ -595,21 +612,52 @@ impl Syncer {
                 self.metrics.syncs.add(1, &[]);
                 self.metrics.duration.record(took, &[]);
             }
-            Err(e) => {
-                if let Some(b) = &self.blocks {
-                    b.requeue(published);
-                }
-                let was = self.status.snapshot();
-                if was.state == State::Synced {
-                    tracing::warn!(error = %e, doors = was.doors, "cluster: sync failed; enforcing rate / doors until the store answers");
-                }
-                self.status.set(|s| s.state = State::Degraded);
-                Self::divide(&limiters, was.doors);
-                self.metrics.errors.add(
-                    1,
-                    &[KeyValue::new(crate::obs::metrics::ATTR_REASON, reason(&e))],
-                );
-            }
+            Err(e) => self.failed(&e, &limiters, published),
+        }
+    }
+
+    /// After a failed sync: the blocks it was to publish wait for the next one, the door turns
+    /// degraded (every group at `rate / doors`, [`Syncer::divide`]), the failure is counted and,
+    /// the first of a run, logged, and the connection is replaced ([`Syncer::reconnect`]).
+    fn failed(
+        &mut self,
+        e: &ClusterError,
+        limiters: &[Arc<GroupLimiter>],
+        published: Vec<blocks::Pending>,
+    ) {
+        if let Some(b) = &self.blocks {
+            b.requeue(published);
+        }
+        let was = self.status.snapshot();
+        if !self.warned {
+            // Also when the door never synced: a store out of reach from the start (a wrong
+            // `cluster.redis`) must not only show on `/status` (found by hostile testing).
+            tracing::warn!(error = %e, doors = was.doors, "cluster: sync failed; enforcing rate / doors until the store answers");
+            self.warned = true;
+        }
+        self.status.set(|s| s.state = State::Degraded);
+        Self::divide(limiters, was.doors);
+        self.metrics.errors.add(
+            1,
+            &[KeyValue::new(crate::obs::metrics::ATTR_REASON, reason(e))],
+        );
+        self.reconnect();
+    }
+
+    /// Drops the store connection for a new one, opened by the next sync: after a failed sync
+    /// the connection may be wedged (a reply that never came, which door's own timeout gave up
+    /// on, so that the connection manager saw no error and would go on writing to it; a path
+    /// whose NAT or firewall state was lost; a reply that left the connection out of step), and
+    /// the next sync must not wait on it (found by hostile testing: one silent connection kept a
+    /// door degraded with the store healthy). At most one new connection per sync interval.
+    fn reconnect(&mut self) {
+        match ConnectionManager::new_lazy_with_config(
+            self.client.clone(),
+            self.manager_config.clone(),
+        ) {
+            Ok(fresh) => self.conn = fresh,
+            // The URL was accepted at start; kept as it was if the client now refuses it.
+            Err(e) => tracing::debug!(error = %e, "cluster: no new store connection"),
         }
     }
 
