@@ -308,6 +308,37 @@ fn a_missing_file_exits_78_naming_its_cause_once() {
     );
 }
 
+/// A configuration path that is not a regular file is refused at once, naming it: a FIFO nothing
+/// writes to (reading it would wait for a writer, holding a reload and the SIGTERM behind it) and
+/// a device that never ends (`/dev/zero` once grew a reloading door by gigabytes); a file that is
+/// not UTF-8 is named with the line of its first bad byte.
+#[test]
+fn a_configuration_that_is_not_a_regular_utf8_file_exits_78_naming_why() {
+    let notes = TempFile::new("latin1", "listen = []\n# caf\u{e9}\n");
+    let latin1 = notes.dir.join("latin1.toml");
+    std::fs::write(&latin1, b"listen = []\n# caf\xe9\n").expect("write the file");
+    let fifo = notes.dir.join("door.fifo");
+    let made = Command::new("mkfifo")
+        .arg(&fifo)
+        .status()
+        .expect("run mkfifo");
+    assert!(made.success(), "mkfifo {fifo:?}");
+    for (path, why) in [
+        (fifo.as_path(), "not a regular file"),
+        (Path::new("/dev/zero"), "not a regular file"),
+        (
+            latin1.as_path(),
+            "not UTF-8 (TOML is): the first bad byte is byte 17 of the file, on line 2",
+        ),
+    ] {
+        let out = check_config_at(path);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(78), "{}: {stderr}", path.display());
+        assert!(stderr.contains(&path.display().to_string()), "{stderr}");
+        assert!(stderr.contains(why), "{}: {stderr}", path.display());
+    }
+}
+
 #[test]
 fn a_bad_flag_value_and_an_unknown_flag_exit_78() {
     let out = door(&["check-config", "--xdp-mode", "sideways"]);
@@ -465,19 +496,19 @@ fn unusable_tls_and_cluster_files_exit_78_naming_the_file() {
             "tls-endless",
             "listen = [\"127.0.0.1:0\"]\n[tls]\ncert = \"/dev/zero\"\nkey = \"/dev/zero\"\n"
                 .to_owned(),
-            "tls.cert = \"/dev/zero\": larger than 1048576 bytes".to_owned(),
+            "tls.cert = \"/dev/zero\": not a regular file".to_owned(),
         ),
         (
             "cluster-ca",
             "[cluster]\nredis = \"rediss://127.0.0.1:6380\"\nca_file = \"/dev/zero\"\n".to_owned(),
-            "cluster.ca_file /dev/zero: larger than 1048576 bytes".to_owned(),
+            "cluster.ca_file /dev/zero: not a regular file".to_owned(),
         ),
         (
             "tls-fifo",
             format!(
                 "listen = [\"127.0.0.1:0\"]\n[tls]\ncert = {fifo_path:?}\nkey = {fifo_path:?}\n"
             ),
-            format!("tls.cert = {fifo:?}: a FIFO or a socket, not a file"),
+            format!("tls.cert = {fifo:?}: not a regular file"),
         ),
     ] {
         let file = TempFile::new(name, &text);

@@ -20,6 +20,7 @@
 //! - `print.rs`: `door check-config`'s output; `reload.rs`: which changes need a restart.
 
 mod addresses;
+pub mod bounded;
 mod cluster;
 mod durations;
 mod file;
@@ -398,6 +399,36 @@ impl Config {
     }
 }
 
+/// The largest configuration file door reads, in bytes: 4 MiB. A file of many routes and long
+/// `allow` and `deny` lists is a few hundred KiB; a path to something else (`/dev/zero`, a log)
+/// must not be read without end.
+pub const MAX_CONFIG_FILE: u64 = 4 * 1024 * 1024;
+
+/// The configuration file at `path` as text ([`bounded::read`], at most [`MAX_CONFIG_FILE`]
+/// bytes).
+///
+/// # Errors
+/// [`ConfigError::Read`] when it cannot be read, is not a regular file, is too large, or is not
+/// UTF-8 (naming the line and byte of the first bad byte).
+fn read_file(path: &Path) -> Result<String, ConfigError> {
+    let read_error = |source| ConfigError::Read {
+        path: path.to_owned(),
+        source,
+    };
+    let bytes = bounded::read(path, MAX_CONFIG_FILE).map_err(read_error)?;
+    String::from_utf8(bytes).map_err(|e| {
+        let at = e.utf8_error().valid_up_to();
+        let before = e.as_bytes().get(..at).unwrap_or_default();
+        let line = before.split(|&b| b == b'\n').count();
+        read_error(std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            format!(
+                "not UTF-8 (TOML is): the first bad byte is byte {at} of the file, on line {line}"
+            ),
+        ))
+    })
+}
+
 impl Config {
     /// Reads `path` (if any), applies `overrides`, fills in defaults and validates.
     ///
@@ -406,10 +437,7 @@ impl Config {
     pub fn load(path: Option<&Path>, overrides: &Overrides) -> Result<Self, ConfigError> {
         let mut file = match path {
             Some(path) => {
-                let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
-                    path: path.to_owned(),
-                    source,
-                })?;
+                let text = read_file(path)?;
                 parse_file(path, &text)?
             }
             None => File::default(),

@@ -6,7 +6,6 @@
 //! or missing pair stops start-up with an error naming the file.
 
 use std::{
-    io::Read as _,
     path::{Path, PathBuf},
     sync::Arc,
 };
@@ -71,36 +70,16 @@ pub enum TlsError {
 /// read without end.
 pub const MAX_PEM_FILE: u64 = 1024 * 1024;
 
-/// Reads the PEM file at `path` whole (a certificate chain, a key, `cluster.ca_file`'s CAs).
-/// Opened without waiting (`O_NONBLOCK`): a FIFO at the path would otherwise hold the caller
-/// (a reload, and the signals queued behind it) until something writes to it.
+/// Reads the PEM file at `path` whole (a certificate chain, a key, `cluster.ca_file`'s CAs):
+/// [`crate::config::bounded::read`], at most [`MAX_PEM_FILE`] bytes.
 ///
 /// # Errors
 ///
 /// The I/O error; [`std::io::ErrorKind::FileTooLarge`] past [`MAX_PEM_FILE`] bytes, and
-/// [`std::io::ErrorKind::InvalidInput`] for a FIFO or a socket ([`is_unusable`] says both).
+/// [`std::io::ErrorKind::InvalidInput`] for anything but a regular file ([`is_unusable`] says
+/// both).
 pub fn read_pem_file(path: &Path) -> std::io::Result<Vec<u8>> {
-    use std::os::unix::fs::{FileTypeExt as _, OpenOptionsExt as _};
-    let file = std::fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NONBLOCK)
-        .open(path)?;
-    let kind = file.metadata()?.file_type();
-    if kind.is_fifo() || kind.is_socket() {
-        return Err(std::io::Error::new(
-            std::io::ErrorKind::InvalidInput,
-            "a FIFO or a socket, not a file: reading it would wait for a writer",
-        ));
-    }
-    let mut bytes = Vec::new();
-    file.take(MAX_PEM_FILE + 1).read_to_end(&mut bytes)?;
-    if bytes.len() as u64 > MAX_PEM_FILE {
-        return Err(std::io::Error::new(
-            std::io::ErrorKind::FileTooLarge,
-            format!("larger than {MAX_PEM_FILE} bytes: not a PEM file"),
-        ));
-    }
-    Ok(bytes)
+    crate::config::bounded::read(path, MAX_PEM_FILE)
 }
 
 /// Whether a [`read_pem_file`] error says the path can never hold a PEM file (too large, a FIFO,
