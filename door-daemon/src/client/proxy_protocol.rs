@@ -198,7 +198,8 @@ async fn accept_header<S: AsyncRead + Unpin>(
         .await
         .map_err(|_| ProxyProtocolError::Timeout { limit })??;
     Ok(match header {
-        Header::Proxied { source } if !source.ip().is_unspecified() => Accepted {
+        // `::ffff:0.0.0.0` is the unspecified IPv4 address too (found by hostile testing).
+        Header::Proxied { source } if !source.ip().to_canonical().is_unspecified() => Accepted {
             peer: source,
             named: true,
         },
@@ -331,6 +332,13 @@ async fn read_v1<S: AsyncRead + Unpin>(
             1,
             &"a CR not followed by LF before the end of the line",
         ));
+    }
+    // After `UNKNOWN` the receiver ignores everything up to the CRLF (§2.1), which ppp refuses
+    // when it holds more fields (found by hostile testing: `PROXY UNKNOWN a b 1 2\r\n`).
+    if let Some(rest) = buf.strip_prefix(b"PROXY UNKNOWN")
+        && matches!(rest.first(), Some(b' ' | b'\r'))
+    {
+        return Ok(Header::Unknown);
     }
     let header = ppp::v1::Header::try_from(buf.as_slice()).map_err(|e| malformed(1, &e))?;
     Ok(match header.addresses {

@@ -160,6 +160,9 @@ async fn v1_unknown_keeps_the_real_peer() {
     for line in [
         &b"PROXY UNKNOWN\r\n"[..],
         b"PROXY UNKNOWN ffff:f::1 ffff:f::2 1 2\r\n",
+        // §2.1: after UNKNOWN, anything up to the CRLF is ignored.
+        b"PROXY UNKNOWN whatever here 1 2 3\r\n",
+        b"PROXY UNKNOWN \r\n",
     ] {
         unknown_keeps_the_real_peer(line).await;
     }
@@ -552,6 +555,8 @@ async fn accept_or_reject_drops_and_counts() {
         &b"PROXY UNKNOWN\r\n"[..],
         b"PROXY TCP4 0.0.0.0 192.0.2.1 51234 8443\r\n",
         b"PROXY TCP6 :: 2001:db8::1 51234 8443\r\n",
+        // The unspecified IPv4 address, mapped: no client either.
+        b"PROXY TCP6 ::ffff:0.0.0.0 2001:db8::1 51234 8443\r\n",
     ] {
         let input = with_http(header);
         let mut r = input.as_slice();
