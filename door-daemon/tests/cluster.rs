@@ -13,6 +13,8 @@
     reason = "test helpers outside #[test] functions fail loudly by design"
 )]
 
+mod support;
+
 use std::{
     convert::Infallible,
     fmt::Write as _,
@@ -719,6 +721,80 @@ async fn a_store_connection_gone_silent_is_replaced_after_the_sync_it_failed() {
         all_reach(d, State::Synced, Duration::from_secs(5)).await,
         "the door kept waiting on its silent connection to a healthy store"
     );
+}
+
+/// Answers one RESP request read from `r` as a store that lost its scripts and loads a script
+/// under a wrong hash would: `EVALSHA` gets `NOSCRIPT`, `SCRIPT LOAD` a hash that is not the
+/// script's, anything else `+OK`. `None` once the connection ends.
+async fn lying_store_answer(
+    r: &mut tokio::io::BufReader<tokio::net::tcp::OwnedReadHalf>,
+) -> Option<&'static [u8]> {
+    use tokio::io::AsyncBufReadExt as _;
+    let mut line = String::new();
+    r.read_line(&mut line).await.ok().filter(|&n| n > 0)?;
+    let n: usize = line.trim().strip_prefix('*')?.parse().ok()?;
+    let mut args = Vec::new();
+    for _ in 0..n {
+        line.clear();
+        r.read_line(&mut line).await.ok()?;
+        let len: usize = line.trim().strip_prefix('$')?.parse().ok()?;
+        let mut arg = vec![0u8; len + 2];
+        r.read_exact(&mut arg).await.ok()?;
+        arg.truncate(len);
+        args.push(String::from_utf8_lossy(&arg).to_uppercase());
+    }
+    Some(match args.first().map(String::as_str) {
+        Some("EVALSHA") => b"-NOSCRIPT No matching script.\r\n",
+        Some("SCRIPT") => b"$40\r\n0000000000000000000000000000000000000000\r\n",
+        _ => b"+OK\r\n",
+    })
+}
+
+/// A sync that panics (here the redis crate's debug assertion on a store that loads the script
+/// under a wrong hash) counts as a failed sync and the next one still comes: the sync task does
+/// not end with its state frozen (found by hostile testing). Debug builds only, where the
+/// assertion is compiled in, as tests are.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sync_that_panics_is_counted_as_failed_and_the_syncs_go_on() {
+    let store = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = store.local_addr().unwrap().port();
+    tokio::spawn(async move {
+        while let Ok((conn, _)) = store.accept().await {
+            tokio::spawn(async move {
+                let (r, mut w) = conn.into_split();
+                let mut r = tokio::io::BufReader::new(r);
+                while let Some(answer) = lying_store_answer(&mut r).await {
+                    if w.write_all(answer).await.is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    let (_, counted, provider) = support::counting_metrics();
+    let redis = format!("redis://127.0.0.1:{port}/0");
+    let cfg = config_for(upstream().await, &redis, RATE, Duration::from_millis(100));
+    let clock: Arc<dyn Clock> = Arc::new(MonotonicClock::new());
+    let app = Arc::new(App::new(&cfg, &clock, &Metrics::noop(), None));
+    let meter = opentelemetry::metrics::MeterProvider::meter(&provider, "door-test");
+    let c = cluster::spawn(
+        &cfg.cluster,
+        app,
+        None,
+        ClusterMetrics::new(&meter),
+        "door-a".into(),
+    )
+    .unwrap();
+    let deadline = door_daemon::time::now() + Duration::from_secs(5);
+    while counted("door.cluster.errors", "") < 3 {
+        assert!(
+            door_daemon::time::now() < deadline,
+            "the syncs stopped after one panicked ({} failures counted)",
+            counted("door.cluster.errors", "")
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(c.status().snapshot().state, State::Degraded);
 }
 
 /// A door's shield as the sync task sees it: what was put on it, and for how long.
