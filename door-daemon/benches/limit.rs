@@ -112,10 +112,12 @@ fn door_op(lim: &Arc<GroupLimiter>, k: PrefixKey) {
 
 /// What door's request path keeps a limited request's group alive through: one `Arc` per worker
 /// thread of a holder of the group's shards (`http::settle::Group`, which also holds the group's
-/// instruments), so that two threads never count references on one cache line.
+/// instruments, and is aligned as this is), so that two threads never count references on one
+/// cache line.
+#[repr(align(128))]
 struct Holder(Arc<Shards>);
 
-/// A permit's reference to this thread's [`Holder`].
+/// A permit's reference to its thread's [`Holder`].
 struct Handle(Arc<Holder>);
 
 impl ShardsRef for Handle {
@@ -124,21 +126,35 @@ impl ShardsRef for Handle {
     }
 }
 
+/// The holders the timed threads take theirs from, made one after the other on one thread, as
+/// door builds them with its configuration: [`MAX_THREADS`] of them.
+static HOLDERS: std::sync::OnceLock<Vec<Arc<Holder>>> = std::sync::OnceLock::new();
+
+/// The most threads a run times.
+const MAX_THREADS: usize = 4;
+
 thread_local! {
-    /// This thread's holder of the benchmark limiter's shards, made at its first use.
-    static HOLDER: std::cell::OnceCell<Arc<Holder>> = const { std::cell::OnceCell::new() };
+    /// This thread's number among those that took a holder, made at its first use: the threads
+    /// of one run take consecutive numbers, so at most [`MAX_THREADS`] of them never share one.
+    static THREAD: usize = {
+        static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+    };
 }
 
 /// An admit + settle whose permit holds a reference the caller cloned for it, as door's request
 /// path does: its thread's holder of the group ([`Holder`]), cloned for the permit and dropped
 /// when it settles.
 fn held_op(lim: &Arc<GroupLimiter>, k: PrefixKey) {
-    let via = HOLDER.with(|h| {
-        Handle(Arc::clone(
-            h.get_or_init(|| Arc::new(Holder(Arc::clone(lim.shards())))),
-        ))
+    let holders = HOLDERS.get_or_init(|| {
+        (0..MAX_THREADS)
+            .map(|_| Arc::new(Holder(Arc::clone(lim.shards()))))
+            .collect()
     });
-    if let Ok(p) = Permit::admit(via, black_box(k)) {
+    let Some(holder) = holders.get(THREAD.with(|t| *t) % MAX_THREADS) else {
+        return;
+    };
+    if let Ok(p) = Permit::admit(Handle(Arc::clone(holder)), black_box(k)) {
         p.settle(Spend::Nothing);
     }
 }

@@ -328,7 +328,7 @@ fn a_configuration_that_is_not_a_regular_utf8_file_exits_78_naming_why() {
         (Path::new("/dev/zero"), "not a regular file"),
         (
             latin1.as_path(),
-            "not UTF-8 (TOML is): the first bad byte is byte 17 of the file, on line 2",
+            "not UTF-8 (TOML is): the first bad byte is at offset 17, on line 2",
         ),
     ] {
         let out = check_config_at(path);

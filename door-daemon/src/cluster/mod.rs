@@ -192,6 +192,14 @@ pub enum ClusterError {
 }
 
 impl ClusterError {
+    /// Whether the connection the sync used may be unusable after it: anything but an error
+    /// reply of a store that answers (`READONLY` during a failover, `OOM`, an ACL's refusal),
+    /// whose connection is healthy and is kept, so that a struggling store is not also asked
+    /// for a new connection by every door at every sync.
+    fn may_wedge(&self) -> bool {
+        !matches!(self, Self::Store(_)) || self.is_transient()
+    }
+
     /// Whether it may pass by itself (a timeout, the connection lost or refused), as opposed to
     /// an answer the store will give again (an error reply: a refused command, a wrong type).
     fn is_transient(&self) -> bool {
@@ -658,11 +666,13 @@ impl Syncer {
             1,
             &[KeyValue::new(crate::obs::metrics::ATTR_REASON, reason(e))],
         );
-        self.reconnect();
+        if e.may_wedge() {
+            self.reconnect();
+        }
     }
 
     /// Drops the store connection for a new one, opened by the next sync: after a failed sync
-    /// the connection may be wedged (a reply that never came, which door's own timeout gave up
+    /// ([`ClusterError::may_wedge`]) the connection may be wedged (a reply that never came, which door's own timeout gave up
     /// on, so that the connection manager saw no error and would go on writing to it; a path
     /// whose NAT or firewall state was lost; a reply that left the connection out of step), and
     /// the next sync must not wait on it (found by hostile testing: one silent connection kept a

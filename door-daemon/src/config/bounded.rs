@@ -11,7 +11,10 @@ use std::{
 };
 
 /// Reads the regular file at `path` (a symbolic link is followed) whole, at most `max` bytes.
-/// Opened without waiting (`O_NONBLOCK`), so that a FIFO is refused rather than waited on.
+/// What `path` names is looked at before it is opened, so that nothing else is ever opened (a
+/// device's open can act: `/dev/watchdog` arms a watchdog), and opened without waiting
+/// (`O_NONBLOCK`) nor taking a terminal (`O_NOCTTY`), and looked at again, in case the path was
+/// changed in between.
 ///
 /// # Errors
 ///
@@ -19,15 +22,21 @@ use std::{
 /// regular file (a FIFO, a socket, a device, a directory), and [`io::ErrorKind::FileTooLarge`]
 /// when it holds more than `max` bytes.
 pub fn read(path: &Path, max: u64) -> io::Result<Vec<u8>> {
-    let file = std::fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NONBLOCK)
-        .open(path)?;
-    if !file.metadata()?.file_type().is_file() {
-        return Err(io::Error::new(
+    let not_a_file = || {
+        io::Error::new(
             io::ErrorKind::InvalidInput,
             "not a regular file (a FIFO, a socket, a device or a directory): reading it could wait for a writer or never end",
-        ));
+        )
+    };
+    if !std::fs::metadata(path)?.is_file() {
+        return Err(not_a_file());
+    }
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY)
+        .open(path)?;
+    if !file.metadata()?.is_file() {
+        return Err(not_a_file());
     }
     let mut bytes = Vec::new();
     file.take(max.saturating_add(1)).read_to_end(&mut bytes)?;

@@ -409,7 +409,7 @@ pub const MAX_CONFIG_FILE: u64 = 4 * 1024 * 1024;
 ///
 /// # Errors
 /// [`ConfigError::Read`] when it cannot be read, is not a regular file, is too large, or is not
-/// UTF-8 (naming the line and byte of the first bad byte).
+/// UTF-8 (naming the offset and line of the first bad byte).
 fn read_file(path: &Path) -> Result<String, ConfigError> {
     let read_error = |source| ConfigError::Read {
         path: path.to_owned(),
@@ -422,9 +422,7 @@ fn read_file(path: &Path) -> Result<String, ConfigError> {
         let line = before.split(|&b| b == b'\n').count();
         read_error(std::io::Error::new(
             std::io::ErrorKind::InvalidData,
-            format!(
-                "not UTF-8 (TOML is): the first bad byte is byte {at} of the file, on line {line}"
-            ),
+            format!("not UTF-8 (TOML is): the first bad byte is at offset {at}, on line {line}"),
         ))
     })
 }

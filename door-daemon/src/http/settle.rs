@@ -22,11 +22,19 @@ use crate::{
 /// count a request takes (a permit keeps no reference of its own: docs/decisions.md, "The permit
 /// reaches its shards through its holder's reference"). Built with the configuration; a request
 /// a reload left behind keeps the group it was admitted in.
+///
+/// Aligned to 128 bytes (two cache lines, the unit the processor's adjacent-line prefetcher moves
+/// together): the holders of one group, one per worker thread, are allocated one after the other
+/// when the configuration is built, and each must keep its reference count on lines no other
+/// worker writes.
 #[derive(Debug)]
+#[repr(align(128))]
 pub struct Group {
     shards: Arc<Shards>,
     metrics: Arc<GroupMetrics>,
 }
+
+const _: () = assert!(align_of::<Group>() == 128);
 
 impl Group {
     /// `limiter`'s shards with `metrics`, the instruments its requests are counted on.

@@ -82,8 +82,9 @@ pub fn read_pem_file(path: &Path) -> std::io::Result<Vec<u8>> {
     crate::config::bounded::read(path, MAX_PEM_FILE)
 }
 
-/// Whether a [`read_pem_file`] error says the path can never hold a PEM file (too large, a FIFO,
-/// a socket), rather than that it cannot be read now (missing, not permitted).
+/// Whether a [`read_pem_file`] error says the path can never hold a PEM file (too large, or not
+/// a regular file: a FIFO, a socket, a device, a directory), rather than that it cannot be read
+/// now (missing, not permitted).
 pub fn is_unusable(e: &std::io::Error) -> bool {
     matches!(
         e.kind(),

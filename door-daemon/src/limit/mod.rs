@@ -1600,8 +1600,11 @@ impl Shards {
 /// settlement: a borrow of the limiter's (`&Shards`, [`GroupLimiter::admit`]: no reference
 /// count), an `Arc<Shards>`, or any holder the caller keeps anyway (door's request path: the
 /// group's shards and its instruments behind one reference, `crate::http::settle::Group`).
+///
+/// An implementation must reach the same [`Shards`] for as long as it lives: a permit settles on
+/// the shards its handle reaches then, and other shards would be freed a slot they never gave.
 pub trait ShardsRef {
-    /// The shards this reaches.
+    /// The shards this reaches: the same ones every time.
     fn shards(&self) -> &Shards;
 }
 
@@ -1625,7 +1628,15 @@ impl ShardsRef for Arc<Shards> {
 /// gone, so a settlement no longer sheds (and counts) a row a second time.
 impl Drop for GroupLimiter {
     fn drop(&mut self) {
-        let tracked: usize = self.set.list.iter().map(|s| s.lock().table.clear()).sum();
+        // Each table is replaced by an empty one of one entry, which frees its memory: the shards
+        // live on while a request the limiter admitted is in flight (a stream may last hours),
+        // and settling needs no row.
+        let tracked: usize = self
+            .set
+            .list
+            .iter()
+            .map(|s| core::mem::replace(&mut s.lock().table, Table::new(1)).len())
+            .sum();
         if tracked > 0 {
             self.set
                 .core

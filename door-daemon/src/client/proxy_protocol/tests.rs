@@ -318,6 +318,32 @@ async fn v2_unspec_unix_and_datagram_keep_the_real_peer() {
     }
 }
 
+/// A v2 TCP-over-IPv6 header whose source is the unspecified IPv4 address, mapped, names no
+/// client, as `0.0.0.0` and `::` do: the proxy stays the peer.
+#[tokio::test]
+async fn v2_a_mapped_unspecified_source_keeps_the_real_peer() {
+    let mut body = "::ffff:0.0.0.0"
+        .parse::<core::net::Ipv6Addr>()
+        .unwrap()
+        .octets()
+        .to_vec();
+    body.extend_from_slice(
+        &"2001:db8:d00::1"
+            .parse::<core::net::Ipv6Addr>()
+            .unwrap()
+            .octets(),
+    );
+    body.extend_from_slice(&443_u16.to_be_bytes());
+    body.extend_from_slice(&8443_u16.to_be_bytes());
+    let input = with_http(&v2(1, 0x21, &body));
+    let mut r = input.as_slice();
+    assert_eq!(
+        accept(&mut r, proxy_peer(), &trusted()).await.unwrap(),
+        proxy_peer()
+    );
+    assert_eq!(r, HTTP);
+}
+
 #[tokio::test]
 async fn v2_tlvs_are_skipped() {
     let mut body = v2_ipv4_body([198, 51, 100, 9], 4242);
