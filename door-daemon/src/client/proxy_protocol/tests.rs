@@ -89,6 +89,15 @@ fn v2_ipv4_body(src: [u8; 4], src_port: u16) -> Vec<u8> {
     b
 }
 
+fn v2_ipv6_body(src: &str, src_port: u16) -> Vec<u8> {
+    let ip = |s: &str| s.parse::<core::net::Ipv6Addr>().unwrap().octets();
+    let mut b = ip(src).to_vec();
+    b.extend_from_slice(&ip("2001:db8:d00::1"));
+    b.extend_from_slice(&src_port.to_be_bytes());
+    b.extend_from_slice(&8443_u16.to_be_bytes());
+    b
+}
+
 fn with_http(header: &[u8]) -> Vec<u8> {
     let mut v = header.to_vec();
     v.extend_from_slice(HTTP);
@@ -269,20 +278,7 @@ async fn v2_proxy_ipv4_gives_the_source_and_leaves_the_request() {
 
 #[tokio::test]
 async fn v2_proxy_ipv6_gives_the_source() {
-    let mut body = "2001:db8:c1::2"
-        .parse::<core::net::Ipv6Addr>()
-        .unwrap()
-        .octets()
-        .to_vec();
-    body.extend_from_slice(
-        &"2001:db8:d00::1"
-            .parse::<core::net::Ipv6Addr>()
-            .unwrap()
-            .octets(),
-    );
-    body.extend_from_slice(&443_u16.to_be_bytes());
-    body.extend_from_slice(&8443_u16.to_be_bytes());
-    let input = with_http(&v2(1, 0x21, &body));
+    let input = with_http(&v2(1, 0x21, &v2_ipv6_body("2001:db8:c1::2", 443)));
     let (header, rest) = read_all_at_once(&input).await;
     assert_eq!(
         header.unwrap(),
@@ -322,20 +318,7 @@ async fn v2_unspec_unix_and_datagram_keep_the_real_peer() {
 /// client, as `0.0.0.0` and `::` do: the proxy stays the peer.
 #[tokio::test]
 async fn v2_a_mapped_unspecified_source_keeps_the_real_peer() {
-    let mut body = "::ffff:0.0.0.0"
-        .parse::<core::net::Ipv6Addr>()
-        .unwrap()
-        .octets()
-        .to_vec();
-    body.extend_from_slice(
-        &"2001:db8:d00::1"
-            .parse::<core::net::Ipv6Addr>()
-            .unwrap()
-            .octets(),
-    );
-    body.extend_from_slice(&443_u16.to_be_bytes());
-    body.extend_from_slice(&8443_u16.to_be_bytes());
-    let input = with_http(&v2(1, 0x21, &body));
+    let input = with_http(&v2(1, 0x21, &v2_ipv6_body("::ffff:0.0.0.0", 443)));
     let mut r = input.as_slice();
     assert_eq!(
         accept(&mut r, proxy_peer(), &trusted()).await.unwrap(),
