@@ -7,16 +7,17 @@
 //! [`door_common::gcra`], the same GCRA the XDP program runs.
 //!
 //! A [`GroupLimiter`] guards one route group (`webhook`, `link`, `health`, ...). In shards by key
-//! hash, each behind its own mutex, it holds a bounded table of per-client rows (a token
-//! bucket, the tokens held by unsettled requests, the requests in flight), oldest first in an
-//! approximate LRU order (CLOCK's second chance, `limit/table.rs`), and one *shared row* for
-//! the clients the table cannot hold; the group's in-flight slots are a pool the shards lease
-//! from (`limit/slots.rs`). [`GroupLimiter::admit`] checks, in order, the group's in-flight cap
-//! (503), the row's in-flight cap (429) and the row's bucket (429), and hands out a [`Permit`]: an
-//! RAII guard that frees the slot however the request ends, and under [`Charge::OnFailure`] spends
-//! a token only when the caller says the request failed on the client's side ([`Spend`]; door's
-//! rule, `crate::http::settle::charge`: an upstream 4xx, a body that missed its deadline, a
-//! client gone before the answer).
+//! hash, each behind its own mutex, it holds a bounded table of per-client rows (a token bucket,
+//! the tokens held by unsettled requests, the requests in flight), oldest first in an approximate
+//! LRU order (CLOCK's second chance, `limit/table.rs`), and one *shared row* for the clients the
+//! table cannot hold; the group's in-flight slots are a pool the shards lease from
+//! (`limit/slots.rs`). [`GroupLimiter::admit`] checks, in order, the group's in-flight cap (503),
+//! the row's in-flight cap (429) and the row's bucket (429), and hands out a [`Permit`] (borrowing
+//! the limiter; [`Permit::admit`] takes instead a reference the caller keeps to the limiter's
+//! [`Shards`], [`ShardsRef`]): an RAII guard that frees the slot however the request ends, and
+//! under [`Charge::OnFailure`] spends a token only when the caller says the request failed on the
+//! client's side ([`Spend`]; door's rule, `crate::http::settle::charge`: an upstream 4xx, a body
+//! that missed its deadline, a client gone before the answer).
 //!
 //! # Token arithmetic
 //!
