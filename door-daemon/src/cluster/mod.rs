@@ -643,7 +643,8 @@ impl Syncer {
 
     /// After a failed sync: the blocks it was to publish wait for the next one, the door turns
     /// degraded (every group at `rate / doors`, [`Syncer::divide`]), the failure is counted and,
-    /// the first of a run, logged, and the connection is replaced ([`Syncer::reconnect`]).
+    /// the first of a run, logged, and the connection is replaced when the failure may have
+    /// wedged it ([`ClusterError::may_wedge`], [`Syncer::reconnect`]).
     fn failed(
         &mut self,
         e: &ClusterError,

@@ -209,11 +209,6 @@ impl Held {
     pub fn metrics(&self) -> Option<&GroupMetrics> {
         self.permit.as_ref().map(|p| p.via().metrics())
     }
-
-    /// The permit (its scope, its group).
-    pub fn permit(&self) -> Option<&Permit<Arc<Group>>> {
-        self.permit.as_ref()
-    }
 }
 
 impl Drop for Held {

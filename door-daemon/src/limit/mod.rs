@@ -1142,7 +1142,7 @@ impl GroupLimiter {
 
     /// `false` in shadow mode.
     pub fn enforcing(&self) -> bool {
-        self.set.enforce.load(Ordering::Acquire)
+        self.set.enforcing()
     }
 
     /// Applies a reloaded `budget` and shadow mode to the live group (SIGHUP), keeping every
