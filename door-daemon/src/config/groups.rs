@@ -3,6 +3,8 @@
 
 use std::{collections::BTreeMap, fmt, time::Duration};
 
+use http::Method;
+
 use super::{
     ConfigError,
     durations::parse_duration,
@@ -234,10 +236,22 @@ pub(super) fn build_groups(
     Ok(groups)
 }
 
+/// The most `[[route]]` entries a configuration may list. A request is matched against the
+/// routes in order, and each route is checked against the ones above it when the configuration
+/// is loaded ([`Route::shadowed_by`]); far fewer are expected.
+pub(super) const MAX_ROUTES: usize = 10_000;
+
 pub(super) fn build_routes(
     files: Vec<RouteFile>,
     groups: &BTreeMap<String, GroupConfig>,
 ) -> Result<Vec<Route>, ConfigError> {
+    if files.len() > MAX_ROUTES {
+        return Err(invalid(
+            "route".to_owned(),
+            format!("{} entries", files.len()),
+            format!("at most {MAX_ROUTES} routes (each request is matched against them in order)"),
+        ));
+    }
     let mut routes = Vec::new();
     for (i, r) in files.into_iter().enumerate() {
         if !groups.contains_key(&r.group) {
@@ -257,7 +271,43 @@ pub(super) fn build_routes(
                     e.to_string(),
                 )
             })?;
+        if let Some(by) = route.shadowed_by(&routes) {
+            let names: Vec<String> = by
+                .iter()
+                .filter_map(|&j| routes.get(j).map(|r| describe(j, r)))
+                .collect();
+            let (come, take) = if by.len() == 1 {
+                ("comes", "takes")
+            } else {
+                ("come", "take")
+            };
+            return Err(invalid(
+                format!("route[{i}].path"),
+                format!("{:?}", r.path),
+                format!(
+                    "never matches: {} {come} first and {take} every request this route would \
+                     (first match wins); remove it or move it above",
+                    names.join(" and "),
+                ),
+            ));
+        }
         routes.push(route);
     }
     Ok(routes)
+}
+
+/// `route[j] ("/l/{id}", GET)`: a route as an error names it, with its path as written and its
+/// methods (`every method` when it lists none).
+fn describe(j: usize, route: &Route) -> String {
+    let methods = if route.methods.is_empty() {
+        "every method".to_owned()
+    } else {
+        route
+            .methods
+            .iter()
+            .map(Method::as_str)
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    format!("route[{j}] ({:?}, {methods})", route.path.as_str())
 }

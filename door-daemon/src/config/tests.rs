@@ -525,6 +525,93 @@ fn bad_routes_name_the_key_and_the_value_once() {
     );
 }
 
+/// `[[route]]` entries as `(group, methods, path)`, in order.
+fn routes_toml(routes: &[(&str, &[&str], &str)]) -> String {
+    use std::fmt::Write as _;
+    let mut text = String::new();
+    for (group, methods, path) in routes {
+        let _ = write!(
+            text,
+            "[[route]]\ngroup = \"{group}\"\nmethods = {methods:?}\npath = \"{path}\"\n"
+        );
+    }
+    text
+}
+
+#[test]
+fn a_route_that_earlier_routes_always_take_is_refused_naming_them() {
+    // The same route twice: the second never decides a request.
+    assert_eq!(
+        err(&routes_toml(&[
+            ("webhook", &["POST"], "/webhooks/github"),
+            ("link", &["post"], "/webhooks/github/"),
+        ])),
+        "route[1].path = \"/webhooks/github/\": never matches: route[0] (\"/webhooks/github\", \
+         POST) comes first and takes every request this route would (first match wins); remove \
+         it or move it above"
+    );
+    // A wildcard route above a specific one, for every method.
+    assert_eq!(
+        err(&routes_toml(&[
+            ("link", &[], "/l/{kind}/{id}"),
+            ("health", &["GET"], "/l/session/special"),
+        ])),
+        "route[1].path = \"/l/session/special\": never matches: route[0] (\"/l/{kind}/{id}\", \
+         every method) comes first and takes every request this route would (first match wins); \
+         remove it or move it above"
+    );
+    // Two routes above that take its methods between them (HEAD with GET).
+    assert_eq!(
+        err(&routes_toml(&[
+            ("link", &["GET"], "/s/{token}"),
+            ("webhook", &["POST"], "/s/{id}"),
+            ("link", &["HEAD", "POST"], "/s/abc"),
+        ])),
+        "route[2].path = \"/s/abc\": never matches: route[0] (\"/s/{token}\", GET) and route[1] \
+         (\"/s/{id}\", POST) come first and take every request this route would (first match \
+         wins); remove it or move it above"
+    );
+}
+
+#[test]
+fn routes_that_some_request_reaches_are_kept_in_order() {
+    for routes in [
+        // The specific route above the wildcard one: the documented way to single one out.
+        &[
+            ("health", &["GET"][..], "/l/session/special"),
+            ("link", &[][..], "/l/session/{id}"),
+        ][..],
+        // A route above for some of the methods only; HEAD alone does not take GET.
+        &[
+            ("link", &["GET"], "/s/{token}"),
+            ("webhook", &[], "/s/{token}"),
+        ],
+        &[("link", &["HEAD"], "/x"), ("webhook", &["GET"], "/x")],
+        // Another segment count, or a literal above a wildcard.
+        &[("link", &[], "/l/{id}"), ("link", &[], "/l/{id}/more")],
+        &[("link", &[], "/l/a"), ("webhook", &[], "/l/{id}")],
+        // Literals differing in case are not compared: the lenient reading lets the first take
+        // most spellings of the second's path, but not every one (`Route::shadowed_by` claims
+        // only what holds for all).
+        &[("link", &[], "/API/x"), ("webhook", &[], "/api/x")],
+    ] {
+        let config = Config::from_toml("door.toml", &routes_toml(routes))
+            .unwrap_or_else(|e| panic!("{routes:?}: {e}"));
+        let paths: Vec<&str> = config.routes.iter().map(|r| r.path.as_str()).collect();
+        let want: Vec<&str> = routes.iter().map(|r| r.2).collect();
+        assert_eq!(paths, want);
+    }
+}
+
+#[test]
+fn more_routes_than_door_matches_are_refused_with_their_count() {
+    let text = "[[route]]\ngroup = \"link\"\npath = \"/x\"\n".repeat(groups::MAX_ROUTES + 1);
+    assert_eq!(
+        err(&text),
+        "route = 10001 entries: at most 10000 routes (each request is matched against them in order)"
+    );
+}
+
 #[test]
 fn a_plane_budget_without_a_credential_is_named() {
     assert_eq!(

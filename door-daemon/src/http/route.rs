@@ -168,6 +168,23 @@ impl PathPattern {
     pub fn as_str(&self) -> &str {
         &self.source
     }
+
+    /// Whether this pattern matches every path `other` matches, in every reading the router
+    /// tries: as many segments, each of this pattern's a wildcard or the same literal text.
+    /// (A literal that differs only in case also matches in the lenient reading; such a pair is
+    /// not counted, so `covers` never claims more than it can prove.)
+    fn covers(&self, other: &Self) -> bool {
+        self.segments.len() == other.segments.len()
+            && self
+                .segments
+                .iter()
+                .zip(&other.segments)
+                .all(|(mine, theirs)| match (mine, theirs) {
+                    (Segment::Wildcard, _) => true,
+                    (Segment::Literal(a), Segment::Literal(b)) => a == b,
+                    (Segment::Literal(_), Segment::Wildcard) => false,
+                })
+    }
 }
 
 /// A route: methods (empty = any) and a path pattern, mapped to a limit group.
@@ -206,6 +223,36 @@ impl Route {
             path: PathPattern::parse(path)?,
             stream: false,
         })
+    }
+
+    /// The routes of `earlier` (the routes listed before this one) that between them take every
+    /// request this route would match, by their index, so that this one never decides a request
+    /// (first match wins): a route whose pattern covers this one's ([`PathPattern::covers`])
+    /// for every method, or one such route for each method this route lists. `None` when some
+    /// request can reach this route. Every reading the router tries (as written, lenient,
+    /// fallback, a method override) asks the routes in order, so a route taken in one reading
+    /// is taken in all.
+    pub fn shadowed_by(&self, earlier: &[Route]) -> Option<Vec<usize>> {
+        let covering: Vec<(usize, &Route)> = earlier
+            .iter()
+            .enumerate()
+            .filter(|(_, r)| r.path.covers(&self.path))
+            .collect();
+        if let Some(&(every, _)) = covering.iter().find(|(_, r)| r.methods.is_empty()) {
+            return Some(vec![every]);
+        }
+        if self.methods.is_empty() {
+            return None;
+        }
+        let mut taken: Vec<usize> = Vec::new();
+        for method in &self.methods {
+            let &(by, _) = covering.iter().find(|(_, r)| r.method_matches(method))?;
+            if !taken.contains(&by) {
+                taken.push(by);
+            }
+        }
+        taken.sort_unstable();
+        Some(taken)
     }
 
     /// This route with `stream = stream`.
@@ -985,5 +1032,62 @@ mod tests {
             let _ = r.group_for(&Method::GET, path);
         }
         assert_eq!(r.group_for(&Method::GET, "/l/session/%"), Some("link"));
+    }
+
+    /// A route that [`Route::shadowed_by`] says earlier routes always take is never the route of
+    /// any request: every reading, spelling and method override tried, on route tables drawn
+    /// from a few segments and methods (so that many routes shadow others).
+    mod shadowing {
+        use proptest::{collection::vec, prelude::*, sample::select};
+
+        use super::*;
+
+        fn route() -> impl Strategy<Value = Route> {
+            (
+                vec(select(vec!["a", "A", "b", "{x}"]), 0..3),
+                vec(select(vec!["GET", "HEAD", "POST"]), 0..3),
+            )
+                .prop_map(|(segments, methods)| {
+                    let methods: Vec<String> = methods.into_iter().map(String::from).collect();
+                    Route::new("g", &methods, &format!("/{}", segments.join("/"))).unwrap()
+                })
+        }
+
+        fn method() -> impl Strategy<Value = Method> {
+            select(vec!["GET", "HEAD", "POST", "PUT", "get", "post"])
+                .prop_map(|m| Method::from_bytes(m.as_bytes()).unwrap())
+        }
+
+        proptest::proptest! {
+            #[test]
+            fn a_shadowed_route_decides_no_request(
+                routes in vec(route(), 1..6),
+                requests in vec(
+                    (
+                        method(),
+                        proptest::option::of(method()),
+                        vec(select(vec!["a", "A", "b", "c", "%61", ".", "..", "a;p", "//x", "\\", "%2F"]), 0..4),
+                    ),
+                    1..24,
+                ),
+            ) {
+                let shadowed: Vec<bool> = (0..routes.len())
+                    .map(|i| routes[i].shadowed_by(&routes[..i]).is_some())
+                    .collect();
+                let router = Router::new(routes);
+                for (method, overridden, parts) in &requests {
+                    let path = format!("/{}", parts.join("/"));
+                    let chosen = router.route_for_either(method, || overridden.clone(), &path);
+                    if let Some(chosen) = chosen {
+                        let i = router
+                            .routes()
+                            .iter()
+                            .position(|r| core::ptr::eq(r, chosen))
+                            .unwrap();
+                        prop_assert!(!shadowed[i], "route[{i}] chose {method} {path}");
+                    }
+                }
+            }
+        }
     }
 }
