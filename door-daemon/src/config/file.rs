@@ -1,7 +1,7 @@
 //! The configuration file as serde reads it: one struct per table, every key optional; the
 //! parser, whose errors name a key by its dotted path; and [`known_keys`], every key it accepts.
 
-use std::{collections::BTreeMap, path::Path};
+use std::{borrow::Cow, collections::BTreeMap, path::Path};
 
 use serde::Deserialize;
 
@@ -159,7 +159,11 @@ pub(super) fn parse_file(path: &Path, text: &str) -> Result<File, ConfigError> {
         path: path.to_owned(),
         message,
     };
-    let syntax = |e: toml::de::Error| parse_error(e.to_string().trim_end().to_owned());
+    let syntax = |e: toml::de::Error| {
+        let message = e.to_string();
+        let lines: Vec<Cow<'_, str>> = message.trim_end().lines().map(clipped).collect();
+        parse_error(lines.join("\n"))
+    };
     let de = toml::Deserializer::parse(text).map_err(syntax)?;
     serde_path_to_error::deserialize(de).map_err(|e| {
         let key = e.path().to_string();
@@ -167,7 +171,7 @@ pub(super) fn parse_file(path: &Path, text: &str) -> Result<File, ConfigError> {
         let Some(span) = inner.span().filter(|_| key != ".") else {
             return syntax(inner);
         };
-        let written = text.get(span.clone()).unwrap_or_default();
+        let written = clipped(text.get(span.clone()).unwrap_or_default());
         let before = text.get(..span.start).unwrap_or_default();
         let line = before.matches('\n').count() + 1;
         let column = before.rsplit('\n').next().map_or(0, |l| l.chars().count()) + 1;
@@ -199,6 +203,19 @@ pub(super) fn parse_file(path: &Path, text: &str) -> Result<File, ConfigError> {
         }
         parse_error(format!("{key} = {written}: {message} {at}"))
     })
+}
+
+/// The most characters of one line of the file an error message quotes.
+const QUOTED_CHARS: usize = 120;
+
+/// `text` as an error message quotes it: whole up to [`QUOTED_CHARS`] characters, otherwise
+/// their first [`QUOTED_CHARS`] and `…`, so that a value or a line of hundreds of kilobytes is
+/// named in one line.
+fn clipped(text: &str) -> Cow<'_, str> {
+    match text.char_indices().nth(QUOTED_CHARS) {
+        Some((end, _)) => Cow::Owned(format!("{}…", text.get(..end).unwrap_or_default())),
+        None => Cow::Borrowed(text),
+    }
 }
 
 /// serde's Rust type names in an "expected …" message in an operator's words.

@@ -149,17 +149,38 @@ const LONGEST_GROUP_NAME: usize = 64;
 
 /// A group's name is shown in metrics (`door.group`), `/status`, the 429 body, `door top`'s
 /// terminal and the printed configuration (as a TOML key on one line): 1 to
-/// [`LONGEST_GROUP_NAME`] bytes without control characters.
+/// [`LONGEST_GROUP_NAME`] bytes without control characters, and without the characters that
+/// change how the text around them is shown ([`invisible_format`]).
 fn check_group_name(name: &str) -> Result<(), ConfigError> {
-    if !name.is_empty() && name.len() <= LONGEST_GROUP_NAME && !name.chars().any(char::is_control) {
+    if !name.is_empty()
+        && name.len() <= LONGEST_GROUP_NAME
+        && !name.chars().any(|c| c.is_control() || invisible_format(c))
+    {
         Ok(())
     } else {
         Err(invalid(
             "group",
             format!("{name:?}"),
-            "a group name is 1 to 64 bytes without control characters",
+            "a group name is 1 to 64 bytes without control characters, bidirectional controls \
+             or zero-width characters",
         ))
     }
+}
+
+/// The format characters that reorder or hide text where a name is shown: the bidirectional
+/// controls of Unicode's UAX #9 (LRM, RLM, ALM, the embeddings, overrides and isolates, which
+/// CVE-2021-42574, "Trojan Source", used to make text read otherwise than it is) and the
+/// zero-width characters (ZWSP, ZWNJ, ZWJ, word joiner, BOM) that make two names look alike.
+fn invisible_format(c: char) -> bool {
+    matches!(
+        c,
+        '\u{061c}'
+            | '\u{200b}'..='\u{200f}'
+            | '\u{202a}'..='\u{202e}'
+            | '\u{2060}'
+            | '\u{2066}'..='\u{2069}'
+            | '\u{feff}'
+    )
 }
 
 pub(super) fn build_groups(

@@ -152,6 +152,29 @@ fn values_of_the_wrong_type_are_named_by_their_dotted_key() {
 }
 
 #[test]
+fn a_huge_value_or_line_is_quoted_clipped() {
+    // A 200 KB value of the wrong type: named by its first 120 characters.
+    let huge = "x".repeat(200_000);
+    let e = err(&format!("[group.link]\nburst = \"{huge}\""));
+    assert!(e.len() < 400, "{} bytes", e.len());
+    assert!(
+        e.starts_with(&format!(
+            "door.toml: group.link.burst = \"{}…",
+            "x".repeat(119)
+        )),
+        "{e}"
+    );
+    assert!(
+        e.ends_with("expected a whole number, found string (line 2, column 9)"),
+        "{e}"
+    );
+    // A syntax error on a 200 KB line: toml quotes the line, clipped the same way.
+    let e = err(&format!("deny = [\"{huge}\""));
+    assert!(e.len() < 1_000, "{} bytes", e.len());
+    assert!(e.contains("unclosed array") && e.contains('…'), "{e}");
+}
+
+#[test]
 fn bad_addresses_are_named() {
     assert_eq!(
         err("listen = [\"8443\"]"),
@@ -680,6 +703,19 @@ fn bad_budgets_are_named() {
         err("[group.link]\nrate = -1.0").starts_with("group.link.rate = -1: must be a positive")
     );
     assert!(err("[group.link]\nrate = 0.0").starts_with("group.link.rate = 0"));
+    // Far out of range, a number is named in exponent form, not in hundreds of digits.
+    assert_eq!(
+        err("[group.link]\nrate = 1e-300"),
+        "group.link.rate = 1e-300: is slower than one token a day"
+    );
+    assert_eq!(
+        err("[group.link]\nrate = 1.5e300"),
+        "group.link.rate = 1.5e300: is faster than one token per nanosecond"
+    );
+    assert!(
+        err("[xdp]\ninterface = \"lo\"\nsyn_rate = 1e-300")
+            .starts_with("xdp.syn_rate = 1e-300: must be a number per second")
+    );
     assert!(err("[group.link]\nburst = 0").starts_with("group.link.burst = 0"));
     assert!(err("[group.link]\ninflight = 0").starts_with("group.link.inflight = 0"));
     assert!(
@@ -981,8 +1017,21 @@ fn group_names_have_no_control_characters() {
     // An escape sequence would reach door top's terminal; a newline broke the printed file.
     assert_eq!(
         err("[group.\"a\\u001b[2J\"]\nrate = 1.0\nburst = 1"),
-        "group = \"a\\u{1b}[2J\": a group name is 1 to 64 bytes without control characters"
+        "group = \"a\\u{1b}[2J\": a group name is 1 to 64 bytes without control characters, \
+         bidirectional controls or zero-width characters"
     );
+    // A right-to-left override would show `[group.ab]` as `[group.ba]` in the printed file; a
+    // zero-width space makes a second `link` that reads as the first.
+    assert!(
+        err("[group.\"a\\u202Eb\"]\nrate = 1.0\nburst = 1")
+            .starts_with("group = \"a\\u{202e}b\": a group name is")
+    );
+    assert!(
+        err("[group.\"link\\u200B\"]\nrate = 1.0\nburst = 1")
+            .starts_with("group = \"link\\u{200b}\": a group name is")
+    );
+    let ok = "[group.\"caf\u{e9}\"]\nrate = 1.0\nburst = 1";
+    assert!(Config::from_toml("door.toml", ok).is_ok());
     assert!(err("[group.\"a\\nb\"]\nrate = 1.0\nburst = 1").starts_with("group = \"a\\nb\""));
     assert!(err("[group.\"\"]\nrate = 1.0\nburst = 1").starts_with("group = \"\""));
     let long = "g".repeat(65);

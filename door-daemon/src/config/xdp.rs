@@ -180,7 +180,7 @@ fn xdp_rate(key: &str, value: Option<f64>, default: f64) -> Result<f64, ConfigEr
     } else {
         Err(invalid(
             key,
-            rate,
+            crate::limit::number_text(rate),
             "must be a number per second from one a day (0.0000116) to 1e9",
         ))
     }

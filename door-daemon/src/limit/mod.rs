@@ -263,21 +263,21 @@ impl Budget {
         if !self.rate.is_finite() || self.rate <= 0.0 {
             return Err(err(
                 "rate",
-                self.rate.to_string(),
+                number_text(self.rate),
                 "must be a positive, finite number of tokens per second".to_owned(),
             ));
         }
         if self.rate < MIN_RATE {
             return Err(err(
                 "rate",
-                self.rate.to_string(),
+                number_text(self.rate),
                 "is slower than one token a day".to_owned(),
             ));
         }
         if self.rate > MAX_RATE {
             return Err(err(
                 "rate",
-                self.rate.to_string(),
+                number_text(self.rate),
                 "is faster than one token per nanosecond".to_owned(),
             ));
         }
@@ -867,6 +867,19 @@ struct Shard {
 
 const _: () = assert!(core::mem::offset_of!(Shard, state) == 0);
 const _: () = assert!(core::mem::offset_of!(ShardState, slots) == 0);
+
+/// A number as an error message names it: as Rust writes it (`0.5`, `2`, `NaN`) when that takes
+/// at most 24 characters, otherwise in exponent form (`1e-300`, `1.5e40`), so that a value far
+/// out of range is named in one short line rather than in hundreds of digits.
+#[must_use]
+pub fn number_text(value: f64) -> String {
+    let plain = value.to_string();
+    if plain.len() <= 24 {
+        plain
+    } else {
+        format!("{value:e}")
+    }
+}
 
 /// What every shard of a group shares: the pool of in-flight slots against the cap, the clock
 /// and the observer.
