@@ -29,8 +29,8 @@ pub enum Failure {
     BodyTimeout,
     /// The upstream sent no response head within `upstream_timeout` (504).
     UpstreamTimeout,
-    /// The request body missed its read deadline while door held a part of it the upstream was
-    /// not taking, and the upstream took nothing for a further `upstream_timeout` (504).
+    /// Door held a part of the request body the upstream was not taking, and the upstream took
+    /// nothing for `upstream_timeout` (504).
     UpstreamStalled,
     /// The upstream call failed: refused, reset, malformed (502).
     Upstream(ProxyError),

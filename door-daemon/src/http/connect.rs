@@ -58,9 +58,9 @@ impl Connector {
     /// request is written in full at once; Nagle's algorithm would only delay it), giving up on
     /// a connection not made within `connect_timeout` (door's `upstream_timeout`: an upstream
     /// whose SYNs go unanswered would otherwise hold a request with a body for the operating
-    /// system's own connect timeout, about two minutes, as neither its read deadline, which runs
-    /// only while the body is being sent, nor the upstream timeout, which starts once it is sent,
-    /// has begun).
+    /// system's own connect timeout, about two minutes, as neither its read deadline, which counts
+    /// only the time door waits for the client once the body is asked for, nor the upstream
+    /// timeout, which starts once it is sent, has begun).
     pub fn new(upstream: &Upstream, connect_timeout: Duration) -> Self {
         let mut http = HttpConnector::new();
         http.set_nodelay(true);

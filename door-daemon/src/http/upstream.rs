@@ -10,7 +10,7 @@ use std::{
     pin::Pin,
     sync::{
         Arc,
-        atomic::{AtomicBool, AtomicU64, Ordering},
+        atomic::{AtomicU64, Ordering},
     },
     task::{Context, Poll},
     time::Duration,
@@ -57,31 +57,107 @@ static PROXY_CONNECTION: HeaderName = HeaderName::from_static("proxy-connection"
 /// read deadline (a limited route's `read_timeout`, docs/design.md "Limits"), or none at all
 /// ([`UpstreamBody::empty`], door's own health probe).
 ///
-/// It reports once, to the [`BodyWatch`] [`UpstreamBody::new`] returns, whether the body ended or
-/// missed its deadline. On a missed deadline the body also yields
-/// [`UpstreamBodyError::TimedOut`], which makes the upstream client abort the request, so that
-/// the request path can answer 408 (RFC 9110 §15.5.9). The body's own timer runs only while the
-/// upstream client polls it; an upstream that stops taking the body stops that polling, which is
-/// why the [`BodyWatch`] keeps the same deadline too.
+/// The read deadline counts the client's time only: the time door waits for the client's next
+/// part of the body. While door holds a part the upstream has not taken (the upstream client
+/// has not asked for the next frame: the connection is being made, or the application reads
+/// slowly), the deadline stands still. It reports once, to the [`BodyWatch`]
+/// [`UpstreamBody::new`] returns, whether the body ended or missed its deadline. On a missed
+/// deadline the body also yields [`UpstreamBodyError::TimedOut`], which makes the upstream client
+/// abort the request, so that the request path can answer 408 (RFC 9110 §15.5.9). The body's own
+/// timer runs only while the upstream client polls it; an upstream that stops taking the body
+/// stops that polling, which is why the [`BodyWatch`] follows the body's [`Progress`] and tells
+/// such a stall too.
 #[derive(Debug)]
 pub struct UpstreamBody {
     /// The client's body; `None` for an empty one.
     inner: Option<Incoming>,
-    deadline: Option<Pin<Box<Sleep>>>,
+    /// The read deadline; `None` without one, and once the body has reported.
+    deadline: Option<ReadDeadline>,
     events: Option<oneshot::Sender<BodyEvent>>,
-    /// How far sending the body has got, shared with the [`BodyWatch`]; `None` without a
-    /// deadline.
-    progress: Option<Arc<Progress>>,
 }
 
-/// How far sending a request body upstream has got, as the [`BodyWatch`] reads it.
-#[derive(Debug, Default)]
+/// A request body's read deadline as the body keeps it: its timer, and the time door held parts
+/// of the body the upstream had not taken, which does not count.
+#[derive(Debug)]
+struct ReadDeadline {
+    /// Fires at `due + held`.
+    timer: Pin<Box<Sleep>>,
+    /// The deadline had door never held a part: the body's creation plus `read_timeout`.
+    due: Instant,
+    /// The time door held parts the upstream had not taken, up to the current hold.
+    held: Duration,
+    /// Since when door holds a part the upstream has not taken: the body's creation until the
+    /// upstream client first asks for a frame, then each frame's handing over until the next
+    /// ask. `None` while door waits for the client.
+    holding_since: Option<Instant>,
+    /// What the [`BodyWatch`] reads.
+    progress: Arc<Progress>,
+}
+
+impl ReadDeadline {
+    /// The upstream client asks for the next frame: a hold, if any, ends, and the timer moves
+    /// on by its length.
+    fn asked(&mut self) {
+        if let Some(since) = self.holding_since.take() {
+            self.held += crate::time::now().saturating_duration_since(since);
+            self.timer.as_mut().reset(self.due + self.held);
+        }
+    }
+
+    /// The answer to that ask: `waiting` for the client (its next part has not come), or a
+    /// frame handed over, which door holds until the upstream client asks again.
+    fn answered(&mut self, waiting: bool) {
+        let state = if waiting {
+            Progress::waiting(self.held)
+        } else {
+            let now = crate::time::now();
+            self.holding_since = Some(now);
+            Progress::holding(now.saturating_duration_since(self.progress.start))
+        };
+        self.progress.state.store(state, Ordering::Release);
+    }
+}
+
+/// How far sending a request body upstream has got, as the [`BodyWatch`] reads it: whether door
+/// waits for the client (with the time door held parts so far) or holds a part the upstream has
+/// not taken (since when), in one word so that the two are read together.
+#[derive(Debug)]
 struct Progress {
-    /// Whether door last asked the client for the next frame and has not had it: the body is
-    /// waiting for the client, not for the upstream to take a frame.
-    awaiting_client: AtomicBool,
-    /// Frames the upstream client has taken.
-    frames: AtomicU64,
+    /// The body's creation: the origin of the offsets in `state`.
+    start: Instant,
+    /// [`Progress::UNASKED`] until the upstream client first asks for a frame; then
+    /// [`Progress::waiting`] or [`Progress::holding`].
+    state: AtomicU64,
+}
+
+impl Progress {
+    /// Set in `state` while door waits for the client.
+    const WAITING: u64 = 1 << 63;
+    /// `state` before the upstream client first asks for a frame (the upstream connection is
+    /// being made, which `upstream_timeout` bounds).
+    const UNASKED: u64 = u64::MAX;
+
+    fn new(start: Instant) -> Self {
+        Self {
+            start,
+            state: AtomicU64::new(Self::UNASKED),
+        }
+    }
+
+    /// Door waits for the client, after holding parts for `held` in all.
+    fn waiting(held: Duration) -> u64 {
+        Self::WAITING | nanos(held).min(Self::UNASKED - 1 - Self::WAITING)
+    }
+
+    /// Door holds a part since `since` after the body's creation.
+    fn holding(since: Duration) -> u64 {
+        nanos(since).min(Self::WAITING - 1)
+    }
+}
+
+/// `d` in nanoseconds, saturating at `u64::MAX` (585 years).
+fn nanos(d: Duration) -> u64 {
+    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
 }
 
 /// What the request path watches of a body being sent upstream ([`UpstreamBody::new`]): the
@@ -89,7 +165,8 @@ struct Progress {
 #[derive(Debug)]
 pub struct BodyWatch {
     events: oneshot::Receiver<BodyEvent>,
-    /// The deadline, and the body's [`Progress`].
+    /// The deadline had door never held a part (the body's creation plus `read_timeout`), and
+    /// the body's [`Progress`].
     deadline: Option<(Instant, Arc<Progress>)>,
 }
 
@@ -98,48 +175,50 @@ pub struct BodyWatch {
 pub enum BodyEnd {
     /// Sent to its end, or no longer needed (the upstream answered before it ended).
     Sent,
-    /// The deadline passed before the body ended: the client is late (408).
+    /// The client's time ran past the deadline before the body ended: the client is late (408).
     TimedOut,
     /// Reading the client's body failed (the client went away, or broke the protocol).
     ClientGone,
-    /// The deadline passed while door held a part of the body the upstream was not taking, and
-    /// from then on the upstream went `upstream_timeout` without taking any: it stopped reading
-    /// the request (an application whose workers are all busy accepts connections and reads
-    /// nothing, or the connection to it is still being made), which is not the client's doing.
+    /// Door held a part of the body and the upstream went `stall` (`upstream_timeout`) without
+    /// taking it: it stopped reading the request (an application whose workers are all busy
+    /// accepts connections and reads nothing), which is not the client's doing.
     UpstreamStalled,
 }
 
 impl BodyWatch {
-    /// Waits until the body is sent, fails, or passes its deadline. At the deadline, a body
-    /// waiting for the client has timed out. One waiting for the upstream to take a part door
-    /// holds goes on while the upstream keeps taking frames: the first time the body then waits
-    /// for the client, its own timer, passed, reports [`BodyEnd::TimedOut`] (the body did not
-    /// end in time; the upstream was only slow), or the body ends. An upstream that takes no
-    /// frame for `stall` is [`BodyEnd::UpstreamStalled`].
+    /// Waits until the body is sent, fails, or passes its deadline. The deadline counts the
+    /// time door waits for the client only: while door holds a part the upstream has not taken
+    /// it stands still, and an upstream that takes nothing for `stall` is
+    /// [`BodyEnd::UpstreamStalled`]. Before the upstream client first asks for a frame (the
+    /// connection is being made, bounded by `upstream_timeout`), neither runs.
     pub async fn end(self, stall: Duration) -> BodyEnd {
         let Self { events, deadline } = self;
         let event = match deadline {
             None => events.await,
-            Some((at, progress)) => {
+            Some((due, progress)) => {
                 tokio::pin!(events);
-                tokio::select! {
-                    biased;
-                    ev = &mut events => ev,
-                    () = tokio::time::sleep_until(at) => {
-                        let mut seen = progress.frames.load(Ordering::Relaxed);
-                        loop {
-                            if progress.awaiting_client.load(Ordering::Relaxed) {
-                                return BodyEnd::TimedOut;
-                            }
-                            if let Ok(ev) = tokio::time::timeout(stall, &mut events).await {
-                                break ev;
-                            }
-                            let frames = progress.frames.load(Ordering::Relaxed);
-                            if frames == seen {
-                                return BodyEnd::UpstreamStalled;
-                            }
-                            seen = frames;
-                        }
+                loop {
+                    let state = progress.state.load(Ordering::Acquire);
+                    let (wake, verdict) = if state == Progress::UNASKED {
+                        (crate::time::now() + stall, None)
+                    } else if state & Progress::WAITING != 0 {
+                        let held = state & !Progress::WAITING;
+                        (due + Duration::from_nanos(held), Some(BodyEnd::TimedOut))
+                    } else {
+                        let since = progress.start + Duration::from_nanos(state);
+                        (since + stall, Some(BodyEnd::UpstreamStalled))
+                    };
+                    tokio::select! {
+                        biased;
+                        ev = &mut events => break ev,
+                        () = tokio::time::sleep_until(wake) => {}
+                    }
+                    // Still in the same state at its deadline: the body is late, or the
+                    // upstream stalled. Otherwise the body moved on: look again.
+                    if let Some(verdict) = verdict
+                        && progress.state.load(Ordering::Acquire) == state
+                    {
+                        return verdict;
                     }
                 }
             }
@@ -177,32 +256,39 @@ pub enum UpstreamBodyError {
 }
 
 impl UpstreamBody {
-    /// The client's body, which must end within `deadline` from now when one is given (routes in
-    /// no group have none). A body that is already complete (no body, `Content-Length: 0`) gets
-    /// neither timer nor watch; otherwise the [`BodyWatch`] tells how sending it ended.
+    /// The client's body, which must end within `deadline` of the client's time from now when
+    /// one is given (routes in no group have none; see [`UpstreamBody`]). A body that is already
+    /// complete (no body, `Content-Length: 0`) gets neither timer nor watch; otherwise the
+    /// [`BodyWatch`] tells how sending it ended.
     pub fn new(inner: Incoming, deadline: Option<Duration>) -> (Self, Option<BodyWatch>) {
         if inner.is_end_stream() {
             let body = Self {
                 inner: Some(inner),
                 deadline: None,
                 events: None,
-                progress: None,
             };
             return (body, None);
         }
         let (tx, rx) = oneshot::channel();
-        let deadline = deadline.map(|d| (crate::time::now() + d, Arc::new(Progress::default())));
-        let body = Self {
-            inner: Some(inner),
-            deadline: deadline
-                .as_ref()
-                .map(|(at, _)| Box::pin(tokio::time::sleep_until(*at))),
-            events: Some(tx),
-            progress: deadline.as_ref().map(|(_, p)| Arc::clone(p)),
-        };
+        let now = crate::time::now();
+        let deadline = deadline.map(|d| {
+            let due = now + d;
+            ReadDeadline {
+                timer: Box::pin(tokio::time::sleep_until(due)),
+                due,
+                held: Duration::ZERO,
+                holding_since: Some(now),
+                progress: Arc::new(Progress::new(now)),
+            }
+        });
         let watch = BodyWatch {
             events: rx,
+            deadline: deadline.as_ref().map(|d| (d.due, Arc::clone(&d.progress))),
+        };
+        let body = Self {
+            inner: Some(inner),
             deadline,
+            events: Some(tx),
         };
         (body, Some(watch))
     }
@@ -213,7 +299,6 @@ impl UpstreamBody {
             inner: None,
             deadline: None,
             events: None,
-            progress: None,
         }
     }
 
@@ -237,14 +322,12 @@ impl Body for UpstreamBody {
         let Some(inner) = this.inner.as_mut() else {
             return Poll::Ready(None);
         };
+        if let Some(d) = &mut this.deadline {
+            d.asked();
+        }
         let poll = Pin::new(&mut *inner).poll_frame(cx);
-        if let Some(progress) = &this.progress {
-            progress
-                .awaiting_client
-                .store(poll.is_pending(), Ordering::Relaxed);
-            if poll.is_ready() {
-                progress.frames.fetch_add(1, Ordering::Relaxed);
-            }
+        if let Some(d) = &mut this.deadline {
+            d.answered(poll.is_pending());
         }
         if let Poll::Ready(frame) = poll {
             match &frame {
@@ -264,7 +347,7 @@ impl Body for UpstreamBody {
             }));
         }
         if let Some(d) = &mut this.deadline
-            && d.as_mut().poll(cx).is_ready()
+            && d.timer.as_mut().poll(cx).is_ready()
         {
             this.report(BodyEvent::TimedOut);
             return Poll::Ready(Some(Err(UpstreamBodyError::TimedOut)));
@@ -961,51 +1044,95 @@ mod tests {
         assert!(of(&[]).is_empty());
     }
 
-    /// A watch whose body is waiting for the upstream (`awaiting_client` false) at a deadline
-    /// 10 s away, with the sender of its body's events.
-    fn stalled_watch() -> (BodyWatch, oneshot::Sender<BodyEvent>, Arc<Progress>) {
+    /// A watch on a body created now with a 10 s read deadline, before the upstream client
+    /// asked for a frame, with the sender of its body's events and its progress.
+    fn new_watch() -> (BodyWatch, oneshot::Sender<BodyEvent>, Arc<Progress>) {
         let (tx, rx) = oneshot::channel();
-        let at = crate::time::now() + Duration::from_secs(10);
-        let progress = Arc::new(Progress::default());
+        let now = crate::time::now();
+        let progress = Arc::new(Progress::new(now));
         let watch = BodyWatch {
             events: rx,
-            deadline: Some((at, Arc::clone(&progress))),
+            deadline: Some((now + Duration::from_secs(10), Arc::clone(&progress))),
         };
         (watch, tx, progress)
     }
 
-    /// Past the deadline, a body held for the upstream is the upstream's stall only if the
-    /// upstream takes nothing for the stall time; once it takes the part door holds, the body
-    /// reports its own passed deadline, and the client is late (a client cannot turn its late
-    /// body into the upstream's failure by sending a burst the upstream is slow to read).
+    fn set(progress: &Progress, state: u64) {
+        progress.state.store(state, Ordering::Release);
+    }
+
+    const STALL: Duration = Duration::from_secs(5);
+
+    /// Waiting for the client from the start: timed out at the deadline.
     #[tokio::test(start_paused = true)]
-    async fn a_body_held_for_the_upstream_at_its_deadline_is_a_stall_only_without_progress() {
-        // Nothing taken after the deadline: a stall, `stall` after it.
-        let (watch, _tx, _progress) = stalled_watch();
+    async fn a_body_waiting_for_the_client_times_out_at_its_deadline() {
+        let (watch, _tx, progress) = new_watch();
+        set(&progress, Progress::waiting(Duration::ZERO));
         let start = crate::time::now();
-        let stall = Duration::from_secs(5);
-        assert_eq!(watch.end(stall).await, BodyEnd::UpstreamStalled);
-        assert_eq!(start.elapsed(), Duration::from_secs(15));
-
-        // The upstream takes a frame every 4 s (under `stall`): no stall; the body then waits
-        // for the client and reports its passed deadline.
-        let (watch, tx, progress) = stalled_watch();
-        let end = tokio::spawn(watch.end(stall));
-        tokio::time::sleep(Duration::from_secs(10)).await;
-        for _ in 0..5 {
-            tokio::time::sleep(Duration::from_secs(4)).await;
-            progress.frames.fetch_add(1, Ordering::Relaxed);
-        }
-        assert!(!end.is_finished(), "a stall while the upstream took frames");
-        tx.send(BodyEvent::TimedOut).unwrap();
-        assert_eq!(end.await.unwrap(), BodyEnd::TimedOut);
-
-        // Waiting for the client at the deadline: timed out at once.
-        let (watch, _tx, progress) = stalled_watch();
-        progress.awaiting_client.store(true, Ordering::Relaxed);
-        let start = crate::time::now();
-        assert_eq!(watch.end(stall).await, BodyEnd::TimedOut);
+        assert_eq!(watch.end(STALL).await, BodyEnd::TimedOut);
         assert_eq!(start.elapsed(), Duration::from_secs(10));
+    }
+
+    /// The time door held parts the upstream had not taken does not count: after 7 s of holds,
+    /// a body waiting for the client times out 7 s past the deadline; a client that finishes
+    /// within its own 10 s is not late.
+    #[tokio::test(start_paused = true)]
+    async fn the_time_door_holds_a_part_for_the_upstream_does_not_count() {
+        let (watch, _tx, progress) = new_watch();
+        set(&progress, Progress::waiting(Duration::from_secs(7)));
+        let start = crate::time::now();
+        assert_eq!(watch.end(STALL).await, BodyEnd::TimedOut);
+        assert_eq!(start.elapsed(), Duration::from_secs(17));
+
+        let (watch, tx, progress) = new_watch();
+        set(&progress, Progress::waiting(Duration::ZERO));
+        let end = tokio::spawn(watch.end(STALL));
+        // 4 s waiting for the client, then 9 s held for the upstream, taking a part every 4 s,
+        // then 5 s waiting for the client again, and the body ends (18 s in all).
+        tokio::time::sleep(Duration::from_secs(4)).await;
+        for at in [4, 8, 12] {
+            set(&progress, Progress::holding(Duration::from_secs(at)));
+            tokio::time::sleep(Duration::from_secs(if at == 12 { 1 } else { 4 })).await;
+        }
+        set(&progress, Progress::waiting(Duration::from_secs(9)));
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        assert!(!end.is_finished(), "late with 9 s of the client's time");
+        tx.send(BodyEvent::Ended).unwrap();
+        assert_eq!(end.await.unwrap(), BodyEnd::Sent);
+    }
+
+    /// A part held for the upstream that it does not take for the stall time is the upstream's
+    /// stall, whatever the read deadline; one it takes in time is not.
+    #[tokio::test(start_paused = true)]
+    async fn a_part_the_upstream_does_not_take_is_a_stall_after_the_stall_time() {
+        let (watch, _tx, progress) = new_watch();
+        set(&progress, Progress::holding(Duration::from_secs(1)));
+        let start = crate::time::now();
+        assert_eq!(watch.end(STALL).await, BodyEnd::UpstreamStalled);
+        assert_eq!(start.elapsed(), Duration::from_secs(6));
+
+        // Holds of 4 s each, past the read deadline: no stall, no time out.
+        let (watch, tx, progress) = new_watch();
+        let end = tokio::spawn(watch.end(STALL));
+        for at in (0..40).step_by(4) {
+            set(&progress, Progress::holding(Duration::from_secs(at)));
+            tokio::time::sleep(Duration::from_secs(4)).await;
+        }
+        assert!(!end.is_finished(), "a stall while the upstream took parts");
+        tx.send(BodyEvent::Ended).unwrap();
+        assert_eq!(end.await.unwrap(), BodyEnd::Sent);
+    }
+
+    /// Before the upstream client first asks for a frame (the connection to the upstream being
+    /// made, which `upstream_timeout` bounds on its own), neither the deadline nor the stall runs.
+    #[tokio::test(start_paused = true)]
+    async fn nothing_runs_before_the_upstream_client_asks_for_the_body() {
+        let (watch, tx, _progress) = new_watch();
+        let end = tokio::spawn(watch.end(STALL));
+        tokio::time::sleep(Duration::from_mins(1)).await;
+        assert!(!end.is_finished());
+        tx.send(BodyEvent::Ended).unwrap();
+        assert_eq!(end.await.unwrap(), BodyEnd::Sent);
     }
 
     use super::*;
