@@ -2486,6 +2486,47 @@ async fn behind_a_proxy_protocol_listener_the_named_client_holds_the_per_client_
     drop(held);
 }
 
+/// Behind a trusted proxy that names its clients in `X-Forwarded-For` (all of them on the
+/// proxy's connections), the client it names holds the per-client pass-through cap: one client
+/// past it gets 429 while another client, and the proxy's own requests (naming nobody), still
+/// pass; the client's place comes back with its answer, and no count is kept once it has none.
+#[tokio::test]
+async fn behind_a_trusted_proxy_the_client_its_header_names_holds_the_per_client_cap() {
+    let (open, closed) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+    let up = upstream(slow_upstream(Arc::clone(&open), closed)).await;
+    let top = "trusted_proxies = [\"127.0.0.1/32\"]\nupstream_max_inflight_per_client = 1";
+    let d = door(&config(up, top, "")).await;
+    let from = |client: Option<&str>, path: &str| {
+        let xff = client.map_or(String::new(), |c| format!("X-Forwarded-For: {c}\r\n"));
+        format!("GET {path} HTTP/1.1\r\nHost: door.test\r\n{xff}Connection: close\r\n\r\n")
+    };
+    let mut held = TcpStream::connect(d.addr).await.unwrap();
+    held.write_all(from(Some("203.0.113.9"), "/pass/slow").as_bytes())
+        .await
+        .unwrap();
+    d.eventually("the slow call reached the upstream", |_| {
+        open.load(Ordering::SeqCst) == 1
+    })
+    .await;
+    assert_eq!(d.app().passthrough_named_clients(), 1);
+    let out = raw(d.addr, from(Some("203.0.113.9"), "/pass/x").as_bytes()).await;
+    assert!(out.starts_with("HTTP/1.1 429"), "{out}");
+    assert!(out.contains("upstream-busy"), "{out}");
+    // Its /32 is the key: another client, and the proxy itself, pass.
+    let out = raw(d.addr, from(Some("203.0.113.10"), "/pass/x").as_bytes()).await;
+    assert!(out.starts_with("HTTP/1.1 200"), "{out}");
+    let out = raw(d.addr, from(None, "/pass/x").as_bytes()).await;
+    assert!(out.starts_with("HTTP/1.1 200"), "{out}");
+    drop(held);
+    d.eventually("the held request's place came back", |d| {
+        d.app().passthrough_in_flight() == 0 && d.app().passthrough_named_clients() == 0
+    })
+    .await;
+    let out = raw(d.addr, from(Some("203.0.113.9"), "/pass/x").as_bytes()).await;
+    assert!(out.starts_with("HTTP/1.1 200"), "{out}");
+    assert_eq!(d.app().passthrough_named_clients(), 0);
+}
+
 /// `max_connections_per_client` holds for a client a PROXY header names, as for a direct one:
 /// its connection past the cap is closed once the header is read; another client's is served.
 #[tokio::test]

@@ -1,24 +1,30 @@
 //! What door counts in flight on the request path: the caps on pass-through requests
-//! (`upstream_max_inflight` door-wide, `upstream_max_inflight_per_client` per TCP peer), and the
-//! requests door is answering, door-wide and per connection, which the SIGTERM drain waits for
-//! (docs/design.md, "Operating contract"). Each count is held by an RAII guard that the
-//! response body carries ([`crate::http::body`]), so it is given back however the request ends.
+//! (`upstream_max_inflight` door-wide, `upstream_max_inflight_per_client` per client: a TCP peer,
+//! or a client a trusted proxy names), and the requests door is answering, door-wide and per
+//! connection, which the SIGTERM drain waits for (docs/design.md, "Operating contract"). Each
+//! count is held by an RAII guard that the response body carries ([`crate::http::body`]), so it
+//! is given back however the request ends.
 
 use std::{
+    collections::HashMap,
     sync::{
-        Arc,
+        Arc, Mutex, PoisonError,
         atomic::{AtomicU32, AtomicUsize, Ordering},
     },
     time::Duration,
 };
 
+use door_common::prefix::PrefixKey;
 use tokio::sync::Notify;
 
-use crate::http::conn::ConnInfo;
+use crate::{
+    client::key::{KeyDecision, Rule},
+    http::conn::ConnInfo,
+};
 
 /// The caps on pass-through requests (routes in no group) forwarded at once: door-wide
 /// (`upstream_max_inflight`), so that an application behind door is never sent more than this
-/// many of them together, however many connections clients open; and per TCP peer
+/// many of them together, however many connections clients open; and per client
 /// (`upstream_max_inflight_per_client`), so that one client cannot hold them all (its requests'
 /// bodies or its HTTP/2 window left open, for as long as it likes: pass-through requests have no
 /// deadline).
@@ -27,6 +33,39 @@ pub(crate) struct PassThrough {
     cap: u32,
     per_client: u32,
     open: AtomicU32,
+    /// The requests in flight of each client a trusted proxy named ([`Whose::Named`]): an entry
+    /// only while its count is above zero, so at most `cap` entries (each holds a door-wide
+    /// place, or is about to give its count back).
+    named: Mutex<HashMap<PrefixKey, u32>>,
+}
+
+/// Whose per-client count a pass-through request is held against.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Whose<'a> {
+    /// The TCP peer's, shared by all its connections ([`ConnInfo::peer_inflight`]).
+    Peer(&'a Arc<AtomicU32>),
+    /// A client a trusted proxy named in its forwarding header (the client key), whose requests
+    /// all come over the proxy's connections.
+    Named(PrefixKey),
+    /// Nobody's: a trusted proxy's own requests, which carry many clients, or a connection made
+    /// outside the accept loop.
+    Exempt,
+}
+
+impl<'a> Whose<'a> {
+    /// Whose count a request is held against: its TCP peer's count `peer` (`None` for a
+    /// trusted proxy, which is exempt); through a trusted proxy, the client its forwarding
+    /// header names ([`Rule::FirstUntrustedEntry`]); a request that names none, or only trusted
+    /// hops, or whose entry cannot be read (keyed as a trusted hop) is the proxy's own.
+    pub(crate) fn of(peer: Option<&'a Arc<AtomicU32>>, decision: &KeyDecision) -> Self {
+        match peer {
+            Some(peer) => Self::Peer(peer),
+            None if matches!(decision.rule, Rule::FirstUntrustedEntry { .. }) => {
+                Self::Named(decision.key)
+            }
+            None => Self::Exempt,
+        }
+    }
 }
 
 /// Which pass-through cap refused a request.
@@ -55,6 +94,7 @@ impl PassThrough {
             cap,
             per_client,
             open: AtomicU32::new(0),
+            named: Mutex::new(HashMap::new()),
         }
     }
 
@@ -63,28 +103,70 @@ impl PassThrough {
         self.open.load(Ordering::Acquire)
     }
 
-    /// A slot for a request of the peer whose in-flight count is `peer` (`None`: exempt), or the
-    /// cap that refused it; a refused request holds nothing.
-    pub(crate) fn take(
-        self: &Arc<Self>,
-        peer: Option<&Arc<AtomicU32>>,
-    ) -> Result<PassSlot, PassRefusal> {
-        if let Some(peer) = peer
-            && !take_one(peer, self.per_client)
-        {
-            return Err(PassRefusal::Client);
+    /// Clients a trusted proxy named that have pass-through requests in flight now.
+    pub(crate) fn named_clients(&self) -> usize {
+        self.named_counts().len()
+    }
+
+    fn named_counts(&self) -> std::sync::MutexGuard<'_, HashMap<PrefixKey, u32>> {
+        // Nothing panics while the lock is held, but a poisoned lock must not take door down.
+        self.named.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Takes one of the named client `key`'s places; whether there was one.
+    fn take_named(&self, key: PrefixKey) -> bool {
+        let mut named = self.named_counts();
+        let n = named.entry(key).or_insert(0);
+        if *n >= self.per_client {
+            return false;
         }
-        if !take_one(&self.open, self.cap) {
-            if let Some(peer) = peer {
-                peer.fetch_sub(1, Ordering::AcqRel);
+        *n += 1;
+        true
+    }
+
+    /// Gives one of the named client `key`'s places back; its entry goes with its last.
+    fn give_named(&self, key: &PrefixKey) {
+        let mut named = self.named_counts();
+        if let Some(n) = named.get_mut(key) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                named.remove(key);
             }
+        }
+    }
+
+    /// A slot for a request held against `whose` per-client count, or the cap that refused it;
+    /// a refused request holds nothing.
+    pub(crate) fn take(self: &Arc<Self>, whose: Whose<'_>) -> Result<PassSlot, PassRefusal> {
+        let client = match whose {
+            Whose::Peer(peer) if !take_one(peer, self.per_client) => {
+                return Err(PassRefusal::Client);
+            }
+            Whose::Peer(peer) => Client::Peer(Arc::clone(peer)),
+            Whose::Named(key) if !self.take_named(key) => return Err(PassRefusal::Client),
+            Whose::Named(key) => Client::Named(key),
+            Whose::Exempt => Client::Exempt,
+        };
+        // Dropped on refusal, it gives the client's place back.
+        let mut slot = PassSlot {
+            door: Arc::clone(self),
+            client,
+            counted: false,
+        };
+        if !take_one(&self.open, self.cap) {
             return Err(PassRefusal::Door);
         }
-        Ok(PassSlot {
-            door: Arc::clone(self),
-            peer: peer.map(Arc::clone),
-        })
+        slot.counted = true;
+        Ok(slot)
     }
+}
+
+/// Whose per-client place a [`PassSlot`] holds.
+#[derive(Debug)]
+enum Client {
+    Peer(Arc<AtomicU32>),
+    Named(PrefixKey),
+    Exempt,
 }
 
 /// One pass-through request's place under both caps, held until its response body has been sent
@@ -92,14 +174,22 @@ impl PassThrough {
 #[derive(Debug)]
 pub(crate) struct PassSlot {
     door: Arc<PassThrough>,
-    peer: Option<Arc<AtomicU32>>,
+    client: Client,
+    /// Whether it holds a door-wide place too (`false` only while [`PassThrough::take`] runs).
+    counted: bool,
 }
 
 impl Drop for PassSlot {
     fn drop(&mut self) {
-        self.door.open.fetch_sub(1, Ordering::AcqRel);
-        if let Some(peer) = &self.peer {
-            peer.fetch_sub(1, Ordering::AcqRel);
+        if self.counted {
+            self.door.open.fetch_sub(1, Ordering::AcqRel);
+        }
+        match &self.client {
+            Client::Peer(peer) => {
+                peer.fetch_sub(1, Ordering::AcqRel);
+            }
+            Client::Named(key) => self.door.give_named(key),
+            Client::Exempt => {}
         }
     }
 }

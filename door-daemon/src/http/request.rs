@@ -31,7 +31,7 @@ use crate::{
         conn::ConnInfo,
         head,
         health::{CachedHealth, HEALTH_TTL},
-        inflight::{Active, ActiveGuard, PassRefusal, PassSlot, PassThrough},
+        inflight::{Active, ActiveGuard, PassRefusal, PassSlot, PassThrough, Whose},
         plane::Sessions,
         route::{self, Router},
         settle::{self, End, Held},
@@ -469,6 +469,13 @@ impl App {
         self.passthrough.open()
     }
 
+    /// Clients named by a trusted proxy's forwarding header that have pass-through requests in
+    /// flight now, each held to `upstream_max_inflight_per_client` (at most
+    /// `upstream_max_inflight`).
+    pub fn passthrough_named_clients(&self) -> usize {
+        self.passthrough.named_clients()
+    }
+
     /// Requests door is answering now (until their response body has been sent or dropped).
     pub fn requests_in_flight(&self) -> usize {
         self.active.count()
@@ -577,7 +584,8 @@ impl App {
             None => None,
         };
         let Some(limited) = limited else {
-            let slot = match self.passthrough.take(conn.peer_inflight()) {
+            let whose = Whose::of(conn.peer_inflight(), &decision);
+            let slot = match self.passthrough.take(whose) {
                 Ok(slot) => slot,
                 Err(refusal) => {
                     if let Some(held) = job.plane.take() {
