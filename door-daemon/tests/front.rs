@@ -624,6 +624,19 @@ async fn a_body_still_arriving_at_the_read_timeout_gets_408_and_frees_the_slot()
 /// nothing charged.
 #[tokio::test(start_paused = true)]
 async fn an_upstream_that_stops_reading_the_body_gets_504_after_the_upstream_timeout() {
+    // The body at once: 5 s without progress (webhook's read_timeout, 10 s, stands still
+    // meanwhile).
+    stalled_upstream(Duration::ZERO, 5).await;
+    // One byte, then 3 s waiting for the client, then the rest: the hold begins at 3 s and is a
+    // stall at 8 s, not at the read deadline.
+    stalled_upstream(Duration::from_secs(3), 8).await;
+}
+
+/// door in front of an upstream that reads a request's head and nothing more, with
+/// `upstream_timeout = "5s"`, and a webhook request whose client sends one byte of its body,
+/// waits `pause`, then sends far more than the sockets hold: door answers 504 `secs` seconds
+/// after the request.
+async fn stalled_upstream(pause: Duration, secs: u64) {
     let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let up = l.local_addr().unwrap();
     let (held_tx, mut held_rx) = mpsc::unbounded_channel();
@@ -639,12 +652,13 @@ async fn an_upstream_that_stops_reading_the_body_gets_504_after_the_upstream_tim
     let s = TcpStream::connect(d.addr).await.unwrap();
     let (mut rd, mut wr) = s.into_split();
     // Far more than the loopback sockets' buffers hold, so door is left holding a part of it.
-    let len = 64 << 20;
+    let len = (64 << 20) + 1;
     let writer = tokio::spawn(async move {
         let head = format!(
-            "POST /webhooks/github HTTP/1.1\r\nHost: door.test\r\nContent-Length: {len}\r\n\r\n"
+            "POST /webhooks/github HTTP/1.1\r\nHost: door.test\r\nContent-Length: {len}\r\n\r\nx"
         );
         wr.write_all(head.as_bytes()).await.unwrap();
+        tokio::time::sleep(pause).await;
         let chunk = vec![b'x'; 64 << 10];
         for _ in 0..len / chunk.len() {
             if wr.write_all(&chunk).await.is_err() {
@@ -653,15 +667,13 @@ async fn an_upstream_that_stops_reading_the_body_gets_504_after_the_upstream_tim
         }
     });
     let held = held_rx.recv().await.unwrap();
-    // 5 s without progress (webhook's read_timeout, 10 s, stands still meanwhile). The client
-    // is still writing: read the answer, not to EOF.
+    // The client is still writing: read the answer, not to EOF.
     let mut out = Vec::new();
     let mut buf = [0u8; 1024];
     while !String::from_utf8_lossy(&out).contains("stopped reading the request") {
-        let n = tokio::time::timeout(Duration::from_mins(5), rd.read(&mut buf))
-            .await
-            .expect("no answer")
-            .unwrap();
+        let read = tokio::time::timeout(Duration::from_mins(5), rd.read(&mut buf)).await;
+        assert!(read.is_ok(), "no answer");
+        let n = read.unwrap().unwrap();
         assert_ne!(
             n,
             0,
@@ -672,8 +684,8 @@ async fn an_upstream_that_stops_reading_the_body_gets_504_after_the_upstream_tim
     }
     let waited = start.elapsed();
     assert!(
-        waited >= Duration::from_secs(5) && waited < Duration::from_secs(6),
-        "answered after {waited:?}, not 5 s"
+        waited >= Duration::from_secs(secs) && waited < Duration::from_secs(secs + 1),
+        "answered after {waited:?}, not {secs} s"
     );
     let out = String::from_utf8_lossy(&out);
     assert!(out.starts_with("HTTP/1.1 504"), "{out}");

@@ -80,8 +80,11 @@ pub struct UpstreamBody {
 /// of the body the upstream had not taken, which does not count.
 #[derive(Debug)]
 struct ReadDeadline {
-    /// Fires at `due + held`.
+    /// The body's own timer, set to `armed` (polled, and so registered with tokio's timer, only
+    /// while door waits for the client).
     timer: Pin<Box<Sleep>>,
+    /// What `timer` is set to.
+    armed: Instant,
     /// The deadline had door never held a part: the body's creation plus `read_timeout`.
     due: Instant,
     /// The time door held parts the upstream had not taken, up to the current hold.
@@ -95,26 +98,36 @@ struct ReadDeadline {
 }
 
 impl ReadDeadline {
-    /// The upstream client asks for the next frame: a hold, if any, ends, and the timer moves
-    /// on by its length.
+    /// The upstream client asks for the next frame: a hold, if any, ends, and counts in `held`.
     fn asked(&mut self) {
         if let Some(since) = self.holding_since.take() {
             self.held += crate::time::now().saturating_duration_since(since);
-            self.timer.as_mut().reset(self.due + self.held);
         }
     }
 
-    /// The answer to that ask: `waiting` for the client (its next part has not come), or a
-    /// frame handed over, which door holds until the upstream client asks again.
-    fn answered(&mut self, waiting: bool) {
-        let state = if waiting {
-            Progress::waiting(self.held)
-        } else {
-            let now = crate::time::now();
-            self.holding_since = Some(now);
-            Progress::holding(now.saturating_duration_since(self.progress.start))
-        };
-        self.progress.state.store(state, Ordering::Release);
+    /// The answer to that ask: door waits for the client (its next part has not come). The
+    /// timer moves on by the holds since it was set, and is polled.
+    fn waiting(&mut self, cx: &mut Context<'_>) -> Poll<()> {
+        self.progress
+            .state
+            .store(Progress::waiting(self.held), Ordering::Release);
+        let late = self.due + self.held;
+        if late != self.armed {
+            self.armed = late;
+            self.timer.as_mut().reset(late);
+        }
+        self.timer.as_mut().poll(cx)
+    }
+
+    /// The answer to that ask: a frame handed over (not the last), which door holds until the
+    /// upstream client asks again.
+    fn holding(&mut self) {
+        let now = crate::time::now();
+        self.holding_since = Some(now);
+        self.progress.state.store(
+            Progress::holding(now.saturating_duration_since(self.progress.start)),
+            Ordering::Release,
+        );
     }
 }
 
@@ -190,7 +203,9 @@ impl BodyWatch {
     /// time door waits for the client only: while door holds a part the upstream has not taken
     /// it stands still, and an upstream that takes nothing for `stall` is
     /// [`BodyEnd::UpstreamStalled`]. Before the upstream client first asks for a frame (the
-    /// connection is being made, bounded by `upstream_timeout`), neither runs.
+    /// connection is being made: its connect is bounded by `upstream_timeout`, which is `stall`),
+    /// neither runs; a body not asked for within 2 × `stall` (a name lookup that never returns)
+    /// is [`BodyEnd::UpstreamStalled`] too.
     pub async fn end(self, stall: Duration) -> BodyEnd {
         let Self { events, deadline } = self;
         let event = match deadline {
@@ -199,14 +214,25 @@ impl BodyWatch {
                 tokio::pin!(events);
                 loop {
                     let state = progress.state.load(Ordering::Acquire);
-                    let (wake, verdict) = if state == Progress::UNASKED {
-                        (crate::time::now() + stall, None)
+                    // Nothing wakes the watch when the body moves on: unless its verdict is
+                    // due sooner, it looks again within `stall`, so that a hold that began
+                    // meanwhile is still a stall `stall` after it began.
+                    let soon = crate::time::now() + stall;
+                    let (at, verdict) = if state == Progress::UNASKED {
+                        // A backstop: the connection's own timeout (`stall` too) bounds its
+                        // connect, not a name lookup that never returns.
+                        (progress.start + stall * 2, BodyEnd::UpstreamStalled)
                     } else if state & Progress::WAITING != 0 {
                         let held = state & !Progress::WAITING;
-                        (due + Duration::from_nanos(held), Some(BodyEnd::TimedOut))
+                        (due + Duration::from_nanos(held), BodyEnd::TimedOut)
                     } else {
                         let since = progress.start + Duration::from_nanos(state);
-                        (since + stall, Some(BodyEnd::UpstreamStalled))
+                        (since + stall, BodyEnd::UpstreamStalled)
+                    };
+                    let (wake, verdict) = if at <= soon {
+                        (at, Some(verdict))
+                    } else {
+                        (soon, None)
                     };
                     tokio::select! {
                         biased;
@@ -275,6 +301,7 @@ impl UpstreamBody {
             let due = now + d;
             ReadDeadline {
                 timer: Box::pin(tokio::time::sleep_until(due)),
+                armed: due,
                 due,
                 held: Duration::ZERO,
                 holding_since: Some(now),
@@ -325,34 +352,34 @@ impl Body for UpstreamBody {
         if let Some(d) = &mut this.deadline {
             d.asked();
         }
-        let poll = Pin::new(&mut *inner).poll_frame(cx);
-        if let Some(d) = &mut this.deadline {
-            d.answered(poll.is_pending());
-        }
-        if let Poll::Ready(frame) = poll {
-            match &frame {
-                None => this.report(BodyEvent::Ended),
-                Some(Ok(_)) if inner.is_end_stream() => this.report(BodyEvent::Ended),
-                Some(Err(_)) => this.report(BodyEvent::Failed),
-                Some(Ok(_)) => {}
+        let Poll::Ready(frame) = Pin::new(&mut *inner).poll_frame(cx) else {
+            if let Some(d) = &mut this.deadline
+                && d.waiting(cx).is_ready()
+            {
+                this.report(BodyEvent::TimedOut);
+                return Poll::Ready(Some(Err(UpstreamBodyError::TimedOut)));
             }
-            return Poll::Ready(frame.map(|f| {
-                f.map(|mut frame| {
-                    if let Some(trailers) = frame.trailers_mut() {
-                        strip_request_trailers(trailers);
-                    }
-                    frame
-                })
-                .map_err(UpstreamBodyError::Client)
-            }));
+            return Poll::Pending;
+        };
+        match &frame {
+            None => this.report(BodyEvent::Ended),
+            Some(Ok(_)) if inner.is_end_stream() => this.report(BodyEvent::Ended),
+            Some(Err(_)) => this.report(BodyEvent::Failed),
+            Some(Ok(_)) => {
+                if let Some(d) = &mut this.deadline {
+                    d.holding();
+                }
+            }
         }
-        if let Some(d) = &mut this.deadline
-            && d.timer.as_mut().poll(cx).is_ready()
-        {
-            this.report(BodyEvent::TimedOut);
-            return Poll::Ready(Some(Err(UpstreamBodyError::TimedOut)));
-        }
-        Poll::Pending
+        Poll::Ready(frame.map(|f| {
+            f.map(|mut frame| {
+                if let Some(trailers) = frame.trailers_mut() {
+                    strip_request_trailers(trailers);
+                }
+                frame
+            })
+            .map_err(UpstreamBodyError::Client)
+        }))
     }
 
     fn is_end_stream(&self) -> bool {
@@ -1123,16 +1150,37 @@ mod tests {
         assert_eq!(end.await.unwrap(), BodyEnd::Sent);
     }
 
-    /// Before the upstream client first asks for a frame (the connection to the upstream being
-    /// made, which `upstream_timeout` bounds on its own), neither the deadline nor the stall runs.
+    /// A hold that begins while the watch sleeps toward the client's deadline is still a stall
+    /// `stall` after it began, not at that deadline.
     #[tokio::test(start_paused = true)]
-    async fn nothing_runs_before_the_upstream_client_asks_for_the_body() {
+    async fn a_stall_that_begins_after_a_wait_for_the_client_is_told_after_the_stall_time() {
+        let (watch, _tx, progress) = new_watch();
+        set(&progress, Progress::waiting(Duration::ZERO));
+        let start = crate::time::now();
+        let end = tokio::spawn(watch.end(STALL));
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        set(&progress, Progress::holding(Duration::from_secs(1)));
+        assert_eq!(end.await.unwrap(), BodyEnd::UpstreamStalled);
+        assert_eq!(start.elapsed(), Duration::from_secs(6));
+    }
+
+    /// Before the upstream client first asks for a frame (the connection to the upstream being
+    /// made, whose connect `upstream_timeout` bounds on its own), neither the deadline nor the
+    /// stall runs; a body never asked for is a stall at 2 × the stall time (a name lookup that
+    /// never returns).
+    #[tokio::test(start_paused = true)]
+    async fn nothing_runs_before_the_upstream_client_asks_for_the_body_but_a_backstop() {
         let (watch, tx, _progress) = new_watch();
         let end = tokio::spawn(watch.end(STALL));
-        tokio::time::sleep(Duration::from_mins(1)).await;
+        tokio::time::sleep(Duration::from_millis(9_999)).await;
         assert!(!end.is_finished());
         tx.send(BodyEvent::Ended).unwrap();
         assert_eq!(end.await.unwrap(), BodyEnd::Sent);
+
+        let (watch, _tx, _progress) = new_watch();
+        let start = crate::time::now();
+        assert_eq!(watch.end(STALL).await, BodyEnd::UpstreamStalled);
+        assert_eq!(start.elapsed(), STALL * 2);
     }
 
     use super::*;
