@@ -5,7 +5,7 @@ use std::{borrow::Cow, collections::BTreeMap, path::Path};
 
 use serde::Deserialize;
 
-use super::{ConfigError, listen::LISTEN_TABLE_KEYS};
+use super::{ConfigError, QUOTED_CHARS, clipped, listen::LISTEN_TABLE_KEYS};
 
 /// The file's top level as written: every key optional, checked and given its default by
 /// [`Config`](super::Config), whose fields (and docs/configuration.md) state each key's unit and
@@ -159,14 +159,10 @@ pub(super) fn parse_file(path: &Path, text: &str) -> Result<File, ConfigError> {
         path: path.to_owned(),
         message,
     };
-    let syntax = |e: toml::de::Error| {
-        let message = e.to_string();
-        let lines: Vec<Cow<'_, str>> = message.trim_end().lines().map(clipped).collect();
-        parse_error(lines.join("\n"))
-    };
+    let syntax = |e: toml::de::Error| parse_error(syntax_message(text, &e));
     let de = toml::Deserializer::parse(text).map_err(syntax)?;
     serde_path_to_error::deserialize(de).map_err(|e| {
-        let key = e.path().to_string();
+        let key = clipped(&e.path().to_string()).into_owned();
         let inner = e.into_inner();
         let Some(span) = inner.span().filter(|_| key != ".") else {
             return syntax(inner);
@@ -205,17 +201,47 @@ pub(super) fn parse_file(path: &Path, text: &str) -> Result<File, ConfigError> {
     })
 }
 
-/// The most characters of one line of the file an error message quotes.
-const QUOTED_CHARS: usize = 120;
-
-/// `text` as an error message quotes it: whole up to [`QUOTED_CHARS`] characters, otherwise
-/// their first [`QUOTED_CHARS`] and `…`, so that a value or a line of hundreds of kilobytes is
-/// named in one line.
-fn clipped(text: &str) -> Cow<'_, str> {
-    match text.char_indices().nth(QUOTED_CHARS) {
-        Some((end, _)) => Cow::Owned(format!("{}…", text.get(..end).unwrap_or_default())),
-        None => Cow::Borrowed(text),
+/// A syntax error's message: toml's reason, the line and column, and the line quoted with a
+/// caret under the column: the whole line up to [`QUOTED_CHARS`] characters, otherwise that many
+/// around the column, so that a line of hundreds of kilobytes is quoted in one screen line.
+/// Without a location, toml's own message, each line clipped.
+fn syntax_message(text: &str, e: &toml::de::Error) -> String {
+    let Some(span) = e.span() else {
+        let message = e.to_string();
+        let lines: Vec<Cow<'_, str>> = message.trim_end().lines().map(clipped).collect();
+        return lines.join("\n");
+    };
+    let start = span.start.min(text.len());
+    let before = text.get(..start).unwrap_or_default();
+    let line = before.matches('\n').count() + 1;
+    let line_start = before.rfind('\n').map_or(0, |i| i + 1);
+    let rest = text.get(line_start..).unwrap_or_default();
+    let quoted: Vec<char> = rest
+        .split('\n')
+        .next()
+        .unwrap_or_default()
+        .chars()
+        .collect();
+    let column = before.get(line_start..).unwrap_or_default().chars().count();
+    let from = column
+        .saturating_sub(QUOTED_CHARS / 2)
+        .min(quoted.len().saturating_sub(QUOTED_CHARS));
+    let to = (from + QUOTED_CHARS).min(quoted.len());
+    let mut shown: String = quoted.get(from..to).unwrap_or_default().iter().collect();
+    let mut caret = column - from;
+    if from > 0 {
+        shown.insert(0, '…');
+        caret += 1;
     }
+    if to < quoted.len() {
+        shown.push('…');
+    }
+    format!(
+        "{} (line {line}, column {})\n  {shown}\n  {:caret$}^",
+        e.message().trim_end(),
+        column + 1,
+        ""
+    )
 }
 
 /// serde's Rust type names in an "expected …" message in an operator's words.

@@ -161,25 +161,48 @@ fn check_group_name(name: &str) -> Result<(), ConfigError> {
         Err(invalid(
             "group",
             format!("{name:?}"),
-            "a group name is 1 to 64 bytes without control characters, bidirectional controls \
-             or zero-width characters",
+            "a group name is 1 to 64 bytes without control characters or invisible ones \
+             (bidirectional controls, zero-width and other format characters)",
         ))
     }
 }
 
-/// The format characters that reorder or hide text where a name is shown: the bidirectional
-/// controls of Unicode's UAX #9 (LRM, RLM, ALM, the embeddings, overrides and isolates, which
-/// CVE-2021-42574, "Trojan Source", used to make text read otherwise than it is) and the
-/// zero-width characters (ZWSP, ZWNJ, ZWJ, word joiner, BOM) that make two names look alike.
+/// The characters that reorder or hide text where a name is shown: Unicode's format characters
+/// (general category Cf: the bidirectional controls of UAX #9, which CVE-2021-42574, "Trojan
+/// Source", used to make text read otherwise than it is; the zero-width characters; the
+/// invisible operators; the tag characters; the prepended concatenation marks), the line and
+/// paragraph separators (Zl, Zp), and the characters that show as nothing though they are not
+/// format characters: the combining grapheme joiner, the variation selectors and the Hangul
+/// fillers. Two names that differ only by these look alike.
 fn invisible_format(c: char) -> bool {
     matches!(
         c,
-        '\u{061c}'
+        '\u{00ad}'
+            | '\u{034f}'
+            | '\u{0600}'..='\u{0605}'
+            | '\u{061c}'
+            | '\u{06dd}'
+            | '\u{070f}'
+            | '\u{0890}'..='\u{0891}'
+            | '\u{08e2}'
+            | '\u{115f}'..='\u{1160}'
+            | '\u{180b}'..='\u{180f}'
             | '\u{200b}'..='\u{200f}'
-            | '\u{202a}'..='\u{202e}'
-            | '\u{2060}'
-            | '\u{2066}'..='\u{2069}'
+            | '\u{2028}'..='\u{202e}'
+            | '\u{2060}'..='\u{206f}'
+            | '\u{3164}'
+            | '\u{fe00}'..='\u{fe0f}'
             | '\u{feff}'
+            | '\u{ffa0}'
+            | '\u{fff9}'..='\u{fffb}'
+            | '\u{110bd}'
+            | '\u{110cd}'
+            | '\u{13430}'..='\u{1343f}'
+            | '\u{1bca0}'..='\u{1bca3}'
+            | '\u{1d173}'..='\u{1d17a}'
+            | '\u{e0001}'
+            | '\u{e0020}'..='\u{e007f}'
+            | '\u{e0100}'..='\u{e01ef}'
     )
 }
 
@@ -260,7 +283,7 @@ pub(super) fn build_groups(
 /// The most `[[route]]` entries a configuration may list. A request is matched against the
 /// routes in order, and each route is checked against the ones above it when the configuration
 /// is loaded ([`Route::shadowed_by`]); far fewer are expected.
-pub(super) const MAX_ROUTES: usize = 10_000;
+pub(super) const MAX_ROUTES: usize = 2_000;
 
 pub(super) fn build_routes(
     files: Vec<RouteFile>,
@@ -306,9 +329,12 @@ pub(super) fn build_routes(
                 format!("route[{i}].path"),
                 format!("{:?}", r.path),
                 format!(
-                    "never matches: {} {come} first and {take} every request this route would \
-                     (first match wins); remove it or move it above",
+                    "is never used: {} {come} first and {take} every request it matches (first \
+                     match wins); remove it, or move it above {first}",
                     names.join(" and "),
+                    first = by
+                        .first()
+                        .map_or_else(String::new, |j| format!("route[{j}]")),
                 ),
             ));
         }

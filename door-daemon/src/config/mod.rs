@@ -59,6 +59,7 @@ pub use xdp::{
 };
 
 use std::{
+    borrow::Cow,
     collections::BTreeMap,
     fmt,
     net::SocketAddr,
@@ -142,15 +143,32 @@ pub enum ConfigError {
     },
 }
 
+/// A key with a value door cannot use, the key and the value each quoted at most
+/// [`QUOTED_CHARS`] characters long ([`clipped`]).
 fn invalid(
     key: impl Into<String>,
     value: impl fmt::Display,
     reason: impl Into<String>,
 ) -> ConfigError {
+    let key = key.into();
+    let value = value.to_string();
     ConfigError::Invalid {
-        key: key.into(),
-        value: value.to_string(),
+        key: clipped(&key).into_owned(),
+        value: clipped(&value).into_owned(),
         reason: reason.into(),
+    }
+}
+
+/// The most characters of the file's text (a key, a value, a line) an error message quotes.
+const QUOTED_CHARS: usize = 120;
+
+/// `text` as an error message quotes it: whole up to [`QUOTED_CHARS`] characters, otherwise
+/// their first [`QUOTED_CHARS`] and `…`, so that a value or a line of hundreds of kilobytes is
+/// named in one line.
+fn clipped(text: &str) -> Cow<'_, str> {
+    match text.char_indices().nth(QUOTED_CHARS) {
+        Some((end, _)) => Cow::Owned(format!("{}…", text.get(..end).unwrap_or_default())),
+        None => Cow::Borrowed(text),
     }
 }
 

@@ -168,10 +168,41 @@ fn a_huge_value_or_line_is_quoted_clipped() {
         e.ends_with("expected a whole number, found string (line 2, column 9)"),
         "{e}"
     );
-    // A syntax error on a 200 KB line: toml quotes the line, clipped the same way.
+    // A syntax error on a 200 KB line: the line is quoted around the column, with the caret.
     let e = err(&format!("deny = [\"{huge}\""));
     assert!(e.len() < 1_000, "{} bytes", e.len());
-    assert!(e.contains("unclosed array") && e.contains('…'), "{e}");
+    let lines: Vec<&str> = e.lines().collect();
+    assert!(
+        lines[0].contains("unclosed array") && lines[0].contains("line 1, column 200011"),
+        "{e}"
+    );
+    // The error is past the line's end: its last 120 characters, the caret after them.
+    assert_eq!(lines[1], format!("  …{}\"", "x".repeat(119)), "{e}");
+    assert_eq!(lines[2], format!("  {}^", " ".repeat(121)), "{e}");
+    // In the middle of a long line: 60 characters either side of the column.
+    let e = err(&format!(
+        "listen = [\"{}\" \"{}\"]",
+        "a".repeat(1000),
+        "b".repeat(1000)
+    ));
+    let lines: Vec<&str> = e.lines().collect();
+    assert!(lines[0].contains("(line 1, column 1014)"), "{e}");
+    let around = format!("  …{}\" \"{}…", "a".repeat(58), "b".repeat(59));
+    assert_eq!(lines[1], around, "{e}");
+    assert_eq!(lines[2], format!("  {}^", " ".repeat(61)), "{e}");
+    // A short line is quoted whole, the caret under the column.
+    let e = err("listen = [\"[::]:8443\"]\nupstream = = 1");
+    let lines: Vec<&str> = e.lines().collect();
+    assert!(lines[0].contains("(line 2, column 12)"), "{e}");
+    assert_eq!(lines[1], "  upstream = = 1", "{e}");
+    assert_eq!(lines[2], "             ^", "{e}");
+    // The file's own checks quote a key or a value as clipped: a 300-character path.
+    let long = format!("/{}", "p".repeat(300));
+    let e = err(&format!("[[route]]\ngroup = \"link\"\npath = \"{long}?\""));
+    assert!(
+        e.starts_with(&format!("route[0].path = \"/{}…: ", "p".repeat(118))),
+        "{e}"
+    );
 }
 
 #[test]
@@ -569,9 +600,9 @@ fn a_route_that_earlier_routes_always_take_is_refused_naming_them() {
             ("webhook", &["POST"], "/webhooks/github"),
             ("link", &["post"], "/webhooks/github/"),
         ])),
-        "route[1].path = \"/webhooks/github/\": never matches: route[0] (\"/webhooks/github\", \
-         POST) comes first and takes every request this route would (first match wins); remove \
-         it or move it above"
+        "route[1].path = \"/webhooks/github/\": is never used: route[0] (\"/webhooks/github\", \
+         POST) comes first and takes every request it matches (first match wins); remove it, or \
+         move it above route[0]"
     );
     // A wildcard route above a specific one, for every method.
     assert_eq!(
@@ -579,9 +610,9 @@ fn a_route_that_earlier_routes_always_take_is_refused_naming_them() {
             ("link", &[], "/l/{kind}/{id}"),
             ("health", &["GET"], "/l/session/special"),
         ])),
-        "route[1].path = \"/l/session/special\": never matches: route[0] (\"/l/{kind}/{id}\", \
-         every method) comes first and takes every request this route would (first match wins); \
-         remove it or move it above"
+        "route[1].path = \"/l/session/special\": is never used: route[0] (\"/l/{kind}/{id}\", \
+         every method) comes first and takes every request it matches (first match wins); remove \
+         it, or move it above route[0]"
     );
     // Two routes above that take its methods between them (HEAD with GET).
     assert_eq!(
@@ -590,9 +621,9 @@ fn a_route_that_earlier_routes_always_take_is_refused_naming_them() {
             ("webhook", &["POST"], "/s/{id}"),
             ("link", &["HEAD", "POST"], "/s/abc"),
         ])),
-        "route[2].path = \"/s/abc\": never matches: route[0] (\"/s/{token}\", GET) and route[1] \
-         (\"/s/{id}\", POST) come first and take every request this route would (first match \
-         wins); remove it or move it above"
+        "route[2].path = \"/s/abc\": is never used: route[0] (\"/s/{token}\", GET) and route[1] \
+         (\"/s/{id}\", POST) come first and take every request it matches (first match wins); \
+         remove it, or move it above route[0]"
     );
 }
 
@@ -631,7 +662,7 @@ fn more_routes_than_door_matches_are_refused_with_their_count() {
     let text = "[[route]]\ngroup = \"link\"\npath = \"/x\"\n".repeat(groups::MAX_ROUTES + 1);
     assert_eq!(
         err(&text),
-        "route = 10001 entries: at most 10000 routes (each request is matched against them in order)"
+        "route = 2001 entries: at most 2000 routes (each request is matched against them in order)"
     );
 }
 
@@ -1017,9 +1048,14 @@ fn group_names_have_no_control_characters() {
     // An escape sequence would reach door top's terminal; a newline broke the printed file.
     assert_eq!(
         err("[group.\"a\\u001b[2J\"]\nrate = 1.0\nburst = 1"),
-        "group = \"a\\u{1b}[2J\": a group name is 1 to 64 bytes without control characters, \
-         bidirectional controls or zero-width characters"
+        "group = \"a\\u{1b}[2J\": a group name is 1 to 64 bytes without control characters or \
+         invisible ones (bidirectional controls, zero-width and other format characters)"
     );
+    // A soft hyphen, a variation selector, a tag character, a Hangul filler, a line separator.
+    for c in ["\\u00AD", "\\uFE0F", "\\U000E0041", "\\u3164", "\\u2028"] {
+        let e = err(&format!("[group.\"link{c}\"]\nrate = 1.0\nburst = 1"));
+        assert!(e.contains("a group name is"), "{c}: {e}");
+    }
     // A right-to-left override would show `[group.ab]` as `[group.ba]` in the printed file; a
     // zero-width space makes a second `link` that reads as the first.
     assert!(
