@@ -1522,6 +1522,56 @@ async fn a_store_that_refuses_del_keeps_the_door_synced() {
     assert_eq!(d.cluster.status().snapshot().state, State::Synced);
 }
 
+/// The ACL docs/operations.md gives the doors' store user ("Trust"): the `door:` keys, and only
+/// the commands door and its script send. A door under it syncs, and shares a client's budget.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_user_limited_to_the_documented_acl_keeps_the_door_synced() {
+    if !redis_or_skip() {
+        return;
+    }
+    let (_redis, held) = Redis::start().await;
+    let mut con = store(held.port).await;
+    let mut rule = vec!["SETUSER", "door", "on", ">door-test", "~door:*", "-@all"];
+    rule.extend(DOOR_ACL_COMMANDS.split_whitespace());
+    let () = redis::cmd("ACL")
+        .arg(&rule[..])
+        .query_async(&mut con)
+        .await
+        .unwrap();
+    let url = format!("redis://door:door-test@127.0.0.1:{}/0", held.port);
+    let cfg = config_for(upstream().await, &url, RATE, SYNC);
+    let d = once_synced(door(&cfg, Arc::new(MonotonicClock::new()), "door-a").await).await;
+    let client = "198.51.100.7";
+    assert_eq!(send(&d, client).await.0, StatusCode::OK);
+    // The client's debt reaches the store under the limited user.
+    let deadline = door_daemon::time::now() + Duration::from_secs(5);
+    loop {
+        let keys: Vec<String> = redis::cmd("KEYS")
+            .arg("door:{link}:*")
+            .query_async(&mut con)
+            .await
+            .unwrap();
+        if !keys.is_empty() {
+            break;
+        }
+        assert!(door_daemon::time::now() < deadline, "no debt in the store");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(d.cluster.status().snapshot().state, State::Synced);
+    let log: Vec<redis::Value> = redis::cmd("ACL")
+        .arg("LOG")
+        .query_async(&mut con)
+        .await
+        .unwrap();
+    assert!(log.is_empty(), "the ACL refused something: {log:?}");
+}
+
+/// The commands of the doors' store user in docs/operations.md ("Trust"), as `ACL SETUSER` takes
+/// them: `EVALSHA` and `SCRIPT LOAD` (the sync's script, loaded when the store lacks it), `DEL`
+/// (the debts of forgotten clients), and what the script calls.
+const DOOR_ACL_COMMANDS: &str = "+evalsha +script|load +del +time +zadd +zremrangebyscore \
+     +pexpire +zcard +hget +hset +hincrby +zrangebyscore +zrem +zscore +get +set";
+
 /// An upstream that answers every request with a short `text/event-stream` once `gate` is
 /// notified (one request per notification).
 async fn gated_event_stream(gate: Arc<tokio::sync::Notify>) -> SocketAddr {
