@@ -1482,25 +1482,7 @@ async fn a_store_that_refuses_del_keeps_the_door_synced() {
     }
     let (_redis, held) = Redis::start().await;
     let mut con = store(held.port).await;
-    let () = redis::cmd("ACL")
-        .arg(
-            &[
-                "SETUSER",
-                "door",
-                "on",
-                ">door-test",
-                "~*",
-                "&*",
-                "+@all",
-                "-del",
-            ][..],
-        )
-        .query_async(&mut con)
-        .await
-        .unwrap();
-    let url = format!("redis://door:door-test@127.0.0.1:{}/0", held.port);
-    let cfg = config_for(upstream().await, &url, RATE, SYNC);
-    let d = once_synced(door(&cfg, Arc::new(MonotonicClock::new()), "door-a").await).await;
+    let d = door_as_store_user(&mut con, held.port, "~* &* +@all -del").await;
     let client = "198.51.100.7";
     assert_eq!(send(&d, client).await.0, StatusCode::OK);
     forget(&d, client);
@@ -1531,16 +1513,8 @@ async fn a_store_user_limited_to_the_documented_acl_keeps_the_door_synced() {
     }
     let (_redis, held) = Redis::start().await;
     let mut con = store(held.port).await;
-    let mut rule = vec!["SETUSER", "door", "on", ">door-test", "~door:*", "-@all"];
-    rule.extend(DOOR_ACL_COMMANDS.split_whitespace());
-    let () = redis::cmd("ACL")
-        .arg(&rule[..])
-        .query_async(&mut con)
-        .await
-        .unwrap();
-    let url = format!("redis://door:door-test@127.0.0.1:{}/0", held.port);
-    let cfg = config_for(upstream().await, &url, RATE, SYNC);
-    let d = once_synced(door(&cfg, Arc::new(MonotonicClock::new()), "door-a").await).await;
+    let rules = format!("~door:* -@all {DOOR_ACL_COMMANDS}");
+    let d = door_as_store_user(&mut con, held.port, &rules).await;
     let client = "198.51.100.7";
     assert_eq!(send(&d, client).await.0, StatusCode::OK);
     // The client's debt reaches the store under the limited user.
@@ -1564,6 +1538,25 @@ async fn a_store_user_limited_to_the_documented_acl_keeps_the_door_synced() {
         .await
         .unwrap();
     assert!(log.is_empty(), "the ACL refused something: {log:?}");
+}
+
+/// A door, synced, that reaches the store on `port` as the user `door`, which `con` (the store's
+/// default user) first makes with the ACL `rules` (`ACL SETUSER door on >PASSWORD RULES…`).
+async fn door_as_store_user(
+    con: &mut redis::aio::MultiplexedConnection,
+    port: u16,
+    rules: &str,
+) -> Door {
+    let mut setuser = vec!["SETUSER", "door", "on", ">door-test"];
+    setuser.extend(rules.split_whitespace());
+    let () = redis::cmd("ACL")
+        .arg(&setuser[..])
+        .query_async(con)
+        .await
+        .unwrap();
+    let url = format!("redis://door:door-test@127.0.0.1:{port}/0");
+    let cfg = config_for(upstream().await, &url, RATE, SYNC);
+    once_synced(door(&cfg, Arc::new(MonotonicClock::new()), "door-a").await).await
 }
 
 /// The commands of the doors' store user in docs/operations.md ("Trust"), as `ACL SETUSER` takes
