@@ -668,20 +668,7 @@ async fn stalled_upstream(pause: Duration, secs: u64) {
     });
     let held = held_rx.recv().await.unwrap();
     // The client is still writing: read the answer, not to EOF.
-    let mut out = Vec::new();
-    let mut buf = [0u8; 1024];
-    while !String::from_utf8_lossy(&out).contains("stopped reading the request") {
-        let read = tokio::time::timeout(Duration::from_mins(5), rd.read(&mut buf)).await;
-        assert!(read.is_ok(), "no answer");
-        let n = read.unwrap().unwrap();
-        assert_ne!(
-            n,
-            0,
-            "closed without an answer: {}",
-            String::from_utf8_lossy(&out)
-        );
-        out.extend_from_slice(buf.get(..n).unwrap());
-    }
+    let out = read_until(&mut rd, "stopped reading the request").await;
     let waited = start.elapsed();
     assert!(
         waited >= Duration::from_secs(secs) && waited < Duration::from_secs(secs + 1),
@@ -773,6 +760,68 @@ async fn a_body_on_time_behind_a_slow_upstream_is_not_late() {
     assert_eq!(upstream.await.unwrap(), len);
     assert_eq!(d.count("webhook", Outcome::ClientError), 0);
     assert_eq!(d.inflight("webhook"), 0);
+}
+
+/// A client that always has its next part ready before a slow upstream takes the last is never
+/// waited for: door's holds count as the upstream's time only up to `upstream_timeout` in all,
+/// so an endless body is late at `read_timeout + upstream_timeout` (10 + 30 s for webhook), 408,
+/// its token spent, instead of holding the request for as long as the client keeps sending.
+#[tokio::test(start_paused = true)]
+async fn an_endless_body_behind_a_slow_upstream_is_late_after_read_timeout_and_upstream_timeout() {
+    let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let up = l.local_addr().unwrap();
+    let upstream = tokio::spawn(async move {
+        let (mut s, _) = l.accept().await.unwrap();
+        // 256 KiB a second, for as long as door sends.
+        let mut buf = vec![0u8; 256 << 10];
+        while matches!(s.read(&mut buf).await, Ok(n) if n > 0) {
+            tokio::time::sleep(Duration::from_secs(1)).await;
+        }
+    });
+    let d = door(&config(up, "", "")).await;
+    let start = door_daemon::time::now();
+    let s = TcpStream::connect(d.addr).await.unwrap();
+    let (mut rd, mut wr) = s.into_split();
+    let writer = tokio::spawn(async move {
+        wr.write_all(
+            b"POST /webhooks/github HTTP/1.1\r\nHost: door.test\r\nContent-Length: 1099511627776\r\n\r\n",
+        )
+        .await
+        .unwrap();
+        let part = vec![b'x'; 64 << 10];
+        // At most 256 MiB: far more than the upstream takes in the time the test allows.
+        for _ in 0..4096 {
+            if wr.write_all(&part).await.is_err() {
+                return;
+            }
+        }
+    });
+    let out = read_until(&mut rd, "request-timeout").await;
+    let waited = start.elapsed();
+    assert!(
+        waited >= Duration::from_secs(40) && waited < Duration::from_secs(42),
+        "answered after {waited:?}, not 40 s"
+    );
+    assert!(String::from_utf8_lossy(&out).starts_with("HTTP/1.1 408"));
+    assert_eq!(d.count("webhook", Outcome::ClientError), 1);
+    writer.abort();
+    upstream.abort();
+}
+
+/// What door answers on `rd` up to `needle`, for a client still writing its request (so not
+/// read to its end); fails when door closes first, or says nothing for five minutes (of tokio's
+/// paused clock, which passes at once when nothing else can happen).
+async fn read_until(rd: &mut tokio::net::tcp::OwnedReadHalf, needle: &str) -> Vec<u8> {
+    let mut out = Vec::new();
+    let mut buf = [0u8; 1024];
+    while !String::from_utf8_lossy(&out).contains(needle) {
+        let read = tokio::time::timeout(Duration::from_mins(5), rd.read(&mut buf)).await;
+        assert!(read.is_ok(), "no answer");
+        let n = read.unwrap().unwrap();
+        assert_ne!(n, 0, "closed: {}", String::from_utf8_lossy(&out));
+        out.extend_from_slice(buf.get(..n).unwrap());
+    }
+    out
 }
 
 /// What door answers on `s`, read to its end, and that it came `secs` seconds after `start` (on

@@ -847,7 +847,7 @@ impl App {
             .as_ref()
             .filter(|_| !stream_route && !tunnel_body)
             .map(|a| a.limited.read_timeout);
-        let (body, watch) = UpstreamBody::new(body, deadline);
+        let (body, watch) = UpstreamBody::new(body, deadline, self.upstream_timeout);
         let up = Request::from_parts(parts, body);
         // Handed to the upstream now: the future below holds the call, not the request.
         // A stream's response has no head deadline, but an upgrade's `101` is a handshake: it

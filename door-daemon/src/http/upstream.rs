@@ -60,7 +60,7 @@ static PROXY_CONNECTION: HeaderName = HeaderName::from_static("proxy-connection"
 /// The read deadline counts the client's time only: the time door waits for the client's next
 /// part of the body. While door holds a part the upstream has not taken (the upstream client
 /// has not asked for the next frame: the connection is being made, or the application reads
-/// slowly), the deadline stands still. It reports once, to the [`BodyWatch`]
+/// slowly), the deadline stands still, up to `upstream_timeout` in all. It reports once, to the [`BodyWatch`]
 /// [`UpstreamBody::new`] returns, whether the body ended or missed its deadline. On a missed
 /// deadline the body also yields [`UpstreamBodyError::TimedOut`], which makes the upstream client
 /// abort the request, so that the request path can answer 408 (RFC 9110 §15.5.9). The body's own
@@ -111,7 +111,7 @@ impl ReadDeadline {
         self.progress
             .state
             .store(Progress::waiting(self.held), Ordering::Release);
-        let late = self.due + self.held;
+        let late = self.due + self.held.min(self.progress.credit);
         if late != self.armed {
             self.armed = late;
             self.timer.as_mut().reset(late);
@@ -138,6 +138,11 @@ impl ReadDeadline {
 struct Progress {
     /// The body's creation: the origin of the offsets in `state`.
     start: Instant,
+    /// The most time door's holds may add to the deadline, in all (`upstream_timeout`): a
+    /// client that always has its next part ready before the upstream takes the last is never
+    /// waited for, and without this bound its endless body would hold the request for as long
+    /// as it kept sending.
+    credit: Duration,
     /// [`Progress::UNASKED`] until the upstream client first asks for a frame; then
     /// [`Progress::waiting`] or [`Progress::holding`].
     state: AtomicU64,
@@ -150,9 +155,10 @@ impl Progress {
     /// being made, which `upstream_timeout` bounds).
     const UNASKED: u64 = u64::MAX;
 
-    fn new(start: Instant) -> Self {
+    fn new(start: Instant, credit: Duration) -> Self {
         Self {
             start,
+            credit,
             state: AtomicU64::new(Self::UNASKED),
         }
     }
@@ -223,8 +229,8 @@ impl BodyWatch {
                         // connect, not a name lookup that never returns.
                         (progress.start + stall * 2, BodyEnd::UpstreamStalled)
                     } else if state & Progress::WAITING != 0 {
-                        let held = state & !Progress::WAITING;
-                        (due + Duration::from_nanos(held), BodyEnd::TimedOut)
+                        let held = Duration::from_nanos(state & !Progress::WAITING);
+                        (due + held.min(progress.credit), BodyEnd::TimedOut)
                     } else {
                         let since = progress.start + Duration::from_nanos(state);
                         (since + stall, BodyEnd::UpstreamStalled)
@@ -283,10 +289,15 @@ pub enum UpstreamBodyError {
 
 impl UpstreamBody {
     /// The client's body, which must end within `deadline` of the client's time from now when
-    /// one is given (routes in no group have none; see [`UpstreamBody`]). A body that is already
-    /// complete (no body, `Content-Length: 0`) gets neither timer nor watch; otherwise the
-    /// [`BodyWatch`] tells how sending it ended.
-    pub fn new(inner: Incoming, deadline: Option<Duration>) -> (Self, Option<BodyWatch>) {
+    /// one is given (routes in no group have none; see [`UpstreamBody`]), door's holds adding
+    /// at most `credit` (`upstream_timeout`) to it in all. A body that is already complete (no
+    /// body, `Content-Length: 0`) gets neither timer nor watch; otherwise the [`BodyWatch`] tells
+    /// how sending it ended.
+    pub fn new(
+        inner: Incoming,
+        deadline: Option<Duration>,
+        credit: Duration,
+    ) -> (Self, Option<BodyWatch>) {
         if inner.is_end_stream() {
             let body = Self {
                 inner: Some(inner),
@@ -305,7 +316,7 @@ impl UpstreamBody {
                 due,
                 held: Duration::ZERO,
                 holding_since: Some(now),
-                progress: Arc::new(Progress::new(now)),
+                progress: Arc::new(Progress::new(now, credit)),
             }
         });
         let watch = BodyWatch {
@@ -1076,7 +1087,7 @@ mod tests {
     fn new_watch() -> (BodyWatch, oneshot::Sender<BodyEvent>, Arc<Progress>) {
         let (tx, rx) = oneshot::channel();
         let now = crate::time::now();
-        let progress = Arc::new(Progress::new(now));
+        let progress = Arc::new(Progress::new(now, Duration::from_secs(30)));
         let watch = BodyWatch {
             events: rx,
             deadline: Some((now + Duration::from_secs(10), Arc::clone(&progress))),
@@ -1126,6 +1137,17 @@ mod tests {
         assert!(!end.is_finished(), "late with 9 s of the client's time");
         tx.send(BodyEvent::Ended).unwrap();
         assert_eq!(end.await.unwrap(), BodyEnd::Sent);
+    }
+
+    /// Door's holds add at most the credit (here 30 s) to the deadline: after 60 s of holds, a
+    /// body waiting for the client is late at 10 + 30 s.
+    #[tokio::test(start_paused = true)]
+    async fn holds_add_at_most_the_credit_to_the_deadline() {
+        let (watch, _tx, progress) = new_watch();
+        set(&progress, Progress::waiting(Duration::from_mins(1)));
+        let start = crate::time::now();
+        assert_eq!(watch.end(STALL).await, BodyEnd::TimedOut);
+        assert_eq!(start.elapsed(), Duration::from_secs(40));
     }
 
     /// A part held for the upstream that it does not take for the stall time is the upstream's
