@@ -216,11 +216,18 @@ fn syntax_message(text: &str, e: &toml::de::Error) -> String {
     let line = before.matches('\n').count() + 1;
     let line_start = before.rfind('\n').map_or(0, |i| i + 1);
     let rest = text.get(line_start..).unwrap_or_default();
+    // Control characters (an escape sequence, a bare CR) are not sent to the terminal: each
+    // shows as one replacement character, a tab as one space, so the caret keeps its column.
     let quoted: Vec<char> = rest
         .split('\n')
         .next()
         .unwrap_or_default()
         .chars()
+        .map(|c| match c {
+            '\t' => ' ',
+            c if c.is_control() => '\u{fffd}',
+            c => c,
+        })
         .collect();
     let column = before.get(line_start..).unwrap_or_default().chars().count();
     let from = column

@@ -6,7 +6,7 @@ use std::{collections::BTreeMap, fmt, time::Duration};
 use http::Method;
 
 use super::{
-    ConfigError,
+    ConfigError, clipped,
     durations::parse_duration,
     file::{GroupFile, RouteFile},
     invalid, positive_u32, table_size,
@@ -154,7 +154,10 @@ const LONGEST_GROUP_NAME: usize = 64;
 fn check_group_name(name: &str) -> Result<(), ConfigError> {
     if !name.is_empty()
         && name.len() <= LONGEST_GROUP_NAME
-        && !name.chars().any(|c| c.is_control() || invisible_format(c))
+        && name.trim() == name
+        && !name
+            .chars()
+            .any(|c| c.is_control() || invisible_format(c) || (c.is_whitespace() && c != ' '))
     {
         Ok(())
     } else {
@@ -162,7 +165,8 @@ fn check_group_name(name: &str) -> Result<(), ConfigError> {
             "group",
             format!("{name:?}"),
             "a group name is 1 to 64 bytes without control characters or invisible ones \
-             (bidirectional controls, zero-width and other format characters)",
+             (bidirectional controls, zero-width and other format characters), spaces other \
+             than U+0020, or a space at either end",
         ))
     }
 }
@@ -171,9 +175,10 @@ fn check_group_name(name: &str) -> Result<(), ConfigError> {
 /// (general category Cf: the bidirectional controls of UAX #9, which CVE-2021-42574, "Trojan
 /// Source", used to make text read otherwise than it is; the zero-width characters; the
 /// invisible operators; the tag characters; the prepended concatenation marks), the line and
-/// paragraph separators (Zl, Zp), and the characters that show as nothing though they are not
-/// format characters: the combining grapheme joiner, the variation selectors and the Hangul
-/// fillers. Two names that differ only by these look alike.
+/// paragraph separators (Zl, Zp), and the rest of Unicode's Default_Ignorable_Code_Point set
+/// (DerivedCoreProperties.txt), which shows as nothing: the combining grapheme joiner, the
+/// variation selectors, the Hangul fillers, the Khmer inherent vowels, the reserved U+FFF0–U+FFF8
+/// and U+E0000–U+E0FFF. Two names that differ only by these look alike.
 fn invisible_format(c: char) -> bool {
     matches!(
         c,
@@ -186,6 +191,7 @@ fn invisible_format(c: char) -> bool {
             | '\u{0890}'..='\u{0891}'
             | '\u{08e2}'
             | '\u{115f}'..='\u{1160}'
+            | '\u{17b4}'..='\u{17b5}'
             | '\u{180b}'..='\u{180f}'
             | '\u{200b}'..='\u{200f}'
             | '\u{2028}'..='\u{202e}'
@@ -194,15 +200,13 @@ fn invisible_format(c: char) -> bool {
             | '\u{fe00}'..='\u{fe0f}'
             | '\u{feff}'
             | '\u{ffa0}'
-            | '\u{fff9}'..='\u{fffb}'
+            | '\u{fff0}'..='\u{fffb}'
             | '\u{110bd}'
             | '\u{110cd}'
             | '\u{13430}'..='\u{1343f}'
             | '\u{1bca0}'..='\u{1bca3}'
             | '\u{1d173}'..='\u{1d17a}'
-            | '\u{e0001}'
-            | '\u{e0020}'..='\u{e007f}'
-            | '\u{e0100}'..='\u{e01ef}'
+            | '\u{e0000}'..='\u{e0fff}'
     )
 }
 
@@ -316,10 +320,15 @@ pub(super) fn build_routes(
                 )
             })?;
         if let Some(by) = route.shadowed_by(&routes) {
-            let names: Vec<String> = by
+            // At most three named; a method may have its own route above.
+            let mut names: Vec<String> = by
                 .iter()
+                .take(3)
                 .filter_map(|&j| routes.get(j).map(|r| describe(j, r)))
                 .collect();
+            if by.len() > 3 {
+                names.push(format!("{} more", by.len() - 3));
+            }
             let (come, take) = if by.len() == 1 {
                 ("comes", "takes")
             } else {
@@ -356,5 +365,8 @@ fn describe(j: usize, route: &Route) -> String {
             .collect::<Vec<_>>()
             .join(", ")
     };
-    format!("route[{j}] ({:?}, {methods})", route.path.as_str())
+    format!(
+        "route[{j}] ({}, {methods})",
+        clipped(&format!("{:?}", route.path.as_str()))
+    )
 }

@@ -196,6 +196,16 @@ fn a_huge_value_or_line_is_quoted_clipped() {
     assert!(lines[0].contains("(line 2, column 12)"), "{e}");
     assert_eq!(lines[1], "  upstream = = 1", "{e}");
     assert_eq!(lines[2], "             ^", "{e}");
+    // A control character on the quoted line shows as a replacement character.
+    let e = err("listen = = \"\u{1b}[2J\"");
+    assert!(e.contains("  listen = = \"\u{fffd}[2J\""), "{e:?}");
+    assert!(!e.contains('\u{1b}'), "{e:?}");
+    // A bad wildcard segment is quoted by its first 60 characters.
+    let e = err(&format!(
+        "[[route]]\ngroup = \"link\"\npath = \"/x{{{}\"",
+        "a".repeat(100_000)
+    ));
+    assert!(e.len() < 500, "{} bytes", e.len());
     // The file's own checks quote a key or a value as clipped: a 300-character path.
     let long = format!("/{}", "p".repeat(300));
     let e = err(&format!("[[route]]\ngroup = \"link\"\npath = \"{long}?\""));
@@ -628,6 +638,50 @@ fn a_route_that_earlier_routes_always_take_is_refused_naming_them() {
 }
 
 #[test]
+fn a_shadowed_route_names_at_most_three_routes_above_it_and_a_long_path_clipped() {
+    let methods = ["GET", "POST", "PUT", "DELETE", "PATCH"];
+    let mut routes: Vec<(&str, &[&str], &str)> = methods
+        .iter()
+        .map(|m| ("link", std::slice::from_ref(m), "/s/{id}"))
+        .collect();
+    routes.push(("webhook", &methods, "/s/x"));
+    let e = err(&routes_toml(&routes));
+    assert!(
+        e.contains(
+            "route[0] (\"/s/{id}\", GET) and route[1] (\"/s/{id}\", POST) and route[2] \
+             (\"/s/{id}\", PUT) and 2 more come first"
+        ),
+        "{e}"
+    );
+    let long = format!("/{}/{{id}}", "p".repeat(300));
+    let e = err(&routes_toml(&[
+        ("link", &[], &long),
+        ("webhook", &[], &format!("/{}/x", "p".repeat(300))),
+    ]));
+    assert!(
+        e.contains(&format!("route[0] (\"/{}…, every method)", "p".repeat(118))),
+        "{e}"
+    );
+    assert!(e.len() < 500, "{e}");
+}
+
+#[test]
+fn a_route_path_has_at_most_32_segments() {
+    let path = "/a".repeat(33);
+    assert_eq!(
+        err(&routes_toml(&[("link", &[], &path)])),
+        format!("route[0].path = \"{path}\": has 33 segments; a route's path has at most 32")
+    );
+    assert!(
+        Config::from_toml(
+            "door.toml",
+            &routes_toml(&[("link", &[], &"/a".repeat(32))])
+        )
+        .is_ok()
+    );
+}
+
+#[test]
 fn routes_that_some_request_reaches_are_kept_in_order() {
     for routes in [
         // The specific route above the wildcard one: the documented way to single one out.
@@ -1049,8 +1103,23 @@ fn group_names_have_no_control_characters() {
     assert_eq!(
         err("[group.\"a\\u001b[2J\"]\nrate = 1.0\nburst = 1"),
         "group = \"a\\u{1b}[2J\": a group name is 1 to 64 bytes without control characters or \
-         invisible ones (bidirectional controls, zero-width and other format characters)"
+         invisible ones (bidirectional controls, zero-width and other format characters), spaces \
+         other than U+0020, or a space at either end"
     );
+    // Names that read as `webhook`: a space at an end, a no-break or ideographic space, a Khmer
+    // inherent vowel, a reserved default-ignorable character.
+    for name in [
+        "webhook ",
+        " webhook",
+        "web\\u00A0hook",
+        "web\\u3000hook",
+        "webhook\\u17B4",
+        "webhook\\uFFF0",
+        "webhook\\U000E0080",
+    ] {
+        let e = err(&format!("[group.\"{name}\"]\nrate = 1.0\nburst = 1"));
+        assert!(e.contains("a group name is"), "{name}: {e}");
+    }
     // A soft hyphen, a variation selector, a tag character, a Hangul filler, a line separator.
     for c in ["\\u00AD", "\\uFE0F", "\\U000E0041", "\\u3164", "\\u2028"] {
         let e = err(&format!("[group.\"link{c}\"]\nrate = 1.0\nburst = 1"));

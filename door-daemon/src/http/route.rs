@@ -63,13 +63,32 @@ pub enum RouteError {
     /// A method name is not an HTTP token, or is longer than 32 bytes.
     #[error("not an HTTP method (a token of at most 32 characters)")]
     BadMethod(String),
+    /// The path has more than [`MAX_SEGMENTS`] segments.
+    #[error("has {count} segments; a route's path has at most {MAX_SEGMENTS}")]
+    TooManySegments {
+        /// The offending path.
+        path: String,
+        /// Its segments, after normalisation.
+        count: usize,
+    },
 }
+
+/// The most segments a route's path may have. Each route is compared with the routes above it
+/// segment by segment when the configuration is loaded ([`Route::shadowed_by`]), and each request
+/// with the routes in order; no application's routes come near it.
+pub const MAX_SEGMENTS: usize = 32;
+
+/// The most characters of a segment an error quotes.
+const QUOTED_SEGMENT: usize = 60;
 
 impl RouteError {
     /// The route's key at fault: `path` or `methods`.
     pub fn key(&self) -> &'static str {
         match self {
-            Self::NotAbsolute(_) | Self::BadWildcard { .. } | Self::NeverMatches { .. } => "path",
+            Self::NotAbsolute(_)
+            | Self::BadWildcard { .. }
+            | Self::NeverMatches { .. }
+            | Self::TooManySegments { .. } => "path",
             Self::BadMethod(_) => "methods",
         }
     }
@@ -79,7 +98,8 @@ impl RouteError {
         match self {
             Self::NotAbsolute(path)
             | Self::BadWildcard { path, .. }
-            | Self::NeverMatches { path, .. } => path,
+            | Self::NeverMatches { path, .. }
+            | Self::TooManySegments { path, .. } => path,
             Self::BadMethod(method) => method,
         }
     }
@@ -107,7 +127,7 @@ impl PathPattern {
     /// # Errors
     /// [`RouteError::NotAbsolute`] without a leading `/`; [`RouteError::NeverMatches`] for a
     /// character no request path carries; [`RouteError::BadWildcard`] for a segment like `x{id}`
-    /// or `{}`.
+    /// or `{}`; [`RouteError::TooManySegments`] past [`MAX_SEGMENTS`].
     pub fn parse(path: &str) -> Result<Self, RouteError> {
         if !path.starts_with('/') {
             return Err(RouteError::NotAbsolute(path.to_owned()));
@@ -132,15 +152,26 @@ impl PathPattern {
                         segments.push(Segment::Wildcard);
                     }
                     _ => {
+                        // Quoted in the error: at most its first characters.
+                        let shown = match segment.char_indices().nth(QUOTED_SEGMENT) {
+                            Some((end, _)) => format!("{}…", segment.get(..end).unwrap_or("")),
+                            None => segment.into_owned(),
+                        };
                         return Err(RouteError::BadWildcard {
                             path: path.to_owned(),
-                            segment: segment.into_owned(),
+                            segment: shown,
                         });
                     }
                 }
             } else {
                 segments.push(Segment::Literal(segment.into_owned()));
             }
+        }
+        if segments.len() > MAX_SEGMENTS {
+            return Err(RouteError::TooManySegments {
+                path: path.to_owned(),
+                count: segments.len(),
+            });
         }
         Ok(Self {
             source: path.to_owned(),
