@@ -765,19 +765,11 @@ async fn a_body_on_time_behind_a_slow_upstream_is_not_late() {
 /// A client that always has its next part ready before a slow upstream takes the last is never
 /// waited for: door's holds count as the upstream's time only up to `upstream_timeout` in all,
 /// so an endless body is late at `read_timeout + upstream_timeout` (10 + 30 s for webhook), 408,
-/// its token spent, instead of holding the request for as long as the client keeps sending.
+/// its token spent, instead of holding the request for as long as the client keeps sending. Over
+/// HTTP/1.1, behind an upstream taking 256 KiB a second.
 #[tokio::test(start_paused = true)]
 async fn an_endless_body_behind_a_slow_upstream_is_late_after_read_timeout_and_upstream_timeout() {
-    let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let up = l.local_addr().unwrap();
-    let upstream = tokio::spawn(async move {
-        let (mut s, _) = l.accept().await.unwrap();
-        // 256 KiB a second, for as long as door sends.
-        let mut buf = vec![0u8; 256 << 10];
-        while matches!(s.read(&mut buf).await, Ok(n) if n > 0) {
-            tokio::time::sleep(Duration::from_secs(1)).await;
-        }
-    });
+    let (up, upstream) = slow_reader(256 << 10).await;
     let d = door(&config(up, "", "")).await;
     let start = door_daemon::time::now();
     let s = TcpStream::connect(d.addr).await.unwrap();
@@ -799,13 +791,73 @@ async fn an_endless_body_behind_a_slow_upstream_is_late_after_read_timeout_and_u
     let out = read_until(&mut rd, "request-timeout").await;
     let waited = start.elapsed();
     assert!(
-        waited >= Duration::from_secs(40) && waited < Duration::from_secs(42),
+        waited >= Duration::from_secs(40) && waited < Duration::from_secs(41),
         "answered after {waited:?}, not 40 s"
     );
     assert!(String::from_utf8_lossy(&out).starts_with("HTTP/1.1 408"));
     assert_eq!(d.count("webhook", Outcome::ClientError), 1);
     writer.abort();
     upstream.abort();
+}
+
+/// The same over HTTP/2, behind an upstream taking 48 KiB a second: late at 40 s too.
+#[tokio::test(start_paused = true)]
+async fn an_endless_http2_body_behind_a_slow_upstream_is_late_too() {
+    let (up, upstream) = slow_reader(48 << 10).await;
+    let d = door(&config(up, "", "")).await;
+    let start = door_daemon::time::now();
+    let s = TcpStream::connect(d.addr).await.unwrap();
+    let (c, conn) = h2::client::handshake(s).await.unwrap();
+    tokio::spawn(conn);
+    let req = Request::post("http://door.test/webhooks/github")
+        .header("content-length", "1099511627776")
+        .body(())
+        .unwrap();
+    let (res, mut send) = c.ready().await.unwrap().send_request(req, false).unwrap();
+    let writer = tokio::spawn(async move {
+        let part = Bytes::from(vec![b'x'; 16 << 10]);
+        // At most 64 MiB, as the stream's window lets it.
+        for _ in 0..4096 {
+            send.reserve_capacity(part.len());
+            let n = match std::future::poll_fn(|cx| send.poll_capacity(cx)).await {
+                Some(Ok(n)) => n.min(part.len()),
+                _ => return,
+            };
+            if n > 0 && send.send_data(part.slice(..n), false).is_err() {
+                return;
+            }
+        }
+    });
+    let res = tokio::time::timeout(Duration::from_mins(5), res).await;
+    let waited = start.elapsed();
+    let status = res.ok().and_then(Result::ok).map(|r| r.status());
+    assert_eq!(
+        status,
+        Some(StatusCode::REQUEST_TIMEOUT),
+        "after {waited:?}"
+    );
+    assert!(
+        waited >= Duration::from_secs(40) && waited < Duration::from_secs(41),
+        "answered after {waited:?}, not 40 s"
+    );
+    assert_eq!(d.count("webhook", Outcome::ClientError), 1);
+    writer.abort();
+    upstream.abort();
+}
+
+/// An upstream that takes `rate` bytes a second of what it is sent and never answers: its
+/// address, and its task.
+async fn slow_reader(rate: usize) -> (SocketAddr, tokio::task::JoinHandle<()>) {
+    let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let up = l.local_addr().unwrap();
+    let task = tokio::spawn(async move {
+        let (mut s, _) = l.accept().await.unwrap();
+        let mut buf = vec![0u8; rate];
+        while matches!(s.read(&mut buf).await, Ok(n) if n > 0) {
+            tokio::time::sleep(Duration::from_secs(1)).await;
+        }
+    });
+    (up, task)
 }
 
 /// What door answers on `rd` up to `needle`, for a client still writing its request (so not

@@ -87,7 +87,11 @@ struct ReadDeadline {
     armed: Instant,
     /// The deadline had door never held a part: the body's creation plus `read_timeout`.
     due: Instant,
-    /// The time door held parts the upstream had not taken, up to the current hold.
+    /// From the body's creation to the upstream client's first ask for a frame (the connection
+    /// to the upstream being made): `None` until then. It does not count, and is not taken from
+    /// the credit.
+    unasked: Option<Duration>,
+    /// The time door held parts the upstream had not taken since, up to the current hold.
     held: Duration,
     /// Since when door holds a part the upstream has not taken: the body's creation until the
     /// upstream client first asks for a frame, then each frame's handing over until the next
@@ -98,20 +102,30 @@ struct ReadDeadline {
 }
 
 impl ReadDeadline {
-    /// The upstream client asks for the next frame: a hold, if any, ends, and counts in `held`.
+    /// The upstream client asks for the next frame: a hold, if any, ends, and counts in `held`
+    /// (the first, before any ask, in `unasked`).
     fn asked(&mut self) {
         if let Some(since) = self.holding_since.take() {
-            self.held += crate::time::now().saturating_duration_since(since);
+            let hold = crate::time::now().saturating_duration_since(since);
+            if self.unasked.is_none() {
+                self.unasked = Some(hold);
+                // Published before the state that follows this ask (a release store).
+                self.progress.unasked.store(nanos(hold), Ordering::Relaxed);
+            } else {
+                self.held += hold;
+            }
         }
     }
 
     /// The answer to that ask: door waits for the client (its next part has not come). The
-    /// timer moves on by the holds since it was set, and is polled.
+    /// timer moves on by the holds since it was set (the holds after the first ask at most
+    /// `credit` in all), and is polled.
     fn waiting(&mut self, cx: &mut Context<'_>) -> Poll<()> {
+        let moved = self.unasked.unwrap_or_default() + self.held.min(self.progress.credit);
         self.progress
             .state
-            .store(Progress::waiting(self.held), Ordering::Release);
-        let late = self.due + self.held.min(self.progress.credit);
+            .store(Progress::waiting(moved), Ordering::Release);
+        let late = self.due + moved;
         if late != self.armed {
             self.armed = late;
             self.timer.as_mut().reset(late);
@@ -138,11 +152,14 @@ impl ReadDeadline {
 struct Progress {
     /// The body's creation: the origin of the offsets in `state`.
     start: Instant,
-    /// The most time door's holds may add to the deadline, in all (`upstream_timeout`): a
-    /// client that always has its next part ready before the upstream takes the last is never
-    /// waited for, and without this bound its endless body would hold the request for as long
-    /// as it kept sending.
+    /// The most time door's holds after the first ask may add to the deadline, in all
+    /// (`upstream_timeout`): a client that always has its next part ready before the upstream
+    /// takes the last is never waited for, and without this bound its endless body would hold
+    /// the request for as long as it kept sending.
     credit: Duration,
+    /// Nanoseconds from the body's creation to the upstream client's first ask, written at that
+    /// ask, before `state` leaves [`Progress::UNASKED`].
+    unasked: AtomicU64,
     /// [`Progress::UNASKED`] until the upstream client first asks for a frame; then
     /// [`Progress::waiting`] or [`Progress::holding`].
     state: AtomicU64,
@@ -159,13 +176,14 @@ impl Progress {
         Self {
             start,
             credit,
+            unasked: AtomicU64::new(0),
             state: AtomicU64::new(Self::UNASKED),
         }
     }
 
-    /// Door waits for the client, after holding parts for `held` in all.
-    fn waiting(held: Duration) -> u64 {
-        Self::WAITING | nanos(held).min(Self::UNASKED - 1 - Self::WAITING)
+    /// Door waits for the client; its holds so far moved the deadline on by `moved`.
+    fn waiting(moved: Duration) -> u64 {
+        Self::WAITING | nanos(moved).min(Self::UNASKED - 1 - Self::WAITING)
     }
 
     /// Door holds a part since `since` after the body's creation.
@@ -229,11 +247,23 @@ impl BodyWatch {
                         // connect, not a name lookup that never returns.
                         (progress.start + stall * 2, BodyEnd::UpstreamStalled)
                     } else if state & Progress::WAITING != 0 {
-                        let held = Duration::from_nanos(state & !Progress::WAITING);
-                        (due + held.min(progress.credit), BodyEnd::TimedOut)
+                        let moved = Duration::from_nanos(state & !Progress::WAITING);
+                        (due + moved, BodyEnd::TimedOut)
                     } else {
+                        // Holding: a stall `stall` after the hold began, unless the holds have
+                        // used up the credit first. By then the client's time has run out
+                        // however it was split between waits and holds: the body is late even
+                        // if door never waits for the client again (one always ahead of the
+                        // upstream).
                         let since = progress.start + Duration::from_nanos(state);
-                        (since + stall, BodyEnd::UpstreamStalled)
+                        let unasked =
+                            Duration::from_nanos(progress.unasked.load(Ordering::Relaxed));
+                        let late = due + unasked + progress.credit;
+                        if late < since + stall {
+                            (late, BodyEnd::TimedOut)
+                        } else {
+                            (since + stall, BodyEnd::UpstreamStalled)
+                        }
                     };
                     let (wake, verdict) = if at <= soon {
                         (at, Some(verdict))
@@ -314,6 +344,7 @@ impl UpstreamBody {
                 timer: Box::pin(tokio::time::sleep_until(due)),
                 armed: due,
                 due,
+                unasked: None,
                 held: Duration::ZERO,
                 holding_since: Some(now),
                 progress: Arc::new(Progress::new(now, credit)),
@@ -1139,15 +1170,26 @@ mod tests {
         assert_eq!(end.await.unwrap(), BodyEnd::Sent);
     }
 
-    /// Door's holds add at most the credit (here 30 s) to the deadline: after 60 s of holds, a
-    /// body waiting for the client is late at 10 + 30 s.
+    /// Holds after the first ask add at most the credit (here 30 s) to the deadline: a body
+    /// always held for an upstream that keeps taking its parts, never waiting for the client, is
+    /// late at 10 + 30 s; the wait before the first ask (2 s here) does not use the credit.
     #[tokio::test(start_paused = true)]
     async fn holds_add_at_most_the_credit_to_the_deadline() {
         let (watch, _tx, progress) = new_watch();
-        set(&progress, Progress::waiting(Duration::from_mins(1)));
         let start = crate::time::now();
-        assert_eq!(watch.end(STALL).await, BodyEnd::TimedOut);
-        assert_eq!(start.elapsed(), Duration::from_secs(40));
+        let end = tokio::spawn(async move { (watch.end(STALL).await, start.elapsed()) });
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        progress
+            .unasked
+            .store(nanos(Duration::from_secs(2)), Ordering::Relaxed);
+        for at in (2..60).step_by(4) {
+            set(&progress, Progress::holding(Duration::from_secs(at)));
+            tokio::time::sleep(Duration::from_secs(4)).await;
+        }
+        assert_eq!(
+            end.await.unwrap(),
+            (BodyEnd::TimedOut, Duration::from_secs(42))
+        );
     }
 
     /// A part held for the upstream that it does not take for the stall time is the upstream's
