@@ -5,7 +5,7 @@ use std::{borrow::Cow, collections::BTreeMap, path::Path};
 
 use serde::Deserialize;
 
-use super::{ConfigError, QUOTED_CHARS, clipped, listen::LISTEN_TABLE_KEYS};
+use super::{ConfigError, QUOTED_CHARS, clipped, listen::LISTEN_TABLE_KEYS, printable, quoted};
 
 /// The file's top level as written: every key optional, checked and given its default by
 /// [`Config`](super::Config), whose fields (and docs/configuration.md) state each key's unit and
@@ -162,12 +162,12 @@ pub(super) fn parse_file(path: &Path, text: &str) -> Result<File, ConfigError> {
     let syntax = |e: toml::de::Error| parse_error(syntax_message(text, &e));
     let de = toml::Deserializer::parse(text).map_err(syntax)?;
     serde_path_to_error::deserialize(de).map_err(|e| {
-        let key = clipped(&e.path().to_string()).into_owned();
+        let key = quoted(&e.path().to_string());
         let inner = e.into_inner();
         let Some(span) = inner.span().filter(|_| key != ".") else {
             return syntax(inner);
         };
-        let written = clipped(text.get(span.clone()).unwrap_or_default());
+        let written = quoted(text.get(span.clone()).unwrap_or_default());
         let before = text.get(..span.start).unwrap_or_default();
         let line = before.matches('\n').count() + 1;
         let column = before.rsplit('\n').next().map_or(0, |l| l.chars().count()) + 1;
@@ -216,19 +216,11 @@ fn syntax_message(text: &str, e: &toml::de::Error) -> String {
     let line = before.matches('\n').count() + 1;
     let line_start = before.rfind('\n').map_or(0, |i| i + 1);
     let rest = text.get(line_start..).unwrap_or_default();
-    // Control characters (an escape sequence, a bare CR) are not sent to the terminal: each
-    // shows as one replacement character, a tab as one space, so the caret keeps its column.
-    let quoted: Vec<char> = rest
-        .split('\n')
-        .next()
-        .unwrap_or_default()
-        .chars()
-        .map(|c| match c {
-            '\t' => ' ',
-            c if c.is_control() => '\u{fffd}',
-            c => c,
-        })
-        .collect();
+    // The line without a CRLF file's CR, as [`printable`] shows it: one character a column, so
+    // the caret keeps its place.
+    let line_text = rest.split('\n').next().unwrap_or_default();
+    let line_text = line_text.strip_suffix('\r').unwrap_or(line_text);
+    let quoted: Vec<char> = printable(line_text).chars().collect();
     let column = before.get(line_start..).unwrap_or_default().chars().count();
     let from = column
         .saturating_sub(QUOTED_CHARS / 2)

@@ -9,7 +9,7 @@ use super::{
     ConfigError, clipped,
     durations::parse_duration,
     file::{GroupFile, RouteFile},
-    invalid, positive_u32, table_size,
+    invalid, invisible, positive_u32, table_size,
 };
 use crate::{
     http::route::Route,
@@ -150,14 +150,14 @@ const LONGEST_GROUP_NAME: usize = 64;
 /// A group's name is shown in metrics (`door.group`), `/status`, the 429 body, `door top`'s
 /// terminal and the printed configuration (as a TOML key on one line): 1 to
 /// [`LONGEST_GROUP_NAME`] bytes without control characters, and without the characters that
-/// change how the text around them is shown ([`invisible_format`]).
+/// change how the text around them is shown ([`invisible`]).
 fn check_group_name(name: &str) -> Result<(), ConfigError> {
     if !name.is_empty()
         && name.len() <= LONGEST_GROUP_NAME
         && name.trim() == name
         && !name
             .chars()
-            .any(|c| c.is_control() || invisible_format(c) || (c.is_whitespace() && c != ' '))
+            .any(|c| c.is_control() || invisible(c) || (c.is_whitespace() && c != ' '))
     {
         Ok(())
     } else {
@@ -169,45 +169,6 @@ fn check_group_name(name: &str) -> Result<(), ConfigError> {
              than U+0020, or a space at either end",
         ))
     }
-}
-
-/// The characters that reorder or hide text where a name is shown: Unicode's format characters
-/// (general category Cf: the bidirectional controls of UAX #9, which CVE-2021-42574, "Trojan
-/// Source", used to make text read otherwise than it is; the zero-width characters; the
-/// invisible operators; the tag characters; the prepended concatenation marks), the line and
-/// paragraph separators (Zl, Zp), and the rest of Unicode's Default_Ignorable_Code_Point set
-/// (DerivedCoreProperties.txt), which shows as nothing: the combining grapheme joiner, the
-/// variation selectors, the Hangul fillers, the Khmer inherent vowels, the reserved U+FFF0–U+FFF8
-/// and U+E0000–U+E0FFF. Two names that differ only by these look alike.
-fn invisible_format(c: char) -> bool {
-    matches!(
-        c,
-        '\u{00ad}'
-            | '\u{034f}'
-            | '\u{0600}'..='\u{0605}'
-            | '\u{061c}'
-            | '\u{06dd}'
-            | '\u{070f}'
-            | '\u{0890}'..='\u{0891}'
-            | '\u{08e2}'
-            | '\u{115f}'..='\u{1160}'
-            | '\u{17b4}'..='\u{17b5}'
-            | '\u{180b}'..='\u{180f}'
-            | '\u{200b}'..='\u{200f}'
-            | '\u{2028}'..='\u{202e}'
-            | '\u{2060}'..='\u{206f}'
-            | '\u{3164}'
-            | '\u{fe00}'..='\u{fe0f}'
-            | '\u{feff}'
-            | '\u{ffa0}'
-            | '\u{fff0}'..='\u{fffb}'
-            | '\u{110bd}'
-            | '\u{110cd}'
-            | '\u{13430}'..='\u{1343f}'
-            | '\u{1bca0}'..='\u{1bca3}'
-            | '\u{1d173}'..='\u{1d17a}'
-            | '\u{e0000}'..='\u{e0fff}'
-    )
 }
 
 pub(super) fn build_groups(

@@ -143,20 +143,79 @@ pub enum ConfigError {
     },
 }
 
-/// A key with a value door cannot use, the key and the value each quoted at most
-/// [`QUOTED_CHARS`] characters long ([`clipped`]).
+/// A key with a value door cannot use, the key and the value each quoted as [`quoted`].
 fn invalid(
     key: impl Into<String>,
     value: impl fmt::Display,
     reason: impl Into<String>,
 ) -> ConfigError {
-    let key = key.into();
-    let value = value.to_string();
     ConfigError::Invalid {
-        key: clipped(&key).into_owned(),
-        value: clipped(&value).into_owned(),
+        key: quoted(&key.into()),
+        value: quoted(&value.to_string()),
         reason: reason.into(),
     }
+}
+
+/// Text from the file as an error message quotes it: [`printable`], then [`clipped`].
+fn quoted(text: &str) -> String {
+    clipped(&printable(text)).into_owned()
+}
+
+/// `text` with nothing a terminal would act on or hide: a tab, a line feed or a carriage return
+/// as one space, every other control character and every [`invisible`] one as U+FFFD, so that a
+/// message shows the file's text on one line, in its order, each character in one column.
+fn printable(text: &str) -> Cow<'_, str> {
+    if !text.chars().any(|c| c.is_control() || invisible(c)) {
+        return Cow::Borrowed(text);
+    }
+    Cow::Owned(
+        text.chars()
+            .map(|c| match c {
+                '\t' | '\n' | '\r' => ' ',
+                c if c.is_control() || invisible(c) => '\u{fffd}',
+                c => c,
+            })
+            .collect(),
+    )
+}
+
+/// The characters that reorder or hide text where a name is shown: Unicode's format characters
+/// (general category Cf: the bidirectional controls of UAX #9, which CVE-2021-42574, "Trojan
+/// Source", used to make text read otherwise than it is; the zero-width characters; the
+/// invisible operators; the tag characters; the prepended concatenation marks), the line and
+/// paragraph separators (Zl, Zp), and the rest of Unicode's Default_Ignorable_Code_Point set
+/// (DerivedCoreProperties.txt), which shows as nothing: the combining grapheme joiner, the
+/// variation selectors, the Hangul fillers, the Khmer inherent vowels, the reserved U+FFF0–U+FFF8
+/// and U+E0000–U+E0FFF. Two names that differ only by these look alike.
+fn invisible(c: char) -> bool {
+    matches!(
+        c,
+        '\u{00ad}'
+            | '\u{034f}'
+            | '\u{0600}'..='\u{0605}'
+            | '\u{061c}'
+            | '\u{06dd}'
+            | '\u{070f}'
+            | '\u{0890}'..='\u{0891}'
+            | '\u{08e2}'
+            | '\u{115f}'..='\u{1160}'
+            | '\u{17b4}'..='\u{17b5}'
+            | '\u{180b}'..='\u{180f}'
+            | '\u{200b}'..='\u{200f}'
+            | '\u{2028}'..='\u{202e}'
+            | '\u{2060}'..='\u{206f}'
+            | '\u{3164}'
+            | '\u{fe00}'..='\u{fe0f}'
+            | '\u{feff}'
+            | '\u{ffa0}'
+            | '\u{fff0}'..='\u{fffb}'
+            | '\u{110bd}'
+            | '\u{110cd}'
+            | '\u{13430}'..='\u{1343f}'
+            | '\u{1bca0}'..='\u{1bca3}'
+            | '\u{1d173}'..='\u{1d17a}'
+            | '\u{e0000}'..='\u{e0fff}'
+    )
 }
 
 /// The most characters of the file's text (a key, a value, a line) an error message quotes.

@@ -200,6 +200,25 @@ fn a_huge_value_or_line_is_quoted_clipped() {
     let e = err("listen = = \"\u{1b}[2J\"");
     assert!(e.contains("  listen = = \"\u{fffd}[2J\""), "{e:?}");
     assert!(!e.contains('\u{1b}'), "{e:?}");
+    // Nothing from the file reaches the terminal raw: an escape in an unknown key, in a group's
+    // name before its values are checked, a bidirectional override; a value over several lines
+    // is quoted on one; a CRLF file's CR is not quoted.
+    for text in [
+        "\"\\u001b[2J\" = 1",
+        "[group.\"x\\u001b[2J\"]\nrate = \"a\"\nburst = 1",
+        "[group.\"x\\u202Ey\"]\nrate = \"a\"\nburst = 1",
+    ] {
+        let e = err(text);
+        assert!(!e.contains(['\u{1b}', '\u{202e}']), "{e:?}");
+        assert!(e.contains('\u{fffd}'), "{e:?}");
+    }
+    let e = err("upstream = [\n\"a\",\n\"b\"\n]");
+    assert!(
+        e.starts_with("door.toml: upstream = [ \"a\", \"b\" ]: expected"),
+        "{e:?}"
+    );
+    let e = err("listen = [\"[::]:8443\"]\r\nupstream = = 1\r\n");
+    assert!(e.contains("\n  upstream = = 1\n"), "{e:?}");
     // A bad wildcard segment is quoted by its first 60 characters.
     let e = err(&format!(
         "[[route]]\ngroup = \"link\"\npath = \"/x{{{}\"",
@@ -663,6 +682,27 @@ fn a_shadowed_route_names_at_most_three_routes_above_it_and_a_long_path_clipped(
         "{e}"
     );
     assert!(e.len() < 500, "{e}");
+}
+
+#[test]
+fn a_shadowed_route_names_the_routes_that_decide_its_requests() {
+    // The GET route above decides GET, not the later route for every method.
+    let e = err(&routes_toml(&[
+        ("link", &["GET"], "/s/{id}"),
+        ("link", &[], "/s/{id}"),
+        ("webhook", &["GET"], "/s/x"),
+    ]));
+    assert!(e.ends_with("move it above route[0]"), "{e}");
+    assert!(e.contains("route[0] (\"/s/{id}\", GET) comes first"), "{e}");
+    let e = err(&routes_toml(&[
+        ("link", &["GET"], "/s/{id}"),
+        ("link", &[], "/s/{id}"),
+        ("webhook", &["GET", "POST"], "/s/x"),
+    ]));
+    assert!(
+        e.contains("route[0] (\"/s/{id}\", GET) and route[1] (\"/s/{id}\", every method) come"),
+        "{e}"
+    );
 }
 
 #[test]

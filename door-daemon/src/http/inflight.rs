@@ -116,11 +116,11 @@ impl PassThrough {
     /// Takes one of the named client `key`'s places; whether there was one.
     fn take_named(&self, key: PrefixKey) -> bool {
         let mut named = self.named_counts();
-        let n = named.entry(key).or_insert(0);
-        if *n >= self.per_client {
+        let n = named.get(&key).copied().unwrap_or(0);
+        if n >= self.per_client {
             return false;
         }
-        *n += 1;
+        named.insert(key, n + 1);
         true
     }
 

@@ -269,12 +269,13 @@ impl Route {
             .enumerate()
             .filter(|(_, r)| r.path.covers(&self.path))
             .collect();
-        if let Some(&(every, _)) = covering.iter().find(|(_, r)| r.methods.is_empty()) {
+        if self.methods.is_empty() {
+            // Every method: only a route above for every method takes them all.
+            let &(every, _) = covering.iter().find(|(_, r)| r.methods.is_empty())?;
             return Some(vec![every]);
         }
-        if self.methods.is_empty() {
-            return None;
-        }
+        // The first route above that takes each method (one for every method included), so
+        // that the routes named are the ones that decide its requests.
         let mut taken: Vec<usize> = Vec::new();
         for method in &self.methods {
             let &(by, _) = covering.iter().find(|(_, r)| r.method_matches(method))?;
