@@ -1561,9 +1561,10 @@ async fn door_as_store_user(
 
 /// The commands of the doors' store user in docs/operations.md ("Trust"), as `ACL SETUSER` takes
 /// them: `EVALSHA` and `SCRIPT LOAD` (the sync's script, loaded when the store lacks it), `DEL`
-/// (the debts of forgotten clients), and what the script calls.
-const DOOR_ACL_COMMANDS: &str = "+evalsha +script|load +del +time +zadd +zremrangebyscore \
-     +pexpire +zcard +hget +hset +hincrby +zrangebyscore +zrem +zscore +get +set";
+/// (the debts of forgotten clients), `SELECT` (a database other than 0), and what the script
+/// calls.
+const DOOR_ACL_COMMANDS: &str = "+evalsha +script|load +del +select +time +zadd \
+     +zremrangebyscore +pexpire +zcard +hget +hset +hincrby +zrangebyscore +zrem +zscore +get +set";
 
 /// An upstream that answers every request with a short `text/event-stream` once `gate` is
 /// notified (one request per notification).

@@ -419,6 +419,12 @@ pub fn door_id() -> String {
 /// certificate; [`ClusterError::CaFile`] when that file cannot be read.
 pub fn client(config: &ClusterConfig) -> Result<redis::Client, ClusterError> {
     let url = config.redis.as_deref().unwrap_or_default();
+    let url = redis::IntoConnectionInfo::into_connection_info(url).map_err(ClusterError::Url)?;
+    // No `CLIENT SETINFO` after connecting (redis-rs sends it by default): the store's ACL for
+    // door then lists only the commands door uses (docs/operations.md, "Trust"), where Redis 7.0
+    // refuses `+client|setinfo` in an ACL and 7.2 logs each refused call.
+    let settings = url.redis_settings().clone().set_skip_set_lib_name();
+    let url = url.set_redis_settings(settings);
     let client = match &config.ca_file {
         // A `rediss://` store whose certificate chains to these CAs rather than the system's.
         Some(path) => {
