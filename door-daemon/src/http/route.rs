@@ -258,7 +258,7 @@ impl Route {
 
     /// The routes of `earlier` (the routes listed before this one) that between them take every
     /// request this route would match, by their index, so that this one never decides a request
-    /// (first match wins): a route whose pattern covers this one's ([`PathPattern::covers`])
+    /// (first match wins): a route whose pattern covers this one's (`PathPattern::covers`)
     /// for every method, or one such route for each method this route lists. `None` when some
     /// request can reach this route. Every reading the router tries (as written, lenient,
     /// fallback, a method override) asks the routes in order, so a route taken in one reading

@@ -60,13 +60,13 @@ static PROXY_CONNECTION: HeaderName = HeaderName::from_static("proxy-connection"
 /// The read deadline counts the client's time only: the time door waits for the client's next
 /// part of the body. While door holds a part the upstream has not taken (the upstream client
 /// has not asked for the next frame: the connection is being made, or the application reads
-/// slowly), the deadline stands still, up to `upstream_timeout` in all. It reports once, to the [`BodyWatch`]
-/// [`UpstreamBody::new`] returns, whether the body ended or missed its deadline. On a missed
-/// deadline the body also yields [`UpstreamBodyError::TimedOut`], which makes the upstream client
-/// abort the request, so that the request path can answer 408 (RFC 9110 §15.5.9). The body's own
-/// timer runs only while the upstream client polls it; an upstream that stops taking the body
-/// stops that polling, which is why the [`BodyWatch`] follows the body's [`Progress`] and tells
-/// such a stall too.
+/// slowly), the deadline stands still; after the first ask, up to `upstream_timeout` in all.
+/// It reports once, to the [`BodyWatch`] [`UpstreamBody::new`] returns, whether the body ended
+/// or missed its deadline. On a missed deadline the body also yields
+/// [`UpstreamBodyError::TimedOut`], which makes the upstream client abort the request, so that
+/// the request path can answer 408 (RFC 9110 §15.5.9). The body's own timer runs only while the
+/// upstream client polls it; an upstream that stops taking the body stops that polling, which
+/// is why the [`BodyWatch`] follows the body's progress and tells such a stall too.
 #[derive(Debug)]
 pub struct UpstreamBody {
     /// The client's body; `None` for an empty one.
@@ -146,8 +146,8 @@ impl ReadDeadline {
 }
 
 /// How far sending a request body upstream has got, as the [`BodyWatch`] reads it: whether door
-/// waits for the client (with the time door held parts so far) or holds a part the upstream has
-/// not taken (since when), in one word so that the two are read together.
+/// waits for the client (with how far door's holds moved the deadline on) or holds a part the
+/// upstream has not taken (since when), in one word so that the two are read together.
 #[derive(Debug)]
 struct Progress {
     /// The body's creation: the origin of the offsets in `state`.
@@ -225,8 +225,9 @@ pub enum BodyEnd {
 impl BodyWatch {
     /// Waits until the body is sent, fails, or passes its deadline. The deadline counts the
     /// time door waits for the client only: while door holds a part the upstream has not taken
-    /// it stands still, and an upstream that takes nothing for `stall` is
-    /// [`BodyEnd::UpstreamStalled`]. Before the upstream client first asks for a frame (the
+    /// it stands still (up to the body's credit in all, after which the body is late even while
+    /// held), and an upstream that takes nothing for `stall` is [`BodyEnd::UpstreamStalled`].
+    /// Before the upstream client first asks for a frame (the
     /// connection is being made: its connect is bounded by `upstream_timeout`, which is `stall`),
     /// neither runs; a body not asked for within 2 × `stall` (a name lookup that never returns)
     /// is [`BodyEnd::UpstreamStalled`] too.
