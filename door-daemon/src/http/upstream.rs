@@ -1203,10 +1203,11 @@ mod tests {
         assert_eq!(watch.end(STALL).await, BodyEnd::UpstreamStalled);
         assert_eq!(start.elapsed(), Duration::from_secs(6));
 
-        // Holds of 4 s each, past the read deadline: no stall, no time out.
+        // Holds of 4 s each, past the read deadline (10 s) and short of the credit's end (40 s):
+        // no stall, no time out.
         let (watch, tx, progress) = new_watch();
         let end = tokio::spawn(watch.end(STALL));
-        for at in (0..40).step_by(4) {
+        for at in (0..36).step_by(4) {
             set(&progress, Progress::holding(Duration::from_secs(at)));
             tokio::time::sleep(Duration::from_secs(4)).await;
         }
