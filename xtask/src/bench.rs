@@ -38,6 +38,15 @@
 //! shows it, then per route its rps, p99 and user CPU per request against the best peer's (what
 //! the design reaches without door) and door's against its own (what door's work costs).
 //!
+//! With `--clients N`, the HTTP/1.1 loads name N clients: wrk runs a Lua script
+//! ([`CLIENTS_SCRIPT`]) that gives each request the `X-Forwarded-For` of the next of N addresses
+//! ([`client_addresses`]: one in each of N IPv6 /64s of 2001:db8::/32, the documentation
+//! prefix), in turn. Every front takes the client from that field (the peer is loopback, which
+//! each trusts), so door's client key and limiter table, nginx's `limit_req` zone and HAProxy's
+//! stick table each hold N clients, and door's pass-through requests count against their named
+//! client's `upstream_max_inflight_per_client`. The h2c load is unchanged (h2load sends the same
+//! fields on every request).
+//!
 //! The load tool, the proxy under test and the upstream share the machine's cores; nothing is
 //! pinned. `nproc` and the load average are printed at the start and the end. About 50 s a
 //! round plus half a minute of warm-up, a third more with `--floor` (docs/performance.md: the
@@ -90,6 +99,69 @@ pub(crate) const UPSTREAM: &str = "127.0.0.1:18080";
 const REDIS_PORT: u16 = 18449;
 /// The bare hyper proxy of `--floor` (HTTP/1.1 and h2c).
 pub(crate) const BARE_LISTEN: &str = "127.0.0.1:18450";
+
+/// The most clients `--clients` takes: wrk formats one request per client before the run.
+const MAX_CLIENTS: u32 = 100_000;
+
+/// wrk's script for `--clients`: reads the addresses of the file named by its first argument,
+/// formats one request per address with that address as `X-Forwarded-For`, and sends them in
+/// turn.
+const CLIENTS_SCRIPT: &str = r#"-- door's proxy benchmark: each request names the next client in X-Forwarded-For.
+local requests = {}
+local next_one = 0
+function init(args)
+  for address in io.lines(args[1]) do
+    requests[#requests + 1] = wrk.format(nil, nil, { ["X-Forwarded-For"] = address })
+  end
+  if #requests == 0 then
+    error("no client addresses in " .. args[1])
+  end
+end
+function request()
+  next_one = next_one % #requests + 1
+  return requests[next_one]
+end
+"#;
+
+/// The `n` client addresses of `--clients`: `2001:db8:H:L::1`, where H and L are the high and
+/// low 16 bits of the client's number (0 to `n - 1`), so each is alone in its /64 (door's client
+/// key for IPv6) and all are in the documentation prefix 2001:db8::/32 (RFC 3849).
+fn client_addresses(n: u32) -> impl Iterator<Item = std::net::Ipv6Addr> {
+    (0..n).map(|i| {
+        let [hi, lo] = [(i >> 16) as u16, (i & 0xffff) as u16];
+        std::net::Ipv6Addr::new(0x2001, 0xdb8, hi, lo, 0, 0, 0, 1)
+    })
+}
+
+/// The wrk script and address file of `--clients`, written into the benchmark's directory.
+#[derive(Debug, Clone)]
+struct Clients {
+    /// How many clients.
+    count: u32,
+    /// [`CLIENTS_SCRIPT`].
+    script: PathBuf,
+    /// One address a line ([`client_addresses`]).
+    addresses: PathBuf,
+}
+
+impl Clients {
+    /// Writes the script and `count` addresses into `dir`.
+    fn write(dir: &Path, count: u32) -> anyhow::Result<Self> {
+        let script = dir.join("clients.lua");
+        let addresses = dir.join("clients.txt");
+        std::fs::write(&script, CLIENTS_SCRIPT)?;
+        let mut text = String::new();
+        for address in client_addresses(count) {
+            let _ = writeln!(text, "{address}");
+        }
+        std::fs::write(&addresses, text)?;
+        Ok(Self {
+            count,
+            script,
+            addresses,
+        })
+    }
+}
 
 /// A front under test.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -258,12 +330,26 @@ pub(crate) fn xdp() -> anyhow::Result<()> {
 /// `cargo xtask bench proxy`: installs the load tools, nginx and HAProxy if missing, builds door
 /// (release) and runs `rounds` interleaved rounds; with `cluster`, door with `[cluster]` on a
 /// `redis-server` it starts is measured in every round too, with `floor` the bare hyper proxy.
-/// Without `rounds`, [`default_rounds`].
-pub(crate) fn proxy(rounds: Option<u32>, cluster: bool, floor: bool) -> anyhow::Result<()> {
+/// Without `rounds`, [`default_rounds`]; with `clients`, the HTTP/1.1 loads name that many
+/// clients ([`Clients`]).
+///
+/// Errors: `rounds` of 0, `clients` outside 1 to [`MAX_CLIENTS`], a missing package, a failed
+/// build or run.
+pub(crate) fn proxy(
+    rounds: Option<u32>,
+    cluster: bool,
+    floor: bool,
+    clients: Option<u32>,
+) -> anyhow::Result<()> {
     let fronts = u32::try_from(Proxy::of_run(cluster, floor).len()).unwrap_or(u32::MAX);
     let rounds = rounds.unwrap_or_else(|| default_rounds(fronts));
     if rounds == 0 {
         bail!("--rounds must be at least 1");
+    }
+    if let Some(n) = clients
+        && !(1..=MAX_CLIENTS).contains(&n)
+    {
+        bail!("--clients {n}: must be from 1 to {MAX_CLIENTS}");
     }
     if !rounds.is_multiple_of(fronts) {
         eprintln!(
@@ -278,7 +364,10 @@ pub(crate) fn proxy(rounds: Option<u32>, cluster: bool, floor: bool) -> anyhow::
     build(floor)?;
     let dir = std::env::temp_dir().join(format!("door-bench-{}", std::process::id()));
     std::fs::create_dir_all(&dir)?;
-    let result = run_all(&dir, rounds, cluster, floor);
+    let result = clients
+        .map(|n| Clients::write(&dir, n))
+        .transpose()
+        .and_then(|clients| run_all(&dir, rounds, cluster, floor, clients.as_ref()));
     let _ = std::fs::remove_dir_all(&dir);
     result
 }
@@ -329,7 +418,13 @@ fn start_quiet(cmd: &mut Command, what: &str) -> anyhow::Result<Guard> {
     ))
 }
 
-fn run_all(dir: &Path, rounds: u32, cluster: bool, with_floor: bool) -> anyhow::Result<()> {
+fn run_all(
+    dir: &Path,
+    rounds: u32,
+    cluster: bool,
+    with_floor: bool,
+    clients: Option<&Clients>,
+) -> anyhow::Result<()> {
     let cores = std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get);
     step("starting the upstream (nginx return 200), nginx, HAProxy and door");
     let _upstream = nginx(dir, "upstream", &upstream_conf(dir))?;
@@ -390,7 +485,7 @@ fn run_all(dir: &Path, rounds: u32, cluster: bool, with_floor: bool) -> anyhow::
     ));
     for route in Route::ALL {
         for &proxy in proxies {
-            measure(dir, &pids, route, proxy, WARM_UP_SECS)?;
+            measure(dir, &pids, (route, proxy), clients, WARM_UP_SECS)?;
         }
     }
     let mut results: HashMap<(Route, Proxy), Vec<Run>> = HashMap::new();
@@ -401,19 +496,25 @@ fn run_all(dir: &Path, rounds: u32, cluster: bool, with_floor: bool) -> anyhow::
             loadavg()
         ));
         for (route, proxy) in order(round, proxies) {
-            let run = measure(dir, &pids, route, proxy, RUN_SECS)?;
+            let run = measure(dir, &pids, (route, proxy), clients, RUN_SECS)?;
             results.entry((route, proxy)).or_default().push(run);
         }
     }
 
     step("one flooding client on door's link budget (1/s, burst 20): wrk -t1 -c4 -d5s");
-    let flood = wrk(&format!("http://{}/flood/x", Proxy::Door.h1()), 4, 5)?;
+    let flood = wrk(&format!("http://{}/flood/x", Proxy::Door.h1()), 4, 5, None)?;
     let load_end = loadavg();
 
     println!();
     print!(
         "{}",
-        report(&results, proxies, rounds, cores, &load_start, &load_end)
+        report(
+            &results,
+            proxies,
+            (rounds, clients.map(|c| c.count)),
+            cores,
+            (&load_start, &load_end)
+        )
     );
     println!(
         "flood: {:.0} requests in 5 s, {:.0} answered 429 ({:.2}% rejected, {:.0} rps)",
@@ -518,12 +619,20 @@ fn clock_ticks() -> Option<f64> {
         .ok()
 }
 
-fn measure(dir: &Path, pids: &Pids, route: Route, proxy: Proxy, secs: u32) -> anyhow::Result<Run> {
+/// One run of `pair` for `secs` seconds, its CPU time read around it; with `clients`, the
+/// HTTP/1.1 load names them.
+fn measure(
+    dir: &Path,
+    pids: &Pids,
+    (route, proxy): (Route, Proxy),
+    clients: Option<&Clients>,
+    secs: u32,
+) -> anyhow::Result<Run> {
     let url = route.url(proxy);
     let cpu_before = pids.cpu_secs(proxy);
     let store_before = (proxy == Proxy::DoorCluster).then(store_calls).flatten();
     let mut run = match route {
-        Route::Pass | Route::Limited => wrk(&url, WRK_CONNECTIONS, secs)?,
+        Route::Pass | Route::Limited => wrk(&url, WRK_CONNECTIONS, secs, clients)?,
         Route::H2 => h2load(dir, &url, secs)?,
     };
     if let (Some(before), Some(after)) = (
@@ -564,13 +673,15 @@ fn measure(dir: &Path, pids: &Pids, route: Route, proxy: Proxy, secs: u32) -> an
 }
 
 /// The result table: per pair the medians across rounds, then door / best peer.
+///
+/// `(rounds, clients)`: the rounds run, and the clients the HTTP/1.1 loads named (`--clients`);
+/// `(load_start, load_end)`: the load average at the start and the end.
 fn report(
     results: &HashMap<(Route, Proxy), Vec<Run>>,
     proxies: &[Proxy],
-    rounds: u32,
+    (rounds, clients): (u32, Option<u32>),
     cores: usize,
-    load_start: &str,
-    load_end: &str,
+    (load_start, load_end): (&str, &str),
 ) -> String {
     let mut out = String::new();
     let _ = writeln!(
@@ -578,6 +689,13 @@ fn report(
         "proxy benchmark: {rounds} interleaved round(s), {RUN_SECS} s per pair a round; medians \
          across rounds (rps range in brackets)"
     );
+    if let Some(n) = clients {
+        let _ = writeln!(
+            out,
+            "HTTP/1.1 requests from {n} clients: X-Forwarded-For rotated over {n} IPv6 /64s of \
+             2001:db8::/32 (h2c: one client)"
+        );
+    }
     let medians = table(&mut out, results, proxies);
     ratios(&mut out, &medians);
     if proxies.contains(&Proxy::DoorCluster) {
@@ -1106,14 +1224,24 @@ pub(crate) fn bounded(secs: u32, program: &str) -> Command {
     cmd
 }
 
-fn wrk(url: &str, conns: u32, secs: u32) -> anyhow::Result<Run> {
-    let out = capture(bounded(secs, "wrk").args([
+/// `wrk -t1` with `conns` connections for `secs` seconds on `url`, with `clients` its requests
+/// naming them ([`CLIENTS_SCRIPT`]).
+fn wrk(url: &str, conns: u32, secs: u32, clients: Option<&Clients>) -> anyhow::Result<Run> {
+    let mut cmd = bounded(secs, "wrk");
+    cmd.args([
         "-t1",
         &format!("-c{conns}"),
         &format!("-d{secs}s"),
         "--latency",
-        url,
-    ]))?;
+    ]);
+    if let Some(clients) = clients {
+        cmd.arg("--script").arg(&clients.script);
+    }
+    cmd.arg(url);
+    if let Some(clients) = clients {
+        cmd.arg("--").arg(&clients.addresses);
+    }
+    let out = capture(&mut cmd)?;
     Ok(parse_wrk(&out))
 }
 
@@ -1252,9 +1380,9 @@ mod tests {
     use std::collections::HashSet;
 
     use super::{
-        HashMap, Medians, Proxy, Route, cpu_column, cpu_ticks, default_rounds, floor_lines,
-        h2load_log, median, order, parse_commandstats, parse_h2load, parse_stat, parse_wrk,
-        quantile,
+        Clients, HashMap, Medians, Proxy, Route, client_addresses, cpu_column, cpu_ticks,
+        default_rounds, floor_lines, h2load_log, median, order, parse_commandstats, parse_h2load,
+        parse_stat, parse_wrk, quantile,
     };
 
     #[test]
@@ -1303,6 +1431,33 @@ mod tests {
                    cmdstat_zadd:calls=80,usec=100,usec_per_call=1.25,rejected_calls=0,failed_calls=0\r\n\
                    cmdstat_script|load:calls=1,usec=50,usec_per_call=50.00,rejected_calls=0,failed_calls=0\r\n";
         assert_eq!(parse_commandstats(out), (40.0, 121.0));
+    }
+
+    #[test]
+    fn each_client_has_its_own_documentation_prefix_slash_64() {
+        let addresses: Vec<_> = client_addresses(70_000).collect();
+        assert_eq!(addresses.len(), 70_000);
+        assert!(
+            addresses
+                .iter()
+                .all(|a| a.segments()[..2] == [0x2001, 0xdb8])
+        );
+        let prefixes: HashSet<_> = addresses.iter().map(|a| u128::from(*a) >> 64).collect();
+        assert_eq!(prefixes.len(), 70_000, "two clients share a /64");
+        assert_eq!(addresses[0].to_string(), "2001:db8::1");
+        assert_eq!(addresses[65_537].to_string(), "2001:db8:1:1::1");
+    }
+
+    #[test]
+    fn the_clients_file_holds_one_address_a_line() {
+        let dir = std::env::temp_dir().join(format!("door-bench-test-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let clients = Clients::write(&dir, 3).unwrap();
+        let text = std::fs::read_to_string(&clients.addresses).unwrap();
+        let script = std::fs::read_to_string(&clients.script).unwrap();
+        std::fs::remove_dir_all(&dir).unwrap();
+        assert_eq!(text, "2001:db8::1\n2001:db8:0:1::1\n2001:db8:0:2::1\n");
+        assert!(script.contains("X-Forwarded-For"));
     }
 
     #[test]
