@@ -1,5 +1,5 @@
 //! Builds the benchmark's reference XDP programs (`door-ebpf` with its `reference` feature:
-//! `ref_empty.rs` and `ref_minimal.rs`) with aya-build and leaves the objects in `OUT_DIR` for
+//! `ref_empty.rs`, `ref_minimal.rs`, `ref_churn_common.rs` and `ref_churn_percpu.rs`) with aya-build and leaves the objects in `OUT_DIR` for
 //! `door_tests::reference` to embed. They live here, not in `door-daemon`, so the shipped `door`
 //! binary carries only its own program. With `AYA_BUILD_SKIP=1` the build is skipped and empty
 //! placeholders are written instead; loading one then fails with `ShieldError::NoProgram`.
@@ -9,7 +9,12 @@ use std::{fs, path::PathBuf};
 use anyhow::Context as _;
 
 /// The reference objects `door_tests::reference` embeds (`door-ebpf`'s bin names).
-const OBJECTS: [&str; 2] = ["door-xdp-ref-empty", "door-xdp-ref-minimal"];
+const OBJECTS: [&str; 4] = [
+    "door-xdp-ref-empty",
+    "door-xdp-ref-minimal",
+    "door-xdp-ref-churn-common",
+    "door-xdp-ref-churn-percpu",
+];
 
 fn main() -> anyhow::Result<()> {
     let manifest_dir = PathBuf::from(std::env::var("CARGO_MANIFEST_DIR")?);

@@ -71,6 +71,28 @@ pub fn pin_to_one_cpu() -> std::io::Result<()> {
     Ok(())
 }
 
+/// Pins the calling thread to CPU `cpu`.
+///
+/// # Errors
+/// When `sched_setaffinity` fails (no such CPU, or not one this process may use).
+pub fn pin_to_cpu(cpu: usize) -> std::io::Result<()> {
+    let mut set = rustix::thread::CpuSet::new();
+    set.set(cpu);
+    rustix::thread::sched_setaffinity(None, &set)?;
+    Ok(())
+}
+
+/// The CPUs this thread may run on, in order (`sched_getaffinity`).
+///
+/// # Errors
+/// When `sched_getaffinity` fails.
+pub fn allowed_cpus() -> std::io::Result<Vec<usize>> {
+    let set = rustix::thread::sched_getaffinity(None)?;
+    Ok((0..rustix::thread::CpuSet::MAX_CPU)
+        .filter(|&cpu| set.is_set(cpu))
+        .collect())
+}
+
 /// Whether this process runs as root (effective user ID 0).
 fn is_root() -> bool {
     rustix::process::geteuid().is_root()

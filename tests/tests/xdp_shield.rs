@@ -797,6 +797,39 @@ fn churn_guard_keeps_tracked_prefixes_and_shares_one_overflow_bucket() {
     }
 }
 
+/// The prefix map keeps one LRU list for all CPUs (docs/decisions.md, "XDP: one LRU list for all
+/// CPUs, not `BPF_F_NO_COMMON_LRU`"): new prefixes that all arrive on one CPU, as behind a
+/// single-queue NIC, may fill the whole map before any is evicted. With one list per CPU the
+/// kernel gives each CPU its share of the entries, and this CPU would have evicted its own
+/// prefixes once it had used its share (half the map on the 2-CPU machines CI runs on; on one CPU
+/// the two kinds cannot be told apart).
+#[test]
+fn new_prefixes_from_one_cpu_can_fill_the_whole_prefix_map() {
+    const CAPACITY: u32 = 1024;
+    if !privileged_or_skip("xdp_shield") {
+        return;
+    }
+    pin_to_one_cpu().unwrap();
+    let mut s = Shield::load_with_capacity(CAPACITY).unwrap();
+    // The churn guard off (`new_prefix_rate = 0`): every new prefix gets an entry.
+    let mut cfg = settings(1000);
+    cfg.max_prefixes = CAPACITY;
+    s.configure(&cfg, &[], &[]).unwrap();
+    for i in 0..2 * CAPACITY {
+        let mut src = CLIENT6;
+        src[4..8].copy_from_slice(&i.to_be_bytes());
+        let (action, _) = s
+            .test_run(&tcp6(src, SERVER6, PORT, Flags::SYN), 1)
+            .unwrap();
+        assert_eq!(action, XDP_PASS, "new prefix {i}");
+    }
+    assert_eq!(
+        s.tracked_prefixes().unwrap(),
+        usize::try_from(CAPACITY).unwrap(),
+        "the map holds as many prefixes from one CPU as it has entries"
+    );
+}
+
 /// Under a sustained rotation flood the guard reopens with every refilled new-prefix token and
 /// closes at the next new prefix: its closing is logged once per 10 s, not at each of those
 /// edges (the program's coarse clock moves while the flood runs; the loop is bounded).

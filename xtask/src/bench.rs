@@ -55,7 +55,8 @@
 //! `cargo xtask bench xdp` (root): `xdp-bench` from the tests crate, release build. Nanoseconds
 //! per packet of door's XDP program with BPF_PROG_TEST_RUN against an empty program and a
 //! minimal parse + LRU-update program in the same run, one run per call for the SYN cookie path
-//! (it rewrites its packet) next to the drop path and both references, then the veth flood
+//! (it rewrites its packet) next to the drop path and both references, the LRU table (the prefix
+//! map under address rotation with one LRU list for all CPUs or one per CPU), then the veth flood
 //! comparison (XDP vs an nftables per-/64 meter vs nothing, with a legitimate client's latency).
 //! About a minute.
 

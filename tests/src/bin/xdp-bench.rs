@@ -5,6 +5,12 @@
 //! state). Needs root. Numbers are medians of several interleaved rounds (each round runs every
 //! case once, in a rotated order); ratios are what to compare.
 //!
+//! Then the LRU table: two reference programs that differ only in their prefix map's kind of LRU
+//! list, one for all CPUs (the kernel's default, door's) or one per CPU (`BPF_F_NO_COMMON_LRU`),
+//! each inserting a new prefix every packet into a full map of door's capacity (so every
+//! insertion evicts), timed on one CPU and on two at once, and how many of twice the capacity in
+//! new prefixes from one CPU each map holds afterwards.
+//!
 //! With `--veth`, it also floods door's namespace over a veth pair (one /64, spoofed, from
 //! `syn-flood`) three ways — XDP dropping over budget, an equivalent nftables rule (a per-/64
 //! meter, `limit rate over … drop`), and nothing — and reports the SYN rate the sender achieved
@@ -218,10 +224,118 @@ fn main() -> anyhow::Result<()> {
             ns / minimal_ns
         );
     }
+    lru::compare(args.repeat, args.rounds, &syn)?;
     if args.veth {
         veth::compare(args.flood)?;
     }
     Ok(())
+}
+
+mod lru {
+    //! The LRU table: door's prefix map under address rotation with one LRU list for all CPUs
+    //! (the kernel's default, door's choice) against one list per CPU (`BPF_F_NO_COMMON_LRU`),
+    //! with the churn references, which insert a new prefix every packet.
+
+    use anyhow::Context as _;
+    use door_daemon::shield::Shield;
+    use door_tests::{allowed_cpus, pin_to_cpu, reference};
+
+    /// The two kinds of LRU list, as printed, with their reference programs.
+    const KINDS: [(&str, &[u8]); 2] = [
+        (
+            "one LRU list for all CPUs (door's)",
+            reference::CHURN_COMMON,
+        ),
+        (
+            "one LRU list per CPU (NO_COMMON_LRU)",
+            reference::CHURN_PERCPU,
+        ),
+    ];
+
+    /// door's prefix map's capacity, as a packet count.
+    const CAPACITY: u32 = door_common::PREFIX_MAP_CAPACITY;
+
+    /// Mean ns per packet of `repeat` runs of `shield` on each CPU of `cpus` at once (one thread
+    /// pinned to each, started together), averaged over the CPUs.
+    fn at_once(shield: &Shield, packet: &[u8], repeat: u32, cpus: &[usize]) -> anyhow::Result<f64> {
+        let barrier = std::sync::Barrier::new(cpus.len());
+        let means = std::thread::scope(|scope| {
+            let runs: Vec<_> = cpus
+                .iter()
+                .map(|&cpu| {
+                    let barrier = &barrier;
+                    scope.spawn(move || -> anyhow::Result<f64> {
+                        pin_to_cpu(cpu)
+                            .with_context(|| format!("pinning a thread to CPU {cpu}"))?;
+                        barrier.wait();
+                        let (_, mean) = shield.test_run(packet, repeat)?;
+                        Ok(mean.as_secs_f64() * 1e9)
+                    })
+                })
+                .collect();
+            runs.into_iter()
+                .map(|run| {
+                    run.join()
+                        .map_err(|_| anyhow::anyhow!("a measuring thread panicked"))?
+                })
+                .collect::<anyhow::Result<Vec<f64>>>()
+        })?;
+        #[expect(clippy::cast_precision_loss, reason = "a CPU count")]
+        let n = means.len().max(1) as f64;
+        Ok(means.iter().sum::<f64>() / n)
+    }
+
+    /// Prints, per kind: the median over `rounds` of the ns per packet of `repeat` new prefixes on
+    /// one CPU and on two at once, the map full beforehand (every insertion evicts), and how many
+    /// of twice the map's capacity in new prefixes from one CPU the map holds afterwards.
+    pub(crate) fn compare(repeat: u32, rounds: usize, packet: &[u8]) -> anyhow::Result<()> {
+        let cpus = allowed_cpus().context("reading this process's CPUs")?;
+        let one = cpus.first().copied().context("no CPU to run on")?;
+        let two = cpus.get(..2);
+        let mut samples = vec![(Vec::new(), Vec::new()); KINDS.len()];
+        for round in 0..rounds {
+            let mut order: Vec<_> = KINDS.iter().zip(&mut samples).collect();
+            order.rotate_left(round % KINDS.len());
+            for ((name, object), (alone, both)) in order {
+                let shield =
+                    Shield::load_object(object).with_context(|| format!("loading {name}"))?;
+                at_once(&shield, packet, CAPACITY, &[one])?;
+                alone.push(at_once(&shield, packet, repeat, &[one])?);
+                if let Some(two) = two {
+                    both.push(at_once(&shield, packet, repeat, two)?);
+                }
+            }
+            eprintln!("  LRU round {}/{rounds} measured", round + 1);
+        }
+        println!();
+        println!(
+            "{:<38} {:>9} {:>13} {:>26}",
+            "LRU map, a new prefix every packet",
+            "1 CPU",
+            "2 CPUs at once",
+            format!("held of {} from 1 CPU", 2 * CAPACITY)
+        );
+        for ((name, object), (alone, both)) in KINDS.iter().zip(samples) {
+            let shield = Shield::load_object(object)?;
+            at_once(&shield, packet, 2 * CAPACITY, &[one])?;
+            let held = shield.tracked_prefixes()?;
+            let both = median(both).map_or_else(|| "n/a".to_owned(), |ns| format!("{ns:.1}"));
+            println!(
+                "{name:<38} {:>9.1} {both:>13} {held:>26}",
+                median(alone).unwrap_or(f64::NAN),
+            );
+        }
+        println!(
+            "(ns per packet, median of {rounds} rounds of {repeat} runs, the map of {CAPACITY} \
+             entries full beforehand: every insertion evicts)"
+        );
+        Ok(())
+    }
+
+    fn median(mut samples: Vec<f64>) -> Option<f64> {
+        samples.sort_by(f64::total_cmp);
+        samples.get(samples.len() / 2).copied()
+    }
 }
 
 mod cookie {

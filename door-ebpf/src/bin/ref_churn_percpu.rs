@@ -1,0 +1,19 @@
+//! Benchmark reference: a new prefix every packet into an LRU hash map of door's capacity with
+//! one LRU list per CPU (`BPF_F_NO_COMMON_LRU`); see `churn.rs`.
+#![cfg_attr(target_arch = "bpf", no_std)]
+#![cfg_attr(target_arch = "bpf", no_main)]
+#![expect(
+    clippy::inline_always,
+    reason = "eBPF: helpers are inlined so the verifier checks one function with known bounds"
+)]
+
+#[path = "../access.rs"]
+#[expect(dead_code, reason = "the reference uses only part of the accessor")]
+mod access;
+#[path = "../churn.rs"]
+mod churn;
+#[path = "../key.rs"]
+#[expect(dead_code, reason = "the reference builds its key from a count")]
+mod key;
+
+churn::reference_program!(aya_ebpf::bindings::BPF_F_NO_COMMON_LRU);
