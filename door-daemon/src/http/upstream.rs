@@ -923,20 +923,22 @@ pub fn rewrite_forwarding(headers: &mut HeaderMap, origin: &Origin) {
         prior
     };
     // The common case, a client talking to door directly: X-Forwarded-For is the peer alone,
-    // inserted without formatting or copying.
+    // inserted without formatting or copying. Through a trusted proxy, the chain and the peer
+    // are written once, into a buffer of exactly their length that becomes the value as it is.
     let prior_xff = if origin.peer_trusted && xff {
-        join_lines(headers, &X_FORWARDED_FOR)
+        join_lines(headers, &X_FORWARDED_FOR, 2 + peer.len())
     } else {
         None
     };
     let prior_forwarded = if forwarded && origin.peer_trusted {
-        readable_forwarded(headers)
+        // `, for="[` + the peer + `]"`: room for the longest own element.
+        readable_forwarded(headers, 2 + 7 + peer.len() + 2)
     } else {
         None
     };
     match prior_xff {
         Some(x) => {
-            if let Ok(v) = HeaderValue::from_bytes(&append(x, peer)) {
+            if let Ok(v) = HeaderValue::from_maybe_shared(Bytes::from(append(x, peer))) {
                 headers.insert(&X_FORWARDED_FOR, v);
             }
         }
@@ -1057,9 +1059,11 @@ fn prune_trailer_names(headers: &mut HeaderMap) {
 /// swallow door's (`for="198.51.100.66` leaves a quoted string open) or be read by the
 /// application as naming a client door did not key on: the application's walk from the right
 /// stops where door's did (found by hostile testing). `None` when there is no `Forwarded` field.
-fn readable_forwarded(headers: &HeaderMap) -> Option<Vec<u8>> {
+///
+/// The value has room for `room` more bytes (door's own element).
+fn readable_forwarded(headers: &HeaderMap, room: usize) -> Option<Vec<u8>> {
     let Some(readable) = forwarded_readable_part(headers) else {
-        return join_lines(headers, &FORWARDED);
+        return join_lines(headers, &FORWARDED, room);
     };
     let mut value = b"for=unknown".to_vec();
     for element in readable {
@@ -1070,18 +1074,23 @@ fn readable_forwarded(headers: &HeaderMap) -> Option<Vec<u8>> {
 }
 
 /// All lines of `name` joined with `", "` in wire order (RFC 9110 §5.3), byte for byte (obs-text
-/// included: the chain the upstream sees is the chain door walked), or `None` when absent.
-fn join_lines(headers: &HeaderMap, name: &HeaderName) -> Option<Vec<u8>> {
-    let lines: Vec<&[u8]> = headers
-        .get_all(name)
+/// included: the chain the upstream sees is the chain door walked), or `None` when absent. Built
+/// in one buffer with room for `room` more bytes, so that door's own element is appended without
+/// growing it.
+fn join_lines(headers: &HeaderMap, name: &HeaderName, room: usize) -> Option<Vec<u8>> {
+    let lines = headers.get_all(name);
+    let len = lines
         .iter()
-        .map(HeaderValue::as_bytes)
-        .collect();
-    if lines.is_empty() {
-        None
-    } else {
-        Some(lines.join(&b", "[..]))
+        .map(HeaderValue::len)
+        .reduce(|joined, line| joined + 2 + line)?;
+    let mut joined = Vec::with_capacity(len + room);
+    for (i, line) in lines.iter().enumerate() {
+        if i > 0 {
+            joined.extend_from_slice(b", ");
+        }
+        joined.extend_from_slice(line.as_bytes());
     }
+    Some(joined)
 }
 
 #[cfg(test)]
