@@ -1,7 +1,7 @@
 //! Builds the benchmark's reference XDP programs (`door-ebpf` with its `reference` feature:
-//! `ref_empty.rs`, `ref_minimal.rs`, `ref_churn_common.rs` and `ref_churn_percpu.rs`) with aya-build and leaves the objects in `OUT_DIR` for
-//! `door_tests::reference` to embed. They live here, not in `door-daemon`, so the shipped `door`
-//! binary carries only its own program. With `AYA_BUILD_SKIP=1` the build is skipped and empty
+//! `ref_empty.rs`, `ref_minimal.rs`, `ref_churn_common.rs` and `ref_churn_percpu.rs`) with
+//! aya-build and leaves the objects in `OUT_DIR` for `door_tests::reference` to embed. They live
+//! here, not in `door-daemon`, so the shipped `door` binary carries only its own program. With `AYA_BUILD_SKIP=1` the build is skipped and empty
 //! placeholders are written instead; loading one then fails with `ShieldError::NoProgram`.
 
 use std::{fs, path::PathBuf};

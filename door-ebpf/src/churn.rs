@@ -5,14 +5,16 @@
 //! CPU, `BPF_F_NO_COMMON_LRU`) the two programs differ only in. Not part of door's program.
 //!
 //! The prefix is this CPU's number and a per-CPU count of its packets, so two CPUs running the
-//! program at once insert different prefixes: an IPv4 /32 `C.x.y.z` with C the CPU and `x.y.z`
-//! the count's low 24 bits (after 2^24 packets a CPU's prefixes come round again, long evicted).
+//! program at once insert different prefixes: an IPv4 /32 `C.x.y.z` with C the CPU's number
+//! modulo 256 (distinct for hosts of up to 256 CPUs) and `x.y.z` the count's low 24 bits (after
+//! 2^24 packets a CPU's prefixes come round again, long evicted). It inserts without looking the
+//! prefix up first, where door looks a SYN's prefix up and inserts only one it did not find (with
+//! `BPF_NOEXIST`): the lookup of a prefix that is not there is left out of both kinds alike.
 
 use aya_ebpf::{
     bindings::xdp_action,
     maps::{LruHashMap, PerCpuArray},
 };
-#[doc(hidden)]
 pub(crate) use aya_ebpf::{
     macros::{map as map_attribute, xdp as xdp_attribute},
     programs::XdpContext,
@@ -61,15 +63,18 @@ macro_rules! reference_program {
     ($flags:expr) => {
         /// The map under test.
         #[$crate::churn::map_attribute(name = "DOOR_PREFIXES")]
-        static DOOR_PREFIXES: aya_ebpf::maps::LruHashMap<
+        static DOOR_PREFIXES: ::aya_ebpf::maps::LruHashMap<
             $crate::key::MapKey,
-            door_common::PrefixState,
-        > = aya_ebpf::maps::LruHashMap::with_max_entries(door_common::PREFIX_MAP_CAPACITY, $flags);
+            ::door_common::PrefixState,
+        > = ::aya_ebpf::maps::LruHashMap::with_max_entries(
+            ::door_common::PREFIX_MAP_CAPACITY,
+            $flags,
+        );
 
         /// Each CPU's count of packets, which names its next prefix.
         #[$crate::churn::map_attribute(name = "REF_NEXT")]
-        static REF_NEXT: aya_ebpf::maps::PerCpuArray<u64> =
-            aya_ebpf::maps::PerCpuArray::with_max_entries(1, 0);
+        static REF_NEXT: ::aya_ebpf::maps::PerCpuArray<u64> =
+            ::aya_ebpf::maps::PerCpuArray::with_max_entries(1, 0);
 
         /// Inserts this CPU's next prefix, passes.
         #[$crate::churn::xdp_attribute]

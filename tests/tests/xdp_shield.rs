@@ -799,10 +799,13 @@ fn churn_guard_keeps_tracked_prefixes_and_shares_one_overflow_bucket() {
 
 /// The prefix map keeps one LRU list for all CPUs (docs/decisions.md, "XDP: one LRU list for all
 /// CPUs, not `BPF_F_NO_COMMON_LRU`"): new prefixes that all arrive on one CPU, as behind a
-/// single-queue NIC, may fill the whole map before any is evicted. With one list per CPU the
-/// kernel gives each CPU its share of the entries, and this CPU would have evicted its own
-/// prefixes once it had used its share (half the map on the 2-CPU machines CI runs on; on one CPU
-/// the two kinds cannot be told apart).
+/// single-queue NIC, may fill the map, but for the free entries each CPU keeps at hand once
+/// eviction has begun (fewer than 128: the kernel frees `LOCAL_FREE_TARGET` = 128 at a time,
+/// kernel/bpf/bpf_lru_list.c; only this CPU ran the program here). With one list per CPU the kernel gives each possible CPU
+/// its share of the entries, and this CPU would evict its own prefixes once it had used its
+/// share: half the map on the 2-CPU machines CI runs on (the test fails so, 512 of 1,024); with
+/// one possible CPU, as in the kernel-matrix guests, the two kinds cannot be told apart. The map
+/// evicts rather than refuses: the newest prefix has its entry.
 #[test]
 fn new_prefixes_from_one_cpu_can_fill_the_whole_prefix_map() {
     const CAPACITY: u32 = 1024;
@@ -815,19 +818,25 @@ fn new_prefixes_from_one_cpu_can_fill_the_whole_prefix_map() {
     let mut cfg = settings(1000);
     cfg.max_prefixes = CAPACITY;
     s.configure(&cfg, &[], &[]).unwrap();
-    for i in 0..2 * CAPACITY {
+    let source = |i: u32| {
         let mut src = CLIENT6;
         src[4..8].copy_from_slice(&i.to_be_bytes());
+        src
+    };
+    for i in 0..2 * CAPACITY {
         let (action, _) = s
-            .test_run(&tcp6(src, SERVER6, PORT, Flags::SYN), 1)
+            .test_run(&tcp6(source(i), SERVER6, PORT, Flags::SYN), 1)
             .unwrap();
         assert_eq!(action, XDP_PASS, "new prefix {i}");
     }
-    assert_eq!(
-        s.tracked_prefixes().unwrap(),
-        usize::try_from(CAPACITY).unwrap(),
-        "the map holds as many prefixes from one CPU as it has entries"
+    let held = s.tracked_prefixes().unwrap();
+    assert!(
+        (897..=1024).contains(&held),
+        "the map holds {held} prefixes from one CPU: all of its {CAPACITY} entries but for fewer \
+         than 128 kept free"
     );
+    let newest = PrefixKey::from_ip(source(2 * CAPACITY - 1).into());
+    assert_eq!(syns(&s, newest), Some(1), "the newest prefix has its entry");
 }
 
 /// Under a sustained rotation flood the guard reopens with every refilled new-prefix token and

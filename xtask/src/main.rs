@@ -14,11 +14,11 @@
 //!   guests booting Debian's 6.1 and 6.12 kernels; ends with `N passed, N failed, N skipped`
 //!   (skipped: what could not run here, such as the privileged suites without root). `--vm` runs
 //!   only the guests, `--no-vm` skips them, `--kernel 6.1,6.12` chooses them.
-//! - `cargo xtask bench proxy [--rounds N] [--cluster] [--floor] [--clients N]`: door against nginx and HAProxy
-//!   on loopback in N interleaved rounds, medians, and with `--cluster` door with `[cluster]` on a
-//!   local `redis-server` too, with `--floor` a bare hyper proxy with door's serving design, with
-//!   `--clients N` the HTTP/1.1 requests from N clients named by `X-Forwarded-For` (see
-//!   `bench.rs`); `cargo xtask bench xdp`: door's XDP program
+//! - `cargo xtask bench proxy [--rounds N] [--cluster] [--floor] [--clients N]`: door against
+//!   nginx and HAProxy on loopback in N interleaved rounds, medians, and with `--cluster` door
+//!   with `[cluster]` on a local `redis-server` too, with `--floor` a bare hyper proxy with door's
+//!   serving design, with `--clients N` the HTTP/1.1 requests from N clients named by
+//!   `X-Forwarded-For` (see `bench.rs`); `cargo xtask bench xdp`: door's XDP program
 //!   against reference programs, and on a veth against nftables; `cargo xtask bench
 //!   instructions`: the user-space instructions per request of door, the bare hyper proxy, nginx
 //!   and HAProxy under valgrind's callgrind (see `instructions.rs`).
@@ -105,7 +105,8 @@ enum Task {
         floor: bool,
         /// `proxy` only: the HTTP/1.1 loads come from N clients, each request's
         /// `X-Forwarded-For` naming the next of N addresses in distinct IPv6 /64s of
-        /// 2001:db8::/32 (1 to 100,000), so every front keys and limits N clients.
+        /// 2001:db8::/32 (1 to 16,384: door's default table size), so every front keys and
+        /// limits N clients.
         #[arg(long, value_name = "N")]
         clients: Option<u32>,
     },

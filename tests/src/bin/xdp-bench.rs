@@ -286,8 +286,9 @@ mod lru {
     }
 
     /// Prints, per kind: the median over `rounds` of the ns per packet of `repeat` new prefixes on
-    /// one CPU and on two at once, the map full beforehand (every insertion evicts), and how many
-    /// of twice the map's capacity in new prefixes from one CPU the map holds afterwards.
+    /// one CPU and on two at once, the map filled beforehand from both (every insertion evicts),
+    /// and how many of twice the map's capacity in new prefixes from one CPU the map holds
+    /// afterwards.
     pub(crate) fn compare(repeat: u32, rounds: usize, packet: &[u8]) -> anyhow::Result<()> {
         let cpus = allowed_cpus().context("reading this process's CPUs")?;
         let one = cpus.first().copied().context("no CPU to run on")?;
@@ -299,7 +300,9 @@ mod lru {
             for ((name, object), (alone, both)) in order {
                 let shield =
                     Shield::load_object(object).with_context(|| format!("loading {name}"))?;
-                at_once(&shield, packet, CAPACITY, &[one])?;
+                // Filled from every CPU measured, so that each one's insertions evict from the
+                // start, whichever kind of list (per-CPU lists each hold their CPU's share).
+                at_once(&shield, packet, CAPACITY, two.unwrap_or(&[one]))?;
                 alone.push(at_once(&shield, packet, repeat, &[one])?);
                 if let Some(two) = two {
                     both.push(at_once(&shield, packet, repeat, two)?);
