@@ -40,9 +40,11 @@ pub(crate) struct PassThrough {
 }
 
 /// The counts of [`PassThrough::named`], hashed as the limiter's table hashes its keys
-/// (`foldhash` under a random key per map: a client cannot choose addresses that collide, and a
-/// key costs a few instructions to hash where the standard library's SipHash took about 250
-/// instructions per lookup).
+/// (`foldhash` under a random key per map, which a client would have to learn to choose
+/// addresses that collide; foldhash does not claim resistance to an attacker who can time many
+/// lookups, and the map's size, at most `upstream_max_inflight` entries, bounds what collisions
+/// could cost). A key costs a few instructions to hash where the standard library's SipHash took
+/// about 250 a lookup.
 type NamedCounts = HashMap<PrefixKey, u32, foldhash::fast::RandomState>;
 
 /// Whose per-client count a pass-through request is held against.
@@ -260,5 +262,52 @@ impl Drop for ActiveGuard {
         if self.active.count.fetch_sub(1, Ordering::AcqRel) == 1 {
             self.active.zero.notify_waiters();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use door_common::prefix::PrefixKey;
+
+    use super::{PassRefusal, PassThrough, Whose};
+
+    /// A named client gets `per_client` places and no more, another client keeps its own, the
+    /// door-wide cap counts them all, and each place comes back with its slot: the last one takes
+    /// the client's entry with it.
+    #[test]
+    fn a_named_client_holds_at_most_its_places_and_its_entry_goes_with_the_last() {
+        let door = Arc::new(PassThrough::new(3, 2));
+        let a = PrefixKey::from_ipv4([198, 51, 100, 7]);
+        let b = PrefixKey::from_ipv4([203, 0, 113, 9]);
+        let first = door.take(Whose::Named(a)).unwrap();
+        let second = door.take(Whose::Named(a)).unwrap();
+        assert_eq!(door.take(Whose::Named(a)).unwrap_err(), PassRefusal::Client);
+        let other = door.take(Whose::Named(b)).unwrap();
+        assert_eq!((door.open(), door.named_clients()), (3, 2));
+        // The door-wide cap refuses a fourth, and the refused request keeps no place.
+        assert_eq!(door.take(Whose::Exempt).unwrap_err(), PassRefusal::Door);
+        drop(other);
+        assert_eq!(
+            door.take(Whose::Named(b)).map(drop),
+            Ok(()),
+            "b's place came back"
+        );
+        drop(first);
+        assert_eq!((door.open(), door.named_clients()), (1, 1));
+        let again = door.take(Whose::Named(a)).unwrap();
+        drop(again);
+        drop(second);
+        assert_eq!((door.open(), door.named_clients()), (0, 0));
+    }
+
+    /// With `upstream_max_inflight_per_client = 0` a named client is refused and leaves no entry.
+    #[test]
+    fn no_places_per_client_refuses_a_named_client_and_keeps_nothing() {
+        let door = Arc::new(PassThrough::new(8, 0));
+        let a = PrefixKey::from_ipv4([198, 51, 100, 7]);
+        assert_eq!(door.take(Whose::Named(a)).unwrap_err(), PassRefusal::Client);
+        assert_eq!((door.open(), door.named_clients()), (0, 0));
     }
 }

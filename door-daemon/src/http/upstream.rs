@@ -931,8 +931,8 @@ pub fn rewrite_forwarding(headers: &mut HeaderMap, origin: &Origin) {
         None
     };
     let prior_forwarded = if forwarded && origin.peer_trusted {
-        // `, for="[` + the peer + `]"`: room for the longest own element.
-        readable_forwarded(headers, 2 + 7 + peer.len() + 2)
+        // `, ` + `for="[` + the peer + `]"`: room for the longest own element.
+        readable_forwarded(headers, 2 + 6 + peer.len() + 2)
     } else {
         None
     };
@@ -1062,10 +1062,15 @@ fn prune_trailer_names(headers: &mut HeaderMap) {
 ///
 /// The value has room for `room` more bytes (door's own element).
 fn readable_forwarded(headers: &HeaderMap, room: usize) -> Option<Vec<u8>> {
+    const UNKNOWN: &[u8] = b"for=unknown";
     let Some(readable) = forwarded_readable_part(headers) else {
         return join_lines(headers, &FORWARDED, room);
     };
-    let mut value = b"for=unknown".to_vec();
+    let len = readable
+        .iter()
+        .fold(UNKNOWN.len(), |len, element| len + 2 + element.len());
+    let mut value = Vec::with_capacity(len + room);
+    value.extend_from_slice(UNKNOWN);
     for element in readable {
         value.extend_from_slice(b", ");
         value.extend_from_slice(element);

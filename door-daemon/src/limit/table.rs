@@ -19,8 +19,9 @@
 //! when the tags agree, as SwissTable's control bytes spare its buckets (Abseil, "Swiss Tables
 //! Design Notes"). Entries never move: an entry's number stays valid
 //! until the entry is removed, so a permit can keep it and settle without a lookup
-//! ([`Table::live_at_mut`]). Keys are hashed with a per-table random key (`foldhash`), so a client
-//! cannot choose addresses that collide in the index.
+//! ([`Table::live_at_mut`]). Keys are hashed with a per-table random key (`foldhash`), which a
+//! client would have to learn to choose addresses that collide in the index (foldhash does not
+//! claim resistance to an attacker who can time many lookups; the index is kept at most half full).
 //!
 //! The table allocates its entry array (`cap` entries) and its index when it is created or
 //! resized, never on the request path.
