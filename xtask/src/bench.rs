@@ -38,6 +38,11 @@
 //! shows it, then per route its rps, p99 and user CPU per request against the best peer's (what
 //! the design reaches without door) and door's against its own (what door's work costs).
 //!
+//! With `--pgo`, another front joins every round: `door+pgo` (127.0.0.1:18451), door built with
+//! profile-guided optimisation ([`crate::pgo`]: trained on this benchmark's own loads) and
+//! configured like door; the report then shows, per route, its rps, p99 and user CPU per request
+//! against door's and against the best peer's.
+//!
 //! With `--clients N`, the HTTP/1.1 loads name N clients: wrk runs a Lua script
 //! ([`CLIENTS_SCRIPT`]) that gives each request the `X-Forwarded-For` of the next of N addresses
 //! ([`client_addresses`]: one in each of N IPv6 /64s of 2001:db8::/32, the documentation
@@ -78,7 +83,8 @@ const MIN_DEFAULT_ROUNDS: u32 = 5;
 
 /// The rounds of a run of `fronts` fronts without `--rounds`: the smallest multiple of `fronts`
 /// that is at least [`MIN_DEFAULT_ROUNDS`], so that every front goes first, second and so on
-/// equally often (6 for door, nginx and HAProxy; 8 with one more front; 5 with two more).
+/// equally often (6 for door, nginx and HAProxy; 8 with one more front; 5 with two more; 6 with
+/// three more).
 fn default_rounds(fronts: u32) -> u32 {
     let fronts = fronts.max(1);
     MIN_DEFAULT_ROUNDS.div_ceil(fronts) * fronts
@@ -100,6 +106,8 @@ pub(crate) const UPSTREAM: &str = "127.0.0.1:18080";
 const REDIS_PORT: u16 = 18449;
 /// The bare hyper proxy of `--floor` (HTTP/1.1 and h2c).
 pub(crate) const BARE_LISTEN: &str = "127.0.0.1:18450";
+/// door built with profile-guided optimisation, `--pgo` (HTTP/1.1 and h2c).
+const PGO_LISTEN: &str = "127.0.0.1:18451";
 
 /// The most clients `--clients` takes: the fewest clients a front's table holds apart as
 /// configured here (door's `bench` group, `max_clients` at its default of 16,384; nginx's
@@ -142,9 +150,9 @@ fn client_addresses(n: u32) -> impl Iterator<Item = std::net::Ipv6Addr> {
 
 /// The wrk script and address file of `--clients`, written into the benchmark's directory.
 #[derive(Debug, Clone)]
-struct Clients {
+pub(crate) struct Clients {
     /// How many clients.
-    count: u32,
+    pub(crate) count: u32,
     /// [`CLIENTS_SCRIPT`].
     script: PathBuf,
     /// One address a line ([`client_addresses`]).
@@ -153,7 +161,7 @@ struct Clients {
 
 impl Clients {
     /// Writes the script and `count` addresses into `dir`.
-    fn write(dir: &Path, count: u32) -> anyhow::Result<Self> {
+    pub(crate) fn write(dir: &Path, count: u32) -> anyhow::Result<Self> {
         let script = dir.join("clients.lua");
         let addresses = dir.join("clients.txt");
         std::fs::write(&script, CLIENTS_SCRIPT)?;
@@ -180,21 +188,37 @@ pub(crate) enum Proxy {
     DoorCluster,
     /// The bare hyper proxy (`--floor`): door's serving design without door's work.
     Bare,
+    /// door built with profile-guided optimisation (`--pgo`; [`crate::pgo`]).
+    DoorPgo,
+}
+
+/// The fronts a run adds to door and its peers.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct Extras {
+    /// door with `[cluster]` on a local store (`--cluster`).
+    pub(crate) cluster: bool,
+    /// The bare hyper proxy (`--floor`).
+    pub(crate) floor: bool,
+    /// door built with profile-guided optimisation (`--pgo`).
+    pub(crate) pgo: bool,
 }
 
 impl Proxy {
     /// door and its peers: the fronts of every run.
     const ALL: [Self; 3] = [Self::Door, Self::Nginx, Self::Haproxy];
 
-    /// The fronts of a run: [`Proxy::ALL`], then door with `[cluster]` when `cluster` and the
-    /// bare hyper proxy when `floor`.
-    fn of_run(cluster: bool, floor: bool) -> Vec<Self> {
+    /// The fronts of a run: [`Proxy::ALL`], then those `extras` adds: door with `[cluster]`,
+    /// the bare hyper proxy, door built with profile-guided optimisation.
+    fn of_run(extras: Extras) -> Vec<Self> {
         let mut all = Self::ALL.to_vec();
-        if cluster {
+        if extras.cluster {
             all.push(Self::DoorCluster);
         }
-        if floor {
+        if extras.floor {
             all.push(Self::Bare);
+        }
+        if extras.pgo {
+            all.push(Self::DoorPgo);
         }
         all
     }
@@ -206,6 +230,7 @@ impl Proxy {
             Self::Haproxy => "haproxy",
             Self::DoorCluster => "door+cl",
             Self::Bare => "hyper",
+            Self::DoorPgo => "door+pgo",
         }
     }
 
@@ -217,6 +242,7 @@ impl Proxy {
             Self::Haproxy => "127.0.0.1:18446",
             Self::DoorCluster => "127.0.0.1:18448",
             Self::Bare => BARE_LISTEN,
+            Self::DoorPgo => PGO_LISTEN,
         }
     }
 
@@ -228,6 +254,7 @@ impl Proxy {
             Self::Haproxy => "127.0.0.1:18447",
             Self::DoorCluster => "127.0.0.1:18448",
             Self::Bare => BARE_LISTEN,
+            Self::DoorPgo => PGO_LISTEN,
         }
     }
 }
@@ -287,12 +314,13 @@ impl Drop for Guard {
 
 /// One wrk or h2load result.
 #[derive(Debug, Default, Clone, Copy)]
-struct Run {
+pub(crate) struct Run {
     rps: f64,
     p50_ms: f64,
     /// `None` for h2load when its log gave no per-request times.
     p99_ms: Option<f64>,
-    requests: f64,
+    /// Requests answered.
+    pub(crate) requests: f64,
     non_2xx: f64,
     /// wrk's socket errors (connect, read, write, timeout); h2load's failed and errored requests.
     errors: f64,
@@ -335,20 +363,19 @@ pub(crate) fn xdp() -> anyhow::Result<()> {
 }
 
 /// `cargo xtask bench proxy`: installs the load tools, nginx and HAProxy if missing, builds door
-/// (release) and runs `rounds` interleaved rounds; with `cluster`, door with `[cluster]` on a
-/// `redis-server` it starts is measured in every round too, with `floor` the bare hyper proxy.
-/// Without `rounds`, [`default_rounds`]; with `clients`, the HTTP/1.1 loads name that many
-/// clients ([`Clients`]).
+/// (release) and runs `rounds` interleaved rounds; `extras` adds fronts measured in every round
+/// too: door with `[cluster]` on a `redis-server` it starts, the bare hyper proxy, door built
+/// with profile-guided optimisation ([`crate::pgo::build`]). Without `rounds`,
+/// [`default_rounds`]; with `clients`, the HTTP/1.1 loads name that many clients ([`Clients`]).
 ///
 /// Errors: `rounds` of 0, `clients` outside 1 to [`MAX_CLIENTS`], a missing package, a failed
 /// build or run.
 pub(crate) fn proxy(
     rounds: Option<u32>,
-    cluster: bool,
-    floor: bool,
+    extras: Extras,
     clients: Option<u32>,
 ) -> anyhow::Result<()> {
-    let fronts = u32::try_from(Proxy::of_run(cluster, floor).len()).unwrap_or(u32::MAX);
+    let fronts = u32::try_from(Proxy::of_run(extras).len()).unwrap_or(u32::MAX);
     let rounds = rounds.unwrap_or_else(|| default_rounds(fronts));
     if rounds == 0 {
         bail!("--rounds must be at least 1");
@@ -365,16 +392,21 @@ pub(crate) fn proxy(
         );
     }
     setup::require_debian_packages(setup::BENCH_PROXY_PACKAGES)?;
-    if cluster {
+    if extras.cluster {
         setup::require_debian_packages(&["redis-server"])?;
     }
-    build(floor)?;
+    build(extras.floor)?;
+    let pgo = extras
+        .pgo
+        .then(crate::pgo::build)
+        .transpose()?
+        .map(|built| built.door);
     let dir = std::env::temp_dir().join(format!("door-bench-{}", std::process::id()));
     std::fs::create_dir_all(&dir)?;
     let result = clients
         .map(|n| Clients::write(&dir, n))
         .transpose()
-        .and_then(|clients| run_all(&dir, rounds, cluster, floor, clients.as_ref()));
+        .and_then(|clients| run_all(&dir, (rounds, extras), pgo.as_deref(), clients.as_ref()));
     let _ = std::fs::remove_dir_all(&dir);
     result
 }
@@ -400,12 +432,17 @@ pub(crate) fn build(floor: bool) -> anyhow::Result<()> {
     sh(&mut build)
 }
 
-/// Starts `program` with `--config` `toml` (written to `dir/NAME.toml`).
-fn start_door(dir: &Path, name: &str, toml: &str) -> anyhow::Result<Guard> {
+/// Starts door (the release build, or `binary`) with `--config` `toml` (written to
+/// `dir/NAME.toml`).
+fn start_door(dir: &Path, name: &str, toml: &str, binary: Option<&Path>) -> anyhow::Result<Guard> {
     let conf = dir.join(format!("{name}.toml"));
     std::fs::write(&conf, toml)?;
+    let door = binary.map_or_else(
+        || crate::target_dir().join("release/door"),
+        Path::to_path_buf,
+    );
     Ok(Guard(
-        Command::new(crate::target_dir().join("release/door"))
+        Command::new(door)
             .args(["--config"])
             .arg(&conf)
             .env("RUST_LOG", "warn")
@@ -425,20 +462,19 @@ fn start_quiet(cmd: &mut Command, what: &str) -> anyhow::Result<Guard> {
     ))
 }
 
-fn run_all(
-    dir: &Path,
-    rounds: u32,
-    cluster: bool,
-    with_floor: bool,
-    clients: Option<&Clients>,
-) -> anyhow::Result<()> {
-    let cores = std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get);
-    step("starting the upstream (nginx return 200), nginx, HAProxy and door");
-    let _upstream = nginx(dir, "upstream", &upstream_conf(dir))?;
-    let front = nginx(dir, "front", &front_conf(dir, cores))?;
-    let haproxy = haproxy(dir, cores)?;
-    let door = start_door(dir, "door", &door_toml(Proxy::Door, false))?;
-    let redis = if cluster {
+/// The fronts `extras` adds, running; dropped in the order of the fields (door with
+/// `[cluster]` before its store).
+struct ExtraFronts {
+    door_pgo: Option<Guard>,
+    bare: Option<Guard>,
+    door_cluster: Option<Guard>,
+    /// door+cl's store: only held, to be stopped last.
+    _redis: Option<Guard>,
+}
+
+/// Starts the fronts of `extras` (door+pgo from the binary `pgo`), and the store door+cl needs.
+fn start_extras(dir: &Path, extras: Extras, pgo: Option<&Path>) -> anyhow::Result<ExtraFronts> {
+    let redis = if extras.cluster {
         Some(start_quiet(
             Command::new("redis-server")
                 .args(["--port", &REDIS_PORT.to_string(), "--bind", "127.0.0.1"])
@@ -448,17 +484,28 @@ fn run_all(
     } else {
         None
     };
-    let door_cluster = if cluster {
+    let door_cluster = if extras.cluster {
         wait_listening(&format!("127.0.0.1:{REDIS_PORT}"))?;
         Some(start_door(
             dir,
             "door-cluster",
             &door_toml(Proxy::DoorCluster, true),
+            None,
         )?)
     } else {
         None
     };
-    let bare = if with_floor {
+    let door_pgo = pgo
+        .map(|binary| {
+            start_door(
+                dir,
+                "door-pgo",
+                &door_toml(Proxy::DoorPgo, false),
+                Some(binary),
+            )
+        })
+        .transpose()?;
+    let bare = if extras.floor {
         Some(start_quiet(
             Command::new(crate::target_dir().join("release/bare-proxy"))
                 .args(["--listen", BARE_LISTEN, "--upstream"])
@@ -468,15 +515,39 @@ fn run_all(
     } else {
         None
     };
+    Ok(ExtraFronts {
+        door_pgo,
+        bare,
+        door_cluster,
+        _redis: redis,
+    })
+}
+
+/// The run: the fronts started, the warm-up, `rounds` rounds over door, its peers and the
+/// fronts of `extras` (door+pgo from the binary `pgo`), the report.
+fn run_all(
+    dir: &Path,
+    (rounds, extras): (u32, Extras),
+    pgo: Option<&Path>,
+    clients: Option<&Clients>,
+) -> anyhow::Result<()> {
+    let cores = std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get);
+    step("starting the upstream (nginx return 200), nginx, HAProxy and door");
+    let _upstream = nginx(dir, "upstream", &upstream_conf(dir))?;
+    let front = nginx(dir, "front", &front_conf(dir, cores))?;
+    let haproxy = haproxy(dir, cores)?;
+    let door = start_door(dir, "door", &door_toml(Proxy::Door, false), None)?;
+    let more = start_extras(dir, extras, pgo)?;
     let pids = Pids {
         door: door.0.id(),
         nginx: front.0.id(),
         haproxy: haproxy.0.id(),
-        door_cluster: door_cluster.as_ref().map(|g| g.0.id()),
-        bare: bare.as_ref().map(|g| g.0.id()),
+        door_cluster: more.door_cluster.as_ref().map(|g| g.0.id()),
+        bare: more.bare.as_ref().map(|g| g.0.id()),
+        door_pgo: more.door_pgo.as_ref().map(|g| g.0.id()),
         ticks_per_sec: clock_ticks(),
     };
-    let proxies = Proxy::of_run(cluster, with_floor);
+    let proxies = Proxy::of_run(extras);
     let proxies = proxies.as_slice();
     wait_listening(UPSTREAM)?;
     for &p in proxies {
@@ -530,9 +601,7 @@ fn run_all(
         100.0 * flood.non_2xx / flood.requests.max(1.0),
         flood.rps
     );
-    drop(bare);
-    drop(door_cluster);
-    drop(redis);
+    drop(more);
     Ok(())
 }
 
@@ -561,6 +630,8 @@ struct Pids {
     door_cluster: Option<u32>,
     /// The bare hyper proxy, with `--floor`.
     bare: Option<u32>,
+    /// door built with profile-guided optimisation, with `--pgo`.
+    door_pgo: Option<u32>,
     /// `getconf CLK_TCK`: the unit of `/proc/PID/stat`'s times.
     ticks_per_sec: Option<f64>,
 }
@@ -573,6 +644,7 @@ impl Pids {
             Proxy::Haproxy => cpu_ticks(self.haproxy)?,
             Proxy::DoorCluster => cpu_ticks(self.door_cluster?)?,
             Proxy::Bare => cpu_ticks(self.bare?)?,
+            Proxy::DoorPgo => cpu_ticks(self.door_pgo?)?,
             Proxy::Nginx => children(self.nginx)
                 .into_iter()
                 .filter_map(cpu_ticks)
@@ -635,13 +707,9 @@ fn measure(
     clients: Option<&Clients>,
     secs: u32,
 ) -> anyhow::Result<Run> {
-    let url = route.url(proxy);
     let cpu_before = pids.cpu_secs(proxy);
     let store_before = (proxy == Proxy::DoorCluster).then(store_calls).flatten();
-    let mut run = match route {
-        Route::Pass | Route::Limited => wrk(&url, WRK_CONNECTIONS, secs, clients)?,
-        Route::H2 => h2load(dir, &url, secs)?,
-    };
+    let mut run = load(dir, route, proxy, clients, secs)?;
     if let (Some(before), Some(after)) = (
         store_before,
         store_before.is_some().then(store_calls).flatten(),
@@ -679,6 +747,38 @@ fn measure(
     Ok(run)
 }
 
+/// One load of `route` on `proxy` for `secs` seconds: wrk (HTTP/1.1, naming `clients` when
+/// given) or h2load (h2c); `dir` holds h2load's log.
+///
+/// Errors: the tool fails to start or exits with a failure.
+pub(crate) fn load(
+    dir: &Path,
+    route: Route,
+    proxy: Proxy,
+    clients: Option<&Clients>,
+    secs: u32,
+) -> anyhow::Result<Run> {
+    let url = route.url(proxy);
+    match route {
+        Route::Pass | Route::Limited => wrk(&url, WRK_CONNECTIONS, secs, clients),
+        Route::H2 => h2load(dir, &url, secs),
+    }
+}
+
+/// The report's line on the clients the HTTP/1.1 loads named (`--clients n`).
+fn clients_line(n: u32) -> String {
+    if n == 1 {
+        "HTTP/1.1 requests from 1 client: X-Forwarded-For naming one IPv6 /64 of 2001:db8::/32 \
+         (h2c: one client)"
+            .to_owned()
+    } else {
+        format!(
+            "HTTP/1.1 requests from {n} clients: X-Forwarded-For rotated over {n} IPv6 /64s of \
+             2001:db8::/32 (h2c: one client)"
+        )
+    }
+}
+
 /// The result table: per pair the medians across rounds, then door / best peer.
 ///
 /// `(rounds, clients)`: the rounds run, and the clients the HTTP/1.1 loads named (`--clients`);
@@ -697,11 +797,7 @@ fn report(
          across rounds (rps range in brackets)"
     );
     if let Some(n) = clients {
-        let _ = writeln!(
-            out,
-            "HTTP/1.1 requests from {n} clients: X-Forwarded-For rotated over {n} IPv6 /64s of \
-             2001:db8::/32 (h2c: one client)"
-        );
+        let _ = writeln!(out, "{}", clients_line(n));
     }
     let medians = table(&mut out, results, proxies);
     ratios(&mut out, &medians);
@@ -710,6 +806,9 @@ fn report(
     }
     if proxies.contains(&Proxy::Bare) {
         floor_lines(&mut out, &medians);
+    }
+    if proxies.contains(&Proxy::DoorPgo) {
+        pgo_lines(&mut out, &medians);
     }
     notes(&mut out, cores, load_start, load_end);
     out
@@ -855,51 +954,132 @@ fn cluster_lines(out: &mut String, medians: &HashMap<(Route, Proxy), Medians>) {
     }
 }
 
-/// Per route, the bare hyper proxy against the best peer (rps: the highest; p99 and user CPU per
-/// request: the lowest), and door against the bare proxy: what door's design reaches without
-/// door's work, and what that work costs.
+/// Per route, the bare hyper proxy against the best peer, and door against the bare proxy: what
+/// door's design reaches without door's work, and what that work costs.
 fn floor_lines(out: &mut String, medians: &HashMap<(Route, Proxy), Medians>) {
-    let ratio = |a: Option<f64>, b: Option<f64>| match (a, b) {
-        (Some(a), Some(b)) => format!("{:.2}", a / b.max(f64::MIN_POSITIVE)),
-        _ => "n/a".to_owned(),
+    comparison_lines(
+        out,
+        medians,
+        "floor",
+        [
+            (Proxy::Bare, Against::BestPeer),
+            (Proxy::Door, Against::Front(Proxy::Bare)),
+        ],
+    );
+}
+
+/// Per route, door built with profile-guided optimisation against door, and against the best
+/// peer.
+fn pgo_lines(out: &mut String, medians: &HashMap<(Route, Proxy), Medians>) {
+    comparison_lines(
+        out,
+        medians,
+        "pgo",
+        [
+            (Proxy::DoorPgo, Against::Front(Proxy::Door)),
+            (Proxy::DoorPgo, Against::BestPeer),
+        ],
+    );
+}
+
+/// What a front is compared with in [`comparison_lines`].
+#[derive(Clone, Copy)]
+enum Against {
+    /// Another front of the run.
+    Front(Proxy),
+    /// The better of nginx and HAProxy: the higher rps, the lower p99 and user CPU per request.
+    BestPeer,
+}
+
+/// A table under `label`: per route, two comparisons side by side, each a front against what
+/// `Against` names (rps, p99, user CPU per request). Routes where a front did not run are left
+/// out.
+fn comparison_lines(
+    out: &mut String,
+    medians: &HashMap<(Route, Proxy), Medians>,
+    label: &str,
+    pairs: [(Proxy, Against); 2],
+) {
+    let heading = |(front, against): (Proxy, Against)| {
+        let of = match against {
+            Against::Front(p) => p.name(),
+            Against::BestPeer => "best peer",
+        };
+        format!("{} / {of}", front.name())
     };
     let _ = writeln!(out);
     let _ = writeln!(
         out,
         "{:<17} {:<34} {:<30}",
-        "", "hyper / best peer", "door / hyper"
+        "",
+        heading(pairs[0]),
+        heading(pairs[1])
     );
     let _ = writeln!(
         out,
-        "{:<17} {:<10} {:<10} {:<12} {:<10} {:<10} user/req",
-        "floor", "rps", "p99", "user/req", "rps", "p99"
+        "{label:<17} {:<10} {:<10} {:<12} {:<10} {:<10} user/req",
+        "rps", "p99", "user/req", "rps", "p99"
     );
     for route in Route::ALL {
-        let (Some(door), Some(bare)) = (
-            medians.get(&(route, Proxy::Door)),
-            medians.get(&(route, Proxy::Bare)),
-        ) else {
+        let cols = pairs.map(|(front, against)| compare(medians, route, front, against));
+        let [Some(a), Some(b)] = cols else {
             continue;
         };
-        let peers: Vec<Medians> = [Proxy::Nginx, Proxy::Haproxy]
-            .iter()
-            .filter_map(|p| medians.get(&(route, *p)).copied())
-            .collect();
-        let best_rps = peers.iter().map(|m| m.rps).max_by(f64::total_cmp);
-        let lowest =
-            |get: fn(&Medians) -> Option<f64>| peers.iter().filter_map(get).min_by(f64::total_cmp);
         let _ = writeln!(
             out,
             "{:<17} {:<10} {:<10} {:<12} {:<10} {:<10} {}",
             route.name(),
-            ratio(Some(bare.rps), best_rps),
-            ratio(bare.p99_ms, lowest(|m| m.p99_ms)),
-            ratio(bare.user_us, lowest(|m| m.user_us)),
-            ratio(Some(door.rps), Some(bare.rps)),
-            ratio(door.p99_ms, bare.p99_ms),
-            ratio(door.user_us, bare.user_us),
+            a[0],
+            a[1],
+            a[2],
+            b[0],
+            b[1],
+            b[2]
         );
     }
+}
+
+/// `front` against `against` on `route`: rps, p99 and user CPU per request as ratios (`n/a`
+/// where a side has no value); `None` when either side did not run.
+fn compare(
+    medians: &HashMap<(Route, Proxy), Medians>,
+    route: Route,
+    front: Proxy,
+    against: Against,
+) -> Option<[String; 3]> {
+    let ratio = |a: Option<f64>, b: Option<f64>| match (a, b) {
+        (Some(a), Some(b)) => format!("{:.2}", a / b.max(f64::MIN_POSITIVE)),
+        _ => "n/a".to_owned(),
+    };
+    let m = medians.get(&(route, front))?;
+    let (rps, p99, user) = match against {
+        Against::Front(other) => {
+            let o = medians.get(&(route, other))?;
+            (Some(o.rps), o.p99_ms, o.user_us)
+        }
+        Against::BestPeer => {
+            let peers: Vec<Medians> = [Proxy::Nginx, Proxy::Haproxy]
+                .iter()
+                .filter_map(|p| medians.get(&(route, *p)).copied())
+                .collect();
+            if peers.is_empty() {
+                return None;
+            }
+            let lowest = |get: fn(&Medians) -> Option<f64>| {
+                peers.iter().filter_map(get).min_by(f64::total_cmp)
+            };
+            (
+                peers.iter().map(|p| p.rps).max_by(f64::total_cmp),
+                lowest(|p| p.p99_ms),
+                lowest(|p| p.user_us),
+            )
+        }
+    };
+    Some([
+        ratio(Some(m.rps), rps),
+        ratio(m.p99_ms, p99),
+        ratio(m.user_us, user),
+    ])
 }
 
 /// The store's script calls and commands so far (`INFO commandstats`: `evalsha` and `eval`
@@ -1387,9 +1567,9 @@ mod tests {
     use std::collections::HashSet;
 
     use super::{
-        Clients, HashMap, Medians, Proxy, Route, client_addresses, cpu_column, cpu_ticks,
-        default_rounds, floor_lines, h2load_log, median, order, parse_commandstats, parse_h2load,
-        parse_stat, parse_wrk, quantile,
+        Clients, Extras, HashMap, Medians, Proxy, Route, client_addresses, clients_line,
+        cpu_column, cpu_ticks, default_rounds, floor_lines, h2load_log, median, order,
+        parse_commandstats, parse_h2load, parse_stat, parse_wrk, pgo_lines, quantile,
     };
 
     #[test]
@@ -1408,11 +1588,21 @@ mod tests {
 
     #[test]
     fn every_round_visits_every_pair_once_and_each_proxy_takes_each_place() {
-        for (cluster, floor) in [(false, false), (true, false), (false, true), (true, true)] {
-            let proxies = Proxy::of_run(cluster, floor);
+        for bits in 0..8_u8 {
+            let extras = Extras {
+                cluster: bits & 1 != 0,
+                floor: bits & 2 != 0,
+                pgo: bits & 4 != 0,
+            };
+            let proxies = Proxy::of_run(extras);
             let proxies = proxies.as_slice();
             let n = proxies.len();
-            assert_eq!(n, 3 + usize::from(cluster) + usize::from(floor));
+            assert_eq!(n, 3 + bits.count_ones() as usize, "{extras:?}");
+            assert_eq!(
+                proxies.len(),
+                proxies.iter().collect::<HashSet<_>>().len(),
+                "{extras:?}"
+            );
             for round in 0..6 {
                 let pairs = order(round, proxies);
                 assert_eq!(pairs.len(), 3 * n);
@@ -1456,6 +1646,12 @@ mod tests {
     }
 
     #[test]
+    fn the_report_counts_one_client_and_many() {
+        assert!(clients_line(1).starts_with("HTTP/1.1 requests from 1 client: "));
+        assert!(clients_line(10_000).starts_with("HTTP/1.1 requests from 10000 clients: "));
+    }
+
+    #[test]
     fn the_clients_file_holds_one_address_a_line() {
         let dir = std::env::temp_dir().join(format!("door-bench-test-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
@@ -1475,15 +1671,19 @@ mod tests {
         assert_eq!(default_rounds(0), 5);
     }
 
-    #[test]
-    fn the_floor_is_set_against_the_best_peer_and_door_against_the_floor() {
-        let m = |rps, p99, user| Medians {
+    /// A front's medians with `rps`, `p99` (ms) and `user` (µs per request).
+    fn m(rps: f64, p99: f64, user: f64) -> Medians {
+        Medians {
             rps,
             p99_ms: Some(p99),
             cpu_us: None,
             user_us: Some(user),
             store_ops: None,
-        };
+        }
+    }
+
+    #[test]
+    fn the_floor_is_set_against_the_best_peer_and_door_against_the_floor() {
         let mut medians = HashMap::new();
         medians.insert((Route::Pass, Proxy::Door), m(40_000.0, 5.0, 10.0));
         medians.insert((Route::Pass, Proxy::Nginx), m(50_000.0, 4.0, 4.0));
@@ -1501,6 +1701,24 @@ mod tests {
         assert_eq!(cols, ["0.90", "1.10", "2.00", "0.89", "1.52", "1.25"]);
         // Routes the bare proxy did not run are left out.
         assert!(!out.contains("h1 limited"));
+    }
+
+    #[test]
+    fn the_pgo_build_is_set_against_door_and_against_the_best_peer() {
+        let mut medians = HashMap::new();
+        medians.insert((Route::Limited, Proxy::Door), m(40_000.0, 5.0, 10.0));
+        medians.insert((Route::Limited, Proxy::DoorPgo), m(44_000.0, 4.0, 8.0));
+        medians.insert((Route::Limited, Proxy::Nginx), m(50_000.0, 4.0, 4.0));
+        medians.insert((Route::Limited, Proxy::Haproxy), m(55_000.0, 3.2, 6.0));
+        let mut out = String::new();
+        pgo_lines(&mut out, &medians);
+        assert!(out.contains("door+pgo / door"), "{out}");
+        let line = out.lines().find(|l| l.starts_with("h1 limited")).unwrap();
+        // door+pgo / door, then door+pgo / best peer: rps over HAProxy's, p99 over HAProxy's,
+        // user CPU over nginx's.
+        let cols: Vec<&str> = line["h1 limited".len()..].split_whitespace().collect();
+        assert_eq!(cols, ["1.10", "0.80", "0.80", "0.80", "1.25", "2.00"]);
+        assert!(!out.contains("h1 pass-through"));
     }
 
     #[test]

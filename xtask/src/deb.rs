@@ -22,14 +22,28 @@ const PACKAGE: &str = "door";
 /// workspace root, where xtask runs).
 const CONFIG_TEMPLATE: &str = "packaging/door.toml";
 
-/// Installs cargo-deb if missing, then builds the package; returns the `.deb`'s path.
-pub(crate) fn build() -> anyhow::Result<PathBuf> {
+/// Installs cargo-deb if missing, then builds the package; returns the `.deb`'s path. With
+/// `pgo`, door is built with profile-guided optimisation first ([`crate::pgo::build`]) and the
+/// package takes that binary (cargo-deb's `--no-build`, in the optimised build's target
+/// directory and triple); the package goes to that directory's `debian/`.
+pub(crate) fn build(pgo: bool) -> anyhow::Result<PathBuf> {
     ensure_cargo_deb()?;
-    step(
-        "building the Debian package (release build of door with its XDP program; minutes the first time)",
-    );
-    let out = cargo()
-        .args(["deb", "--package", "door-daemon"])
+    let mut cmd = cargo();
+    cmd.args(["deb", "--package", "door-daemon"]);
+    if pgo {
+        let built = crate::pgo::build()?;
+        step("building the Debian package around door built with profile-guided optimisation");
+        cmd.env("CARGO_TARGET_DIR", &built.target_dir).args([
+            "--no-build",
+            "--target",
+            &built.host,
+        ]);
+    } else {
+        step(
+            "building the Debian package (release build of door with its XDP program; minutes the first time)",
+        );
+    }
+    let out = cmd
         .stderr(std::process::Stdio::inherit())
         .output()
         .context("running cargo deb")?;
@@ -80,9 +94,9 @@ fn ensure_cargo_deb() -> anyhow::Result<()> {
 /// Builds the package, installs it with `dpkg -i`, checks what it installed and that the service
 /// was neither enabled nor started, runs `door check-config` on the shipped configuration, and
 /// purges it (also when a check fails). Root only; refuses to touch a `door` package that was
-/// already installed.
-pub(crate) fn install_test() -> anyhow::Result<()> {
-    let deb = build()?;
+/// already installed. With `pgo`, the package of [`build`]'s `pgo`.
+pub(crate) fn install_test(pgo: bool) -> anyhow::Result<()> {
+    let deb = build(pgo)?;
     step("Debian package: dpkg -i, checks, dpkg --purge");
     if installed_status().contains("install ok installed") {
         bail!(

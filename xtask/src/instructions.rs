@@ -115,6 +115,7 @@ fn under_callgrind(dir: &Path, front: Proxy, out: &Path) -> anyhow::Result<Guard
             cmd.args(["haproxy", "-db", "-f"]).arg(conf);
         }
         Proxy::DoorCluster => bail!("door with [cluster] is not counted"),
+        Proxy::DoorPgo => bail!("door built with profile-guided optimisation is not counted"),
     }
     Ok(Guard(
         cmd.stdin(Stdio::null())

@@ -14,11 +14,12 @@
 //!   guests booting Debian's 6.1 and 6.12 kernels; ends with `N passed, N failed, N skipped`
 //!   (skipped: what could not run here, such as the privileged suites without root). `--vm` runs
 //!   only the guests, `--no-vm` skips them, `--kernel 6.1,6.12` chooses them.
-//! - `cargo xtask bench proxy [--rounds N] [--cluster] [--floor] [--clients N]`: door against
-//!   nginx and HAProxy on loopback in N interleaved rounds, medians, and with `--cluster` door
-//!   with `[cluster]` on a local `redis-server` too, with `--floor` a bare hyper proxy with door's
-//!   serving design, with `--clients N` the HTTP/1.1 requests from N clients named by
-//!   `X-Forwarded-For` (see `bench.rs`); `cargo xtask bench xdp`: door's XDP program
+//! - `cargo xtask bench proxy [--rounds N] [--cluster] [--floor] [--clients N] [--pgo]`: door
+//!   against nginx and HAProxy on loopback in N interleaved rounds, medians, and with `--cluster`
+//!   door with `[cluster]` on a local `redis-server` too, with `--floor` a bare hyper proxy with
+//!   door's serving design, with `--clients N` the HTTP/1.1 requests from N clients named by
+//!   `X-Forwarded-For`, with `--pgo` door built with profile-guided optimisation too (see
+//!   `bench.rs`); `cargo xtask bench xdp`: door's XDP program
 //!   against reference programs, and on a veth against nftables; `cargo xtask bench
 //!   instructions`: the user-space instructions per request of door, the bare hyper proxy, nginx
 //!   and HAProxy under valgrind's callgrind (see `instructions.rs`).
@@ -26,12 +27,16 @@
 //!   requests, slow readers, slowloris heads, oversized heads, upstream restarts, reloads) in two
 //!   network namespaces, then checks that it leaks nothing (see [`soak`]); `cargo xtask test`
 //!   runs it with the default length.
-//! - `cargo xtask deb [--install-test]`: the Debian package (cargo-deb, installed if missing);
-//!   with `--install-test`, also `dpkg -i` it, check it and purge it.
+//! - `cargo xtask pgo`: door built with profile-guided optimisation (an instrumented build, a
+//!   training run, the optimised build; see [`pgo`]); prints the binary's path.
+//! - `cargo xtask deb [--install-test] [--pgo]`: the Debian package (cargo-deb, installed if
+//!   missing); with `--install-test`, also `dpkg -i` it, check it and purge it; with `--pgo`,
+//!   around door built with profile-guided optimisation.
 
 mod bench;
 mod deb;
 mod instructions;
+mod pgo;
 mod service;
 mod setup;
 mod soak;
@@ -91,8 +96,8 @@ enum Task {
         target: String,
         /// `proxy` only: rounds, each measuring every (route, proxy) pair once; the table shows
         /// medians across them (default: the smallest multiple of the run's fronts from 5 up, so
-        /// each front takes each place equally often: 6; 8 with `--cluster` or `--floor`; 5 with
-        /// both).
+        /// each front takes each place equally often: 6; 8 with one of `--cluster`, `--floor` and
+        /// `--pgo`; 5 with two; 6 with all three).
         #[arg(long, value_name = "N")]
         rounds: Option<u32>,
         /// `proxy` only: also door with `[cluster]` on a `redis-server` the benchmark starts,
@@ -109,7 +114,14 @@ enum Task {
         /// limits N clients.
         #[arg(long, value_name = "N")]
         clients: Option<u32>,
+        /// `proxy` only: also door built with profile-guided optimisation (`cargo xtask pgo`,
+        /// trained on the benchmark's own loads), measured beside the plain release build.
+        #[arg(long)]
+        pgo: bool,
     },
+    /// Build door with profile-guided optimisation: an instrumented release build, a training
+    /// run in front of the proxy benchmark's upstream, the optimised build; prints its path.
+    Pgo,
     /// Soak test (root): door under faults in two network namespaces for N minutes, then checks
     /// that its memory, descriptors and slots are back to their baseline and every request was
     /// answered.
@@ -123,6 +135,10 @@ enum Task {
         /// Also install it (dpkg -i, root), check it and purge it, as `cargo xtask test` does.
         #[arg(long)]
         install_test: bool,
+        /// Package door built with profile-guided optimisation (`cargo xtask pgo`) instead of
+        /// the plain release build.
+        #[arg(long)]
+        pgo: bool,
     },
 }
 
@@ -162,10 +178,21 @@ fn main() -> anyhow::Result<()> {
             cluster,
             floor,
             clients,
+            pgo,
         } => match target.as_str() {
-            "proxy" => bench::proxy(rounds, cluster, floor, clients),
-            "xdp" | "instructions" if rounds.is_some() || cluster || floor || clients.is_some() => {
-                bail!("--rounds, --cluster, --floor and --clients are for `bench proxy`")
+            "proxy" => bench::proxy(
+                rounds,
+                bench::Extras {
+                    cluster,
+                    floor,
+                    pgo,
+                },
+                clients,
+            ),
+            "xdp" | "instructions"
+                if rounds.is_some() || cluster || floor || pgo || clients.is_some() =>
+            {
+                bail!("--rounds, --cluster, --floor, --clients and --pgo are for `bench proxy`")
             }
             "xdp" => bench::xdp(),
             "instructions" => instructions::run(),
@@ -179,10 +206,15 @@ fn main() -> anyhow::Result<()> {
             }
             other => other,
         },
-        Task::Deb { install_test: true } => deb::install_test(),
+        Task::Pgo => pgo::build().map(|built| println!("{}", built.door.display())),
+        Task::Deb {
+            install_test: true,
+            pgo,
+        } => deb::install_test(pgo),
         Task::Deb {
             install_test: false,
-        } => deb::build().map(|deb| println!("{}", deb.display())),
+            pgo,
+        } => deb::build(pgo).map(|deb| println!("{}", deb.display())),
     }
 }
 

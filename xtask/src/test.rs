@@ -285,7 +285,7 @@ pub(crate) fn all(kernels: Option<&[String]>) -> anyhow::Result<()> {
     }
     t.task("systemd unit", service::check);
     if setup::is_root() {
-        t.task("Debian package", deb::install_test);
+        t.task("Debian package", || deb::install_test(false));
     } else {
         step("Debian package install test SKIPPED: not root (dpkg -i needs it)");
         t.skip(
