@@ -54,8 +54,9 @@
 //!
 //! The load tool, the proxy under test and the upstream share the machine's cores; nothing is
 //! pinned. `nproc` and the load average are printed at the start and the end. About 50 s a
-//! round plus half a minute of warm-up, a third more with `--floor` (docs/performance.md: the
-//! method and the latest numbers).
+//! round plus half a minute of warm-up, a third more for each extra front; `--pgo` first builds
+//! door afresh with profile-guided optimisation (two more release builds and half a minute of
+//! training: about ten minutes here) (docs/performance.md: the method and the latest numbers).
 //!
 //! `cargo xtask bench xdp` (root): `xdp-bench` from the tests crate, release build. Nanoseconds
 //! per packet of door's XDP program with BPF_PROG_TEST_RUN against an empty program and a
@@ -319,8 +320,8 @@ pub(crate) struct Run {
     p50_ms: f64,
     /// `None` for h2load when its log gave no per-request times.
     p99_ms: Option<f64>,
-    /// Requests answered.
-    pub(crate) requests: f64,
+    /// Requests: wrk's count of responses read, h2load's `total`.
+    requests: f64,
     non_2xx: f64,
     /// wrk's socket errors (connect, read, write, timeout); h2load's failed and errored requests.
     errors: f64,
@@ -333,6 +334,14 @@ pub(crate) struct Run {
     /// door+cl only: the store's script calls and commands (those the script ran included) per
     /// second during the run.
     store_ops: Option<(f64, f64)>,
+}
+
+impl Run {
+    /// Whether the load got answers and nothing else: at least one request, no answer outside
+    /// 2xx and 3xx (h2load: outside 2xx), no socket error, failed or errored request.
+    pub(crate) fn all_answered(&self) -> bool {
+        self.requests > 0.0 && self.non_2xx == 0.0 && self.errors == 0.0
+    }
 }
 
 /// `cargo xtask bench xdp`: builds the benchmark and the binaries it starts (release), installs
@@ -524,13 +533,18 @@ fn start_extras(dir: &Path, extras: Extras, pgo: Option<&Path>) -> anyhow::Resul
 }
 
 /// The run: the fronts started, the warm-up, `rounds` rounds over door, its peers and the
-/// fronts of `extras` (door+pgo from the binary `pgo`), the report.
+/// fronts of `extras`, the report. door+pgo runs from the binary `pgo`, and only when one is
+/// given, whatever `extras.pgo` says.
 fn run_all(
     dir: &Path,
     (rounds, extras): (u32, Extras),
     pgo: Option<&Path>,
     clients: Option<&Clients>,
 ) -> anyhow::Result<()> {
+    let extras = Extras {
+        pgo: pgo.is_some(),
+        ..extras
+    };
     let cores = std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get);
     step("starting the upstream (nginx return 200), nginx, HAProxy and door");
     let _upstream = nginx(dir, "upstream", &upstream_conf(dir))?;
@@ -1264,8 +1278,8 @@ fn check_routes(proxies: &[Proxy]) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// door's configuration for `proxy` (door or door+cl), with `[cluster]` on the benchmark's
-/// store when `cluster`.
+/// door's configuration for `proxy` (door, door+cl or door+pgo), with `[cluster]` on the
+/// benchmark's store when `cluster`.
 pub(crate) fn door_toml(proxy: Proxy, cluster: bool) -> String {
     let cluster = if cluster {
         format!("[cluster]\nredis = \"redis://127.0.0.1:{REDIS_PORT}/0\"\n")

@@ -114,8 +114,9 @@ enum Task {
         /// limits N clients.
         #[arg(long, value_name = "N")]
         clients: Option<u32>,
-        /// `proxy` only: also door built with profile-guided optimisation (`cargo xtask pgo`,
-        /// trained on the benchmark's own loads), measured beside the plain release build.
+        /// `proxy` only: also door built with profile-guided optimisation, afresh as `cargo
+        /// xtask pgo` builds it (trained on the benchmark's own loads; about ten minutes more),
+        /// measured beside the plain release build.
         #[arg(long)]
         pgo: bool,
     },
@@ -135,8 +136,8 @@ enum Task {
         /// Also install it (dpkg -i, root), check it and purge it, as `cargo xtask test` does.
         #[arg(long)]
         install_test: bool,
-        /// Package door built with profile-guided optimisation (`cargo xtask pgo`) instead of
-        /// the plain release build.
+        /// Package door built with profile-guided optimisation, afresh as `cargo xtask pgo`
+        /// builds it (about ten minutes more), instead of the plain release build.
         #[arg(long)]
         pgo: bool,
     },

@@ -16,12 +16,15 @@
 //! Both builds name the host's target triple (`--target`), so that the flags reach door and
 //! every crate it links but not the build scripts and procedural macros, which run at build
 //! time; the XDP program's build sets its own flags (aya-build's `CARGO_ENCODED_RUSTFLAGS`).
-//! The separate target directories keep the plain release build's cache as it is. About twice a
-//! release build's time, plus a minute of training.
+//! The separate target directories keep the plain release build's cache as it is. The flags are
+//! set as `CARGO_ENCODED_RUSTFLAGS`, which replaces any other rustflags (`RUSTFLAGS`,
+//! `build.rustflags`) for these builds. Every call builds and trains afresh: a profile is valid
+//! only for the source it was recorded from. About twice a release build's time, plus half a
+//! minute of training.
 
 use std::{
     path::{Path, PathBuf},
-    process::{Command, Stdio},
+    process::{Child, Command, Stdio},
     time::{Duration, Instant},
 };
 
@@ -32,6 +35,8 @@ use crate::{
     cargo, sh, step,
 };
 
+/// The Debian packages the training run uses: nginx (the upstream), wrk and h2load.
+const TRAIN_PACKAGES: &[&str] = &["nginx-light", "wrk", "nghttp2-client"];
 /// Seconds of training load on each route.
 const TRAIN_SECS: u32 = 6;
 /// The clients named by `X-Forwarded-For` in the training's many-clients loads.
@@ -51,16 +56,24 @@ pub(crate) struct Built {
 
 /// Builds door with profile-guided optimisation (the three steps of the module's docs).
 ///
-/// Errors: `rustup` missing or failing to add `llvm-tools`, a failed build, the benchmark's
-/// tools (nginx, wrk, h2load) missing, a training load that got no answer, an instrumented door
-/// that does not exit cleanly or writes no profile, a failed merge.
+/// Errors: the training's tools (nginx, wrk, h2load) missing, `rustup` missing or failing to
+/// add `llvm-tools`, the profiles of an earlier run that cannot be removed, a failed build, a
+/// training load with an answer other than 2xx or an error, an instrumented door that does not
+/// exit cleanly or writes no profile, a failed merge.
 pub(crate) fn build() -> anyhow::Result<Built> {
+    crate::setup::require_debian_packages(TRAIN_PACKAGES)?;
     let profdata = llvm_profdata()?;
     let host = host_triple()?;
     let root = crate::target_dir().join("pgo");
     let profiles = root.join("profiles");
     let merged = root.join("door.profdata");
-    let _ = std::fs::remove_dir_all(&profiles);
+    // An earlier run's profiles, from other code, must not be merged into this one's.
+    match std::fs::remove_dir_all(&profiles) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+            return Err(e).with_context(|| format!("removing {}", profiles.display()));
+        }
+        _ => {}
+    }
     std::fs::create_dir_all(&profiles)
         .with_context(|| format!("creating {}", profiles.display()))?;
 
@@ -98,11 +111,12 @@ pub(crate) fn build() -> anyhow::Result<Built> {
     })
 }
 
-/// `cargo build --release` of door into `target_dir` for `host`, with `rustflags`.
-fn release_build(target_dir: &Path, host: &str, rustflags: &str) -> Command {
+/// `cargo build --release` of door into `target_dir` for `host`, with `rustflag` (one flag) as
+/// its only rustflags.
+fn release_build(target_dir: &Path, host: &str, rustflag: &str) -> Command {
     let mut cmd = cargo();
     cmd.env("CARGO_TARGET_DIR", target_dir)
-        .env("RUSTFLAGS", rustflags)
+        .env("CARGO_ENCODED_RUSTFLAGS", rustflag)
         .args(["build", "--release", "--package", "door-daemon", "--bin"])
         .args(["door", "--target", host]);
     cmd
@@ -159,10 +173,9 @@ fn llvm_profdata() -> anyhow::Result<PathBuf> {
 /// The training run of the instrumented `door` (module docs, step 2); its profiles go to
 /// `profiles`.
 ///
-/// Errors: nginx, wrk or h2load missing or failing, a load with no answered request, door not
-/// exiting with status 0 within [`STOP_DEADLINE`] of SIGTERM, no profile written.
+/// Errors: nginx, wrk or h2load failing, a load with an answer other than 2xx or an error, door
+/// not exiting with status 0 within [`STOP_DEADLINE`] of SIGTERM, no profile written.
 fn train(door: &Path, profiles: &Path) -> anyhow::Result<()> {
-    crate::setup::require_debian_packages(crate::setup::BENCH_PROXY_PACKAGES)?;
     let dir = std::env::temp_dir().join(format!("door-pgo-{}", std::process::id()));
     std::fs::create_dir_all(&dir)?;
     let result = train_in(&dir, door);
@@ -186,23 +199,38 @@ fn train_in(dir: &Path, door: &Path) -> anyhow::Result<()> {
     let _upstream = bench::nginx(dir, "upstream", &bench::upstream_conf(dir))?;
     let conf = dir.join("door.toml");
     std::fs::write(&conf, bench::door_toml(Proxy::Door, false))?;
-    let mut child = Command::new(door)
-        .arg("--config")
-        .arg(&conf)
-        .env("RUST_LOG", "warn")
-        // A profile path set in the environment would take the place of the build's.
-        .env_remove("LLVM_PROFILE_FILE")
-        .stdin(Stdio::null())
-        .spawn()
-        .with_context(|| format!("starting {}", door.display()))?;
-    let loads = loads(dir, &child);
-    let stopped = stop(&mut child);
+    let mut training = Training(Some(
+        Command::new(door)
+            .arg("--config")
+            .arg(&conf)
+            .env("RUST_LOG", "warn")
+            // A profile path set in the environment would take the place of the build's.
+            .env_remove("LLVM_PROFILE_FILE")
+            .stdin(Stdio::null())
+            .spawn()
+            .with_context(|| format!("starting {}", door.display()))?,
+    ));
+    let loads = loads(dir);
+    let stopped = training.stop();
     loads?;
     stopped
 }
 
-/// The training loads on the running door `child`.
-fn loads(dir: &Path, child: &std::process::Child) -> anyhow::Result<()> {
+/// The instrumented door while it trains: killed if dropped before [`Training::stop`] (a load
+/// that failed or panicked), so that it never outlives the run holding the benchmark's port.
+struct Training(Option<Child>);
+
+impl Drop for Training {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.0.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+/// The training loads on the instrumented door.
+fn loads(dir: &Path) -> anyhow::Result<()> {
     bench::wait_listening(bench::UPSTREAM)?;
     bench::wait_listening(Proxy::Door.h1())?;
     let many = Clients::write(dir, TRAIN_CLIENTS)?;
@@ -226,20 +254,29 @@ fn loads(dir: &Path, child: &std::process::Child) -> anyhow::Result<()> {
         );
         let run = bench::load(dir, route, Proxy::Door, clients, TRAIN_SECS)?;
         ensure!(
-            run.requests > 0.0,
-            "the training load on {} got no answer from door (pid {})",
+            run.all_answered(),
+            "the training load on {} got an answer other than 2xx, or an error: {run:?}",
             route.name(),
-            child.id()
         );
     }
     Ok(())
 }
 
-/// Stops the instrumented door with SIGTERM (it drains and exits, writing its profile on the
-/// way out), killing it if it is still there after [`STOP_DEADLINE`].
-///
-/// Errors: door still running at the deadline, or exiting with a failure status.
-fn stop(child: &mut std::process::Child) -> anyhow::Result<()> {
+impl Training {
+    /// Stops the instrumented door with SIGTERM (it drains and exits, writing its profile on
+    /// the way out), killing it if it is still there after [`STOP_DEADLINE`].
+    ///
+    /// Errors: door still running at the deadline, or exiting with a failure status.
+    fn stop(&mut self) -> anyhow::Result<()> {
+        let Some(mut child) = self.0.take() else {
+            return Ok(());
+        };
+        stop(&mut child)
+    }
+}
+
+/// [`Training::stop`] of `child`.
+fn stop(child: &mut Child) -> anyhow::Result<()> {
     let _ = Command::new("kill")
         .arg("-TERM")
         .arg(child.id().to_string())
@@ -292,7 +329,10 @@ mod tests {
                 .any(|w| w[0] == "--target" && w[1] == "x86_64-unknown-linux-gnu")
         );
         let envs: Vec<_> = cmd.get_envs().collect();
-        assert!(envs.contains(&("RUSTFLAGS".as_ref(), Some("-Cprofile-use=/t/p".as_ref()))));
+        assert!(envs.contains(&(
+            "CARGO_ENCODED_RUSTFLAGS".as_ref(),
+            Some("-Cprofile-use=/t/p".as_ref())
+        )));
         assert!(envs.contains(&("CARGO_TARGET_DIR".as_ref(), Some(dir.as_os_str()))));
         assert_eq!(
             binary(dir, "x86_64-unknown-linux-gnu"),
