@@ -4,6 +4,7 @@
 use std::{borrow::Cow, collections::BTreeMap, path::Path};
 
 use serde::Deserialize;
+use unicode_width::UnicodeWidthChar;
 
 use super::{ConfigError, QUOTED_CHARS, clipped, listen::LISTEN_TABLE_KEYS, printable, quoted};
 
@@ -201,8 +202,8 @@ pub(super) fn parse_file(path: &Path, text: &str) -> Result<File, ConfigError> {
     })
 }
 
-/// A syntax error's message: toml's reason, the line and column, and the line quoted with a
-/// caret under the column: the whole line up to [`QUOTED_CHARS`] characters, otherwise that many
+/// A syntax error's message: toml's reason, the line and column (in characters), and the line
+/// quoted with a caret under the column as a terminal shows it: the whole line up to [`QUOTED_CHARS`] characters, otherwise that many
 /// around the column, so that a line of hundreds of kilobytes is quoted in one screen line.
 /// Without a location, toml's own message, each line clipped.
 fn syntax_message(text: &str, e: &toml::de::Error) -> String {
@@ -227,7 +228,15 @@ fn syntax_message(text: &str, e: &toml::de::Error) -> String {
         .min(quoted.len().saturating_sub(QUOTED_CHARS));
     let to = (from + QUOTED_CHARS).min(quoted.len());
     let mut shown: String = quoted.get(from..to).unwrap_or_default().iter().collect();
-    let mut caret = column - from;
+    // The caret goes under the column as a terminal shows the line: a wide character (CJK, most
+    // emoji) takes two cells, a combining mark none (Unicode's East Asian Width, UAX #11).
+    let mut caret: usize = quoted
+        .get(from..column.min(to))
+        .unwrap_or_default()
+        .iter()
+        .map(|&c| c.width().unwrap_or(0))
+        .sum::<usize>()
+        + column.saturating_sub(to);
     if from > 0 {
         shown.insert(0, '…');
         caret += 1;

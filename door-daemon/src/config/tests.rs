@@ -196,6 +196,17 @@ fn a_huge_value_or_line_is_quoted_clipped() {
     assert!(lines[0].contains("(line 2, column 12)"), "{e}");
     assert_eq!(lines[1], "  upstream = = 1", "{e}");
     assert_eq!(lines[2], "             ^", "{e}");
+    // Wide characters take two cells of the terminal, a combining mark none: the caret stays
+    // under the column as the line shows it, while the column is counted in characters.
+    let e = err("# 入口の設定\nlisten = [\"門\"] =");
+    let lines: Vec<&str> = e.lines().collect();
+    assert!(lines[0].contains("(line 2, column 16)"), "{e}");
+    assert_eq!(lines[1], "  listen = [\"門\"] =", "{e}");
+    assert_eq!(lines[2], format!("  {}^", " ".repeat(16)), "{e}");
+    let e = err("upstream = \"cafe\u{301}\" =");
+    let lines: Vec<&str> = e.lines().collect();
+    assert!(lines[0].contains("(line 1, column 20)"), "{e}");
+    assert_eq!(lines[2], format!("  {}^", " ".repeat(18)), "{e}");
     // A control character on the quoted line shows as a replacement character.
     let e = err("listen = = \"\u{1b}[2J\"");
     assert!(e.contains("  listen = = \"\u{fffd}[2J\""), "{e:?}");
