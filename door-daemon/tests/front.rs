@@ -1129,6 +1129,86 @@ async fn response_trailers_cross_door_over_http11() {
     }
 }
 
+/// A response's trailers reach an h2c client without the connection-specific fields an HTTP/1.1
+/// upstream may put there (`Connection`, `Keep-Alive`, `Upgrade`, `TE` other than `trailers`:
+/// RFC 9113 §8.2.2 forbids them in any HEADERS frame, and the `h2` crate refuses to send them, so
+/// passed on they would reset the stream after its last byte of data) nor the framing and control
+/// fields RFC 9110 §6.5.1 keeps out of a trailer section (`Content-Length`, `Trailer`,
+/// `Content-Type`…), which hyper's HTTP/1.1 server drops for an HTTP/1.1 client. Other trailer
+/// fields pass, and over HTTP/1.1 the same ones arrive.
+#[tokio::test]
+async fn response_trailers_reach_the_client_without_connection_or_framing_fields() {
+    const SENT: [(&str, &str); 7] = [
+        ("x-sum", "42"),
+        ("keep-alive", "timeout=5"),
+        ("upgrade", "websocket"),
+        ("connection", "x-hop"),
+        ("x-hop", "1"),
+        ("content-length", "9"),
+        ("content-type", "text/plain"),
+    ];
+    let handler: Handler = Arc::new(|_req: Request<Incoming>| {
+        Box::pin(async move {
+            let mut trailers = http::HeaderMap::new();
+            for (k, v) in SENT {
+                trailers.insert(
+                    http::HeaderName::from_static(k),
+                    http::HeaderValue::from_static(v),
+                );
+            }
+            let frames: Vec<Result<Frame<Bytes>, Infallible>> = vec![
+                Ok(Frame::data(Bytes::from_static(b"payload"))),
+                Ok(Frame::trailers(trailers)),
+            ];
+            let mut res =
+                Response::new(StreamBody::new(futures_util::stream::iter(frames)).boxed());
+            let names = SENT.map(|(k, _)| k).join(", ");
+            res.headers_mut()
+                .insert("trailer", http::HeaderValue::from_str(&names).unwrap());
+            res
+        })
+    });
+    let up = upstream(handler).await;
+    let d = door(&config(up, "", "")).await;
+
+    // h2c: the whole body, then the trailers, and the stream ends cleanly.
+    let s = TcpStream::connect(d.addr).await.unwrap();
+    let (c, conn) = h2::client::handshake(s).await.unwrap();
+    tokio::spawn(conn);
+    for path in ["/l/session/1", "/unlimited"] {
+        let req = Request::get(format!("http://door.test{path}"))
+            .header("te", "trailers")
+            .body(())
+            .unwrap();
+        let mut c = c.clone().ready().await.unwrap();
+        let (res, _) = c.send_request(req, true).unwrap();
+        let res = res.await.unwrap();
+        assert_eq!(res.status(), StatusCode::OK, "{path}");
+        let mut body = res.into_body();
+        let mut got = Vec::new();
+        while let Some(chunk) = body.data().await {
+            got.extend_from_slice(&chunk.unwrap());
+        }
+        assert_eq!(got, b"payload", "h2c {path}");
+        let trailers = body.trailers().await.unwrap().unwrap();
+        let mut names: Vec<&str> = trailers.keys().map(http::HeaderName::as_str).collect();
+        names.sort_unstable();
+        assert_eq!(names, ["x-sum"], "h2c {path}");
+    }
+
+    // HTTP/1.1: the same trailer fields.
+    let mut req = get("/unlimited");
+    req.headers_mut()
+        .insert("te", http::HeaderValue::from_static("trailers"));
+    let res = h1(d.addr).await.send_request(req).await.unwrap();
+    let body = res.into_body().collect().await.unwrap();
+    let trailers = body.trailers().cloned().unwrap();
+    let mut names: Vec<&str> = trailers.keys().map(http::HeaderName::as_str).collect();
+    names.sort_unstable();
+    assert_eq!(names, ["x-sum"], "HTTP/1.1");
+    assert_eq!(body.to_bytes(), "payload");
+}
+
 /// A request's trailers reach the upstream without the fields door reads or rewrites in the
 /// header section: an upstream that merges trailers into the header section (Apache httpd's
 /// `MergeTrailers On`) would otherwise take a client-chosen address or session from there. Other

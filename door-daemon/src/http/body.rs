@@ -23,6 +23,7 @@ use crate::{
     http::{
         inflight::{ActiveGuard, PassSlot},
         settle::{End, Held},
+        upstream::strip_response_trailers,
     },
     obs::metrics::StreamOpen,
 };
@@ -281,7 +282,7 @@ impl Body for ResponseBody {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, ResponseBodyError>>> {
         let this = &mut *self;
-        let poll = match &mut this.kind {
+        let mut poll = match &mut this.kind {
             Kind::Upstream(b) => Pin::new(b)
                 .poll_frame(cx)
                 .map(|f| f.map(|r| r.map_err(ResponseBodyError::from))),
@@ -307,6 +308,11 @@ impl Body for ResponseBody {
             },
             Kind::Full(b) => Poll::Ready(b.take().map(|b| Ok(Frame::data(b)))),
         };
+        if let Poll::Ready(Some(Ok(frame))) = &mut poll
+            && let Some(trailers) = frame.trailers_mut()
+        {
+            strip_response_trailers(trailers);
+        }
         match &poll {
             Poll::Ready(None | Some(Err(_))) => this.finish(),
             Poll::Ready(Some(Ok(_))) if this.is_end_stream() => this.finish(),

@@ -26,8 +26,9 @@ use tokio::{
 use http::{
     HeaderMap, HeaderName, HeaderValue, Method, Request, Response, Uri, Version,
     header::{
-        AUTHORIZATION, CONNECTION, CONTENT_LENGTH, COOKIE, FORWARDED, HOST, PROXY_AUTHENTICATE,
-        PROXY_AUTHORIZATION, TE, TRAILER, TRANSFER_ENCODING, UPGRADE,
+        AUTHORIZATION, CACHE_CONTROL, CONNECTION, CONTENT_ENCODING, CONTENT_LENGTH, CONTENT_RANGE,
+        CONTENT_TYPE, COOKIE, FORWARDED, HOST, MAX_FORWARDS, PROXY_AUTHENTICATE,
+        PROXY_AUTHORIZATION, SET_COOKIE, TE, TRAILER, TRANSFER_ENCODING, UPGRADE,
     },
     uri::PathAndQuery,
 };
@@ -982,6 +983,42 @@ fn strip_request_trailers(trailers: &mut HeaderMap) {
         trailers.remove(name);
     }
 }
+
+/// Drops from a response's trailer section the hop-by-hop fields (RFC 9110 §7.6.1: those of
+/// `HOP_BY_HOP` and those its `Connection` names) and the fields RFC 9110 §6.5.1 keeps out of a
+/// trailer section because a recipient needs them before the content (framing, routing,
+/// authentication, response controls, the content's format: the list hyper's HTTP/1.1 server
+/// drops, [`BARRED_FROM_RESPONSE_TRAILERS`]). Over HTTP/2 the hop-by-hop ones are not only
+/// meaningless but forbidden (RFC 9113 §8.2.2): the `h2` crate refuses to send them, and passed
+/// on from an HTTP/1.1 upstream they would reset the client's stream after its last byte of data
+/// (found by a test). So an HTTP/1.1 and an HTTP/2 client get the same trailer fields. Trailers
+/// are rare: a body without them never calls this.
+pub(crate) fn strip_response_trailers(trailers: &mut HeaderMap) {
+    strip_hop_by_hop(trailers);
+    for name in BARRED_FROM_RESPONSE_TRAILERS {
+        if trailers.contains_key(name) {
+            trailers.remove(name);
+        }
+    }
+}
+
+/// The fields hyper's HTTP/1.1 server leaves out of a response's trailer section (its
+/// `is_valid_trailer_field`), after RFC 9110 §6.5.1; [`strip_response_trailers`] drops them for
+/// every client.
+static BARRED_FROM_RESPONSE_TRAILERS: [&HeaderName; 12] = [
+    &AUTHORIZATION,
+    &CACHE_CONTROL,
+    &CONTENT_ENCODING,
+    &CONTENT_LENGTH,
+    &CONTENT_RANGE,
+    &CONTENT_TYPE,
+    &HOST,
+    &MAX_FORWARDS,
+    &SET_COOKIE,
+    &TE,
+    &TRAILER,
+    &TRANSFER_ENCODING,
+];
 
 /// Whether door drops a request trailer field named `name` (lower case) in
 /// [`strip_request_trailers`], which says which and why.
