@@ -1,8 +1,8 @@
 //! Cached health (docs/design.md, "Limits", "Cached health"): a probe of the `health` group that
 //! is over budget is never refused; it gets the last status the upstream gave for health, cached
 //! for [`HEALTH_TTL`], refreshed single-flight when it is older (the other probes get the last
-//! status meanwhile, or wait for the refresh when there is none). While door drains the cache is
-//! bypassed and health answers 503 at once.
+//! status meanwhile if it is younger than [`HEALTH_STALE`], or wait for the refresh's answer). While
+//! door drains the cache is bypassed and health answers 503 at once.
 //!
 //! Only a status that speaks for the application is kept ([`speaks_for_health`]): any client may
 //! probe, and a 4xx (a `Host` the application refuses, a bad `Authorization`), a 3xx (a redirect
@@ -27,6 +27,13 @@ use crate::time::Clock;
 
 /// How long an upstream health status is served to over-budget probes: 1 s.
 pub const HEALTH_TTL: Duration = Duration::from_secs(1);
+
+/// How old the last status may be and still be served to an over-budget probe while a refresh is
+/// under way (RFC 5861's `stale-while-revalidate`, which bounds the stale window too): 10 s. An
+/// older one is no answer for the application now (a 503 from minutes ago, while the upstream is
+/// well again, would fail every probe until the refresh lands), so the probe waits for the
+/// refresh's answer instead.
+pub const HEALTH_STALE: Duration = Duration::from_secs(10);
 
 /// Whether `status` speaks for the application's health, whoever asked: a 2xx but `206 Partial
 /// Content`, or a 5xx (the upstream's own, or door's 502/504 when the upstream failed). Not a
@@ -55,18 +62,23 @@ struct Entry {
 pub struct CachedHealth {
     clock: Arc<dyn Clock>,
     ttl_ns: u64,
+    /// [`HEALTH_STALE`], nanoseconds.
+    stale_ns: u64,
     draining: Arc<AtomicBool>,
     last: Mutex<Option<Entry>>,
     flight: tokio::sync::Mutex<()>,
 }
 
 impl CachedHealth {
-    /// A cache whose entries live `ttl` (normally [`HEALTH_TTL`]), reading time from `clock`, and
-    /// answering 503 whenever `draining` is set.
+    /// A cache whose entries live `ttl` (normally [`HEALTH_TTL`]), and are served while a refresh
+    /// is under way until [`HEALTH_STALE`] old, reading time from `clock`, and answering 503
+    /// whenever `draining` is set.
     pub fn new(clock: Arc<dyn Clock>, ttl: Duration, draining: Arc<AtomicBool>) -> Self {
+        let ns = |d: Duration| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX);
         Self {
             clock,
-            ttl_ns: u64::try_from(ttl.as_nanos()).unwrap_or(u64::MAX),
+            ttl_ns: ns(ttl),
+            stale_ns: ns(HEALTH_STALE.max(ttl)),
             draining,
             last: Mutex::new(None),
             flight: tokio::sync::Mutex::new(()),
@@ -96,27 +108,30 @@ impl CachedHealth {
         if self.draining() {
             return None;
         }
+        self.younger_than(self.ttl_ns)
+    }
+
+    /// The last status recorded if it is younger than `age_ns` nanoseconds.
+    fn younger_than(&self, age_ns: u64) -> Option<StatusCode> {
         let entry = *self.last.lock().unwrap_or_else(PoisonError::into_inner);
         let now = self.clock.now_ns();
         entry
-            .filter(|e| now.saturating_sub(e.at_ns) < self.ttl_ns)
+            .filter(|e| now.saturating_sub(e.at_ns) < age_ns)
             .map(|e| e.status)
     }
 
     /// The last status recorded, however old; `None` before the first.
+    #[cfg(test)]
     fn last(&self) -> Option<StatusCode> {
-        self.last
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .map(|e| e.status)
+        self.younger_than(u64::MAX)
     }
 
     /// The status for an over-budget probe: 503 while draining; else the fresh cached status;
     /// else one caller runs `refresh` (asks the upstream) and its result is cached if it speaks
     /// for health (else only that caller gets it). A concurrent caller gets the last status at
-    /// once if there is one (an upstream slow to answer the refresh delays that one probe, not
-    /// every probe behind it), and otherwise waits for the refresh and gets its result, or runs
-    /// the next refresh when that result was not kept. Never a 429 and never door's own 503 (an
+    /// once if it is younger than [`HEALTH_STALE`] (an upstream slow to answer the refresh delays
+    /// that one probe, not every probe behind it), and otherwise waits for the refresh and gets
+    /// its result, or runs the next refresh when that result was not kept. Never a 429 and never door's own 503 (an
     /// upstream's 503 is passed on).
     pub async fn status<F, Fut>(&self, refresh: F) -> StatusCode
     where
@@ -131,8 +146,8 @@ impl CachedHealth {
         }
         let _flight = match self.flight.try_lock() {
             Ok(flight) => flight,
-            Err(_) => match self.last() {
-                // A refresh is under way: the last status until it lands.
+            Err(_) => match self.younger_than(self.stale_ns) {
+                // A refresh is under way: the last status until it lands, if it is recent.
                 Some(s) => return s,
                 None => self.flight.lock().await,
             },
@@ -267,6 +282,41 @@ mod tests {
         assert_eq!(
             c.status(|| async { StatusCode::OK }).await,
             StatusCode::SERVICE_UNAVAILABLE
+        );
+    }
+
+    /// A status older than [`HEALTH_STALE`] is not served while a refresh runs: the probes wait
+    /// for the refresh and get its answer (an upstream that was failing minutes ago and is well
+    /// now does not fail them).
+    #[tokio::test]
+    async fn an_old_status_is_not_served_while_a_refresh_runs() {
+        let (clock, _draining, c) = cache();
+        c.record(StatusCode::SERVICE_UNAVAILABLE);
+        clock.advance(HEALTH_STALE);
+        let (release_tx, mut release_rx) = tokio::sync::watch::channel(false);
+        let refreshing = {
+            let c = Arc::clone(&c);
+            tokio::spawn(async move {
+                c.status(|| async move {
+                    let _ = release_rx.wait_for(|r| *r).await;
+                    StatusCode::OK
+                })
+                .await
+            })
+        };
+        tokio::task::yield_now().await;
+        let waiting = {
+            let c = Arc::clone(&c);
+            tokio::spawn(async move { c.status(|| async { StatusCode::IM_A_TEAPOT }).await })
+        };
+        tokio::task::yield_now().await;
+        assert!(!waiting.is_finished(), "waits for the refresh under way");
+        let _ = release_tx.send(true);
+        assert_eq!(refreshing.await.unwrap(), StatusCode::OK);
+        assert_eq!(
+            waiting.await.unwrap(),
+            StatusCode::OK,
+            "the refresh's answer, not the 503 of 10 s ago, and no second refresh"
         );
     }
 
