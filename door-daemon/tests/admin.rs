@@ -161,7 +161,9 @@ async fn cached_health_answers_are_not_rejections() {
 }
 
 /// A quiet door's groups and outcomes are on `/metrics` from the start, at 0: dashboards list
-/// their groups from `door_requests_total`, and `rate()` sees the first increment.
+/// their groups from `door_requests_total`, and `rate()` sees the first increment. So are the
+/// counters of things that have not happened yet: `door.evictions` per group, and
+/// `door.untrusted_xff`, `door.allowed`, `door.denied` and `door.escalations`.
 #[tokio::test]
 async fn metrics_list_every_group_and_outcome_of_a_quiet_door() {
     let door = Door::start(&config(upstream().await, "")).await;
@@ -184,6 +186,30 @@ async fn metrics_list_every_group_and_outcome_of_a_quiet_door() {
                 "{group} {outcome}:\n{text}"
             );
         }
+        let labels = [("door_group".to_owned(), group.to_owned())];
+        let found = samples
+            .iter()
+            .find(|s| s.name == "door_evictions_total" && s.labels == labels);
+        assert_eq!(
+            found.map(|s| s.value.as_str()),
+            Some("0"),
+            "evictions {group}:\n{text}"
+        );
+    }
+    for name in [
+        "door_untrusted_xff_total",
+        "door_allowed_total",
+        "door_denied_total",
+        "door_escalations_total",
+    ] {
+        let found = samples
+            .iter()
+            .find(|s| s.name == name && s.labels.is_empty());
+        assert_eq!(
+            found.map(|s| s.value.as_str()),
+            Some("0"),
+            "{name}:\n{text}"
+        );
     }
 }
 

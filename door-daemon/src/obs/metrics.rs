@@ -140,7 +140,8 @@ impl TlsFailure {
 /// - `door.clients` (up-down counter, `{client}`): entries in a group's client table, per
 ///   `door.group` (the shared row is not an entry).
 /// - `door.evictions` (counter, `{client}`): table entries replaced by a new client, per
-///   `door.group`.
+///   `door.group`; every group reported from the start, at 0 (so are `door.untrusted_xff`,
+///   `door.allowed`, `door.denied` and `door.escalations`).
 /// - `door.untrusted_xff` (counter, `{request}`): forwarding headers ignored because an untrusted
 ///   loopback or private peer sent them (docs/design.md, "Client key").
 /// - `door.proxy_protocol_rejected` (counter, `{connection}`): connections dropped on a PROXY
@@ -309,7 +310,7 @@ impl Metrics {
     /// in-memory provider).
     pub fn new(meter: &Meter) -> Self {
         let totals: Registry = Arc::default();
-        Self {
+        let metrics = Self {
             meter: meter.clone(),
             _observed: Arc::new(Observed::new(meter, &totals)),
             evictions: meter
@@ -378,7 +379,18 @@ impl Metrics {
                 .with_unit("{request}")
                 .build(),
             totals,
+        };
+        // The counters without attributes exist from the start, at 0, as `door.requests` does:
+        // a scrape of a quiet door lists them, and `rate()` sees their first increment.
+        for counter in [
+            &metrics.untrusted_xff,
+            &metrics.allowed,
+            &metrics.denied,
+            &metrics.escalations,
+        ] {
+            counter.add(0, &[]);
         }
+        metrics
     }
 
     /// The meter these instruments were built from, for the instruments registered later (the
@@ -483,6 +495,8 @@ impl Metrics {
                 .entry(group.to_owned())
                 .or_insert_with(|| Arc::new(Counts::default())),
         );
+        // A group's `door.evictions` exists from the start, at 0 (see [`Metrics::new`]).
+        self.evictions.add(0, std::slice::from_ref(&group_kv));
         GroupMetrics {
             metrics: self,
             group_attrs: [group_kv],
