@@ -468,24 +468,42 @@ async fn asking_for_an_event_stream_does_not_take_a_request_past_the_planes() {
     );
 }
 
-/// Asking for an upgrade (`Connection: upgrade`, `Upgrade: foo`) does not take a request past
-/// the planes either: an answer that is not a `101` was charged to the IP plane like any other.
+/// Asking for an upgrade (`Connection: upgrade`, `Upgrade: foo`) takes a request past its plane
+/// only as far as its group lets it: an upgrade is not refused by its plane (a stream is exempt
+/// from the planes), but once its answer shows it is no stream (here a `200`) it is charged to the
+/// plane as any request is, and every upgrade on a route in no group is charged up front to the
+/// stream group, which bounds what the header takes past a spent plane.
 #[tokio::test]
-async fn asking_for_an_upgrade_does_not_take_a_request_past_the_planes() {
+async fn asking_for_an_upgrade_is_charged_to_the_plane_after_its_answer_and_bounded_by_its_group() {
     let hits = Arc::new(AtomicUsize::new(0));
-    let d = door(&config(upstream(Arc::clone(&hits)).await, BEARER, "")).await;
+    let streams = "[group.stream]\nrate = 0.001\nburst = 8\nper_client = 8";
+    let d = door(&config(upstream(Arc::clone(&hits)).await, BEARER, streams)).await;
     let upgrade = [("connection", "upgrade"), ("upgrade", "foo")];
     for i in 0..5 {
         let a = send(&d, "/api/plain", "198.51.100.51", &upgrade).await;
         assert_eq!(a.status, StatusCode::OK, "request {i}: {a:?}");
     }
+    let plain = send(&d, "/api/plain", "198.51.100.51", &[]).await;
+    assert_eq!(plain.status, StatusCode::TOO_MANY_REQUESTS, "{plain:?}");
+    assert_eq!(
+        plain.scope.as_deref(),
+        Some("ip"),
+        "the five answers were charged to the IP plane"
+    );
+    assert_eq!(d.count("ip", Outcome::Ok), 5);
+    // Past the spent plane, the stream group's burst of 8 is what is left.
+    for i in 5..8 {
+        let a = send(&d, "/api/plain", "198.51.100.51", &upgrade).await;
+        assert_eq!(a.status, StatusCode::OK, "request {i}: {a:?}");
+    }
     let over = send(&d, "/api/plain", "198.51.100.51", &upgrade).await;
     assert_eq!(over.status, StatusCode::TOO_MANY_REQUESTS, "{over:?}");
-    assert_eq!(over.scope.as_deref(), Some("ip"));
+    assert_eq!(over.scope.as_deref(), Some("client"), "{over:?}");
+    assert!(over.body.contains("\"stream\""), "{over:?}");
     assert_eq!(
         hits.load(Ordering::SeqCst),
-        5,
-        "the sixth never reached the upstream"
+        8,
+        "the plain request and the last upgrade never reached the upstream"
     );
 }
 
@@ -535,14 +553,7 @@ async fn read_head(s: &mut TcpStream) -> Option<String> {
 async fn an_upgrade_the_upstream_accepts_gives_back_its_plane_token() {
     let d = door(&config(switching_upstream().await, BEARER, "")).await;
     for i in 0..8 {
-        let mut s = TcpStream::connect(d.addr).await.unwrap();
-        s.write_all(
-            b"GET /api/tunnel HTTP/1.1\r\nhost: door.test\r\nx-forwarded-for: 198.51.100.52\r\n\
-              connection: upgrade\r\nupgrade: foo\r\n\r\n",
-        )
-        .await
-        .unwrap();
-        let head = read_head(&mut s).await.unwrap();
+        let head = upgrade_head(&d, "198.51.100.52").await;
         assert!(head.starts_with("http/1.1 101"), "upgrade {i}: {head}");
     }
     // The IP plane's burst of 5 is whole.
@@ -550,6 +561,34 @@ async fn an_upgrade_the_upstream_accepts_gives_back_its_plane_token() {
         let a = send(&d, "/api/plain", "198.51.100.52", &[]).await;
         assert_eq!(a.status, StatusCode::OK, "request {i}: {a:?}");
     }
+}
+
+/// An upgrade is not refused by a plane its client has spent on requests (docs/design.md,
+/// "Streams and sessions": a stream is exempt from the planes), so an application whose page used
+/// up its budget can still open its WebSocket.
+#[tokio::test]
+async fn an_upgrade_opens_when_its_clients_plane_is_spent() {
+    let d = door(&config(switching_upstream().await, BEARER, "")).await;
+    for i in 0..5 {
+        let a = send(&d, "/api/plain", "198.51.100.53", &[]).await;
+        assert_eq!(a.status, StatusCode::OK, "request {i}: {a:?}");
+    }
+    let spent = send(&d, "/api/plain", "198.51.100.53", &[]).await;
+    assert_eq!(spent.scope.as_deref(), Some("ip"), "{spent:?}");
+    let head = upgrade_head(&d, "198.51.100.53").await;
+    assert!(head.starts_with("http/1.1 101"), "{head}");
+}
+
+/// The head of door's answer to an HTTP/1.1 upgrade to `foo` from `client` (named by
+/// X-Forwarded-For through the trusted test proxy), lower-cased.
+async fn upgrade_head(d: &Door, client: &str) -> String {
+    let mut s = TcpStream::connect(d.addr).await.unwrap();
+    let request = format!(
+        "GET /api/tunnel HTTP/1.1\r\nhost: door.test\r\nx-forwarded-for: {client}\r\n\
+         connection: upgrade\r\nupgrade: foo\r\n\r\n"
+    );
+    s.write_all(request.as_bytes()).await.unwrap();
+    read_head(&mut s).await.unwrap()
 }
 
 #[tokio::test]

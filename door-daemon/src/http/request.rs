@@ -57,6 +57,9 @@ struct Job<'p> {
     admitted: Option<Admitted<'p>>,
     /// A pass-through request's request-plane permit.
     plane: Option<Held>,
+    /// An upgrade request's plane and key: not charged up front, since a stream is exempt from
+    /// the planes, and charged once the answer shows it is no stream ([`charge_deferred`]).
+    deferred_plane: Option<(&'p Limited, PrefixKey)>,
     /// The keyed hash of the credential the request carried, to learn from the upstream's
     /// answer whether it is valid.
     credential: Option<PrefixKey>,
@@ -76,6 +79,7 @@ impl Job<'_> {
             stream_route,
             admitted: None,
             plane: None,
+            deferred_plane: None,
             credential: None,
             passthrough: None,
             sse_key: None,
@@ -139,6 +143,21 @@ fn stream_permit(
             }
             Err(Box::new(answer::rejected(STREAM_GROUP, &r)))
         }
+    }
+}
+
+/// Charges an upgrade request whose answer was no stream to the plane it was not charged to up
+/// front (`Job::deferred_plane`): a token taken and the request counted there, as if it had been
+/// admitted before it was sent, with the answer's `end`. A plane with no token left cannot refuse
+/// an answer already given: it spends nothing then, and counts no rejection. Nothing for a
+/// request that had no deferred plane.
+fn charge_deferred(deferred: Option<(&Limited, PrefixKey)>, end: End) {
+    let Some((plane, key)) = deferred else {
+        return;
+    };
+    match settle::admit(plane.group(), key) {
+        Ok(held) => held.settle(end),
+        Err(rejection) => plane.limiter.uncount_rejection(&key, &rejection),
     }
 }
 
@@ -560,10 +579,13 @@ impl App {
             let job = Job::new(origin, upgrade, stream_route);
             return self.forward(conn, &policy, req, job).await;
         }
-        // A request that only asks for an event stream or an upgrade is charged to its plane like
-        // any other until its answer shows it is a stream (then the plane's token is given back,
-        // in `forward` and `switch`): a request header alone must not take a request past the
-        // planes.
+        // A request that only asks for an event stream is charged to its plane like any other
+        // until its answer shows it is a stream (then the plane's token is given back, in
+        // `forward`): a request header alone must not take a request past the planes. An upgrade
+        // (a WebSocket) is not refused by its plane, whose client may have spent it on requests
+        // (docs/design.md, "Streams and sessions"): its plane is charged after the answer,
+        // unless the answer is a `101` or an event stream; its group (the route's, or the stream
+        // group) is charged up front, which bounds what the header can take past the planes.
         let planes = policy.credential.as_ref().filter(|_| !stream_route);
         // Every request's key: a pass-through one's too, since any `text/event-stream` answer is
         // a stream, limited in the stream group under it.
@@ -682,7 +704,9 @@ impl App {
 
     /// Charges a request that is not a stream to its request plane (docs/design.md, "Streams and
     /// sessions", Planes): the plane's permit and the credential's hash go into `job`; the plane
-    /// and key are returned for the `RateLimit` fields.
+    /// and key are returned for the `RateLimit` fields. An upgrade is not admitted: its plane and
+    /// key go into `job` to be charged after its answer ([`charge_deferred`]), and `None` is
+    /// returned.
     ///
     /// # Errors
     /// The plane's 429 when it refuses the request.
@@ -692,13 +716,18 @@ impl App {
         credential: &Credential,
         req: &Request<Incoming>,
         client: PrefixKey,
-        job: &mut Job<'_>,
+        job: &mut Job<'p>,
     ) -> Result<Option<(&'p Limited, PrefixKey)>, Box<PlaneRefusal<'p>>> {
         let choice = self.sessions.choose(credential, req.headers(), client);
         job.credential = choice.credential;
         let Some(p) = policy.limited.get(choice.plane) else {
             return Ok(None);
         };
+        if job.upgrade.is_some() {
+            // Charged after its answer, unless that is a stream ([`charge_deferred`]).
+            job.deferred_plane = Some((p, choice.key));
+            return Ok(None);
+        }
         match settle::admit(p.group(), choice.key) {
             Ok(held) => {
                 job.plane = Some(held);
@@ -828,6 +857,7 @@ impl App {
             stream_route,
             admitted,
             plane,
+            deferred_plane,
             credential,
             passthrough,
             sse_key,
@@ -863,13 +893,15 @@ impl App {
             let res = match result {
                 Ok(res) => res,
                 Err(f) => {
+                    let end = match f {
+                        Failure::BodyTimeout => End::BodyTimeout,
+                        Failure::ClientGone => End::Abandoned,
+                        _ => End::Unanswered,
+                    };
                     if let Some(permit) = permit {
-                        permit.settle(match f {
-                            Failure::BodyTimeout => End::BodyTimeout,
-                            Failure::ClientGone => End::Abandoned,
-                            _ => End::Unanswered,
-                        });
+                        permit.settle(end);
                     }
+                    charge_deferred(deferred_plane, end);
                     let res = answer::failure_response(&f);
                     if feeds_cache
                         && !matches!(
@@ -893,6 +925,7 @@ impl App {
                 if let Some(permit) = permit {
                     permit.settle(End::Unanswered);
                 }
+                charge_deferred(deferred_plane, End::Unanswered);
                 return answer::failure_response(&Failure::Protocol(e));
             }
             if feeds_cache {
@@ -914,6 +947,7 @@ impl App {
                 out.body_mut().passthrough = passthrough;
                 return out;
             }
+            charge_deferred(deferred_plane, End::Answered(status));
             let mut out = match (permit, read_timeout) {
                 (Some(p), Some(deadline)) => {
                     res.map(|b| ResponseBody::settling(b, p, status, Some(deadline)))
