@@ -1349,6 +1349,33 @@ async fn a_trailer_line_hyper_skips_does_not_take_the_others_with_it() {
     assert_eq!(body_string(res).await, "x-sum|x-sum#caf\u{fffd}");
 }
 
+/// A response head from the upstream is bounded as a request head is, at 64 KiB: a larger one is
+/// a 502 (hyper's client would take about 400 KB, and relayed over HTTP/2 a head that size made
+/// clients end the whole connection), a head just under it is relayed.
+#[tokio::test]
+async fn a_response_head_over_64_kib_is_a_502() {
+    let handler: Handler = Arc::new(|req: Request<Incoming>| {
+        let size: usize = req.uri().path()[1..].parse().unwrap();
+        Box::pin(async move {
+            let mut res = Response::new(full("ok"));
+            res.headers_mut().insert(
+                "x-big",
+                http::HeaderValue::from_str(&"a".repeat(size)).unwrap(),
+            );
+            res
+        })
+    });
+    let up = upstream(handler).await;
+    let d = door(&config(up, "", "")).await;
+    let res = h1(d.addr).await.send_request(get("/60000")).await.unwrap();
+    assert_eq!(res.status(), StatusCode::OK);
+    assert_eq!(res.headers()["x-big"].len(), 60_000);
+    let res = h1(d.addr).await.send_request(get("/70000")).await.unwrap();
+    assert_eq!(res.status(), StatusCode::BAD_GATEWAY);
+    let res = h1(d.addr).await.send_request(get("/10")).await.unwrap();
+    assert_eq!(res.status(), StatusCode::OK, "the next request is served");
+}
+
 /// Responses stream through unbuffered (docs/design.md, "Limits"): an upstream flush reaches the
 /// client before the upstream finishes.
 #[tokio::test]

@@ -43,6 +43,7 @@ use crate::{
     client::{X_FORWARDED_FOR, forwarded_readable_part},
     config::Upstream,
     http::{
+        MAX_HEADER_BYTES,
         connect::{Connector, POOL_AUTHORITY},
         head::has_field,
         route::METHOD_OVERRIDES,
@@ -505,6 +506,10 @@ impl Proxy {
                 .pool_timer(TokioTimer::new())
                 // `Host` is door's to set (`retarget`): the URI's authority is the pool's key.
                 .set_host(false)
+                // A response head is bounded as a request head is (a larger one fails the
+                // request: 502); hyper's default would take about 400 KB, which relayed over
+                // HTTP/2 makes clients end the connection. Body reads stay in 64 KiB pieces.
+                .http1_max_buf_size(MAX_HEADER_BYTES)
                 .build(Connector::new(&upstream, connect_timeout))
         };
         Self {
