@@ -415,7 +415,8 @@ async fn serve_until_term(
                 let outcome = match reload() {
                     Ok(new) => {
                         if new.routes.is_empty() && routes > 0 {
-                            // An emptied or truncated file is a valid configuration of defaults.
+                            // A file without routes is a valid configuration (an empty one is
+                            // refused: `Config::reload`).
                             tracing::warn!(
                                 before = routes,
                                 "the reloaded configuration has no routes: no route group limits a request now"

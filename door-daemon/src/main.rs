@@ -291,7 +291,7 @@ fn run(cli: &Cli) -> anyhow::Result<()> {
             let path = cli.settings.config.clone();
             let overrides = cli.settings.overrides.clone();
             let reload: door_daemon::daemon::Reloader =
-                Box::new(move || Config::load(path.as_deref(), &overrides));
+                Box::new(move || Config::reload(path.as_deref(), &overrides));
             let served = runtime.block_on(door_daemon::daemon::run(
                 config,
                 metrics,

@@ -411,8 +411,9 @@ fn reload_keeps_drained_buckets_in_proportion_and_applies_new_trusted_proxies_at
     assert_eq!(door.wait(Duration::from_secs(20)), Some(0));
 }
 
-/// A reload to a file without routes (emptied or truncated by mistake) is a valid configuration
-/// of defaults, and lifts every limit: door applies it and says so in its log.
+/// A reload to an empty file (being written, or truncated by mistake) is refused and the running
+/// configuration kept. A file without routes (cut short, or whose routes were removed) is a valid
+/// configuration, and lifts every limit: door applies it and says so in its log.
 #[test]
 fn a_reload_that_removes_every_route_is_applied_with_a_warning() {
     let dir = Dir::new("no-routes");
@@ -423,6 +424,16 @@ fn a_reload_that_removes_every_route_is_applied_with_a_warning() {
     let port = notify.ready_port();
     assert_eq!(get(port, "/l/a", None), 200);
     assert_eq!(get(port, "/l/a", None), 429);
+
+    std::fs::write(dir.0.join("door.toml"), " \n\n").unwrap();
+    door.signal("-HUP");
+    notify.until("RELOADING=1");
+    notify.until("READY=1");
+    assert_eq!(
+        get(port, "/l/a", None),
+        429,
+        "an empty file is not reloaded"
+    );
 
     let bare =
         format!("listen = [\"127.0.0.1:0\"]\nupstream = \"http://{up}\"\nadmin_listen = \"off\"\n");
@@ -435,6 +446,10 @@ fn a_reload_that_removes_every_route_is_applied_with_a_warning() {
     let log = door.stop_and_read_log();
     assert!(
         log.contains("the reloaded configuration has no routes"),
+        "{log}"
+    );
+    assert!(
+        log.contains("reload refused") && log.contains("the file is empty"),
         "{log}"
     );
 }

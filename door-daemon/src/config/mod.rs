@@ -510,9 +510,38 @@ impl Config {
     /// # Errors
     /// [`ConfigError`] naming the file, key and value at fault.
     pub fn load(path: Option<&Path>, overrides: &Overrides) -> Result<Self, ConfigError> {
+        Self::load_file(path, overrides, false)
+    }
+
+    /// As [`Config::load`], for a reload (SIGHUP) of a running door: a file with nothing in it
+    /// but whitespace is refused. Read at a reload, such a file is far more likely one being
+    /// written, or truncated by mistake (`>` for `>>`), than a wish for the defaults, and it would
+    /// drop every route, group, plane and list of the running door; a file of defaults says so
+    /// with a comment. At start an empty file is the defaults.
+    ///
+    /// # Errors
+    /// As [`Config::load`], and [`ConfigError::Parse`] for an empty file.
+    pub fn reload(path: Option<&Path>, overrides: &Overrides) -> Result<Self, ConfigError> {
+        Self::load_file(path, overrides, true)
+    }
+
+    /// [`Config::load`] and [`Config::reload`]: `refuse_empty` refuses a file of whitespace only.
+    fn load_file(
+        path: Option<&Path>,
+        overrides: &Overrides,
+        refuse_empty: bool,
+    ) -> Result<Self, ConfigError> {
         let mut file = match path {
             Some(path) => {
                 let text = read_file(path)?;
+                if refuse_empty && text.trim().is_empty() {
+                    return Err(ConfigError::Parse {
+                        path: path.to_owned(),
+                        message: "the file is empty: a reload would drop every route, group and \
+                                  list (a file of defaults needs a comment)"
+                            .to_owned(),
+                    });
+                }
                 parse_file(path, &text)?
             }
             None => File::default(),
