@@ -502,6 +502,7 @@ async fn clients_bad_inputs_are_named() {
             ("GET", "/clients?top=1001", "", bad, "bad-top", "1001"),
             ("GET", "/clients?top=-1", "", bad, "bad-top", "-1"),
             ("GET", "/clients?top=ten", "", bad, "bad-top", "ten"),
+            ("GET", "/clients?top=%2B5", "", bad, "bad-top", "+5"),
             (
                 "GET",
                 "/clients?grup=link",

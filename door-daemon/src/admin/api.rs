@@ -302,9 +302,10 @@ pub fn clients(source: &StatusSource, query: Option<&str>) -> Result<Value, ApiE
     let pairs = params(query, &["group", "top"])?;
     let top = match param(&pairs, "top") {
         None => DEFAULT_TOP,
-        Some(raw) => raw
-            .parse::<usize>()
-            .ok()
+        // Digits only: `parse` would also take a sign (`+5`).
+        Some(raw) => Some(raw)
+            .filter(|r| r.bytes().all(|b| b.is_ascii_digit()))
+            .and_then(|r| r.parse::<usize>().ok())
             .filter(|n| (1..=MAX_TOP).contains(n))
             .ok_or_else(|| {
                 ApiError::bad(

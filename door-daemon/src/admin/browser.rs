@@ -23,7 +23,7 @@
 //! `curl`, `door top` and scripts send none of these, and are unaffected. Transmission's RPC
 //! host whitelist and Jupyter's local host check answer the same attacks the same way.
 
-use http::{HeaderMap, StatusCode, header};
+use http::{HeaderMap, HeaderValue, StatusCode, header};
 
 use super::ApiError;
 
@@ -55,10 +55,19 @@ pub fn check(authority: Option<&str>, headers: &HeaderMap, loopback: bool) -> Re
         return Err(cross_origin(&format!("Sec-Fetch-Site: {site:?}")));
     }
     if loopback {
-        let host = authority.or_else(|| headers.get(header::HOST).and_then(|h| h.to_str().ok()));
-        if let Some(host) = host
-            && !rebind_proof(host)
-        {
+        // Every host the request names: the target's authority and each `Host` line (hyper
+        // serves a head with two), one that is not text refused as a name would be.
+        let hosts = authority.map(str::as_bytes).into_iter().chain(
+            headers
+                .get_all(header::HOST)
+                .iter()
+                .map(HeaderValue::as_bytes),
+        );
+        for host in hosts {
+            if core::str::from_utf8(host).is_ok_and(rebind_proof) {
+                continue;
+            }
+            let host = String::from_utf8_lossy(host);
             return Err(ApiError::new(
                 StatusCode::FORBIDDEN,
                 "host-refused",
@@ -219,6 +228,21 @@ mod tests {
         let ok_host = headers(&[("host", "127.0.0.1")]);
         assert_eq!(
             check(Some("rebind.attacker.com:9901"), &ok_host, true).map_err(|e| e.code),
+            Err("host-refused")
+        );
+        // Every `Host` line is checked, and one that is not text is refused.
+        let two = headers(&[("host", "localhost"), ("host", "rebind.attacker.com")]);
+        assert_eq!(
+            check(None, &two, true).map_err(|e| e.code),
+            Err("host-refused")
+        );
+        let mut bytes = HeaderMap::new();
+        bytes.insert(
+            header::HOST,
+            HeaderValue::from_bytes(b"caf\xe9.com").unwrap(),
+        );
+        assert_eq!(
+            check(None, &bytes, true).map_err(|e| e.code),
             Err("host-refused")
         );
     }

@@ -244,9 +244,14 @@ fn syntax_message(text: &str, e: &toml::de::Error) -> String {
     if to < quoted.len() {
         shown.push('…');
     }
+    // toml names no key in "duplicate key": its span is the key as written.
+    let message = e.message().trim_end();
+    let named = text
+        .get(span.clone())
+        .filter(|k| message == "duplicate key" && !k.is_empty() && !k.contains('\n'))
+        .map_or_else(String::new, |k| format!(" `{}`", printable(k.trim())));
     format!(
-        "{} (line {line}, column {})\n  {shown}\n  {:caret$}^",
-        e.message().trim_end(),
+        "{message}{named} (line {line}, column {})\n  {shown}\n  {:caret$}^",
         column + 1,
         ""
     )

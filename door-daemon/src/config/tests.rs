@@ -196,6 +196,12 @@ fn a_huge_value_or_line_is_quoted_clipped() {
     assert!(lines[0].contains("(line 2, column 12)"), "{e}");
     assert_eq!(lines[1], "  upstream = = 1", "{e}");
     assert_eq!(lines[2], "             ^", "{e}");
+    // A duplicate key is named, as the file writes it.
+    let e = err("[group.link]\nrate = 1.0\n\"rate\" = 2.0");
+    assert!(
+        e.contains("duplicate key `\"rate\"` (line 3, column 1)"),
+        "{e}"
+    );
     // Wide characters take two cells of the terminal, a combining mark none: the caret stays
     // under the column as the line shows it, while the column is counted in characters.
     let e = err("# 入口の設定\nlisten = [\"門\"] =");
