@@ -256,7 +256,7 @@ pub struct Overrides {
     /// XDP: how long an escalated peer's SYNs are dropped (e.g. 1m). Default 1m.
     #[arg(long, env = "DOOR_XDP_BLOCK_FOR", global = true)]
     pub xdp_block_for: Option<String>,
-    /// XDP: SYN cookie mode: auto or off. Default off.
+    /// XDP: SYN cookie mode: auto or off. Default auto.
     #[arg(long, env = "DOOR_XDP_SYN_COOKIES", global = true)]
     pub xdp_syn_cookies: Option<String>,
     /// XDP: SYNs per second of all sources above which cookie mode starts. Default 20000.

@@ -84,9 +84,9 @@ impl XdpMode {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SynCookies {
     /// While the SYN rate of all sources is over `cookie_threshold`, answer SYNs from XDP with a
-    /// SYN-ACK carrying the kernel's SYN cookie.
+    /// SYN-ACK carrying the kernel's SYN cookie (the default).
     Auto,
-    /// Never (the default).
+    /// Never.
     Off,
 }
 
@@ -164,7 +164,7 @@ pub struct XdpConfig {
     pub escalate_window: Duration,
     /// How long an escalated key's SYNs are dropped. Default 60 s.
     pub block_for: Duration,
-    /// Cookie mode. Default [`SynCookies::Off`].
+    /// Cookie mode. Default [`SynCookies::Auto`].
     pub syn_cookies: SynCookies,
     /// SYNs per second of all sources together (after the per-prefix budgets) above which cookie
     /// mode starts. Default 20,000.
@@ -300,7 +300,7 @@ pub(super) fn build_xdp(
     };
     let syn_cookies = match f.syn_cookies.as_deref() {
         Some(s) => SynCookies::parse(s)?,
-        None => SynCookies::Off,
+        None => SynCookies::Auto,
     };
     let cookie_threshold = xdp_rate(
         "xdp.cookie_threshold",
