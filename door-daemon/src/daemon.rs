@@ -499,14 +499,6 @@ fn forward_xdp_log(shield: Option<&Arc<Mutex<Shield>>>) {
 
 fn start_shield(config: &Config) -> Result<Option<Arc<Mutex<Shield>>>, ServeError> {
     let mode = config.xdp.mode;
-    if !config.xdp.deny.is_empty() {
-        // `deny` written after `[xdp]` lands here: say what it does and does not do.
-        tracing::warn!(
-            xdp_deny = config.xdp.deny.len(),
-            "xdp.deny drops these networks' SYNs at XDP only: layer 7 does not refuse them (the \
-             top-level deny, written before any [table], does both)"
-        );
-    }
     if mode == XdpMode::Off {
         tracing::info!("XDP flood shield off (xdp.mode = \"off\")");
         return Ok(None);

@@ -2837,13 +2837,6 @@ async fn denied_clients_get_403_before_any_bucket_and_allowed_ones_are_never_lim
                  deny = [\"203.0.113.0/24\", \"198.51.100.66/32\"]";
     let cfg = config(up, lists, "");
     let (d, counted, _provider) = door_counting(&cfg).await;
-    let from = |client: &'static str| {
-        Request::get("/l/session/x")
-            .header("host", "door.test")
-            .header("x-forwarded-for", client)
-            .body(Empty::new().boxed())
-            .unwrap()
-    };
     let mut c = h1(d.addr).await;
     // Denied (by the client key behind the trusted proxy): 403, and no bucket is touched.
     for _ in 0..30 {
@@ -2878,6 +2871,38 @@ async fn denied_clients_get_403_before_any_bucket_and_allowed_ones_are_never_lim
     let res = c.send_request(from("203.0.113.9")).await.unwrap();
     assert_eq!(res.status(), StatusCode::OK);
     assert_eq!(res.headers()["ratelimit"], "\"link\";r=19;t=1");
+}
+
+/// `allow` and `deny` written after `[xdp]`, as door's sample configuration writes them, are to
+/// TOML `xdp.allow` and `xdp.deny`: they are the same lists as the top-level ones, and act at
+/// layer 7 too (never limited; 403), as their comments in the sample say.
+#[tokio::test]
+async fn allow_and_deny_written_in_the_xdp_table_act_at_layer_7_too() {
+    let up = upstream(echo()).await;
+    let top = "trusted_proxies = [\"127.0.0.1/32\"]";
+    let xdp = "[xdp]\nmode = \"off\"\nallow = [\"192.0.2.0/24\"]\ndeny = [\"203.0.113.0/24\"]";
+    let d = door(&config(up, top, xdp)).await;
+    let mut c = h1(d.addr).await;
+    let res = c.send_request(from("203.0.113.9")).await.unwrap();
+    assert_eq!(res.status(), StatusCode::FORBIDDEN);
+    for i in 0..30 {
+        let res = c.send_request(from("192.0.2.7")).await.unwrap();
+        assert_eq!(
+            res.status(),
+            StatusCode::OK,
+            "request {i}: past link's burst of 20"
+        );
+    }
+}
+
+/// A `GET` of `/l/session/x` from `client`, named by `X-Forwarded-For` (through a trusted proxy
+/// on loopback, in the tests that trust one).
+fn from(client: &'static str) -> Request<UBody> {
+    Request::get("/l/session/x")
+        .header("host", "door.test")
+        .header("x-forwarded-for", client)
+        .body(Empty::new().boxed())
+        .unwrap()
 }
 
 /// An upstream that answers every request head it reads with `answer`, on one connection after

@@ -240,11 +240,12 @@ pub struct Overrides {
     /// XDP: entries of the per-prefix map. Default 65536.
     #[arg(long, env = "DOOR_XDP_MAX_PREFIXES", global = true, value_parser = EnvNamed(clap::value_parser!(i64)))]
     pub xdp_max_prefixes: Option<i64>,
-    /// XDP: CIDRs never shed (repeatable or comma-separated). Default: none.
+    /// XDP: more of the allow list, as xdp.allow: never shed, never limited (repeatable or
+    /// comma-separated). Default: none.
     #[arg(long, env = "DOOR_XDP_ALLOW", value_delimiter = ',', global = true)]
     pub xdp_allow: Option<Vec<String>>,
-    /// XDP: CIDRs whose SYNs are all dropped at XDP, layer 7 unaffected (repeatable or
-    /// comma-separated). Default: none.
+    /// XDP: more of the deny list, as xdp.deny: every SYN dropped, 403 at layer 7 (repeatable
+    /// or comma-separated). Default: none.
     #[arg(long, env = "DOOR_XDP_DENY", value_delimiter = ',', global = true)]
     pub xdp_deny: Option<Vec<String>>,
     /// XDP: 429s within --xdp-escalate-window that block a peer's SYNs; 0 is off. Default 0.

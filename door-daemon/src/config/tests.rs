@@ -1612,7 +1612,8 @@ fn a_reload_keeps_the_table_flags_winning() {
 }
 
 /// `allow` and `deny` written after `[xdp]` are, to TOML, `xdp.allow` and `xdp.deny`: both are
-/// accepted, and apply at XDP only (the top-level lists stay empty).
+/// accepted as such (the top-level lists stay empty; the request path reads both,
+/// `tests/front.rs`).
 #[test]
 fn allow_and_deny_after_the_xdp_table_are_its_own_lists() {
     let c = Config::from_toml(

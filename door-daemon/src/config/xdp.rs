@@ -149,12 +149,13 @@ pub struct XdpConfig {
     /// Entries of the per-prefix LRU map (memory: about 100 bytes each in the kernel). Default
     /// 65,536.
     pub max_prefixes: u32,
-    /// Operator allowlist: CIDRs the shield never sheds (trusted proxies are always exempt too).
-    /// Default none.
+    /// Operator allowlist written in the `[xdp]` table: the top-level `allow`'s networks too
+    /// (never shed at XDP, never limited at layer 7), as a file that lists `allow` after `[xdp]`
+    /// means (trusted proxies are always exempt from the shield too). Default none.
     pub allow: Vec<IpNet>,
-    /// CIDRs whose every SYN the shield drops, at XDP only (the top-level `deny` does this and
-    /// answers 403 at layer 7 too). It shares the shield's LPM trie with the allow lists and the
-    /// trusted proxies: the longest matching prefix decides, and a prefix on both is denied.
+    /// Deny list written in the `[xdp]` table: the top-level `deny`'s networks too (every SYN
+    /// dropped at XDP, 403 at layer 7). It shares the shield's LPM trie with the allow lists and
+    /// the trusted proxies: the longest matching prefix decides, and a prefix on both is denied.
     /// Default none.
     pub deny: Vec<IpNet>,
     /// 429s from one TCP-peer key within `escalate_window` that put it on the XDP blocklist;

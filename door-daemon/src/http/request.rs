@@ -146,6 +146,13 @@ fn stream_permit(
     }
 }
 
+/// A layer-7 list: the top-level one (`allow`, `deny`) and the one written in the `[xdp]` table
+/// (`xdp.allow`, `xdp.deny`), which is the same list (as a file that lists them after `[xdp]`
+/// means: docs/decisions.md, "`xdp.allow` and `xdp.deny`").
+fn listed_in(top: &[IpNet], xdp: &[IpNet]) -> Vec<IpNet> {
+    top.iter().chain(xdp).copied().collect()
+}
+
 /// Charges an upgrade request whose answer was no stream to the plane it was not charged to up
 /// front (`Job::deferred_plane`): a token taken and the request counted there, as if it had been
 /// admitted before it was sent, with the answer's `end`. A plane with no token left cannot refuse
@@ -236,9 +243,9 @@ pub(crate) struct Policy {
     /// With `[plane.session]`: where a request's credential is (the planes are groups in
     /// `limited` named `session` and `ip`).
     credential: Option<Credential>,
-    /// Clients never limited (`allow`).
+    /// Clients never limited (`allow` and `xdp.allow`).
     allow: Vec<IpNet>,
-    /// Clients refused with 403 (`deny`).
+    /// Clients refused with 403 (`deny` and `xdp.deny`).
     deny: Vec<IpNet>,
     forwarded_header: ForwardedSource,
     escalator: Option<Arc<Escalator>>,
@@ -383,8 +390,8 @@ impl Policy {
             escalator,
             escalation,
             credential: config.planes.as_ref().map(|p| p.credential.clone()),
-            allow: config.allow.clone(),
-            deny: config.deny.clone(),
+            allow: listed_in(&config.allow, &config.xdp.allow),
+            deny: listed_in(&config.deny, &config.xdp.deny),
         }
     }
 }
