@@ -1,8 +1,8 @@
 //! Cached health (docs/design.md, "Limits", "Cached health"): a probe of the `health` group that
 //! is over budget is never refused; it gets the last status the upstream gave for health, cached
 //! for [`HEALTH_TTL`], refreshed single-flight when it is older (the other probes get the last
-//! status meanwhile if it is younger than [`HEALTH_STALE`], or wait for the refresh's answer). While
-//! door drains the cache is bypassed and health answers 503 at once.
+//! status meanwhile if it is younger than [`HEALTH_STALE`], or wait for the refresh's answer).
+//! While door drains the cache is bypassed and health answers 503 at once.
 //!
 //! Only a status that speaks for the application is kept ([`speaks_for_health`]): any client may
 //! probe, and a 4xx (a `Host` the application refuses, a bad `Authorization`), a 3xx (a redirect
@@ -56,8 +56,8 @@ struct Entry {
 ///
 /// `Send + Sync`. The cached entry sits behind a `std::sync::Mutex` held only to copy it in or
 /// out; the single-flight refresh is a `tokio::sync::Mutex` whose guard is held across the
-/// refresh (that is its purpose: one refresh at a time; the others get the last status, or wait
-/// for the refresh's result when there is none yet).
+/// refresh (that is its purpose: one refresh at a time; the others get a recent last status, or
+/// wait for the refresh's result: [`CachedHealth::status`]).
 #[derive(Debug)]
 pub struct CachedHealth {
     clock: Arc<dyn Clock>,
@@ -121,7 +121,6 @@ impl CachedHealth {
     }
 
     /// The last status recorded, however old; `None` before the first.
-    #[cfg(test)]
     fn last(&self) -> Option<StatusCode> {
         self.younger_than(u64::MAX)
     }
@@ -130,9 +129,11 @@ impl CachedHealth {
     /// else one caller runs `refresh` (asks the upstream) and its result is cached if it speaks
     /// for health (else only that caller gets it). A concurrent caller gets the last status at
     /// once if it is younger than [`HEALTH_STALE`] (an upstream slow to answer the refresh delays
-    /// that one probe, not every probe behind it), and otherwise waits for the refresh and gets
-    /// its result, or runs the next refresh when that result was not kept. Never a 429 and never door's own 503 (an
-    /// upstream's 503 is passed on).
+    /// that one probe, not every probe behind it), and otherwise waits for the refresh under way
+    /// and gets its result; when that result was not kept, the last status however old, and
+    /// only before the first status a refresh of its own (so probes whose refreshes the
+    /// application answers with a 4xx cannot queue a prober behind one refresh after another).
+    /// Never a 429 and never door's own 503 (an upstream's 503 is passed on).
     pub async fn status<F, Fut>(&self, refresh: F) -> StatusCode
     where
         F: FnOnce() -> Fut,
@@ -144,12 +145,12 @@ impl CachedHealth {
         if let Some(s) = self.fresh() {
             return s;
         }
-        let _flight = match self.flight.try_lock() {
-            Ok(flight) => flight,
+        let (_flight, waited) = match self.flight.try_lock() {
+            Ok(flight) => (flight, false),
             Err(_) => match self.younger_than(self.stale_ns) {
                 // A refresh is under way: the last status until it lands, if it is recent.
                 Some(s) => return s,
-                None => self.flight.lock().await,
+                None => (self.flight.lock().await, true),
             },
         };
         // Whoever held the flight before us may have refreshed it.
@@ -158,6 +159,11 @@ impl CachedHealth {
         }
         if self.draining() {
             return StatusCode::SERVICE_UNAVAILABLE;
+        }
+        // The refresh waited for was not kept (an answer to its asker alone): the last status,
+        // not a refresh of our own behind every other such probe.
+        if waited && let Some(s) = self.last() {
+            return s;
         }
         let status = refresh().await;
         self.record(status);
@@ -318,6 +324,49 @@ mod tests {
             StatusCode::OK,
             "the refresh's answer, not the 503 of 10 s ago, and no second refresh"
         );
+    }
+
+    /// A probe that waited for a refresh whose answer was not kept (a 4xx, which answers its
+    /// asker alone) gets the last status, however old, and runs no refresh of its own: probes
+    /// whose refreshes the application refuses cannot queue a prober behind one after another.
+    #[tokio::test]
+    async fn a_probe_waits_for_one_refresh_at_most() {
+        let (clock, _draining, c) = cache();
+        c.record(StatusCode::OK);
+        clock.advance(HEALTH_STALE + Duration::from_secs(1));
+        let (release_tx, mut release_rx) = tokio::sync::watch::channel(false);
+        let refreshing = {
+            let c = Arc::clone(&c);
+            tokio::spawn(async move {
+                c.status(|| async move {
+                    let _ = release_rx.wait_for(|r| *r).await;
+                    StatusCode::BAD_REQUEST
+                })
+                .await
+            })
+        };
+        tokio::task::yield_now().await;
+        let runs = Arc::new(AtomicUsize::new(0));
+        let waiting: Vec<_> = (0..3)
+            .map(|_| {
+                let c = Arc::clone(&c);
+                let runs = Arc::clone(&runs);
+                tokio::spawn(async move {
+                    c.status(|| async move {
+                        runs.fetch_add(1, Ordering::SeqCst);
+                        StatusCode::BAD_REQUEST
+                    })
+                    .await
+                })
+            })
+            .collect();
+        tokio::task::yield_now().await;
+        let _ = release_tx.send(true);
+        assert_eq!(refreshing.await.unwrap(), StatusCode::BAD_REQUEST);
+        for w in waiting {
+            assert_eq!(w.await.unwrap(), StatusCode::OK, "the last status kept");
+        }
+        assert_eq!(runs.load(Ordering::SeqCst), 0, "no refresh behind the first");
     }
 
     /// A status that answers the asker's own request (its `Host`, credentials, conditionals or
