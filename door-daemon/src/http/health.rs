@@ -366,7 +366,11 @@ mod tests {
         for w in waiting {
             assert_eq!(w.await.unwrap(), StatusCode::OK, "the last status kept");
         }
-        assert_eq!(runs.load(Ordering::SeqCst), 0, "no refresh behind the first");
+        assert_eq!(
+            runs.load(Ordering::SeqCst),
+            0,
+            "no refresh behind the first"
+        );
     }
 
     /// A status that answers the asker's own request (its `Host`, credentials, conditionals or

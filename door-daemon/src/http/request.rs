@@ -57,9 +57,9 @@ struct Job<'p> {
     admitted: Option<Admitted<'p>>,
     /// A pass-through request's request-plane permit.
     plane: Option<Held>,
-    /// An upgrade request's plane and key: not charged up front, since a stream is exempt from
-    /// the planes, and charged once the answer shows it is no stream ([`charge_deferred`]).
-    deferred_plane: Option<(&'p Limited, PrefixKey)>,
+    /// An upgrade request's plane: not charged up front, since a stream is exempt from the
+    /// planes, and charged once the answer shows it is no stream ([`DeferredPlane`]).
+    deferred_plane: Option<DeferredPlane<'p>>,
     /// The keyed hash of the credential the request carried, to learn from the upstream's
     /// answer whether it is valid.
     credential: Option<PrefixKey>,
@@ -153,18 +153,129 @@ fn listed_in(top: &[IpNet], xdp: &[IpNet]) -> Vec<IpNet> {
     top.iter().chain(xdp).copied().collect()
 }
 
-/// Charges an upgrade request whose answer was no stream to the plane it was not charged to up
-/// front (`Job::deferred_plane`): a token taken and the request counted there, as if it had been
-/// admitted before it was sent, with the answer's `end`. A plane with no token left cannot refuse
-/// an answer already given: it spends nothing then, and counts no rejection. Nothing for a
-/// request that had no deferred plane.
-fn charge_deferred(deferred: Option<(&Limited, PrefixKey)>, end: End) {
-    let Some((plane, key)) = deferred else {
-        return;
-    };
-    match settle::admit(plane.group(), key) {
-        Ok(held) => held.settle(end),
-        Err(rejection) => plane.limiter.uncount_rejection(&key, &rejection),
+/// An upgrade request's request plane (`Job::deferred_plane`): not charged before the request is
+/// sent, since a stream is exempt from the planes (an upgrade is never refused by a plane its
+/// client spent on requests), and settled by the answer: [`DeferredPlane::stream`] for a `101` or
+/// an event stream, [`DeferredPlane::answered`] for any other answer (which the plane may still
+/// refuse: the header alone takes no request past the planes), [`DeferredPlane::failed`] for
+/// none. Dropped unsettled (the client went away before the answer), it is charged as abandoned:
+/// hanging up never helps a client.
+#[derive(Debug)]
+struct DeferredPlane<'p> {
+    plane: &'p Limited,
+    key: PrefixKey,
+    settled: bool,
+}
+
+impl<'p> DeferredPlane<'p> {
+    fn new(plane: &'p Limited, key: PrefixKey) -> Self {
+        Self {
+            plane,
+            key,
+            settled: false,
+        }
+    }
+
+    /// A stream answer: exempt, nothing spent. Returns whether the plane had a token for the
+    /// request (taken and given back at once, as an event stream's is), which is what lets its
+    /// answer verify its credential, as for any request a plane admits.
+    fn stream(mut self) -> bool {
+        self.settled = true;
+        match settle::admit(self.plane.group(), self.key) {
+            Ok(held) => {
+                held.refund();
+                true
+            }
+            Err(rejection) => {
+                self.plane.limiter.uncount_rejection(&self.key, &rejection);
+                false
+            }
+        }
+    }
+
+    /// An answer that is no stream, with `status`: charged to the plane as a request admitted
+    /// before it was sent.
+    ///
+    /// # Errors
+    /// The plane's 429, counted there, when it has no token: the upstream's answer is then not
+    /// relayed (as a pass-through event stream the stream group refuses).
+    fn answered(mut self, status: StatusCode) -> Result<(), Box<Response<ResponseBody>>> {
+        self.settled = true;
+        match settle::admit(self.plane.group(), self.key) {
+            Ok(held) => {
+                held.settle(End::Answered(status));
+                Ok(())
+            }
+            Err(rejection) => {
+                settle::refused(self.plane.metrics(), &rejection);
+                Err(Box::new(answer::rejected_by_plane(
+                    self.plane.limiter.group(),
+                    &rejection,
+                )))
+            }
+        }
+    }
+
+    /// Settles `deferred` (if any) by the answer's `status`: [`DeferredPlane::stream`] when the
+    /// answer is a stream (`stream`), [`DeferredPlane::answered`] otherwise. Whether the plane
+    /// admitted the request (`true` without a deferred plane: the plane, if any, admitted it
+    /// before it was sent).
+    ///
+    /// # Errors
+    /// The plane's 429 from [`DeferredPlane::answered`].
+    fn settle(
+        deferred: Option<Self>,
+        status: StatusCode,
+        stream: bool,
+    ) -> Result<bool, Box<Response<ResponseBody>>> {
+        match deferred {
+            None => Ok(true),
+            Some(d) if stream => Ok(d.stream()),
+            Some(d) => d.answered(status).map(|()| true),
+        }
+    }
+
+    /// No answer (`end`: the upstream failed, or the body missed its deadline): charged as any
+    /// request the plane admits; nothing when it has no token left.
+    fn failed(mut self, end: End) {
+        self.settled = true;
+        self.charge(end);
+    }
+
+    fn charge(&self, end: End) {
+        match settle::admit(self.plane.group(), self.key) {
+            Ok(held) => held.settle(end),
+            Err(rejection) => self.plane.limiter.uncount_rejection(&self.key, &rejection),
+        }
+    }
+}
+
+/// How a request the upstream call `failed` ends, for its budget: its body missed its deadline,
+/// its client went away, or the upstream gave no answer.
+fn ending(failed: &Failure) -> End {
+    match failed {
+        Failure::BodyTimeout => End::BodyTimeout,
+        Failure::ClientGone => End::Abandoned,
+        _ => End::Unanswered,
+    }
+}
+
+/// Settles a request that has no upstream answer to relay (`end`): its permit, and an upgrade's
+/// deferred plane ([`DeferredPlane::failed`]).
+fn settle_unanswered(permit: Option<Held>, deferred: Option<DeferredPlane<'_>>, end: End) {
+    if let Some(permit) = permit {
+        permit.settle(end);
+    }
+    if let Some(d) = deferred {
+        d.failed(end);
+    }
+}
+
+impl Drop for DeferredPlane<'_> {
+    fn drop(&mut self) {
+        if !self.settled {
+            self.charge(End::Abandoned);
+        }
     }
 }
 
@@ -712,7 +823,7 @@ impl App {
     /// Charges a request that is not a stream to its request plane (docs/design.md, "Streams and
     /// sessions", Planes): the plane's permit and the credential's hash go into `job`; the plane
     /// and key are returned for the `RateLimit` fields. An upgrade is not admitted: its plane and
-    /// key go into `job` to be charged after its answer ([`charge_deferred`]), and `None` is
+    /// key go into `job` to be charged after its answer ([`DeferredPlane`]), and `None` is
     /// returned.
     ///
     /// # Errors
@@ -731,8 +842,8 @@ impl App {
             return Ok(None);
         };
         if job.upgrade.is_some() {
-            // Charged after its answer, unless that is a stream ([`charge_deferred`]).
-            job.deferred_plane = Some((p, choice.key));
+            // Charged after its answer, unless that is a stream.
+            job.deferred_plane = Some(DeferredPlane::new(p, choice.key));
             return Ok(None);
         }
         match settle::admit(p.group(), choice.key) {
@@ -900,15 +1011,7 @@ impl App {
             let res = match result {
                 Ok(res) => res,
                 Err(f) => {
-                    let end = match f {
-                        Failure::BodyTimeout => End::BodyTimeout,
-                        Failure::ClientGone => End::Abandoned,
-                        _ => End::Unanswered,
-                    };
-                    if let Some(permit) = permit {
-                        permit.settle(end);
-                    }
-                    charge_deferred(deferred_plane, end);
+                    settle_unanswered(permit, deferred_plane, ending(&f));
                     let res = answer::failure_response(&f);
                     if feeds_cache
                         && !matches!(
@@ -922,23 +1025,33 @@ impl App {
                 }
             };
             let status = res.status();
-            if let Some(credential) = credential {
+            let switched = status == StatusCode::SWITCHING_PROTOCOLS;
+            let streams = stream_route || is_event_stream(res.headers());
+            if !switched && let Some(Err(e)) = upgrade.as_ref().map(|u| u.check_refusal(status)) {
+                settle_unanswered(permit, deferred_plane, End::Unanswered);
+                return answer::failure_response(&Failure::Protocol(e));
+            }
+            // Only an answer the plane admitted verifies a credential.
+            let admitted_by_plane =
+                match DeferredPlane::settle(deferred_plane, status, switched || streams) {
+                    Ok(admitted) => admitted,
+                    Err(refused) => {
+                        if let Some(permit) = permit {
+                            permit.settle(End::Answered(status));
+                        }
+                        return *refused;
+                    }
+                };
+            if admitted_by_plane && let Some(credential) = credential {
                 self.sessions.learn(credential, status);
             }
-            if status == StatusCode::SWITCHING_PROTOCOLS {
+            if switched {
                 return self.switch(conn, &method, upgrade, on_client, res, permit);
-            }
-            if let Some(Err(e)) = upgrade.as_ref().map(|u| u.check_refusal(status)) {
-                if let Some(permit) = permit {
-                    permit.settle(End::Unanswered);
-                }
-                charge_deferred(deferred_plane, End::Unanswered);
-                return answer::failure_response(&Failure::Protocol(e));
             }
             if feeds_cache {
                 self.health.record(status);
             }
-            if stream_route || is_event_stream(res.headers()) {
+            if streams {
                 let admitted_in_group = read_timeout.is_some();
                 let permit = match stream_permit(policy, permit, admitted_in_group, sse_key) {
                     Ok(permit) => permit,
@@ -954,7 +1067,6 @@ impl App {
                 out.body_mut().passthrough = passthrough;
                 return out;
             }
-            charge_deferred(deferred_plane, End::Answered(status));
             let mut out = match (permit, read_timeout) {
                 (Some(p), Some(deadline)) => {
                     res.map(|b| ResponseBody::settling(b, p, status, Some(deadline)))
