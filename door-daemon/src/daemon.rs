@@ -499,6 +499,15 @@ fn forward_xdp_log(shield: Option<&Arc<Mutex<Shield>>>) {
 
 fn start_shield(config: &Config) -> Result<Option<Arc<Mutex<Shield>>>, ServeError> {
     let mode = config.xdp.mode;
+    if !config.xdp.allow.is_empty() || !config.xdp.deny.is_empty() {
+        // Lists written after `[xdp]` land here: say that they act at layer 7 too.
+        tracing::info!(
+            xdp_allow = config.xdp.allow.len(),
+            xdp_deny = config.xdp.deny.len(),
+            "xdp.allow and xdp.deny are more of the allow and deny lists: never limited, or 403, \
+             at layer 7 too"
+        );
+    }
     if mode == XdpMode::Off {
         tracing::info!("XDP flood shield off (xdp.mode = \"off\")");
         return Ok(None);

@@ -1135,7 +1135,7 @@ async fn response_trailers_cross_door_over_http11() {
 /// passed on they would reset the stream after its last byte of data) nor the framing and control
 /// fields RFC 9110 §6.5.1 keeps out of a trailer section (`Content-Length`, `Trailer`,
 /// `Content-Type`…), which hyper's HTTP/1.1 server drops for an HTTP/1.1 client. Other trailer
-/// fields pass, and over HTTP/1.1 the same ones arrive.
+/// fields pass, and over HTTP/1.1 (the upstream's `Trailer` names them all) the same ones arrive.
 #[tokio::test]
 async fn response_trailers_reach_the_client_without_connection_or_framing_fields() {
     const SENT: [(&str, &str); 7] = [
@@ -2873,7 +2873,7 @@ async fn denied_clients_get_403_before_any_bucket_and_allowed_ones_are_never_lim
     assert_eq!(res.headers()["ratelimit"], "\"link\";r=19;t=1");
 }
 
-/// `allow` and `deny` written after `[xdp]`, as door's sample configuration writes them, are to
+/// `allow` and `deny` written after `[xdp]`, as the shape in docs/design.md writes them, are to
 /// TOML `xdp.allow` and `xdp.deny`: they are the same lists as the top-level ones, and act at
 /// layer 7 too (never limited; 403), as their comments in the sample say.
 #[tokio::test]

@@ -202,10 +202,11 @@ pub(super) fn parse_file(path: &Path, text: &str) -> Result<File, ConfigError> {
     })
 }
 
-/// A syntax error's message: toml's reason, the line and column (in characters), and the line
-/// quoted with a caret under the column as a terminal shows it: the whole line up to [`QUOTED_CHARS`] characters, otherwise that many
-/// around the column, so that a line of hundreds of kilobytes is quoted in one screen line.
-/// Without a location, toml's own message, each line clipped.
+/// A syntax error's message: toml's reason (with the key, for a duplicate key), the line and
+/// column (in characters), and the line quoted with a caret under the column as a terminal shows
+/// it: the whole line up to [`QUOTED_CHARS`] characters, otherwise that many around the column,
+/// so that a line of hundreds of kilobytes is quoted in one screen line. Without a location,
+/// toml's own message, each line clipped.
 fn syntax_message(text: &str, e: &toml::de::Error) -> String {
     let Some(span) = e.span() else {
         let message = e.to_string();
@@ -221,16 +222,20 @@ fn syntax_message(text: &str, e: &toml::de::Error) -> String {
     // the caret keeps its place.
     let line_text = rest.split('\n').next().unwrap_or_default();
     let line_text = line_text.strip_suffix('\r').unwrap_or(line_text);
-    let quoted: Vec<char> = printable(line_text).chars().collect();
+    let line_chars: Vec<char> = printable(line_text).chars().collect();
     let column = before.get(line_start..).unwrap_or_default().chars().count();
     let from = column
         .saturating_sub(QUOTED_CHARS / 2)
-        .min(quoted.len().saturating_sub(QUOTED_CHARS));
-    let to = (from + QUOTED_CHARS).min(quoted.len());
-    let mut shown: String = quoted.get(from..to).unwrap_or_default().iter().collect();
+        .min(line_chars.len().saturating_sub(QUOTED_CHARS));
+    let to = (from + QUOTED_CHARS).min(line_chars.len());
+    let mut shown: String = line_chars
+        .get(from..to)
+        .unwrap_or_default()
+        .iter()
+        .collect();
     // The caret goes under the column as a terminal shows the line: a wide character (CJK, most
     // emoji) takes two cells, a combining mark none (Unicode's East Asian Width, UAX #11).
-    let mut caret: usize = quoted
+    let mut caret: usize = line_chars
         .get(from..column.min(to))
         .unwrap_or_default()
         .iter()
@@ -241,7 +246,7 @@ fn syntax_message(text: &str, e: &toml::de::Error) -> String {
         shown.insert(0, '…');
         caret += 1;
     }
-    if to < quoted.len() {
+    if to < line_chars.len() {
         shown.push('…');
     }
     // toml names no key in "duplicate key": its span is the key as written.
@@ -249,7 +254,7 @@ fn syntax_message(text: &str, e: &toml::de::Error) -> String {
     let named = text
         .get(span.clone())
         .filter(|k| message == "duplicate key" && !k.is_empty() && !k.contains('\n'))
-        .map_or_else(String::new, |k| format!(" `{}`", printable(k.trim())));
+        .map_or_else(String::new, |k| format!(" `{}`", quoted(k.trim())));
     format!(
         "{message}{named} (line {line}, column {})\n  {shown}\n  {:caret$}^",
         column + 1,

@@ -603,7 +603,7 @@ impl Config {
 
         let routes = build_routes(file.route, &groups)?;
 
-        let xdp = build_xdp(file.xdp, o, &listen)?;
+        let xdp = build_xdp(file.xdp, o, &listen, (&allow, &deny))?;
         let tls = build_tls(file.tls, o)?;
         let front = build_front(
             [
@@ -719,8 +719,8 @@ impl Config {
         exempt
     }
 
-    /// The networks whose SYNs the XDP shield drops: `deny` (also 403 at layer 7) and `xdp.deny`
-    /// (at XDP only).
+    /// The networks whose SYNs the XDP shield drops: `deny` and `xdp.deny` (one list, also 403
+    /// at layer 7).
     pub fn shield_denied(&self) -> Vec<IpNet> {
         let mut denied = self.deny.clone();
         denied.extend(self.xdp.deny.iter().copied());

@@ -80,6 +80,25 @@ fn refuse_whole_family(key: &str, nets: &[IpNet], why: &str) -> Result<(), Confi
     ))
 }
 
+/// Refuses a list (`allow`, `deny`: `(key, its networks, its [xdp] form's networks)`) and its
+/// `[xdp]` form (`xdp.allow`, `xdp.deny`), which are one list at layer 7, when together they cover
+/// a whole address family, as either alone is refused ([`access_list`]).
+///
+/// # Errors
+/// [`ConfigError::Invalid`] naming both keys and the networks of the covered family.
+pub(super) fn lists_together(lists: &[(&str, &[IpNet], &[IpNet])]) -> Result<(), ConfigError> {
+    for &(key, nets, xdp_nets) in lists {
+        if !nets.is_empty() && !xdp_nets.is_empty() {
+            refuse_whole_family(
+                &format!("{key} with xdp.{key}"),
+                &[nets, xdp_nets].concat(),
+                ": list the networks you mean",
+            )?;
+        }
+    }
+    Ok(())
+}
+
 /// `allow` or `deny`: CIDRs (IPv4-mapped forms unmapped); a `/0` is refused, it would cover
 /// everyone, and so are entries that together cover a whole address family, and empty entries.
 pub(super) fn access_list(key: &str, raw: &[String]) -> Result<Vec<IpNet>, ConfigError> {

@@ -1615,7 +1615,7 @@ fn a_reload_keeps_the_table_flags_winning() {
 /// accepted as such (the top-level lists stay empty; the request path reads both,
 /// `tests/front.rs`).
 #[test]
-fn allow_and_deny_after_the_xdp_table_are_its_own_lists() {
+fn allow_and_deny_after_the_xdp_table_are_read_as_the_xdp_tables_lists() {
     let c = Config::from_toml(
         "door.toml",
         "[xdp]\ninterface = \"lo\"\nallow = [\"192.0.2.0/24\"]\ndeny = [\"203.0.113.0/24\"]\n",
@@ -1624,6 +1624,15 @@ fn allow_and_deny_after_the_xdp_table_are_its_own_lists() {
     assert_eq!(c.xdp.allow, vec!["192.0.2.0/24".parse::<IpNet>().unwrap()]);
     assert_eq!(c.xdp.deny, vec!["203.0.113.0/24".parse::<IpNet>().unwrap()]);
     assert!(c.allow.is_empty() && c.deny.is_empty());
+    // One list at layer 7: together they may not cover a whole family either.
+    let e = err("allow = [\"0.0.0.0/1\"]\n[xdp]\nmode = \"off\"\nallow = [\"128.0.0.0/1\"]");
+    assert!(
+        e.starts_with(
+            "allow with xdp.allow = [\"0.0.0.0/1\", \"128.0.0.0/1\"]: together these cover every \
+             IPv4 address"
+        ),
+        "{e}"
+    );
     let e = err("[xdp]\nmode = \"off\"\ndeny = [\"0.0.0.0/0\"]");
     assert!(
         e.starts_with("xdp.deny = \"0.0.0.0/0\": a /0 covers every address"),

@@ -6,8 +6,13 @@ use std::{net::SocketAddr, time::Duration};
 use ipnet::IpNet;
 
 use super::{
-    ConfigError, durations::parse_duration, file::XdpFile, flags::Overrides, invalid,
-    networks::access_list, positive_u32,
+    ConfigError,
+    durations::parse_duration,
+    file::XdpFile,
+    flags::Overrides,
+    invalid,
+    networks::{access_list, lists_together},
+    positive_u32,
 };
 
 /// Default `[xdp] syn_rate`, SYNs per second per prefix.
@@ -225,11 +230,13 @@ fn xdp_ports(
     Ok(ports)
 }
 
-/// `[xdp]`, with `listen` (the effective one, flags applied) for the default `ports`.
+/// `[xdp]`, with `listen` (the effective one, flags applied) for the default `ports`, and the
+/// top-level `allow` and `deny` (`lists`), of which `xdp.allow` and `xdp.deny` are more.
 pub(super) fn build_xdp(
     file: Option<XdpFile>,
     o: &Overrides,
     listen: &[SocketAddr],
+    lists: (&[IpNet], &[IpNet]),
 ) -> Result<XdpConfig, ConfigError> {
     let section = file.is_some();
     let f = file.unwrap_or_default();
@@ -287,6 +294,7 @@ pub(super) fn build_xdp(
     };
     let allow = access_list("xdp.allow", &f.allow.unwrap_or_default())?;
     let deny = access_list("xdp.deny", &f.deny.unwrap_or_default())?;
+    lists_together(&[("allow", lists.0, &allow), ("deny", lists.1, &deny)])?;
     let escalate_after = match f.escalate_after {
         Some(0) | None => 0,
         Some(v) => positive_u32("xdp.escalate_after", v)?,

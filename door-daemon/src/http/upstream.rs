@@ -996,8 +996,9 @@ fn strip_request_trailers(trailers: &mut HeaderMap) {
 /// drops, [`BARRED_FROM_RESPONSE_TRAILERS`]). Over HTTP/2 the hop-by-hop ones are not only
 /// meaningless but forbidden (RFC 9113 §8.2.2): the `h2` crate refuses to send them, and passed
 /// on from an HTTP/1.1 upstream they would reset the client's stream after its last byte of data
-/// (found by a test). So an HTTP/1.1 and an HTTP/2 client get the same trailer fields. Trailers
-/// are rare: a body without them never calls this.
+/// (found by a test). Of the rest, hyper's HTTP/1.1 server sends those the response's `Trailer`
+/// field names; an HTTP/2 client gets them all. Trailers are rare: a body without them never
+/// calls this.
 pub(crate) fn strip_response_trailers(trailers: &mut HeaderMap) {
     strip_hop_by_hop(trailers);
     for name in BARRED_FROM_RESPONSE_TRAILERS {
