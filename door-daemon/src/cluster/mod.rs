@@ -342,8 +342,15 @@ impl ClusterStatus {
     }
 }
 
+/// The bucket bounds of `door.cluster.sync_duration`, seconds: from half a millisecond (a sync on
+/// loopback) to a second (past any `cluster.timeout` worth setting). The SDK's default bounds
+/// (0 to 10,000) are meant for milliseconds: in seconds every sync fell into the first bucket.
+pub const SYNC_DURATION_BOUNDS_S: [f64; 12] = [
+    0.000_5, 0.001, 0.002_5, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
+];
+
 /// The cluster's instruments: `door.cluster.syncs`, `door.cluster.errors` (counters) and
-/// `door.cluster.sync_duration` (histogram, seconds).
+/// `door.cluster.sync_duration` (histogram, seconds, bounds [`SYNC_DURATION_BOUNDS_S`]).
 #[derive(Debug, Clone)]
 pub struct ClusterMetrics {
     syncs: Counter<u64>,
@@ -369,6 +376,7 @@ impl ClusterMetrics {
                 .f64_histogram("door.cluster.sync_duration")
                 .with_unit("s")
                 .with_description("Time one sync with the cluster store took")
+                .with_boundaries(SYNC_DURATION_BOUNDS_S.to_vec())
                 .build(),
         }
     }
@@ -831,6 +839,31 @@ mod tests {
             store_key("webhook", &key),
             "door:{webhook}:000000000000000000000000000000ab"
         );
+    }
+
+    /// A sync's time is told apart at the scale syncs take (a fraction of a millisecond on
+    /// loopback, up to the store's timeout), not all counted in the first bucket.
+    #[test]
+    fn sync_durations_are_bucketed_in_seconds() {
+        let exposition = crate::obs::prometheus::Exposition::new();
+        let provider = opentelemetry_sdk::metrics::SdkMeterProvider::builder()
+            .with_reader(exposition.reader())
+            .build();
+        let metrics = ClusterMetrics::new(&opentelemetry::metrics::MeterProvider::meter(
+            &provider, "door",
+        ));
+        for took in [0.000_4, 0.003, 0.08] {
+            metrics.duration.record(took, &[]);
+        }
+        let text = exposition.render().unwrap_or_default();
+        for line in [
+            "door_cluster_sync_duration_seconds_bucket{le=\"0.0005\"} 1\n",
+            "door_cluster_sync_duration_seconds_bucket{le=\"0.005\"} 2\n",
+            "door_cluster_sync_duration_seconds_bucket{le=\"0.05\"} 2\n",
+            "door_cluster_sync_duration_seconds_bucket{le=\"0.1\"} 3\n",
+        ] {
+            assert!(text.contains(line), "no {line:?} in:\n{text}");
+        }
     }
 
     #[test]
