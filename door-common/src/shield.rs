@@ -151,6 +151,17 @@ pub struct CookieState {
 
 const _: () = assert!(size_of::<CookieState>() == 48);
 
+/// Whether a CPU in cookie mode has been quiet for the hold time by `now_ns`: its leave bucket,
+/// whose theoretical arrival time is `leave_tat_ns`, has been full for at least `hold_ns`, so its
+/// SYN rate has stayed under the leave rate (80% of its share of the threshold) for the whole
+/// hold. Such a CPU leaves cookie mode at its next SYN, which it judges as out of it (the XDP
+/// program), and reads as out of it already ([`CookieState::active`] notwithstanding: the
+/// daemon's count). Nanoseconds of the `bpf_ktime_get_coarse_ns` clock.
+#[must_use]
+pub const fn cookie_quiet(leave_tat_ns: u64, hold_ns: u64, now_ns: u64) -> bool {
+    leave_tat_ns.saturating_add(hold_ns) <= now_ns
+}
+
 /// Key of the exempt LPM trie: the address in [`crate::PrefixKey`]'s 16-byte form (IPv4 as
 /// `::ffff:a.b.c.d`) but not masked; an IPv4 CIDR `/n` is stored with prefix length `96 + n`.
 /// The kernel's `struct bpf_lpm_trie_key` puts a `u32` prefix length before the data.
@@ -159,6 +170,16 @@ pub type ExemptKey = [u8; 16];
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A CPU is quiet once its leave bucket has been full for the hold: from the bucket's TAT
+    /// plus the hold on, not a nanosecond before.
+    #[test]
+    fn cookie_quiet_after_a_full_hold() {
+        let (tat, hold) = (5_000, 1_000);
+        assert!(!cookie_quiet(tat, hold, 5_999));
+        assert!(cookie_quiet(tat, hold, 6_000));
+        assert!(!cookie_quiet(u64::MAX, hold, u64::MAX - 1), "saturates");
+    }
 
     #[test]
     fn port_bitmap() {

@@ -75,7 +75,7 @@ use door_common::{
     list_filter::{LIST_FILTER_WORDS, V6_WORDS_START, filter_bit},
     shield::{
         CONFIG_ALL_PORTS, CONFIG_COOKIES, CONFIG_HAS_BLOCKLIST, CONFIG_HAS_EXEMPT,
-        CONFIG_LIST_FILTER, CONFIG_WRITTEN,
+        CONFIG_LIST_FILTER, CONFIG_WRITTEN, cookie_quiet,
     },
 };
 
@@ -526,19 +526,25 @@ fn cookie_mode(ctx: &XdpContext, cfg: &MapValue<ShieldConfig>) -> bool {
     }
     let interval = cfg.load(offset_of!(ShieldConfig, cookie_leave_interval_ns));
     let tolerance = cfg.load(offset_of!(ShieldConfig, cookie_leave_tolerance_ns));
-    let Some(tat) = gcra::take(state.load(leave_at), now, interval, tolerance) else {
+    let hold = cfg.load(offset_of!(ShieldConfig, cookie_hold_ns));
+    let before = state.load(leave_at);
+    let Some(tat) = gcra::take(before, now, interval, tolerance) else {
         // Still over 80% of the threshold.
         state.store(since_at, 0);
         return true;
     };
     state.store(leave_at, tat);
-    let since = state.load(since_at);
-    if since == 0 {
-        state.store(since_at, now | 1);
-        return true;
-    }
-    if now.saturating_sub(since) < cfg.load(offset_of!(ShieldConfig, cookie_hold_ns)) {
-        return true;
+    // Quiet for the whole hold before this SYN (a flood that stopped): leave now, not at a later
+    // SYN a hold from this one.
+    if !cookie_quiet(before, hold, now) {
+        let since = state.load(since_at);
+        if since == 0 {
+            state.store(since_at, now | 1);
+            return true;
+        }
+        if now.saturating_sub(since) < hold {
+            return true;
+        }
     }
     // Under 80% for the hold time: leave, with a full bucket.
     state.store(active, 0);

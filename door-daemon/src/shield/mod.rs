@@ -34,7 +34,7 @@ use door_common::{
     list_filter::LIST_FILTER_WORDS,
     shield::{
         CONFIG_ALL_PORTS, CONFIG_COOKIES, CONFIG_HAS_BLOCKLIST, CONFIG_HAS_EXEMPT,
-        CONFIG_LIST_FILTER,
+        CONFIG_LIST_FILTER, cookie_quiet,
     },
 };
 use ipnet::IpNet;
@@ -875,7 +875,9 @@ impl Shield {
         Ok(map.iter().filter_map(Result::ok).collect())
     }
 
-    /// Cookie mode across CPUs: how many are in it, and the entered/left events.
+    /// Cookie mode across CPUs: how many are in it (a CPU quiet for the hold since its flood
+    /// is out, though it leaves for the program only at its next SYN: `cookie_quiet`), and the
+    /// entered/left events.
     ///
     /// # Errors
     /// [`ShieldError::Map`] if the cookie map cannot be read.
@@ -887,10 +889,14 @@ impl Shield {
         let array: PerCpuArray<_, CookieState> =
             PerCpuArray::try_from(map_ref(&self.ebpf, MAP_COOKIE)?).map_err(map_err)?;
         let per_cpu = array.get(&0, 0).map_err(map_err)?;
+        // A CPU the flood has left quiet for the hold leaves at its next SYN: it is out already.
+        let hold = self.config.as_ref().map_or(0, |c| c.cookie_hold_ns);
+        let now = crate::time::kernel_monotonic_ns();
         Ok(per_cpu
             .iter()
             .fold(CookieSummary::default(), |s, c| CookieSummary {
-                active_cpus: s.active_cpus + u32::from(c.active != 0),
+                active_cpus: s.active_cpus
+                    + u32::from(c.active != 0 && !cookie_quiet(c.leave_tat_ns, hold, now)),
                 entered: s.entered + c.entered,
                 left: s.left + c.left,
             }))
