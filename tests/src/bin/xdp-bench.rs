@@ -85,14 +85,20 @@ fn settings(syn_rate: f64, syn_burst: u32) -> XdpConfig {
 }
 
 /// The repeat table's cases, in the order printed.
-const CASES: [&str; 6] = [
+const CASES: [&str; 7] = [
     "reference: empty program (floor)",
     "reference: parse + one LRU update",
     "door: pass path (TCP ACK)",
     "door: SYN counted, within budget",
     "door: SYN dropped, over budget",
     "door: SYN counted, lists set",
+    "door: SYN counted, cookies standing by",
 ];
+
+/// The `cookies standing by` case's threshold, SYNs per second: cookie mode configured (door's
+/// default, `syn_cookies = "auto"`) and never entered, so that every SYN pays for the cookie
+/// rate's bookkeeping (the clock, the CPU's cookie state, its bucket) and is then counted.
+const STANDBY_THRESHOLD: f64 = 1e12;
 
 /// The lists of the `lists set` case: a trusted proxy and an allowed network (exempt), and a
 /// denied network, none of them the benchmark's client, so that every SYN tests the lists
@@ -116,6 +122,9 @@ struct Programs {
     dropping: Shield,
     /// `counting` with [`EXEMPT`] and [`DENY`] in its lists trie.
     listed: Shield,
+    /// `counting` with cookie mode configured, its threshold out of reach
+    /// ([`STANDBY_THRESHOLD`]).
+    standby: Shield,
 }
 
 impl Programs {
@@ -135,12 +144,18 @@ impl Programs {
         };
         let mut listed = Shield::load().context("loading door's program")?;
         listed.configure(&settings(1e9, u32::MAX), &nets(&EXEMPT)?, &nets(&DENY)?)?;
+        let mut standby = Shield::load().context("loading door's program")?;
+        let mut cookies = settings(1e9, u32::MAX);
+        cookies.syn_cookies = SynCookies::Auto;
+        cookies.cookie_threshold = STANDBY_THRESHOLD;
+        standby.configure(&cookies, &[], &[])?;
         Ok(Self {
             floor,
             minimal,
             counting,
             dropping,
             listed,
+            standby,
         })
     }
 }
@@ -161,6 +176,7 @@ fn interleaved_medians(args: &Args, syn: &[u8], ack: &[u8]) -> anyhow::Result<Ve
             (&p.counting, syn),
             (&p.dropping, syn),
             (&p.listed, syn),
+            (&p.standby, syn),
         ];
         let mut order: Vec<_> = CASES.iter().zip(runs).zip(&mut samples).collect();
         order.rotate_left(round % n);
