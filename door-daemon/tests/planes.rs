@@ -486,6 +486,10 @@ async fn asking_for_an_upgrade_does_not_take_a_request_past_the_planes() {
     let over = send(&d, "/api/plain", "198.51.100.51", &upgrade).await;
     assert_eq!(over.status, StatusCode::TOO_MANY_REQUESTS, "{over:?}");
     assert_eq!(over.scope.as_deref(), Some("ip"), "{over:?}");
+    assert!(
+        over.ratelimit.contains("\"ip\";r=0"),
+        "the plane's item: {over:?}"
+    );
     assert_eq!(hits.load(Ordering::SeqCst), 6, "the upstream answered it");
     // A token on an upgrade the plane refused is not verified by its answer (the upstream took
     // it, but any page that ignores credentials would): its plain request is still the IP
@@ -514,6 +518,45 @@ async fn asking_for_an_upgrade_does_not_take_a_request_past_the_planes() {
         7,
         "the plain request never reached it"
     );
+}
+
+/// An upgrade its group refuses before it is sent charges its plane nothing (a request refused
+/// by one limiter spends nothing in the others): a page that reconnects its WebSocket in a loop
+/// does not spend its own requests' budget.
+#[tokio::test]
+async fn an_upgrade_its_group_refuses_charges_its_plane_nothing() {
+    let hits = Arc::new(AtomicUsize::new(0));
+    let streams = "[group.stream]\nrate = 0.001\nburst = 2\nper_client = 8";
+    let d = door(&config(upstream(Arc::clone(&hits)).await, BEARER, streams)).await;
+    let upgrade = [("connection", "upgrade"), ("upgrade", "foo")];
+    for i in 0..2 {
+        let a = send(&d, "/api/plain", "198.51.100.55", &upgrade).await;
+        assert_eq!(a.status, StatusCode::OK, "upgrade {i}: {a:?}");
+    }
+    for i in 0..3 {
+        let r = send(&d, "/api/plain", "198.51.100.55", &upgrade).await;
+        assert_eq!(
+            r.status,
+            StatusCode::TOO_MANY_REQUESTS,
+            "upgrade {i}: {r:?}"
+        );
+        assert!(
+            r.body.contains("\"stream\""),
+            "refused by the stream group: {r:?}"
+        );
+    }
+    assert_eq!(
+        d.count("ip", Outcome::ClientError),
+        0,
+        "nothing charged as abandoned"
+    );
+    // The two answered upgrades spent two of the IP plane's five tokens; the refused ones none.
+    for i in 0..3 {
+        let a = send(&d, "/api/plain", "198.51.100.55", &[]).await;
+        assert_eq!(a.status, StatusCode::OK, "request {i}: {a:?}");
+    }
+    let over = send(&d, "/api/plain", "198.51.100.55", &[]).await;
+    assert_eq!(over.scope.as_deref(), Some("ip"), "{over:?}");
 }
 
 /// A client that hangs up on an upgrade before its answer is charged to its plane as any

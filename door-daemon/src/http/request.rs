@@ -57,9 +57,10 @@ struct Job<'p> {
     admitted: Option<Admitted<'p>>,
     /// A pass-through request's request-plane permit.
     plane: Option<Held>,
-    /// An upgrade request's plane: not charged up front, since a stream is exempt from the
-    /// planes, and charged once the answer shows it is no stream ([`DeferredPlane`]).
-    deferred_plane: Option<DeferredPlane<'p>>,
+    /// An upgrade request's plane and key: not charged up front, since a stream is exempt from
+    /// the planes, and settled by the answer ([`DeferredPlane`], made once the request is sent:
+    /// a request refused before, by its group or the pass-through caps, charges nothing there).
+    deferred_plane: Option<(&'p Limited, PrefixKey)>,
     /// The keyed hash of the credential the request carried, to learn from the upstream's
     /// answer whether it is valid.
     credential: Option<PrefixKey>,
@@ -712,7 +713,10 @@ impl App {
         // The request planes first: a request one of them refuses never reaches its group.
         let plane = match planes {
             Some(credential) => {
-                match self.admit_plane(&policy, credential, &req, decision.key, &mut job) {
+                // An upgrade's plane is settled by its answer (a stream is exempt), but a health
+                // probe's is not: a plane's refusal of a probe is answered from the cache.
+                let defer = job.upgrade.is_some() && !limited.is_some_and(|l| l.health);
+                match self.admit_plane(&policy, credential, &req, decision.key, &mut job, defer) {
                     Ok(plane) => plane,
                     Err(r) => {
                         let refused =
@@ -820,11 +824,24 @@ impl App {
         }
     }
 
+    /// Learns from the upstream's `status` whether the request's `credential` (if any) is valid
+    /// ([`Sessions::learn`]): only from an answer its plane admitted (`admitted`), so that an
+    /// answer a plane refused verifies nothing; a 401 or 403 unverifies it whatever the plane
+    /// said.
+    fn learn(&self, credential: Option<PrefixKey>, status: StatusCode, admitted: bool) {
+        let unverifies = matches!(status, StatusCode::UNAUTHORIZED | StatusCode::FORBIDDEN);
+        if (admitted || unverifies)
+            && let Some(credential) = credential
+        {
+            self.sessions.learn(credential, status);
+        }
+    }
+
     /// Charges a request that is not a stream to its request plane (docs/design.md, "Streams and
     /// sessions", Planes): the plane's permit and the credential's hash go into `job`; the plane
-    /// and key are returned for the `RateLimit` fields. An upgrade is not admitted: its plane and
-    /// key go into `job` to be charged after its answer ([`DeferredPlane`]), and `None` is
-    /// returned.
+    /// and key are returned for the `RateLimit` fields. An upgrade (`defer`) is not admitted: its
+    /// plane and key go into `job` to be settled by its answer ([`DeferredPlane`]), and are
+    /// returned as well.
     ///
     /// # Errors
     /// The plane's 429 when it refuses the request.
@@ -835,16 +852,16 @@ impl App {
         req: &Request<Incoming>,
         client: PrefixKey,
         job: &mut Job<'p>,
+        defer: bool,
     ) -> Result<Option<(&'p Limited, PrefixKey)>, Box<PlaneRefusal<'p>>> {
         let choice = self.sessions.choose(credential, req.headers(), client);
         job.credential = choice.credential;
         let Some(p) = policy.limited.get(choice.plane) else {
             return Ok(None);
         };
-        if job.upgrade.is_some() {
-            // Charged after its answer, unless that is a stream.
-            job.deferred_plane = Some(DeferredPlane::new(p, choice.key));
-            return Ok(None);
+        if defer {
+            job.deferred_plane = Some((p, choice.key));
+            return Ok(Some((p, choice.key)));
         }
         match settle::admit(p.group(), choice.key) {
             Ok(held) => {
@@ -981,6 +998,9 @@ impl App {
             sse_key,
         } = job;
         let on_client = upgrade.as_ref().map(|_| hyper::upgrade::on(&mut req));
+        // From here on the request goes upstream: an upgrade's plane is settled by its answer,
+        // or as abandoned if this future is dropped first.
+        let deferred_plane = deferred_plane.map(|(p, key)| DeferredPlane::new(p, key));
         let (parts, body) = req.into_parts();
         let method = parts.method.clone();
         let health = admitted.as_ref().is_some_and(|a| a.limited.health);
@@ -1042,9 +1062,7 @@ impl App {
                         return *refused;
                     }
                 };
-            if admitted_by_plane && let Some(credential) = credential {
-                self.sessions.learn(credential, status);
-            }
+            self.learn(credential, status, admitted_by_plane);
             if switched {
                 return self.switch(conn, &method, upgrade, on_client, res, permit);
             }
