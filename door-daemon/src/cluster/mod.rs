@@ -343,7 +343,7 @@ impl ClusterStatus {
 }
 
 /// The bucket bounds of `door.cluster.sync_duration`, seconds: from half a millisecond (a sync on
-/// loopback) to a second (past any `cluster.timeout` worth setting). The SDK's default bounds
+/// loopback) to 2.5 s (past any `cluster.timeout` worth setting; longer ones count in `+Inf`). The SDK's default bounds
 /// (0 to 10,000) are meant for milliseconds: in seconds every sync fell into the first bucket.
 pub const SYNC_DURATION_BOUNDS_S: [f64; 12] = [
     0.000_5, 0.001, 0.002_5, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,

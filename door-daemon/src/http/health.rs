@@ -16,7 +16,7 @@ use std::{
     future::Future,
     sync::{
         Arc, Mutex, PoisonError,
-        atomic::{AtomicBool, Ordering},
+        atomic::{AtomicBool, AtomicU64, Ordering},
     },
     time::Duration,
 };
@@ -67,6 +67,9 @@ pub struct CachedHealth {
     draining: Arc<AtomicBool>,
     last: Mutex<Option<Entry>>,
     flight: tokio::sync::Mutex<()>,
+    /// Refreshes that ran to their answer (kept or not): a probe that waited for the flight
+    /// tells a refresh that answered from one cancelled with its prober.
+    refreshed: AtomicU64,
 }
 
 impl CachedHealth {
@@ -82,6 +85,7 @@ impl CachedHealth {
             draining,
             last: Mutex::new(None),
             flight: tokio::sync::Mutex::new(()),
+            refreshed: AtomicU64::new(0),
         }
     }
 
@@ -130,9 +134,10 @@ impl CachedHealth {
     /// for health (else only that caller gets it). A concurrent caller gets the last status at
     /// once if it is younger than [`HEALTH_STALE`] (an upstream slow to answer the refresh delays
     /// that one probe, not every probe behind it), and otherwise waits for the refresh under way
-    /// and gets its result; when that result was not kept, the last status however old, and
-    /// only before the first status a refresh of its own (so probes whose refreshes the
-    /// application answers with a 4xx cannot queue a prober behind one refresh after another).
+    /// and gets its result; when that result was not kept, the last status however old (so
+    /// probes whose refreshes the application answers with a 4xx cannot queue a prober behind
+    /// one refresh after another), and a refresh of its own before the first status or when the
+    /// refresh waited for was cancelled (its prober gave up) before it answered.
     /// Never a 429 and never door's own 503 (an upstream's 503 is passed on).
     pub async fn status<F, Fut>(&self, refresh: F) -> StatusCode
     where
@@ -145,12 +150,16 @@ impl CachedHealth {
         if let Some(s) = self.fresh() {
             return s;
         }
-        let (_flight, waited) = match self.flight.try_lock() {
+        let (_flight, answered) = match self.flight.try_lock() {
             Ok(flight) => (flight, false),
             Err(_) => match self.younger_than(self.stale_ns) {
                 // A refresh is under way: the last status until it lands, if it is recent.
                 Some(s) => return s,
-                None => (self.flight.lock().await, true),
+                None => {
+                    let before = self.refreshed.load(Ordering::Acquire);
+                    let flight = self.flight.lock().await;
+                    (flight, self.refreshed.load(Ordering::Acquire) != before)
+                }
             },
         };
         // Whoever held the flight before us may have refreshed it.
@@ -160,13 +169,15 @@ impl CachedHealth {
         if self.draining() {
             return StatusCode::SERVICE_UNAVAILABLE;
         }
-        // The refresh waited for was not kept (an answer to its asker alone): the last status,
-        // not a refresh of our own behind every other such probe.
-        if waited && let Some(s) = self.last() {
+        // The refresh waited for answered, and was not kept (an answer to its asker alone): the
+        // last status, not a refresh of our own behind every other such probe. One cancelled
+        // with its prober answered nothing: this probe asks the upstream itself.
+        if answered && let Some(s) = self.last() {
             return s;
         }
         let status = refresh().await;
         self.record(status);
+        self.refreshed.fetch_add(1, Ordering::Release);
         status
     }
 }
@@ -370,6 +381,32 @@ mod tests {
             runs.load(Ordering::SeqCst),
             0,
             "no refresh behind the first"
+        );
+    }
+
+    /// A probe that waited for a refresh cancelled before it answered (its prober gave up: the
+    /// application's health endpoint hangs) asks the upstream itself instead of getting a status
+    /// older than [`HEALTH_STALE`], which would report a hung application as well.
+    #[tokio::test]
+    async fn a_probe_behind_a_cancelled_refresh_refreshes_itself() {
+        let (clock, _draining, c) = cache();
+        c.record(StatusCode::OK);
+        clock.advance(HEALTH_STALE + Duration::from_secs(1));
+        let refreshing = {
+            let c = Arc::clone(&c);
+            tokio::spawn(async move { c.status(|| std::future::pending::<StatusCode>()).await })
+        };
+        tokio::task::yield_now().await;
+        let waiting = {
+            let c = Arc::clone(&c);
+            tokio::spawn(async move { c.status(|| async { StatusCode::GATEWAY_TIMEOUT }).await })
+        };
+        tokio::task::yield_now().await;
+        refreshing.abort();
+        assert_eq!(
+            waiting.await.unwrap(),
+            StatusCode::GATEWAY_TIMEOUT,
+            "its own refresh's answer, not the 200 of 11 s ago"
         );
     }
 
