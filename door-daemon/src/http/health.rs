@@ -150,17 +150,16 @@ impl CachedHealth {
         if let Some(s) = self.fresh() {
             return s;
         }
-        let (_flight, answered) = match self.flight.try_lock() {
-            Ok(flight) => (flight, false),
-            Err(_) => match self.younger_than(self.stale_ns) {
-                // A refresh is under way: the last status until it lands, if it is recent.
-                Some(s) => return s,
-                None => {
-                    let before = self.refreshed.load(Ordering::Acquire);
-                    let flight = self.flight.lock().await;
-                    (flight, self.refreshed.load(Ordering::Acquire) != before)
-                }
-            },
+        let (_flight, answered) = if let Ok(flight) = self.flight.try_lock() {
+            (flight, false)
+        } else {
+            // A refresh is under way: the last status until it lands, if it is recent.
+            if let Some(s) = self.younger_than(self.stale_ns) {
+                return s;
+            }
+            let before = self.refreshed.load(Ordering::Acquire);
+            let flight = self.flight.lock().await;
+            (flight, self.refreshed.load(Ordering::Acquire) != before)
         };
         // Whoever held the flight before us may have refreshed it.
         if let Some(s) = self.fresh() {
@@ -394,7 +393,7 @@ mod tests {
         clock.advance(HEALTH_STALE + Duration::from_secs(1));
         let refreshing = {
             let c = Arc::clone(&c);
-            tokio::spawn(async move { c.status(|| std::future::pending::<StatusCode>()).await })
+            tokio::spawn(async move { c.status(std::future::pending::<StatusCode>).await })
         };
         tokio::task::yield_now().await;
         let waiting = {
