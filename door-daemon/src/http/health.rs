@@ -199,6 +199,27 @@ mod tests {
         (clock, draining, c)
     }
 
+    /// A probe over budget, spawned, whose refresh answers `answer` once the returned sender
+    /// sends `true`: the refresh under way while a test asks for the status meanwhile.
+    fn held_refresh(
+        c: &Arc<CachedHealth>,
+        answer: StatusCode,
+    ) -> (
+        tokio::sync::watch::Sender<bool>,
+        tokio::task::JoinHandle<StatusCode>,
+    ) {
+        let (release_tx, mut release_rx) = tokio::sync::watch::channel(false);
+        let c = Arc::clone(c);
+        let refreshing = tokio::spawn(async move {
+            c.status(|| async move {
+                let _ = release_rx.wait_for(|r| *r).await;
+                answer
+            })
+            .await
+        });
+        (release_tx, refreshing)
+    }
+
     /// The inner checker runs once per ttl; a drain shows at once.
     #[tokio::test]
     async fn inner_checker_runs_once_per_ttl_and_a_drain_shows_at_once() {
@@ -269,17 +290,7 @@ mod tests {
         let (clock, _draining, c) = cache();
         c.record(StatusCode::OK);
         clock.advance(HEALTH_TTL);
-        let (release_tx, mut release_rx) = tokio::sync::watch::channel(false);
-        let refreshing = {
-            let c = Arc::clone(&c);
-            tokio::spawn(async move {
-                c.status(|| async move {
-                    let _ = release_rx.wait_for(|r| *r).await;
-                    StatusCode::SERVICE_UNAVAILABLE
-                })
-                .await
-            })
-        };
+        let (release_tx, refreshing) = held_refresh(&c, StatusCode::SERVICE_UNAVAILABLE);
         tokio::task::yield_now().await;
         let runs = Arc::new(AtomicUsize::new(0));
         for _ in 0..3 {
@@ -309,17 +320,7 @@ mod tests {
         let (clock, _draining, c) = cache();
         c.record(StatusCode::SERVICE_UNAVAILABLE);
         clock.advance(HEALTH_STALE);
-        let (release_tx, mut release_rx) = tokio::sync::watch::channel(false);
-        let refreshing = {
-            let c = Arc::clone(&c);
-            tokio::spawn(async move {
-                c.status(|| async move {
-                    let _ = release_rx.wait_for(|r| *r).await;
-                    StatusCode::OK
-                })
-                .await
-            })
-        };
+        let (release_tx, refreshing) = held_refresh(&c, StatusCode::OK);
         tokio::task::yield_now().await;
         let waiting = {
             let c = Arc::clone(&c);
@@ -344,17 +345,7 @@ mod tests {
         let (clock, _draining, c) = cache();
         c.record(StatusCode::OK);
         clock.advance(HEALTH_STALE + Duration::from_secs(1));
-        let (release_tx, mut release_rx) = tokio::sync::watch::channel(false);
-        let refreshing = {
-            let c = Arc::clone(&c);
-            tokio::spawn(async move {
-                c.status(|| async move {
-                    let _ = release_rx.wait_for(|r| *r).await;
-                    StatusCode::BAD_REQUEST
-                })
-                .await
-            })
-        };
+        let (release_tx, refreshing) = held_refresh(&c, StatusCode::BAD_REQUEST);
         tokio::task::yield_now().await;
         let runs = Arc::new(AtomicUsize::new(0));
         let waiting: Vec<_> = (0..3)
