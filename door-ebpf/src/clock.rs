@@ -10,7 +10,7 @@
 //! that mitigates SRSO with "safe RET" every return from a helper is a mispredicted branch: the
 //! helper call took 15 ns of a 73 ns SYN.
 
-use core::mem::offset_of;
+use core::{cell::Cell, mem::offset_of};
 
 use aya_ebpf::{macros::map, maps::PerCpuArray};
 use door_common::tick_clock::{Kept, TickClock};
@@ -24,7 +24,7 @@ static DOOR_CLOCK: PerCpuArray<TickClock> = PerCpuArray::with_max_entries(1, 0);
 /// The coarse clock now, nanoseconds: this CPU's kept reading while it is settled for the
 /// current tick, the kernel's otherwise (see the module docs).
 #[inline(always)]
-pub(crate) fn now_ns() -> u64 {
+fn now_ns() -> u64 {
     let tick = jiffies();
     let Some(last) = MapValue::in_per_cpu_array(&DOOR_CLOCK, 0) else {
         return coarse_ns();
@@ -52,4 +52,28 @@ pub(crate) fn now_ns() -> u64 {
         last.store(tick_at, next.tick);
     }
     now
+}
+
+/// The coarse clock read at most once per packet: the first [`Reading::ns`] asks [`now_ns`], every
+/// later one on the same packet gets that reading. A SYN judged and then weighed for cookie mode
+/// reads the clock once for both.
+pub(crate) struct Reading(Cell<Option<u64>>);
+
+impl Reading {
+    /// A reading not yet taken.
+    #[inline(always)]
+    pub(crate) const fn new() -> Self {
+        Self(Cell::new(None))
+    }
+
+    /// The coarse clock, nanoseconds: read now if this packet has not read it yet.
+    #[inline(always)]
+    pub(crate) fn ns(&self) -> u64 {
+        if let Some(ns) = self.0.get() {
+            return ns;
+        }
+        let ns = now_ns();
+        self.0.set(Some(ns));
+        ns
+    }
 }

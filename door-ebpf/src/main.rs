@@ -81,7 +81,7 @@ use door_common::{
 
 use crate::{
     access::{CookieScratch, MapValue, Packet},
-    clock::now_ns,
+    clock::Reading,
     key::{MapKey, Source},
     parse::{Parsed, TcpSegment, parse},
 };
@@ -350,14 +350,17 @@ fn syn(ctx: &XdpContext, packet: &Packet, segment: &TcpSegment) -> Counter {
     let Some(settings) = Settings::read(Some(segment.dst_port)) else {
         return Counter::PassUnprotectedPort;
     };
-    match judge(ctx, &settings, packet, segment.src(), Kind::Syn) {
-        Counter::PassSyn | Counter::PassOverflowSyn
-            if settings.cookies().is_some_and(|cfg| cookie_mode(ctx, cfg)) =>
-        {
-            cookie::answer(packet, segment)
-        }
-        c => c,
+    let clock = Reading::new();
+    let counter = judge(ctx, &settings, packet, segment.src(), Kind::Syn, &clock);
+    // Written without a closure: LLVM made `is_some_and`'s closure a BPF function of its own,
+    // and a call costs a return, a mispredicted branch under the kernel's SRSO mitigation.
+    if matches!(counter, Counter::PassSyn | Counter::PassOverflowSyn)
+        && let Some(cfg) = settings.cookies()
+        && cookie_mode(ctx, cfg, clock.ns())
+    {
+        return cookie::answer(packet, segment);
     }
+    counter
 }
 
 /// Judges a packet that may hide a SYN (`kind` is not [`Kind::Syn`]) from `src`, charged to
@@ -372,13 +375,13 @@ fn judge_at(
     kind: Kind,
 ) -> Counter {
     match Settings::read(port) {
-        Some(settings) => judge(ctx, &settings, packet, src, kind),
+        Some(settings) => judge(ctx, &settings, packet, src, kind, &Reading::new()),
         None => Counter::PassUnprotectedPort,
     }
 }
 
 /// Judges `packet`, from `source`, to a protected port under `settings` (see the crate docs
-/// for the order).
+/// for the order), reading the clock through `clock` once it gets past the lists.
 #[inline(always)]
 fn judge(
     ctx: &XdpContext,
@@ -386,6 +389,7 @@ fn judge(
     packet: &Packet,
     source: Source,
     kind: Kind,
+    clock: &Reading,
 ) -> Counter {
     let enforce = settings.enforce();
     if !enforce && kind != Kind::Syn {
@@ -408,7 +412,7 @@ fn judge(
             _ => {}
         }
     }
-    let now = now_ns();
+    let now = clock.ns();
     // Expired entries are ignored, never deleted here: the daemon owns the blocklist's entries,
     // and the LRU map makes room for new ones on its own.
     if settings.blocklist()
@@ -495,15 +499,12 @@ fn charge(
 
 /// Whether cookie mode is on for this CPU after counting one more SYN, entering or leaving it as
 /// the rate says (see [`CookieState`]), under the configuration `cfg` (cookie mode configured:
-/// [`Settings::cookies`]).
+/// [`Settings::cookies`]), at `now` (ns, the clock the SYN was judged at).
 #[inline(always)]
-fn cookie_mode(ctx: &XdpContext, cfg: &MapValue<ShieldConfig>) -> bool {
+fn cookie_mode(ctx: &XdpContext, cfg: &MapValue<ShieldConfig>, now: u64) -> bool {
     let Some(state) = MapValue::in_per_cpu_array(&DOOR_COOKIE, 0) else {
         return false;
     };
-    // The clock is read only once cookie mode is configured: a SYN counted with it off costs
-    // no helper call more than before.
-    let now = now_ns();
     let active = offset_of!(CookieState, active);
     let tat_at = offset_of!(CookieState, tat_ns);
     let leave_at = offset_of!(CookieState, leave_tat_ns);
