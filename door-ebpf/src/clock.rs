@@ -24,7 +24,7 @@ static DOOR_CLOCK: PerCpuArray<TickClock> = PerCpuArray::with_max_entries(1, 0);
 /// The coarse clock now, nanoseconds: this CPU's kept reading while it is settled for the
 /// current tick, the kernel's otherwise (see the module docs).
 #[inline(always)]
-fn now_ns() -> u64 {
+pub(crate) fn now_ns() -> u64 {
     let tick = jiffies();
     let Some(last) = MapValue::in_per_cpu_array(&DOOR_CLOCK, 0) else {
         return coarse_ns();
