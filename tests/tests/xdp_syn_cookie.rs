@@ -420,6 +420,55 @@ fn without_a_listener_the_syn_passes_unchanged() {
     }
 }
 
+/// A CPU whose flood has stopped for the hold leaves cookie mode at its next SYN, however much
+/// later it comes, and judges that SYN as out of the mode; `/status` counts the CPU out before
+/// that SYN. A flood that comes back enters the mode again.
+#[test]
+fn a_cpu_quiet_for_the_hold_leaves_cookie_mode_at_its_next_syn() {
+    let Some((mut shield, _, port)) = cookie_shield(2, false) else {
+        return;
+    };
+    let syn = mss_syn4(port);
+    let in_mode = (XDP_PASS, Counter::PassNoListener);
+    // The flood: the first SYN over the threshold enters cookie mode, the next finds it on.
+    assert_eq!(run_frame(&shield, &syn).0, in_mode, "entered");
+    assert_eq!(run_frame(&shield, &syn).0, in_mode, "still in the flood");
+    let c = shield.cookies().unwrap();
+    assert_eq!(
+        (c.active_cpus, c.entered, c.left),
+        (1, 1, 0),
+        "in cookie mode"
+    );
+    // The kernel's clock cannot be moved: the CPU's leave bucket is made to have been full
+    // since long before the hold (1 s) instead, as after a flood that stopped.
+    shield
+        .update_cookie_states(|s| {
+            if s.active != 0 {
+                s.leave_tat_ns = 1;
+            }
+        })
+        .unwrap();
+    let c = shield.cookies().unwrap();
+    assert_eq!(
+        (c.active_cpus, c.left),
+        (0, 0),
+        "/status counts the quiet CPU out before the program leaves"
+    );
+    assert_eq!(
+        run_frame(&shield, &syn).0,
+        (XDP_PASS, Counter::PassSyn),
+        "the next SYN leaves cookie mode and is judged out of it"
+    );
+    let c = shield.cookies().unwrap();
+    assert_eq!((c.active_cpus, c.entered, c.left), (0, 1, 1), "left once");
+    // The mode left with its bucket full (one token at this threshold): the flood's return
+    // spends it, then enters cookie mode again.
+    assert_eq!(run_frame(&shield, &syn).0, (XDP_PASS, Counter::PassSyn));
+    assert_eq!(run_frame(&shield, &syn).0, in_mode, "entered again");
+    let c = shield.cookies().unwrap();
+    assert_eq!((c.active_cpus, c.entered, c.left), (1, 2, 1));
+}
+
 #[test]
 fn when_the_kernel_declines_the_syn_passes_unchanged() {
     // tcp_syncookies = 1 and an empty SYN queue: no flood pressure on the listener, so

@@ -902,6 +902,36 @@ impl Shield {
             }))
     }
 
+    /// Rewrites every CPU's cookie-mode state ([`door_common::MAP_COOKIE`]) with `update`: a
+    /// test's stand-in for the kernel's clock moving on, since the program reads
+    /// `bpf_ktime_get_coarse_ns`, which a test cannot set (with `leave_tat_ns` moved back, a CPU
+    /// in cookie mode reads as quiet for the hold). Only with the `test-hooks` feature.
+    ///
+    /// # Errors
+    /// [`ShieldError::Map`] if the cookie map cannot be read or written.
+    #[cfg(feature = "test-hooks")]
+    pub fn update_cookie_states(
+        &mut self,
+        update: impl Fn(&mut CookieState),
+    ) -> Result<(), ShieldError> {
+        let map_err = |source| ShieldError::Map {
+            name: MAP_COOKIE,
+            source,
+        };
+        let mut array: PerCpuArray<_, CookieState> =
+            PerCpuArray::try_from(map_mut(&mut self.ebpf, MAP_COOKIE)?).map_err(map_err)?;
+        let mut states: Vec<CookieState> = array.get(&0, 0).map_err(map_err)?.to_vec();
+        states.iter_mut().for_each(update);
+        // As many values as `get` returned (one per possible CPU), so the length is right.
+        let values = aya::maps::PerCpuValues::try_from(states).map_err(|io_error| {
+            map_err(MapError::SyscallError(aya::sys::SyscallError {
+                call: "bpf_map_update_elem",
+                io_error,
+            }))
+        })?;
+        array.set(0, values, 0).map_err(map_err)
+    }
+
     /// The churn guard: its new-prefix bucket and the shared overflow bucket's counts.
     ///
     /// # Errors
