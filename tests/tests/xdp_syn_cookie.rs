@@ -445,6 +445,8 @@ fn a_cpu_quiet_for_the_hold_leaves_cookie_mode_at_its_next_syn() {
         .update_cookie_states(|s| {
             if s.active != 0 {
                 s.leave_tat_ns = 1;
+                // And no hold under way: only the quiet rule can let the next SYN leave.
+                s.below_since_ns = 0;
             }
         })
         .unwrap();

@@ -238,6 +238,9 @@ fn static_checks(t: &mut Tally) {
                 "--workspace",
                 "--no-deps",
                 "--document-private-items",
+                // The test hooks' documentation too (only the test crate enables them).
+                "--features",
+                "door-daemon/test-hooks",
             ])
             .env("RUSTDOCFLAGS", "-D warnings"),
     );

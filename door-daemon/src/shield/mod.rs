@@ -912,7 +912,7 @@ impl Shield {
     #[cfg(feature = "test-hooks")]
     pub fn update_cookie_states(
         &mut self,
-        update: impl Fn(&mut CookieState),
+        update: impl FnMut(&mut CookieState),
     ) -> Result<(), ShieldError> {
         let map_err = |source| ShieldError::Map {
             name: MAP_COOKIE,
@@ -922,10 +922,10 @@ impl Shield {
             PerCpuArray::try_from(map_mut(&mut self.ebpf, MAP_COOKIE)?).map_err(map_err)?;
         let mut states: Vec<CookieState> = array.get(&0, 0).map_err(map_err)?.to_vec();
         states.iter_mut().for_each(update);
-        // As many values as `get` returned (one per possible CPU), so the length is right.
+        // Refused only for a count other than the possible CPUs', which is what `get` returned.
         let values = aya::maps::PerCpuValues::try_from(states).map_err(|io_error| {
             map_err(MapError::SyscallError(aya::sys::SyscallError {
-                call: "bpf_map_update_elem",
+                call: "PerCpuValues::try_from (one value per possible CPU)",
                 io_error,
             }))
         })?;
