@@ -156,3 +156,48 @@ fn every_header_boundary_truncation_passes() {
     }
     assert_eq!(syns(&shield, PrefixKey::from_ipv4(CLIENT4)), None);
 }
+
+/// The BPF functions of door's XDP object: the entry point, the cookie answer (kept apart for
+/// its stack frame), the rare events' logging, and the memory builtins the compiler may leave.
+/// Matched against the end of each symbol's (mangled) name.
+const FUNCTIONS: [&str; 8] = [
+    "door_xdp",
+    "6cookie6answer",
+    "6events11cookie_mode",
+    "6events12guard_closed",
+    "6events8map_full",
+    "memcpy",
+    "memmove",
+    "memset",
+];
+
+/// A counted SYN calls no BPF function of its own: the object holds no function but those of
+/// [`FUNCTIONS`], none of them on that path. A BPF-to-BPF call costs a return, a mispredicted
+/// branch under the kernel's SRSO "safe RET" mitigation; LLVM once compiled a closure on the SYN
+/// path (cookie mode's `is_some_and`) as such a function, 10–18 ns a SYN (docs/performance.md,
+/// "Cookie mode standing by, made cheap"). Reads the object only: needs no privileges.
+#[test]
+fn a_counted_syn_calls_no_bpf_function() {
+    use object::{Object as _, ObjectSymbol as _, SymbolKind};
+
+    let elf = object::File::parse(door_daemon::shield::PROGRAM)
+        .expect("door's XDP object is an ELF file (built without AYA_BUILD_SKIP)");
+    let functions: Vec<String> = elf
+        .symbols()
+        .filter(|s| s.kind() == SymbolKind::Text && s.size() > 0)
+        .filter_map(|s| s.name().ok().map(str::to_owned))
+        .collect();
+    assert!(
+        functions.iter().any(|f| f == "door_xdp"),
+        "the entry point is among the object's functions: {functions:?}"
+    );
+    let unexpected: Vec<&String> = functions
+        .iter()
+        .filter(|f| !FUNCTIONS.iter().any(|known| f.ends_with(known)))
+        .collect();
+    assert!(
+        unexpected.is_empty(),
+        "BPF functions the program should not have (inline them, or add a rare path's to \
+         FUNCTIONS): {unexpected:?}"
+    );
+}
