@@ -174,7 +174,7 @@ const FUNCTIONS: [&str; 8] = [
 /// A counted SYN calls no BPF function of its own: the object holds no function but those of
 /// [`FUNCTIONS`], none of them on that path. A BPF-to-BPF call costs a return, a mispredicted
 /// branch under the kernel's SRSO "safe RET" mitigation; LLVM once compiled a closure on the SYN
-/// path (cookie mode's `is_some_and`) as such a function, 10–18 ns a SYN (docs/performance.md,
+/// path (cookie mode's `is_some_and`) as such a function, 6–18 ns a SYN (docs/performance.md,
 /// "Cookie mode standing by, made cheap"). Reads the object only: needs no privileges.
 #[test]
 fn a_counted_syn_calls_no_bpf_function() {
