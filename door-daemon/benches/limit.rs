@@ -8,7 +8,8 @@
 //! alone (the *floor*: what an admit + settle pair must do whatever its table, measured in the
 //! same rounds, see [`Floor`]) and of an admit + settle through a reference the caller clones
 //! for the permit and drops after it, as door's request path holds its group ([`held_op`]);
-//! then the same from each side's fastest run, the least disturbed by the machine's other work.
+//! then door's, governor's and the held form's fastest runs, the least disturbed by the
+//! machine's other work.
 
 use std::{
     hint::black_box,

@@ -64,7 +64,7 @@
 //! (it rewrites its packet) next to the drop path and both references, the LRU table (the prefix
 //! map under address rotation with one LRU list for all CPUs or one per CPU), then the veth flood
 //! comparison (XDP vs an nftables per-/64 meter vs nothing, with a legitimate client's latency).
-//! About a minute.
+//! About four minutes.
 
 use std::{
     collections::HashMap,

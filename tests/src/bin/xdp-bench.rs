@@ -49,8 +49,9 @@ struct Args {
     /// Runs per measurement (the kernel reports the mean).
     #[arg(long, default_value_t = 1_000_000)]
     repeat: u32,
-    /// Measurements per case, each over a fresh load of the programs; the median is reported.
-    #[arg(long, default_value_t = 15)]
+    /// Measurements per case, each over a fresh load of the programs; the median and the fastest
+    /// are reported.
+    #[arg(long, default_value_t = 41)]
     rounds: usize,
     /// Also run the veth flood comparisons (XDP, nftables, nothing; XDP cookies, kernel cookies).
     #[arg(long)]
