@@ -68,7 +68,7 @@ const INIT_RCVWND: u32 = 10;
 /// and sharing one frame would put both within the 512 bytes at once.
 #[inline(never)]
 pub(crate) fn answer(pkt: &Packet, seg: &TcpSegment) -> Counter {
-    if !seg.bare {
+    if !seg.bare(pkt) {
         return Counter::PassCookieUnavailable;
     }
     let Some(scratch) = MapValue::in_per_cpu_array(&DOOR_SCRATCH, 0) else {

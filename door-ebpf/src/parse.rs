@@ -56,10 +56,6 @@ pub(crate) struct TcpSegment {
     pub(crate) tcp_len: usize,
     /// IPv6 (otherwise IPv4).
     pub(crate) v6: bool,
-    /// The TCP header follows a bare IP header (IPv4 without options and not a fragment, or IPv6
-    /// without extension headers), the frame holds the whole datagram, and the datagram the
-    /// whole TCP header, options included. Only such a SYN is answered with a cookie.
-    pub(crate) bare: bool,
 }
 
 impl TcpSegment {
@@ -67,6 +63,41 @@ impl TcpSegment {
     #[inline(always)]
     pub(crate) fn src(&self) -> Source {
         source(self.ip, self.v6)
+    }
+
+    /// Whether the segment is bare, read again from `pkt`, the packet it was parsed from: the
+    /// TCP header follows a bare IP header (IPv4 without options and not a fragment, or IPv6
+    /// without extension headers), the frame holds the whole datagram, and the datagram the
+    /// whole TCP header, options included. Only such a SYN is answered with a cookie. Worked out
+    /// on the cookie path, which needs it, rather than by the parser for every SYN; `false` when
+    /// the IP header cannot be read (unreachable: the parser read it).
+    #[inline(always)]
+    pub(crate) fn bare(&self, pkt: &Packet) -> bool {
+        let (hlen, end) = if self.v6 {
+            let Some(ip) = pkt.read::<IPV6_HLEN>(self.ip) else {
+                return false;
+            };
+            let payload = usize::from(u16::from_be_bytes([ip[4], ip[5]]));
+            (IPV6_HLEN, self.ip + IPV6_HLEN + payload)
+        } else {
+            let Some(ip) = pkt.read::<IPV4_MIN_HLEN>(self.ip) else {
+                return false;
+            };
+            // More fragments: a first fragment (a later one is never parsed as a segment).
+            if u16::from_be_bytes([ip[6], ip[7]]) & 0x2000 != 0 {
+                return false;
+            }
+            (
+                IPV4_MIN_HLEN,
+                self.ip + usize::from(u16::from_be_bytes([ip[2], ip[3]])),
+            )
+        };
+        let datagram = pkt.limited_to(end);
+        // Options that go on past the datagram's end are no options the kernel would read: it
+        // drops such a segment.
+        self.tcp == self.ip + hlen
+            && datagram.frame_holds_datagram()
+            && !datagram.datagram_ends_before(self.tcp + self.tcp_len)
     }
 }
 
@@ -145,7 +176,6 @@ fn ipv4(pkt: &Packet, offset: usize) -> Parsed {
     let at = L3 {
         ip: offset,
         v6: false,
-        bare: ihl == IPV4_MIN_HLEN && !first_fragment && pkt.frame_holds_datagram(),
     };
     tcp(&pkt, offset + ihl, first_fragment, at)
 }
@@ -182,7 +212,6 @@ fn ipv6(pkt: &Packet, offset: usize) -> Parsed {
                 let at = L3 {
                     ip: ip_at,
                     v6: true,
-                    bare: offset == ip_at + IPV6_HLEN && pkt.frame_holds_datagram(),
                 };
                 return tcp(pkt, offset, first_fragment, at);
             }
@@ -222,7 +251,6 @@ fn ipv6(pkt: &Packet, offset: usize) -> Parsed {
         let at = L3 {
             ip: ip_at,
             v6: true,
-            bare: false,
         };
         return tcp(pkt, offset, first_fragment, at);
     }
@@ -245,12 +273,11 @@ fn cut_chain(pkt: &Packet, offset: usize, src: Source, first_fragment: bool) -> 
     Parsed::Other(Counter::PassTruncated)
 }
 
-/// Where the IP header of a segment is, and its shape.
+/// Where the IP header of a segment is, and its version.
 #[derive(Clone, Copy)]
 struct L3 {
     ip: usize,
     v6: bool,
-    bare: bool,
 }
 
 impl L3 {
@@ -304,8 +331,5 @@ fn tcp(pkt: &Packet, offset: usize, first_fragment: bool, at: L3) -> Parsed {
         tcp: offset,
         tcp_len,
         v6: at.v6,
-        // Options that go on past the datagram's end are no options the kernel would read: it
-        // drops such a segment.
-        bare: at.bare && !pkt.datagram_ends_before(offset + tcp_len),
     })
 }

@@ -38,7 +38,9 @@ use door_tests::{
     },
     pin_to_one_cpu, privileged_or_skip,
 };
-use etherparse::{LinkExtHeader, LinkHeader, NetHeaders, PacketHeaders, TransportHeader};
+use etherparse::{
+    Ipv4Header, LinkExtHeader, LinkHeader, NetHeaders, PacketHeaders, TransportHeader,
+};
 
 const XDP_PASS: u32 = 2;
 const ETH_HLEN: usize = 14;
@@ -499,13 +501,22 @@ fn ipv4_options_and_ipv6_extension_headers_are_left_to_the_kernel() {
     }
 }
 
+/// The IPv4 frame `frame` with its more-fragments flag set and its header checksum updated: the
+/// first fragment of a datagram, well formed.
+fn first_fragment(frame: &[u8]) -> Vec<u8> {
+    let (mut ip, _) = Ipv4Header::from_slice(&frame[ETH_HLEN..]).expect("an IPv4 header");
+    ip.more_fragments = true;
+    ip.header_checksum = ip.calc_header_checksum();
+    let mut out = frame[..ETH_HLEN].to_vec();
+    ip.write(&mut out).expect("written to a Vec");
+    out.extend_from_slice(&frame[ETH_HLEN + ip.header_len()..]);
+    out
+}
+
 /// SYNs the kernel would not answer are not answered from XDP either, so that a spoofed SYN
 /// cannot make door send a SYN-ACK to a group address or a martian: a group Ethernet address
 /// either way, multicast, broadcast, class E, zero or loopback IPv4 addresses, multicast,
-/// unspecified, loopback or IPv4-mapped IPv6 sources, a source that is the destination; nor SYNs
-/// the kernel discards: a bad IPv4 header checksum, a datagram longer than its frame, an IPv6
-/// payload length of 0 without a jumbo option, a TCP header whose options go on past the
-/// datagram (into the frame's padding).
+/// unspecified, loopback or IPv4-mapped IPv6 sources, a source that is the destination.
 #[test]
 fn syns_the_kernel_would_not_answer_are_passed_unanswered() {
     let Some((shield, _listener, port)) = cookie_shield(2, true) else {
@@ -569,14 +580,26 @@ fn syns_the_kernel_would_not_answer_are_passed_unanswered() {
         );
         assert_eq!(out, syn, "{what}: the SYN is left as it was");
     }
+}
 
-    // Malformed: the kernel discards these.
+/// Nor are SYNs the kernel discards, or whose datagram it has not seen whole: a bad IPv4 header
+/// checksum, a datagram longer than its frame (IPv4 and IPv6), an IPv6 payload length of 0
+/// without a jumbo option, a TCP header whose options go on past the datagram (into the frame's
+/// padding), an IPv4 first fragment (the rest of the datagram may change what a cookie
+/// promised).
+#[test]
+fn syns_the_kernel_discards_are_passed_unanswered() {
+    let Some((shield, _listener, port)) = cookie_shield(2, true) else {
+        return;
+    };
     let mut bad_check = mss_syn4(port);
     bad_check[ETH_HLEN + 10] ^= 0xff;
     let mut long4 = mss_syn4(port);
     long4[ETH_HLEN + 2..ETH_HLEN + 4].copy_from_slice(&1000u16.to_be_bytes());
     let mut zero6 = mss_syn6(port);
     zero6[ETH_HLEN + 4..ETH_HLEN + 6].copy_from_slice(&[0, 0]);
+    let mut long6 = mss_syn6(port);
+    long6[ETH_HLEN + 4..ETH_HLEN + 6].copy_from_slice(&1000u16.to_be_bytes());
     // A SYN without options whose data offset says 24 bytes, the last 4 (an MSS option) in the
     // link layer's padding after the datagram.
     let mut padded = syn4_with_options(CLIENT4, SERVER4, CLIENT_PORT, port, CLIENT_SEQ, &[]);
@@ -601,6 +624,16 @@ fn syns_the_kernel_would_not_answer_are_passed_unanswered() {
         (
             "TCP options in the frame's padding",
             padded,
+            Counter::PassCookieUnavailable,
+        ),
+        (
+            "an IPv4 first fragment (more fragments set)",
+            first_fragment(&mss_syn4(port)),
+            Counter::PassCookieUnavailable,
+        ),
+        (
+            "an IPv6 datagram longer than its frame",
+            long6,
             Counter::PassCookieUnavailable,
         ),
     ];
