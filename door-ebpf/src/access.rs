@@ -171,17 +171,6 @@ impl Packet {
         let tcp = base + offset_of!(CookieScratch, tcp);
         // `struct bpf_sock_tuple`'s IPv4 member is 12 bytes, its IPv6 member 36.
         let (tuple_len, ip_len) = if v6 { (36, 40) } else { (12, 20) };
-        // The helper checks that `th_len` is the header's data offset × 4 (byte 12, high nibble).
-        let doff = u32::from(
-            scratch
-                .load_u32(offset_of!(CookieScratch, tcp) + 12)
-                .to_ne_bytes()[0]
-                >> 4,
-        );
-        if doff < 5 {
-            return Err(CookieError::Declined);
-        }
-        let tcp_len = doff * 4;
         // SAFETY: `ctx` is this invocation's context. `tuple` points at `tuple_len` (12 or 36)
         // initialised bytes inside the scratch map value (40 bytes at that offset), laid out as
         // `struct bpf_sock_tuple`. BPF_F_CURRENT_NETNS (-1 as u64): the namespace of the device
@@ -199,6 +188,24 @@ impl Packet {
             return Err(CookieError::NoListener);
         }
         let sk = sk.cast::<core::ffi::c_void>();
+        // The helper checks that `th_len` is the header's data offset × 4 (byte 12, high nibble).
+        // Read and checked here, next to the call, so that the bound the check proves is on the
+        // register the call is passed: a copy spilled to the stack across the lookup keeps no
+        // bound in older verifiers (6.1), which then refuse a length that may be 0. The parser
+        // refused a data offset under 5 already: this path is never taken.
+        let doff = u32::from(
+            scratch
+                .load_u32(offset_of!(CookieScratch, tcp) + 12)
+                .to_ne_bytes()[0]
+                >> 4,
+        );
+        if doff < 5 {
+            // SAFETY: `sk` is the non-null reference `bpf_skc_lookup_tcp` returned, released
+            // once on this path, which returns at once.
+            unsafe { bpf_sk_release(sk) };
+            return Err(CookieError::Declined);
+        }
+        let tcp_len = doff * 4;
         // SAFETY: `sk` is the live socket reference returned above. `ip` points at `ip_len` (20
         // or 40) bytes and `tcp` at `tcp_len` (20 to 60) bytes inside the scratch map value (40
         // and 64 bytes there); the helper only reads them.
