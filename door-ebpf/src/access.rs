@@ -190,9 +190,9 @@ impl Packet {
         let sk = sk.cast::<core::ffi::c_void>();
         // The helper checks that `th_len` is the header's data offset × 4 (byte 12, high nibble).
         // Read and checked here, next to the call, so that the bound the check proves is on the
-        // register the call is passed: a copy spilled to the stack across the lookup keeps no
-        // bound in older verifiers (6.1), which then refuse a length that may be 0. The parser
-        // refused a data offset under 5 already: this path is never taken.
+        // register the call is passed: Linux 6.1's verifier does not carry it to a copy spilled
+        // to the stack before the check and reloaded after the lookup, and refuses a length that
+        // may be 0. The parser refused a data offset under 5 already: this path is never taken.
         let doff = u32::from(
             scratch
                 .load_u32(offset_of!(CookieScratch, tcp) + 12)

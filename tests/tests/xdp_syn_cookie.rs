@@ -501,12 +501,12 @@ fn ipv4_options_and_ipv6_extension_headers_are_left_to_the_kernel() {
     }
 }
 
-/// The IPv4 frame `frame` with its more-fragments flag set and its header checksum updated: the
-/// first fragment of a datagram, well formed.
+/// The IPv4 frame `frame` as the first fragment of its datagram, well formed: more fragments
+/// set, don't-fragment clear, the header checksum updated (etherparse's `write` computes it).
 fn first_fragment(frame: &[u8]) -> Vec<u8> {
     let (mut ip, _) = Ipv4Header::from_slice(&frame[ETH_HLEN..]).expect("an IPv4 header");
     ip.more_fragments = true;
-    ip.header_checksum = ip.calc_header_checksum();
+    ip.dont_fragment = false;
     let mut out = frame[..ETH_HLEN].to_vec();
     ip.write(&mut out).expect("written to a Vec");
     out.extend_from_slice(&frame[ETH_HLEN + ip.header_len()..]);
@@ -582,11 +582,11 @@ fn syns_the_kernel_would_not_answer_are_passed_unanswered() {
     }
 }
 
-/// Nor are SYNs the kernel discards, or whose datagram it has not seen whole: a bad IPv4 header
-/// checksum, a datagram longer than its frame (IPv4 and IPv6), an IPv6 payload length of 0
-/// without a jumbo option, a TCP header whose options go on past the datagram (into the frame's
-/// padding), an IPv4 first fragment (the rest of the datagram may change what a cookie
-/// promised).
+/// Nor are SYNs answered that the kernel discards, or whose datagram it has not seen whole: a
+/// bad IPv4 header checksum, a datagram longer than its frame (IPv4 and IPv6), an IPv6 payload
+/// length of 0 without a jumbo option, a TCP header whose options go on past the datagram (into
+/// the frame's padding), an IPv4 first fragment (the rest of the datagram may change what a
+/// cookie promised).
 #[test]
 fn syns_the_kernel_discards_are_passed_unanswered() {
     let Some((shield, _listener, port)) = cookie_shield(2, true) else {
