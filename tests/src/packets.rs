@@ -7,7 +7,7 @@
     reason = "test support: offsets into frames built here"
 )]
 
-use etherparse::{PacketBuilder, PacketBuilderStep, TcpHeader};
+use etherparse::{IpFragOffset, Ipv4Header, PacketBuilder, PacketBuilderStep, TcpHeader};
 
 const SRC_MAC: [u8; 6] = [0x02, 0, 0, 0, 0, 1];
 const DST_MAC: [u8; 6] = [0x02, 0, 0, 0, 0, 2];
@@ -186,13 +186,26 @@ pub fn with_ipv4_options(frame: &[u8], words: u8) -> Vec<u8> {
     out
 }
 
-/// An IPv4 frame marked as a fragment: `offset_units` in 8-byte units, and the more-fragments
-/// flag.
+/// The IPv4 frame `frame` marked as a fragment of its datagram, well formed: offset
+/// `offset_units` (8-byte units, at most 8,191), the more-fragments flag `more`, don't-fragment
+/// clear, and the header checksum recomputed (etherparse's `Ipv4Header::write` computes it), so
+/// that a path which checks checksums sees a valid header. The IPv4 total length is left as it
+/// was.
+///
+/// # Panics
+///
+/// If `frame` holds no IPv4 header after its Ethernet header, or `offset_units` exceeds 8,191.
 pub fn ipv4_fragment(frame: &[u8], offset_units: u16, more: bool) -> Vec<u8> {
-    let mut out = frame.to_vec();
-    let v = (offset_units & 0x1fff) | if more { 0x2000 } else { 0 };
-    out[ETH_HLEN + 6..ETH_HLEN + 8].copy_from_slice(&v.to_be_bytes());
-    out
+    write(frame.len(), |out| {
+        let (mut ip, _) = Ipv4Header::from_slice(&frame[ETH_HLEN..]).map_err(|e| e.to_string())?;
+        ip.fragment_offset = IpFragOffset::try_new(offset_units).map_err(|e| e.to_string())?;
+        ip.more_fragments = more;
+        ip.dont_fragment = false;
+        out.extend_from_slice(&frame[..ETH_HLEN]);
+        ip.write(out).map_err(|e| e.to_string())?;
+        out.extend_from_slice(&frame[ETH_HLEN + ip.header_len()..]);
+        Ok(())
+    })
 }
 
 /// An IPv6 extension header to insert with [`with_ipv6_extensions`].

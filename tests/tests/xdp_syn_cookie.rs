@@ -33,14 +33,12 @@ use door_daemon::{
 use door_tests::{
     netns,
     packets::{
-        Ext, syn4_with_options, syn6_with_options, with_ipv4_options, with_ipv6_extensions,
-        with_vlans,
+        Ext, ipv4_fragment, syn4_with_options, syn6_with_options, with_ipv4_options,
+        with_ipv6_extensions, with_vlans,
     },
     pin_to_one_cpu, privileged_or_skip,
 };
-use etherparse::{
-    Ipv4Header, LinkExtHeader, LinkHeader, NetHeaders, PacketHeaders, TransportHeader,
-};
+use etherparse::{LinkExtHeader, LinkHeader, NetHeaders, PacketHeaders, TransportHeader};
 
 const XDP_PASS: u32 = 2;
 const ETH_HLEN: usize = 14;
@@ -501,18 +499,6 @@ fn ipv4_options_and_ipv6_extension_headers_are_left_to_the_kernel() {
     }
 }
 
-/// The IPv4 frame `frame` as the first fragment of its datagram, well formed: more fragments
-/// set, don't-fragment clear, the header checksum updated (etherparse's `write` computes it).
-fn first_fragment(frame: &[u8]) -> Vec<u8> {
-    let (mut ip, _) = Ipv4Header::from_slice(&frame[ETH_HLEN..]).expect("an IPv4 header");
-    ip.more_fragments = true;
-    ip.dont_fragment = false;
-    let mut out = frame[..ETH_HLEN].to_vec();
-    ip.write(&mut out).expect("written to a Vec");
-    out.extend_from_slice(&frame[ETH_HLEN + ip.header_len()..]);
-    out
-}
-
 /// SYNs the kernel would not answer are not answered from XDP either, so that a spoofed SYN
 /// cannot make door send a SYN-ACK to a group address or a martian: a group Ethernet address
 /// either way, multicast, broadcast, class E, zero or loopback IPv4 addresses, multicast,
@@ -628,7 +614,7 @@ fn syns_the_kernel_discards_are_passed_unanswered() {
         ),
         (
             "an IPv4 first fragment (more fragments set)",
-            first_fragment(&mss_syn4(port)),
+            ipv4_fragment(&mss_syn4(port), 0, true),
             Counter::PassCookieUnavailable,
         ),
         (
