@@ -817,6 +817,11 @@ fn report(
     }
     let medians = table(&mut out, results, proxies);
     ratios(&mut out, "door / best peer", &medians);
+    let _ = write!(
+        out,
+        "\nThe same on each pair's best round (its highest rps, its lowest p99 and CPU per \
+         request, each from whichever round had it: the least disturbed):"
+    );
     ratios(&mut out, "best rounds", &best_rounds(results));
     if proxies.contains(&Proxy::DoorCluster) {
         cluster_lines(&mut out, &medians);
