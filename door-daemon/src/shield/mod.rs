@@ -467,17 +467,9 @@ impl Shield {
     /// # Errors
     /// [`ShieldError::Map`] if the counter map cannot be read.
     pub fn counters(&self) -> Result<Vec<CounterValue>, ShieldError> {
-        let map_err = |source| ShieldError::Map {
-            name: MAP_COUNTERS,
-            source,
-        };
-        let map = self
-            .ebpf
-            .map(MAP_COUNTERS)
-            .ok_or(map_err(MapError::InvalidName {
-                name: MAP_COUNTERS.to_owned(),
-            }))?;
-        let array = PerCpuArray::<_, u64>::try_from(map).map_err(map_err)?;
+        let map_err = map_error(MAP_COUNTERS);
+        let array =
+            PerCpuArray::<_, u64>::try_from(map_ref(&self.ebpf, MAP_COUNTERS)?).map_err(map_err)?;
         let mut out = Vec::with_capacity(COUNTER_COUNT as usize);
         for counter in Counter::ALL {
             let per_cpu = array.get(&counter.index(), 0).map_err(map_err)?;
@@ -498,10 +490,7 @@ impl Shield {
         match map.get(key, 0) {
             Ok(state) => Ok(Some(state)),
             Err(MapError::KeyNotFound) => Ok(None),
-            Err(source) => Err(ShieldError::Map {
-                name: MAP_PREFIXES,
-                source,
-            }),
+            Err(source) => Err(map_error(MAP_PREFIXES)(source)),
         }
     }
 
@@ -629,10 +618,7 @@ impl Shield {
             cfg.cookie_hold_ns = u64::try_from(COOKIE_HOLD.as_nanos()).unwrap_or(u64::MAX);
         }
         // The trie is filled before the flag that makes the program read it is written.
-        let map_err = |source| ShieldError::Map {
-            name: MAP_EXEMPT,
-            source,
-        };
+        let map_err = map_error(MAP_EXEMPT);
         let wanted = lists::list_entries(exempt, deny);
         // Checked before the trie is touched, so that a list too long leaves the old one whole.
         if wanted.len() > EXEMPT_CAPACITY as usize {
@@ -678,10 +664,7 @@ impl Shield {
 
     /// Writes the words of the lists filter that differ from those written last.
     fn write_list_filter(&mut self, words: &[u64]) -> Result<(), ShieldError> {
-        let map_err = |source| ShieldError::Map {
-            name: MAP_LIST_FILTER,
-            source,
-        };
+        let map_err = map_error(MAP_LIST_FILTER);
         let mut array: Array<_, u64> =
             Array::try_from(map_mut(&mut self.ebpf, MAP_LIST_FILTER)?).map_err(map_err)?;
         for ((i, new), old) in (0u32..).zip(words).zip(self.list_filter.iter_mut()) {
@@ -694,10 +677,7 @@ impl Shield {
     }
 
     fn write_config(&mut self, config: Box<ShieldConfig>) -> Result<(), ShieldError> {
-        let map_err = |source| ShieldError::Map {
-            name: MAP_CONFIG,
-            source,
-        };
+        let map_err = map_error(MAP_CONFIG);
         let mut array: Array<_, ShieldConfig> =
             Array::try_from(map_mut(&mut self.ebpf, MAP_CONFIG)?).map_err(map_err)?;
         array.set(0, *config, 0).map_err(map_err)?;
@@ -751,10 +731,7 @@ impl Shield {
         deadline_ns: u64,
         how: Deadline,
     ) -> Result<(), ShieldError> {
-        let map_err = |source| ShieldError::Map {
-            name: MAP_BLOCKED,
-            source,
-        };
+        let map_err = map_error(MAP_BLOCKED);
         let mut map: HashMap<_, PrefixKey, u64> =
             HashMap::try_from(map_mut(&mut self.ebpf, MAP_BLOCKED)?).map_err(map_err)?;
         // The daemon is the only one that deletes entries (the program ignores expired ones), so a
@@ -806,10 +783,7 @@ impl Shield {
     /// # Errors
     /// [`ShieldError::Map`] if the blocklist cannot be written.
     pub fn unblock(&mut self, key: &PrefixKey) -> Result<bool, ShieldError> {
-        let map_err = |source| ShieldError::Map {
-            name: MAP_BLOCKED,
-            source,
-        };
+        let map_err = map_error(MAP_BLOCKED);
         let mut map: HashMap<_, PrefixKey, u64> =
             HashMap::try_from(map_mut(&mut self.ebpf, MAP_BLOCKED)?).map_err(map_err)?;
         self.deadlines.remove(key);
@@ -833,10 +807,7 @@ impl Shield {
     /// # Errors
     /// [`ShieldError::Map`] if the lists trie cannot be read.
     pub fn exempt(&self, key: &PrefixKey) -> Result<bool, ShieldError> {
-        let map_err = |source| ShieldError::Map {
-            name: MAP_EXEMPT,
-            source,
-        };
+        let map_err = map_error(MAP_EXEMPT);
         let trie: LpmTrie<_, ExemptKey, u32> =
             LpmTrie::try_from(map_ref(&self.ebpf, MAP_EXEMPT)?).map_err(map_err)?;
         let mut last = key.addr;
@@ -866,10 +837,7 @@ impl Shield {
     /// # Errors
     /// [`ShieldError::Map`] if the blocklist cannot be read.
     pub fn blocked(&self) -> Result<Vec<(PrefixKey, u64)>, ShieldError> {
-        let map_err = |source| ShieldError::Map {
-            name: MAP_BLOCKED,
-            source,
-        };
+        let map_err = map_error(MAP_BLOCKED);
         let map: HashMap<_, PrefixKey, u64> =
             HashMap::try_from(map_ref(&self.ebpf, MAP_BLOCKED)?).map_err(map_err)?;
         Ok(map.iter().filter_map(Result::ok).collect())
@@ -882,10 +850,7 @@ impl Shield {
     /// # Errors
     /// [`ShieldError::Map`] if the cookie map cannot be read.
     pub fn cookies(&self) -> Result<CookieSummary, ShieldError> {
-        let map_err = |source| ShieldError::Map {
-            name: MAP_COOKIE,
-            source,
-        };
+        let map_err = map_error(MAP_COOKIE);
         let array: PerCpuArray<_, CookieState> =
             PerCpuArray::try_from(map_ref(&self.ebpf, MAP_COOKIE)?).map_err(map_err)?;
         let per_cpu = array.get(&0, 0).map_err(map_err)?;
@@ -914,10 +879,7 @@ impl Shield {
         &mut self,
         update: impl FnMut(&mut CookieState),
     ) -> Result<(), ShieldError> {
-        let map_err = |source| ShieldError::Map {
-            name: MAP_COOKIE,
-            source,
-        };
+        let map_err = map_error(MAP_COOKIE);
         let mut array: PerCpuArray<_, CookieState> =
             PerCpuArray::try_from(map_mut(&mut self.ebpf, MAP_COOKIE)?).map_err(map_err)?;
         let mut states: Vec<CookieState> = array.get(&0, 0).map_err(map_err)?.to_vec();
@@ -937,10 +899,7 @@ impl Shield {
     /// # Errors
     /// [`ShieldError::Map`] if the guard map cannot be read.
     pub fn guard(&self) -> Result<GuardState, ShieldError> {
-        let map_err = |source| ShieldError::Map {
-            name: MAP_GUARD,
-            source,
-        };
+        let map_err = map_error(MAP_GUARD);
         let array: Array<_, GuardState> =
             Array::try_from(map_ref(&self.ebpf, MAP_GUARD)?).map_err(map_err)?;
         array.get(&0, 0).map_err(map_err)
@@ -957,17 +916,8 @@ impl Shield {
     fn prefixes(
         &self,
     ) -> Result<HashMap<&aya::maps::MapData, PrefixKey, PrefixState>, ShieldError> {
-        let map_err = |source| ShieldError::Map {
-            name: MAP_PREFIXES,
-            source,
-        };
-        let map = self
-            .ebpf
-            .map(MAP_PREFIXES)
-            .ok_or(map_err(MapError::InvalidName {
-                name: MAP_PREFIXES.to_owned(),
-            }))?;
-        HashMap::try_from(map).map_err(map_err)
+        let map_err = map_error(MAP_PREFIXES);
+        HashMap::try_from(map_ref(&self.ebpf, MAP_PREFIXES)?).map_err(map_err)
     }
 }
 
@@ -977,24 +927,33 @@ impl Drop for Shield {
     }
 }
 
-fn map_ref<'a>(ebpf: &'a Ebpf, name: &'static str) -> Result<&'a aya::maps::Map, ShieldError> {
-    ebpf.map(name).ok_or(ShieldError::Map {
-        name,
-        source: MapError::InvalidName {
-            name: name.to_owned(),
-        },
-    })
+/// An error of map `name` as a [`ShieldError::Map`] naming it.
+fn map_error(name: &'static str) -> impl Fn(MapError) -> ShieldError + Copy {
+    move |source| ShieldError::Map { name, source }
 }
 
+/// The program's map `name`.
+///
+/// # Errors
+/// [`ShieldError::Map`] (`InvalidName`) if the object has no such map.
+fn map_ref<'a>(ebpf: &'a Ebpf, name: &'static str) -> Result<&'a aya::maps::Map, ShieldError> {
+    ebpf.map(name).ok_or_else(|| no_such_map(name))
+}
+
+/// The program's map `name`, writable.
+///
+/// # Errors
+/// As [`map_ref`].
 fn map_mut<'a>(
     ebpf: &'a mut Ebpf,
     name: &'static str,
 ) -> Result<&'a mut aya::maps::Map, ShieldError> {
-    ebpf.map_mut(name).ok_or(ShieldError::Map {
-        name,
-        source: MapError::InvalidName {
-            name: name.to_owned(),
-        },
+    ebpf.map_mut(name).ok_or_else(|| no_such_map(name))
+}
+
+fn no_such_map(name: &'static str) -> ShieldError {
+    map_error(name)(MapError::InvalidName {
+        name: name.to_owned(),
     })
 }
 
