@@ -14,6 +14,7 @@ use std::time::Duration;
 use door_common::{Counter, PrefixKey};
 use door_daemon::{
     config::{SynCookies, XdpConfig, XdpMode},
+    obs::logging::capture::Capture,
     shield::Shield,
 };
 use door_tests::{
@@ -691,20 +692,6 @@ fn lists_too_long_for_the_map_leave_the_old_ones_whole() {
     assert_eq!(verdict(&s, &syn4()), (XDP_PASS, Counter::PassSyn));
 }
 
-/// A log line written into a shared buffer, for the test to read.
-#[derive(Clone, Default)]
-struct Captured(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
-
-impl std::io::Write for Captured {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(buf);
-        Ok(buf.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
 /// When door's live blocks reach the blocklist's capacity, the kernel's LRU frees blocks to make
 /// room: door says so, once (at most a line a minute), not silently and not per block.
 #[test]
@@ -712,10 +699,9 @@ fn a_full_blocklist_is_warned_about_once() {
     let Some(mut s) = shield(&settings(1000), &[]) else {
         return;
     };
-    let log = Captured::default();
-    let writer = log.clone();
+    let log = Capture::default();
     let subscriber = tracing_subscriber::fmt()
-        .with_writer(move || writer.clone())
+        .with_writer(log.clone())
         .with_ansi(false)
         .finish();
     let capacity = door_common::BLOCKED_CAPACITY;
@@ -727,7 +713,7 @@ fn a_full_blocklist_is_warned_about_once() {
                 .unwrap();
         }
     });
-    let text = String::from_utf8(log.0.lock().unwrap().clone()).unwrap();
+    let text = log.text();
     assert_eq!(
         text.matches("the XDP blocklist is full or nearly").count(),
         1,

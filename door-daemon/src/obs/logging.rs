@@ -258,9 +258,10 @@ impl RateLimitedWarn {
     }
 }
 
-/// A log sink for tests: what a subscriber writes, kept for the test to read.
-#[cfg(test)]
-pub(crate) mod capture {
+/// A log sink for tests: what a subscriber writes, kept for the test to read. Built for door's
+/// own tests and, with the `test-hooks` feature, for the privileged suites of the tests crate.
+#[cfg(any(test, feature = "test-hooks"))]
+pub mod capture {
     use std::{
         io,
         sync::{Arc, Mutex, PoisonError},
@@ -268,9 +269,10 @@ pub(crate) mod capture {
 
     use tracing_subscriber::fmt::MakeWriter;
 
-    /// The lines a subscriber wrote ([`Capture::text`]); clones share them.
+    /// The lines a subscriber wrote ([`Capture::text`]); clones share them. Give it to
+    /// `tracing_subscriber::fmt().with_writer(capture.clone())`.
     #[derive(Clone, Default)]
-    pub(crate) struct Capture(Arc<Mutex<Vec<u8>>>);
+    pub struct Capture(Arc<Mutex<Vec<u8>>>);
 
     impl io::Write for Capture {
         fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
@@ -293,8 +295,8 @@ pub(crate) mod capture {
     }
 
     impl Capture {
-        /// What was written so far, as text.
-        pub(crate) fn text(&self) -> String {
+        /// What was written so far, as text (invalid UTF-8 replaced).
+        pub fn text(&self) -> String {
             String::from_utf8_lossy(&self.0.lock().unwrap_or_else(PoisonError::into_inner))
                 .into_owned()
         }
