@@ -2958,7 +2958,8 @@ async fn an_upstream_answer_with_content_length_and_transfer_encoding_is_framed_
 
 /// Spellings of a limited route that applications route as it, at the request level: a target
 /// that begins with `//host` (a URL parser's authority), and a `POST` naming the route's method in
-/// `X-HTTP-Method-Override`, are charged to the route's group, not passed through.
+/// `X-HTTP-Method-Override` or in its query's `_method`, are charged to the route's group, not
+/// passed through.
 #[tokio::test]
 async fn a_network_path_and_a_method_override_are_charged_to_the_route() {
     let up = upstream(echo()).await;
@@ -2985,6 +2986,14 @@ async fn a_network_path_and_a_method_override_are_charged_to_the_route() {
         .await,
         "429",
         "a POST that says it is a GET is the GET route's"
+    );
+    assert_eq!(
+        status(&format!(
+            "POST /l/session/a?x=1&_method=GET HTTP/1.1\r\n{close}Content-Length: 0\r\n\r\n"
+        ))
+        .await,
+        "429",
+        "a POST that says so in its query's _method is the GET route's"
     );
     assert_eq!(
         status(&format!(

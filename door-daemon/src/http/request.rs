@@ -676,7 +676,7 @@ impl App {
         };
         let route = policy.router.route_for_either(
             req.method(),
-            || route::method_override(req.headers()),
+            || route::method_override(req.method(), req.uri().query(), req.headers()),
             req.uri().path(),
         );
         let stream_route = route.is_some_and(|r| r.stream);

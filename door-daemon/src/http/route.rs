@@ -359,31 +359,33 @@ impl Router {
     /// The first route matching `method` and `path` as written or as the lenient servers read
     /// it ([`lenient`], see the module docs), or `None` (pass-through).
     pub fn route_for(&self, method: &Method, path: &str) -> Option<&Route> {
-        self.route_for_either(method, || None, path)
+        self.route_for_either(method, Overrides::new, path)
     }
 
-    /// As [`Router::route_for`], for a request that may name, in a method-override field, the
-    /// method the application acts on instead (`overridden`, [`method_override`]; looked for only
-    /// when the request's own method has no route in the main readings, and only when a route
-    /// lists methods). Tried in order, the first with a route deciding: the request's own method
-    /// in the main readings (as written, lenient), the override's in them, then the fallback
-    /// readings (without the authority of a `//host` path, dot segments kept) of each. The
-    /// request's own method wins whenever its path has a route: an application that ignores the
-    /// override acts on that one.
+    /// As [`Router::route_for`], for a request that may name, in a method-override field or
+    /// parameter, the methods the application may act on instead (`overridden`,
+    /// [`method_override`]; looked for only when the request's own method has no route in the
+    /// main readings, and only when a route lists methods). Tried in order, the first with a
+    /// route deciding: the request's own method in the main readings (as written, lenient), each
+    /// override's in them, then the fallback readings (without the authority of a `//host` path,
+    /// dot segments kept) of the request's own method and of each override. The request's own
+    /// method wins whenever its path has a route: an application that ignores the override acts
+    /// on that one.
     pub fn route_for_either(
         &self,
         method: &Method,
-        overridden: impl FnOnce() -> Option<Method>,
+        overridden: impl FnOnce() -> Overrides,
         path: &str,
     ) -> Option<&Route> {
         let own = self.main_position(method, path);
-        let other = match own {
-            Some(_) => None,
-            None => self.method_specific.then(overridden).flatten(),
+        let others = if own.is_none() && self.method_specific {
+            overridden()
+        } else {
+            Overrides::new()
         };
-        own.or_else(|| other.as_ref().and_then(|m| self.main_position(m, path)))
+        own.or_else(|| others.iter().find_map(|m| self.main_position(m, path)))
             .or_else(|| self.fallback_position(method, path))
-            .or_else(|| other.as_ref().and_then(|m| self.fallback_position(m, path)))
+            .or_else(|| others.iter().find_map(|m| self.fallback_position(m, path)))
             .and_then(|i| self.routes.get(i))
     }
 
@@ -557,15 +559,48 @@ pub(crate) static METHOD_OVERRIDES: [HeaderName; 3] = [
     HeaderName::from_static("x-method-override"),
 ];
 
-/// The method `headers` ask the application to act on instead of the request's (see
-/// `METHOD_OVERRIDES`; the first that is a method), for [`Router::route_for_either`]: a route
-/// limited for `DELETE` must hold for a `POST` that says it is one. `None` when there is none
-/// (most requests: three lookups).
-pub fn method_override(headers: &http::HeaderMap) -> Option<Method> {
-    METHOD_OVERRIDES
+/// The methods a request names for the application to act on instead of its own
+/// ([`method_override`]), in the order they are tried. Two inline: most requests name none.
+pub type Overrides = SmallVec<[Method; 2]>;
+
+/// The query parameter in which a `POST` names the method an application should act on instead:
+/// Express's `method-override('_method')` reads it there, and Symfony's `Request::getMethod` (so
+/// Laravel, which turns it on) reads it from the query when the form body has none.
+const METHOD_PARAMETER: &str = "_method";
+
+/// The methods a request asks the application to act on instead of its own `method`, for
+/// [`Router::route_for_either`]: a route limited for `DELETE` must hold for a `POST` that says
+/// it is one. First the first of `headers`' override fields that is a method
+/// (`METHOD_OVERRIDES`); then, for a `POST`, each `_method` parameter of `query` that is a method,
+/// decoded as a form decodes it (`%5Fmethod`, `+`), in order: frameworks differ on which of two
+/// they take (PHP's parser keeps the last, Express's the first), so each is tried. Empty when
+/// there is none (most requests: three header lookups, and for a `POST` with a query one scan of
+/// it).
+pub fn method_override(
+    method: &Method,
+    query: Option<&str>,
+    headers: &http::HeaderMap,
+) -> Overrides {
+    let mut out: Overrides = METHOD_OVERRIDES
         .iter()
         .filter_map(|name| headers.get(name))
         .find_map(|v| Method::from_bytes(v.as_bytes()).ok())
+        .into_iter()
+        .collect();
+    if let Some(query) = query.filter(|q| *method == Method::POST && may_name_parameter(q)) {
+        out.extend(
+            form_urlencoded::parse(query.as_bytes())
+                .filter(|(name, _)| name == METHOD_PARAMETER)
+                .filter_map(|(_, value)| Method::from_bytes(value.as_bytes()).ok()),
+        );
+    }
+    out
+}
+
+/// Whether `query` may hold a `_method` parameter: it has the name as written, or an escape
+/// that could spell it. A quick test; most queries have neither.
+fn may_name_parameter(query: &str) -> bool {
+    query.contains('%') || query.contains(METHOD_PARAMETER)
 }
 
 /// Decodes a segment's `%XX` escapes as applications decode a path before routing it (RFC 3986
@@ -786,7 +821,11 @@ mod tests {
         let group = |r: &Router, m: &Method, over: Option<&str>, path: &str| {
             r.route_for_either(
                 m,
-                || over.map(|o| Method::from_bytes(o.as_bytes()).unwrap()),
+                || {
+                    over.map(|o| Method::from_bytes(o.as_bytes()).unwrap())
+                        .into_iter()
+                        .collect()
+                },
                 path,
             )
             .map(|r| r.group.clone())
@@ -833,20 +872,21 @@ mod tests {
             &Method::POST,
             || {
                 looked.set(true);
-                None
+                Overrides::new()
             },
             "/api/login",
         );
         assert!(!looked.get());
         // Every field, and a value that is no method.
+        let names = |o: Overrides| o.iter().map(ToString::to_string).collect::<Vec<_>>();
         let mut headers = http::HeaderMap::new();
-        assert_eq!(method_override(&headers), None);
+        assert!(method_override(&Method::POST, None, &headers).is_empty());
         for name in &METHOD_OVERRIDES {
             headers.clear();
             headers.insert(name, http::HeaderValue::from_static("delete"));
             assert_eq!(
-                method_override(&headers).as_ref().map(Method::as_str),
-                Some("delete"),
+                names(method_override(&Method::POST, None, &headers)),
+                ["delete"],
                 "{name}"
             );
         }
@@ -855,8 +895,68 @@ mod tests {
             "x-http-method-override",
             http::HeaderValue::from_static("DE LETE"),
         );
-        assert_eq!(method_override(&headers), None);
+        assert!(method_override(&Method::POST, None, &headers).is_empty());
         assert!(!router_without_methods().method_specific());
+    }
+
+    /// A `POST` naming a method in its query's `_method` parameter (Express's
+    /// `method-override('_method')`, Symfony and Laravel) is routed under it, every such
+    /// parameter tried; a field comes first; other methods' queries are not read.
+    #[test]
+    fn a_method_named_in_the_query_is_routed_like_a_field() {
+        let names = |o: Overrides| o.iter().map(ToString::to_string).collect::<Vec<_>>();
+        let none = http::HeaderMap::new();
+        let over = |m: &Method, q: &str| names(method_override(m, Some(q), &none));
+        assert_eq!(over(&Method::POST, "_method=DELETE"), ["DELETE"]);
+        assert_eq!(over(&Method::POST, "a=1&_method=delete&b=2"), ["delete"]);
+        // Decoded as a form is: an escaped name, a `+`-less value.
+        assert_eq!(over(&Method::POST, "%5Fmethod=PUT"), ["PUT"]);
+        assert_eq!(over(&Method::POST, "_%6Dethod=PATCH"), ["PATCH"]);
+        // Each of two, in order; a value that is no method is skipped.
+        assert_eq!(
+            over(&Method::POST, "_method=GET&_method=DE+LETE&_method=DELETE"),
+            ["GET", "DELETE"]
+        );
+        // Other names, and other methods, are not read.
+        assert!(over(&Method::POST, "method=DELETE&x_method=DELETE").is_empty());
+        assert!(over(&Method::GET, "_method=DELETE").is_empty());
+        assert!(method_override(&Method::POST, None, &none).is_empty());
+        // A field's method comes first.
+        let mut headers = http::HeaderMap::new();
+        headers.insert(
+            "x-http-method-override",
+            http::HeaderValue::from_static("PUT"),
+        );
+        assert_eq!(
+            names(method_override(
+                &Method::POST,
+                Some("_method=DELETE"),
+                &headers
+            )),
+            ["PUT", "DELETE"]
+        );
+        // Routed: the DELETE route holds for the POST, whichever parameter names it.
+        let r = Router::new(vec![
+            Route::new("items", &["DELETE".into()], "/api/items/{id}").unwrap(),
+        ]);
+        for q in [
+            "_method=DELETE",
+            "_method=GET&_method=DELETE",
+            "_method=DELETE&_method=GET",
+        ] {
+            let route = r.route_for_either(
+                &Method::POST,
+                || method_override(&Method::POST, Some(q), &none),
+                "/api/items/1",
+            );
+            assert_eq!(route.map(|r| r.group.as_str()), Some("items"), "{q}");
+        }
+        let route = r.route_for_either(
+            &Method::POST,
+            || method_override(&Method::POST, Some("_method=PUT"), &none),
+            "/api/items/1",
+        );
+        assert!(route.is_none());
     }
 
     fn router_without_methods() -> Router {
@@ -1097,7 +1197,7 @@ mod tests {
                 requests in vec(
                     (
                         method(),
-                        proptest::option::of(method()),
+                        vec(method(), 0..3),
                         vec(select(vec!["a", "A", "b", "c", "%61", ".", "..", "a;p", "//x", "\\", "%2F"]), 0..4),
                     ),
                     1..24,
@@ -1109,7 +1209,11 @@ mod tests {
                 let router = Router::new(routes);
                 for (method, overridden, parts) in &requests {
                     let path = format!("/{}", parts.join("/"));
-                    let chosen = router.route_for_either(method, || overridden.clone(), &path);
+                    let chosen = router.route_for_either(
+                        method,
+                        || overridden.iter().cloned().collect(),
+                        &path,
+                    );
                     if let Some(chosen) = chosen {
                         let i = router
                             .routes()
