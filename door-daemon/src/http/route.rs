@@ -45,6 +45,22 @@ pub enum RouteError {
         /// The offending segment.
         segment: String,
     },
+    /// A wildcard's name is not made of ASCII letters, digits, `_` and `-`: other routers give
+    /// such names a meaning door's one-segment wildcard does not have (`{*rest}` and `{**rest}`
+    /// match any number of segments in axum, matchit and ASP.NET Core, `{id?}` also matches no
+    /// segment in Laravel and ASP.NET Core), so a request the application's route takes would
+    /// pass door's unlimited.
+    #[error(
+        "wildcard {segment:?}: a name is ASCII letters, digits, '_' and '-', and a wildcard \
+         matches exactly one segment (door has no catch-all like {{*rest}} and no optional \
+         segment like {{id?}}: write a route for each form the application serves)"
+    )]
+    WildcardName {
+        /// The offending path.
+        path: String,
+        /// The offending segment.
+        segment: String,
+    },
     /// The path holds a character no request path can carry: a `?` or `#` (a request's query
     /// and fragment are not part of its path), a space or a control character (request paths
     /// carry those percent-encoded). Such a route would never match. Characters outside ASCII
@@ -87,6 +103,7 @@ impl RouteError {
         match self {
             Self::NotAbsolute(_)
             | Self::BadWildcard { .. }
+            | Self::WildcardName { .. }
             | Self::NeverMatches { .. }
             | Self::TooManySegments { .. } => "path",
             Self::BadMethod(_) => "methods",
@@ -98,6 +115,7 @@ impl RouteError {
         match self {
             Self::NotAbsolute(path)
             | Self::BadWildcard { path, .. }
+            | Self::WildcardName { path, .. }
             | Self::NeverMatches { path, .. }
             | Self::TooManySegments { path, .. } => path,
             Self::BadMethod(method) => method,
@@ -127,11 +145,48 @@ impl PathPattern {
     /// # Errors
     /// [`RouteError::NotAbsolute`] without a leading `/`; [`RouteError::NeverMatches`] for a
     /// character no request path carries; [`RouteError::BadWildcard`] for a segment like `x{id}`
-    /// or `{}`; [`RouteError::TooManySegments`] past [`MAX_SEGMENTS`].
+    /// or `{}`; [`RouteError::WildcardName`] for a name like `*rest` or `id?`;
+    /// [`RouteError::TooManySegments`] past [`MAX_SEGMENTS`].
     pub fn parse(path: &str) -> Result<Self, RouteError> {
         if !path.starts_with('/') {
             return Err(RouteError::NotAbsolute(path.to_owned()));
         }
+        let mut segments = Vec::new();
+        for segment in normalise(path) {
+            if segment.contains(['{', '}']) {
+                let name = segment
+                    .strip_prefix('{')
+                    .and_then(|rest| rest.strip_suffix('}'));
+                // Quoted in an error: at most its first characters.
+                let shown = || match segment.char_indices().nth(QUOTED_SEGMENT) {
+                    Some((end, _)) => format!("{}…", segment.get(..end).unwrap_or("")),
+                    None => segment.clone().into_owned(),
+                };
+                match name {
+                    Some(name) if !name.is_empty() && !name.contains(['{', '}']) => {
+                        if !name
+                            .bytes()
+                            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-'))
+                        {
+                            return Err(RouteError::WildcardName {
+                                path: path.to_owned(),
+                                segment: shown(),
+                            });
+                        }
+                        segments.push(Segment::Wildcard);
+                    }
+                    _ => {
+                        return Err(RouteError::BadWildcard {
+                            path: path.to_owned(),
+                            segment: shown(),
+                        });
+                    }
+                }
+            } else {
+                segments.push(Segment::Literal(segment.into_owned()));
+            }
+        }
+        // After the wildcards, so that `{id?}` is told what its `?` means elsewhere.
         if let Some(found) = path
             .chars()
             .find(|&c| matches!(c, '?' | '#' | ' ') || c.is_control())
@@ -140,32 +195,6 @@ impl PathPattern {
                 path: path.to_owned(),
                 found,
             });
-        }
-        let mut segments = Vec::new();
-        for segment in normalise(path) {
-            if segment.contains(['{', '}']) {
-                let name = segment
-                    .strip_prefix('{')
-                    .and_then(|rest| rest.strip_suffix('}'));
-                match name {
-                    Some(name) if !name.is_empty() && !name.contains(['{', '}']) => {
-                        segments.push(Segment::Wildcard);
-                    }
-                    _ => {
-                        // Quoted in the error: at most its first characters.
-                        let shown = match segment.char_indices().nth(QUOTED_SEGMENT) {
-                            Some((end, _)) => format!("{}…", segment.get(..end).unwrap_or("")),
-                            None => segment.into_owned(),
-                        };
-                        return Err(RouteError::BadWildcard {
-                            path: path.to_owned(),
-                            segment: shown,
-                        });
-                    }
-                }
-            } else {
-                segments.push(Segment::Literal(segment.into_owned()));
-            }
         }
         if segments.len() > MAX_SEGMENTS {
             return Err(RouteError::TooManySegments {
@@ -1090,6 +1119,27 @@ mod tests {
             PathPattern::parse("/l/{}"),
             Err(RouteError::BadWildcard { .. })
         ));
+        // Other routers' catch-all and optional wildcards match more than one segment, or none.
+        for (path, segment) in [
+            ("/w/{*rest}", "{*rest}"),
+            ("/w/{**rest}", "{**rest}"),
+            ("/users/{id?}", "{id?}"),
+            ("/p/{id:int}", "{id:int}"),
+            ("/p/{ id }", "{ id }"),
+        ] {
+            let err = PathPattern::parse(path).unwrap_err();
+            assert_eq!(
+                err,
+                RouteError::WildcardName {
+                    path: path.into(),
+                    segment: segment.into()
+                }
+            );
+            assert!(err.to_string().contains("exactly one segment"), "{err}");
+        }
+        for path in ["/a/{id}", "/a/{user_id}/{Post-Slug9}"] {
+            assert!(PathPattern::parse(path).is_ok(), "{path}");
+        }
         // A request's query is not part of its path; a space or a tab arrives percent-encoded.
         for (path, found) in [
             ("/q?x=1", '?'),
