@@ -15,7 +15,6 @@ use http::StatusCode;
 use http_body::Body as _;
 use http_body_util::BodyExt as _;
 use hyper::body::Incoming;
-use serde::Deserialize;
 use serde_json::{Value, json};
 
 use super::StatusSource;
@@ -457,11 +456,54 @@ pub fn blocks(source: &StatusSource, query: Option<&str>) -> Result<Value, ApiEr
 }
 
 /// The body of `POST /blocks`.
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[derive(Debug)]
 struct BlockRequest {
     prefix: String,
+    /// Seconds, 1..=[`MAX_BLOCK_S`].
     for_s: u64,
+}
+
+impl BlockRequest {
+    /// Reads `{"prefix": "198.51.100.7/32", "for_s": 600}`, field by field, so that each error
+    /// names its field and the value sent.
+    ///
+    /// # Errors
+    /// 400 `bad-json` for a body that is no JSON object, a field missing or unknown, or a
+    /// `prefix` that is no string; 400 `bad-for-s` for a `for_s` that is not a whole number of
+    /// seconds from 1 to [`MAX_BLOCK_S`].
+    fn parse(body: &[u8]) -> Result<Self, ApiError> {
+        let shape = "the body must be JSON {\"prefix\": \"198.51.100.7/32\", \"for_s\": 600}";
+        let bad = |why: String| ApiError::bad("bad-json", format!("{shape}: {why}"));
+        let fields = serde_json::from_slice::<serde_json::Map<String, Value>>(body)
+            .map_err(|e| bad(e.to_string()))?;
+        if let Some(name) = fields
+            .keys()
+            .find(|k| !matches!(k.as_str(), "prefix" | "for_s"))
+        {
+            return Err(bad(format!("unknown field `{name}`")));
+        }
+        let prefix = match fields.get("prefix") {
+            Some(Value::String(prefix)) => prefix.clone(),
+            Some(other) => return Err(bad(format!("prefix = {other}: must be a string"))),
+            None => return Err(bad("missing field `prefix`".to_owned())),
+        };
+        let for_s = fields
+            .get("for_s")
+            .ok_or_else(|| bad("missing field `for_s`".to_owned()))?;
+        let for_s = for_s
+            .as_u64()
+            .filter(|s| (1..=MAX_BLOCK_S).contains(s))
+            .ok_or_else(|| {
+                ApiError::bad(
+                    "bad-for-s",
+                    format!(
+                        "for_s = {for_s}: must be a whole number of seconds from 1 to \
+                         {MAX_BLOCK_S} (7 days)"
+                    ),
+                )
+            })?;
+        Ok(Self { prefix, for_s })
+    }
 }
 
 /// Reads a request body of at most [`MAX_BODY`] bytes, within `timeout`.
@@ -503,27 +545,8 @@ pub async fn read_body(body: Incoming, timeout: Duration) -> Result<Bytes, ApiEr
 /// map cannot be read or written.
 pub fn block(source: &StatusSource, query: Option<&str>, body: &[u8]) -> Result<Value, ApiError> {
     params(query, &[])?;
-    // Through a map: serde would also read the struct from an array (`["198.51.100.7", 600]`).
-    let req: BlockRequest = serde_json::from_slice::<serde_json::Map<String, Value>>(body)
-        .and_then(|fields| serde_json::from_value(Value::Object(fields)))
-        .map_err(|e| {
-            ApiError::bad(
-                "bad-json",
-                format!(
-                    "the body must be JSON {{\"prefix\": \"198.51.100.7/32\", \"for_s\": 600}}: {e}"
-                ),
-            )
-        })?;
+    let req = BlockRequest::parse(body)?;
     let key = parse_prefix(&req.prefix)?;
-    if !(1..=MAX_BLOCK_S).contains(&req.for_s) {
-        return Err(ApiError::bad(
-            "bad-for-s",
-            format!(
-                "for_s = {}: must be from 1 to {MAX_BLOCK_S} seconds (7 days)",
-                req.for_s
-            ),
-        ));
-    }
     let list = blocklist(source)?;
     if list.exempt(&key).map_err(|e| map_error(&e))? {
         return Err(ApiError::new(
