@@ -269,7 +269,7 @@ impl fmt::Display for Upstream {
 }
 
 impl Upstream {
-    /// Parses an upstream URL: `http://host[:port]`, no path, query or credentials.
+    /// Parses an upstream URL: `http://host[:port]`, no path, query, fragment or credentials.
     ///
     /// # Errors
     /// [`ConfigError::Invalid`] naming `upstream` otherwise.
@@ -296,6 +296,10 @@ impl Upstream {
         }
         if uri.path_and_query().is_some_and(|pq| pq.as_str() != "/") {
             return Err(bad("must not have a path or query"));
+        }
+        // The `http` crate drops a fragment without a word.
+        if s.contains('#') {
+            return Err(bad("must not have a fragment"));
         }
         // The `http` crate keeps a port it cannot read as a number without complaint.
         let port_text = (!authority.as_str().ends_with(']'))

@@ -268,6 +268,19 @@ fn bad_addresses_are_named() {
     assert!(err(&long).contains("at most 107 bytes"), "{}", err(&long));
     assert!(err("upstream = \"https://x:1\"").starts_with("upstream = \"https://x:1\""));
     assert!(err("upstream = \"http://x:1/app\"").contains("path"));
+    for fragment in ["http://x:1#a", "http://x:1/#a", "http://x:1#"] {
+        let e = err(&format!("upstream = \"{fragment}\""));
+        assert!(
+            e.starts_with(&format!("upstream = \"{fragment}\"")) && e.contains("fragment"),
+            "{e}"
+        );
+    }
+    for method in ["CONNECT", "connect"] {
+        let e = err(&format!(
+            "[[route]]\ngroup = \"link\"\nmethods = [\"{method}\"]\npath = \"/x\""
+        ));
+        assert!(e.contains(method) && e.contains("501"), "{e}");
+    }
     assert!(err("upstream = \"127.0.0.1:3000\"").starts_with("upstream = \"127.0.0.1:3000\""));
 }
 

@@ -79,6 +79,14 @@ pub enum RouteError {
     /// A method name is not an HTTP token, or is longer than 32 bytes.
     #[error("not an HTTP method (a token of at most 32 characters)")]
     BadMethod(String),
+    /// `CONNECT`, which no request is routed as: door answers a plain CONNECT with 501 before
+    /// routing (it tunnels to no other host), and routes an HTTP/2 WebSocket's extended CONNECT
+    /// (RFC 8441) as the `GET` it sends upstream.
+    #[error(
+        "no request is routed as CONNECT: a plain CONNECT is answered 501, and an HTTP/2 \
+         WebSocket's extended CONNECT is routed as the GET door sends upstream (list GET)"
+    )]
+    ConnectNeverRouted(String),
     /// The path has more than [`MAX_SEGMENTS`] segments.
     #[error("has {count} segments; a route's path has at most {MAX_SEGMENTS}")]
     TooManySegments {
@@ -106,7 +114,7 @@ impl RouteError {
             | Self::WildcardName { .. }
             | Self::NeverMatches { .. }
             | Self::TooManySegments { .. } => "path",
-            Self::BadMethod(_) => "methods",
+            Self::BadMethod(_) | Self::ConnectNeverRouted(_) => "methods",
         }
     }
 
@@ -118,7 +126,7 @@ impl RouteError {
             | Self::WildcardName { path, .. }
             | Self::NeverMatches { path, .. }
             | Self::TooManySegments { path, .. } => path,
-            Self::BadMethod(method) => method,
+            Self::BadMethod(method) | Self::ConnectNeverRouted(method) => method,
         }
     }
 }
@@ -266,15 +274,20 @@ impl Route {
     /// Builds a route from configuration values.
     ///
     /// # Errors
-    /// [`RouteError`] for a bad path or method name.
+    /// [`RouteError`] for a bad path or method name; [`RouteError::ConnectNeverRouted`] for
+    /// `CONNECT`.
     pub fn new(group: &str, methods: &[String], path: &str) -> Result<Self, RouteError> {
         let methods = methods
             .iter()
             .map(|m| {
-                Method::from_bytes(m.to_ascii_uppercase().as_bytes())
+                let method = Method::from_bytes(m.to_ascii_uppercase().as_bytes())
                     .ok()
                     .filter(|_| m.len() <= LONGEST_METHOD)
-                    .ok_or_else(|| RouteError::BadMethod(m.clone()))
+                    .ok_or_else(|| RouteError::BadMethod(m.clone()))?;
+                if method == Method::CONNECT {
+                    return Err(RouteError::ConnectNeverRouted(m.clone()));
+                }
+                Ok(method)
             })
             .collect::<Result<Vec<_>, _>>()?;
         Ok(Self {
@@ -1163,6 +1176,11 @@ mod tests {
             Route::new("link", &["GE T".into()], "/x").unwrap_err(),
             RouteError::BadMethod("GE T".into())
         );
+        for connect in ["CONNECT", "connect"] {
+            let err = Route::new("link", &[connect.into()], "/x").unwrap_err();
+            assert_eq!(err, RouteError::ConnectNeverRouted(connect.into()));
+            assert!(err.to_string().contains("list GET"), "{err}");
+        }
         let long = "M".repeat(33);
         assert_eq!(
             Route::new("link", std::slice::from_ref(&long), "/x").unwrap_err(),
