@@ -18,8 +18,10 @@
 //! not `/api/{endpoint}`'s). A path that begins with two separators and matches no route in
 //! those readings is read without its first segment, as URL parsers read such a target
 //! (`network_path`), then, if it has `.` or `..` segments, with them kept as segments, as WSGI
-//! servers and Express route them (`/l/session/%2e` is a session `.` there), and a request whose
-//! method has no route is routed under the method it names in a method-override field
+//! servers and Express route them (`/l/session/%2e` is a session `.` there), then with its last
+//! segment's format suffix cut (`/api/login.json` as `/api/login`: Rails' `(.:format)` and
+//! Spring's suffix patterns route it so, `format_suffix`), and a request whose method has no
+//! route is routed under the method it names in a method-override field or parameter
 //! ([`method_override`]). A `GET` route also matches `HEAD` (RFC 9110 §9.3.2: HEAD is GET without
 //! the body).
 
@@ -475,12 +477,14 @@ impl Router {
 
     /// The fallback readings' route for `method`, for a path the main readings give none: the
     /// path without its authority when it begins with two separators, then with its dot
-    /// segments kept. An application that removes dot segments or takes `//` as `/` (Rails,
-    /// Tomcat) acts on the main readings' route, so these never override one.
+    /// segments kept, then with its last segment's format suffix cut ([`format_suffix`]). An
+    /// application that removes dot segments or takes `//` as `/` (Rails, Tomcat) acts on the
+    /// main readings' route, so these never override one.
     fn fallback_position(&self, method: &Method, path: &str) -> Option<usize> {
         let two_separators = path.starts_with("//") || path.starts_with("/\\");
         let dots = may_have_dot_segment(path);
-        if !two_separators && !dots {
+        let suffix = may_have_format_suffix(path);
+        if !two_separators && !dots && !suffix {
             return None;
         }
         let first = Self::matcher(method);
@@ -489,10 +493,22 @@ impl Router {
         let without_authority =
             || network_path(text).and_then(|rest| first(&self.routes, &normalise(rest), false));
         let keeping_dots = || first(&self.routes, &segments(text, true), false);
+        let without_suffix = |text: &str| {
+            let mut read = normalise(text);
+            let last = read.last_mut()?;
+            *last = Cow::Owned(format_suffix(last)?.to_owned());
+            first(&self.routes, &read, false)
+        };
         two_separators
             .then(without_authority)
             .flatten()
             .or_else(|| dots.then(keeping_dots).flatten())
+            .or_else(|| suffix.then(|| without_suffix(text)).flatten())
+            .or_else(|| {
+                (suffix && two_separators)
+                    .then(|| network_path(text).and_then(without_suffix))
+                    .flatten()
+            })
     }
 
     /// The routes, in order.
@@ -535,6 +551,27 @@ fn may_have_dot_segment(path: &str) -> bool {
     path.contains("/.")
         || path.contains("\\.")
         || path
+            .as_bytes()
+            .windows(3)
+            .any(|w| matches!(w, [b'%', b'2', b'e' | b'E']))
+}
+
+/// `segment` without its format suffix: the text before its first `.` past its first character
+/// (`login.json` is `login`, `report.csv.gz` is `report`; a leading dot, as in `.well-known`, is
+/// no suffix). Rails routes `/api/login.json` to `/api/login` (every route has an optional
+/// `(.:format)`), and Spring's suffix pattern matching `/api/login.*` to it, so a route must hold
+/// for the suffixed spellings. `None` when the segment has no such suffix.
+fn format_suffix(segment: &str) -> Option<&str> {
+    let cut = segment.get(1..)?.find('.')? + 1;
+    segment.get(..cut)
+}
+
+/// Whether `path`'s last segment may have a format suffix ([`format_suffix`]), written or
+/// escaped (`%2e`): a quick test of its bytes.
+fn may_have_format_suffix(path: &str) -> bool {
+    let last = path.rsplit('/').find(|s| !s.is_empty()).unwrap_or("");
+    last.get(1..).is_some_and(|rest| rest.contains('.'))
+        || last
             .as_bytes()
             .windows(3)
             .any(|w| matches!(w, [b'%', b'2', b'e' | b'E']))
@@ -939,6 +976,52 @@ mod tests {
         );
         assert!(method_override(&Method::POST, None, &headers).is_empty());
         assert!(!router_without_methods().method_specific());
+    }
+
+    /// A literal route holds for its format-suffixed spellings (`/api/login.json`), which Rails
+    /// and Spring route to it, when no route takes them as written; a route written with the
+    /// suffix, or one that matches first, still decides.
+    #[test]
+    fn a_format_suffix_is_cut_when_the_path_has_no_route_otherwise() {
+        let r = Router::new(vec![
+            Route::new("robots", &[], "/robots.txt").unwrap(),
+            Route::new("pages", &[], "/{page}").unwrap(),
+            Route::new("export", &["GET".into()], "/api/items.csv").unwrap(),
+            Route::new("items", &["GET".into()], "/api/items").unwrap(),
+            Route::new("login", &["POST".into()], "/api/login").unwrap(),
+        ]);
+        let post = |path: &str| r.group_for(&Method::POST, path);
+        let get = |path: &str| r.group_for(&Method::GET, path);
+        for path in [
+            "/api/login.json",
+            "/api/login.xml",
+            "/API/LOGIN.JSON",
+            "/api/login%2Ejson",
+            "/api/login.v1.json",
+            "/api/login.json/",
+            "//x/api/login.json",
+        ] {
+            assert_eq!(post(path), Some("login"), "{path}");
+        }
+        assert_eq!(post("/api/logins.json"), None);
+        assert_eq!(post("/api/.json"), None, "a leading dot is no suffix");
+        // Written with the suffix, or matched as written: that route.
+        assert_eq!(get("/api/items.csv"), Some("export"));
+        assert_eq!(get("/api/items.json"), Some("items"));
+        assert_eq!(get("/robots.txt"), Some("robots"));
+        assert_eq!(get("/index.html"), Some("pages"));
+        // A method override's route is found the same way.
+        let route = r.route_for_either(
+            &Method::PUT,
+            || Overrides::from_iter([Method::POST]),
+            "/api/login.json",
+        );
+        assert_eq!(route.map(|r| r.group.as_str()), Some("login"));
+        assert_eq!(format_suffix("login.json"), Some("login"));
+        assert_eq!(format_suffix(".well-known"), None);
+        assert_eq!(format_suffix("login"), None);
+        assert!(!may_have_format_suffix("/api/login"));
+        assert!(may_have_format_suffix("/api/login%2ejson"));
     }
 
     /// A `POST` naming a method in its query's `_method` parameter (Express's
