@@ -335,8 +335,10 @@ async fn a_forged_copy_of_a_victims_token_never_touches_the_victims_bucket() {
 /// A session cookie sent twice earns no session bucket: the application reads the last `sid`
 /// (the test upstream, as Python's `http.cookies` does) and accepts it, and door must not verify
 /// the first on that answer. Before, every made-up first value beside one real session became a
-/// fresh session bucket. A quoted copy of the real value is the real session, as the
-/// application reads it.
+/// fresh session bucket. Nor does it take the session's holder off its bucket: with a verified
+/// value among the copies the request is that session's (before, it went to the IP plane, whose
+/// bucket a rotating client key renews). A quoted copy of the real value is the real session, as
+/// the application reads it.
 #[tokio::test]
 async fn a_cookie_sent_twice_earns_no_session_bucket() {
     let d = cookie_door().await;
@@ -355,9 +357,25 @@ async fn a_cookie_sent_twice_earns_no_session_bucket() {
     let over = send(&d, "/api/a", client, &[("cookie", "sid=\"alice\"")]).await;
     assert_eq!(over.status, StatusCode::TOO_MANY_REQUESTS, "{over:?}");
     assert_eq!(over.scope.as_deref(), Some("session"), "{over:?}");
-    // Made-up values before alice's: each on the IP plane, and none verified by the 200.
+    // Made-up values beside alice's, from one client key and from others: alice's spent
+    // session each time, never the IP plane.
+    for (i, from) in ["198.51.100.40", "198.51.100.41", "198.51.100.42"]
+        .into_iter()
+        .enumerate()
+    {
+        for cookie in [
+            format!("sid=made-up-{i}; sid=alice"),
+            format!("sid=alice; SID=made-up-{i}"),
+        ] {
+            let a = send(&d, "/api/a", from, &[("cookie", &cookie)]).await;
+            assert_eq!(a.status, StatusCode::TOO_MANY_REQUESTS, "{cookie}: {a:?}");
+            assert_eq!(a.scope.as_deref(), Some("session"), "{cookie}: {a:?}");
+        }
+    }
+    // Made-up values beside bob's, which is not verified: the IP plane, and none verified by
+    // the 200.
     for i in 0..3 {
-        let cookie = format!("sid=made-up-{i}; sid=alice");
+        let cookie = format!("sid=made-up-{i}; sid=bob");
         let a = send(&d, "/api/a", client, &[("cookie", &cookie)]).await;
         assert_eq!(a.status, StatusCode::OK, "{a:?}");
         assert!(a.ratelimit.starts_with("\"ip\";"), "{a:?}");

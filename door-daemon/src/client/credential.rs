@@ -19,6 +19,7 @@ use http::{
     HeaderMap,
     header::{AUTHORIZATION, COOKIE},
 };
+use smallvec::SmallVec;
 
 /// Where the session plane finds a request's credential (`[plane.session]`: `cookie = NAME`
 /// or `header = "authorization"`).
@@ -48,30 +49,7 @@ impl Credential {
     /// `cookie` package of Express decode both), names compared without regard to case (ASP.NET)
     /// and with `.`, ` ` and `[` read as `_` (PHP's `$_COOKIE`).
     pub fn find<'h>(&self, headers: &'h HeaderMap) -> Option<Cow<'h, [u8]>> {
-        match self {
-            Credential::Cookie(name) => only_one(
-                headers
-                    .get_all(COOKIE)
-                    .iter()
-                    .flat_map(|v| v.as_bytes().split(|b| *b == b';'))
-                    .filter_map(|pair| {
-                        let pair = trim(pair);
-                        let eq = pair.iter().position(|b| *b == b'=')?;
-                        let (k, v) = (trim(pair.get(..eq)?), trim(pair.get(eq + 1..)?));
-                        same_cookie_name(&percent_decoded(k), name.as_bytes())
-                            .then(|| cookie_value(v))
-                    }),
-            ),
-            Credential::Bearer => only_one(headers.get_all(AUTHORIZATION).iter().map(|v| {
-                let v = trim(v.as_bytes());
-                let token = v
-                    .get(..7)
-                    .filter(|scheme| scheme.eq_ignore_ascii_case(b"bearer "))
-                    .and_then(|_| v.get(7..))
-                    .map(trim)?;
-                is_b64token(token).then_some(Cow::Borrowed(token))
-            })),
-        }
+        Copies::of(self, headers).only_one()
     }
 
     /// `cookie NAME` or `authorization bearer`, for logs and `door key`.
@@ -83,17 +61,89 @@ impl Credential {
     }
 }
 
-/// The one value every candidate carries: `None` when there is no candidate, when one of them is
-/// not a well-formed value (`None`), or when two differ.
-fn only_one<'h>(
-    mut candidates: impl Iterator<Item = Option<Cow<'h, [u8]>>>,
-) -> Option<Cow<'h, [u8]>> {
-    let first = candidates.next()??;
-    candidates
-        .try_fold(first, |seen, next| {
-            next.filter(|v| *v == seen).map(|_| seen)
+/// Every copy of the credential a request carries, in order: its value, or `None` for one that is
+/// not a well-formed value ([`Credential::find`] says what each reads). Two inline: most requests
+/// carry none or one.
+#[derive(Debug, Default)]
+pub struct Copies<'h>(SmallVec<[Option<Cow<'h, [u8]>>; 2]>);
+
+/// The most distinct values of an ambiguous credential [`Copies::values`] returns: past it a
+/// request is read for no more (each costs a hash and a lookup).
+pub const MAX_COPIES: usize = 8;
+
+impl<'h> Copies<'h> {
+    /// The copies of `credential` in `headers`.
+    pub fn of(credential: &Credential, headers: &'h HeaderMap) -> Self {
+        Self(match credential {
+            Credential::Cookie(name) => headers
+                .get_all(COOKIE)
+                .iter()
+                .flat_map(|v| v.as_bytes().split(|b| *b == b';'))
+                .filter_map(|pair| {
+                    let pair = trim(pair);
+                    let eq = pair.iter().position(|b| *b == b'=')?;
+                    let (k, v) = (trim(pair.get(..eq)?), trim(pair.get(eq + 1..)?));
+                    same_cookie_name(&percent_decoded(k), name.as_bytes()).then(|| cookie_value(v))
+                })
+                .collect(),
+            Credential::Bearer => headers
+                .get_all(AUTHORIZATION)
+                .iter()
+                .map(|v| {
+                    let v = trim(v.as_bytes());
+                    let token = v
+                        .get(..7)
+                        .filter(|scheme| scheme.eq_ignore_ascii_case(b"bearer "))
+                        .and_then(|_| v.get(7..))
+                        .map(trim)?;
+                    is_b64token(token).then_some(Cow::Borrowed(token))
+                })
+                .collect(),
         })
-        .filter(|v| !v.is_empty())
+    }
+
+    /// The one value every copy carries: `None` when there is no copy, when one of them is not a
+    /// well-formed value, when two differ, or when the value is empty.
+    pub fn one(&self) -> Option<&[u8]> {
+        let mut copies = self.0.iter();
+        let first: &[u8] = copies.next()?.as_deref()?;
+        copies
+            .all(|next| next.as_deref() == Some(first))
+            .then_some(first)
+            .filter(|v| !v.is_empty())
+    }
+
+    /// As [`Copies::one`], the value kept.
+    pub fn only_one(self) -> Option<Cow<'h, [u8]>> {
+        let one = self.one().is_some();
+        self.0.into_iter().next().flatten().filter(|_| one)
+    }
+
+    /// The distinct well-formed, non-empty values among the copies, in order, at most
+    /// [`MAX_COPIES`]: for a request whose credential is ambiguous, the values the application
+    /// may read.
+    pub fn values(&self) -> SmallVec<[&[u8]; 2]> {
+        let mut out: SmallVec<[&[u8]; 2]> = SmallVec::new();
+        for v in self.0.iter().flatten() {
+            if out.len() == MAX_COPIES {
+                break;
+            }
+            if !v.is_empty() && !out.contains(&v.as_ref()) {
+                out.push(v);
+            }
+        }
+        out
+    }
+
+    /// How many copies there are, well-formed or not.
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    /// Whether the request carries no copy.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
 }
 
 /// Whether the cookie named `got` (escapes decoded) is the cookie named `want`, as the lenient

@@ -26,7 +26,7 @@ use door_common::prefix::PrefixKey;
 use http::{HeaderMap, StatusCode};
 use lru::LruCache;
 
-use crate::client::credential::{Credential, CredentialHasher};
+use crate::client::credential::{Copies, Credential, CredentialHasher};
 
 /// Which plane a request is charged to, and under which key.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -82,26 +82,49 @@ impl Sessions {
     }
 
     /// The plane of a request with `headers` from client `client`, credentials found by
-    /// `credential`.
+    /// `credential`: the session plane under a verified credential, else the IP plane under
+    /// `client`.
+    ///
+    /// A request whose credential is ambiguous (copies with different values, [`Credential::find`])
+    /// verifies nothing. When one of its values is verified already, it is charged to that
+    /// session (the first such, in order) and not to the IP plane: a second, made-up copy beside
+    /// a session's own (`sid=REAL; SID=x`) must not take its holder off the session's bucket
+    /// and onto the IP plane's, a fresh one per client key.
     pub fn choose(
         &self,
         credential: &Credential,
         headers: &HeaderMap,
         client: PrefixKey,
     ) -> PlaneChoice {
-        let hashed = credential.find(headers).map(|c| self.hasher.key(&c));
-        match hashed {
-            Some(key) if self.is_verified(&key) => PlaneChoice {
-                plane: crate::config::SESSION_PLANE,
-                key,
-                credential: Some(key),
-            },
-            _ => PlaneChoice {
-                plane: crate::config::IP_PLANE,
-                key: client,
-                credential: hashed,
-            },
+        let copies = Copies::of(credential, headers);
+        let ip = |credential| PlaneChoice {
+            plane: crate::config::IP_PLANE,
+            key: client,
+            credential,
+        };
+        let session = |key, credential| PlaneChoice {
+            plane: crate::config::SESSION_PLANE,
+            key,
+            credential,
+        };
+        if let Some(value) = copies.one() {
+            let key = self.hasher.key(value);
+            return if self.is_verified(&key) {
+                session(key, Some(key))
+            } else {
+                ip(Some(key))
+            };
         }
+        if copies.len() > 1
+            && let Some(key) = copies
+                .values()
+                .iter()
+                .map(|v| self.hasher.key(v))
+                .find(|k| self.is_verified(k))
+        {
+            return session(key, None);
+        }
+        ip(None)
     }
 
     /// Learns from the upstream's `status` to a request carrying `credential`: 401 and 403
@@ -160,6 +183,47 @@ mod tests {
         // No credential: the IP plane, nothing to learn.
         let none = sessions.choose(&cred, &HeaderMap::new(), client);
         assert_eq!((none.plane, none.credential), ("ip", None));
+    }
+
+    /// A verified session's holder who adds a second copy of the cookie (another value, another
+    /// spelling of the name) stays on the session's bucket; copies of which none is verified
+    /// stay on the IP plane; neither kind is learnt from.
+    #[test]
+    fn an_ambiguous_credential_is_charged_to_a_verified_value_among_its_copies() {
+        let sessions = Sessions::new(4);
+        let cred = Credential::Cookie("sid".into());
+        let client = PrefixKey::from_ipv4([192, 0, 2, 1]);
+        let cookie = |v: &'static str| {
+            let mut h = HeaderMap::new();
+            h.insert("cookie", HeaderValue::from_static(v));
+            sessions.choose(&cred, &h, client)
+        };
+        let real = cookie("sid=REAL").credential.unwrap();
+        sessions.learn(real, StatusCode::OK);
+        assert_eq!(cookie("sid=REAL").plane, "session");
+        for ambiguous in [
+            "sid=REAL; SID=x",
+            "sid=x; sid=REAL",
+            "sid=made-up; sid=other; Sid=REAL",
+            "sid=\"unterminated; sid=REAL",
+        ] {
+            let choice = cookie(ambiguous);
+            assert_eq!(
+                (choice.plane, choice.key, choice.credential),
+                ("session", real, None),
+                "{ambiguous}"
+            );
+        }
+        let none = cookie("sid=x; sid=y");
+        assert_eq!(
+            (none.plane, none.key, none.credential),
+            ("ip", client, None)
+        );
+        // The same value twice is one credential, learnt from as such.
+        assert_eq!(cookie("sid=REAL; sid=REAL").credential, Some(real));
+        // Unverified, the session's value no longer keeps an ambiguous request off the IP plane.
+        sessions.learn(real, StatusCode::UNAUTHORIZED);
+        assert_eq!(cookie("sid=REAL; SID=x").plane, "ip");
     }
 
     #[test]
