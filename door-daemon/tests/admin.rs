@@ -746,6 +746,30 @@ async fn a_block_duration_that_is_no_whole_number_in_range_is_named() {
     assert!(list.0.lock().unwrap().is_empty());
 }
 
+/// A field given twice is refused, whichever copy is good: JSON leaves duplicate names to the
+/// reader (RFC 8259 §4), and an operator's tool may not read the last one as door would.
+#[tokio::test]
+async fn a_block_field_given_twice_is_refused() {
+    let list = Arc::new(FakeBlocklist::default());
+    let door = Door::start_with(&config(upstream().await, ""), Some(list.clone())).await;
+    let admin = door.admin().await;
+    for (body, field) in [
+        (
+            r#"{"prefix":"nonsense","prefix":"198.51.100.7","for_s":600}"#,
+            "prefix",
+        ),
+        (
+            r#"{"prefix":"198.51.100.7","for_s":-1,"for_s":600}"#,
+            "for_s",
+        ),
+    ] {
+        let names = format!("duplicate field `{field}`");
+        let bad = StatusCode::BAD_REQUEST;
+        refused(admin, "POST", "/blocks", body, bad, "bad-json", &names).await;
+    }
+    assert!(list.0.lock().unwrap().is_empty());
+}
+
 #[tokio::test]
 async fn blocks_bad_inputs_are_named() {
     let list = Arc::new(FakeBlocklist::default());

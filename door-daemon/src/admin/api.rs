@@ -15,6 +15,7 @@ use http::StatusCode;
 use http_body::Body as _;
 use http_body_util::BodyExt as _;
 use hyper::body::Incoming;
+use serde::Deserialize;
 use serde_json::{Value, json};
 
 use super::StatusSource;
@@ -468,28 +469,33 @@ impl BlockRequest {
     /// names its field and the value sent.
     ///
     /// # Errors
-    /// 400 `bad-json` for a body that is no JSON object, a field missing or unknown, or a
-    /// `prefix` that is no string; 400 `bad-for-s` for a `for_s` that is not a whole number of
+    /// 400 `bad-json` for a body that is no JSON object, a field missing, unknown or given
+    /// twice, or a `prefix` that is no string; 400 `bad-for-s` for a `for_s` that is not a whole number of
     /// seconds from 1 to [`MAX_BLOCK_S`].
     fn parse(body: &[u8]) -> Result<Self, ApiError> {
+        /// The body's two fields, any JSON each: serde refuses a field missing, unknown or
+        /// given twice, and the values are checked below, each error naming its own.
+        #[derive(Deserialize)]
+        #[serde(deny_unknown_fields)]
+        struct Fields {
+            prefix: Value,
+            for_s: Value,
+        }
         let shape = "the body must be JSON {\"prefix\": \"198.51.100.7/32\", \"for_s\": 600}";
         let bad = |why: String| ApiError::bad("bad-json", format!("{shape}: {why}"));
-        let fields = serde_json::from_slice::<serde_json::Map<String, Value>>(body)
-            .map_err(|e| bad(e.to_string()))?;
-        if let Some(name) = fields
-            .keys()
-            .find(|k| !matches!(k.as_str(), "prefix" | "for_s"))
+        // An object, not the array serde would also read the fields from (`["…", 600]`).
+        if !serde_json::from_slice::<Value>(body)
+            .map_err(|e| bad(e.to_string()))?
+            .is_object()
         {
-            return Err(bad(format!("unknown field `{name}`")));
+            return Err(bad("not an object".to_owned()));
         }
-        let prefix = match fields.get("prefix") {
-            Some(Value::String(prefix)) => prefix.clone(),
-            Some(other) => return Err(bad(format!("prefix = {other}: must be a string"))),
-            None => return Err(bad("missing field `prefix`".to_owned())),
+        let Fields { prefix, for_s } =
+            serde_json::from_slice::<Fields>(body).map_err(|e| bad(e.to_string()))?;
+        let prefix = match prefix {
+            Value::String(prefix) => prefix,
+            other => return Err(bad(format!("prefix = {other}: must be a string"))),
         };
-        let for_s = fields
-            .get("for_s")
-            .ok_or_else(|| bad("missing field `for_s`".to_owned()))?;
         let for_s = for_s
             .as_u64()
             .filter(|s| (1..=MAX_BLOCK_S).contains(s))
