@@ -67,9 +67,11 @@ impl Credential {
 #[derive(Debug, Default)]
 pub struct Copies<'h>(SmallVec<[Option<Cow<'h, [u8]>>; 2]>);
 
-/// The most distinct values of an ambiguous credential [`Copies::values`] returns: past it a
-/// request is read for no more (each costs a hash and a lookup).
-pub const MAX_COPIES: usize = 8;
+/// The most copies of the credential a request may carry (the same value or not): past it the
+/// request is refused (400, [`crate::http::head::HeadError::CredentialCopies`]), since an
+/// ambiguous credential's values are each hashed and looked up ([`Copies::values`]). A browser
+/// holding one cookie name for a few paths or domains sends a few.
+pub const MAX_COPIES: usize = 16;
 
 impl<'h> Copies<'h> {
     /// The copies of `credential` in `headers`.
@@ -91,10 +93,13 @@ impl<'h> Copies<'h> {
                 .iter()
                 .map(|v| {
                     let v = trim(v.as_bytes());
+                    // The scheme, then a space or a tab (RFC 9110 §11.4 asks for spaces;
+                    // Django REST framework's `split()` takes a tab too).
                     let token = v
-                        .get(..7)
-                        .filter(|scheme| scheme.eq_ignore_ascii_case(b"bearer "))
-                        .and_then(|_| v.get(7..))
+                        .get(..6)
+                        .filter(|scheme| scheme.eq_ignore_ascii_case(b"bearer"))
+                        .and_then(|_| v.get(6..))
+                        .filter(|rest| matches!(rest.first(), Some(b' ' | b'\t')))
                         .map(trim)?;
                     is_b64token(token).then_some(Cow::Borrowed(token))
                 })
@@ -119,15 +124,12 @@ impl<'h> Copies<'h> {
         self.0.into_iter().next().flatten().filter(|_| one)
     }
 
-    /// The distinct well-formed, non-empty values among the copies, in order, at most
-    /// [`MAX_COPIES`]: for a request whose credential is ambiguous, the values the application
-    /// may read.
+    /// The distinct well-formed, non-empty values among the copies, in order: for a request
+    /// whose credential is ambiguous, the values the application may read. (A request with more
+    /// than [`MAX_COPIES`] copies is refused before this is asked.)
     pub fn values(&self) -> SmallVec<[&[u8]; 2]> {
         let mut out: SmallVec<[&[u8]; 2]> = SmallVec::new();
         for v in self.0.iter().flatten() {
-            if out.len() == MAX_COPIES {
-                break;
-            }
             if !v.is_empty() && !out.contains(&v.as_ref()) {
                 out.push(v);
             }
@@ -280,10 +282,17 @@ mod tests {
             Some(&b"xyz"[..])
         );
         assert_eq!(
-            c.find(&headers(&[("authorization", "Basic dXNlcg==")]))
+            c.find(&headers(&[("authorization", "Bearer\txyz")]))
                 .as_deref(),
-            None
+            Some(&b"xyz"[..])
         );
+        for none in ["Bearerxyz", "Bearer", "Basic dXNlcg=="] {
+            assert_eq!(
+                c.find(&headers(&[("authorization", none)])).as_deref(),
+                None,
+                "{none}"
+            );
+        }
         assert_eq!(
             c.find(&headers(&[("authorization", "Bearer ")])).as_deref(),
             None

@@ -65,6 +65,12 @@ pub enum HeadError {
     /// door carries (501; [`crate::http::upgrade::classify`]).
     #[error("extended CONNECT for a protocol door does not carry")]
     ConnectProtocol,
+    /// With the request planes on, the session credential (its cookie, or `Authorization`)
+    /// sent more than [`crate::client::credential::MAX_COPIES`] times (400): no client sends
+    /// that many, and the plane would have to look each value up among the verified sessions
+    /// ([`crate::http::plane::Sessions::choose`]). Found at the planes, after routing.
+    #[error("the session credential is sent {0} times; at most {max} copies are read", max = crate::client::credential::MAX_COPIES)]
+    CredentialCopies(usize),
 }
 
 impl HeadError {
@@ -93,11 +99,12 @@ impl HeadError {
             Self::BadTransferEncoding => "bad_transfer_encoding",
             Self::Connect => "connect",
             Self::ConnectProtocol => "connect_protocol",
+            Self::CredentialCopies(_) => "credential_copies",
         }
     }
 
     /// Every value [`HeadError::reason`] returns, in the order docs/operations.md lists them.
-    pub const REASONS: [&'static str; 10] = [
+    pub const REASONS: [&'static str; 11] = [
         "missing_host",
         "repeated_host",
         "bad_host",
@@ -108,6 +115,7 @@ impl HeadError {
         "transfer_coding",
         "connect",
         "connect_protocol",
+        "credential_copies",
     ];
 }
 
@@ -326,6 +334,7 @@ mod tests {
             HeadError::TransferCoding(s()),
             HeadError::Connect,
             HeadError::ConnectProtocol,
+            HeadError::CredentialCopies(17),
         ];
         let reasons: Vec<_> = all.iter().map(HeadError::reason).collect();
         assert_eq!(reasons, HeadError::REASONS);

@@ -26,7 +26,12 @@ use door_common::prefix::PrefixKey;
 use http::{HeaderMap, StatusCode};
 use lru::LruCache;
 
-use crate::client::credential::{Copies, Credential, CredentialHasher};
+use smallvec::SmallVec;
+
+use crate::{
+    client::credential::{Copies, Credential, CredentialHasher, MAX_COPIES},
+    http::head::HeadError,
+};
 
 /// Which plane a request is charged to, and under which key.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -90,13 +95,21 @@ impl Sessions {
     /// session (the first such, in order) and not to the IP plane: a second, made-up copy beside
     /// a session's own (`sid=REAL; SID=x`) must not take its holder off the session's bucket
     /// and onto the IP plane's, a fresh one per client key.
+    ///
+    /// # Errors
+    /// [`HeadError::CredentialCopies`] for a request with more than [`MAX_COPIES`] copies of the
+    /// credential: every one of its values would have to be looked up, and leaving any out
+    /// would let the holder of a spent session hide its value behind made-up ones.
     pub fn choose(
         &self,
         credential: &Credential,
         headers: &HeaderMap,
         client: PrefixKey,
-    ) -> PlaneChoice {
+    ) -> Result<PlaneChoice, HeadError> {
         let copies = Copies::of(credential, headers);
+        if copies.len() > MAX_COPIES {
+            return Err(HeadError::CredentialCopies(copies.len()));
+        }
         let ip = |credential| PlaneChoice {
             plane: crate::config::IP_PLANE,
             key: client,
@@ -109,22 +122,22 @@ impl Sessions {
         };
         if let Some(value) = copies.one() {
             let key = self.hasher.key(value);
-            return if self.is_verified(&key) {
+            return Ok(if self.is_verified(&key) {
                 session(key, Some(key))
             } else {
                 ip(Some(key))
-            };
+            });
         }
-        if copies.len() > 1
-            && let Some(key) = copies
-                .values()
-                .iter()
-                .map(|v| self.hasher.key(v))
-                .find(|k| self.is_verified(k))
-        {
-            return session(key, None);
+        if copies.len() > 1 {
+            let keys: SmallVec<[PrefixKey; 2]> =
+                copies.values().iter().map(|v| self.hasher.key(v)).collect();
+            // One hold of the lock for them all.
+            let verified = self.lock();
+            if let Some(&key) = keys.iter().find(|k| verified.contains(k)) {
+                return Ok(session(key, None));
+            }
         }
-        ip(None)
+        Ok(ip(None))
     }
 
     /// Learns from the upstream's `status` to a request carrying `credential`: 401 and 403
@@ -168,20 +181,20 @@ mod tests {
         let mut h = HeaderMap::new();
         h.insert("authorization", HeaderValue::from_static("Bearer tok"));
         let client = PrefixKey::from_ipv4([192, 0, 2, 1]);
-        let first = sessions.choose(&cred, &h, client);
+        let first = sessions.choose(&cred, &h, client).unwrap();
         assert_eq!(first.plane, "ip");
         assert_eq!(first.key, client);
         let hash = first.credential.unwrap();
         sessions.learn(hash, StatusCode::UNAUTHORIZED);
-        assert_eq!(sessions.choose(&cred, &h, client).plane, "ip");
+        assert_eq!(sessions.choose(&cred, &h, client).unwrap().plane, "ip");
         sessions.learn(hash, StatusCode::OK);
-        let verified = sessions.choose(&cred, &h, client);
+        let verified = sessions.choose(&cred, &h, client).unwrap();
         assert_eq!((verified.plane, verified.key), ("session", hash));
         // A later 403 takes the session back.
         sessions.learn(hash, StatusCode::FORBIDDEN);
-        assert_eq!(sessions.choose(&cred, &h, client).plane, "ip");
+        assert_eq!(sessions.choose(&cred, &h, client).unwrap().plane, "ip");
         // No credential: the IP plane, nothing to learn.
-        let none = sessions.choose(&cred, &HeaderMap::new(), client);
+        let none = sessions.choose(&cred, &HeaderMap::new(), client).unwrap();
         assert_eq!((none.plane, none.credential), ("ip", None));
     }
 
@@ -196,7 +209,7 @@ mod tests {
         let cookie = |v: &'static str| {
             let mut h = HeaderMap::new();
             h.insert("cookie", HeaderValue::from_static(v));
-            sessions.choose(&cred, &h, client)
+            sessions.choose(&cred, &h, client).unwrap()
         };
         let real = cookie("sid=REAL").credential.unwrap();
         sessions.learn(real, StatusCode::OK);
@@ -221,6 +234,22 @@ mod tests {
         );
         // The same value twice is one credential, learnt from as such.
         assert_eq!(cookie("sid=REAL; sid=REAL").credential, Some(real));
+        // Made-up values in front of it, up to the most copies read: still the session.
+        let padded: String = (0..MAX_COPIES - 1)
+            .map(|i| format!("sid=x{i}; "))
+            .chain(["sid=REAL".to_owned()])
+            .collect();
+        let mut h = HeaderMap::new();
+        h.insert("cookie", HeaderValue::from_str(&padded).unwrap());
+        let choice = sessions.choose(&cred, &h, client).unwrap();
+        assert_eq!((choice.plane, choice.key), ("session", real));
+        // One more copy and the request is refused, not sent to the IP plane.
+        let over = format!("sid=y; {padded}");
+        h.insert("cookie", HeaderValue::from_str(&over).unwrap());
+        assert_eq!(
+            sessions.choose(&cred, &h, client),
+            Err(HeadError::CredentialCopies(MAX_COPIES + 1))
+        );
         // Unverified, the session's value no longer keeps an ambiguous request off the IP plane.
         sessions.learn(real, StatusCode::UNAUTHORIZED);
         assert_eq!(cookie("sid=REAL; SID=x").plane, "ip");

@@ -29,7 +29,7 @@ use crate::{
         answer::{self, Failure},
         body::ResponseBody,
         conn::ConnInfo,
-        head,
+        head::{self, HeadError},
         health::{CachedHealth, HEALTH_TTL},
         inflight::{Active, ActiveGuard, PassRefusal, PassSlot, PassThrough, Whose},
         plane::Sessions,
@@ -103,6 +103,15 @@ struct PlaneRefusal<'p> {
     /// The key the plane refused: the client's, or the credential's hash.
     key: PrefixKey,
     rejection: crate::limit::Rejection,
+}
+
+/// Why a request does not pass its plane.
+enum PlaneStop<'p> {
+    /// Its plane refused it.
+    Refused(Box<PlaneRefusal<'p>>),
+    /// Its credential cannot be read ([`HeadError::CredentialCopies`]): a 400, as for a head
+    /// door refuses.
+    Bad(HeadError),
 }
 
 /// The permit a stream answer holds. A stream is exempt from the request planes: a plane's token
@@ -397,6 +406,16 @@ pub struct App {
 }
 
 impl Policy {
+    /// The route of `req` ([`Router::route_for_either`]): its method, the methods it names in
+    /// its method-override fields and `_method` parameters ([`route::method_override`]), its
+    /// path.
+    fn route<B>(&self, req: &Request<B>) -> Option<&route::Route> {
+        let (method, uri) = (req.method(), req.uri());
+        let overrides =
+            || route::method_override(method, uri.query(), req.headers(), |m| self.router.lists(m));
+        self.router.route_for_either(method, overrides, uri.path())
+    }
+
     /// The rules of `config`; with `previous`, groups (and planes) that already existed keep their
     /// limiter, retuned in place to the new budget and shadow mode (buckets carry over in
     /// proportion, see [`GroupLimiter::retune`]) unless the charge mode changed; the escalator is
@@ -674,11 +693,7 @@ impl App {
             peer_trusted: policy.trusted.contains(peer_ip) && !conn.unnamed,
             tls: conn.tls,
         };
-        let route = policy.router.route_for_either(
-            req.method(),
-            || route::method_override(req.method(), req.uri().query(), req.headers()),
-            req.uri().path(),
-        );
+        let route = policy.route(&req);
         let stream_route = route.is_some_and(|r| r.stream);
         // An upgrade on a route in no group is limited as a stream.
         let group = route
@@ -718,10 +733,14 @@ impl App {
                 let defer = job.upgrade.is_some() && !limited.is_some_and(|l| l.health);
                 match self.admit_plane(&policy, credential, &req, decision.key, &mut job, defer) {
                     Ok(plane) => plane,
-                    Err(r) => {
+                    Err(PlaneStop::Refused(r)) => {
                         let refused =
                             self.plane_refused(limited, *r, req, job.origin, decision.key);
                         return Box::pin(refused).await;
+                    }
+                    Err(PlaneStop::Bad(e)) => {
+                        self.metrics.request_refused(e.reason());
+                        return answer::bad_head(&e, req.version());
                     }
                 }
             }
@@ -844,7 +863,8 @@ impl App {
     /// returned as well.
     ///
     /// # Errors
-    /// The plane's 429 when it refuses the request.
+    /// [`PlaneStop::Refused`] with the plane's 429 when it refuses the request;
+    /// [`PlaneStop::Bad`] when its credential cannot be read ([`Sessions::choose`]).
     fn admit_plane<'p>(
         &self,
         policy: &'p Policy,
@@ -853,8 +873,11 @@ impl App {
         client: PrefixKey,
         job: &mut Job<'p>,
         defer: bool,
-    ) -> Result<Option<(&'p Limited, PrefixKey)>, Box<PlaneRefusal<'p>>> {
-        let choice = self.sessions.choose(credential, req.headers(), client);
+    ) -> Result<Option<(&'p Limited, PrefixKey)>, PlaneStop<'p>> {
+        let choice = self
+            .sessions
+            .choose(credential, req.headers(), client)
+            .map_err(PlaneStop::Bad)?;
         job.credential = choice.credential;
         let Some(p) = policy.limited.get(choice.plane) else {
             return Ok(None);
@@ -871,12 +894,12 @@ impl App {
             Err(rejection) => {
                 let mut answer = answer::rejected_by_plane(choice.plane, &rejection);
                 p.ratelimit_fields(answer.headers_mut(), &choice.key);
-                Err(Box::new(PlaneRefusal {
+                Err(PlaneStop::Refused(Box::new(PlaneRefusal {
                     answer,
                     plane: p,
                     key: choice.key,
                     rejection,
-                }))
+                })))
             }
         }
     }

@@ -18,11 +18,12 @@
 //! not `/api/{endpoint}`'s). A path that begins with two separators and matches no route in
 //! those readings is read without its first segment, as URL parsers read such a target
 //! (`network_path`), then, if it has `.` or `..` segments, with them kept as segments, as WSGI
-//! servers and Express route them (`/l/session/%2e` is a session `.` there), then with its last
-//! segment's format suffix cut (`/api/login.json` as `/api/login`: Rails' `(.:format)` and
-//! Spring's suffix patterns route it so, `format_suffix`), and a request whose method has no
-//! route is routed under the method it names in a method-override field or parameter
-//! ([`method_override`]). A `GET` route also matches `HEAD` (RFC 9110 §9.3.2: HEAD is GET without
+//! servers and Express route them (`/l/session/%2e` is a session `.` there), and a request whose
+//! method has no route is routed under the method it names in a method-override field or
+//! parameter ([`method_override`]). Beside the lenient reading, a path is also read with its
+//! last segment's format suffix cut (`/api/login.json` as `/api/login`: Rails' `(.:format)` and
+//! Spring's suffix patterns route it so, `format_suffix`); the first route any of these main
+//! readings matches wins. A `GET` route also matches `HEAD` (RFC 9110 §9.3.2: HEAD is GET without
 //! the body).
 
 use std::borrow::Cow;
@@ -240,18 +241,26 @@ impl PathPattern {
     }
 
     /// Whether this pattern matches every path `other` matches, in every reading the router
-    /// tries: as many segments, each of this pattern's a wildcard or the same literal text.
-    /// (A literal that differs only in case also matches in the lenient reading; such a pair is
-    /// not counted, so `covers` never claims more than it can prove.)
+    /// tries: as many segments, each of this pattern's a wildcard or the same literal text, or,
+    /// for the last, the text of `other`'s without its format suffix (`/api/items` takes
+    /// `/api/items.csv`'s paths in the reading that cuts it, [`format_suffix`]). (A literal that
+    /// differs only in case also matches in the lenient reading; such a pair is not counted, so
+    /// `covers` never claims more than it can prove.)
     fn covers(&self, other: &Self) -> bool {
+        let last = self.segments.len().saturating_sub(1);
         self.segments.len() == other.segments.len()
             && self
                 .segments
                 .iter()
                 .zip(&other.segments)
-                .all(|(mine, theirs)| match (mine, theirs) {
+                .enumerate()
+                .all(|(i, (mine, theirs))| match (mine, theirs) {
                     (Segment::Wildcard, _) => true,
-                    (Segment::Literal(a), Segment::Literal(b)) => a == b,
+                    (Segment::Literal(a), Segment::Literal(b)) => {
+                        a == b
+                            || (i == last
+                                && format_suffix(b).and_then(|cut| b.get(..cut)) == Some(a))
+                    }
                     (Segment::Literal(_), Segment::Wildcard) => false,
                 })
     }
@@ -371,6 +380,9 @@ pub struct Router {
     upper_case_literals: bool,
     /// Whether a route lists methods: only then can a method override change the route.
     method_specific: bool,
+    /// The methods the routes list, in upper case, `HEAD` with `GET`: the only overrides that
+    /// can change a request's route ([`Router::lists`]).
+    listed: Vec<Method>,
 }
 
 impl Router {
@@ -382,11 +394,28 @@ impl Router {
             )
         });
         let method_specific = routes.iter().any(|r| !r.methods.is_empty());
+        let mut listed: Vec<Method> = Vec::new();
+        for m in routes.iter().flat_map(|r| &r.methods) {
+            let head = (*m == Method::GET).then_some(Method::HEAD);
+            for m in [Some(m.clone()), head].into_iter().flatten() {
+                if !listed.contains(&m) {
+                    listed.push(m);
+                }
+            }
+        }
         Self {
             routes,
             upper_case_literals,
             method_specific,
+            listed,
         }
+    }
+
+    /// Whether a route lists `method` (without regard to case; `HEAD` where `GET` is listed): an
+    /// override naming any other method changes no request's route.
+    pub fn lists(&self, method: &Method) -> bool {
+        let upper = upper_case(method);
+        self.listed.contains(upper.as_ref().unwrap_or(method))
     }
 
     /// Whether a route lists methods ([`Router::route_for_either`] then may differ from
@@ -409,12 +438,14 @@ impl Router {
     /// As [`Router::route_for`], for a request that may name, in a method-override field or
     /// parameter, the methods the application may act on instead (`overridden`,
     /// [`method_override`]; looked for only when the request's own method has no route in the
-    /// main readings, and only when a route lists methods). Tried in order, the first with a
-    /// route deciding: the request's own method in the main readings (as written, lenient), each
-    /// override's in them, then the fallback readings (without the authority of a `//host` path,
-    /// dot segments kept) of the request's own method and of each override. The request's own
-    /// method wins whenever its path has a route: an application that ignores the override acts
-    /// on that one.
+    /// main readings, and only when a route lists methods; of those, only the methods a route
+    /// lists are tried, each once, so that a request naming thousands costs no more than one
+    /// naming each listed method). Tried in order, the first with a route deciding: the
+    /// request's own method in the main readings (as written, lenient, the format suffix cut),
+    /// each override's in them, then the fallback readings (without the authority of a `//host`
+    /// path, dot segments kept) of the request's own method and of each override. The request's
+    /// own method wins whenever its path has a route: an application that ignores the override
+    /// acts on that one.
     pub fn route_for_either(
         &self,
         method: &Method,
@@ -422,11 +453,15 @@ impl Router {
         path: &str,
     ) -> Option<&Route> {
         let own = self.main_position(method, path);
-        let others = if own.is_none() && self.method_specific {
-            overridden()
-        } else {
-            Overrides::new()
-        };
+        let mut others = Overrides::new();
+        if own.is_none() && self.method_specific {
+            for m in overridden() {
+                let m = upper_case(&m).unwrap_or(m);
+                if self.listed.contains(&m) && !others.contains(&m) {
+                    others.push(m);
+                }
+            }
+        }
         own.or_else(|| others.iter().find_map(|m| self.main_position(m, path)))
             .or_else(|| self.fallback_position(method, path))
             .or_else(|| others.iter().find_map(|m| self.fallback_position(m, path)))
@@ -447,8 +482,9 @@ impl Router {
         }
     }
 
-    /// The main readings' route for `method`: the first route matching the path as written or as
-    /// the lenient servers read it, whichever comes first.
+    /// The main readings' route for `method`: the first route matching the path as written, as
+    /// the lenient servers read it, or with its last segment's format suffix cut
+    /// ([`format_suffix`]), whichever comes first.
     fn main_position(&self, method: &Method, path: &str) -> Option<usize> {
         let first = Self::matcher(method);
         // Normalised once for all the routes: segments borrowed from `path` unless they carry an
@@ -464,51 +500,57 @@ impl Router {
             if !before.iter().any(|r| r.method_matches(m)) {
                 return None;
             }
-            match lenient(path) {
-                Some(read) => first(before, &normalise(&read), false),
-                // The path reads as written, but a route with capitals may match it without
-                // regard to case.
-                None if self.upper_case_literals => first(before, &normalise(path), false),
-                None => None,
+            let read = lenient(path);
+            let text = read.as_deref().unwrap_or(path);
+            // The path reads as written, but a route with capitals may match it without regard
+            // to case.
+            let as_lenient = (read.is_some() || self.upper_case_literals)
+                .then(|| first(before, &normalise(text), false))
+                .flatten();
+            // Cut, the format suffix may make an earlier route the path's: the first route
+            // either reading matches wins.
+            let cut = may_have_format_suffix(path)
+                .then(|| without_format_suffix(normalise(text)))
+                .flatten()
+                .and_then(|read| first(before, &read, false));
+            match (as_lenient, cut) {
+                (Some(a), Some(b)) => Some(a.min(b)),
+                (a, b) => a.or(b),
             }
         };
         read_leniently().or(as_written)
     }
 
     /// The fallback readings' route for `method`, for a path the main readings give none: the
-    /// path without its authority when it begins with two separators, then with its dot
-    /// segments kept, then with its last segment's format suffix cut ([`format_suffix`]). An
+    /// path without its authority when it begins with two separators (then also with its last
+    /// segment's format suffix cut, [`format_suffix`]), then with its dot segments kept. An
     /// application that removes dot segments or takes `//` as `/` (Rails, Tomcat) acts on the
     /// main readings' route, so these never override one.
     fn fallback_position(&self, method: &Method, path: &str) -> Option<usize> {
         let two_separators = path.starts_with("//") || path.starts_with("/\\");
         let dots = may_have_dot_segment(path);
-        let suffix = may_have_format_suffix(path);
-        if !two_separators && !dots && !suffix {
+        if !two_separators && !dots {
             return None;
         }
         let first = Self::matcher(method);
         let read = lenient(path);
         let text = read.as_deref().unwrap_or(path);
-        let without_authority =
-            || network_path(text).and_then(|rest| first(&self.routes, &normalise(rest), false));
-        let keeping_dots = || first(&self.routes, &segments(text, true), false);
-        let without_suffix = |text: &str| {
-            let mut read = normalise(text);
-            let last = read.last_mut()?;
-            *last = Cow::Owned(format_suffix(last)?.to_owned());
-            first(&self.routes, &read, false)
+        // As in the main readings, the first route the path or its suffix-cut reading matches.
+        let without_authority = || {
+            let rest = network_path(text)?;
+            let plain = first(&self.routes, &normalise(rest), false);
+            let cut = without_format_suffix(normalise(rest))
+                .and_then(|read| first(&self.routes, &read, false));
+            match (plain, cut) {
+                (Some(a), Some(b)) => Some(a.min(b)),
+                (a, b) => a.or(b),
+            }
         };
+        let keeping_dots = || first(&self.routes, &segments(text, true), false);
         two_separators
             .then(without_authority)
             .flatten()
             .or_else(|| dots.then(keeping_dots).flatten())
-            .or_else(|| suffix.then(|| without_suffix(text)).flatten())
-            .or_else(|| {
-                (suffix && two_separators)
-                    .then(|| network_path(text).and_then(without_suffix))
-                    .flatten()
-            })
     }
 
     /// The routes, in order.
@@ -556,22 +598,35 @@ fn may_have_dot_segment(path: &str) -> bool {
             .any(|w| matches!(w, [b'%', b'2', b'e' | b'E']))
 }
 
-/// `segment` without its format suffix: the text before its first `.` past its first character
+/// Where `segment`'s format suffix begins: at its first `.` past its first character
 /// (`login.json` is `login`, `report.csv.gz` is `report`; a leading dot, as in `.well-known`, is
 /// no suffix). Rails routes `/api/login.json` to `/api/login` (every route has an optional
 /// `(.:format)`), and Spring's suffix pattern matching `/api/login.*` to it, so a route must hold
-/// for the suffixed spellings. `None` when the segment has no such suffix.
-fn format_suffix(segment: &str) -> Option<&str> {
-    let cut = segment.get(1..)?.find('.')? + 1;
-    segment.get(..cut)
+/// for the suffixed spellings. `None` when the segment has no such suffix; otherwise the byte
+/// offset of its `.`.
+fn format_suffix(segment: &str) -> Option<usize> {
+    let second = segment.char_indices().nth(1)?.0;
+    Some(second + segment.get(second..)?.find('.')?)
 }
 
-/// Whether `path`'s last segment may have a format suffix ([`format_suffix`]), written or
-/// escaped (`%2e`): a quick test of its bytes.
+/// `read` with its last segment's format suffix cut ([`format_suffix`]), shortened where it is
+/// (a borrowed segment re-sliced, an owned one truncated); `None` when it has none.
+fn without_format_suffix(mut read: Segments<'_>) -> Option<Segments<'_>> {
+    let last = read.last_mut()?;
+    let cut = format_suffix(last)?;
+    match last {
+        Cow::Borrowed(segment) => *segment = segment.get(..cut)?,
+        Cow::Owned(segment) => segment.truncate(cut),
+    }
+    Some(read)
+}
+
+/// Whether `path` may have a format suffix ([`format_suffix`]) in its last segment once
+/// normalised: it has a `.`, written or escaped (`%2e`), anywhere (`/api/login.json/.` and
+/// `/api/login.json/;` end in `login.json` as Tomcat reads them). A quick test of its bytes.
 fn may_have_format_suffix(path: &str) -> bool {
-    let last = path.rsplit('/').find(|s| !s.is_empty()).unwrap_or("");
-    last.get(1..).is_some_and(|rest| rest.contains('.'))
-        || last
+    path.contains('.')
+        || path
             .as_bytes()
             .windows(3)
             .any(|w| matches!(w, [b'%', b'2', b'e' | b'E']))
@@ -624,7 +679,9 @@ pub fn lenient(path: &str) -> Option<String> {
 /// `//x/api/login` would reach their `/api/login` unlimited. `None` for any other path (most:
 /// two bytes compared).
 fn network_path(path: &str) -> Option<&str> {
-    let rest = path.strip_prefix("//")?;
+    // WHATWG URL parsers skip any further separators before the host (`///x/api` is `x`'s
+    // `/api` to Node).
+    let rest = path.strip_prefix("//")?.trim_start_matches('/');
     Some(rest.find('/').map_or("/", |i| rest.get(i..).unwrap_or("/")))
 }
 
@@ -642,7 +699,8 @@ pub(crate) static METHOD_OVERRIDES: [HeaderName; 3] = [
 /// ([`method_override`]), in the order they are tried. Two inline: most requests name none.
 pub type Overrides = SmallVec<[Method; 2]>;
 
-/// The query parameter in which a `POST` names the method an application should act on instead:
+/// The query parameter in which a `POST` names the method an application should act on instead
+/// (read as PHP reads names, [`is_method_parameter`]):
 /// Express's `method-override('_method')` reads it there, and Symfony's `Request::getMethod` (so
 /// Laravel, which turns it on) reads it from the query when the form body has none.
 const METHOD_PARAMETER: &str = "_method";
@@ -650,36 +708,57 @@ const METHOD_PARAMETER: &str = "_method";
 /// The methods a request asks the application to act on instead of its own `method`, for
 /// [`Router::route_for_either`]: a route limited for `DELETE` must hold for a `POST` that says
 /// it is one. First the first of `headers`' override fields that is a method
-/// (`METHOD_OVERRIDES`); then, for a `POST`, each `_method` parameter of `query` that is a method,
-/// decoded as a form decodes it (`%5Fmethod`, `+`), in order: frameworks differ on which of two
-/// they take (PHP's parser keeps the last, Express's the first), so each is tried. Empty when
-/// there is none (most requests: three header lookups, and for a `POST` with a query one scan of
-/// it).
+/// (`METHOD_OVERRIDES`); then, for a `POST` (in any case), each `_method` parameter of `query`
+/// that is a method `wanted` (the router's [`Router::lists`]), once, decoded as a form decodes
+/// it (`%5Fmethod`, `+`) and named as PHP names it (`.method` too), in order:
+/// frameworks differ on which of two they take (PHP's parser keeps the last, Express's the
+/// first), so each is tried. Empty when there is none (most requests: three header lookups, and
+/// for a `POST` with a query one scan of it).
 pub fn method_override(
     method: &Method,
     query: Option<&str>,
     headers: &http::HeaderMap,
+    wanted: impl Fn(&Method) -> bool,
 ) -> Overrides {
+    // Express's `method-override` takes a field's text before its first comma, trimmed.
+    let first_item = |v: &[u8]| {
+        let item = v.split(|b| *b == b',').next().unwrap_or_default();
+        Method::from_bytes(item.trim_ascii()).ok()
+    };
     let mut out: Overrides = METHOD_OVERRIDES
         .iter()
         .filter_map(|name| headers.get(name))
-        .find_map(|v| Method::from_bytes(v.as_bytes()).ok())
+        .find_map(|v| first_item(v.as_bytes()))
         .into_iter()
         .collect();
-    if let Some(query) = query.filter(|q| *method == Method::POST && may_name_parameter(q)) {
-        out.extend(
-            form_urlencoded::parse(query.as_bytes())
-                .filter(|(name, _)| name == METHOD_PARAMETER)
-                .filter_map(|(_, value)| Method::from_bytes(value.as_bytes()).ok()),
-        );
+    let post = method.as_str().eq_ignore_ascii_case("POST");
+    if let Some(query) = query.filter(|q| post && may_name_parameter(q)) {
+        for (_, value) in
+            form_urlencoded::parse(query.as_bytes()).filter(|(name, _)| is_method_parameter(name))
+        {
+            if let Ok(m) = Method::from_bytes(value.as_bytes())
+                && wanted(&m)
+                && !out.contains(&m)
+            {
+                out.push(m);
+            }
+        }
     }
     out
 }
 
-/// Whether `query` may hold a `_method` parameter: it has the name as written, or an escape
+/// Whether a query parameter named `name` (decoded) is `_method` as PHP reads names: `.`, ` `
+/// and `[` in a name become `_` there (`.method=DELETE` is Laravel's and Symfony's
+/// `_method`), as [`crate::client::credential`] reads cookie names.
+fn is_method_parameter(name: &str) -> bool {
+    name.strip_prefix(['_', '.', ' ', '['])
+        .is_some_and(|rest| rest == &METHOD_PARAMETER[1..])
+}
+
+/// Whether `query` may hold a `_method` parameter: it has `method` as written, or an escape
 /// that could spell it. A quick test; most queries have neither.
 fn may_name_parameter(query: &str) -> bool {
-    query.contains('%') || query.contains(METHOD_PARAMETER)
+    query.contains('%') || query.contains(&METHOD_PARAMETER[1..])
 }
 
 /// Decodes a segment's `%XX` escapes as applications decode a path before routing it (RFC 3986
@@ -824,6 +903,11 @@ mod tests {
             "/\\x\\webhooks\\github",
             "///webhooks/github",
             "//X/Webhooks/GitHub",
+            // Node's URL parser skips further separators before the host.
+            "///x/webhooks/github",
+            "////x/webhooks/github",
+            "/\\/x/webhooks/github",
+            "/\\\\x/webhooks/github",
         ] {
             assert_eq!(
                 r.group_for(&Method::POST, spelling),
@@ -849,6 +933,7 @@ mod tests {
         // One separator: no authority.
         assert_eq!(r.group_for(&Method::POST, "/x/webhooks/github"), None);
         assert_eq!(network_path("//host"), Some("/"));
+        assert_eq!(network_path("///host/a"), Some("/a"));
         assert_eq!(network_path("/a//b"), None);
     }
 
@@ -959,14 +1044,30 @@ mod tests {
         // Every field, and a value that is no method.
         let names = |o: Overrides| o.iter().map(ToString::to_string).collect::<Vec<_>>();
         let mut headers = http::HeaderMap::new();
-        assert!(method_override(&Method::POST, None, &headers).is_empty());
+        assert!(method_override(&Method::POST, None, &headers, |_| true).is_empty());
         for name in &METHOD_OVERRIDES {
             headers.clear();
             headers.insert(name, http::HeaderValue::from_static("delete"));
             assert_eq!(
-                names(method_override(&Method::POST, None, &headers)),
+                names(method_override(&Method::POST, None, &headers, |_| true)),
                 ["delete"],
                 "{name}"
+            );
+        }
+        // A list: its first item, as Express's `method-override` reads it.
+        for list in ["DELETE, PUT", " delete ,", "DELETE,"] {
+            headers.clear();
+            headers.insert(
+                "x-http-method-override",
+                http::HeaderValue::from_static(list),
+            );
+            assert_eq!(
+                names(method_override(&Method::POST, None, &headers, |_| true))
+                    .iter()
+                    .map(|m| m.to_ascii_uppercase())
+                    .collect::<Vec<_>>(),
+                ["DELETE"],
+                "{list}"
             );
         }
         headers.clear();
@@ -974,7 +1075,7 @@ mod tests {
             "x-http-method-override",
             http::HeaderValue::from_static("DE LETE"),
         );
-        assert!(method_override(&Method::POST, None, &headers).is_empty());
+        assert!(method_override(&Method::POST, None, &headers, |_| true).is_empty());
         assert!(!router_without_methods().method_specific());
     }
 
@@ -1000,13 +1101,41 @@ mod tests {
             "/api/login.v1.json",
             "/api/login.json/",
             "//x/api/login.json",
+            "/api/login.json/.",
+            "/api/login.json/./",
+            "/api/login.json;x",
+            "//x/api/login.json/.",
         ] {
             assert_eq!(post(path), Some("login"), "{path}");
         }
+        // A specific route listed before a wildcard one holds for the suffixed spelling too, as
+        // for the lenient reading: the first route either reading matches wins.
+        let lax = Router::new(vec![
+            Route::new("login", &["POST".into()], "/api/login").unwrap(),
+            Route::new("lax", &[], "/api/{endpoint}").unwrap(),
+        ]);
+        for path in ["/api/login.json", "/API/LOGIN.JSON", "/API/login.json;x"] {
+            assert_eq!(lax.group_for(&Method::POST, path), Some("login"), "{path}");
+        }
+        assert_eq!(lax.group_for(&Method::POST, "/api/other.json"), Some("lax"));
+        assert_eq!(lax.group_for(&Method::GET, "/api/login.json"), Some("lax"));
+        // A segment that begins with a character outside ASCII is cut past it too.
+        let r2 = Router::new(vec![Route::new("e", &[], "/api/é").unwrap()]);
+        assert_eq!(r2.group_for(&Method::GET, "/api/%C3%A9.json"), Some("e"));
+        assert_eq!(r2.group_for(&Method::GET, "/api/é.json"), Some("e"));
         assert_eq!(post("/api/logins.json"), None);
         assert_eq!(post("/api/.json"), None, "a leading dot is no suffix");
-        // Written with the suffix, or matched as written: that route.
+        // Written with the suffix and listed first, or matched as written: that route.
         assert_eq!(get("/api/items.csv"), Some("export"));
+        // Listed after the route without the suffix, it would never decide: refused as
+        // shadowed.
+        let items = Route::new("items", &["GET".into()], "/api/items").unwrap();
+        let export = Route::new("export", &["GET".into()], "/api/items.csv").unwrap();
+        assert_eq!(
+            export.shadowed_by(std::slice::from_ref(&items)),
+            Some(vec![0])
+        );
+        assert_eq!(items.shadowed_by(std::slice::from_ref(&export)), None);
         assert_eq!(get("/api/items.json"), Some("items"));
         assert_eq!(get("/robots.txt"), Some("robots"));
         assert_eq!(get("/index.html"), Some("pages"));
@@ -1017,7 +1146,8 @@ mod tests {
             "/api/login.json",
         );
         assert_eq!(route.map(|r| r.group.as_str()), Some("login"));
-        assert_eq!(format_suffix("login.json"), Some("login"));
+        assert_eq!(format_suffix("login.json"), Some(5));
+        assert_eq!(format_suffix("é.json"), Some(2));
         assert_eq!(format_suffix(".well-known"), None);
         assert_eq!(format_suffix("login"), None);
         assert!(!may_have_format_suffix("/api/login"));
@@ -1031,21 +1161,48 @@ mod tests {
     fn a_method_named_in_the_query_is_routed_like_a_field() {
         let names = |o: Overrides| o.iter().map(ToString::to_string).collect::<Vec<_>>();
         let none = http::HeaderMap::new();
-        let over = |m: &Method, q: &str| names(method_override(m, Some(q), &none));
+        let over = |m: &Method, q: &str| names(method_override(m, Some(q), &none, |_| true));
         assert_eq!(over(&Method::POST, "_method=DELETE"), ["DELETE"]);
         assert_eq!(over(&Method::POST, "a=1&_method=delete&b=2"), ["delete"]);
-        // Decoded as a form is: an escaped name, a `+`-less value.
+        // Decoded as a form is: an escaped name, a `+`-less value; named as PHP names it.
         assert_eq!(over(&Method::POST, "%5Fmethod=PUT"), ["PUT"]);
         assert_eq!(over(&Method::POST, "_%6Dethod=PATCH"), ["PATCH"]);
-        // Each of two, in order; a value that is no method is skipped.
+        assert_eq!(over(&Method::POST, ".method=PUT"), ["PUT"]);
+        assert_eq!(over(&Method::POST, "%2Emethod=PUT"), ["PUT"]);
+        assert_eq!(over(&Method::POST, "+method=PUT"), ["PUT"]);
+        assert_eq!(over(&Method::POST, "[method=PUT"), ["PUT"]);
+        // Each of two, in order, once; a value that is no method is skipped.
         assert_eq!(
-            over(&Method::POST, "_method=GET&_method=DE+LETE&_method=DELETE"),
+            over(
+                &Method::POST,
+                "_method=GET&_method=DE+LETE&_method=DELETE&_method=GET"
+            ),
             ["GET", "DELETE"]
         );
+        // A `post` in lower case is a POST.
+        let post = Method::from_bytes(b"post").unwrap();
+        assert_eq!(over(&post, "_method=DELETE"), ["DELETE"]);
         // Other names, and other methods, are not read.
-        assert!(over(&Method::POST, "method=DELETE&x_method=DELETE").is_empty());
+        assert!(
+            over(
+                &Method::POST,
+                "method=DELETE&x_method=DELETE&_METHOD=DELETE"
+            )
+            .is_empty()
+        );
         assert!(over(&Method::GET, "_method=DELETE").is_empty());
-        assert!(method_override(&Method::POST, None, &none).is_empty());
+        assert!(method_override(&Method::POST, None, &none, |_| true).is_empty());
+        // Only the methods wanted (the router's listed ones) are kept.
+        let only_delete = |m: &Method| *m == Method::DELETE;
+        assert_eq!(
+            names(method_override(
+                &Method::POST,
+                Some("_method=GET&_method=X&_method=DELETE"),
+                &none,
+                only_delete
+            )),
+            ["DELETE"]
+        );
         // A field's method comes first.
         let mut headers = http::HeaderMap::new();
         headers.insert(
@@ -1056,7 +1213,8 @@ mod tests {
             names(method_override(
                 &Method::POST,
                 Some("_method=DELETE"),
-                &headers
+                &headers,
+                |_| true
             )),
             ["PUT", "DELETE"]
         );
@@ -1071,17 +1229,36 @@ mod tests {
         ] {
             let route = r.route_for_either(
                 &Method::POST,
-                || method_override(&Method::POST, Some(q), &none),
+                || method_override(&Method::POST, Some(q), &none, |m| r.lists(m)),
                 "/api/items/1",
             );
             assert_eq!(route.map(|r| r.group.as_str()), Some("items"), "{q}");
         }
         let route = r.route_for_either(
             &Method::POST,
-            || method_override(&Method::POST, Some("_method=PUT"), &none),
+            || method_override(&Method::POST, Some("_method=PUT"), &none, |m| r.lists(m)),
             "/api/items/1",
         );
         assert!(route.is_none());
+        // Thousands of parameters: only the listed methods are kept and tried, each once.
+        let many = "_method=GET&_method=X&".repeat(5_000) + "_method=delete";
+        let kept = method_override(&Method::POST, Some(&many), &none, |m| r.lists(m));
+        assert_eq!(names(kept), ["delete"]);
+    }
+
+    /// The router knows the methods its routes list, `HEAD` with `GET`, in any case.
+    #[test]
+    fn the_router_lists_its_routes_methods() {
+        let r = Router::new(vec![
+            Route::new("a", &["get".into(), "DELETE".into()], "/a").unwrap(),
+            Route::new("b", &[], "/b").unwrap(),
+        ]);
+        for m in ["GET", "get", "HEAD", "DELETE", "delete"] {
+            assert!(r.lists(&Method::from_bytes(m.as_bytes()).unwrap()), "{m}");
+        }
+        for m in ["POST", "PUT", "X"] {
+            assert!(!r.lists(&Method::from_bytes(m.as_bytes()).unwrap()), "{m}");
+        }
     }
 
     fn router_without_methods() -> Router {
@@ -1327,7 +1504,7 @@ mod tests {
 
         fn route() -> impl Strategy<Value = Route> {
             (
-                vec(select(vec!["a", "A", "b", "{x}"]), 0..3),
+                vec(select(vec!["a", "A", "b", "a.b", "{x}"]), 0..3),
                 vec(select(vec!["GET", "HEAD", "POST"]), 0..3),
             )
                 .prop_map(|(segments, methods)| {
@@ -1349,7 +1526,7 @@ mod tests {
                     (
                         method(),
                         vec(method(), 0..3),
-                        vec(select(vec!["a", "A", "b", "c", "%61", ".", "..", "a;p", "//x", "\\", "%2F"]), 0..4),
+                        vec(select(vec!["a", "A", "b", "c", "%61", ".", "..", "a;p", "//x", "\\", "%2F", "a.json", "A.b.c", "a%2Ex", "b.", "a.b", "a.b.c"]), 0..4),
                     ),
                     1..24,
                 ),
