@@ -388,6 +388,31 @@ async fn a_cookie_sent_twice_earns_no_session_bucket() {
     assert_eq!(d.count("session", Outcome::Ok), 3);
 }
 
+/// A request carrying the session cookie more than 16 times is refused with 400, before any
+/// plane: door would have to look each value up among the verified sessions, and leaving some
+/// out would let made-up copies hide a spent session's own. Sixteen are read.
+#[tokio::test]
+async fn a_session_cookie_sent_more_than_sixteen_times_is_refused() {
+    let d = cookie_door().await;
+    let cookies = |n: usize| {
+        (0..n)
+            .map(|i| format!("sid=v{i}"))
+            .collect::<Vec<_>>()
+            .join("; ")
+    };
+    let over = send(&d, "/api/a", "198.51.100.60", &[("cookie", &cookies(17))]).await;
+    assert_eq!(over.status, StatusCode::BAD_REQUEST, "{over:?}");
+    assert!(
+        over.body.contains("\"bad-request\"") && over.body.contains("17 times"),
+        "{over:?}"
+    );
+    assert!(over.ratelimit.is_empty(), "charged to no plane: {over:?}");
+    let read = send(&d, "/api/a", "198.51.100.60", &[("cookie", &cookies(16))]).await;
+    // Through the IP plane to the upstream, which knows none of these values.
+    assert_eq!(read.status, StatusCode::UNAUTHORIZED, "{read:?}");
+    assert!(read.ratelimit.starts_with("\"ip\";"), "{read:?}");
+}
+
 #[tokio::test]
 async fn a_session_cookie_split_over_http2_cookie_fields_is_found_and_joined() {
     let d = cookie_door().await;
