@@ -80,7 +80,8 @@ impl<'h> Copies<'h> {
             Credential::Cookie(name) => headers
                 .get_all(COOKIE)
                 .iter()
-                .flat_map(|v| v.as_bytes().split(|b| *b == b';'))
+                // `,` too, as Rack 2 splits: a well-formed value never holds one.
+                .flat_map(|v| v.as_bytes().split(|b| matches!(b, b';' | b',')))
                 .filter_map(|pair| {
                     let pair = trim(pair);
                     let eq = pair.iter().position(|b| *b == b'=')?;
@@ -149,11 +150,18 @@ impl<'h> Copies<'h> {
 }
 
 /// Whether the cookie named `got` (escapes decoded) is the cookie named `want`, as the lenient
-/// servers read names: without regard to ASCII case, and with `.`, ` ` and `[` read as `_`.
+/// servers read names: without regard to ASCII case, with `+` read as a space and leading
+/// spaces dropped (PHP's `urldecode` and its variable names), and with `.`, ` ` and `[` read as
+/// `_`.
 fn same_cookie_name(got: &[u8], want: &[u8]) -> bool {
+    let start = got
+        .iter()
+        .position(|b| !matches!(b, b' ' | b'+'))
+        .unwrap_or(got.len());
+    let got = got.get(start..).unwrap_or_default();
     got.len() == want.len()
         && got.iter().zip(want).all(|(g, w)| {
-            g.eq_ignore_ascii_case(w) || (*w == b'_' && matches!(g, b'.' | b' ' | b'['))
+            g.eq_ignore_ascii_case(w) || (*w == b'_' && matches!(g, b'.' | b' ' | b'[' | b'+'))
         })
 }
 

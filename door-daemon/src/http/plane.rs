@@ -219,6 +219,10 @@ mod tests {
             "sid=x; sid=REAL",
             "sid=made-up; sid=other; Sid=REAL",
             "sid=\"unterminated; sid=REAL",
+            // PHP's names: a leading space or `+` dropped; Rack 2 splits at `,` too.
+            "%20sid=REAL; sid=x",
+            "+sid=REAL; sid=x",
+            "x=1, sid=REAL; sid=x",
         ] {
             let choice = cookie(ambiguous);
             assert_eq!(

@@ -707,10 +707,10 @@ const METHOD_PARAMETER: &str = "_method";
 
 /// The methods a request asks the application to act on instead of its own `method`, for
 /// [`Router::route_for_either`]: a route limited for `DELETE` must hold for a `POST` that says
-/// it is one. First the first of `headers`' override fields that is a method
-/// (`METHOD_OVERRIDES`); then, for a `POST` (in any case), each `_method` parameter of `query`
-/// that is a method `wanted` (the router's [`Router::lists`]), once, decoded as a form decodes
-/// it (`%5Fmethod`, `+`) and named as PHP names it (`.method` too), in order:
+/// it is one. First each of `headers`' override fields (`METHOD_OVERRIDES`, in that order;
+/// a list's first item); then, for a `POST` (in any case), each `_method` parameter of `query`,
+/// decoded as a form decodes it (`%5Fmethod`, `+`) and named as PHP names it (`.method` too),
+/// in order; of these, each method `wanted` (the router's [`Router::lists`]), once:
 /// frameworks differ on which of two they take (PHP's parser keeps the last, Express's the
 /// first), so each is tried. Empty when there is none (most requests: three header lookups, and
 /// for a `POST` with a query one scan of it).
@@ -725,12 +725,18 @@ pub fn method_override(
         let item = v.split(|b| *b == b',').next().unwrap_or_default();
         Method::from_bytes(item.trim_ascii()).ok()
     };
-    let mut out: Overrides = METHOD_OVERRIDES
+    // Each field's: an application may read any one of them (OData's `X-HTTP-Method` beside
+    // Rack's `X-HTTP-Method-Override`).
+    let mut out = Overrides::new();
+    for m in METHOD_OVERRIDES
         .iter()
         .filter_map(|name| headers.get(name))
-        .find_map(|v| first_item(v.as_bytes()))
-        .into_iter()
-        .collect();
+        .filter_map(|v| first_item(v.as_bytes()))
+    {
+        if wanted(&m) && !out.contains(&m) {
+            out.push(m);
+        }
+    }
     let post = method.as_str().eq_ignore_ascii_case("POST");
     if let Some(query) = query.filter(|q| post && may_name_parameter(q)) {
         for (_, value) in
@@ -747,11 +753,13 @@ pub fn method_override(
     out
 }
 
-/// Whether a query parameter named `name` (decoded) is `_method` as PHP reads names: `.`, ` `
-/// and `[` in a name become `_` there (`.method=DELETE` is Laravel's and Symfony's
-/// `_method`), as [`crate::client::credential`] reads cookie names.
+/// Whether a query parameter named `name` (decoded) is `_method` as PHP reads names: leading
+/// spaces dropped, then `.`, ` ` and `[` become `_` (`.method=DELETE` and `+_method=DELETE` are
+/// Laravel's and Symfony's `_method`), as [`crate::client::credential`] reads cookie names.
 fn is_method_parameter(name: &str) -> bool {
-    name.strip_prefix(['_', '.', ' ', '['])
+    // PHP drops a name's leading spaces before it reads the rest.
+    name.trim_start_matches(' ')
+        .strip_prefix(['_', '.', ' ', '['])
         .is_some_and(|rest| rest == &METHOD_PARAMETER[1..])
 }
 
@@ -1169,8 +1177,11 @@ mod tests {
         assert_eq!(over(&Method::POST, "_%6Dethod=PATCH"), ["PATCH"]);
         assert_eq!(over(&Method::POST, ".method=PUT"), ["PUT"]);
         assert_eq!(over(&Method::POST, "%2Emethod=PUT"), ["PUT"]);
-        assert_eq!(over(&Method::POST, "+method=PUT"), ["PUT"]);
+        // PHP drops a name's leading spaces first: ` method` is `method` there, not `_method`.
+        assert!(over(&Method::POST, "+method=PUT").is_empty());
         assert_eq!(over(&Method::POST, "[method=PUT"), ["PUT"]);
+        assert_eq!(over(&Method::POST, "+_method=PUT"), ["PUT"]);
+        assert_eq!(over(&Method::POST, "%20%20.method=PUT"), ["PUT"]);
         // Each of two, in order, once; a value that is no method is skipped.
         assert_eq!(
             over(
@@ -1201,6 +1212,23 @@ mod tests {
                 &none,
                 only_delete
             )),
+            ["DELETE"]
+        );
+        // Every field is read, each for a method a route lists.
+        let mut headers = http::HeaderMap::new();
+        headers.insert(
+            "x-http-method-override",
+            http::HeaderValue::from_static("PUT"),
+        );
+        headers.insert("x-http-method", http::HeaderValue::from_static("DELETE"));
+        headers.insert("x-method-override", http::HeaderValue::from_static("PUT"));
+        assert_eq!(
+            names(method_override(&Method::POST, None, &headers, |_| true)),
+            ["PUT", "DELETE"]
+        );
+        let only_delete = |m: &Method| *m == Method::DELETE;
+        assert_eq!(
+            names(method_override(&Method::POST, None, &headers, only_delete)),
             ["DELETE"]
         );
         // A field's method comes first.
