@@ -46,8 +46,9 @@ impl Credential {
     /// not RFC 6750 §2.1 `b64token`), or an empty one, carries none, and is charged to the IP
     /// plane. Cookie names and values are read as the lenient applications read them, so that
     /// every spelling of one cookie is one credential: `%XX` escapes decoded (PHP, Rack, the
-    /// `cookie` package of Express decode both), names compared without regard to case (ASP.NET)
-    /// and with `.`, ` ` and `[` read as `_` (PHP's `$_COOKIE`).
+    /// `cookie` package of Express decode both), names compared without regard to case (ASP.NET),
+    /// with a leading space or `+` dropped and `.`, ` ` and `[` read as `_` (PHP's `$_COOKIE`),
+    /// and `,` read as a separator between cookies as `;` is (Rack 2).
     pub fn find<'h>(&self, headers: &'h HeaderMap) -> Option<Cow<'h, [u8]>> {
         Copies::of(self, headers).only_one()
     }

@@ -152,8 +152,9 @@ impl TlsFailure {
 /// - `door.connections_refused` (counter, `{connection}`): client connections closed at accept,
 ///   per `door.reason` (`max_connections`, `max_connections_per_client`).
 /// - `door.requests_refused` (counter, `{request}`): requests door answers 400 or 501 itself
-///   before routing, per `door.reason` ([`crate::http::head::HeadError::REASONS`]). hyper's own
-///   answers to a head it cannot parse (400, 431) are not counted.
+///   before routing (or, for `credential_copies`, at the request planes), per `door.reason`
+///   ([`crate::http::head::HeadError::REASONS`]). hyper's own answers to a head it cannot parse
+///   (400, 431) are not counted.
 /// - `door.escalations` (counter, `{prefix}`): client keys put on the XDP blocklist by
 ///   escalation (`[xdp] escalate_after` 429s within `escalate_window`; a block the blocklist's
 ///   writer dropped is not counted).
