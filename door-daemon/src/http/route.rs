@@ -489,7 +489,8 @@ impl Router {
         let first = Self::matcher(method);
         // Normalised once for all the routes: segments borrowed from `path` unless they carry an
         // escape.
-        let as_written = first(&self.routes, &normalise(path), true);
+        let written = normalise(path);
+        let as_written = first(&self.routes, &written, true);
         // Only a route before that one can come first in the lenient reading; none when it is
         // the first route (or there are no routes), and nothing to read again for the most
         // paths, which that reading cannot change.
@@ -501,21 +502,21 @@ impl Router {
                 return None;
             }
             let read = lenient(path);
-            let text = read.as_deref().unwrap_or(path);
+            let suffixed = may_have_format_suffix(path);
             // The path reads as written, but a route with capitals may match it without regard
             // to case.
-            let as_lenient = (read.is_some() || self.upper_case_literals)
-                .then(|| first(before, &normalise(text), false))
-                .flatten();
-            // Cut, the format suffix may make an earlier route the path's: the first route
-            // either reading matches wins.
-            let cut = may_have_format_suffix(path)
-                .then(|| without_format_suffix(normalise(text)))
-                .flatten()
-                .and_then(|read| first(before, &read, false));
-            match (as_lenient, cut) {
-                (Some(a), Some(b)) => Some(a.min(b)),
-                (a, b) => a.or(b),
+            if read.is_none() && !self.upper_case_literals && !suffixed {
+                return None;
+            }
+            match read.as_deref() {
+                // Both readings' suffixes are cut: the lenient reading may lose the segment the
+                // written one ends in (`/a.b/%5C/..`).
+                Some(text) => earliest(
+                    later_readings(&first, before, normalise(text), true, suffixed),
+                    later_readings(&first, before, written, false, suffixed),
+                ),
+                // The lenient reading is the written one.
+                None => later_readings(&first, before, written, self.upper_case_literals, suffixed),
             }
         };
         read_leniently().or(as_written)
@@ -538,13 +539,11 @@ impl Router {
         // As in the main readings, the first route the path or its suffix-cut reading matches.
         let without_authority = || {
             let rest = network_path(text)?;
-            let plain = first(&self.routes, &normalise(rest), false);
-            let cut = without_format_suffix(normalise(rest))
-                .and_then(|read| first(&self.routes, &read, false));
-            match (plain, cut) {
-                (Some(a), Some(b)) => Some(a.min(b)),
-                (a, b) => a.or(b),
-            }
+            let segments = normalise(rest);
+            let plain = first(&self.routes, &segments, false);
+            let cut =
+                without_format_suffix(segments).and_then(|read| first(&self.routes, &read, false));
+            earliest(plain, cut)
         };
         let keeping_dots = || first(&self.routes, &segments(text, true), false);
         two_separators
@@ -556,6 +555,35 @@ impl Router {
     /// The routes, in order.
     pub fn routes(&self) -> &[Route] {
         &self.routes
+    }
+}
+
+/// The route among `before` of a path's lenient reading (its `segments`, when `lenient`) and of
+/// its format-suffix reading (with `suffixed`, the same segments with the last one's suffix cut,
+/// [`format_suffix`]), whichever comes first; `first` finds a route ([`Router::matcher`]).
+fn later_readings(
+    first: &impl Fn(&[Route], &Segments<'_>, bool) -> Option<usize>,
+    before: &[Route],
+    segments: Segments<'_>,
+    lenient: bool,
+    suffixed: bool,
+) -> Option<usize> {
+    let as_lenient = lenient.then(|| first(before, &segments, false)).flatten();
+    // Cut, the format suffix may make an earlier route the path's: the first route either
+    // reading matches wins.
+    let cut = suffixed
+        .then(|| without_format_suffix(segments))
+        .flatten()
+        .and_then(|read| first(before, &read, false));
+    earliest(as_lenient, cut)
+}
+
+/// The earlier of two readings' routes (their indices in the routes), or the one there is: the
+/// first route any reading of a path matches is the path's.
+fn earliest(a: Option<usize>, b: Option<usize>) -> Option<usize> {
+    match (a, b) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
     }
 }
 
@@ -1122,7 +1150,14 @@ mod tests {
             Route::new("login", &["POST".into()], "/api/login").unwrap(),
             Route::new("lax", &[], "/api/{endpoint}").unwrap(),
         ]);
-        for path in ["/api/login.json", "/API/LOGIN.JSON", "/API/login.json;x"] {
+        // The written reading's suffix is cut too: the lenient reading of the last path takes
+        // `%5C` for a separator, and its `..` then removes `login.json`.
+        for path in [
+            "/api/login.json",
+            "/API/LOGIN.JSON",
+            "/API/login.json;x",
+            "/api/login.json/%5C/..",
+        ] {
             assert_eq!(lax.group_for(&Method::POST, path), Some("login"), "{path}");
         }
         assert_eq!(lax.group_for(&Method::POST, "/api/other.json"), Some("lax"));
