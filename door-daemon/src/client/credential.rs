@@ -75,7 +75,8 @@ pub struct Copies<'h>(SmallVec<[Option<Cow<'h, [u8]>>; 2]>);
 pub const MAX_COPIES: usize = 16;
 
 impl<'h> Copies<'h> {
-    /// The copies of `credential` in `headers`.
+    /// The copies of `credential` in `headers`, in order, at most [`MAX_COPIES`] + 1 of them:
+    /// enough to tell a request that carries too many, without reading a head's every pair.
     pub fn of(credential: &Credential, headers: &'h HeaderMap) -> Self {
         Self(match credential {
             Credential::Cookie(name) => headers
@@ -89,6 +90,7 @@ impl<'h> Copies<'h> {
                     let (k, v) = (trim(pair.get(..eq)?), trim(pair.get(eq + 1..)?));
                     same_cookie_name(&percent_decoded(k), name.as_bytes()).then(|| cookie_value(v))
                 })
+                .take(MAX_COPIES + 1)
                 .collect(),
             Credential::Bearer => headers
                 .get_all(AUTHORIZATION)
@@ -105,13 +107,18 @@ impl<'h> Copies<'h> {
                         .map(trim)?;
                     is_b64token(token).then_some(Cow::Borrowed(token))
                 })
+                .take(MAX_COPIES + 1)
                 .collect(),
         })
     }
 
     /// The one value every copy carries: `None` when there is no copy, when one of them is not a
-    /// well-formed value, when two differ, or when the value is empty.
+    /// well-formed value, when two differ, when the value is empty, or when there are more than
+    /// [`MAX_COPIES`] (the ones past those were not read).
     pub fn one(&self) -> Option<&[u8]> {
+        if self.is_too_many() {
+            return None;
+        }
         let mut copies = self.0.iter();
         let first: &[u8] = copies.next()?.as_deref()?;
         copies
@@ -139,9 +146,15 @@ impl<'h> Copies<'h> {
         out
     }
 
-    /// How many copies there are, well-formed or not.
+    /// How many copies there are, well-formed or not: at most [`MAX_COPIES`] + 1, as
+    /// [`Copies::of`] reads no more.
     pub fn len(&self) -> usize {
         self.0.len()
+    }
+
+    /// Whether the request carries more than [`MAX_COPIES`] copies: it is refused then.
+    pub fn is_too_many(&self) -> bool {
+        self.0.len() > MAX_COPIES
     }
 
     /// Whether the request carries no copy.
@@ -372,6 +385,22 @@ mod tests {
         }
         let h = headers(&[("authorization", "Bearer a.b-c_d~e+f/g==")]);
         assert_eq!(b.find(&h).as_deref(), Some(&b"a.b-c_d~e+f/g=="[..]));
+    }
+
+    #[test]
+    fn the_copies_past_the_most_read_are_not_read_and_make_no_value() {
+        let c = Credential::Cookie("sid".to_owned());
+        let read = |n: usize| {
+            let field = vec!["sid=real"; n].join("; ");
+            let mut h = HeaderMap::new();
+            h.insert("cookie", HeaderValue::from_str(&field).unwrap());
+            let copies = Copies::of(&c, &h);
+            (copies.len(), copies.is_too_many(), c.find(&h).is_some())
+        };
+        assert_eq!(read(MAX_COPIES), (MAX_COPIES, false, true));
+        // One past the most is enough to refuse: a head's every pair is not read for it.
+        assert_eq!(read(MAX_COPIES + 1), (MAX_COPIES + 1, true, false));
+        assert_eq!(read(5_000), (MAX_COPIES + 1, true, false));
     }
 
     #[test]

@@ -69,8 +69,8 @@ pub enum HeadError {
     /// sent more than [`crate::client::credential::MAX_COPIES`] times (400): no client sends
     /// that many, and the plane would have to look each value up among the verified sessions
     /// ([`crate::http::plane::Sessions::choose`]). Found at the planes, after routing.
-    #[error("the session credential is sent {0} times; at most {max} copies are read", max = crate::client::credential::MAX_COPIES)]
-    CredentialCopies(usize),
+    #[error("the session credential is sent more than {max} times", max = crate::client::credential::MAX_COPIES)]
+    CredentialCopies,
 }
 
 impl HeadError {
@@ -99,7 +99,7 @@ impl HeadError {
             Self::BadTransferEncoding => "bad_transfer_encoding",
             Self::Connect => "connect",
             Self::ConnectProtocol => "connect_protocol",
-            Self::CredentialCopies(_) => "credential_copies",
+            Self::CredentialCopies => "credential_copies",
         }
     }
 
@@ -334,7 +334,7 @@ mod tests {
             HeadError::TransferCoding(s()),
             HeadError::Connect,
             HeadError::ConnectProtocol,
-            HeadError::CredentialCopies(17),
+            HeadError::CredentialCopies,
         ];
         let reasons: Vec<_> = all.iter().map(HeadError::reason).collect();
         assert_eq!(reasons, HeadError::REASONS);

@@ -29,7 +29,7 @@ use lru::LruCache;
 use smallvec::SmallVec;
 
 use crate::{
-    client::credential::{Copies, Credential, CredentialHasher, MAX_COPIES},
+    client::credential::{Copies, Credential, CredentialHasher},
     http::head::HeadError,
 };
 
@@ -97,9 +97,10 @@ impl Sessions {
     /// and onto the IP plane's, a fresh one per client key.
     ///
     /// # Errors
-    /// [`HeadError::CredentialCopies`] for a request with more than [`MAX_COPIES`] copies of the
-    /// credential: every one of its values would have to be looked up, and leaving any out
-    /// would let the holder of a spent session hide its value behind made-up ones.
+    /// [`HeadError::CredentialCopies`] for a request with more than
+    /// [`MAX_COPIES`](crate::client::credential::MAX_COPIES) copies of the credential: every one
+    /// of its values would have to be looked up, and leaving any out would let the holder of a
+    /// spent session hide its value behind made-up ones.
     pub fn choose(
         &self,
         credential: &Credential,
@@ -107,8 +108,8 @@ impl Sessions {
         client: PrefixKey,
     ) -> Result<PlaneChoice, HeadError> {
         let copies = Copies::of(credential, headers);
-        if copies.len() > MAX_COPIES {
-            return Err(HeadError::CredentialCopies(copies.len()));
+        if copies.is_too_many() {
+            return Err(HeadError::CredentialCopies);
         }
         let ip = |credential| PlaneChoice {
             plane: crate::config::IP_PLANE,
@@ -171,6 +172,8 @@ impl Sessions {
 #[cfg(test)]
 mod tests {
     use http::HeaderValue;
+
+    use crate::client::credential::MAX_COPIES;
 
     use super::*;
 
@@ -252,7 +255,7 @@ mod tests {
         h.insert("cookie", HeaderValue::from_str(&over).unwrap());
         assert_eq!(
             sessions.choose(&cred, &h, client),
-            Err(HeadError::CredentialCopies(MAX_COPIES + 1))
+            Err(HeadError::CredentialCopies)
         );
         // Unverified, the session's value no longer keeps an ambiguous request off the IP plane.
         sessions.learn(real, StatusCode::UNAUTHORIZED);
