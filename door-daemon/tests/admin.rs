@@ -721,53 +721,66 @@ async fn blocking_an_exempt_prefix_is_refused() {
     assert_eq!(status, StatusCode::OK, "{body}");
 }
 
+/// Posts each body to `/blocks` of a door with a blocklist and asserts the 400 with `code` naming
+/// `names` in its detail, and that nothing was blocked.
+async fn blocks_refused(cases: impl IntoIterator<Item = (String, &'static str, String)>) {
+    let list = Arc::new(FakeBlocklist::default());
+    let door = Door::start_with(&config(upstream().await, ""), Some(list.clone())).await;
+    let admin = door.admin().await;
+    for (body, code, names) in cases {
+        let bad = StatusCode::BAD_REQUEST;
+        refused(admin, "POST", "/blocks", &body, bad, code, &names).await;
+    }
+    assert!(list.0.lock().unwrap().is_empty());
+}
+
 /// Every `for_s` that is not a whole number of seconds from 1 to 604,800 is refused as
 /// `bad-for-s`, naming the value (as JSON reads it), and blocks nothing.
 #[tokio::test]
 async fn a_block_duration_that_is_no_whole_number_in_range_is_named() {
-    let list = Arc::new(FakeBlocklist::default());
-    let door = Door::start_with(&config(upstream().await, ""), Some(list.clone())).await;
-    let admin = door.admin().await;
-    for (sent, named) in [
-        ("0", "0"),
-        ("604801", "604801"),
-        ("-5", "-5"),
-        ("1.5", "1.5"),
-        ("600.0", "600.0"),
-        (r#""600""#, r#""600""#),
-        ("1e23", "1e+23"),
-        ("null", "null"),
-    ] {
-        let body = format!(r#"{{"prefix":"198.51.100.7","for_s":{sent}}}"#);
-        let names = format!("for_s = {named}: must be a whole number of seconds");
-        let bad = StatusCode::BAD_REQUEST;
-        refused(admin, "POST", "/blocks", &body, bad, "bad-for-s", &names).await;
-    }
-    assert!(list.0.lock().unwrap().is_empty());
+    blocks_refused(
+        [
+            ("0", "0"),
+            ("604801", "604801"),
+            ("-5", "-5"),
+            ("1.5", "1.5"),
+            ("600.0", "600.0"),
+            (r#""600""#, r#""600""#),
+            ("1e23", "1e+23"),
+            ("null", "null"),
+        ]
+        .map(|(sent, named)| {
+            (
+                format!(r#"{{"prefix":"198.51.100.7","for_s":{sent}}}"#),
+                "bad-for-s",
+                format!("for_s = {named}: must be a whole number of seconds"),
+            )
+        }),
+    )
+    .await;
 }
 
 /// A field given twice is refused, whichever copy is good: JSON leaves duplicate names to the
 /// reader (RFC 8259 §4), and an operator's tool may not read the last one as door would.
 #[tokio::test]
 async fn a_block_field_given_twice_is_refused() {
-    let list = Arc::new(FakeBlocklist::default());
-    let door = Door::start_with(&config(upstream().await, ""), Some(list.clone())).await;
-    let admin = door.admin().await;
-    for (body, field) in [
-        (
-            r#"{"prefix":"nonsense","prefix":"198.51.100.7","for_s":600}"#,
-            "prefix",
-        ),
-        (
-            r#"{"prefix":"198.51.100.7","for_s":-1,"for_s":600}"#,
-            "for_s",
-        ),
-    ] {
-        let names = format!("duplicate field `{field}`");
-        let bad = StatusCode::BAD_REQUEST;
-        refused(admin, "POST", "/blocks", body, bad, "bad-json", &names).await;
-    }
-    assert!(list.0.lock().unwrap().is_empty());
+    blocks_refused(
+        [
+            (
+                r#"{"prefix":"nonsense","prefix":"198.51.100.7","for_s":600}"#,
+                "prefix",
+            ),
+            (
+                r#"{"prefix":"198.51.100.7","for_s":-1,"for_s":600}"#,
+                "for_s",
+            ),
+        ]
+        .map(|(body, field)| {
+            let names = format!("duplicate field `{field}`");
+            (body.to_owned(), "bad-json", names)
+        }),
+    )
+    .await;
 }
 
 #[tokio::test]
