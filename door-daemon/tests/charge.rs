@@ -8,7 +8,14 @@
     reason = "test code: a failed step fails the test"
 )]
 
-use std::{net::SocketAddr, sync::Arc, time::Duration};
+use std::{
+    net::SocketAddr,
+    sync::{
+        Arc,
+        atomic::{AtomicUsize, Ordering},
+    },
+    time::Duration,
+};
 
 use door_daemon::{
     config::Config,
@@ -119,28 +126,40 @@ per_client = 2
     assert!(text.starts_with("HTTP/1.1 429"), "{text}");
 }
 
-/// An upstream answering every request with a 4 MiB body, far more than socket buffers hold.
-async fn big_upstream() -> SocketAddr {
+/// The size of the body a slow reader reads whole.
+const BIG: usize = 4 << 20;
+
+/// An upstream answering every request with a body of `size` bytes; `closed` counts the
+/// connections door closed (before or after the body was written whole).
+async fn big_upstream(size: usize) -> (SocketAddr, Arc<AtomicUsize>) {
     let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = l.local_addr().unwrap();
+    let closed = Arc::new(AtomicUsize::new(0));
+    let count = Arc::clone(&closed);
     tokio::spawn(async move {
         while let Ok((mut s, _)) = l.accept().await {
+            let closed = Arc::clone(&count);
             tokio::spawn(async move {
                 let mut buf = [0u8; 4096];
                 let _ = s.read(&mut buf).await;
-                let body = vec![b'x'; 4 << 20];
+                let body = vec![b'x'; size];
                 let head = format!("HTTP/1.1 200 OK\r\ncontent-length: {}\r\n\r\n", body.len());
                 let _ = s.write_all(head.as_bytes()).await;
-                let _ = s.write_all(&body).await;
+                // Written whole or not (the socket buffers may take it all), then open until
+                // door closes the connection.
+                if s.write_all(&body).await.is_ok() {
+                    let _ = s.read(&mut buf).await;
+                }
+                closed.fetch_add(1, Ordering::SeqCst);
             });
         }
     });
-    addr
+    (addr, closed)
 }
 
-#[tokio::test(start_paused = true)]
-async fn a_client_that_stops_reading_gives_its_slot_back_at_the_deadline() {
-    let up = big_upstream().await;
+/// door in front of `up` with one limited group, `link`, whose `read_timeout` is 5 s; its
+/// address, and a reader of the group's requests in flight.
+async fn slow_reader_door(up: SocketAddr) -> (SocketAddr, impl Fn() -> u32) {
     let cfg = Config::from_toml(
         "slow-reader.toml",
         &format!(
@@ -163,19 +182,25 @@ read_timeout = "5s"
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     front.serve(listener, false);
-    let inflight = || {
+    // The front lives as long as its app's reader: the test's.
+    let inflight = move || {
+        let _ = &front;
         app.limiters()
             .iter()
             .find(|l| l.group() == "link")
             .unwrap()
             .inflight()
     };
+    (addr, inflight)
+}
 
+/// Sends `GET /l/big` and reads the head and a little of the body: the connection, and how many
+/// bytes of the body came with the head.
+async fn get_big(addr: SocketAddr) -> (TcpStream, usize) {
     let mut s = TcpStream::connect(addr).await.unwrap();
     s.write_all(b"GET /l/big HTTP/1.1\r\nhost: d\r\n\r\n")
         .await
         .unwrap();
-    // Read the head and a little of the body, then stop reading (keeping the connection open).
     let mut first = [0u8; 1024];
     let n = s.read(&mut first).await.unwrap();
     assert!(
@@ -183,12 +208,31 @@ read_timeout = "5s"
         "{:?}",
         String::from_utf8_lossy(&first[..n])
     );
+    let head = first[..n]
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .unwrap()
+        + 4;
+    (s, n - head)
+}
+
+/// A client that stops reading gives its limiter slot back at the send deadline (the group's
+/// `read_timeout` after the head), and once the response has moved nothing for as long (here at
+/// the deadline: it stopped right after the head), the upstream's answer is dropped: its
+/// connection closed, where it used to stay open, the application's handler writing, for as
+/// long as the client kept its connection.
+#[tokio::test(start_paused = true)]
+async fn a_client_that_stops_reading_gives_its_slot_back_at_the_deadline() {
+    // 64 MiB: far more than the loopback socket buffers take, so the upstream is still writing
+    // when the client stops.
+    let (up, closed) = big_upstream(64 << 20).await;
+    let (addr, inflight) = slow_reader_door(up).await;
+    let start = door_daemon::time::now();
+    // Read the head and a little of the body, then stop reading (keeping the connection open).
+    let (mut s, _) = get_big(addr).await;
     assert_eq!(inflight(), 1, "the response is being sent");
     // The paused clock moves on to the next timer when nothing else can run: the send deadline.
-    for _ in 0..100 {
-        if inflight() == 0 {
-            break;
-        }
+    while inflight() != 0 && start.elapsed() < Duration::from_mins(1) {
         tokio::time::sleep(Duration::from_secs(1)).await;
     }
     assert_eq!(
@@ -196,5 +240,53 @@ read_timeout = "5s"
         0,
         "a slow reader keeps its connection, not a limiter slot"
     );
-    drop(s);
+    assert!(
+        start.elapsed() < Duration::from_secs(7),
+        "{:?}",
+        start.elapsed()
+    );
+    // The response has moved nothing for the 5 s either: the upstream's answer is dropped.
+    while closed.load(Ordering::SeqCst) == 0 && start.elapsed() < Duration::from_mins(1) {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+    assert_eq!(
+        closed.load(Ordering::SeqCst),
+        1,
+        "the upstream's answer is dropped"
+    );
+    let waited = start.elapsed();
+    assert!(waited < Duration::from_secs(7), "{waited:?}");
+    // The client, reading again, finds the response cut short: never a whole one.
+    let mut rest = Vec::new();
+    let _ = tokio::time::timeout(Duration::from_secs(30), s.read_to_end(&mut rest)).await;
+    assert!(rest.len() < 64 << 20, "{} bytes", rest.len());
+}
+
+/// A client that reads slowly but steadily gets the whole response, past the send deadline:
+/// only a client that stops taking it loses it.
+#[tokio::test(start_paused = true)]
+async fn a_client_reading_slowly_gets_the_whole_response() {
+    let (up, _) = big_upstream(BIG).await;
+    let (addr, inflight) = slow_reader_door(up).await;
+    let (mut s, mut got) = get_big(addr).await;
+    let start = door_daemon::time::now();
+    let mut buf = vec![0u8; 256 << 10];
+    // 256 KiB a second: the 4 MiB take about 16 s, three times the deadline.
+    while start.elapsed() < Duration::from_mins(2) {
+        match s.read(&mut buf).await.unwrap() {
+            0 => break,
+            n => got += n,
+        }
+        if got >= BIG {
+            break;
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+    assert!(got >= BIG, "{got} bytes");
+    assert!(
+        start.elapsed() > Duration::from_secs(10),
+        "{:?}",
+        start.elapsed()
+    );
+    assert_eq!(inflight(), 0);
 }

@@ -15,7 +15,10 @@ mod serving;
 use std::{
     convert::Infallible,
     net::SocketAddr,
-    sync::{Arc, Mutex},
+    sync::{
+        Arc, Mutex,
+        atomic::{AtomicUsize, Ordering},
+    },
     time::Duration,
 };
 
@@ -499,28 +502,34 @@ async fn a_101_to_a_request_that_asked_for_no_upgrade_or_to_a_post_is_a_502() {
 /// An upstream of server-sent events: after `head_delay`, answers `text/event-stream` and sends
 /// `events` events `every` apart (on tokio's clock), then stays open and silent.
 async fn sse_upstream(head_delay: Duration, every: Duration, events: usize) -> SocketAddr {
-    serve_events(head_delay, every, events, None).await
+    serve_events(head_delay, every, events, None).await.0
 }
 
-/// An event-stream upstream that sends `events` events of 64 KiB as fast as they are read.
-async fn flooding_sse_upstream(events: usize) -> SocketAddr {
+/// An event-stream upstream that sends `events` events of 64 KiB as fast as they are read; with
+/// the count of its connections open.
+async fn flooding_sse_upstream(events: usize) -> (SocketAddr, Arc<AtomicUsize>) {
     let event = Bytes::from(format!("data: {}\n\n", "x".repeat(65_536)));
     serve_events(Duration::ZERO, Duration::ZERO, events, Some(event)).await
 }
 
 /// An event-stream upstream: after `head_delay`, `events` events `every` apart (`fixed`, or
-/// `data: event N`), then silent but open until the client goes away.
+/// `data: event N`), then silent but open until the client goes away; with the count of its
+/// connections open.
 async fn serve_events(
     head_delay: Duration,
     every: Duration,
     events: usize,
     fixed: Option<Bytes>,
-) -> SocketAddr {
+) -> (SocketAddr, Arc<AtomicUsize>) {
     let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = l.local_addr().unwrap();
+    let open = Arc::new(AtomicUsize::new(0));
+    let count = Arc::clone(&open);
     tokio::spawn(async move {
         while let Ok((s, _)) = l.accept().await {
             let fixed = fixed.clone();
+            let open = Arc::clone(&count);
+            open.fetch_add(1, Ordering::SeqCst);
             tokio::spawn(async move {
                 let svc = hyper::service::service_fn(move |_req: Request<Incoming>| {
                     let fixed = fixed.clone();
@@ -553,10 +562,11 @@ async fn serve_events(
                 let _ = hyper::server::conn::http1::Builder::new()
                     .serve_connection(TokioIo::new(s), svc)
                     .await;
+                open.fetch_sub(1, Ordering::SeqCst);
             });
         }
     });
-    addr
+    (addr, open)
 }
 
 /// An mpsc receiver as a `Stream`.
@@ -925,11 +935,14 @@ async fn a_websocket_handshake_the_upstream_never_answers_is_a_504_on_a_stream_r
 
 /// A stream whose client stops reading while the upstream has plenty to send sends nothing: it
 /// gives its slot back at the idle timeout, though hyper no longer polls its body (the client's
-/// socket is full), where it held the slot for as long as the client kept the connection.
+/// socket is full), where it held the slot for as long as the client kept the connection; and
+/// it is no longer open: its upstream connection is closed then (where it stayed open, so that
+/// a client could open `per_client` more streams every idle timeout) and `door.streams` counts
+/// it no more.
 #[tokio::test(start_paused = true)]
 async fn a_stream_whose_client_stops_reading_gives_its_slot_back_at_the_idle_timeout() {
     // At most 64 MiB: far more than the loopback socket buffers take.
-    let up = flooding_sse_upstream(1_024).await;
+    let (up, upstream_open) = flooding_sse_upstream(1_024).await;
     let d = door(&config(up, "stream_idle_timeout = \"30s\"", ""), None).await;
     let start = door_daemon::time::now();
     let mut s = open_events(d.addr, "/events/stalled").await.unwrap();
@@ -945,5 +958,10 @@ async fn a_stream_whose_client_stops_reading_gives_its_slot_back_at_the_idle_tim
     .await;
     let waited = start.elapsed();
     assert!(waited < Duration::from_secs(32), "{waited:?}");
+    d.eventually("the stalled stream's upstream is closed", |_| {
+        upstream_open.load(Ordering::SeqCst) == 0
+    })
+    .await;
+    assert_eq!(d.app().streams_open("stream"), 0);
     drop(s);
 }

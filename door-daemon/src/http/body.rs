@@ -5,11 +5,8 @@
 
 use std::{
     pin::Pin,
-    sync::{
-        Arc, Mutex, PoisonError,
-        atomic::{AtomicBool, Ordering},
-    },
-    task::{Context, Poll},
+    sync::{Arc, Mutex, MutexGuard, PoisonError},
+    task::{Context, Poll, Waker},
     time::Duration,
 };
 
@@ -17,7 +14,6 @@ use bytes::Bytes;
 use http::StatusCode;
 use http_body::{Body, Frame, SizeHint};
 use hyper::body::Incoming;
-use tokio::time::Sleep;
 
 use crate::{
     http::{
@@ -32,14 +28,29 @@ use crate::{
 /// upstream's flush reaches the client at once), or door's own small body. It settles the
 /// request's limiter permit when the body ends, fails or is dropped (client gone), and counts
 /// the request as in flight until then.
+///
+/// A body that has not ended at its first poll and has a rule to keep (a stream's idle timeout,
+/// a limited response's send deadline) is *watched*: its upstream body moves into a watch
+/// that a task of its own shares. hyper stops polling a body its client does not take (HTTP/1.1
+/// with a full send buffer, HTTP/2 with a shut window), so a timer inside the body alone would
+/// never fire; the task settles the permit on time and, when the rule says so, ends the exchange:
+/// the upstream's answer is dropped at once (its connection closed, the application's handler
+/// freed), and the client's stream is reset, or its connection closed, when hyper next polls the
+/// body. A response sent at once (most are) never pays for the task.
 #[derive(Debug)]
 pub struct ResponseBody {
     kind: Kind,
-    permit: Option<HeldPermit>,
+    /// The request's permit and its status, until the body ends or is watched.
+    permit: Option<(Held, StatusCode)>,
+    /// The rule a watch keeps, once the body has not ended at a poll; `None` for a body held to
+    /// its end (a pass-through request's plane permit, no permit at all).
+    rule: Option<Rule>,
+    /// The watch's task, once there is one: stopped when the body ends first.
+    watcher: Option<tokio::task::JoinHandle<()>>,
     pub(crate) active: Option<ActiveGuard>,
     /// A pass-through request's `upstream_max_inflight` slot.
     pub(crate) passthrough: Option<PassSlot>,
-    /// A stream's place in `door.streams`, while it is open.
+    /// A stream's place in `door.streams`, while it is open (in the watch once there is one).
     stream: Option<StreamOpen>,
 }
 
@@ -52,153 +63,175 @@ pub enum ResponseBodyError {
     /// A stream sent nothing for `stream_idle_timeout`.
     #[error("the stream was idle for {0:?}")]
     Idle(Duration),
+    /// A limited response moved no frame to its client for its group's `read_timeout` after the
+    /// send deadline (as long).
+    #[error("the response moved nothing for {0:?} after the send deadline")]
+    Stalled(Duration),
 }
 
-/// A limited request's permit while its response is sent: settled when the body ends or is
-/// dropped, or by a timer at the send deadline, whichever comes first, so that a client reading
-/// slowly (or an HTTP/2 client keeping its window shut) cannot hold a limiter slot for longer
-/// than the deadline.
-///
-/// The timer is a task of its own (a body nobody polls cannot time itself out), but it is only
-/// started once the body has not ended at its first poll: a response sent at once (most are) never
-/// pays for a task.
-#[derive(Debug)]
-enum HeldPermit {
-    /// Not armed yet: the permit, its status, and the instant its send deadline falls (`None` for
-    /// a stream, which holds its slot until it ends).
-    Waiting(Option<(Held, StatusCode)>, Option<tokio::time::Instant>),
-    /// Armed: the timer task settles the permit at the deadline unless the body ends first.
-    Armed {
-        slot: Arc<Mutex<Option<(Held, StatusCode)>>>,
-        timer: tokio::task::JoinHandle<()>,
+/// Why a watch ended an exchange early ([`Watch::end`]).
+#[derive(Debug, Clone, Copy)]
+enum Early {
+    Idle(Duration),
+    Stalled(Duration),
+}
+
+impl From<Early> for ResponseBodyError {
+    fn from(early: Early) -> Self {
+        match early {
+            Early::Idle(d) => Self::Idle(d),
+            Early::Stalled(d) => Self::Stalled(d),
+        }
+    }
+}
+
+/// What a watched body's task keeps.
+#[derive(Debug, Clone, Copy)]
+enum Rule {
+    /// A stream's: ended once no frame has gone to the client for this long (the upstream
+    /// silent, or the client not reading), its permit settled then.
+    Idle(Duration),
+    /// A limited response's: its permit settled at `at` (the send deadline, the group's
+    /// `read_timeout` after the head), and after it the exchange ended once no frame has gone
+    /// to the client for `stall` (as nginx's `send_timeout` and `proxy_read_timeout` end one
+    /// that stops moving: a slow reader keeps its response; one that stopped reading does not
+    /// keep the upstream's).
+    Deadline {
+        at: tokio::time::Instant,
+        stall: Duration,
     },
 }
 
-impl HeldPermit {
-    fn new(permit: Held, status: StatusCode, deadline: Option<Duration>) -> Self {
-        HeldPermit::Waiting(
-            Some((permit, status)),
-            deadline.map(|d| crate::time::now() + d),
-        )
-    }
-
-    /// Starts a stream's idle timer, if it is not running yet: a task that settles the permit
-    /// once no frame has gone to the client for `idle` since `last` (the time of the last one),
-    /// and sets `expired`. hyper stops polling a body its client does not take (HTTP/1.1 with a
-    /// full send buffer, HTTP/2 with a shut window), so the body's own timer alone would never
-    /// fire and the stream would hold its slot for as long as the client likes.
-    fn arm_idle(&mut self, idle: Duration, last: &Arc<StreamClock>) {
-        if let HeldPermit::Waiting(held, None) = self {
-            let slot = Arc::new(Mutex::new(held.take()));
-            let for_timer = Arc::clone(&slot);
-            let last = Arc::clone(last);
-            let timer = tokio::spawn(async move {
-                loop {
-                    let due = last.last() + idle;
-                    if crate::time::now() >= due {
-                        break;
-                    }
-                    tokio::time::sleep_until(due).await;
-                }
-                last.expire();
-                settle_held(&for_timer);
-            });
-            *self = HeldPermit::Armed { slot, timer };
-        }
-    }
-
-    /// Starts the send deadline's timer, if there is one and it is not running yet.
-    fn arm(&mut self) {
-        if let HeldPermit::Waiting(held, Some(deadline)) = self {
-            let slot = Arc::new(Mutex::new(held.take()));
-            let for_timer = Arc::clone(&slot);
-            let deadline = *deadline;
-            let timer = tokio::spawn(async move {
-                tokio::time::sleep_until(deadline).await;
-                settle_held(&for_timer);
-            });
-            *self = HeldPermit::Armed { slot, timer };
-        }
-    }
-
-    fn settle(&mut self) {
-        match self {
-            HeldPermit::Waiting(held, _) => {
-                if let Some((permit, status)) = held.take() {
-                    permit.settle(End::Answered(status));
-                }
-            }
-            HeldPermit::Armed { slot, timer } => {
-                timer.abort();
-                settle_held(slot);
-            }
-        }
-    }
-}
-
-fn settle_held(slot: &Mutex<Option<(Held, StatusCode)>>) {
-    let taken = slot.lock().unwrap_or_else(PoisonError::into_inner).take();
-    if let Some((permit, status)) = taken {
-        permit.settle(End::Answered(status));
-    }
-}
-
-/// When a stream last sent the client a frame, and whether its idle timer task ended it.
+/// A watched body's state, shared by the body and its task ([`ResponseBody`]).
 #[derive(Debug)]
-struct StreamClock {
-    last: Mutex<tokio::time::Instant>,
-    expired: AtomicBool,
+struct Watch {
+    state: Mutex<WatchState>,
 }
 
-impl StreamClock {
-    fn new() -> Self {
-        Self {
-            last: Mutex::new(crate::time::now()),
-            expired: AtomicBool::new(false),
+#[derive(Debug)]
+struct WatchState {
+    /// The upstream body; `None` once the task ended the exchange (`ended` says why).
+    body: Option<Incoming>,
+    ended: Option<Early>,
+    /// When the body last gave hyper a frame (or was watched).
+    last: tokio::time::Instant,
+    /// Who polled the body last, woken when the task ends the exchange.
+    waker: Option<Waker>,
+    permit: Option<(Held, StatusCode)>,
+    open: Option<StreamOpen>,
+}
+
+impl Watch {
+    fn lock(&self) -> MutexGuard<'_, WatchState> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn poll_frame(
+        &self,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, ResponseBodyError>>> {
+        let mut s = self.lock();
+        let Some(body) = s.body.as_mut() else {
+            return Poll::Ready(s.ended.map(|early| Err(early.into())));
+        };
+        match Pin::new(body).poll_frame(cx) {
+            Poll::Ready(frame) => {
+                s.last = crate::time::now();
+                Poll::Ready(frame.map(|r| r.map_err(ResponseBodyError::from)))
+            }
+            Poll::Pending => {
+                if !s.waker.as_ref().is_some_and(|w| w.will_wake(cx.waker())) {
+                    s.waker = Some(cx.waker().clone());
+                }
+                Poll::Pending
+            }
         }
     }
 
-    fn last(&self) -> tokio::time::Instant {
-        *self.last.lock().unwrap_or_else(PoisonError::into_inner)
+    /// Whether the upstream's body has ended; not one the watch ended, which ends in an error
+    /// (hyper would otherwise end the response as if it were whole).
+    fn is_end_stream(&self) -> bool {
+        self.lock().body.as_ref().is_some_and(Body::is_end_stream)
     }
 
-    fn sent(&self) {
-        *self.last.lock().unwrap_or_else(PoisonError::into_inner) = crate::time::now();
+    fn size_hint(&self) -> SizeHint {
+        self.lock()
+            .body
+            .as_ref()
+            .map_or_else(SizeHint::default, Body::size_hint)
     }
 
-    fn expire(&self) {
-        self.expired.store(true, Ordering::Release);
+    /// Settles the permit, if it is still held.
+    fn settle(&self) {
+        let permit = self.lock().permit.take();
+        if let Some((permit, status)) = permit {
+            permit.settle(End::Answered(status));
+        }
     }
 
-    fn expired(&self) -> bool {
-        self.expired.load(Ordering::Acquire)
+    /// Ends the exchange for `why`: the upstream's body and the stream's place dropped, the
+    /// permit settled, and whoever polled the body woken to find it ended.
+    fn end(&self, why: Early) {
+        let (body, open, waker) = {
+            let mut s = self.lock();
+            s.ended = Some(why);
+            (s.body.take(), s.open.take(), s.waker.take())
+        };
+        drop((body, open));
+        self.settle();
+        if let Some(waker) = waker {
+            waker.wake();
+        }
+    }
+
+    /// Ends the exchange for `why` once no frame has gone to the client for `still`.
+    async fn end_when_still(&self, still: Duration, why: Early) {
+        loop {
+            let due = self.lock().last + still;
+            if crate::time::now() >= due {
+                return self.end(why);
+            }
+            tokio::time::sleep_until(due).await;
+        }
+    }
+
+    /// The watch's task: keeps `rule` until the exchange ends, or the body (which aborts this
+    /// task when it ends first) no longer needs it.
+    async fn keep(self: Arc<Self>, rule: Rule) {
+        match rule {
+            Rule::Idle(idle) => self.end_when_still(idle, Early::Idle(idle)).await,
+            Rule::Deadline { at, stall } => {
+                tokio::time::sleep_until(at).await;
+                self.settle();
+                self.end_when_still(stall, Early::Stalled(stall)).await;
+            }
+        }
     }
 }
 
 #[derive(Debug)]
 enum Kind {
     Upstream(Incoming),
-    /// A stream's body: ended by door after `idle` without a frame, by its own timer while hyper
-    /// polls it, and by its permit's idle task ([`HeldPermit::arm_idle`]) when hyper does not.
-    Stream {
-        body: Incoming,
-        idle: Duration,
-        timer: Pin<Box<Sleep>>,
-        clock: Arc<StreamClock>,
-    },
+    Watched(Arc<Watch>),
     Full(Option<Bytes>),
 }
 
 impl ResponseBody {
-    /// An upstream body on a route without a permit.
-    pub(crate) fn upstream(body: Incoming) -> Self {
+    fn new(kind: Kind, permit: Option<(Held, StatusCode)>, rule: Option<Rule>) -> Self {
         Self {
-            kind: Kind::Upstream(body),
-            permit: None,
+            kind,
+            permit,
+            rule,
+            watcher: None,
             active: None,
             passthrough: None,
             stream: None,
         }
+    }
+
+    /// An upstream body on a route without a permit.
+    pub(crate) fn upstream(body: Incoming) -> Self {
+        Self::new(Kind::Upstream(body), None, None)
     }
 
     /// A stream's body (server-sent events, a `stream = true` route): holds `permit` until the
@@ -210,62 +243,73 @@ impl ResponseBody {
         idle: Duration,
         open: Option<StreamOpen>,
     ) -> Self {
-        Self {
-            kind: Kind::Stream {
-                body,
-                idle,
-                timer: Box::pin(tokio::time::sleep(idle)),
-                clock: Arc::new(StreamClock::new()),
-            },
-            permit: permit.map(|(p, status)| HeldPermit::new(p, status, None)),
-            active: None,
-            passthrough: None,
-            stream: open,
-        }
+        let mut stream = Self::new(Kind::Upstream(body), permit, Some(Rule::Idle(idle)));
+        stream.stream = open;
+        stream
     }
 
     /// An empty body (a `101`'s, an extended CONNECT's `200`).
     pub(crate) fn empty() -> Self {
-        Self {
-            kind: Kind::Full(None),
-            permit: None,
-            active: None,
-            passthrough: None,
-            stream: None,
-        }
+        Self::new(Kind::Full(None), None, None)
     }
 
     /// An upstream body whose request holds `permit` until the body is sent, at most `deadline`
-    /// when one is given.
+    /// when one is given (and then ended if its client stops taking it for as long again).
     pub(crate) fn settling(
         body: Incoming,
         permit: Held,
         status: StatusCode,
         deadline: Option<Duration>,
     ) -> Self {
-        Self {
-            kind: Kind::Upstream(body),
-            permit: Some(HeldPermit::new(permit, status, deadline)),
-            active: None,
-            passthrough: None,
-            stream: None,
-        }
+        let rule = deadline.map(|d| Rule::Deadline {
+            at: crate::time::now() + d,
+            stall: d,
+        });
+        Self::new(Kind::Upstream(body), Some((permit, status)), rule)
     }
 
     /// door's own body of `bytes`.
     pub(crate) fn full(bytes: Bytes) -> Self {
-        Self {
-            kind: Kind::Full(Some(bytes)),
-            permit: None,
-            active: None,
-            passthrough: None,
-            stream: None,
-        }
+        Self::new(Kind::Full(Some(bytes)), None, None)
+    }
+
+    /// The body has not ended at this poll: with a rule to keep, its upstream body moves into a
+    /// watch and the watch's task starts (once).
+    fn watch(&mut self) {
+        let Some(rule) = self.rule.take() else {
+            return;
+        };
+        let Kind::Upstream(_) = &self.kind else {
+            return;
+        };
+        let Kind::Upstream(body) = core::mem::replace(&mut self.kind, Kind::Full(None)) else {
+            return;
+        };
+        let watch = Arc::new(Watch {
+            state: Mutex::new(WatchState {
+                body: Some(body),
+                ended: None,
+                last: crate::time::now(),
+                waker: None,
+                permit: self.permit.take(),
+                open: self.stream.take(),
+            }),
+        });
+        self.watcher = Some(tokio::spawn(Arc::clone(&watch).keep(rule)));
+        self.kind = Kind::Watched(watch);
     }
 
     fn finish(&mut self) {
-        if let Some(mut held) = self.permit.take() {
-            held.settle();
+        if let Some(watcher) = self.watcher.take() {
+            watcher.abort();
+        }
+        if let Kind::Watched(watch) = &self.kind {
+            watch.settle();
+            let open = watch.lock().open.take();
+            drop(open);
+        }
+        if let Some((permit, status)) = self.permit.take() {
+            permit.settle(End::Answered(status));
         }
         self.active = None;
         self.passthrough = None;
@@ -286,26 +330,7 @@ impl Body for ResponseBody {
             Kind::Upstream(b) => Pin::new(b)
                 .poll_frame(cx)
                 .map(|f| f.map(|r| r.map_err(ResponseBodyError::from))),
-            // Ended by the idle task while hyper was not polling: closed at this poll.
-            Kind::Stream { idle, clock, .. } if clock.expired() => {
-                Poll::Ready(Some(Err(ResponseBodyError::Idle(*idle))))
-            }
-            Kind::Stream {
-                body,
-                idle,
-                timer,
-                clock,
-            } => match Pin::new(body).poll_frame(cx) {
-                Poll::Ready(frame) => {
-                    timer.as_mut().reset(crate::time::now() + *idle);
-                    clock.sent();
-                    Poll::Ready(frame.map(|r| r.map_err(ResponseBodyError::from)))
-                }
-                Poll::Pending => match timer.as_mut().poll(cx) {
-                    Poll::Ready(()) => Poll::Ready(Some(Err(ResponseBodyError::Idle(*idle)))),
-                    Poll::Pending => Poll::Pending,
-                },
-            },
+            Kind::Watched(watch) => watch.poll_frame(cx),
             Kind::Full(b) => Poll::Ready(b.take().map(|b| Ok(Frame::data(b)))),
         };
         if let Poll::Ready(Some(Ok(frame))) = &mut poll
@@ -318,28 +343,23 @@ impl Body for ResponseBody {
             Poll::Ready(Some(Ok(_))) if this.is_end_stream() => this.finish(),
             // Not over at this poll: the send deadline, or a stream's idle timeout, must be able
             // to fire without us.
-            _ => {
-                if let Some(held) = &mut this.permit {
-                    match &this.kind {
-                        Kind::Stream { idle, clock, .. } => held.arm_idle(*idle, clock),
-                        _ => held.arm(),
-                    }
-                }
-            }
+            _ => this.watch(),
         }
         poll
     }
 
     fn is_end_stream(&self) -> bool {
         match &self.kind {
-            Kind::Upstream(b) | Kind::Stream { body: b, .. } => b.is_end_stream(),
+            Kind::Upstream(b) => b.is_end_stream(),
+            Kind::Watched(watch) => watch.is_end_stream(),
             Kind::Full(b) => b.is_none(),
         }
     }
 
     fn size_hint(&self) -> SizeHint {
         match &self.kind {
-            Kind::Upstream(b) | Kind::Stream { body: b, .. } => b.size_hint(),
+            Kind::Upstream(b) => b.size_hint(),
+            Kind::Watched(watch) => watch.size_hint(),
             Kind::Full(Some(b)) => SizeHint::with_exact(b.len() as u64),
             Kind::Full(None) => SizeHint::with_exact(0),
         }

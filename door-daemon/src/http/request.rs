@@ -621,6 +621,12 @@ impl App {
         self.metrics.totals(group)
     }
 
+    /// Streams of `group` open now (`door.streams`: WebSockets and other tunnels, event-stream
+    /// answers).
+    pub fn streams_open(&self, group: &str) -> u64 {
+        self.metrics.streams(group)
+    }
+
     /// Pass-through requests forwarded upstream now (≤ `upstream_max_inflight`).
     pub fn passthrough_in_flight(&self) -> u32 {
         self.passthrough.open()
