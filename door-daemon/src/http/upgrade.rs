@@ -22,8 +22,8 @@ use crate::http::head::{HeadError, has_field};
 use http::{
     HeaderMap, HeaderName, HeaderValue, Method, Request, Response, StatusCode, Version,
     header::{
-        CONNECTION, SEC_WEBSOCKET_ACCEPT, SEC_WEBSOCKET_EXTENSIONS, SEC_WEBSOCKET_KEY,
-        SEC_WEBSOCKET_PROTOCOL, SEC_WEBSOCKET_VERSION, TE, UPGRADE,
+        CONNECTION, CONTENT_LENGTH, SEC_WEBSOCKET_ACCEPT, SEC_WEBSOCKET_KEY, SEC_WEBSOCKET_VERSION,
+        TE, UPGRADE,
     },
 };
 
@@ -192,8 +192,9 @@ impl Upgrade {
 
     /// The answer the client gets for the upstream's `101` headers `upstream`: for HTTP/1.1 the
     /// `101` itself with the upstream's end-to-end fields (its `Upgrade`, `Sec-WebSocket-*`,
-    /// cookies…); for an extended CONNECT a `200` with the negotiated subprotocol and extensions
-    /// (RFC 8441 §5: no `Upgrade`, `Connection` or accept value over HTTP/2).
+    /// cookies…); for an extended CONNECT a `200` with the same end-to-end fields but the
+    /// switch's own (RFC 8441 §5: no `Upgrade`, `Connection` or accept value over HTTP/2) and any
+    /// framing of a body (a `2xx` to a CONNECT has none, RFC 9110 §9.3.6).
     pub fn client_response(&self, upstream: &HeaderMap) -> Response<()> {
         let mut res = Response::new(());
         match self {
@@ -211,11 +212,13 @@ impl Upgrade {
                 *res.headers_mut() = headers;
             }
             Upgrade::ExtendedConnect { .. } => {
-                for name in [SEC_WEBSOCKET_PROTOCOL, SEC_WEBSOCKET_EXTENSIONS] {
-                    if let Some(v) = upstream.get(&name) {
-                        res.headers_mut().insert(name, v.clone());
-                    }
+                // Its cookies and the application's own fields too, as over HTTP/1.1.
+                let mut headers = upstream.clone();
+                crate::http::upstream::strip_hop_by_hop(&mut headers);
+                for name in [SEC_WEBSOCKET_ACCEPT, CONTENT_LENGTH] {
+                    headers.remove(name);
                 }
+                *res.headers_mut() = headers;
             }
         }
         res
@@ -356,5 +359,31 @@ mod tests {
         let res = Response::builder().status(101).body(()).unwrap();
         assert_eq!(up.check(&Method::GET, &res), Ok(()));
         assert_eq!(up.check(&Method::POST, &res), Err(UpgradeError::NotGet));
+    }
+
+    /// An HTTP/2 client gets the upstream's end-to-end fields of its `101` (a cookie, the
+    /// subprotocol, the application's own), as an HTTP/1.1 client does; not the switch's own.
+    #[test]
+    fn an_extended_connect_answer_carries_the_upstreams_fields() {
+        let mut upstream = HeaderMap::new();
+        for (k, v) in [
+            ("upgrade", "websocket"),
+            ("connection", "upgrade, x-hop"),
+            ("x-hop", "1"),
+            ("sec-websocket-accept", "s3pPLMBiTxaQ9kYGzzhZRbK+xOo="),
+            ("sec-websocket-protocol", "chat"),
+            ("set-cookie", "sticky=abc"),
+            ("x-app", "1"),
+            ("content-length", "0"),
+        ] {
+            upstream.append(k, HeaderValue::from_static(v));
+        }
+        let up = Upgrade::ExtendedConnect {
+            key: HeaderValue::from_static("dGhlIHNhbXBsZSBub25jZQ=="),
+        };
+        let res = up.client_response(&upstream);
+        let mut names: Vec<&str> = res.headers().keys().map(HeaderName::as_str).collect();
+        names.sort_unstable();
+        assert_eq!(names, ["sec-websocket-protocol", "set-cookie", "x-app"]);
     }
 }
