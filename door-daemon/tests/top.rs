@@ -309,6 +309,29 @@ async fn top_reads_at_most_8_mib_of_an_answer_and_says_so() {
     }
 }
 
+/// A JSON answer without door's `groups` list (an application's own `/status`, reached through
+/// door's front) is no snapshot: before, `door top --once` printed an empty table and exited 0.
+#[tokio::test]
+async fn top_says_a_json_answer_without_groups_is_not_doors() {
+    let addr = fake_admin(|_| ok_json(r#"{"status":"ok","uptime":12}"#)).await;
+    let err = door_daemon::top::fetch(&AdminAddr::Tcp(addr.to_string()))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, door_daemon::top::TopError::NotDoor(..)),
+        "{err}"
+    );
+    let text = err.to_string();
+    assert!(
+        text.contains("GET /status") && text.contains(&addr.to_string()),
+        "{text}"
+    );
+    let out = door_top(&["--admin", &addr.to_string(), "--once"]).await;
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("not door's admin listener"), "{stderr}");
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_body_that_never_ends_times_out_with_the_request() {
     let addr = fake_admin(|_| {

@@ -56,6 +56,12 @@ pub enum TopError {
     /// The answer is not JSON.
     #[error("GET {0}: not JSON: {1}")]
     Json(String, serde_json::Error),
+    /// The answer is JSON but not door's: no `groups` list (another server, or door's front
+    /// passing the path to its application).
+    #[error(
+        "GET {0}: the answer has no \"groups\" list: {1} is not door's admin listener (admin_listen)"
+    )]
+    NotDoor(String, String),
     /// The terminal could not be set up, drawn on or read.
     #[error("terminal: {0}")]
     Terminal(#[from] std::io::Error),
@@ -64,10 +70,19 @@ pub enum TopError {
 /// Fetches one [`Snapshot`]: `/status`, then `/clients?top=`[`TOP_KEYS`].
 ///
 /// # Errors
-/// As [`client::get_json`].
+/// As [`client::get_json`]; [`TopError::NotDoor`] when an answer has no `groups` list, as every
+/// answer of door's admin listener to these paths has.
 pub async fn fetch(addr: &AdminAddr) -> Result<Snapshot, TopError> {
-    let status = client::get_json(addr, "/status").await?;
-    let clients = client::get_json(addr, &format!("/clients?top={TOP_KEYS}")).await?;
+    let door_json = |path: &str, v: serde_json::Value| {
+        if v.get("groups").is_some_and(serde_json::Value::is_array) {
+            Ok(v)
+        } else {
+            Err(TopError::NotDoor(path.to_owned(), addr.to_string()))
+        }
+    };
+    let status = door_json("/status", client::get_json(addr, "/status").await?)?;
+    let path = format!("/clients?top={TOP_KEYS}");
+    let clients = door_json(&path, client::get_json(addr, &path).await?)?;
     Ok(Snapshot::from_json(&status, &clients))
 }
 
