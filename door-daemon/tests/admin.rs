@@ -1159,6 +1159,28 @@ async fn a_repeated_query_parameter_is_refused_by_name() {
     assert_eq!(status, StatusCode::OK, "{body}");
 }
 
+/// A query parameter that is not UTF-8 once percent-decoded is refused, named as sent: decoded,
+/// it read as U+FFFD in the error (`unknown group "\u{fffd}"`).
+#[tokio::test]
+async fn a_query_parameter_that_is_not_utf8_is_named_as_sent() {
+    let door = Door::start(&config(upstream().await, "")).await;
+    let admin = door.admin().await;
+    for (method, target, name) in [
+        ("GET", "/clients?group=%ff", "\"group=%ff\""),
+        ("GET", "/clients?top=5&%C3%28=1", "\"%C3%28=1\""),
+        (
+            "DELETE",
+            "/clients/198.51.100.7?group=li%80nk",
+            "\"group=li%80nk\"",
+        ),
+    ] {
+        let bad = StatusCode::BAD_REQUEST;
+        refused(admin, method, target, "", bad, "bad-parameter", name).await;
+    }
+    let (status, body) = request(admin, "GET", "/clients?group=%6Cink", &[], "").await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+}
+
 /// `X-Forwarded-For` from an untrusted local peer (here 127.0.0.1, once it is not a trusted
 /// proxy) is ignored and counted in `door.untrusted_xff` on every route: a pass-through route
 /// drops the header too, and counts it as a limited route does. A request without one is not

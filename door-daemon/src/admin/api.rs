@@ -214,9 +214,20 @@ pub fn parse_prefix(raw: &str) -> Result<PrefixKey, ApiError> {
     Ok(key)
 }
 
-/// The query parameters of `query` (percent-decoded), refusing any not in `allowed` and any
-/// given twice (which one would count is anyone's guess).
+/// The query parameters of `query` (percent-decoded), refusing one that is not UTF-8 once
+/// decoded (named as sent: decoded, it would read as U+FFFD), any not in `allowed` and any given
+/// twice (which one would count is anyone's guess).
 fn params(query: Option<&str>, allowed: &[&str]) -> Result<Vec<(String, String)>, ApiError> {
+    let not_utf8 = query.unwrap_or("").split('&').find(|pair| {
+        let decoded: Vec<u8> = percent_encoding::percent_decode_str(pair).collect();
+        core::str::from_utf8(&decoded).is_err()
+    });
+    if let Some(pair) = not_utf8 {
+        return Err(ApiError::bad(
+            "bad-parameter",
+            format!("query parameter {pair:?} is not UTF-8 once percent-decoded"),
+        ));
+    }
     let pairs: Vec<(String, String)> = form_urlencoded::parse(query.unwrap_or("").as_bytes())
         .map(|(k, v)| (k.into_owned(), v.into_owned()))
         .collect();
