@@ -509,11 +509,12 @@ impl Router {
                 return None;
             }
             match read.as_deref() {
-                // Both readings' suffixes are cut: the lenient reading may lose the segment the
-                // written one ends in (`/a.b/%5C/..`).
+                // The written reading is read without regard to case and with its suffix cut
+                // too: the lenient reading may lose the segment the written one ends in
+                // (`/Api/Login/%5C/..`, `/a.b/%5C/..`).
                 Some(text) => earliest(
                     later_readings(&first, before, normalise(text), true, suffixed),
-                    later_readings(&first, before, written, false, suffixed),
+                    later_readings(&first, before, written, self.upper_case_literals, suffixed),
                 ),
                 // The lenient reading is the written one.
                 None => later_readings(&first, before, written, self.upper_case_literals, suffixed),
@@ -1159,6 +1160,19 @@ mod tests {
             "/api/login.json/%5C/..",
         ] {
             assert_eq!(lax.group_for(&Method::POST, path), Some("login"), "{path}");
+        }
+        // A route with capitals holds, without regard to case, for the written reading of a
+        // path whose lenient reading loses its last segment.
+        let capitals = Router::new(vec![
+            Route::new("login", &["POST".into()], "/Api/Login").unwrap(),
+            Route::new("lax", &[], "/api/{endpoint}").unwrap(),
+        ]);
+        for path in ["/api/login", "/api/login/%5C/..", "/api/login/%2F/.."] {
+            assert_eq!(
+                capitals.group_for(&Method::POST, path),
+                Some("login"),
+                "{path}"
+            );
         }
         assert_eq!(lax.group_for(&Method::POST, "/api/other.json"), Some("lax"));
         assert_eq!(lax.group_for(&Method::GET, "/api/login.json"), Some("lax"));
