@@ -126,28 +126,24 @@ per_client = 2
     assert!(text.starts_with("HTTP/1.1 429"), "{text}");
 }
 
-/// The size of the body a slow reader reads whole.
-const BIG: usize = 4 << 20;
-
-/// An upstream answering every request with a body of `size` bytes; `closed` counts the
-/// connections door closed (before or after the body was written whole).
-async fn big_upstream(size: usize) -> (SocketAddr, Arc<AtomicUsize>) {
+/// An upstream answering every request with the bytes `answer` makes, then holding the
+/// connection until door closes it; `closed` counts the connections door closed (before or
+/// after the answer was written whole: the socket buffers may take it all).
+async fn upstream_answering(
+    answer: impl Fn() -> Vec<u8> + Send + Sync + 'static,
+) -> (SocketAddr, Arc<AtomicUsize>) {
     let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = l.local_addr().unwrap();
     let closed = Arc::new(AtomicUsize::new(0));
     let count = Arc::clone(&closed);
+    let answer = Arc::new(answer);
     tokio::spawn(async move {
         while let Ok((mut s, _)) = l.accept().await {
-            let closed = Arc::clone(&count);
+            let (closed, answer) = (Arc::clone(&count), Arc::clone(&answer));
             tokio::spawn(async move {
                 let mut buf = [0u8; 4096];
                 let _ = s.read(&mut buf).await;
-                let body = vec![b'x'; size];
-                let head = format!("HTTP/1.1 200 OK\r\ncontent-length: {}\r\n\r\n", body.len());
-                let _ = s.write_all(head.as_bytes()).await;
-                // Written whole or not (the socket buffers may take it all), then open until
-                // door closes the connection.
-                if s.write_all(&body).await.is_ok() {
+                if s.write_all(&answer()).await.is_ok() {
                     let _ = s.read(&mut buf).await;
                 }
                 closed.fetch_add(1, Ordering::SeqCst);
@@ -155,6 +151,16 @@ async fn big_upstream(size: usize) -> (SocketAddr, Arc<AtomicUsize>) {
         }
     });
     (addr, closed)
+}
+
+/// An upstream answering every request with a body of `size` bytes ([`upstream_answering`]).
+async fn big_upstream(size: usize) -> (SocketAddr, Arc<AtomicUsize>) {
+    upstream_answering(move || {
+        let mut answer = format!("HTTP/1.1 200 OK\r\ncontent-length: {size}\r\n\r\n").into_bytes();
+        answer.resize(answer.len() + size, b'x');
+        answer
+    })
+    .await
 }
 
 /// door in front of `up` with one limited group, `link`, whose `read_timeout` is 5 s; its
@@ -217,10 +223,9 @@ async fn get_big(addr: SocketAddr) -> (TcpStream, usize) {
 }
 
 /// A client that stops reading gives its limiter slot back at the send deadline (the group's
-/// `read_timeout` after the head), and once the response has moved nothing for as long (here at
-/// the deadline: it stopped right after the head), the upstream's answer is dropped: its
-/// connection closed, where it used to stay open, the application's handler writing, for as
-/// long as the client kept its connection.
+/// `read_timeout` after the head), and once the response has moved nothing for as long again,
+/// the upstream's answer is dropped: its connection closed, where it used to stay open, the
+/// application's handler writing, for as long as the client kept its connection.
 #[tokio::test(start_paused = true)]
 async fn a_client_that_stops_reading_gives_its_slot_back_at_the_deadline() {
     // 64 MiB: far more than the loopback socket buffers take, so the upstream is still writing
@@ -245,7 +250,7 @@ async fn a_client_that_stops_reading_gives_its_slot_back_at_the_deadline() {
         "{:?}",
         start.elapsed()
     );
-    // The response has moved nothing for the 5 s either: the upstream's answer is dropped.
+    // Nothing moves for 5 s more: the upstream's answer is dropped.
     while closed.load(Ordering::SeqCst) == 0 && start.elapsed() < Duration::from_mins(1) {
         tokio::time::sleep(Duration::from_secs(1)).await;
     }
@@ -254,39 +259,107 @@ async fn a_client_that_stops_reading_gives_its_slot_back_at_the_deadline() {
         1,
         "the upstream's answer is dropped"
     );
+    // Not before (the clock is exact there); when the closing reaches the upstream depends on
+    // the sockets, and the paused clock moves on while nothing else runs.
     let waited = start.elapsed();
-    assert!(waited < Duration::from_secs(7), "{waited:?}");
+    assert!(waited >= Duration::from_secs(10), "{waited:?}");
     // The client, reading again, finds the response cut short: never a whole one.
     let mut rest = Vec::new();
-    let _ = tokio::time::timeout(Duration::from_secs(30), s.read_to_end(&mut rest)).await;
+    tokio::time::timeout(Duration::from_secs(30), s.read_to_end(&mut rest))
+        .await
+        .expect("door closes the connection")
+        .unwrap();
     assert!(rest.len() < 64 << 20, "{} bytes", rest.len());
 }
 
-/// A client that reads slowly but steadily gets the whole response, past the send deadline:
-/// only a client that stops taking it loses it.
+/// A client that reads slowly but steadily gets the whole response, past the send deadline,
+/// though the response takes frames from the upstream only in bursts far apart (the socket
+/// buffers drain slowly): only a client that stops taking it loses it.
 #[tokio::test(start_paused = true)]
 async fn a_client_reading_slowly_gets_the_whole_response() {
-    let (up, _) = big_upstream(BIG).await;
+    // 64 MiB: far more than the socket buffers hold, so the response is still being sent long
+    // after the deadline.
+    let size = 64 << 20;
+    let (up, _) = big_upstream(size).await;
     let (addr, inflight) = slow_reader_door(up).await;
-    let (mut s, mut got) = get_big(addr).await;
+    let (s, mut got) = get_big(addr).await;
     let start = door_daemon::time::now();
-    let mut buf = vec![0u8; 256 << 10];
-    // 256 KiB a second: the 4 MiB take about 16 s, three times the deadline.
-    while start.elapsed() < Duration::from_mins(2) {
-        match s.read(&mut buf).await.unwrap() {
-            0 => break,
-            n => got += n,
-        }
-        if got >= BIG {
+    let mut freed_at = None;
+    // Each read blocking, on tokio's blocking pool: the paused clock does not move on while it
+    // waits for bytes (it would while an async read waited), so a second passes only where the
+    // reader sleeps.
+    let mut s = s.into_std().unwrap();
+    s.set_nonblocking(false).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    // At most 256 KiB a second: the 64 MiB take over four minutes, fifty times the deadline.
+    while got < size && start.elapsed() < Duration::from_mins(10) {
+        let (back, n) = tokio::task::spawn_blocking(move || {
+            let mut buf = vec![0u8; 256 << 10];
+            let n = std::io::Read::read(&mut s, &mut buf).unwrap();
+            (s, n)
+        })
+        .await
+        .unwrap();
+        s = back;
+        if n == 0 {
             break;
+        }
+        got += n;
+        if freed_at.is_none() && inflight() == 0 {
+            freed_at = Some(got);
         }
         tokio::time::sleep(Duration::from_secs(1)).await;
     }
-    assert!(got >= BIG, "{got} bytes");
+    assert_eq!(got, size, "the response was cut");
+    let freed_at = freed_at.expect("the deadline freed the slot");
+    assert!(freed_at < size / 2, "freed only after {freed_at} bytes");
+}
+
+/// An upstream that answers its head and one byte of a 10-byte body, then nothing, holding the
+/// connection ([`upstream_answering`]).
+async fn pausing_upstream() -> (SocketAddr, Arc<AtomicUsize>) {
+    upstream_answering(|| b"HTTP/1.1 200 OK\r\ncontent-length: 10\r\n\r\nx".to_vec()).await
+}
+
+/// A response whose upstream pauses after its head gives its slot back at the send deadline and
+/// is ended once it has moved nothing for `read_timeout` after that deadline: at twice the
+/// timeout, not at the deadline itself.
+#[tokio::test(start_paused = true)]
+async fn a_response_the_upstream_pauses_is_ended_read_timeout_after_the_deadline() {
+    let (up, closed) = pausing_upstream().await;
+    let (addr, inflight) = slow_reader_door(up).await;
+    let start = door_daemon::time::now();
+    let (mut s, got) = get_big(addr).await;
+    assert_eq!(got, 1);
+    while inflight() != 0 && start.elapsed() < Duration::from_mins(1) {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
     assert!(
-        start.elapsed() > Duration::from_secs(10),
+        start.elapsed() < Duration::from_secs(7),
         "{:?}",
         start.elapsed()
     );
-    assert_eq!(inflight(), 0);
+    tokio::time::sleep_until(start + Duration::from_secs(9)).await;
+    assert_eq!(
+        closed.load(Ordering::SeqCst),
+        0,
+        "ended before 2 × read_timeout"
+    );
+    // The client, reading on, sees the response end short of its 10 bytes.
+    let mut rest = Vec::new();
+    tokio::time::timeout(Duration::from_mins(1), s.read_to_end(&mut rest))
+        .await
+        .expect("door closes the connection")
+        .unwrap();
+    assert!(rest.is_empty(), "{rest:?}");
+    let waited = start.elapsed();
+    assert!(waited >= Duration::from_secs(10), "{waited:?}");
+    while closed.load(Ordering::SeqCst) == 0 && start.elapsed() < Duration::from_mins(1) {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+    assert_eq!(
+        closed.load(Ordering::SeqCst),
+        1,
+        "the upstream's connection is closed"
+    );
 }

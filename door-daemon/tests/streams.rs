@@ -937,20 +937,24 @@ async fn a_websocket_handshake_the_upstream_never_answers_is_a_504_on_a_stream_r
 /// gives its slot back at the idle timeout, though hyper no longer polls its body (the client's
 /// socket is full), where it held the slot for as long as the client kept the connection; and
 /// it is no longer open: its upstream connection is closed then (where it stayed open, so that
-/// a client could open `per_client` more streams every idle timeout) and `door.streams` counts
-/// it no more.
+/// a client could open `per_client` more streams every idle timeout), and neither
+/// `door.streams` nor `upstream_max_inflight` counts it any more.
 #[tokio::test(start_paused = true)]
 async fn a_stream_whose_client_stops_reading_gives_its_slot_back_at_the_idle_timeout() {
     // At most 64 MiB: far more than the loopback socket buffers take.
     let (up, upstream_open) = flooding_sse_upstream(1_024).await;
     let d = door(&config(up, "stream_idle_timeout = \"30s\"", ""), None).await;
     let start = door_daemon::time::now();
+    // One on a stream route, one on a pass-through route (a pass-through request's slot too).
     let mut s = open_events(d.addr, "/events/stalled").await.unwrap();
     assert!(next_event(&mut s).await.is_some());
-    assert_eq!(d.inflight("stream"), 1);
+    let mut p = open_events(d.addr, "/feed").await.unwrap();
+    assert!(next_event(&mut p).await.is_some());
+    assert_eq!(d.inflight("stream"), 2);
+    assert_eq!(d.app().passthrough_in_flight(), 1);
     // The client reads no more, and keeps the connection (the clock is tokio's, paused).
     tokio::time::sleep(Duration::from_secs(29)).await;
-    assert_eq!(d.inflight("stream"), 1, "freed before the idle timeout");
+    assert_eq!(d.inflight("stream"), 2, "freed before the idle timeout");
     tokio::time::sleep(Duration::from_secs(1)).await;
     d.eventually("the stalled stream's slot is free", |d| {
         d.inflight("stream") == 0
@@ -963,5 +967,8 @@ async fn a_stream_whose_client_stops_reading_gives_its_slot_back_at_the_idle_tim
     })
     .await;
     assert_eq!(d.app().streams_open("stream"), 0);
-    drop(s);
+    // Nor does it hold its pass-through slot (`upstream_max_inflight`) for an upstream request
+    // that is no more.
+    assert_eq!(d.app().passthrough_in_flight(), 0);
+    drop((s, p));
 }

@@ -5,7 +5,7 @@
 
 use std::{
     pin::Pin,
-    sync::{Arc, Mutex, MutexGuard, PoisonError},
+    sync::{Arc, Mutex, MutexGuard, PoisonError, atomic::Ordering},
     task::{Context, Poll, Waker},
     time::Duration,
 };
@@ -17,6 +17,7 @@ use hyper::body::Incoming;
 
 use crate::{
     http::{
+        conn::ConnInfo,
         inflight::{ActiveGuard, PassSlot},
         settle::{End, Held},
         upstream::strip_response_trailers,
@@ -48,7 +49,7 @@ pub struct ResponseBody {
     /// The watch's task, once there is one: stopped when the body ends first.
     watcher: Option<tokio::task::JoinHandle<()>>,
     pub(crate) active: Option<ActiveGuard>,
-    /// A pass-through request's `upstream_max_inflight` slot.
+    /// A pass-through request's `upstream_max_inflight` slot (in the watch once there is one).
     pub(crate) passthrough: Option<PassSlot>,
     /// A stream's place in `door.streams`, while it is open (in the watch once there is one).
     stream: Option<StreamOpen>,
@@ -69,7 +70,7 @@ pub enum ResponseBodyError {
     Stalled(Duration),
 }
 
-/// Why a watch ended an exchange early ([`Watch::end`]).
+/// Why a watch ended an exchange early ([`Watch::end_if_still`]).
 #[derive(Debug, Clone, Copy)]
 enum Early {
     Idle(Duration),
@@ -106,6 +107,12 @@ enum Rule {
 #[derive(Debug)]
 struct Watch {
     state: Mutex<WatchState>,
+    /// Under a send deadline, the client's connection: bytes it takes count as the response
+    /// moving. A response body takes a frame only when hyper's write buffer has room, which the
+    /// socket's buffers leave, for a slow reader, in bursts far apart; its writes show the
+    /// reader is still there. (Not for a stream's idle timeout: over HTTP/2, the connection's
+    /// other streams would keep a silent one open.)
+    conn: Option<Arc<ConnInfo>>,
 }
 
 #[derive(Debug)]
@@ -119,6 +126,8 @@ struct WatchState {
     waker: Option<Waker>,
     permit: Option<(Held, StatusCode)>,
     open: Option<StreamOpen>,
+    /// A pass-through request's `upstream_max_inflight` slot: freed with the upstream's body.
+    passthrough: Option<PassSlot>,
 }
 
 impl Watch {
@@ -169,29 +178,62 @@ impl Watch {
         }
     }
 
-    /// Ends the exchange for `why`: the upstream's body and the stream's place dropped, the
-    /// permit settled, and whoever polled the body woken to find it ended.
-    fn end(&self, why: Early) {
-        let (body, open, waker) = {
+    /// Ends the exchange for `why` unless a frame went to the client within `still`: the
+    /// upstream's body, the stream's place and the pass-through slot dropped, the permit
+    /// settled, and whoever polled the body woken to find it ended. Whether it ended.
+    fn end_if_still(&self, still: Duration, why: Early) -> bool {
+        let (body, open, passthrough, waker) = {
             let mut s = self.lock();
+            // Checked again under the lock that takes the body: a frame taken since the task
+            // looked keeps the response.
+            if crate::time::now() < s.last + still {
+                return false;
+            }
             s.ended = Some(why);
-            (s.body.take(), s.open.take(), s.waker.take())
+            (
+                s.body.take(),
+                s.open.take(),
+                s.passthrough.take(),
+                s.waker.take(),
+            )
         };
-        drop((body, open));
+        drop((body, open, passthrough));
         self.settle();
         if let Some(waker) = waker {
             waker.wake();
         }
+        true
     }
 
-    /// Ends the exchange for `why` once no frame has gone to the client for `still`.
+    /// The bytes the client's connection has taken so far; 0 without one.
+    fn written(&self) -> u64 {
+        self.conn
+            .as_ref()
+            .map_or(0, |c| c.written.load(Ordering::Relaxed))
+    }
+
+    /// Ends the exchange for `why` once it has not moved for `still`: no frame to the client
+    /// and, under a send deadline, no byte taken by the client. The writes are looked at when
+    /// a frame is `still` late, so a response is ended only after a whole `still` without any.
     async fn end_when_still(&self, still: Duration, why: Early) {
+        let mut seen = self.written();
         loop {
             let due = self.lock().last + still;
-            if crate::time::now() >= due {
-                return self.end(why);
+            let now = crate::time::now();
+            if now < due {
+                tokio::time::sleep_until(due).await;
+                continue;
             }
-            tokio::time::sleep_until(due).await;
+            let written = self.written();
+            if written != seen {
+                seen = written;
+                let mut s = self.lock();
+                s.last = s.last.max(now);
+                continue;
+            }
+            if self.end_if_still(still, why) {
+                return;
+            }
         }
     }
 
@@ -203,6 +245,12 @@ impl Watch {
             Rule::Deadline { at, stall } => {
                 tokio::time::sleep_until(at).await;
                 self.settle();
+                // Still from the deadline on: a response the upstream paused since its head
+                // has `stall` more.
+                {
+                    let mut s = self.lock();
+                    s.last = s.last.max(at);
+                }
                 self.end_when_still(stall, Early::Stalled(stall)).await;
             }
         }
@@ -285,6 +333,10 @@ impl ResponseBody {
         let Kind::Upstream(body) = core::mem::replace(&mut self.kind, Kind::Full(None)) else {
             return;
         };
+        let conn = match rule {
+            Rule::Deadline { .. } => self.active.as_ref().map(|a| Arc::clone(a.conn())),
+            Rule::Idle(_) => None,
+        };
         let watch = Arc::new(Watch {
             state: Mutex::new(WatchState {
                 body: Some(body),
@@ -293,7 +345,9 @@ impl ResponseBody {
                 waker: None,
                 permit: self.permit.take(),
                 open: self.stream.take(),
+                passthrough: self.passthrough.take(),
             }),
+            conn,
         });
         self.watcher = Some(tokio::spawn(Arc::clone(&watch).keep(rule)));
         self.kind = Kind::Watched(watch);
@@ -305,8 +359,11 @@ impl ResponseBody {
         }
         if let Kind::Watched(watch) = &self.kind {
             watch.settle();
-            let open = watch.lock().open.take();
-            drop(open);
+            let held = {
+                let mut s = watch.lock();
+                (s.open.take(), s.passthrough.take())
+            };
+            drop(held);
         }
         if let Some((permit, status)) = self.permit.take() {
             permit.settle(End::Answered(status));
