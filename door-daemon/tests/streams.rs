@@ -582,6 +582,26 @@ async fn open_events(addr: SocketAddr, path: &str) -> Result<Response<Incoming>,
     get_on_own_connection(addr, path, Some("text/event-stream")).await
 }
 
+/// `GET path` accepting `text/event-stream`, over HTTP/2 on a connection of its own: the
+/// response, asserted 200.
+async fn open_events_over_http2(addr: SocketAddr, path: &str) -> Response<Incoming> {
+    let s = TcpStream::connect(addr).await.unwrap();
+    let (mut send, conn) = hyper::client::conn::http2::handshake::<_, _, Empty<Bytes>>(
+        TokioExecutor::new(),
+        TokioIo::new(s),
+    )
+    .await
+    .unwrap();
+    tokio::spawn(conn);
+    let req = Request::get(format!("http://door.test{path}"))
+        .header("accept", "text/event-stream")
+        .body(Empty::new())
+        .unwrap();
+    let res = send.send_request(req).await.unwrap();
+    assert_eq!(res.status(), StatusCode::OK, "{path}");
+    res
+}
+
 /// `GET path` on a connection of its own, with `accept` if given: the response, or its status if
 /// it is not 200.
 async fn get_on_own_connection(
@@ -801,25 +821,53 @@ async fn a_client_reconnecting_in_a_loop_is_limited_by_the_groups_bucket() {
 async fn an_event_stream_over_http2() {
     let up = sse_upstream(Duration::ZERO, Duration::from_millis(10), 1000).await;
     let d = door(&config(up, "", ""), None).await;
-    let s = TcpStream::connect(d.addr).await.unwrap();
-    let (mut send, conn) = hyper::client::conn::http2::handshake::<_, _, Empty<Bytes>>(
-        TokioExecutor::new(),
-        TokioIo::new(s),
-    )
-    .await
-    .unwrap();
-    tokio::spawn(conn);
-    let req = Request::get("http://door.test/events/h2")
-        .header("accept", "text/event-stream")
-        .body(Empty::new())
-        .unwrap();
-    let mut res = send.send_request(req).await.unwrap();
-    assert_eq!(res.status(), StatusCode::OK);
+    let mut res = open_events_over_http2(d.addr, "/events/h2").await;
     assert_eq!(next_event(&mut res).await.unwrap(), "data: event 0\n\n");
     assert_eq!(next_event(&mut res).await.unwrap(), "data: event 1\n\n");
     assert_eq!(d.inflight("stream"), 1);
     drop(res);
     d.eventually("freed", |d| d.inflight("stream") == 0).await;
+}
+
+/// Over HTTP/2 too, a stream whose client stops reading (its flow-control window spent, so door
+/// can send nothing more) is ended at the idle timeout: its slot and upstream connection are
+/// freed, and when the client reads again it gets what was sent, then a reset, not an end that
+/// would pass for the whole stream.
+#[tokio::test(start_paused = true)]
+async fn an_http2_stream_whose_client_stops_reading_is_reset_at_the_idle_timeout() {
+    let (up, upstream_open) = flooding_sse_upstream(1_024).await;
+    let d = door(&config(up, "stream_idle_timeout = \"30s\"", ""), None).await;
+    let mut res = open_events_over_http2(d.addr, "/events/stalled").await;
+    assert!(next_event(&mut res).await.is_some());
+    assert_eq!(d.inflight("stream"), 1);
+    tokio::time::sleep(Duration::from_secs(29)).await;
+    assert_eq!(d.inflight("stream"), 1, "freed before the idle timeout");
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    d.eventually("the stalled stream's slot is free", |d| {
+        d.inflight("stream") == 0
+    })
+    .await;
+    d.eventually("the stalled stream's upstream is closed", |_| {
+        upstream_open.load(Ordering::SeqCst) == 0
+    })
+    .await;
+    assert_eq!(d.app().streams_open("stream"), 0);
+    // The client reads again: what was sent, then the reset.
+    let mut received = 0_usize;
+    let end = loop {
+        match res.body_mut().frame().await {
+            Some(Ok(f)) => received += f.data_ref().map_or(0, Bytes::len),
+            Some(Err(e)) => break Some(e),
+            None => break None,
+        }
+    };
+    let whole = 1_024 * (65_536 + "data: \n\n".len());
+    assert!(received < whole, "{received} bytes: the whole stream");
+    let e = end.expect("the stream ended as if whole, where it was cut");
+    let reason = std::error::Error::source(&e)
+        .and_then(|s| s.downcast_ref::<h2::Error>())
+        .and_then(h2::Error::reason);
+    assert!(reason.is_some(), "not a reset: {e:?}");
 }
 
 #[tokio::test]

@@ -5,7 +5,10 @@
 
 use std::{
     pin::Pin,
-    sync::{Arc, Mutex, MutexGuard, PoisonError, atomic::Ordering},
+    sync::{
+        Arc, Mutex, MutexGuard, PoisonError,
+        atomic::{AtomicBool, Ordering},
+    },
     task::{Context, Poll, Waker},
     time::Duration,
 };
@@ -113,6 +116,9 @@ struct Watch {
     /// reader is still there. (Not for a stream's idle timeout: over HTTP/2, the connection's
     /// other streams would keep a silent one open.)
     conn: Option<Arc<ConnInfo>>,
+    /// Whether the upstream's body has ended, as it said after the last frame it gave: read by
+    /// [`Watch::is_end_stream`] (after every frame, by door and by hyper) without the lock.
+    at_end: AtomicBool,
 }
 
 #[derive(Debug)]
@@ -143,8 +149,9 @@ impl Watch {
         let Some(body) = s.body.as_mut() else {
             return Poll::Ready(s.ended.map(|early| Err(early.into())));
         };
-        match Pin::new(body).poll_frame(cx) {
+        match Pin::new(&mut *body).poll_frame(cx) {
             Poll::Ready(frame) => {
+                self.at_end.store(body.is_end_stream(), Ordering::Relaxed);
                 s.last = crate::time::now();
                 Poll::Ready(frame.map(|r| r.map_err(ResponseBodyError::from)))
             }
@@ -160,7 +167,7 @@ impl Watch {
     /// Whether the upstream's body has ended; not one the watch ended, which ends in an error
     /// (hyper would otherwise end the response as if it were whole).
     fn is_end_stream(&self) -> bool {
-        self.lock().body.as_ref().is_some_and(Body::is_end_stream)
+        self.at_end.load(Ordering::Relaxed)
     }
 
     fn size_hint(&self) -> SizeHint {
@@ -348,6 +355,7 @@ impl ResponseBody {
                 passthrough: self.passthrough.take(),
             }),
             conn,
+            at_end: AtomicBool::new(false),
         });
         self.watcher = Some(tokio::spawn(Arc::clone(&watch).keep(rule)));
         self.kind = Kind::Watched(watch);

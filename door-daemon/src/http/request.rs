@@ -993,10 +993,12 @@ impl App {
     /// - A limited request's body must arrive within the group's read timeout (else 408,
     ///   upstream aborted); the permit settles when the response body ends, or once the response
     ///   has been sending for the group's read timeout (a slow reader keeps its connection, not a
-    ///   limiter slot).
+    ///   limiter slot). From that deadline on, a response that moves nothing (no frame from the
+    ///   upstream, no byte written to the client) for another read timeout is ended upstream
+    ///   (see [`crate::http::body`]).
     /// - A stream (a `stream = true` route, a `text/event-stream` answer) has no body deadline
-    ///   and no upstream timeout; it holds its slot until it ends and is closed after
-    ///   `stream_idle_timeout` of silence. A pass-through `text/event-stream` answer is admitted
+    ///   and no upstream timeout; it holds its slot until it ends and is ended, upstream too,
+    ///   after `stream_idle_timeout` without a frame. A pass-through `text/event-stream` answer is admitted
     ///   in the stream group when it arrives (429 if over).
     /// - An upgrade whose upstream answers `101` becomes a tunnel (see [`crate::http::upgrade`]);
     ///   any other answer is relayed as a normal response, but for a `2xx` to an extended CONNECT
