@@ -145,19 +145,35 @@ fn peer_address(text: &str) -> Result<std::net::IpAddr, String> {
 /// The session plane's key is a keyed hash with a key random per process: it means nothing
 /// outside a running door and is never printed.
 fn plane_line(config: &Config, headers: &http::HeaderMap, key: door_common::PrefixKey) -> String {
+    use door_daemon::client::credential::{Copies, MAX_COPIES};
     let Some(planes) = &config.planes else {
         return "planes: off ([plane.session] is not set)".to_owned();
     };
     let how = planes.credential.describe();
-    if planes.credential.find(headers).is_some() {
+    let copies = Copies::of(&planes.credential, headers);
+    if copies.is_too_many() {
+        format!(
+            "refused: 400, the credential ({how}) is sent more than {MAX_COPIES} times; door \
+             would have to look up every value"
+        )
+    } else if copies.one().is_some() {
         format!(
             "plane: ip, key {key}, while the credential ({how}) is not verified; once the \
              upstream answers a request carrying it with a status other than 401 or 403, the \
              session plane, keyed on the credential's keyed hash (random per process, never \
              printed)"
         )
-    } else {
+    } else if copies.is_empty() {
         format!("plane: ip, key {key} (no credential: {how} not found)")
+    } else if copies.len() > 1 && !copies.values().is_empty() {
+        format!(
+            "plane: ip, key {key} (the credential, {how}, is ambiguous: {} copies that differ; \
+             nothing is verified from it, and the request goes to a session only if one of its \
+             values is verified already)",
+            copies.len()
+        )
+    } else {
+        format!("plane: ip, key {key} (no credential: the {how} value is empty or not well-formed)")
     }
 }
 

@@ -424,32 +424,45 @@ fn a_port_in_use_exits_1_naming_its_cause_once() {
 fn door_key_says_which_plane_a_credential_is_charged_to_and_never_prints_it() {
     let file = TempFile::new("key-planes", "[plane.session]\ncookie = \"sid\"\n");
     let path = file.path.to_str().unwrap();
-    let out = door(&[
-        "key",
-        "--config",
-        path,
-        "--peer",
-        "198.51.100.7",
-        "--cookie",
-        "theme=dark; sid=s3cr3t-value",
-    ]);
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert_eq!(out.status.code(), Some(0), "{out:?}");
-    assert!(
-        stdout.contains("plane: ip, key 198.51.100.7/32"),
-        "{stdout}"
-    );
-    assert!(stdout.contains("session plane"), "{stdout}");
-    assert!(
-        !stdout.contains("s3cr3t"),
-        "the credential is never printed: {stdout}"
-    );
-    let out = door(&["key", "--config", path, "--peer", "198.51.100.7"]);
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        stdout.contains("no credential: cookie sid not found"),
-        "{stdout}"
-    );
+    let many = vec!["sid=a"; 17].join("; ");
+    for (cookie, says) in [
+        (
+            "theme=dark; sid=s3cr3t-value",
+            "plane: ip, key 198.51.100.7/32, while the credential (cookie sid) is not verified; \
+             once the upstream answers a request carrying it with a status other than 401 or \
+             403, the session plane",
+        ),
+        (
+            "theme=dark",
+            "plane: ip, key 198.51.100.7/32 (no credential: cookie sid not found)",
+        ),
+        ("sid=a; sid=b", "is ambiguous: 2 copies that differ"),
+        (
+            "sid=",
+            "no credential: the cookie sid value is empty or not well-formed",
+        ),
+        (
+            many.as_str(),
+            "refused: 400, the credential (cookie sid) is sent more than 16 times",
+        ),
+    ] {
+        let out = door(&[
+            "key",
+            "--config",
+            path,
+            "--peer",
+            "198.51.100.7",
+            "--cookie",
+            cookie,
+        ]);
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert_eq!(out.status.code(), Some(0), "{cookie}: {out:?}");
+        assert!(stdout.contains(says), "{cookie}: {stdout}");
+        assert!(
+            !stdout.contains("s3cr3t"),
+            "the credential is printed: {stdout}"
+        );
+    }
 }
 
 #[test]
