@@ -163,9 +163,10 @@ async fn big_upstream(size: usize) -> (SocketAddr, Arc<AtomicUsize>) {
     .await
 }
 
-/// door in front of `up` with one limited group, `link`, whose `read_timeout` is 5 s; its
-/// address, and a reader of the group's requests in flight.
-async fn slow_reader_door(up: SocketAddr) -> (SocketAddr, impl Fn() -> u32) {
+/// door in front of `up` with one limited group, `link` (`/l/{id}`), whose `read_timeout` is 5 s,
+/// and a `send_timeout` of 5 s for the rest (pass-through); its address, and a reader of the
+/// requests in flight: the group's, and pass-through.
+async fn slow_reader_door(up: SocketAddr) -> (SocketAddr, impl Fn() -> (u32, u32)) {
     let cfg = Config::from_toml(
         "slow-reader.toml",
         &format!(
@@ -173,6 +174,7 @@ async fn slow_reader_door(up: SocketAddr) -> (SocketAddr, impl Fn() -> u32) {
 listen = ["127.0.0.1:0"]
 upstream = "http://{up}"
 admin_listen = "off"
+send_timeout = "5s"
 [[route]]
 group = "link"
 path = "/l/{{id}}"
@@ -191,20 +193,18 @@ read_timeout = "5s"
     // The front lives as long as its app's reader: the test's.
     let inflight = move || {
         let _ = &front;
-        app.limiters()
-            .iter()
-            .find(|l| l.group() == "link")
-            .unwrap()
-            .inflight()
+        let limiters = app.limiters();
+        let link = limiters.iter().find(|l| l.group() == "link").unwrap();
+        (link.inflight(), app.passthrough_in_flight())
     };
     (addr, inflight)
 }
 
-/// Sends `GET /l/big` and reads the head and a little of the body: the connection, and how many
+/// Sends `GET path` and reads the head and a little of the body: the connection, and how many
 /// bytes of the body came with the head.
-async fn get_big(addr: SocketAddr) -> (TcpStream, usize) {
+async fn get_big(addr: SocketAddr, path: &str) -> (TcpStream, usize) {
     let mut s = TcpStream::connect(addr).await.unwrap();
-    s.write_all(b"GET /l/big HTTP/1.1\r\nhost: d\r\n\r\n")
+    s.write_all(format!("GET {path} HTTP/1.1\r\nhost: d\r\n\r\n").as_bytes())
         .await
         .unwrap();
     let mut first = [0u8; 1024];
@@ -222,6 +222,30 @@ async fn get_big(addr: SocketAddr) -> (TcpStream, usize) {
     (s, n - head)
 }
 
+/// Waits (at most a minute of the paused clock from `start`) for the upstream's connection to be
+/// closed: its answer dropped.
+async fn upstream_closed(closed: &AtomicUsize, start: tokio::time::Instant) {
+    while closed.load(Ordering::SeqCst) == 0 && start.elapsed() < Duration::from_mins(1) {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+    assert_eq!(
+        closed.load(Ordering::SeqCst),
+        1,
+        "the upstream's answer is dropped"
+    );
+}
+
+/// The client, reading again, finds the response of `size` bytes cut short: never a whole one.
+async fn reads_a_cut_response(s: &mut TcpStream, size: usize) {
+    let mut rest = Vec::new();
+    let read = tokio::time::timeout(Duration::from_secs(30), s.read_to_end(&mut rest)).await;
+    assert!(
+        matches!(read, Ok(Ok(_))),
+        "door does not close the connection: {read:?}"
+    );
+    assert!(rest.len() < size, "{} bytes", rest.len());
+}
+
 /// A client that stops reading gives its limiter slot back at the send deadline (the group's
 /// `read_timeout` after the head), and once the response has moved nothing for as long again,
 /// the upstream's answer is dropped: its connection closed, where it used to stay open, the
@@ -231,10 +255,11 @@ async fn a_client_that_stops_reading_gives_its_slot_back_at_the_deadline() {
     // 64 MiB: far more than the loopback socket buffers take, so the upstream is still writing
     // when the client stops.
     let (up, closed) = big_upstream(64 << 20).await;
-    let (addr, inflight) = slow_reader_door(up).await;
+    let (addr, both) = slow_reader_door(up).await;
+    let inflight = || both().0;
     let start = door_daemon::time::now();
     // Read the head and a little of the body, then stop reading (keeping the connection open).
-    let (mut s, _) = get_big(addr).await;
+    let (mut s, _) = get_big(addr, "/l/big").await;
     assert_eq!(inflight(), 1, "the response is being sent");
     // The paused clock moves on to the next timer when nothing else can run: the send deadline.
     while inflight() != 0 && start.elapsed() < Duration::from_mins(1) {
@@ -251,68 +276,98 @@ async fn a_client_that_stops_reading_gives_its_slot_back_at_the_deadline() {
         start.elapsed()
     );
     // Nothing moves for 5 s more: the upstream's answer is dropped.
-    while closed.load(Ordering::SeqCst) == 0 && start.elapsed() < Duration::from_mins(1) {
-        tokio::time::sleep(Duration::from_secs(1)).await;
-    }
-    assert_eq!(
-        closed.load(Ordering::SeqCst),
-        1,
-        "the upstream's answer is dropped"
-    );
+    upstream_closed(&closed, start).await;
     // Not before (the clock is exact there); when the closing reaches the upstream depends on
     // the sockets, and the paused clock moves on while nothing else runs.
     let waited = start.elapsed();
     assert!(waited >= Duration::from_secs(10), "{waited:?}");
-    // The client, reading again, finds the response cut short: never a whole one.
-    let mut rest = Vec::new();
-    tokio::time::timeout(Duration::from_secs(30), s.read_to_end(&mut rest))
-        .await
-        .expect("door closes the connection")
-        .unwrap();
-    assert!(rest.len() < 64 << 20, "{} bytes", rest.len());
+    reads_a_cut_response(&mut s, 64 << 20).await;
 }
 
-/// A client that reads slowly but steadily gets the whole response, past the send deadline,
-/// though the response takes frames from the upstream only in bursts far apart (the socket
-/// buffers drain slowly): only a client that stops taking it loses it.
+/// A client that reads slowly but steadily gets the whole response, past the send deadline (a
+/// limited route's) or the send timeout (pass-through), though the response takes frames from the
+/// upstream only in bursts far apart (the socket buffers drain slowly): only a client that stops
+/// taking it loses it.
 #[tokio::test(start_paused = true)]
 async fn a_client_reading_slowly_gets_the_whole_response() {
     // 64 MiB: far more than the socket buffers hold, so the response is still being sent long
     // after the deadline.
     let size = 64 << 20;
-    let (up, _) = big_upstream(size).await;
-    let (addr, inflight) = slow_reader_door(up).await;
-    let (s, mut got) = get_big(addr).await;
-    let start = door_daemon::time::now();
-    let mut freed_at = None;
-    // Each read blocking, on tokio's blocking pool: the paused clock does not move on while it
-    // waits for bytes (it would while an async read waited), so a second passes only where the
-    // reader sleeps.
-    let mut s = s.into_std().unwrap();
-    s.set_nonblocking(false).unwrap();
-    s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
-    // At most 256 KiB a second: the 64 MiB take over four minutes, fifty times the deadline.
-    while got < size && start.elapsed() < Duration::from_mins(10) {
-        let (back, n) = tokio::task::spawn_blocking(move || {
-            let mut buf = vec![0u8; 256 << 10];
-            let n = std::io::Read::read(&mut s, &mut buf).unwrap();
-            (s, n)
-        })
-        .await
-        .unwrap();
-        s = back;
-        if n == 0 {
-            break;
+    for path in ["/l/big", "/p/big"] {
+        // Its upstream answers one request per connection.
+        let (up, _) = big_upstream(size).await;
+        let (addr, inflight) = slow_reader_door(up).await;
+        let (s, mut got) = get_big(addr, path).await;
+        let start = door_daemon::time::now();
+        let mut freed_at = None;
+        // Each read blocking, on tokio's blocking pool: the paused clock does not move on while
+        // it waits for bytes (it would while an async read waited), so a second passes only
+        // where the reader sleeps.
+        let mut s = s.into_std().unwrap();
+        s.set_nonblocking(false).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+        // At most 256 KiB a second: the 64 MiB take over four minutes, fifty times the deadline.
+        while got < size && start.elapsed() < Duration::from_mins(10) {
+            let (back, n) = tokio::task::spawn_blocking(move || {
+                let mut buf = vec![0u8; 256 << 10];
+                let n = std::io::Read::read(&mut s, &mut buf).unwrap();
+                (s, n)
+            })
+            .await
+            .unwrap();
+            s = back;
+            if n == 0 {
+                break;
+            }
+            got += n;
+            if freed_at.is_none() && inflight().0 == 0 {
+                freed_at = Some(got);
+            }
+            tokio::time::sleep(Duration::from_secs(1)).await;
         }
-        got += n;
-        if freed_at.is_none() && inflight() == 0 {
-            freed_at = Some(got);
+        assert_eq!(got, size, "{path}: the response was cut");
+        if path.starts_with("/l/") {
+            let freed_at = freed_at.expect("the deadline freed the slot");
+            assert!(freed_at < size / 2, "freed only after {freed_at} bytes");
         }
-        tokio::time::sleep(Duration::from_secs(1)).await;
     }
-    assert_eq!(got, size, "the response was cut");
-    let freed_at = freed_at.expect("the deadline freed the slot");
-    assert!(freed_at < size / 2, "freed only after {freed_at} bytes");
+}
+
+/// A client that stops reading a pass-through response (no deadline, no limiter slot) has it
+/// ended once it has taken nothing for `send_timeout`: the upstream's connection is closed and
+/// the `upstream_max_inflight` slot freed, where both were held for as long as the client kept
+/// its connection.
+#[tokio::test(start_paused = true)]
+async fn a_pass_through_client_that_stops_reading_is_ended_at_the_send_timeout() {
+    let (up, closed) = big_upstream(64 << 20).await;
+    let (addr, inflight) = slow_reader_door(up).await;
+    let start = door_daemon::time::now();
+    let (mut s, _) = get_big(addr, "/p/big").await;
+    assert_eq!(inflight(), (0, 1), "the response is being sent");
+    upstream_closed(&closed, start).await;
+    let waited = start.elapsed();
+    assert!(waited >= Duration::from_secs(5), "{waited:?}");
+    assert_eq!(inflight(), (0, 0), "the pass-through slot is freed");
+    reads_a_cut_response(&mut s, 64 << 20).await;
+}
+
+/// A pass-through response whose upstream sends nothing for a while (a long poll) is not ended
+/// at the send timeout: door waits on the upstream, not on the client.
+#[tokio::test(start_paused = true)]
+async fn a_pass_through_response_the_upstream_pauses_is_kept() {
+    let (up, closed) = pausing_upstream().await;
+    let (addr, inflight) = slow_reader_door(up).await;
+    let (s, got) = get_big(addr, "/p/poll").await;
+    assert_eq!(got, 1);
+    // Six send timeouts.
+    tokio::time::sleep(Duration::from_secs(30)).await;
+    assert_eq!(
+        closed.load(Ordering::SeqCst),
+        0,
+        "ended while the upstream was silent"
+    );
+    assert_eq!(inflight(), (0, 1));
+    drop(s);
 }
 
 /// An upstream that answers its head and one byte of a 10-byte body, then nothing, holding the
@@ -327,9 +382,10 @@ async fn pausing_upstream() -> (SocketAddr, Arc<AtomicUsize>) {
 #[tokio::test(start_paused = true)]
 async fn a_response_the_upstream_pauses_is_ended_read_timeout_after_the_deadline() {
     let (up, closed) = pausing_upstream().await;
-    let (addr, inflight) = slow_reader_door(up).await;
+    let (addr, both) = slow_reader_door(up).await;
+    let inflight = || both().0;
     let start = door_daemon::time::now();
-    let (mut s, got) = get_big(addr).await;
+    let (mut s, got) = get_big(addr, "/l/big").await;
     assert_eq!(got, 1);
     while inflight() != 0 && start.elapsed() < Duration::from_mins(1) {
         tokio::time::sleep(Duration::from_secs(1)).await;

@@ -207,6 +207,10 @@ pub struct Overrides {
     /// Close a stream (WebSocket, server-sent events) silent this long (e.g. 5m). Default 5m.
     #[arg(long, env = "DOOR_STREAM_IDLE_TIMEOUT", global = true)]
     pub stream_idle_timeout: Option<String>,
+    /// End a response held to its end (pass-through) whose client takes nothing of it this long
+    /// (e.g. 60s). Default 60s.
+    #[arg(long, env = "DOOR_SEND_TIMEOUT", global = true)]
+    pub send_timeout: Option<String>,
     /// Clients never limited nor shed: CIDRs (repeatable or comma-separated). Default: none.
     #[arg(long, env = "DOOR_ALLOW", value_delimiter = ',', global = true)]
     pub allow: Option<Vec<String>>,

@@ -5,10 +5,10 @@ use std::time::Duration;
 
 use super::{
     ConfigError, DEFAULT_DRAIN_GRACE, DEFAULT_HEADER_READ_TIMEOUT, DEFAULT_IDLE_TIMEOUT,
-    DEFAULT_MAX_CONNECTIONS_PER_CLIENT, DEFAULT_MAX_HEADER_FIELDS, DEFAULT_STREAM_IDLE_TIMEOUT,
-    DEFAULT_UPSTREAM_MAX_INFLIGHT, DEFAULT_UPSTREAM_MAX_INFLIGHT_PER_CLIENT,
-    DEFAULT_UPSTREAM_TIMEOUT, MAX_HEADER_FIELDS_LIMIT, durations::parse_duration, flags::Overrides,
-    invalid, positive_u32,
+    DEFAULT_MAX_CONNECTIONS_PER_CLIENT, DEFAULT_MAX_HEADER_FIELDS, DEFAULT_SEND_TIMEOUT,
+    DEFAULT_STREAM_IDLE_TIMEOUT, DEFAULT_UPSTREAM_MAX_INFLIGHT,
+    DEFAULT_UPSTREAM_MAX_INFLIGHT_PER_CLIENT, DEFAULT_UPSTREAM_TIMEOUT, MAX_HEADER_FIELDS_LIMIT,
+    durations::parse_duration, file::File, flags::Overrides, invalid, positive_u32,
 };
 
 /// The connection-level settings, before they are copied into [`Config`].
@@ -20,18 +20,27 @@ pub(super) struct Front {
     pub(super) drain_grace: Duration,
     pub(super) upstream_timeout: Duration,
     pub(super) stream_idle_timeout: Duration,
+    pub(super) send_timeout: Duration,
     pub(super) ratelimit_headers: bool,
 }
 
 /// `header_read_timeout`, `idle_timeout`, `drain_grace`, `upstream_timeout`,
-/// `stream_idle_timeout` (file values in that order) and `ratelimit_headers`, each flag or env
-/// beating the file.
-pub(super) fn build_front(
-    file: [Option<String>; 5],
-    ratelimit_headers: Option<bool>,
-    o: &Overrides,
-) -> Result<Front, ConfigError> {
-    let [header_read, idle, drain, upstream, stream_idle] = file;
+/// `stream_idle_timeout`, `send_timeout` and `ratelimit_headers`, each flag or env beating the
+/// file.
+///
+/// # Errors
+/// A duration that does not parse or is out of range, named with its key.
+pub(super) fn build_front(file: &File, o: &Overrides) -> Result<Front, ConfigError> {
+    let [header_read, idle, drain, upstream, stream_idle, send] = [
+        &file.header_read_timeout,
+        &file.idle_timeout,
+        &file.drain_grace,
+        &file.upstream_timeout,
+        &file.stream_idle_timeout,
+        &file.send_timeout,
+    ]
+    .map(Clone::clone);
+    let ratelimit_headers = file.ratelimit_headers;
     let duration = |key: &str, flag: &Option<String>, file: Option<String>, default| match flag
         .clone()
         .or(file)
@@ -60,21 +69,27 @@ pub(super) fn build_front(
             stream_idle,
             DEFAULT_STREAM_IDLE_TIMEOUT,
         )?,
+        send_timeout: duration("send_timeout", &o.send_timeout, send, DEFAULT_SEND_TIMEOUT)?,
         ratelimit_headers: o.ratelimit_headers.or(ratelimit_headers).unwrap_or(true),
     })
 }
 
 /// `max_connections`, `max_connections_per_client`, `upstream_max_inflight` and
-/// `upstream_max_inflight_per_client` (file values in that order), each flag or env beating the
-/// file: `max_connections` (`None` when neither sets it: derived at start), then the other three
-/// with their defaults.
+/// `upstream_max_inflight_per_client`, each flag or env beating the file: `max_connections`
+/// (`None` when neither sets it: derived at start), then the other three with their defaults.
 ///
 /// # Errors
 /// A value below 1 or above `u32::MAX`, named with its key.
 pub(super) fn build_connection_limits(
-    file: [Option<i64>; 4],
+    file: &File,
     o: &Overrides,
 ) -> Result<(Option<u32>, [u32; 3]), ConfigError> {
+    let file = [
+        file.max_connections,
+        file.max_connections_per_client,
+        file.upstream_max_inflight,
+        file.upstream_max_inflight_per_client,
+    ];
     let flags = [
         o.max_connections,
         o.max_connections_per_client,

@@ -373,6 +373,12 @@ pub struct Config {
     /// `stream = true` route) with no byte either way for this long is closed
     /// (`stream_idle_timeout`; `--stream-idle-timeout` / `DOOR_STREAM_IDLE_TIMEOUT`). Default 5 min.
     pub stream_idle_timeout: Duration,
+    /// A response held to its end (a pass-through route's, not a stream's) whose client takes
+    /// nothing of a part door holds for it this long is ended, its upstream connection closed,
+    /// as nginx's `send_timeout` closes such a connection; an upstream that sends nothing (a long
+    /// poll) does not count (`send_timeout`; `--send-timeout` / `DOOR_SEND_TIMEOUT`). Default
+    /// 60 s.
+    pub send_timeout: Duration,
     /// Whether limited routes' responses carry the `RateLimit-Policy` and `RateLimit` fields
     /// (`ratelimit_headers`; `--ratelimit-headers` / `DOOR_RATELIMIT_HEADERS`). Default `true`.
     pub ratelimit_headers: bool,
@@ -423,6 +429,9 @@ pub struct Config {
 
 /// The default of [`Config::stream_idle_timeout`]: 5 minutes.
 pub const DEFAULT_STREAM_IDLE_TIMEOUT: Duration = Duration::from_mins(5);
+
+/// The default of [`Config::send_timeout`]: 60 seconds, nginx's `send_timeout`.
+pub const DEFAULT_SEND_TIMEOUT: Duration = Duration::from_mins(1);
 
 /// The default of [`Config::max_connections_per_client`].
 pub const DEFAULT_MAX_CONNECTIONS_PER_CLIENT: u32 = 256;
@@ -566,6 +575,15 @@ impl Config {
     /// Checks `file` (with the flags [`written_over`] writes already in it), reading every other
     /// setting's flag from `o`.
     fn build(file: File, o: &Overrides) -> Result<Self, ConfigError> {
+        let front = build_front(&file, o)?;
+        let (
+            max_connections,
+            [
+                max_connections_per_client,
+                upstream_max_inflight,
+                upstream_max_inflight_per_client,
+            ],
+        ) = build_connection_limits(&file, o)?;
         let listeners = build_listen(file.listen, o)?;
         let listen: Vec<SocketAddr> = listeners.iter().map(|l| l.addr).collect();
 
@@ -609,35 +627,8 @@ impl Config {
 
         let xdp = build_xdp(file.xdp, o, &listen, (&allow, &deny))?;
         let tls = build_tls(file.tls, o)?;
-        let front = build_front(
-            [
-                file.header_read_timeout,
-                file.idle_timeout,
-                file.drain_grace,
-                file.upstream_timeout,
-                file.stream_idle_timeout,
-            ],
-            file.ratelimit_headers,
-            o,
-        )?;
         let otlp = build_otlp(file.otlp, o)?;
         let cluster = build_cluster(file.cluster, o)?;
-        let (
-            max_connections,
-            [
-                max_connections_per_client,
-                upstream_max_inflight,
-                upstream_max_inflight_per_client,
-            ],
-        ) = build_connection_limits(
-            [
-                file.max_connections,
-                file.max_connections_per_client,
-                file.upstream_max_inflight,
-                file.upstream_max_inflight_per_client,
-            ],
-            o,
-        )?;
 
         let max_header_fields = build_max_header_fields(file.max_header_fields, o)?;
         let keyed: Vec<(String, SocketAddr)> =
@@ -661,6 +652,7 @@ impl Config {
             drain_grace: front.drain_grace,
             upstream_timeout: front.upstream_timeout,
             stream_idle_timeout: front.stream_idle_timeout,
+            send_timeout: front.send_timeout,
             ratelimit_headers: front.ratelimit_headers,
             otlp,
             cluster,

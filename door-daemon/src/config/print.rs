@@ -33,6 +33,20 @@ fn off_or(at: Option<&crate::config::AdminListen>) -> String {
 /// What a secret value prints as.
 pub const ELIDED: &str = "<elided>";
 
+/// `[tls]`: the certificate's and the key's paths (the key file's path, not the key: not a
+/// secret) and the minimum version.
+fn write_tls(w: &mut TomlWriter, tls: &crate::config::TlsConfig) {
+    let crate::config::TlsConfig {
+        cert,
+        key,
+        min_version,
+    } = tls;
+    w.table("tls");
+    w.clear("cert", cert.display().to_string());
+    w.clear("key", key.display().to_string());
+    w.clear("min_version", min_version.as_str());
+}
+
 impl Config {
     /// The effective configuration as TOML that door accepts back: every key with its value,
     /// defaults filled in, secrets as `"<elided>"`. Top-level keys first, then `[tls]`, `[otlp]`
@@ -55,6 +69,7 @@ impl Config {
             drain_grace,
             upstream_timeout,
             stream_idle_timeout,
+            send_timeout,
             ratelimit_headers,
             otlp,
             cluster,
@@ -97,6 +112,7 @@ impl Config {
         w.clear("drain_grace", duration(*drain_grace));
         w.clear("upstream_timeout", duration(*upstream_timeout));
         w.clear("stream_idle_timeout", duration(*stream_idle_timeout));
+        w.clear("send_timeout", duration(*send_timeout));
         w.clear("ratelimit_headers", *ratelimit_headers);
         write_connection_limits(
             &mut w,
@@ -112,16 +128,7 @@ impl Config {
             i64::try_from(*max_header_fields).unwrap_or(i64::MAX),
         );
         if let Some(tls) = tls {
-            let crate::config::TlsConfig {
-                cert,
-                key,
-                min_version,
-            } = tls;
-            w.table("tls");
-            w.clear("cert", cert.display().to_string());
-            // The key file's path, not the key: not a secret.
-            w.clear("key", key.display().to_string());
-            w.clear("min_version", min_version.as_str());
+            write_tls(&mut w, tls);
         }
         write_otlp(&mut w, otlp);
         write_cluster(&mut w, cluster);

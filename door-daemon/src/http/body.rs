@@ -71,6 +71,10 @@ pub enum ResponseBodyError {
     /// send deadline (as long).
     #[error("the response moved nothing for {0:?} after the send deadline")]
     Stalled(Duration),
+    /// A response held to its end (pass-through) had a part waiting that its client took
+    /// nothing of for `send_timeout`.
+    #[error("the client took nothing of the response for {0:?}")]
+    Unsent(Duration),
 }
 
 /// Why a watch ended an exchange early ([`Watch::end_if_still`]).
@@ -78,6 +82,7 @@ pub enum ResponseBodyError {
 enum Early {
     Idle(Duration),
     Stalled(Duration),
+    Unsent(Duration),
 }
 
 impl From<Early> for ResponseBodyError {
@@ -85,6 +90,7 @@ impl From<Early> for ResponseBodyError {
         match early {
             Early::Idle(d) => Self::Idle(d),
             Early::Stalled(d) => Self::Stalled(d),
+            Early::Unsent(d) => Self::Unsent(d),
         }
     }
 }
@@ -104,6 +110,11 @@ enum Rule {
         at: tokio::time::Instant,
         stall: Duration,
     },
+    /// A response held to its end's (pass-through, or a pass-through request's plane permit):
+    /// ended once its client has taken nothing for this long while door holds a part for it,
+    /// as nginx's `send_timeout` closes such a connection. An upstream that is silent (door
+    /// waits on it, not on the client) keeps it: a long poll is not a stalled client.
+    Send(Duration),
 }
 
 /// A watched body's state, shared by the body and its task ([`ResponseBody`]).
@@ -128,6 +139,9 @@ struct WatchState {
     ended: Option<Early>,
     /// When the body last gave hyper a frame (or was watched).
     last: tokio::time::Instant,
+    /// Whether the body's last poll found no frame: door waits on the upstream, not on the
+    /// client (hyper polls again once a frame is written, unless its client takes nothing).
+    waiting: bool,
     /// Who polled the body last, woken when the task ends the exchange.
     waker: Option<Waker>,
     permit: Option<(Held, StatusCode)>,
@@ -153,9 +167,11 @@ impl Watch {
             Poll::Ready(frame) => {
                 self.at_end.store(body.is_end_stream(), Ordering::Relaxed);
                 s.last = crate::time::now();
+                s.waiting = false;
                 Poll::Ready(frame.map(|r| r.map_err(ResponseBodyError::from)))
             }
             Poll::Pending => {
+                s.waiting = true;
                 if !s.waker.as_ref().is_some_and(|w| w.will_wake(cx.waker())) {
                     s.waker = Some(cx.waker().clone());
                 }
@@ -185,15 +201,16 @@ impl Watch {
         }
     }
 
-    /// Ends the exchange for `why` unless a frame went to the client within `still`: the
-    /// upstream's body, the stream's place and the pass-through slot dropped, the permit
-    /// settled, and whoever polled the body woken to find it ended. Whether it ended.
+    /// Ends the exchange for `why` unless a frame went to the client within `still` (or, for
+    /// [`Early::Unsent`], door is waiting on the upstream): the upstream's body, the stream's
+    /// place and the pass-through slot dropped, the permit settled, and whoever polled the body
+    /// woken to find it ended. Whether it ended.
     fn end_if_still(&self, still: Duration, why: Early) -> bool {
         let (body, open, passthrough, waker) = {
             let mut s = self.lock();
             // Checked again under the lock that takes the body: a frame taken since the task
             // looked keeps the response.
-            if crate::time::now() < s.last + still {
+            if crate::time::now() < s.last + still || waits_on_upstream(&s, why) {
                 return false;
             }
             s.ended = Some(why);
@@ -232,7 +249,7 @@ impl Watch {
                 continue;
             }
             let written = self.written();
-            if written != seen {
+            if written != seen || waits_on_upstream(&self.lock(), why) {
                 seen = written;
                 let mut s = self.lock();
                 s.last = s.last.max(now);
@@ -249,6 +266,7 @@ impl Watch {
     async fn keep(self: Arc<Self>, rule: Rule) {
         match rule {
             Rule::Idle(idle) => self.end_when_still(idle, Early::Idle(idle)).await,
+            Rule::Send(stall) => self.end_when_still(stall, Early::Unsent(stall)).await,
             Rule::Deadline { at, stall } => {
                 tokio::time::sleep_until(at).await;
                 self.settle();
@@ -262,6 +280,13 @@ impl Watch {
             }
         }
     }
+}
+
+/// Whether `why` spares a response because door waits on its upstream, not on its client: only a
+/// send timeout does ([`Rule::Send`]); an idle stream and a limited response the upstream
+/// paused are ended all the same.
+fn waits_on_upstream(s: &WatchState, why: Early) -> bool {
+    matches!(why, Early::Unsent(_)) && s.waiting
 }
 
 #[derive(Debug)]
@@ -284,9 +309,10 @@ impl ResponseBody {
         }
     }
 
-    /// An upstream body on a route without a permit.
-    pub(crate) fn upstream(body: Incoming) -> Self {
-        Self::new(Kind::Upstream(body), None, None)
+    /// An upstream body on a route without a permit, ended if its client takes nothing of a part
+    /// door holds for `send_timeout` ([`Rule::Send`]).
+    pub(crate) fn upstream(body: Incoming, send_timeout: Duration) -> Self {
+        Self::new(Kind::Upstream(body), None, Some(Rule::Send(send_timeout)))
     }
 
     /// A stream's body (server-sent events, a `stream = true` route): holds `permit` until the
@@ -309,18 +335,21 @@ impl ResponseBody {
     }
 
     /// An upstream body whose request holds `permit` until the body is sent, at most `deadline`
-    /// when one is given (and then ended if its client stops taking it for as long again).
+    /// when one is given (and then ended if its client stops taking it for as long again);
+    /// without one, held to its end, and ended if its client takes nothing of a part door holds
+    /// for `send_timeout`.
     pub(crate) fn settling(
         body: Incoming,
         permit: Held,
         status: StatusCode,
         deadline: Option<Duration>,
+        send_timeout: Duration,
     ) -> Self {
-        let rule = deadline.map(|d| Rule::Deadline {
+        let rule = deadline.map_or(Rule::Send(send_timeout), |d| Rule::Deadline {
             at: crate::time::now() + d,
             stall: d,
         });
-        Self::new(Kind::Upstream(body), Some((permit, status)), rule)
+        Self::new(Kind::Upstream(body), Some((permit, status)), Some(rule))
     }
 
     /// door's own body of `bytes`.
@@ -328,9 +357,9 @@ impl ResponseBody {
         Self::new(Kind::Full(Some(bytes)), None, None)
     }
 
-    /// The body has not ended at this poll: with a rule to keep, its upstream body moves into a
-    /// watch and the watch's task starts (once).
-    fn watch(&mut self) {
+    /// The body has not ended at this poll, which found no frame when `waiting`: with a rule to
+    /// keep, its upstream body moves into a watch and the watch's task starts (once).
+    fn watch(&mut self, waiting: bool) {
         let Some(rule) = self.rule.take() else {
             return;
         };
@@ -341,7 +370,9 @@ impl ResponseBody {
             return;
         };
         let conn = match rule {
-            Rule::Deadline { .. } => self.active.as_ref().map(|a| Arc::clone(a.conn())),
+            Rule::Deadline { .. } | Rule::Send(_) => {
+                self.active.as_ref().map(|a| Arc::clone(a.conn()))
+            }
             Rule::Idle(_) => None,
         };
         let watch = Arc::new(Watch {
@@ -349,6 +380,7 @@ impl ResponseBody {
                 body: Some(body),
                 ended: None,
                 last: crate::time::now(),
+                waiting,
                 waker: None,
                 permit: self.permit.take(),
                 open: self.stream.take(),
@@ -408,7 +440,7 @@ impl Body for ResponseBody {
             Poll::Ready(Some(Ok(_))) if this.is_end_stream() => this.finish(),
             // Not over at this poll: the send deadline, or a stream's idle timeout, must be able
             // to fire without us.
-            _ => this.watch(),
+            _ => this.watch(poll.is_pending()),
         }
         poll
     }

@@ -394,6 +394,9 @@ pub struct App {
     upstream_timeout: Duration,
     /// A stream silent this long is closed (`stream_idle_timeout`).
     stream_idle_timeout: Duration,
+    /// A response held to its end whose client takes nothing of it this long is ended
+    /// (`send_timeout`).
+    send_timeout: Duration,
     /// Upgraded connections' tunnels, closed at the end of a drain.
     tunnels: std::sync::Mutex<JoinSet<()>>,
     /// Pass-through requests forwarded now, against `upstream_max_inflight`.
@@ -548,6 +551,7 @@ impl App {
             warned_untrusted_xff: AtomicBool::new(false),
             upstream_timeout: config.upstream_timeout,
             stream_idle_timeout: config.stream_idle_timeout,
+            send_timeout: config.send_timeout,
             tunnels: std::sync::Mutex::new(JoinSet::new()),
             sessions: Sessions::new(session_capacity(config)),
             passthrough: Arc::new(PassThrough::new(
@@ -1117,12 +1121,14 @@ impl App {
                 return out;
             }
             let mut out = match (permit, read_timeout) {
-                (Some(p), Some(deadline)) => {
-                    res.map(|b| ResponseBody::settling(b, p, status, Some(deadline)))
-                }
+                (Some(p), Some(deadline)) => res.map(|b| {
+                    ResponseBody::settling(b, p, status, Some(deadline), self.send_timeout)
+                }),
                 // A pass-through request's plane permit: no caps to free early, held to the end.
-                (Some(p), None) => res.map(|b| ResponseBody::settling(b, p, status, None)),
-                (None, _) => res.map(ResponseBody::upstream),
+                (Some(p), None) => {
+                    res.map(|b| ResponseBody::settling(b, p, status, None, self.send_timeout))
+                }
+                (None, _) => res.map(|b| ResponseBody::upstream(b, self.send_timeout)),
             };
             out.body_mut().passthrough = passthrough;
             out
