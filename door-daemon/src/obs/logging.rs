@@ -38,7 +38,7 @@ use tracing_subscriber::{
 
 /// The filter used when `RUST_LOG` is unset or invalid: `info`, and the [`QUIET`] targets at
 /// `error`.
-pub const DEFAULT_FILTER: &str = "info,aya::bpf=error,rustls=error";
+pub const DEFAULT_FILTER: &str = "info,aya::bpf=error,rustls=error,h2=error";
 
 /// Targets held at `error` whatever `RUST_LOG` says, unless it names them itself:
 ///
@@ -50,7 +50,12 @@ pub const DEFAULT_FILTER: &str = "info,aya::bpf=error,rustls=error";
 /// - `rustls`: the TLS library warns once per failed handshake (a record out of order, an invalid
 ///   SNI name, with the client's text in it), so any client could write a line per connection;
 ///   door logs its handshake failures itself, at `debug`.
-pub const QUIET: [&str; 2] = ["aya::bpf", "rustls"];
+/// - `h2`: the HTTP/2 library warns once per frame of some kinds a client sends (a PING
+///   acknowledgement door never asked for, a stream reset before door accepted it), so one
+///   connection could write a hundred thousand lines in a second (a hostile-input pass did: 14.6
+///   MB of log from 1.7 MB sent), and push door's own lines out of journald's rate limit; the
+///   protocol errors it reports end the stream or the connection, which door counts.
+pub const QUIET: [&str; 3] = ["aya::bpf", "rustls", "h2"];
 
 /// The filter of `rust_log` (the `RUST_LOG` value; [`DEFAULT_FILTER`] when unset or invalid):
 /// its directives, then each [`QUIET`] target it does not name at `error`.
@@ -343,8 +348,9 @@ mod tests {
         assert!(!text.contains('\x1b'), "no ANSI escapes: {text:?}");
     }
 
-    /// What a plain-text subscriber with [`filter`] of `rust_log` writes of a warning of door's
-    /// and one of rustls's (the one a ClientHello with an invalid SNI name causes).
+    /// What a plain-text subscriber with [`filter`] of `rust_log` writes of a warning of door's,
+    /// one of rustls's (the one a ClientHello with an invalid SNI name causes) and one of h2's
+    /// (the one an unasked-for PING acknowledgement causes).
     fn filtered(rust_log: Option<&str>) -> String {
         let out = Capture::default();
         let subscriber = tracing_subscriber::fmt()
@@ -355,12 +361,13 @@ mod tests {
         tracing::subscriber::with_default(subscriber, || {
             tracing::warn!(target: "door_daemon::http::front", "door's own");
             tracing::warn!(target: "rustls::msgs::handshake", "Illegal SNI hostname received");
+            tracing::warn!(target: "h2::proto::ping_pong", "recv PING ack that we never sent");
         });
         out.text()
     }
 
     #[test]
-    fn a_client_cannot_make_rustls_write_a_line_unless_rust_log_asks_for_it() {
+    fn a_client_cannot_make_rustls_or_h2_write_a_line_unless_rust_log_asks_for_it() {
         for rust_log in [
             None,
             Some("info"),
@@ -370,11 +377,15 @@ mod tests {
             let text = filtered(rust_log);
             assert!(text.contains("door's own"), "{rust_log:?}: {text}");
             assert!(!text.contains("SNI"), "{rust_log:?}: {text}");
+            assert!(!text.contains("PING"), "{rust_log:?}: {text}");
         }
         for rust_log in ["info,rustls=warn", "rustls=debug,info", "rustls"] {
             let text = filtered(Some(rust_log));
             assert!(text.contains("SNI"), "{rust_log:?} names rustls: {text}");
+            assert!(!text.contains("PING"), "{rust_log:?}: {text}");
         }
+        let text = filtered(Some("info,h2=warn"));
+        assert!(text.contains("PING"), "names h2: {text}");
     }
 
     #[test]
