@@ -165,8 +165,8 @@ async fn big_upstream(size: usize) -> (SocketAddr, Arc<AtomicUsize>) {
 
 /// door in front of `up` with one limited group, `link` (`/l/{id}`), whose `read_timeout` is 5 s,
 /// and a `send_timeout` of 5 s for the rest (pass-through); its address, and a reader of the
-/// requests in flight: the group's, and pass-through.
-async fn slow_reader_door(up: SocketAddr) -> (SocketAddr, impl Fn() -> (u32, u32)) {
+/// requests in flight (the group's, and pass-through) and of the client connections open.
+async fn slow_reader_door(up: SocketAddr) -> (SocketAddr, impl Fn() -> (u32, u32, u32)) {
     let cfg = Config::from_toml(
         "slow-reader.toml",
         &format!(
@@ -192,10 +192,13 @@ read_timeout = "5s"
     front.serve(listener, false);
     // The front lives as long as its app's reader: the test's.
     let inflight = move || {
-        let _ = &front;
         let limiters = app.limiters();
         let link = limiters.iter().find(|l| l.group() == "link").unwrap();
-        (link.inflight(), app.passthrough_in_flight())
+        (
+            link.inflight(),
+            app.passthrough_in_flight(),
+            front.connections_open(),
+        )
     };
     (addr, inflight)
 }
@@ -233,6 +236,16 @@ async fn upstream_closed(closed: &AtomicUsize, start: tokio::time::Instant) {
         1,
         "the upstream's answer is dropped"
     );
+}
+
+/// Waits (at most two minutes of the paused clock from `start`) for door to close the client's
+/// connection, which reads nothing meanwhile: once its exchange was ended, the connection has
+/// nothing in flight and is closed once idle, where hyper held it until the client read again.
+async fn client_connection_closed(open: impl Fn() -> u32, start: tokio::time::Instant) {
+    while open() != 0 && start.elapsed() < Duration::from_mins(2) {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+    assert_eq!(open(), 0, "the client's connection is still open");
 }
 
 /// The client, reading again, finds the response of `size` bytes cut short: never a whole one.
@@ -281,6 +294,7 @@ async fn a_client_that_stops_reading_gives_its_slot_back_at_the_deadline() {
     // the sockets, and the paused clock moves on while nothing else runs.
     let waited = start.elapsed();
     assert!(waited >= Duration::from_secs(10), "{waited:?}");
+    client_connection_closed(|| both().2, start).await;
     reads_a_cut_response(&mut s, 64 << 20).await;
 }
 
@@ -343,11 +357,12 @@ async fn a_pass_through_client_that_stops_reading_is_ended_at_the_send_timeout()
     let (addr, inflight) = slow_reader_door(up).await;
     let start = door_daemon::time::now();
     let (mut s, _) = get_big(addr, "/p/big").await;
-    assert_eq!(inflight(), (0, 1), "the response is being sent");
+    assert_eq!(inflight(), (0, 1, 1), "the response is being sent");
     upstream_closed(&closed, start).await;
     let waited = start.elapsed();
     assert!(waited >= Duration::from_secs(5), "{waited:?}");
-    assert_eq!(inflight(), (0, 0), "the pass-through slot is freed");
+    assert_eq!(inflight().1, 0, "the pass-through slot is freed");
+    client_connection_closed(|| inflight().2, start).await;
     reads_a_cut_response(&mut s, 64 << 20).await;
 }
 
@@ -366,7 +381,7 @@ async fn a_pass_through_response_the_upstream_pauses_is_kept() {
         0,
         "ended while the upstream was silent"
     );
-    assert_eq!(inflight(), (0, 1));
+    assert_eq!(inflight(), (0, 1, 1));
     drop(s);
 }
 
@@ -418,4 +433,96 @@ async fn a_response_the_upstream_pauses_is_ended_read_timeout_after_the_deadline
         1,
         "the upstream's connection is closed"
     );
+}
+
+/// An HTTP/2 client that stops reading its responses (their windows shut) but keeps its
+/// connection busy, here with a PING every second, still has them ended: a limited one
+/// `read_timeout` after its deadline, a pass-through one at the send timeout. Judged by the bytes
+/// the connection wrote, the PINGs' answers kept both open for as long as the client pinged.
+#[tokio::test(start_paused = true)]
+async fn an_http2_client_that_stops_reading_is_ended_though_it_pings() {
+    use http_body_util::{BodyExt, Empty};
+    use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+    // Two upstream connections: one per request.
+    let (up, closed) = big_upstream(64 << 20).await;
+    let (addr, inflight) = slow_reader_door(up).await;
+    let start = door_daemon::time::now();
+    let s = TcpStream::connect(addr).await.unwrap();
+    let (mut send, conn) = hyper::client::conn::http2::Builder::new(TokioExecutor::new())
+        .timer(TokioTimer::new())
+        .keep_alive_interval(Duration::from_secs(1))
+        .keep_alive_while_idle(true)
+        .handshake::<_, Empty<bytes::Bytes>>(TokioIo::new(s))
+        .await
+        .unwrap();
+    let pinging = tokio::spawn(conn);
+    let mut held = Vec::new();
+    for path in ["/l/big", "/p/big"] {
+        let req = hyper::Request::get(format!("http://d{path}"))
+            .body(Empty::new())
+            .unwrap();
+        let mut res = send.send_request(req).await.unwrap();
+        assert_eq!(res.status(), 200, "{path}");
+        assert!(res.body_mut().frame().await.is_some(), "{path}");
+        held.push(res);
+    }
+    assert_eq!(inflight(), (1, 1, 1));
+    while closed.load(Ordering::SeqCst) < 2 && start.elapsed() < Duration::from_mins(1) {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+    assert_eq!(
+        closed.load(Ordering::SeqCst),
+        2,
+        "an upstream's answer is held"
+    );
+    assert_eq!(inflight().0, 0);
+    assert_eq!(inflight().1, 0);
+    assert!(
+        !pinging.is_finished(),
+        "the client's connection stays open, pinging"
+    );
+    drop(held);
+}
+
+/// An HTTP/2 client that reads slowly but steadily (its windows opened as it reads, 48 KiB a
+/// second) gets the whole response past the send deadline: the parts it takes show it reads,
+/// though its connection writes nothing else.
+#[tokio::test(start_paused = true)]
+async fn an_http2_client_reading_slowly_gets_the_whole_response() {
+    use http_body_util::{BodyExt, Empty};
+    use hyper_util::rt::{TokioExecutor, TokioIo};
+    let size = 8 << 20;
+    let (up, _) = big_upstream(size).await;
+    let (addr, _door) = slow_reader_door(up).await;
+    let s = TcpStream::connect(addr).await.unwrap();
+    let (mut send, conn) = hyper::client::conn::http2::Builder::new(TokioExecutor::new())
+        .initial_stream_window_size(64 << 10)
+        .initial_connection_window_size(64 << 10)
+        .handshake::<_, Empty<bytes::Bytes>>(TokioIo::new(s))
+        .await
+        .unwrap();
+    tokio::spawn(conn);
+    let req = hyper::Request::get("http://d/l/big")
+        .body(Empty::new())
+        .unwrap();
+    let mut res = send.send_request(req).await.unwrap();
+    assert_eq!(res.status(), 200);
+    let start = door_daemon::time::now();
+    let (mut got, mut this_second) = (0, 0);
+    while got < size && start.elapsed() < Duration::from_mins(10) {
+        match res.body_mut().frame().await {
+            Some(Ok(f)) => {
+                let n = f.data_ref().map_or(0, bytes::Bytes::len);
+                got += n;
+                this_second += n;
+            }
+            Some(Err(e)) => panic!("cut after {got} bytes: {e}"),
+            None => break,
+        }
+        if this_second >= 48 << 10 {
+            this_second = 0;
+            tokio::time::sleep(Duration::from_secs(1)).await;
+        }
+    }
+    assert_eq!(got, size);
 }

@@ -20,7 +20,6 @@ use hyper::body::Incoming;
 
 use crate::{
     http::{
-        conn::ConnInfo,
         inflight::{ActiveGuard, PassSlot},
         settle::{End, Held},
         upstream::strip_response_trailers,
@@ -121,12 +120,6 @@ enum Rule {
 #[derive(Debug)]
 struct Watch {
     state: Mutex<WatchState>,
-    /// Under a send deadline, the client's connection: bytes it takes count as the response
-    /// moving. A response body takes a frame only when hyper's write buffer has room, which the
-    /// socket's buffers leave, for a slow reader, in bursts far apart; its writes show the
-    /// reader is still there. (Not for a stream's idle timeout: over HTTP/2, the connection's
-    /// other streams would keep a silent one open.)
-    conn: Option<Arc<ConnInfo>>,
     /// Whether the upstream's body has ended, as it said after the last frame it gave: read by
     /// [`Watch::is_end_stream`] (after every frame, by door and by hyper) without the lock.
     at_end: AtomicBool,
@@ -148,6 +141,11 @@ struct WatchState {
     open: Option<StreamOpen>,
     /// A pass-through request's `upstream_max_inflight` slot: freed with the upstream's body.
     passthrough: Option<PassSlot>,
+    /// The request's count on its connection: freed with the upstream's body too, so that a
+    /// connection whose client stopped reading is closed once idle (`idle_timeout`, the header
+    /// read timeout on HTTP/1.1) with nothing else in flight, where hyper would hold it until
+    /// the client read again.
+    active: Option<ActiveGuard>,
 }
 
 impl Watch {
@@ -206,7 +204,7 @@ impl Watch {
     /// place and the pass-through slot dropped, the permit settled, and whoever polled the body
     /// woken to find it ended. Whether it ended.
     fn end_if_still(&self, still: Duration, why: Early) -> bool {
-        let (body, open, passthrough, waker) = {
+        let (body, open, passthrough, active, waker) = {
             let mut s = self.lock();
             // Checked again under the lock that takes the body: a frame taken since the task
             // looked keeps the response.
@@ -218,10 +216,11 @@ impl Watch {
                 s.body.take(),
                 s.open.take(),
                 s.passthrough.take(),
+                s.active.take(),
                 s.waker.take(),
             )
         };
-        drop((body, open, passthrough));
+        drop((body, open, passthrough, active));
         self.settle();
         if let Some(waker) = waker {
             waker.wake();
@@ -229,18 +228,9 @@ impl Watch {
         true
     }
 
-    /// The bytes the client's connection has taken so far; 0 without one.
-    fn written(&self) -> u64 {
-        self.conn
-            .as_ref()
-            .map_or(0, |c| c.written.load(Ordering::Relaxed))
-    }
-
-    /// Ends the exchange for `why` once it has not moved for `still`: no frame to the client
-    /// and, under a send deadline, no byte taken by the client. The writes are looked at when
-    /// a frame is `still` late, so a response is ended only after a whole `still` without any.
+    /// Ends the exchange for `why` once no frame has gone to the client for `still` (for
+    /// [`Early::Unsent`], while door was not waiting on the upstream).
     async fn end_when_still(&self, still: Duration, why: Early) {
-        let mut seen = self.written();
         loop {
             let due = self.lock().last + still;
             let now = crate::time::now();
@@ -248,12 +238,12 @@ impl Watch {
                 tokio::time::sleep_until(due).await;
                 continue;
             }
-            let written = self.written();
-            if written != seen || waits_on_upstream(&self.lock(), why) {
-                seen = written;
+            {
                 let mut s = self.lock();
-                s.last = s.last.max(now);
-                continue;
+                if waits_on_upstream(&s, why) {
+                    s.last = s.last.max(now);
+                    continue;
+                }
             }
             if self.end_if_still(still, why) {
                 return;
@@ -369,12 +359,6 @@ impl ResponseBody {
         let Kind::Upstream(body) = core::mem::replace(&mut self.kind, Kind::Full(None)) else {
             return;
         };
-        let conn = match rule {
-            Rule::Deadline { .. } | Rule::Send(_) => {
-                self.active.as_ref().map(|a| Arc::clone(a.conn()))
-            }
-            Rule::Idle(_) => None,
-        };
         let watch = Arc::new(Watch {
             state: Mutex::new(WatchState {
                 body: Some(body),
@@ -385,8 +369,8 @@ impl ResponseBody {
                 permit: self.permit.take(),
                 open: self.stream.take(),
                 passthrough: self.passthrough.take(),
+                active: self.active.take(),
             }),
-            conn,
             at_end: AtomicBool::new(false),
         });
         self.watcher = Some(tokio::spawn(Arc::clone(&watch).keep(rule)));
@@ -401,7 +385,7 @@ impl ResponseBody {
             watch.settle();
             let held = {
                 let mut s = watch.lock();
-                (s.open.take(), s.passthrough.take())
+                (s.open.take(), s.passthrough.take(), s.active.take())
             };
             drop(held);
         }

@@ -5,10 +5,7 @@
 
 use std::{
     net::SocketAddr,
-    sync::{
-        Arc,
-        atomic::{AtomicU32, AtomicU64},
-    },
+    sync::{Arc, atomic::AtomicU32},
 };
 
 use crate::http::{conn_limit::ConnSlot, idle::Activity};
@@ -37,9 +34,6 @@ pub struct ConnInfo {
     /// holder of this info lets go: an HTTP/1.1 connection that switched protocols is no longer
     /// served by hyper, and its tunnel holds the info, and the slot, until it closes.
     pub(super) slot: Option<ConnSlot>,
-    /// Bytes written to the client so far ([`crate::http::client_io::ClientIo`]): a response
-    /// watched for moving nothing sees the client take them (`crate::http::body`).
-    pub(crate) written: AtomicU64,
 }
 
 impl ConnInfo {
@@ -56,7 +50,6 @@ impl ConnInfo {
                 .unwrap_or_else(|_| http::HeaderValue::from_static("unknown")),
             activity: Activity::new(),
             slot: None,
-            written: AtomicU64::new(0),
         }
     }
 

@@ -43,10 +43,10 @@ use tokio_rustls::TlsAcceptor;
 use crate::{
     config::{Config, DEFAULT_MAX_HEADER_FIELDS, TlsConfig},
     http::{
-        client_io::ClientIo,
         conn::ConnInfo,
         conn_limit::{ConnLimits, ConnSlot, Refusal},
         idle::serve_watched,
+        preface::PrefaceWatch,
         request::App,
         tls::TlsError,
     },
@@ -290,6 +290,11 @@ impl Front {
     /// The request path.
     pub fn app(&self) -> &Arc<App> {
         &self.app
+    }
+
+    /// Client connections open now, against `max_connections`.
+    pub fn connections_open(&self) -> u32 {
+        self.limits.open()
     }
 
     /// Serves `listener` until [`Front::drain`]; with `proxy_protocol`, every connection must
@@ -561,7 +566,7 @@ async fn connection(mut stream: TcpStream, conn: Connection) {
                 ..ConnInfo::new(peer, false)
             });
             // Cleartext: the HTTP/2 preface, not ALPN, says whether the client speaks h2c.
-            let stream = ClientIo::cleartext(stream, Arc::clone(&info));
+            let stream = PrefaceWatch::new(stream, Arc::clone(&info));
             serve_io(stream, info, app, settings, &builder, stop).await;
         }
         Some(acceptor) => {
@@ -577,8 +582,7 @@ async fn connection(mut stream: TcpStream, conn: Connection) {
                     });
                     let h2 = tls_stream.get_ref().1.alpn_protocol() == Some(b"h2".as_slice());
                     info.activity.negotiated(h2);
-                    let stream = ClientIo::tls(tls_stream, Arc::clone(&info));
-                    serve_io(stream, info, app, settings, &builder, stop).await;
+                    serve_io(tls_stream, info, app, settings, &builder, stop).await;
                 }
                 Ok(Err(e)) => {
                     app.metrics.tls_handshake_failed(TlsFailure::Error);

@@ -244,11 +244,6 @@ pub(crate) struct ActiveGuard {
 }
 
 impl ActiveGuard {
-    /// The connection the request came on.
-    pub(crate) fn conn(&self) -> &Arc<ConnInfo> {
-        &self.conn
-    }
-
     /// Counts a request (or a tunnel) on `active` and on `conn`, which speaks HTTP/1.x when
     /// `http1`.
     pub(crate) fn new(active: &Arc<Active>, conn: &Arc<ConnInfo>, http1: bool) -> Self {

@@ -18,7 +18,6 @@
 pub mod answer;
 pub mod bind;
 pub mod body;
-pub(crate) mod client_io;
 pub mod conn;
 pub mod conn_limit;
 pub mod connect;
@@ -28,6 +27,7 @@ pub mod health;
 pub(crate) mod idle;
 pub(crate) mod inflight;
 pub mod plane;
+pub(crate) mod preface;
 pub mod request;
 pub mod route;
 pub mod settle;
