@@ -23,6 +23,9 @@ use door_daemon::{
     obs::metrics::{Metrics, Outcome},
     time::{Clock, MonotonicClock},
 };
+use http_body_util::BodyExt;
+use hyper::client::conn::http2::Builder;
+use hyper_util::rt::{TokioExecutor, TokioTimer};
 use tokio::{
     io::{AsyncReadExt, AsyncWriteExt},
     net::{TcpListener, TcpStream},
@@ -225,6 +228,32 @@ async fn get_big(addr: SocketAddr, path: &str) -> (TcpStream, usize) {
     (s, n - head)
 }
 
+/// The sender of an HTTP/2 connection the tests' clients make.
+type H2Send = hyper::client::conn::http2::SendRequest<http_body_util::Empty<bytes::Bytes>>;
+
+/// An HTTP/2 connection to `addr` made by `builder`: its sender, and its driver's task.
+async fn h2_connect(
+    addr: SocketAddr,
+    builder: &Builder<TokioExecutor>,
+) -> (H2Send, tokio::task::JoinHandle<hyper::Result<()>>) {
+    let s = TcpStream::connect(addr).await.unwrap();
+    let (send, conn) = builder
+        .handshake(hyper_util::rt::TokioIo::new(s))
+        .await
+        .unwrap();
+    (send, tokio::spawn(conn))
+}
+
+/// `GET path` on `send`: the response, asserted 200.
+async fn h2_get(send: &mut H2Send, path: &str) -> hyper::Response<hyper::body::Incoming> {
+    let req = hyper::Request::get(format!("http://d{path}"))
+        .body(http_body_util::Empty::new())
+        .unwrap();
+    let res = send.send_request(req).await.unwrap();
+    assert_eq!(res.status(), 200, "{path}");
+    res
+}
+
 /// Waits (at most a minute of the paused clock from `start`) for the upstream's connection to be
 /// closed: its answer dropped.
 async fn upstream_closed(closed: &AtomicUsize, start: tokio::time::Instant) {
@@ -367,13 +396,16 @@ async fn a_pass_through_client_that_stops_reading_is_ended_at_the_send_timeout()
 }
 
 /// A pass-through response whose upstream sends nothing for a while (a long poll) is not ended
-/// at the send timeout: door waits on the upstream, not on the client.
+/// at the send timeout, over HTTP/1.1 or HTTP/2: door waits on the upstream, not on the client.
 #[tokio::test(start_paused = true)]
 async fn a_pass_through_response_the_upstream_pauses_is_kept() {
     let (up, closed) = pausing_upstream().await;
     let (addr, inflight) = slow_reader_door(up).await;
     let (s, got) = get_big(addr, "/p/poll").await;
     assert_eq!(got, 1);
+    let (mut send, _conn) = h2_connect(addr, &Builder::new(TokioExecutor::new())).await;
+    let mut res = h2_get(&mut send, "/p/poll").await;
+    assert!(res.body_mut().frame().await.is_some());
     // Six send timeouts.
     tokio::time::sleep(Duration::from_secs(30)).await;
     assert_eq!(
@@ -381,8 +413,8 @@ async fn a_pass_through_response_the_upstream_pauses_is_kept() {
         0,
         "ended while the upstream was silent"
     );
-    assert_eq!(inflight(), (0, 1, 1));
-    drop(s);
+    assert_eq!(inflight(), (0, 2, 2));
+    drop((s, res));
 }
 
 /// An upstream that answers its head and one byte of a 10-byte body, then nothing, holding the
@@ -441,28 +473,19 @@ async fn a_response_the_upstream_pauses_is_ended_read_timeout_after_the_deadline
 /// the connection wrote, the PINGs' answers kept both open for as long as the client pinged.
 #[tokio::test(start_paused = true)]
 async fn an_http2_client_that_stops_reading_is_ended_though_it_pings() {
-    use http_body_util::{BodyExt, Empty};
-    use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
     // Two upstream connections: one per request.
     let (up, closed) = big_upstream(64 << 20).await;
     let (addr, inflight) = slow_reader_door(up).await;
     let start = door_daemon::time::now();
-    let s = TcpStream::connect(addr).await.unwrap();
-    let (mut send, conn) = hyper::client::conn::http2::Builder::new(TokioExecutor::new())
+    let mut builder = Builder::new(TokioExecutor::new());
+    builder
         .timer(TokioTimer::new())
         .keep_alive_interval(Duration::from_secs(1))
-        .keep_alive_while_idle(true)
-        .handshake::<_, Empty<bytes::Bytes>>(TokioIo::new(s))
-        .await
-        .unwrap();
-    let pinging = tokio::spawn(conn);
+        .keep_alive_while_idle(true);
+    let (mut send, pinging) = h2_connect(addr, &builder).await;
     let mut held = Vec::new();
     for path in ["/l/big", "/p/big"] {
-        let req = hyper::Request::get(format!("http://d{path}"))
-            .body(Empty::new())
-            .unwrap();
-        let mut res = send.send_request(req).await.unwrap();
-        assert_eq!(res.status(), 200, "{path}");
+        let mut res = h2_get(&mut send, path).await;
         assert!(res.body_mut().frame().await.is_some(), "{path}");
         held.push(res);
     }
@@ -489,24 +512,15 @@ async fn an_http2_client_that_stops_reading_is_ended_though_it_pings() {
 /// though its connection writes nothing else.
 #[tokio::test(start_paused = true)]
 async fn an_http2_client_reading_slowly_gets_the_whole_response() {
-    use http_body_util::{BodyExt, Empty};
-    use hyper_util::rt::{TokioExecutor, TokioIo};
     let size = 8 << 20;
     let (up, _) = big_upstream(size).await;
     let (addr, _door) = slow_reader_door(up).await;
-    let s = TcpStream::connect(addr).await.unwrap();
-    let (mut send, conn) = hyper::client::conn::http2::Builder::new(TokioExecutor::new())
+    let mut builder = Builder::new(TokioExecutor::new());
+    builder
         .initial_stream_window_size(64 << 10)
-        .initial_connection_window_size(64 << 10)
-        .handshake::<_, Empty<bytes::Bytes>>(TokioIo::new(s))
-        .await
-        .unwrap();
-    tokio::spawn(conn);
-    let req = hyper::Request::get("http://d/l/big")
-        .body(Empty::new())
-        .unwrap();
-    let mut res = send.send_request(req).await.unwrap();
-    assert_eq!(res.status(), 200);
+        .initial_connection_window_size(64 << 10);
+    let (mut send, _conn) = h2_connect(addr, &builder).await;
+    let mut res = h2_get(&mut send, "/l/big").await;
     let start = door_daemon::time::now();
     let (mut got, mut this_second) = (0, 0);
     while got < size && start.elapsed() < Duration::from_mins(10) {
@@ -525,4 +539,51 @@ async fn an_http2_client_reading_slowly_gets_the_whole_response() {
         }
     }
     assert_eq!(got, size);
+}
+
+/// Eight pass-through downloads on one HTTP/2 connection, each read slowly but steadily (8 KiB a
+/// second: one DATA frame of at most 16 KiB every two seconds), all arrive whole: each moves as
+/// its own bytes are sent, though hyper takes a frame from its upstream only once the stream has
+/// sent most of what it holds, longer apart than the send timeout.
+#[tokio::test(start_paused = true)]
+async fn streams_sharing_a_slow_http2_connection_arrive_whole() {
+    let size = 512 << 10;
+    let (up, closed) = big_upstream(size).await;
+    let (addr, _door) = slow_reader_door(up).await;
+    let mut builder = Builder::new(TokioExecutor::new());
+    builder
+        .initial_stream_window_size(16 << 10)
+        .initial_connection_window_size(1 << 20);
+    let (mut send, _conn) = h2_connect(addr, &builder).await;
+    let mut streams = Vec::new();
+    for i in 0..8 {
+        streams.push((h2_get(&mut send, &format!("/p/{i}")).await, 0_usize));
+    }
+    // The clock moves only where the reader says: a task always ready keeps the paused clock from
+    // jumping to door's next timer while the reader waits for a frame on the socket.
+    let spinner = tokio::spawn(async {
+        loop {
+            tokio::task::yield_now().await;
+        }
+    });
+    let start = door_daemon::time::now();
+    while streams.iter().any(|(_, got)| *got < size) && start.elapsed() < Duration::from_mins(10) {
+        for (i, (res, got)) in streams.iter_mut().enumerate() {
+            if *got == size {
+                continue;
+            }
+            match res.body_mut().frame().await {
+                Some(Ok(f)) => *got += f.data_ref().map_or(0, bytes::Bytes::len),
+                other => panic!("stream {i} cut after {got} bytes: {other:?}"),
+            }
+        }
+        tokio::time::advance(Duration::from_secs(2)).await;
+    }
+    spinner.abort();
+    assert!(streams.iter().all(|(_, got)| *got == size));
+    assert_eq!(
+        closed.load(Ordering::SeqCst),
+        0,
+        "an upstream's answer was dropped"
+    );
 }

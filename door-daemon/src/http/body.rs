@@ -1,19 +1,19 @@
 //! The response body door streams to the client: an upstream body passed through frame by frame
 //! (never buffered, so an upstream's flush reaches the client at once), or door's own small body.
 //! It carries the request's limiter permit until the body has been sent (or a send deadline
-//! passes) and the request's in-flight count until it is dropped.
+//! passes) and the request's in-flight count until it ends, or is ended.
 
 use std::{
     pin::Pin,
     sync::{
         Arc, Mutex, MutexGuard, PoisonError,
-        atomic::{AtomicBool, Ordering},
+        atomic::{AtomicBool, AtomicU64, Ordering},
     },
     task::{Context, Poll, Waker},
     time::Duration,
 };
 
-use bytes::Bytes;
+use bytes::{Buf, Bytes};
 use http::StatusCode;
 use http_body::{Body, Frame, SizeHint};
 use hyper::body::Incoming;
@@ -33,20 +33,22 @@ use crate::{
 /// the request as in flight until then.
 ///
 /// A body that has not ended at its first poll and has a rule to keep (a stream's idle timeout,
-/// a limited response's send deadline) is *watched*: its upstream body moves into a watch
-/// that a task of its own shares. hyper stops polling a body its client does not take (HTTP/1.1
+/// a limited response's send deadline, a pass-through response's send timeout: every upstream
+/// body has one) is *watched*: its upstream body moves into a watch that a task of its own
+/// shares, and the parts it gives hyper count the bytes hyper sends ([`Part`]). hyper stops polling a body its client does not take (HTTP/1.1
 /// with a full send buffer, HTTP/2 with a shut window), so a timer inside the body alone would
 /// never fire; the task settles the permit on time and, when the rule says so, ends the exchange:
 /// the upstream's answer is dropped at once (its connection closed, the application's handler
 /// freed), and the client's stream is reset, or its connection closed, when hyper next polls the
-/// body. A response sent at once (most are) never pays for the task.
+/// body. A response whose whole body comes with its first poll (most small ones) never pays for
+/// the task.
 #[derive(Debug)]
 pub struct ResponseBody {
     kind: Kind,
     /// The request's permit and its status, until the body ends or is watched.
     permit: Option<(Held, StatusCode)>,
-    /// The rule a watch keeps, once the body has not ended at a poll; `None` for a body held to
-    /// its end (a pass-through request's plane permit, no permit at all).
+    /// The rule a watch keeps, once the body has not ended at a poll; `None` for door's own
+    /// bodies, and once the watch has it.
     rule: Option<Rule>,
     /// The watch's task, once there is one: stopped when the body ends first.
     watcher: Option<tokio::task::JoinHandle<()>>,
@@ -109,7 +111,7 @@ enum Rule {
         at: tokio::time::Instant,
         stall: Duration,
     },
-    /// A response held to its end's (pass-through, or a pass-through request's plane permit):
+    /// A pass-through response's (one with no permit, or a request plane's only, held to its end):
     /// ended once its client has taken nothing for this long while door holds a part for it,
     /// as nginx's `send_timeout` closes such a connection. An upstream that is silent (door
     /// waits on it, not on the client) keeps it: a long poll is not a stalled client.
@@ -123,6 +125,10 @@ struct Watch {
     /// Whether the upstream's body has ended, as it said after the last frame it gave: read by
     /// [`Watch::is_end_stream`] (after every frame, by door and by hyper) without the lock.
     at_end: AtomicBool,
+    /// Bytes of the body sent to the client so far, counted by its [`Part`]s as hyper sends
+    /// them: this response's own, where its connection's writes would count other streams' and
+    /// the answers to the client's PINGs too.
+    sent: AtomicU64,
 }
 
 #[derive(Debug)]
@@ -130,7 +136,8 @@ struct WatchState {
     /// The upstream body; `None` once the task ended the exchange (`ended` says why).
     body: Option<Incoming>,
     ended: Option<Early>,
-    /// When the body last gave hyper a frame (or was watched).
+    /// When the body last gave hyper a frame (or was watched); moved on by the task too, when
+    /// it finds bytes sent or door waiting on the upstream, and at the send deadline.
     last: tokio::time::Instant,
     /// Whether the body's last poll found no frame: door waits on the upstream, not on the
     /// client (hyper polls again once a frame is written, unless its client takes nothing).
@@ -221,6 +228,7 @@ impl Watch {
             )
         };
         drop((body, open, passthrough, active));
+        tracing::debug!(why = %ResponseBodyError::from(why), "ended a response upstream");
         self.settle();
         if let Some(waker) = waker {
             waker.wake();
@@ -228,9 +236,16 @@ impl Watch {
         true
     }
 
-    /// Ends the exchange for `why` once no frame has gone to the client for `still` (for
-    /// [`Early::Unsent`], while door was not waiting on the upstream).
+    /// Ends the exchange for `why` once it has not moved for `still`: no frame taken from the
+    /// upstream and, but for a stream's idle timeout, no byte of it sent to the client (for
+    /// [`Early::Unsent`], while door was not waiting on the upstream either). The bytes sent are
+    /// looked at when a frame is `still` late, so a response is ended only after a whole `still`
+    /// without any. A stream's idle timeout counts frames only: it ends a stream `still` after
+    /// its last event, whether the upstream fell silent or the client stopped reading.
     async fn end_when_still(&self, still: Duration, why: Early) {
+        let bytes = !matches!(why, Early::Idle(_));
+        let sent = || bytes.then(|| self.sent.load(Ordering::Relaxed));
+        let mut seen = sent();
         loop {
             let due = self.lock().last + still;
             let now = crate::time::now();
@@ -238,9 +253,11 @@ impl Watch {
                 tokio::time::sleep_until(due).await;
                 continue;
             }
+            let sent = sent();
             {
                 let mut s = self.lock();
-                if waits_on_upstream(&s, why) {
+                if sent != seen || waits_on_upstream(&s, why) {
+                    seen = sent;
                     s.last = s.last.max(now);
                     continue;
                 }
@@ -372,6 +389,7 @@ impl ResponseBody {
                 active: self.active.take(),
             }),
             at_end: AtomicBool::new(false),
+            sent: AtomicU64::new(0),
         });
         self.watcher = Some(tokio::spawn(Arc::clone(&watch).keep(rule)));
         self.kind = Kind::Watched(watch);
@@ -399,13 +417,13 @@ impl ResponseBody {
 }
 
 impl Body for ResponseBody {
-    type Data = Bytes;
+    type Data = Part;
     type Error = ResponseBodyError;
 
     fn poll_frame(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, ResponseBodyError>>> {
+    ) -> Poll<Option<Result<Frame<Part>, ResponseBodyError>>> {
         let this = &mut *self;
         let mut poll = match &mut this.kind {
             Kind::Upstream(b) => Pin::new(b)
@@ -422,11 +440,24 @@ impl Body for ResponseBody {
         match &poll {
             Poll::Ready(None | Some(Err(_))) => this.finish(),
             Poll::Ready(Some(Ok(_))) if this.is_end_stream() => this.finish(),
-            // Not over at this poll: the send deadline, or a stream's idle timeout, must be able
-            // to fire without us.
+            // Not over at this poll: the send deadline, a stream's idle timeout or the send
+            // timeout must be able to fire without us.
             _ => this.watch(poll.is_pending()),
         }
-        poll
+        let watch = match &this.kind {
+            Kind::Watched(watch) => Some(watch),
+            Kind::Upstream(_) | Kind::Full(_) => None,
+        };
+        poll.map(|f| {
+            f.map(|r| {
+                r.map(|frame| {
+                    frame.map_data(|bytes| Part {
+                        bytes,
+                        watch: watch.map(Arc::clone),
+                    })
+                })
+            })
+        })
     }
 
     fn is_end_stream(&self) -> bool {
@@ -444,6 +475,52 @@ impl Body for ResponseBody {
             Kind::Full(Some(b)) => SizeHint::with_exact(b.len() as u64),
             Kind::Full(None) => SizeHint::with_exact(0),
         }
+    }
+}
+
+/// A part of a response body as hyper sends it ([`ResponseBody`]'s data): its bytes and, for a
+/// watched body, the watch, whose count of bytes sent it moves on as hyper sends them (HTTP/1.1:
+/// as the socket takes them; HTTP/2: as hyper encodes this stream's DATA frames, which its
+/// window allows), so that a response read slowly is told from one whose client stopped.
+#[derive(Debug)]
+pub struct Part {
+    bytes: Bytes,
+    watch: Option<Arc<Watch>>,
+}
+
+impl Part {
+    /// Counts `n` bytes sent. Only the connection's task sends them, so a plain load and store
+    /// (no locked instruction) keep the count exact.
+    fn sent(&self, n: usize) {
+        if let Some(watch) = &self.watch {
+            let n = u64::try_from(n).unwrap_or(u64::MAX);
+            let sent = &watch.sent;
+            sent.store(
+                sent.load(Ordering::Relaxed).wrapping_add(n),
+                Ordering::Relaxed,
+            );
+        }
+    }
+}
+
+impl Buf for Part {
+    fn remaining(&self) -> usize {
+        self.bytes.remaining()
+    }
+
+    fn chunk(&self) -> &[u8] {
+        self.bytes.chunk()
+    }
+
+    fn advance(&mut self, cnt: usize) {
+        self.bytes.advance(cnt);
+        self.sent(cnt);
+    }
+
+    fn copy_to_bytes(&mut self, len: usize) -> Bytes {
+        let out = self.bytes.copy_to_bytes(len);
+        self.sent(len);
+        out
     }
 }
 

@@ -998,7 +998,7 @@ impl App {
     ///   upstream aborted); the permit settles when the response body ends, or once the response
     ///   has been sending for the group's read timeout (a slow reader keeps its connection, not a
     ///   limiter slot). From that deadline on, a response that moves nothing (no frame from the
-    ///   upstream taken by the client) for another read timeout is ended upstream (see
+    ///   upstream, no byte of it sent to the client) for another read timeout is ended upstream (see
     ///   [`crate::http::body`]); a pass-through response whose client takes nothing of a frame
     ///   door holds for `send_timeout` is too.
     /// - A stream (a `stream = true` route, a `text/event-stream` answer) has no body deadline
