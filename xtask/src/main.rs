@@ -8,10 +8,11 @@
 //!   examples/door.toml ARGS`.
 //! - `cargo xtask run --vm KERNEL`: the same demo inside a guest booting Debian's KERNEL (`6.1`,
 //!   `6.12`) under qemu, with a scripted client (see [`vm`]).
-//! - `cargo xtask test`: format and lint checks, unit and property tests, fuzzing, then the
-//!   privileged suites (BPF_PROG_TEST_RUN, netns/veth, real proxies) one test at a time on this
-//!   machine's kernel, the systemd unit and the Debian package, then the privileged suites inside
-//!   guests booting Debian's 6.1 and 6.12 kernels; ends with `N passed, N failed, N skipped`
+//! - `cargo xtask test`: format and lint checks, unit and property tests, then the privileged
+//!   suites (BPF_PROG_TEST_RUN, netns/veth, real proxies) one test at a time on this machine's
+//!   kernel, the systemd unit and the Debian package, then the privileged suites inside guests
+//!   booting Debian's 6.1 and 6.12 kernels (the fuzz targets built meanwhile), then fuzzing
+//!   (with `--no-vm`, right after the unit tests); ends with `N passed, N failed, N skipped`
 //!   (skipped: what could not run here, such as the privileged suites without root). `--vm` runs
 //!   only the guests, `--no-vm` skips them, `--kernel 6.1,6.12` chooses them.
 //! - `cargo xtask bench proxy [--rounds N] [--cluster] [--floor] [--clients N] [--pgo]`: door

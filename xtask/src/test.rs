@@ -7,8 +7,11 @@
 
 use std::{
     collections::BTreeSet,
+    fs,
     io::{BufRead as _, BufReader},
-    process::{Command, Stdio},
+    path::PathBuf,
+    process::{Child, Command, Stdio},
+    time::Instant,
 };
 
 use anyhow::{Context as _, bail};
@@ -255,7 +258,10 @@ pub(crate) fn all(kernels: Option<&[String]>) -> anyhow::Result<()> {
         "unit, property and daemon tests",
         cargo().args(["test", "--workspace", "--exclude", "door-tests"]),
     )?;
-    fuzz(&mut t);
+    // With the guests, the fuzz targets are built beside them and run after them.
+    if kernels.is_none() {
+        fuzz(&mut t, None);
+    }
     // The netns suite starts the `door` binary next to its own executable: build it, since
     // `cargo test` builds a package's binaries only for that package's own integration tests.
     t.check(
@@ -302,7 +308,9 @@ pub(crate) fn all(kernels: Option<&[String]>) -> anyhow::Result<()> {
         || soak::run(soak::DEFAULT_MINUTES, soak::Unprivileged::Skip),
     );
     if let Some(kernels) = kernels {
-        t.vm(kernels);
+        let mut built = None;
+        t.vm(kernels, || built = FuzzBuild::start());
+        fuzz(&mut t, built);
     }
     t.finish()
 }
@@ -310,19 +318,20 @@ pub(crate) fn all(kernels: Option<&[String]>) -> anyhow::Result<()> {
 /// Only the privileged suites inside the guests (`cargo xtask test --vm`).
 pub(crate) fn vm_only(kernels: &[String]) -> anyhow::Result<()> {
     let mut t = Tally::default();
-    t.vm(kernels);
+    t.vm(kernels, || ());
     t.finish()
 }
 
 impl Tally {
     /// The VM matrix: one result per kernel, added to the totals; a failed preparation (no
-    /// network for the kernels, a build error) is one failure.
-    fn vm(&mut self, kernels: &[String]) {
+    /// network for the kernels, a build error) is one failure. `before_boot` runs once the guest
+    /// binaries are built, before the first guest boots.
+    fn vm(&mut self, kernels: &[String], before_boot: impl FnOnce()) {
         step(&format!(
             "privileged suites inside qemu guests: kernels {}",
             kernels.join(", ")
         ));
-        match vm::test(kernels) {
+        match vm::test(kernels, before_boot) {
             Ok(results) => {
                 for r in results {
                     self.passed += r.passed;
@@ -376,38 +385,166 @@ fn total_line(passed: u64, failed: u64, skipped: u64) -> String {
 const FUZZ_TARGETS: &[&str] = &["client_key", "proxy_protocol"];
 /// Seconds each fuzz target runs (libFuzzer's `-max_total_time`).
 const FUZZ_SECONDS: u32 = 20;
+/// The build options of every `cargo fuzz` command here, so that the targets built in the
+/// background are the ones `cargo fuzz run` finds. `--sanitizer none`: door-daemon denies
+/// `unsafe_code`, so AddressSanitizer would guard only the dependencies' unsafe code, for a build
+/// about 2 minutes longer and a third of the executions per second (docs/decisions.md, "Fuzz
+/// targets run in `cargo xtask test`").
+const FUZZ_BUILD_OPTIONS: &[&str] = &["--sanitizer", "none"];
 
-/// Runs every fuzz target for [`FUZZ_SECONDS`] with the nightly toolchain, installing cargo-fuzz
-/// first when it is missing. `AYA_BUILD_SKIP=1`: the targets do not need the XDP program.
-/// `--sanitizer none`: door-daemon denies `unsafe_code`, so AddressSanitizer would guard only
-/// the dependencies' unsafe code, for a build about 2 minutes longer and a third of the executions
-/// per second (docs/decisions.md, "Fuzz targets run in `cargo xtask test`").
-fn fuzz(t: &mut Tally) {
+/// `rustup run nightly cargo fuzz SUBCOMMAND` with the fuzz build's options and environment
+/// (`AYA_BUILD_SKIP=1`: the targets do not need the XDP program).
+fn cargo_fuzz(subcommand: &str) -> Command {
+    let mut cmd = Command::new("rustup");
+    cmd.args(["run", "nightly", "cargo", "fuzz", subcommand])
+        .args(FUZZ_BUILD_OPTIONS)
+        .env("AYA_BUILD_SKIP", "1");
+    cmd
+}
+
+/// Installs cargo-fuzz for the nightly toolchain unless it is there.
+///
+/// # Errors
+/// When `cargo install` fails.
+fn install_cargo_fuzz() -> anyhow::Result<()> {
     let present = Command::new("rustup")
         .args(["run", "nightly", "cargo", "fuzz", "--version"])
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .status()
         .is_ok_and(|s| s.success());
-    if !present {
-        step(
-            "installing cargo-fuzz (cargo install cargo-fuzz --locked; a few minutes, once per machine)",
-        );
-        if let Err(e) = sh(cargo().args(["install", "cargo-fuzz", "--locked"])) {
-            t.fail(format!("installing cargo-fuzz: {e:#}"));
+    if present {
+        return Ok(());
+    }
+    step(
+        "installing cargo-fuzz (cargo install cargo-fuzz --locked; a few minutes, once per machine)",
+    );
+    sh(cargo().args(["install", "cargo-fuzz", "--locked"]))
+}
+
+/// The fuzz targets' build, running in the background at a lower priority while the kernel
+/// matrix's guests run: qemu's TCG guest (`-smp 1`) keeps one core busy, and the build takes
+/// several minutes of compiling that the other core would otherwise spend idle. Its output goes
+/// to a log file, shown when it fails.
+struct FuzzBuild {
+    child: Child,
+    log: PathBuf,
+    started: Instant,
+}
+
+impl FuzzBuild {
+    /// Installs cargo-fuzz if it is missing, then starts `nice -n 10 cargo fuzz build` (every
+    /// target); `None` (the targets are then built in the foreground by [`fuzz`]) when either
+    /// fails.
+    fn start() -> Option<Self> {
+        if let Err(e) = install_cargo_fuzz() {
+            eprintln!("    not building the fuzz targets in the background: {e:#}");
+            return None;
+        }
+        let log = crate::target_dir().join("fuzz-build.log");
+        let file = fs::create_dir_all(crate::target_dir())
+            .and_then(|()| fs::File::create(&log))
+            .and_then(|f| Ok((f.try_clone()?, f)));
+        let (out, err) = match file {
+            Ok(files) => files,
+            Err(e) => {
+                eprintln!(
+                    "    not building the fuzz targets in the background: {}: {e}",
+                    log.display()
+                );
+                return None;
+            }
+        };
+        let fuzz = cargo_fuzz("build");
+        let mut cmd = Command::new("nice");
+        cmd.args(["-n", "10"])
+            .arg(fuzz.get_program())
+            .args(fuzz.get_args())
+            .envs(fuzz.get_envs().filter_map(|(k, v)| Some((k, v?))))
+            .stdin(Stdio::null())
+            .stdout(out)
+            .stderr(err);
+        step(&format!(
+            "building the fuzz targets in the background while the guests run (nice 10; output in {})",
+            log.display()
+        ));
+        eprintln!("    $ {}", display(&cmd));
+        match cmd.spawn() {
+            Ok(child) => Some(Self {
+                child,
+                log,
+                started: Instant::now(),
+            }),
+            Err(e) => {
+                eprintln!("    not building the fuzz targets in the background: {e}");
+                None
+            }
+        }
+    }
+
+    /// Waits for the build; an error with the log's tail when it failed.
+    fn wait(mut self) -> anyhow::Result<()> {
+        step("waiting for the fuzz targets' background build");
+        let waiting = Instant::now();
+        let status = self.child.wait().context("waiting for cargo fuzz build")?;
+        if status.success() {
+            let (since_start, waited) = (
+                self.started.elapsed().as_secs(),
+                waiting.elapsed().as_secs(),
+            );
+            eprintln!(
+                "    done {}:{:02} after it started, after a wait of {}:{:02}",
+                since_start / 60,
+                since_start % 60,
+                waited / 60,
+                waited % 60
+            );
+            return Ok(());
+        }
+        let text = fs::read_to_string(&self.log).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        for line in lines.iter().skip(lines.len().saturating_sub(40)) {
+            eprintln!("    | {line}");
+        }
+        bail!(
+            "cargo fuzz build failed ({status}); its output: {}",
+            self.log.display()
+        )
+    }
+}
+
+impl Drop for FuzzBuild {
+    /// A build nobody waited for (an error or a panic on the way) is stopped, not left running.
+    fn drop(&mut self) {
+        if matches!(self.child.try_wait(), Ok(None)) {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+/// Runs every fuzz target for [`FUZZ_SECONDS`] with the nightly toolchain, installing cargo-fuzz
+/// first when it is missing; with `built`, after that background build has finished (a failed
+/// build is one failure, and nothing runs).
+fn fuzz(t: &mut Tally, built: Option<FuzzBuild>) {
+    if let Some(build) = built {
+        if let Err(e) = build.wait() {
+            eprintln!("    FAILED: {e:#}");
+            t.fail(format!("building the fuzz targets: {e:#}"));
             return;
         }
+    } else if let Err(e) = install_cargo_fuzz() {
+        t.fail(format!("installing cargo-fuzz: {e:#}"));
+        return;
     }
     for target in FUZZ_TARGETS {
         t.check(
             &format!(
                 "fuzzing {target} for {FUZZ_SECONDS} s (cargo +nightly fuzz run, no sanitizer)"
             ),
-            Command::new("rustup")
-                .args(["run", "nightly", "cargo", "fuzz", "run"])
-                .args(["--sanitizer", "none", target, "--"])
-                .arg(format!("-max_total_time={FUZZ_SECONDS}"))
-                .env("AYA_BUILD_SKIP", "1"),
+            cargo_fuzz("run")
+                .args([target, "--"])
+                .arg(format!("-max_total_time={FUZZ_SECONDS}")),
         );
     }
 }

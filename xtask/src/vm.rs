@@ -7,8 +7,8 @@
 //! Steps, each announced: install what is missing (qemu from bookworm-backports, busybox-static,
 //! cpio, xz-utils, zstd, the musl target); fetch each kernel from Debian's archive through its
 //! metapackage and cache its `vmlinux` and `veth.ko` under `target/vm/kernels/`; build the guest
-//! binaries (release, static musl); pack one initramfs per kernel (busybox, Debian's `ip` and
-//! `curl` with their libraries, the binaries, an `/init`); boot the kernels one after another,
+//! binaries (the `guest` profile: optimised, without LTO; static musl); pack one initramfs per
+//! kernel (busybox, Debian's `ip` and `curl` with their libraries, the binaries, an `/init`); boot the kernels one after another,
 //! streaming the guest's console with a `[6.1]`-style prefix. The guest writes its status to the
 //! `isa-debug-exit` port 0xf4 (qemu exits 1 = pass, 3 = fail); anything else (a panic, a hang past
 //! the timeout) is a failure, reported with the log's tail.
@@ -33,6 +33,8 @@ pub(crate) const DEFAULT_KERNELS: [&str; 2] = ["6.1", "6.12"];
 
 /// The guest binaries' target: static, so the initramfs needs no libc for them.
 const MUSL: &str = "x86_64-unknown-linux-musl";
+/// The cargo profile the guest binaries are built with (the workspace's `Cargo.toml`).
+const GUEST_PROFILE: &str = "guest";
 
 /// Bound on one guest's whole test run (boot, both suites) under emulation; a run takes about a
 /// minute on a quiet host and past six on a busy one (tcg shares its cores), so this only ends
@@ -90,11 +92,16 @@ pub(crate) struct KernelResult {
 }
 
 /// Runs both privileged suites in a guest per kernel in `kernels` (short names: `6.1`, `6.12`),
-/// one after another, and prints one result line per kernel and the totals.
+/// one after another, and prints one result line per kernel and the totals. `before_boot` runs
+/// once the guest binaries are built, before the first guest boots (the guests keep one core
+/// busy: `cargo xtask test` builds the fuzz targets beside them).
 ///
 /// # Errors
 /// When the preparation fails (packages, downloads, builds); failures inside guests are results.
-pub(crate) fn test(kernels: &[String]) -> anyhow::Result<Vec<KernelResult>> {
+pub(crate) fn test(
+    kernels: &[String],
+    before_boot: impl FnOnce(),
+) -> anyhow::Result<Vec<KernelResult>> {
     let start = Instant::now();
     prerequisites()?;
     let fetched = kernels
@@ -102,6 +109,7 @@ pub(crate) fn test(kernels: &[String]) -> anyhow::Result<Vec<KernelResult>> {
         .map(|k| fetch_kernel(k))
         .collect::<anyhow::Result<Vec<_>>>()?;
     let bins = build_guest_binaries(true)?;
+    before_boot();
     let mut results = Vec::new();
     for kernel in &fetched {
         let image = pack_initramfs(kernel, &bins, &Mode::Test)?;
@@ -535,16 +543,19 @@ struct GuestBinaries {
 }
 
 /// Builds every binary of `door-daemon` and `door-tests` (door, the demo upstream, the SYN flood
-/// tool, …) and (with `want_tests`) the privileged suites for the musl target in release mode (a
-/// debug aya load takes seconds under emulation).
+/// tool, …) and (with `want_tests`) the privileged suites for the musl target with the workspace's
+/// `guest` profile: optimised as a release build (a debug aya load takes seconds under
+/// emulation), without the release profile's fat LTO (one link of the whole program per test
+/// executable).
 fn build_guest_binaries(want_tests: bool) -> anyhow::Result<GuestBinaries> {
     step(&format!(
-        "building the guest binaries (release, static {MUSL}; cargo shows its progress)"
+        "building the guest binaries (profile guest: optimised, no LTO; static {MUSL}; cargo shows its progress)"
     ));
     let bins = cargo_executables(
         cargo().args([
             "build",
-            "--release",
+            "--profile",
+            GUEST_PROFILE,
             "--target",
             MUSL,
             "--package",
@@ -564,7 +575,8 @@ fn build_guest_binaries(want_tests: bool) -> anyhow::Result<GuestBinaries> {
         cargo_executables(
             cargo().args([
                 "test",
-                "--release",
+                "--profile",
+                GUEST_PROFILE,
                 "--target",
                 MUSL,
                 "--package",
