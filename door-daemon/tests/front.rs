@@ -616,6 +616,88 @@ async fn a_body_still_arriving_at_the_read_timeout_gets_408_and_frees_the_slot()
     }
 }
 
+/// A pass-through request's body (a route in no group: no read deadline) is ended once door
+/// has waited `body_read_timeout` for its next part, as nginx's `client_body_timeout` ends one:
+/// 408, the upstream call aborted, the pass-through slot freed, over HTTP/1.1 and HTTP/2 alike.
+/// A client that keeps its body moving gets it through whole however long it takes in all: here
+/// a part every 20 s for 60 s, under a 30 s timeout.
+#[tokio::test(start_paused = true)]
+async fn a_pass_through_body_that_stops_arriving_gets_408_at_the_body_read_timeout() {
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let up = upstream(aborted_upstream(Arc::clone(&seen))).await;
+    let d = door(&config(up, "body_read_timeout = \"30s\"", "")).await;
+
+    let start = door_daemon::time::now();
+    let mut s = TcpStream::connect(d.addr).await.unwrap();
+    s.write_all(
+        b"POST /upload HTTP/1.1\r\nHost: door.test\r\nContent-Length: 40\r\n\r\n0123456789",
+    )
+    .await
+    .unwrap();
+    for _ in 0..3 {
+        tokio::time::sleep(Duration::from_secs(20)).await;
+        s.write_all(b"0123456789").await.unwrap();
+    }
+    let mut head = [0u8; 12];
+    s.read_exact(&mut head).await.unwrap();
+    assert_eq!(&head, b"HTTP/1.1 200", "a body kept moving for 60 s");
+    answered_at(start, 60);
+    assert_eq!(seen.lock().unwrap().as_slice(), ["body 40"]);
+    drop(s);
+
+    let start = door_daemon::time::now();
+    let mut s = TcpStream::connect(d.addr).await.unwrap();
+    s.write_all(
+        b"POST /upload HTTP/1.1\r\nHost: door.test\r\nContent-Length: 100\r\n\r\n0123456789",
+    )
+    .await
+    .unwrap();
+    let out = answer_within(&mut s, start, 30).await;
+    assert!(out.starts_with("HTTP/1.1 408"), "{out}");
+    assert!(out.contains("request-timeout"), "{out}");
+    d.eventually("the upstream saw the abort", |_| {
+        seen.lock().unwrap().iter().any(|s| s == "aborted")
+    })
+    .await;
+    assert_eq!(d.app().passthrough_in_flight(), 0);
+    assert_eq!(d.app().requests_in_flight(), 0);
+
+    // HTTP/2: a stream whose body stops after its first part is answered 408 too.
+    let start = door_daemon::time::now();
+    let (c, conn) = h2::client::handshake(TcpStream::connect(d.addr).await.unwrap())
+        .await
+        .unwrap();
+    tokio::spawn(conn);
+    let req = Request::post("http://door.test/upload").body(()).unwrap();
+    let (res, mut body) = c
+        .clone()
+        .ready()
+        .await
+        .unwrap()
+        .send_request(req, false)
+        .unwrap();
+    body.send_data(Bytes::from_static(b"0123456789"), false)
+        .unwrap();
+    let res = tokio::time::timeout(Duration::from_mins(5), res)
+        .await
+        .expect("no answer")
+        .unwrap();
+    answered_at(start, 30);
+    assert_eq!(res.status(), StatusCode::REQUEST_TIMEOUT);
+    d.eventually("the upstream saw the second abort", |_| {
+        seen.lock()
+            .unwrap()
+            .iter()
+            .filter(|s| *s == "aborted")
+            .count()
+            == 2
+    })
+    .await;
+    assert_eq!(d.app().passthrough_in_flight(), 0);
+    assert_eq!(d.app().requests_in_flight(), 0);
+    drop(body);
+}
+
 /// An upstream that reads a request's head and then stops reading its body (an application
 /// whose workers are all busy accepts connections and reads nothing) holds the request no longer
 /// than `upstream_timeout` without taking anything: the body's own timer runs only while the
@@ -686,9 +768,23 @@ async fn stalled_upstream(pause: Duration, secs: u64) {
 /// busy), then everything; the client sends 32 MiB in 2 MiB parts every half second, held back
 /// by the full sockets meanwhile, so that its last parts leave past the 10 s `read_timeout` of
 /// webhook. The delivery goes through whole (charge on failure: nothing charged), where
-/// counting from admission answered 408 and lost it.
+/// counting from admission answered 408 and lost it. The same body on a pass-through route,
+/// under a `body_read_timeout` of 5 s, is not ended either: the upstream's 9 s are not a wait
+/// for the client.
 #[tokio::test(start_paused = true)]
 async fn a_body_on_time_behind_a_slow_upstream_is_not_late() {
+    let d = body_behind_a_slow_upstream("/webhooks/github", "").await;
+    assert_eq!(d.count("webhook", Outcome::ClientError), 0);
+    assert_eq!(d.inflight("webhook"), 0);
+    let d = body_behind_a_slow_upstream("/upload", "body_read_timeout = \"5s\"").await;
+    assert_eq!(d.app().passthrough_in_flight(), 0);
+}
+
+/// door (`top` added to its configuration) in front of an upstream that reads nothing for 9 s
+/// after a request's head, then all of it, and a client sending 32 MiB to `path` in 2 MiB parts
+/// every half second: asserts that the body arrives whole and the client gets the upstream's 200
+/// though its last parts left past 10 s.
+async fn body_behind_a_slow_upstream(path: &str, top: &str) -> Door {
     let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let up = l.local_addr().unwrap();
     let len: usize = 32 << 20;
@@ -717,14 +813,12 @@ async fn a_body_on_time_behind_a_slow_upstream_is_not_late() {
             .unwrap();
         got.len() - head_end
     });
-    let d = door(&config(up, "", "")).await;
+    let d = door(&config(up, top, "")).await;
     let start = door_daemon::time::now();
     let s = TcpStream::connect(d.addr).await.unwrap();
     let (mut rd, mut wr) = s.into_split();
+    let head = format!("POST {path} HTTP/1.1\r\nHost: door.test\r\nContent-Length: {len}\r\n\r\n");
     let writer = tokio::spawn(async move {
-        let head = format!(
-            "POST /webhooks/github HTTP/1.1\r\nHost: door.test\r\nContent-Length: {len}\r\n\r\n"
-        );
         wr.write_all(head.as_bytes()).await.unwrap();
         let part = vec![b'x'; 2 << 20];
         let mut last = start;
@@ -738,10 +832,9 @@ async fn a_body_on_time_behind_a_slow_upstream_is_not_late() {
     let mut out = Vec::new();
     let mut buf = [0u8; 1024];
     while !out.ends_with(b"ok") {
-        let n = tokio::time::timeout(Duration::from_mins(5), rd.read(&mut buf))
-            .await
-            .expect("no answer")
-            .unwrap();
+        let read = tokio::time::timeout(Duration::from_mins(5), rd.read(&mut buf)).await;
+        assert!(read.is_ok(), "no answer");
+        let n = read.unwrap().unwrap();
         assert_ne!(n, 0, "closed: {}", String::from_utf8_lossy(&out));
         out.extend_from_slice(buf.get(..n).unwrap());
     }
@@ -754,8 +847,7 @@ async fn a_body_on_time_behind_a_slow_upstream_is_not_late() {
          timeout, so this test tells nothing"
     );
     assert_eq!(upstream.await.unwrap(), len);
-    assert_eq!(d.count("webhook", Outcome::ClientError), 0);
-    assert_eq!(d.inflight("webhook"), 0);
+    d
 }
 
 /// A client that always has its next part ready before a slow upstream takes the last is never
@@ -909,11 +1001,18 @@ async fn an_upstream_that_never_answers_the_syn_fails_a_request_with_a_body_in_t
     assert_eq!(d.inflight("webhook"), 0);
 }
 
+/// A `stream = true` route's body has no bound at all: a pause of 5 minutes between two parts of
+/// it, past its group's `read_timeout` (30 s) and `body_read_timeout` (60 s), is kept.
 #[tokio::test(start_paused = true)]
 async fn streaming_routes_have_no_body_deadline() {
     let seen = Arc::new(Mutex::new(Vec::new()));
     let up = upstream(aborted_upstream(Arc::clone(&seen))).await;
-    let d = door(&config(up, "", "")).await;
+    let d = door(&config(
+        up,
+        "",
+        "[[route]]\ngroup = \"api\"\npath = \"/stream\"\nstream = true",
+    ))
+    .await;
     let mut s = TcpStream::connect(d.addr).await.unwrap();
     s.write_all(b"POST /stream HTTP/1.1\r\nHost: door.test\r\nConnection: close\r\nContent-Length: 20\r\n\r\n0123456789")
         .await

@@ -35,6 +35,7 @@ pub(super) struct File {
     pub(super) upstream_timeout: Option<String>,
     pub(super) stream_idle_timeout: Option<String>,
     pub(super) send_timeout: Option<String>,
+    pub(super) body_read_timeout: Option<String>,
     pub(super) ratelimit_headers: Option<bool>,
     pub(super) otlp: Option<OtlpFile>,
     pub(super) cluster: Option<ClusterFile>,

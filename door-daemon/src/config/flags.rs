@@ -211,6 +211,10 @@ pub struct Overrides {
     /// (e.g. 60s). Default 60s.
     #[arg(long, env = "DOOR_SEND_TIMEOUT", global = true)]
     pub send_timeout: Option<String>,
+    /// End a pass-through request whose body stops arriving this long, with 408 (e.g. 60s).
+    /// Default 60s.
+    #[arg(long, env = "DOOR_BODY_READ_TIMEOUT", global = true)]
+    pub body_read_timeout: Option<String>,
     /// Clients never limited nor shed: CIDRs (repeatable or comma-separated). Default: none.
     #[arg(long, env = "DOOR_ALLOW", value_delimiter = ',', global = true)]
     pub allow: Option<Vec<String>>,

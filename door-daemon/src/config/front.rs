@@ -4,9 +4,9 @@
 use std::time::Duration;
 
 use super::{
-    ConfigError, DEFAULT_DRAIN_GRACE, DEFAULT_HEADER_READ_TIMEOUT, DEFAULT_IDLE_TIMEOUT,
-    DEFAULT_MAX_CONNECTIONS_PER_CLIENT, DEFAULT_MAX_HEADER_FIELDS, DEFAULT_SEND_TIMEOUT,
-    DEFAULT_STREAM_IDLE_TIMEOUT, DEFAULT_UPSTREAM_MAX_INFLIGHT,
+    ConfigError, DEFAULT_BODY_READ_TIMEOUT, DEFAULT_DRAIN_GRACE, DEFAULT_HEADER_READ_TIMEOUT,
+    DEFAULT_IDLE_TIMEOUT, DEFAULT_MAX_CONNECTIONS_PER_CLIENT, DEFAULT_MAX_HEADER_FIELDS,
+    DEFAULT_SEND_TIMEOUT, DEFAULT_STREAM_IDLE_TIMEOUT, DEFAULT_UPSTREAM_MAX_INFLIGHT,
     DEFAULT_UPSTREAM_MAX_INFLIGHT_PER_CLIENT, DEFAULT_UPSTREAM_TIMEOUT, MAX_HEADER_FIELDS_LIMIT,
     durations::parse_duration, file::File, flags::Overrides, invalid, positive_u32,
 };
@@ -21,23 +21,33 @@ pub(super) struct Front {
     pub(super) upstream_timeout: Duration,
     pub(super) stream_idle_timeout: Duration,
     pub(super) send_timeout: Duration,
+    pub(super) body_read_timeout: Duration,
     pub(super) ratelimit_headers: bool,
 }
 
 /// `header_read_timeout`, `idle_timeout`, `drain_grace`, `upstream_timeout`,
-/// `stream_idle_timeout`, `send_timeout` and `ratelimit_headers`, each flag or env beating the
+/// `stream_idle_timeout`, `send_timeout`, `body_read_timeout` and `ratelimit_headers`, each flag or env beating the
 /// file.
 ///
 /// # Errors
 /// A duration that does not parse or is out of range, named with its key.
 pub(super) fn build_front(file: &File, o: &Overrides) -> Result<Front, ConfigError> {
-    let [header_read, idle, drain, upstream, stream_idle, send] = [
+    let [
+        header_read,
+        idle,
+        drain,
+        upstream,
+        stream_idle,
+        send,
+        body_read,
+    ] = [
         &file.header_read_timeout,
         &file.idle_timeout,
         &file.drain_grace,
         &file.upstream_timeout,
         &file.stream_idle_timeout,
         &file.send_timeout,
+        &file.body_read_timeout,
     ]
     .map(Clone::clone);
     let ratelimit_headers = file.ratelimit_headers;
@@ -70,6 +80,12 @@ pub(super) fn build_front(file: &File, o: &Overrides) -> Result<Front, ConfigErr
             DEFAULT_STREAM_IDLE_TIMEOUT,
         )?,
         send_timeout: duration("send_timeout", &o.send_timeout, send, DEFAULT_SEND_TIMEOUT)?,
+        body_read_timeout: duration(
+            "body_read_timeout",
+            &o.body_read_timeout,
+            body_read,
+            DEFAULT_BODY_READ_TIMEOUT,
+        )?,
         ratelimit_headers: o.ratelimit_headers.or(ratelimit_headers).unwrap_or(true),
     })
 }

@@ -379,6 +379,12 @@ pub struct Config {
     /// poll) does not count (`send_timeout`; `--send-timeout` / `DOOR_SEND_TIMEOUT`). Default
     /// 60 s.
     pub send_timeout: Duration,
+    /// A pass-through request's body (a route in no group, not a stream) from which door, waiting
+    /// for its next part, gets no byte for this long is ended: the upstream call is aborted and
+    /// the client answered 408, as nginx's `client_body_timeout` ends one. Only the time door
+    /// waits for the client counts, and every part that arrives starts it again
+    /// (`body_read_timeout`; `--body-read-timeout` / `DOOR_BODY_READ_TIMEOUT`). Default 60 s.
+    pub body_read_timeout: Duration,
     /// Whether limited routes' responses carry the `RateLimit-Policy` and `RateLimit` fields
     /// (`ratelimit_headers`; `--ratelimit-headers` / `DOOR_RATELIMIT_HEADERS`). Default `true`.
     pub ratelimit_headers: bool,
@@ -432,6 +438,9 @@ pub const DEFAULT_STREAM_IDLE_TIMEOUT: Duration = Duration::from_mins(5);
 
 /// The default of [`Config::send_timeout`]: 60 seconds, nginx's `send_timeout`.
 pub const DEFAULT_SEND_TIMEOUT: Duration = Duration::from_mins(1);
+
+/// The default of [`Config::body_read_timeout`]: 60 seconds, nginx's `client_body_timeout`.
+pub const DEFAULT_BODY_READ_TIMEOUT: Duration = Duration::from_mins(1);
 
 /// The default of [`Config::max_connections_per_client`].
 pub const DEFAULT_MAX_CONNECTIONS_PER_CLIENT: u32 = 256;
@@ -653,6 +662,7 @@ impl Config {
             upstream_timeout: front.upstream_timeout,
             stream_idle_timeout: front.stream_idle_timeout,
             send_timeout: front.send_timeout,
+            body_read_timeout: front.body_read_timeout,
             ratelimit_headers: front.ratelimit_headers,
             otlp,
             cluster,

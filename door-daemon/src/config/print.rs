@@ -70,6 +70,7 @@ impl Config {
             upstream_timeout,
             stream_idle_timeout,
             send_timeout,
+            body_read_timeout,
             ratelimit_headers,
             otlp,
             cluster,
@@ -113,6 +114,7 @@ impl Config {
         w.clear("upstream_timeout", duration(*upstream_timeout));
         w.clear("stream_idle_timeout", duration(*stream_idle_timeout));
         w.clear("send_timeout", duration(*send_timeout));
+        w.clear("body_read_timeout", duration(*body_read_timeout));
         w.clear("ratelimit_headers", *ratelimit_headers);
         write_connection_limits(
             &mut w,

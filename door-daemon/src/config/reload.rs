@@ -31,6 +31,7 @@ pub fn restart_only_changes(old: &Config, new: &Config) -> Vec<&'static str> {
         upstream_timeout,
         stream_idle_timeout,
         send_timeout,
+        body_read_timeout,
         ratelimit_headers: _,
         otlp,
         cluster,
@@ -43,25 +44,6 @@ pub fn restart_only_changes(old: &Config, new: &Config) -> Vec<&'static str> {
         allow: _,
         deny: _,
     } = old;
-    let XdpConfig {
-        interface,
-        mode,
-        syn_rate: _,
-        syn_burst: _,
-        ports: _,
-        new_prefix_rate: _,
-        new_prefix_burst: _,
-        overflow_syn_rate: _,
-        overflow_syn_burst: _,
-        max_prefixes,
-        allow: _,
-        deny: _,
-        escalate_after: _,
-        escalate_window: _,
-        block_for: _,
-        syn_cookies: _,
-        cookie_threshold: _,
-    } = xdp;
     let checks = [
         (
             "listen",
@@ -86,6 +68,10 @@ pub fn restart_only_changes(old: &Config, new: &Config) -> Vec<&'static str> {
             *stream_idle_timeout != new.stream_idle_timeout,
         ),
         ("send_timeout", *send_timeout != new.send_timeout),
+        (
+            "body_read_timeout",
+            *body_read_timeout != new.body_read_timeout,
+        ),
         ("otlp", *otlp != new.otlp),
         ("cluster", *cluster != new.cluster),
         ("max_connections", *max_connections != new.max_connections),
@@ -105,12 +91,39 @@ pub fn restart_only_changes(old: &Config, new: &Config) -> Vec<&'static str> {
             "max_header_fields",
             *max_header_fields != new.max_header_fields,
         ),
-        ("xdp.interface", *interface != new.xdp.interface),
-        ("xdp.mode", *mode != new.xdp.mode),
-        ("xdp.max_prefixes", *max_prefixes != new.xdp.max_prefixes),
     ];
     checks
         .into_iter()
+        .chain(xdp_restart_only_changes(xdp, &new.xdp))
         .filter_map(|(key, differs)| differs.then_some(key))
         .collect()
+}
+
+/// The `[xdp]` keys of [`restart_only_changes`], each with whether it differs: the interface and
+/// mode the program is attached with, and the size of its maps.
+fn xdp_restart_only_changes(old: &XdpConfig, new: &XdpConfig) -> [(&'static str, bool); 3] {
+    let XdpConfig {
+        interface,
+        mode,
+        syn_rate: _,
+        syn_burst: _,
+        ports: _,
+        new_prefix_rate: _,
+        new_prefix_burst: _,
+        overflow_syn_rate: _,
+        overflow_syn_burst: _,
+        max_prefixes,
+        allow: _,
+        deny: _,
+        escalate_after: _,
+        escalate_window: _,
+        block_for: _,
+        syn_cookies: _,
+        cookie_threshold: _,
+    } = old;
+    [
+        ("xdp.interface", *interface != new.interface),
+        ("xdp.mode", *mode != new.mode),
+        ("xdp.max_prefixes", *max_prefixes != new.max_prefixes),
+    ]
 }

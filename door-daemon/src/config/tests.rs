@@ -522,6 +522,7 @@ fn front_defaults() {
     assert_eq!(c.drain_grace, DEFAULT_DRAIN_GRACE);
     assert_eq!(c.upstream_timeout, DEFAULT_UPSTREAM_TIMEOUT);
     assert_eq!(c.send_timeout, Duration::from_mins(1));
+    assert_eq!(c.body_read_timeout, Duration::from_mins(1));
     assert!(c.ratelimit_headers);
     assert_eq!(
         c.otlp,
@@ -537,7 +538,8 @@ fn front_keys_parse() {
     let c = Config::from_toml(
         "t",
         "header_read_timeout = \"5s\"\nidle_timeout = \"2m\"\ndrain_grace = \"3s\"\n\
-         upstream_timeout = \"1s\"\nsend_timeout = \"90s\"\nratelimit_headers = false\n\
+         upstream_timeout = \"1s\"\nsend_timeout = \"90s\"\nbody_read_timeout = \"45s\"\n\
+         ratelimit_headers = false\n\
          [tls]\ncert = \"/c.pem\"\nkey = \"/k.pem\"\nmin_version = \"1.3\"\n\
          [otlp]\nendpoint = \"http://127.0.0.1:4318\"\ninterval = \"500ms\"",
     )
@@ -547,6 +549,7 @@ fn front_keys_parse() {
     assert_eq!(c.drain_grace, Duration::from_secs(3));
     assert_eq!(c.upstream_timeout, Duration::from_secs(1));
     assert_eq!(c.send_timeout, Duration::from_secs(90));
+    assert_eq!(c.body_read_timeout, Duration::from_secs(45));
     assert!(!c.ratelimit_headers);
     let tls = c.tls.unwrap();
     assert_eq!(tls.cert, PathBuf::from("/c.pem"));
@@ -570,6 +573,7 @@ fn bad_front_keys_are_named() {
     assert!(err("drain_grace = \"-1s\"").starts_with("drain_grace = \"-1s\""));
     assert!(err("upstream_timeout = \"0ms\"").starts_with("upstream_timeout = \"0ms\""));
     assert!(err("send_timeout = \"0s\"").starts_with("send_timeout = \"0s\""));
+    assert!(err("body_read_timeout = \"1x\"").starts_with("body_read_timeout = \"1x\""));
     assert!(
         err("[otlp]\nendpoint = \"127.0.0.1:4318\"")
             .starts_with("otlp.endpoint = \"127.0.0.1:4318\"")

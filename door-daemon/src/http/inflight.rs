@@ -26,8 +26,9 @@ use crate::{
 /// (`upstream_max_inflight`), so that an application behind door is never sent more than this
 /// many of them together, however many connections clients open; and per client
 /// (`upstream_max_inflight_per_client`), so that one client cannot hold them all (its requests'
-/// bodies sent slowly, for as long as it likes: pass-through requests have no body deadline; a
-/// response whose client takes nothing is ended after `send_timeout`).
+/// bodies sent slowly, for as long as it likes: pass-through requests have no body deadline, a
+/// body that stops arriving is ended after `body_read_timeout`, and a response whose client
+/// takes nothing after `send_timeout`).
 #[derive(Debug)]
 pub(crate) struct PassThrough {
     cap: u32,

@@ -37,7 +37,7 @@ use crate::{
         settle::{self, End, Held},
         tunnel,
         upgrade::{self, Upgrade, UpgradeError},
-        upstream::{BodyEnd, BodyWatch, Origin, Proxy, UpstreamBody, prepare},
+        upstream::{BodyEnd, BodyRead, BodyWatch, Origin, Proxy, UpstreamBody, prepare},
     },
     limit::DEFAULT_MAX_CLIENTS,
     limit::{GroupLimiter, KeyKind},
@@ -397,6 +397,9 @@ pub struct App {
     /// A response held to its end whose client takes nothing of it this long is ended
     /// (`send_timeout`).
     send_timeout: Duration,
+    /// A pass-through request body that gets no part from its client for this long while door
+    /// waits for it is ended, 408 (`body_read_timeout`).
+    body_read_timeout: Duration,
     /// Upgraded connections' tunnels, closed at the end of a drain.
     tunnels: std::sync::Mutex<JoinSet<()>>,
     /// Pass-through requests forwarded now, against `upstream_max_inflight`.
@@ -552,6 +555,7 @@ impl App {
             upstream_timeout: config.upstream_timeout,
             stream_idle_timeout: config.stream_idle_timeout,
             send_timeout: config.send_timeout,
+            body_read_timeout: config.body_read_timeout,
             tunnels: std::sync::Mutex::new(JoinSet::new()),
             sessions: Sessions::new(session_capacity(config)),
             passthrough: Arc::new(PassThrough::new(
@@ -995,12 +999,14 @@ impl App {
     /// pass-through (`job.passthrough`).
     ///
     /// - A limited request's body must arrive within the group's read timeout (else 408,
-    ///   upstream aborted); the permit settles when the response body ends, or once the response
-    ///   has been sending for the group's read timeout (a slow reader keeps its connection, not a
-    ///   limiter slot). From that deadline on, a response that moves nothing (no frame from the
-    ///   upstream, no byte of it sent to the client) for another read timeout is ended upstream (see
-    ///   [`crate::http::body`]); a pass-through response whose client takes nothing of a frame
-    ///   door holds for `send_timeout` is too.
+    ///   upstream aborted), a pass-through request's body must not keep door waiting for its
+    ///   next part for `body_read_timeout` (else the same); the permit settles when the
+    ///   response body ends, or once the response has been sending for the group's read timeout
+    ///   (a slow reader keeps its connection, not a limiter slot). From that deadline on, a
+    ///   response that moves nothing (no frame from the upstream, no byte of it sent to the
+    ///   client) for another read timeout is ended upstream (see [`crate::http::body`]); a
+    ///   pass-through response whose client takes nothing of a frame door holds for
+    ///   `send_timeout` is too.
     /// - A stream (a `stream = true` route, a `text/event-stream` answer) has no body deadline
     ///   and no upstream timeout; it holds its slot until it ends and is ended, upstream too,
     ///   after `stream_idle_timeout` without a frame. A pass-through `text/event-stream` answer is admitted
@@ -1047,11 +1053,12 @@ impl App {
         // An HTTP/1.1 upgrade's body (if any) comes before the switch, so it has the deadline of
         // any other; an extended CONNECT's request body is its tunnel.
         let tunnel_body = matches!(upgrade, Some(Upgrade::ExtendedConnect { .. }));
-        let deadline = admitted
-            .as_ref()
-            .filter(|_| !stream_route && !tunnel_body)
-            .map(|a| a.limited.read_timeout);
-        let (body, watch) = UpstreamBody::new(body, deadline, self.upstream_timeout);
+        let read = (!stream_route && !tunnel_body).then(|| match &admitted {
+            Some(a) => BodyRead::Deadline(a.limited.read_timeout),
+            // A pass-through body has no deadline, but its client must keep it moving.
+            None => BodyRead::Idle(self.body_read_timeout),
+        });
+        let (body, watch) = UpstreamBody::new(body, read, self.upstream_timeout);
         let up = Request::from_parts(parts, body);
         // Handed to the upstream now: the future below holds the call, not the request.
         // A stream's response has no head deadline, but an upgrade's `101` is a handshake: it
@@ -1137,8 +1144,8 @@ impl App {
     }
 
     /// Sends `req` upstream. While the request body is still being sent, only its read deadline
-    /// applies (`body` says when it ended or missed the deadline, and, when the upstream was not
-    /// taking it then, whether it took nothing for a further `upstream_timeout`:
+    /// or idle timeout applies (`body` says when it ended or missed it, and, when the upstream
+    /// was not taking it then, whether it took nothing for a further `upstream_timeout`:
     /// [`BodyWatch::end`]); once it has been sent in full (at once for a request without a
     /// body), the upstream has `upstream_timeout` to answer with its response head.
     ///

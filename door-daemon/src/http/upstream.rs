@@ -56,8 +56,13 @@ static KEEP_ALIVE: HeaderName = HeaderName::from_static("keep-alive");
 static PROXY_CONNECTION: HeaderName = HeaderName::from_static("proxy-connection");
 
 /// The request body door sends upstream: the client's body streamed through, optionally under a
-/// read deadline (a limited route's `read_timeout`, docs/design.md "Limits"), or none at all
-/// ([`UpstreamBody::empty`], door's own health probe).
+/// read deadline (a limited route's `read_timeout`, docs/design.md "Limits") or an idle timeout
+/// (a pass-through route's `body_read_timeout`), or none at all ([`UpstreamBody::empty`], door's
+/// own health probe).
+///
+/// The idle timeout, like nginx's `client_body_timeout`, runs only while door waits for the
+/// client's next part, from when it starts waiting; each part that arrives stops it. It reports
+/// and fails as a missed read deadline does.
 ///
 /// The read deadline counts the client's time only: the time door waits for the client's next
 /// part of the body. While door holds a part the upstream has not taken (the upstream client
@@ -75,7 +80,49 @@ pub struct UpstreamBody {
     inner: Option<Incoming>,
     /// The read deadline; `None` without one, and once the body has reported.
     deadline: Option<ReadDeadline>,
+    /// The idle timeout; `None` without one, and once the body has reported.
+    idle: Option<IdleTimeout>,
     events: Option<oneshot::Sender<BodyEvent>>,
+}
+
+/// How a request body must arrive, when it must ([`UpstreamBody::new`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BodyRead {
+    /// Whole within this much of the client's time (a limited route's `read_timeout`).
+    Deadline(Duration),
+    /// With no wait for the client's next part longer than this (a pass-through route's
+    /// `body_read_timeout`).
+    Idle(Duration),
+}
+
+/// A request body's idle timeout as the body keeps it.
+#[derive(Debug)]
+struct IdleTimeout {
+    /// The longest wait for the client's next part.
+    limit: Duration,
+    /// The timer of the waits: made at the body's first wait (a body that arrives whole with
+    /// its head never has one), and set again when each later wait begins.
+    timer: Option<Pin<Box<Sleep>>>,
+    /// Whether `timer` is set for the current wait.
+    waiting: bool,
+}
+
+impl IdleTimeout {
+    /// Door waits for the client's next part: the timer, set when this wait began, is polled.
+    fn waiting(&mut self, cx: &mut Context<'_>) -> Poll<()> {
+        if !self.waiting {
+            self.waiting = true;
+            let due = crate::time::now() + self.limit;
+            if let Some(timer) = &mut self.timer {
+                timer.as_mut().reset(due);
+            } else {
+                self.timer = Some(Box::pin(tokio::time::sleep_until(due)));
+            }
+        }
+        self.timer
+            .as_mut()
+            .map_or(Poll::Pending, |timer| timer.as_mut().poll(cx))
+    }
 }
 
 /// A request body's read deadline as the body keeps it: its timer, and the time door held parts
@@ -214,7 +261,8 @@ pub struct BodyWatch {
 pub enum BodyEnd {
     /// Sent to its end, or no longer needed (the upstream answered before it ended).
     Sent,
-    /// The client's time ran past the deadline before the body ended: the client is late (408).
+    /// The client's time ran past the deadline before the body ended, or door waited for its
+    /// next part longer than the idle timeout: the client is late (408).
     TimedOut,
     /// Reading the client's body failed (the client went away, or broke the protocol).
     ClientGone,
@@ -302,7 +350,8 @@ impl BodyWatch {
 pub enum BodyEvent {
     /// The body was read to its end.
     Ended,
-    /// The read deadline passed first.
+    /// The read deadline passed first, or door waited for the next part longer than the idle
+    /// timeout.
     TimedOut,
     /// Reading the client's body failed: the client went away (connection closed or reset,
     /// HTTP/2 RST_STREAM) or broke the protocol.
@@ -312,7 +361,8 @@ pub enum BodyEvent {
 /// Why the body door sends upstream failed.
 #[derive(Debug, Error)]
 pub enum UpstreamBodyError {
-    /// The read deadline passed before the body ended.
+    /// The read deadline passed before the body ended, or door waited for its next part longer
+    /// than its idle timeout.
     #[error("the request body did not arrive within its read timeout")]
     TimedOut,
     /// Reading the client's body failed (client gone, protocol error).
@@ -321,24 +371,38 @@ pub enum UpstreamBodyError {
 }
 
 impl UpstreamBody {
-    /// The client's body, which must end within `deadline` of the client's time from now when
-    /// one is given (routes in no group have none; see [`UpstreamBody`]), door's holds adding
-    /// at most `credit` (`upstream_timeout`) to it in all. A body that is already complete (no
-    /// body, `Content-Length: 0`) gets neither timer nor watch; otherwise the [`BodyWatch`] tells
-    /// how sending it ended.
+    /// The client's body, which must arrive as `read` says when it is given (streams have no
+    /// bound; see [`UpstreamBody`]): with [`BodyRead::Deadline`], whole within that much of the
+    /// client's time from now, door's holds adding at most `credit` (`upstream_timeout`) to it
+    /// in all; with [`BodyRead::Idle`], with no longer wait for a part. A body that is already
+    /// complete (no body, `Content-Length: 0`) gets neither timer nor watch; otherwise the
+    /// [`BodyWatch`] tells how sending it ended.
     pub fn new(
         inner: Incoming,
-        deadline: Option<Duration>,
+        read: Option<BodyRead>,
         credit: Duration,
     ) -> (Self, Option<BodyWatch>) {
         if inner.is_end_stream() {
             let body = Self {
                 inner: Some(inner),
                 deadline: None,
+                idle: None,
                 events: None,
             };
             return (body, None);
         }
+        let (deadline, idle) = match read {
+            Some(BodyRead::Deadline(d)) => (Some(d), None),
+            Some(BodyRead::Idle(limit)) => (
+                None,
+                Some(IdleTimeout {
+                    limit,
+                    timer: None,
+                    waiting: false,
+                }),
+            ),
+            None => (None, None),
+        };
         let (tx, rx) = oneshot::channel();
         let now = crate::time::now();
         let deadline = deadline.map(|d| {
@@ -360,6 +424,7 @@ impl UpstreamBody {
         let body = Self {
             inner: Some(inner),
             deadline,
+            idle,
             events: Some(tx),
         };
         (body, Some(watch))
@@ -370,12 +435,14 @@ impl UpstreamBody {
         Self {
             inner: None,
             deadline: None,
+            idle: None,
             events: None,
         }
     }
 
     fn report(&mut self, event: BodyEvent) {
         self.deadline = None;
+        self.idle = None;
         if let Some(tx) = self.events.take() {
             let _ = tx.send(event);
         }
@@ -398,14 +465,20 @@ impl Body for UpstreamBody {
             d.asked();
         }
         let Poll::Ready(frame) = Pin::new(&mut *inner).poll_frame(cx) else {
-            if let Some(d) = &mut this.deadline
-                && d.waiting(cx).is_ready()
-            {
+            let late = this
+                .deadline
+                .as_mut()
+                .is_some_and(|d| d.waiting(cx).is_ready())
+                || this.idle.as_mut().is_some_and(|i| i.waiting(cx).is_ready());
+            if late {
                 this.report(BodyEvent::TimedOut);
                 return Poll::Ready(Some(Err(UpstreamBodyError::TimedOut)));
             }
             return Poll::Pending;
         };
+        if let Some(idle) = &mut this.idle {
+            idle.waiting = false;
+        }
         match &frame {
             None => this.report(BodyEvent::Ended),
             Some(Ok(_)) if inner.is_end_stream() => this.report(BodyEvent::Ended),
