@@ -238,29 +238,30 @@ impl Watch {
 
     /// Ends the exchange for `why` once it has not moved for `still`: no frame taken from the
     /// upstream and, but for a stream's idle timeout, no byte of it sent to the client (for
-    /// [`Early::Unsent`], while door was not waiting on the upstream either). The bytes sent are
-    /// looked at when a frame is `still` late, so a response is ended only after a whole `still`
-    /// without any. A stream's idle timeout counts frames only: it ends a stream `still` after
-    /// its last event, whether the upstream fell silent or the client stopped reading.
+    /// [`Early::Unsent`], while door was not waiting on the upstream either). The bytes sent,
+    /// and whether door waits on the upstream, are looked at every eighth of `still` (they move
+    /// no timer of their own), so a response is ended between `still` and 1.125 × `still` after
+    /// its last byte sent. A stream's idle timeout counts frames only: it ends a stream `still`
+    /// after its last event, whether the upstream fell silent or the client stopped reading.
     async fn end_when_still(&self, still: Duration, why: Early) {
         let bytes = !matches!(why, Early::Idle(_));
         let sent = || bytes.then(|| self.sent.load(Ordering::Relaxed));
+        let look = if bytes { still / 8 } else { still };
         let mut seen = sent();
         loop {
-            let due = self.lock().last + still;
             let now = crate::time::now();
-            if now < due {
-                tokio::time::sleep_until(due).await;
-                continue;
-            }
             let sent = sent();
-            {
+            let due = {
                 let mut s = self.lock();
                 if sent != seen || waits_on_upstream(&s, why) {
                     seen = sent;
                     s.last = s.last.max(now);
-                    continue;
                 }
+                s.last + still
+            };
+            if now < due {
+                tokio::time::sleep_until(due.min(now + look)).await;
+                continue;
             }
             if self.end_if_still(still, why) {
                 return;
