@@ -703,22 +703,31 @@ async fn a_pass_through_body_that_stops_arriving_gets_408_at_the_body_read_timeo
 /// than `upstream_timeout` without taking anything: the body's own timer runs only while the
 /// upstream takes the body, so without a deadline of its own the request would hold its slots
 /// until the upstream closed. It is the upstream's doing: 504, counted as a server error,
-/// nothing charged.
+/// nothing charged. A pass-through request's body (no read deadline, a 3 s
+/// `body_read_timeout`) is told the same way, and its pass-through slot freed.
 #[tokio::test(start_paused = true)]
 async fn an_upstream_that_stops_reading_the_body_gets_504_after_the_upstream_timeout() {
     // The body at once: 5 s without progress (webhook's read_timeout, 10 s, stands still
-    // meanwhile).
-    stalled_upstream(Duration::ZERO, 5).await;
-    // One byte, then 3 s waiting for the client, then the rest: the hold begins at 3 s and is a
-    // stall at 8 s, not at the read deadline.
-    stalled_upstream(Duration::from_secs(3), 8).await;
+    // meanwhile). One byte, then 3 s waiting for the client, then the rest: the hold begins at
+    // 3 s and is a stall at 8 s, not at the read deadline.
+    for (pause, secs) in [(Duration::ZERO, 5), (Duration::from_secs(3), 8)] {
+        let d = stalled_upstream("/webhooks/github", pause, secs).await;
+        assert_eq!(d.inflight("webhook"), 0);
+        assert_eq!(d.count("webhook", Outcome::ServerError), 1);
+        assert_eq!(d.count("webhook", Outcome::ClientError), 0);
+    }
+    // A pause of 2 s is not the client's 3 s wait; the hold after it is a stall at 7 s.
+    for (pause, secs) in [(Duration::ZERO, 5), (Duration::from_secs(2), 7)] {
+        let d = stalled_upstream("/upload", pause, secs).await;
+        assert_eq!(d.app().passthrough_in_flight(), 0);
+    }
 }
 
 /// door in front of an upstream that reads a request's head and nothing more, with
-/// `upstream_timeout = "5s"`, and a webhook request whose client sends one byte of its body,
-/// waits `pause`, then sends far more than the sockets hold: door answers 504 `secs` seconds
-/// after the request.
-async fn stalled_upstream(pause: Duration, secs: u64) {
+/// `upstream_timeout = "5s"` and `body_read_timeout = "3s"`, and a request to `path` whose
+/// client sends one byte of its body, waits `pause`, then sends far more than the sockets hold:
+/// door answers 504 `secs` seconds after the request.
+async fn stalled_upstream(path: &str, pause: Duration, secs: u64) -> Door {
     let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let up = l.local_addr().unwrap();
     let (held_tx, mut held_rx) = mpsc::unbounded_channel();
@@ -729,17 +738,21 @@ async fn stalled_upstream(pause: Duration, secs: u64) {
         // Reads nothing more, and keeps the connection open until the test ends.
         held_tx.send(s).unwrap();
     });
-    let d = door(&config(up, "upstream_timeout = \"5s\"", "")).await;
+    let d = door(&config(
+        up,
+        "upstream_timeout = \"5s\"\nbody_read_timeout = \"3s\"",
+        "",
+    ))
+    .await;
     let start = door_daemon::time::now();
     let s = TcpStream::connect(d.addr).await.unwrap();
     let (mut rd, mut wr) = s.into_split();
     // Far more than the loopback sockets' buffers hold, so door is left holding a part of it.
     let len = (64 << 20) + 1;
+    let request =
+        format!("POST {path} HTTP/1.1\r\nHost: door.test\r\nContent-Length: {len}\r\n\r\nx");
     let writer = tokio::spawn(async move {
-        let head = format!(
-            "POST /webhooks/github HTTP/1.1\r\nHost: door.test\r\nContent-Length: {len}\r\n\r\nx"
-        );
-        wr.write_all(head.as_bytes()).await.unwrap();
+        wr.write_all(request.as_bytes()).await.unwrap();
         tokio::time::sleep(pause).await;
         let chunk = vec![b'x'; 64 << 10];
         for _ in 0..len / chunk.len() {
@@ -754,12 +767,10 @@ async fn stalled_upstream(pause: Duration, secs: u64) {
     answered_at(start, secs);
     let out = String::from_utf8_lossy(&out);
     assert!(out.starts_with("HTTP/1.1 504"), "{out}");
-    assert_eq!(d.inflight("webhook"), 0);
-    assert_eq!(d.count("webhook", Outcome::ServerError), 1);
-    assert_eq!(d.count("webhook", Outcome::ClientError), 0);
     assert_eq!(d.app().requests_in_flight(), 0);
     writer.abort();
     drop(held);
+    d
 }
 
 /// A client that sends its body on time is not late because the upstream was slow to take it:

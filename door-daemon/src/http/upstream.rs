@@ -105,6 +105,10 @@ struct IdleTimeout {
     timer: Option<Pin<Box<Sleep>>>,
     /// Whether `timer` is set for the current wait.
     waiting: bool,
+    /// What the [`BodyWatch`] reads: whether door waits for the client or holds a part the
+    /// upstream has not taken (since when), so that an upstream that stops taking the body is
+    /// told ([`BodyEnd::UpstreamStalled`]).
+    progress: Arc<Progress>,
 }
 
 impl IdleTimeout {
@@ -112,6 +116,9 @@ impl IdleTimeout {
     fn waiting(&mut self, cx: &mut Context<'_>) -> Poll<()> {
         if !self.waiting {
             self.waiting = true;
+            self.progress
+                .state
+                .store(Progress::waiting(Duration::ZERO), Ordering::Release);
             let due = crate::time::now() + self.limit;
             if let Some(timer) = &mut self.timer {
                 timer.as_mut().reset(due);
@@ -122,6 +129,16 @@ impl IdleTimeout {
         self.timer
             .as_mut()
             .map_or(Poll::Pending, |timer| timer.as_mut().poll(cx))
+    }
+
+    /// A part has come and is handed over (not the last): the wait is over, and door holds the
+    /// part until the upstream client asks again.
+    fn holding(&mut self) {
+        self.waiting = false;
+        self.progress.state.store(
+            Progress::holding(crate::time::now().saturating_duration_since(self.progress.start)),
+            Ordering::Release,
+        );
     }
 }
 
@@ -251,9 +268,9 @@ fn nanos(d: Duration) -> u64 {
 #[derive(Debug)]
 pub struct BodyWatch {
     events: oneshot::Receiver<BodyEvent>,
-    /// The deadline had door never held a part (the body's creation plus `read_timeout`), and
-    /// the body's [`Progress`].
-    deadline: Option<(Instant, Arc<Progress>)>,
+    /// The body's [`Progress`], and its deadline had door never held a part (the body's
+    /// creation plus `read_timeout`; `None` under an idle timeout, which the body keeps itself).
+    progress: Option<(Arc<Progress>, Option<Instant>)>,
 }
 
 /// How sending a request body upstream ended, as [`BodyWatch::end`] tells it.
@@ -277,15 +294,17 @@ impl BodyWatch {
     /// time door waits for the client only: while door holds a part the upstream has not taken
     /// it stands still (up to the body's credit in all, after which the body is late even while
     /// held), and an upstream that takes nothing for `stall` is [`BodyEnd::UpstreamStalled`].
+    /// A body under an idle timeout keeps that timeout itself (it reports
+    /// [`BodyEvent::TimedOut`]); its watch tells the upstream's stall the same way.
     /// Before the upstream client first asks for a frame (the
     /// connection is being made: its connect is bounded by `upstream_timeout`, which is `stall`),
     /// neither runs; a body not asked for within 2 × `stall` (a name lookup that never returns)
     /// is [`BodyEnd::UpstreamStalled`] too.
     pub async fn end(self, stall: Duration) -> BodyEnd {
-        let Self { events, deadline } = self;
-        let event = match deadline {
+        let Self { events, progress } = self;
+        let event = match progress {
             None => events.await,
-            Some((due, progress)) => {
+            Some((progress, due)) => {
                 tokio::pin!(events);
                 loop {
                     let state = progress.state.load(Ordering::Acquire);
@@ -293,33 +312,9 @@ impl BodyWatch {
                     // due sooner, it looks again within `stall`, so that a hold that began
                     // meanwhile is still a stall `stall` after it began.
                     let soon = crate::time::now() + stall;
-                    let (at, verdict) = if state == Progress::UNASKED {
-                        // A backstop: the connection's own timeout (`stall` too) bounds its
-                        // connect, not a name lookup that never returns.
-                        (progress.start + stall * 2, BodyEnd::UpstreamStalled)
-                    } else if state & Progress::WAITING != 0 {
-                        let moved = Duration::from_nanos(state & !Progress::WAITING);
-                        (due + moved, BodyEnd::TimedOut)
-                    } else {
-                        // Holding: a stall `stall` after the hold began, unless the holds have
-                        // used up the credit first. By then the client's time has run out
-                        // however it was split between waits and holds: the body is late even
-                        // if door never waits for the client again (one always ahead of the
-                        // upstream).
-                        let since = progress.start + Duration::from_nanos(state);
-                        let unasked =
-                            Duration::from_nanos(progress.unasked.load(Ordering::Relaxed));
-                        let late = due + unasked + progress.credit;
-                        if late < since + stall {
-                            (late, BodyEnd::TimedOut)
-                        } else {
-                            (since + stall, BodyEnd::UpstreamStalled)
-                        }
-                    };
-                    let (wake, verdict) = if at <= soon {
-                        (at, Some(verdict))
-                    } else {
-                        (soon, None)
+                    let (wake, verdict) = match verdict(&progress, state, due, stall) {
+                        Some((at, verdict)) if at <= soon => (at, Some(verdict)),
+                        _ => (soon, None),
                     };
                     tokio::select! {
                         biased;
@@ -343,6 +338,43 @@ impl BodyWatch {
             Ok(BodyEvent::Failed) => BodyEnd::ClientGone,
         }
     }
+}
+
+/// When the [`BodyWatch`] of a body in `state` gives its verdict, and which, if the body stays
+/// in that state: `None` while door waits for the client under an idle timeout (the body keeps
+/// that one itself). `due` is the read deadline had door never held a part (`None` under an
+/// idle timeout); `stall` is `upstream_timeout`.
+fn verdict(
+    progress: &Progress,
+    state: u64,
+    due: Option<Instant>,
+    stall: Duration,
+) -> Option<(Instant, BodyEnd)> {
+    if state == Progress::UNASKED {
+        // A backstop: the connection's own timeout (`stall` too) bounds its connect, not a name
+        // lookup that never returns.
+        return Some((progress.start + stall * 2, BodyEnd::UpstreamStalled));
+    }
+    if state & Progress::WAITING != 0 {
+        let moved = Duration::from_nanos(state & !Progress::WAITING);
+        return due.map(|due| (due + moved, BodyEnd::TimedOut));
+    }
+    // Holding: a stall `stall` after the hold began, unless the holds have used up the credit
+    // first. By then the client's time has run out however it was split between waits and
+    // holds: the body is late even if door never waits for the client again (one always ahead
+    // of the upstream).
+    let since = progress.start + Duration::from_nanos(state);
+    let stalled = (since + stall, BodyEnd::UpstreamStalled);
+    let Some(due) = due else {
+        return Some(stalled);
+    };
+    let unasked = Duration::from_nanos(progress.unasked.load(Ordering::Relaxed));
+    let late = due + unasked + progress.credit;
+    Some(if late < stalled.0 {
+        (late, BodyEnd::TimedOut)
+    } else {
+        stalled
+    })
 }
 
 /// What happened to a request body, reported once by [`UpstreamBody`].
@@ -391,6 +423,8 @@ impl UpstreamBody {
             };
             return (body, None);
         }
+        let (tx, rx) = oneshot::channel();
+        let now = crate::time::now();
         let (deadline, idle) = match read {
             Some(BodyRead::Deadline(d)) => (Some(d), None),
             Some(BodyRead::Idle(limit)) => (
@@ -399,12 +433,11 @@ impl UpstreamBody {
                     limit,
                     timer: None,
                     waiting: false,
+                    progress: Arc::new(Progress::new(now, credit)),
                 }),
             ),
             None => (None, None),
         };
-        let (tx, rx) = oneshot::channel();
-        let now = crate::time::now();
         let deadline = deadline.map(|d| {
             let due = now + d;
             ReadDeadline {
@@ -419,7 +452,11 @@ impl UpstreamBody {
         });
         let watch = BodyWatch {
             events: rx,
-            deadline: deadline.as_ref().map(|d| (d.due, Arc::clone(&d.progress))),
+            progress: match (&deadline, &idle) {
+                (Some(d), _) => Some((Arc::clone(&d.progress), Some(d.due))),
+                (None, Some(i)) => Some((Arc::clone(&i.progress), None)),
+                (None, None) => None,
+            },
         };
         let body = Self {
             inner: Some(inner),
@@ -476,9 +513,6 @@ impl Body for UpstreamBody {
             }
             return Poll::Pending;
         };
-        if let Some(idle) = &mut this.idle {
-            idle.waiting = false;
-        }
         match &frame {
             None => this.report(BodyEvent::Ended),
             Some(Ok(_)) if inner.is_end_stream() => this.report(BodyEvent::Ended),
@@ -486,6 +520,9 @@ impl Body for UpstreamBody {
             Some(Ok(_)) => {
                 if let Some(d) = &mut this.deadline {
                     d.holding();
+                }
+                if let Some(idle) = &mut this.idle {
+                    idle.holding();
                 }
             }
         }
@@ -1252,9 +1289,37 @@ mod tests {
         let progress = Arc::new(Progress::new(now, Duration::from_secs(30)));
         let watch = BodyWatch {
             events: rx,
-            deadline: Some((now + Duration::from_secs(10), Arc::clone(&progress))),
+            progress: Some((Arc::clone(&progress), Some(now + Duration::from_secs(10)))),
         };
         (watch, tx, progress)
+    }
+
+    /// The same under an idle timeout (no read deadline): waits for the client never end in
+    /// the watch (the body keeps that timeout), a part the upstream does not take for the stall
+    /// time is its stall.
+    #[tokio::test(start_paused = true)]
+    async fn under_an_idle_timeout_the_watch_tells_only_the_upstreams_stall() {
+        let (tx, rx) = oneshot::channel();
+        let progress = Arc::new(Progress::new(crate::time::now(), Duration::from_secs(30)));
+        let watch = BodyWatch {
+            events: rx,
+            progress: Some((Arc::clone(&progress), None)),
+        };
+        let start = crate::time::now();
+        let end = tokio::spawn(watch.end(STALL));
+        set(&progress, Progress::waiting(Duration::ZERO));
+        tokio::time::sleep(Duration::from_mins(10)).await;
+        assert!(
+            !end.is_finished(),
+            "a wait for the client ended in the watch"
+        );
+        set(
+            &progress,
+            Progress::holding(crate::time::now().duration_since(start)),
+        );
+        assert_eq!(end.await.unwrap(), BodyEnd::UpstreamStalled);
+        assert_eq!(start.elapsed(), Duration::from_mins(10) + STALL);
+        drop(tx);
     }
 
     fn set(progress: &Progress, state: u64) {
