@@ -2778,6 +2778,69 @@ async fn one_client_past_upstream_max_inflight_per_client_gets_429_and_others_st
     let_go_and_pass_again(&d, s).await;
 }
 
+/// An upstream that answers a pass-through request before it has read the body, and reads on,
+/// still has the request in hand: its slot is held until the body has been sent too, so a
+/// client cannot pile up requests past `upstream_max_inflight_per_client` by keeping the bodies
+/// of answered requests open (a hostile-input pass held 120 upstream connections so, against a
+/// cap of 10).
+#[tokio::test]
+async fn a_pass_through_request_answered_before_its_body_ends_holds_its_slot_until_it_ends() {
+    let got = Arc::new(Mutex::new(Vec::new()));
+    let seen = Arc::clone(&got);
+    // One connection: answers its request at once, then reads the body on, to 20 bytes.
+    let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let up = l.local_addr().unwrap();
+    tokio::spawn(async move {
+        let (mut s, _) = l.accept().await.unwrap();
+        let mut buf = vec![0u8; 4096];
+        let mut request = Vec::new();
+        let head_end = loop {
+            let n = s.read(&mut buf).await.unwrap();
+            request.extend_from_slice(buf.get(..n).unwrap());
+            if let Some(i) = request.windows(4).position(|w| w == b"\r\n\r\n") {
+                break i + 4;
+            }
+        };
+        s.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nearly")
+            .await
+            .unwrap();
+        while request.len() - head_end < 20 {
+            let n = s.read(&mut buf).await.unwrap();
+            if n == 0 {
+                break;
+            }
+            request.extend_from_slice(buf.get(..n).unwrap());
+        }
+        seen.lock().unwrap().push(request.len() - head_end);
+        // Keeps the connection open until the test ends.
+        let _ = s.read(&mut buf).await;
+    });
+    let d = door(&config(up, "upstream_max_inflight_per_client = 1", "")).await;
+    let mut s = TcpStream::connect(d.addr).await.unwrap();
+    s.write_all(
+        b"POST /upload HTTP/1.1\r\nHost: door.test\r\nContent-Length: 20\r\n\r\n0123456789",
+    )
+    .await
+    .unwrap();
+    let mut answer = [0u8; 12];
+    s.read_exact(&mut answer).await.unwrap();
+    assert_eq!(&answer, b"HTTP/1.1 200", "answered before the body ended");
+    // The answer is sent; the body is not: another request of the same client is over the cap.
+    let res = h1(d.addr).await.send_request(get("/pass/x")).await.unwrap();
+    assert_eq!(res.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(d.app().passthrough_in_flight(), 1);
+    s.write_all(b"0123456789").await.unwrap();
+    d.eventually("the body's end gave the slot back", |d| {
+        d.app().passthrough_in_flight() == 0
+    })
+    .await;
+    d.eventually("the upstream read the body", |_| {
+        !got.lock().unwrap().is_empty()
+    })
+    .await;
+    assert_eq!(got.lock().unwrap().as_slice(), [20], "the whole body");
+}
+
 /// Behind a trusted proxy speaking PROXY protocol, the client it names, not the proxy, holds
 /// the per-client pass-through cap: one client past it gets 429, another client through the same
 /// proxy still passes.

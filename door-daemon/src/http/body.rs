@@ -227,7 +227,12 @@ impl Watch {
                 s.waker.take(),
             )
         };
-        drop((body, open, passthrough, active));
+        drop((body, open, active));
+        // Given back now, though the request body may still hold a share in its upstream
+        // connection: the exchange is over.
+        if let Some(slot) = passthrough {
+            slot.ended();
+        }
         tracing::debug!(why = %ResponseBodyError::from(why), "ended a response upstream");
         self.settle();
         if let Some(waker) = waker {

@@ -9,7 +9,7 @@ use std::{
     collections::{HashMap, hash_map::Entry},
     sync::{
         Arc, Mutex, PoisonError,
-        atomic::{AtomicU32, AtomicUsize, Ordering},
+        atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering},
     },
     time::Duration,
 };
@@ -161,16 +161,21 @@ impl PassThrough {
             Whose::Exempt => Client::Exempt,
         };
         // Dropped on refusal, it gives the client's place back.
-        let mut slot = PassSlot {
+        let mut place = Place {
             door: Arc::clone(self),
             client,
             counted: false,
+            given_back: AtomicBool::new(false),
         };
         if !take_one(&self.open, self.cap) {
             return Err(PassRefusal::Door);
         }
-        slot.counted = true;
-        Ok(slot)
+        place.counted = true;
+        Ok(PassSlot {
+            own: Some(place),
+            shared: None,
+            answered: false,
+        })
     }
 }
 
@@ -183,17 +188,83 @@ enum Client {
 }
 
 /// One pass-through request's place under both caps, held until its response body has been sent
-/// or dropped.
+/// or dropped, and, when its request body was still arriving as the request went upstream, until
+/// that body has been sent or dropped too ([`PassSlot::share`]): an upstream that answers before
+/// it has read the body (and reads on) still has the request in hand. A request that fails, or
+/// whose exchange door ends, gives the place back at once, whatever holds a share of it: the
+/// request body's share may live on in an upstream connection stuck writing it.
 #[derive(Debug)]
 pub(crate) struct PassSlot {
-    door: Arc<PassThrough>,
-    client: Client,
-    /// Whether it holds a door-wide place too (`false` only while [`PassThrough::take`] runs).
-    counted: bool,
+    /// The place, held by this slot alone; `None` once shared.
+    own: Option<Place>,
+    /// The place, shared with the slots [`PassSlot::share`] made; `None` until then.
+    shared: Option<Arc<Place>>,
+    /// Whether dropping this slot leaves a shared place to its other holders (the request was
+    /// answered: [`PassSlot::answered`], and every share); otherwise it gives the place back.
+    answered: bool,
+}
+
+impl PassSlot {
+    /// A second holder of this slot's place (the request body's), which is given back once both
+    /// are dropped, or once this slot is dropped unanswered or [`ended`](Self::ended). The first
+    /// share allocates the place's `Arc`.
+    pub(crate) fn share(&mut self) -> Self {
+        if let Some(place) = self.own.take() {
+            self.shared = Some(Arc::new(place));
+        }
+        Self {
+            own: None,
+            shared: self.shared.clone(),
+            answered: true,
+        }
+    }
+
+    /// The slot of a request whose answer is being relayed: dropped at the answer's end, it
+    /// leaves the place to the request body's share, if that is still being sent.
+    pub(crate) fn answered(mut self) -> Self {
+        self.answered = true;
+        self
+    }
+
+    /// Gives the place back now, whatever shares of it are held: door ended the exchange.
+    pub(crate) fn ended(mut self) {
+        self.answered = false;
+    }
 }
 
 impl Drop for PassSlot {
     fn drop(&mut self) {
+        if !self.answered
+            && let Some(place) = &self.shared
+        {
+            place.give_back();
+        }
+    }
+}
+
+/// A pass-through request's place under both caps: given back when dropped, or before.
+#[derive(Debug)]
+struct Place {
+    door: Arc<PassThrough>,
+    client: Client,
+    /// Whether it holds a door-wide place too (`false` only while [`PassThrough::take`] runs).
+    counted: bool,
+    /// Whether it has been given back.
+    given_back: AtomicBool,
+}
+
+impl Drop for Place {
+    fn drop(&mut self) {
+        self.give_back();
+    }
+}
+
+impl Place {
+    /// Gives the place back, once.
+    fn give_back(&self) {
+        if self.given_back.swap(true, Ordering::AcqRel) {
+            return;
+        }
         if self.counted {
             self.door.open.fetch_sub(1, Ordering::AcqRel);
         }

@@ -1036,7 +1036,7 @@ impl App {
             plane,
             deferred_plane,
             credential,
-            passthrough,
+            mut passthrough,
             sse_key,
         } = job;
         let on_client = upgrade.as_ref().map(|_| hyper::upgrade::on(&mut req));
@@ -1050,15 +1050,10 @@ impl App {
         // a 502 door gave for a client's broken body, must not be served to other probes), and of
         // its answers only those that do not depend on who asked (`health::speaks_for_health`).
         let feeds_cache = health && matches!(method, Method::GET | Method::HEAD);
-        // An HTTP/1.1 upgrade's body (if any) comes before the switch, so it has the deadline of
-        // any other; an extended CONNECT's request body is its tunnel.
-        let tunnel_body = matches!(upgrade, Some(Upgrade::ExtendedConnect { .. }));
-        let read = (!stream_route && !tunnel_body).then(|| match &admitted {
-            Some(a) => BodyRead::Deadline(a.limited.read_timeout),
-            // A pass-through body has no deadline, but its client must keep it moving.
-            None => BodyRead::Idle(self.body_read_timeout),
-        });
-        let (body, watch) = UpstreamBody::new(body, read, self.upstream_timeout);
+        let read = self.body_read(admitted.as_ref(), stream_route, upgrade.as_ref());
+        let (mut body, watch) = UpstreamBody::new(body, read, self.upstream_timeout);
+        // A pass-through request holds its slot until its body has been sent too.
+        body.hold(passthrough.as_mut());
         let up = Request::from_parts(parts, body);
         // Handed to the upstream now: the future below holds the call, not the request.
         // A stream's response has no head deadline, but an upgrade's `101` is a handshake: it
@@ -1125,7 +1120,7 @@ impl App {
                 let idle = self.stream_idle_timeout;
                 let mut out =
                     res.map(|b| ResponseBody::stream(b, permit.map(|p| (p, status)), idle, open));
-                out.body_mut().passthrough = passthrough;
+                out.body_mut().passthrough = passthrough.map(PassSlot::answered);
                 return out;
             }
             let mut out = match (permit, read_timeout) {
@@ -1138,9 +1133,28 @@ impl App {
                 }
                 (None, _) => res.map(|b| ResponseBody::upstream(b, self.send_timeout)),
             };
-            out.body_mut().passthrough = passthrough;
+            out.body_mut().passthrough = passthrough.map(PassSlot::answered);
             out
         }
+    }
+
+    /// How the body of a request forwarded with `admitted` (`None`: pass-through) must arrive:
+    /// whole within its group's `read_timeout`, or, pass-through, with no wait for a part longer
+    /// than `body_read_timeout`; streams (a `stream = true` route, an extended CONNECT, whose
+    /// request body is its tunnel) under no bound. An HTTP/1.1 upgrade's body (if any) comes
+    /// before the switch, so it has the bound of any other.
+    fn body_read(
+        &self,
+        admitted: Option<&Admitted<'_>>,
+        stream_route: bool,
+        upgrade: Option<&Upgrade>,
+    ) -> Option<BodyRead> {
+        let tunnel_body = matches!(upgrade, Some(Upgrade::ExtendedConnect { .. }));
+        (!stream_route && !tunnel_body).then(|| {
+            admitted.map_or(BodyRead::Idle(self.body_read_timeout), |a| {
+                BodyRead::Deadline(a.limited.read_timeout)
+            })
+        })
     }
 
     /// Sends `req` upstream. While the request body is still being sent, only its read deadline

@@ -46,6 +46,7 @@ use crate::{
         MAX_HEADER_BYTES,
         connect::{Connector, POOL_AUTHORITY},
         head::has_field,
+        inflight::PassSlot,
         route::METHOD_OVERRIDES,
     },
 };
@@ -82,6 +83,9 @@ pub struct UpstreamBody {
     deadline: Option<ReadDeadline>,
     /// The idle timeout; `None` without one, and once the body has reported.
     idle: Option<IdleTimeout>,
+    /// A pass-through request's slot, shared with its response ([`UpstreamBody::hold`]);
+    /// `None` without one, and once the body has reported.
+    slot: Option<PassSlot>,
     events: Option<oneshot::Sender<BodyEvent>>,
 }
 
@@ -419,6 +423,7 @@ impl UpstreamBody {
                 inner: Some(inner),
                 deadline: None,
                 idle: None,
+                slot: None,
                 events: None,
             };
             return (body, None);
@@ -462,6 +467,7 @@ impl UpstreamBody {
             inner: Some(inner),
             deadline,
             idle,
+            slot: None,
             events: Some(tx),
         };
         (body, Some(watch))
@@ -473,13 +479,27 @@ impl UpstreamBody {
             inner: None,
             deadline: None,
             idle: None,
+            slot: None,
             events: None,
+        }
+    }
+
+    /// Holds a share of a pass-through request's `slot`, if it has one, until the body has been
+    /// sent (or has failed, or been dropped), so that an upstream that answers before it has
+    /// read the body still counts the request while it reads on; a body already complete holds
+    /// nothing.
+    pub(crate) fn hold(&mut self, slot: Option<&mut PassSlot>) {
+        if let Some(slot) = slot
+            && self.events.is_some()
+        {
+            self.slot = Some(slot.share());
         }
     }
 
     fn report(&mut self, event: BodyEvent) {
         self.deadline = None;
         self.idle = None;
+        self.slot = None;
         if let Some(tx) = self.events.take() {
             let _ = tx.send(event);
         }
