@@ -745,9 +745,30 @@ async fn stalled_upstream(path: &str, pause: Duration, secs: u64) -> Door {
     ))
     .await;
     let start = door_daemon::time::now();
-    let s = TcpStream::connect(d.addr).await.unwrap();
-    let (mut rd, mut wr) = s.into_split();
-    // Far more than the loopback sockets' buffers hold, so door is left holding a part of it.
+    let (mut rd, writer) = big_post(d.addr, path, pause).await;
+    let held = held_rx.recv().await.unwrap();
+    // The client is still writing: read the answer, not to EOF.
+    let out = read_until(&mut rd, "stopped reading the request").await;
+    answered_at(start, secs);
+    let out = String::from_utf8_lossy(&out);
+    assert!(out.starts_with("HTTP/1.1 504"), "{out}");
+    assert_eq!(d.app().requests_in_flight(), 0);
+    writer.abort();
+    drop(held);
+    d
+}
+
+/// A POST of `path` to door at `addr` with a 64 MiB body, far more than the loopback sockets'
+/// buffers hold (so door is left holding a part of it when the upstream stops reading): its
+/// head and first byte at once, the rest `pause` later, written by the returned task until
+/// door stops taking it. Returns the connection's read half and the writing task.
+async fn big_post(
+    addr: SocketAddr,
+    path: &str,
+    pause: Duration,
+) -> (tokio::net::tcp::OwnedReadHalf, tokio::task::JoinHandle<()>) {
+    let s = TcpStream::connect(addr).await.unwrap();
+    let (rd, mut wr) = s.into_split();
     let len = (64 << 20) + 1;
     let request =
         format!("POST {path} HTTP/1.1\r\nHost: door.test\r\nContent-Length: {len}\r\n\r\nx");
@@ -761,16 +782,7 @@ async fn stalled_upstream(path: &str, pause: Duration, secs: u64) -> Door {
             }
         }
     });
-    let held = held_rx.recv().await.unwrap();
-    // The client is still writing: read the answer, not to EOF.
-    let out = read_until(&mut rd, "stopped reading the request").await;
-    answered_at(start, secs);
-    let out = String::from_utf8_lossy(&out);
-    assert!(out.starts_with("HTTP/1.1 504"), "{out}");
-    assert_eq!(d.app().requests_in_flight(), 0);
-    writer.abort();
-    drop(held);
-    d
+    (rd, writer)
 }
 
 /// A client that sends its body on time is not late because the upstream was slow to take it:
@@ -2839,6 +2851,73 @@ async fn a_pass_through_request_answered_before_its_body_ends_holds_its_slot_unt
     })
     .await;
     assert_eq!(got.lock().unwrap().as_slice(), [20], "the whole body");
+}
+
+/// An upstream that answers a pass-through request early, then stops reading its body and
+/// keeps the connection open (a misbehaving application) holds the request's slot only until
+/// it has taken nothing for `upstream_timeout`: the body's share of the slot is let go then,
+/// and the client passes again. Without this the slot stayed held for as long as the upstream
+/// kept its connection.
+#[tokio::test(start_paused = true)]
+async fn an_upstream_that_answers_early_then_stops_reading_the_body_frees_the_slot() {
+    let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let up = l.local_addr().unwrap();
+    let (held_tx, mut held_rx) = mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        // The first connection is answered at once and then read no more; later ones are
+        // answered as a plain upstream would.
+        let mut first = true;
+        loop {
+            let (mut s, _) = l.accept().await.unwrap();
+            let mut head = vec![0u8; 4096];
+            let _ = s.read(&mut head).await;
+            if first {
+                first = false;
+                s.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nearly")
+                    .await
+                    .unwrap();
+                held_tx.send(s).unwrap();
+            } else {
+                s.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+                    .await
+                    .unwrap();
+            }
+        }
+    });
+    let d = door(&config(
+        up,
+        "upstream_timeout = \"5s\"\nupstream_max_inflight_per_client = 1",
+        "",
+    ))
+    .await;
+    let (mut rd, writer) = big_post(d.addr, "/upload", Duration::ZERO).await;
+    let held = held_rx.recv().await.unwrap();
+    let out = read_until(&mut rd, "early").await;
+    assert!(
+        out.starts_with(b"HTTP/1.1 200"),
+        "answered before the body ended"
+    );
+    let answered = door_daemon::time::now();
+    // The upstream might still read on: the slot is held, the client is over its cap.
+    let res = h1(d.addr).await.send_request(get("/pass/x")).await.unwrap();
+    assert_eq!(res.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(d.app().passthrough_in_flight(), 1);
+    // Still within `upstream_timeout` of the upstream's last read: still held.
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    assert_eq!(d.app().passthrough_in_flight(), 1);
+    d.eventually("the stalled body let its slot go", |d| {
+        d.app().passthrough_in_flight() == 0
+    })
+    .await;
+    assert!(
+        answered.elapsed() < Duration::from_secs(6),
+        "let go {:?} after the answer",
+        answered.elapsed()
+    );
+    let res = h1(d.addr).await.send_request(get("/pass/x")).await.unwrap();
+    assert_eq!(res.status(), StatusCode::OK);
+    writer.abort();
+    drop(held);
 }
 
 /// Behind a trusted proxy speaking PROXY protocol, the client it names, not the proxy, holds

@@ -146,7 +146,9 @@ struct WatchState {
     waker: Option<Waker>,
     permit: Option<(Held, StatusCode)>,
     open: Option<StreamOpen>,
-    /// A pass-through request's `upstream_max_inflight` slot: freed with the upstream's body.
+    /// A pass-through request's `upstream_max_inflight` slot: let go with the upstream's body
+    /// (the request body may still hold a share of it: [`PassSlot`]), given back at once when
+    /// the watch ends the exchange.
     passthrough: Option<PassSlot>,
     /// The request's count on its connection: freed with the upstream's body too, so that a
     /// connection whose client stopped reading is closed once idle (`idle_timeout`, the header

@@ -2,8 +2,9 @@
 //! (`upstream_max_inflight` door-wide, `upstream_max_inflight_per_client` per client: a TCP peer,
 //! or a client a trusted proxy names), and the requests door is answering, door-wide and per
 //! connection, which the SIGTERM drain waits for (docs/design.md, "Operating contract"). Each
-//! count is held by an RAII guard that the response body carries ([`crate::http::body`]), so it
-//! is given back however the request ends.
+//! count is held by an RAII guard that the response body carries ([`crate::http::body`]), and a
+//! pass-through slot also by its request body while that is still being sent upstream
+//! ([`PassSlot`]), so it is given back however the request ends.
 
 use std::{
     collections::{HashMap, hash_map::Entry},
@@ -26,9 +27,9 @@ use crate::{
 /// (`upstream_max_inflight`), so that an application behind door is never sent more than this
 /// many of them together, however many connections clients open; and per client
 /// (`upstream_max_inflight_per_client`), so that one client cannot hold them all (its requests'
-/// bodies sent slowly, for as long as it likes: pass-through requests have no body deadline, a
-/// body that stops arriving is ended after `body_read_timeout`, and a response whose client
-/// takes nothing after `send_timeout`).
+/// bodies sent slowly: a pass-through body has no deadline for the whole, only
+/// `body_read_timeout` for each part, and a response whose client reads slowly is ended only
+/// once it takes nothing for `send_timeout`).
 #[derive(Debug)]
 pub(crate) struct PassThrough {
     cap: u32,
@@ -189,10 +190,11 @@ enum Client {
 
 /// One pass-through request's place under both caps, held until its response body has been sent
 /// or dropped, and, when its request body was still arriving as the request went upstream, until
-/// that body has been sent or dropped too ([`PassSlot::share`]): an upstream that answers before
-/// it has read the body (and reads on) still has the request in hand. A request that fails, or
-/// whose exchange door ends, gives the place back at once, whatever holds a share of it: the
-/// request body's share may live on in an upstream connection stuck writing it.
+/// that body has been sent or dropped too ([`PassSlot::share`]), or its upstream has taken none
+/// of it for `upstream_timeout` (the body's watch lets its share go then): an upstream that
+/// answers before it has read the body, and reads on, still has the request in hand. A request
+/// that fails, or whose exchange door ends, gives the place back at once, whatever holds a share
+/// of it: the request body's share may live on in an upstream connection stuck writing it.
 #[derive(Debug)]
 pub(crate) struct PassSlot {
     /// The place, held by this slot alone; `None` once shared.

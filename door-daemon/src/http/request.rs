@@ -1181,19 +1181,27 @@ impl App {
         let upstream = self.proxy.forward(req);
         let upstream_timeout = head_timeout.then_some(self.upstream_timeout);
         // Boxed: only a request with a body pays for the watch's future.
-        let body = body.map(|w| Box::pin(w.end(self.upstream_timeout)));
+        let body = body.map(|w| (w.guards_slot(), Box::pin(w.end(self.upstream_timeout))));
         async move {
             tokio::pin!(upstream);
-            if let Some(body) = body {
+            if let Some((guards_slot, mut body)) = body {
                 tokio::select! {
                     biased;
-                    end = body => match end {
+                    end = &mut body => match end {
                         BodyEnd::TimedOut => return Err(Failure::BodyTimeout),
                         BodyEnd::ClientGone => return Err(Failure::ClientGone),
                         BodyEnd::UpstreamStalled => return Err(Failure::UpstreamStalled),
                         BodyEnd::Sent => {}
                     },
-                    r = upstream.as_mut() => return r.map_err(Failure::Upstream),
+                    r = upstream.as_mut() => {
+                        // Answered before the body was sent: the upstream may read on, or stop
+                        // reading and keep its connection open; the watch goes on in a task of
+                        // its own, to let go of the body's share of the slot if it does.
+                        if guards_slot && r.is_ok() {
+                            drop(tokio::spawn(body));
+                        }
+                        return r.map_err(Failure::Upstream);
+                    }
                 }
             }
             let Some(upstream_timeout) = upstream_timeout else {

@@ -9,7 +9,7 @@ use std::{
     net::IpAddr,
     pin::Pin,
     sync::{
-        Arc,
+        Arc, Mutex, PoisonError,
         atomic::{AtomicU64, Ordering},
     },
     task::{Context, Poll},
@@ -83,8 +83,9 @@ pub struct UpstreamBody {
     deadline: Option<ReadDeadline>,
     /// The idle timeout; `None` without one, and once the body has reported.
     idle: Option<IdleTimeout>,
-    /// A pass-through request's slot, shared with its response ([`UpstreamBody::hold`]);
-    /// `None` without one, and once the body has reported.
+    /// A pass-through request's slot, shared with its response ([`UpstreamBody::hold`]), when
+    /// the body has no [`Progress`] to keep it in (a stream's); `None` without one, and once the
+    /// body has reported.
     slot: Option<PassSlot>,
     events: Option<oneshot::Sender<BodyEvent>>,
 }
@@ -233,6 +234,11 @@ struct Progress {
     /// [`Progress::UNASKED`] until the upstream client first asks for a frame; then
     /// [`Progress::waiting`] or [`Progress::holding`].
     state: AtomicU64,
+    /// The body's share of a pass-through request's slot ([`UpstreamBody::hold`]), kept here so
+    /// that whichever ends the body's claim first lets it go: the body when it reports, or the
+    /// [`BodyWatch`] when the upstream stalls (the body is not polled then, and the stuck
+    /// upstream connection would otherwise keep the share for as long as it stays open).
+    slot: Mutex<Option<PassSlot>>,
 }
 
 impl Progress {
@@ -248,7 +254,16 @@ impl Progress {
             credit,
             unasked: AtomicU64::new(0),
             state: AtomicU64::new(Self::UNASKED),
+            slot: Mutex::new(None),
         }
+    }
+
+    /// The body's share of the slot, taken out (`None` if it has none, or has let it go).
+    fn take_slot(&self) -> Option<PassSlot> {
+        self.slot
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take()
     }
 
     /// Door waits for the client; its holds so far moved the deadline on by `moved`.
@@ -294,6 +309,20 @@ pub enum BodyEnd {
 }
 
 impl BodyWatch {
+    /// Whether this watch can let go of a pass-through slot's share that the body holds: the
+    /// request path keeps such a watch running after the response head has come (the upstream
+    /// answered before it took the whole body), so that an upstream that stops reading the
+    /// body and keeps its connection open does not hold the slot for as long as it does.
+    pub(crate) fn guards_slot(&self) -> bool {
+        self.progress.as_ref().is_some_and(|(progress, _)| {
+            progress
+                .slot
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .is_some()
+        })
+    }
+
     /// Waits until the body is sent, fails, or passes its deadline. The deadline counts the
     /// time door waits for the client only: while door holds a part the upstream has not taken
     /// it stands still (up to the body's credit in all, after which the body is late even while
@@ -304,6 +333,10 @@ impl BodyWatch {
     /// connection is being made: its connect is bounded by `upstream_timeout`, which is `stall`),
     /// neither runs; a body not asked for within 2 × `stall` (a name lookup that never returns)
     /// is [`BodyEnd::UpstreamStalled`] too.
+    ///
+    /// A verdict of its own (late or stalled) also lets go of the body's share of a
+    /// pass-through slot, if it holds one, which matters once the upstream has answered: the
+    /// request path keeps the watch running then.
     pub async fn end(self, stall: Duration) -> BodyEnd {
         let Self { events, progress } = self;
         let event = match progress {
@@ -326,10 +359,12 @@ impl BodyWatch {
                         () = tokio::time::sleep_until(wake) => {}
                     }
                     // Still in the same state at its deadline: the body is late, or the
-                    // upstream stalled. Otherwise the body moved on: look again.
+                    // upstream stalled, and its claim to the slot ends (it may never be
+                    // polled again). Otherwise the body moved on: look again.
                     if let Some(verdict) = verdict
                         && progress.state.load(Ordering::Acquire) == state
                     {
+                        drop(progress.take_slot());
                         return verdict;
                     }
                 }
@@ -486,17 +521,35 @@ impl UpstreamBody {
 
     /// Holds a share of a pass-through request's `slot`, if it has one, until the body has been
     /// sent (or has failed, or been dropped), so that an upstream that answers before it has
-    /// read the body still counts the request while it reads on; a body already complete holds
+    /// read the body still counts the request while it reads on; or, for a body with a read
+    /// bound, until its [`BodyWatch`] finds the upstream stalled. A body already complete holds
     /// nothing.
     pub(crate) fn hold(&mut self, slot: Option<&mut PassSlot>) {
-        if let Some(slot) = slot
-            && self.events.is_some()
-        {
-            self.slot = Some(slot.share());
+        let Some(slot) = slot else { return };
+        if self.events.is_none() {
+            return;
+        }
+        let share = slot.share();
+        match self.progress() {
+            Some(progress) => {
+                *progress.slot.lock().unwrap_or_else(PoisonError::into_inner) = Some(share);
+            }
+            None => self.slot = Some(share),
         }
     }
 
+    /// What the [`BodyWatch`] reads, if the body has a read bound.
+    fn progress(&self) -> Option<&Progress> {
+        self.deadline
+            .as_ref()
+            .map(|d| &*d.progress)
+            .or_else(|| self.idle.as_ref().map(|i| &*i.progress))
+    }
+
     fn report(&mut self, event: BodyEvent) {
+        if let Some(progress) = self.progress() {
+            drop(progress.take_slot());
+        }
         self.deadline = None;
         self.idle = None;
         self.slot = None;
