@@ -262,12 +262,9 @@ pub(crate) fn all(kernels: Option<&[String]>) -> anyhow::Result<()> {
     if kernels.is_none() {
         fuzz(&mut t, None);
     }
-    // The netns suite starts the `door` binary next to its own executable: build it, since
-    // `cargo test` builds a package's binaries only for that package's own integration tests.
-    t.check(
-        "building door for the netns suite",
-        cargo().args(["build", "--package", "door-daemon", "--bin", "door"]),
-    );
+    // The netns suite starts the `door` binary next to its own executable: the one the step
+    // above built for door-daemon's integration tests (docs/decisions.md, "The netns suite runs
+    // the test build's door").
     let mut privileged = cargo();
     privileged.args(["test", "--package", "door-tests", "--", "--test-threads=1"]);
     if setup::is_root() {
