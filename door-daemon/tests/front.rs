@@ -2860,38 +2860,7 @@ async fn a_pass_through_request_answered_before_its_body_ends_holds_its_slot_unt
 /// kept its connection.
 #[tokio::test(start_paused = true)]
 async fn an_upstream_that_answers_early_then_stops_reading_the_body_frees_the_slot() {
-    let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let up = l.local_addr().unwrap();
-    let (held_tx, mut held_rx) = mpsc::unbounded_channel();
-    tokio::spawn(async move {
-        // The first connection is answered at once and then read no more; later ones are
-        // answered as a plain upstream would.
-        let mut first = true;
-        loop {
-            let (mut s, _) = l.accept().await.unwrap();
-            let mut head = vec![0u8; 4096];
-            let _ = s.read(&mut head).await;
-            if first {
-                first = false;
-                s.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nearly")
-                    .await
-                    .unwrap();
-                held_tx.send(s).unwrap();
-            } else {
-                s.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
-                    .await
-                    .unwrap();
-            }
-        }
-    });
-    let d = door(&config(
-        up,
-        "upstream_timeout = \"5s\"\nupstream_max_inflight_per_client = 1",
-        "",
-    ))
-    .await;
-    let (mut rd, writer) = big_post(d.addr, "/upload", Duration::ZERO).await;
-    let held = held_rx.recv().await.unwrap();
+    let (d, mut rd, writer, held) = answered_early_then_unread(b"Content-Length: 5").await;
     let out = read_until(&mut rd, "early").await;
     assert!(
         out.starts_with(b"HTTP/1.1 200"),
@@ -2918,6 +2887,69 @@ async fn an_upstream_that_answers_early_then_stops_reading_the_body_frees_the_sl
     assert_eq!(res.status(), StatusCode::OK);
     writer.abort();
     drop(held);
+}
+
+/// The same while the answer is still being sent: the body's stall ends only the body's hold on
+/// the slot, and the answer keeps it until it ends.
+#[tokio::test(start_paused = true)]
+async fn an_answer_still_being_sent_keeps_the_slot_past_its_bodys_stall() {
+    let (d, mut rd, writer, mut held) = answered_early_then_unread(b"Content-Length: 10").await;
+    read_until(&mut rd, "early").await;
+    // Twice `upstream_timeout`: the body's share is long gone, the answer's is not.
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    assert_eq!(d.app().passthrough_in_flight(), 1);
+    held.write_all(b"later").await.unwrap();
+    read_until(&mut rd, "later").await;
+    d.eventually("the answer's end gave the slot back", |d| {
+        d.app().passthrough_in_flight() == 0
+    })
+    .await;
+    writer.abort();
+}
+
+/// door (`upstream_timeout` 5 s, one pass-through request per client) in front of an upstream
+/// whose first connection answers at once with `200 OK`, the header `length` and the body
+/// `early`, then reads nothing more (later connections get a plain `200 ok`), and a client's
+/// 64 MiB POST of `/upload` to it ([`big_post`]): door, the client's read half, its writing
+/// task, and the upstream's end of the first connection.
+async fn answered_early_then_unread(
+    length: &'static [u8],
+) -> (
+    Door,
+    tokio::net::tcp::OwnedReadHalf,
+    tokio::task::JoinHandle<()>,
+    TcpStream,
+) {
+    let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let up = l.local_addr().unwrap();
+    let (held_tx, mut held_rx) = mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        let mut first = true;
+        loop {
+            let (mut s, _) = l.accept().await.unwrap();
+            let mut head = vec![0u8; 4096];
+            let _ = s.read(&mut head).await;
+            if first {
+                first = false;
+                let answer = [b"HTTP/1.1 200 OK\r\n", length, b"\r\n\r\nearly"].concat();
+                s.write_all(&answer).await.unwrap();
+                held_tx.send(s).unwrap();
+            } else {
+                s.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+                    .await
+                    .unwrap();
+            }
+        }
+    });
+    let d = door(&config(
+        up,
+        "upstream_timeout = \"5s\"\nupstream_max_inflight_per_client = 1",
+        "",
+    ))
+    .await;
+    let (rd, writer) = big_post(d.addr, "/upload", Duration::ZERO).await;
+    let held = held_rx.recv().await.unwrap();
+    (d, rd, writer, held)
 }
 
 /// Behind a trusted proxy speaking PROXY protocol, the client it names, not the proxy, holds

@@ -1051,9 +1051,9 @@ impl App {
         // its answers only those that do not depend on who asked (`health::speaks_for_health`).
         let feeds_cache = health && matches!(method, Method::GET | Method::HEAD);
         let read = self.body_read(admitted.as_ref(), stream_route, upgrade.as_ref());
-        let (mut body, watch) = UpstreamBody::new(body, read, self.upstream_timeout);
+        let (mut body, mut watch) = UpstreamBody::new(body, read, self.upstream_timeout);
         // A pass-through request holds its slot until its body has been sent too.
-        body.hold(passthrough.as_mut());
+        body.hold(passthrough.as_mut(), watch.as_mut());
         let up = Request::from_parts(parts, body);
         // Handed to the upstream now: the future below holds the call, not the request.
         // A stream's response has no head deadline, but an upgrade's `101` is a handshake: it

@@ -290,6 +290,9 @@ pub struct BodyWatch {
     /// The body's [`Progress`], and its deadline had door never held a part (the body's
     /// creation plus `read_timeout`; `None` under an idle timeout, which the body keeps itself).
     progress: Option<(Arc<Progress>, Option<Instant>)>,
+    /// Whether the body keeps a share of a pass-through slot in its [`Progress`] for this
+    /// watch to let go of ([`UpstreamBody::hold`]).
+    guards_slot: bool,
 }
 
 /// How sending a request body upstream ended, as [`BodyWatch::end`] tells it.
@@ -313,14 +316,8 @@ impl BodyWatch {
     /// request path keeps such a watch running after the response head has come (the upstream
     /// answered before it took the whole body), so that an upstream that stops reading the
     /// body and keeps its connection open does not hold the slot for as long as it does.
-    pub(crate) fn guards_slot(&self) -> bool {
-        self.progress.as_ref().is_some_and(|(progress, _)| {
-            progress
-                .slot
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .is_some()
-        })
+    pub(crate) const fn guards_slot(&self) -> bool {
+        self.guards_slot
     }
 
     /// Waits until the body is sent, fails, or passes its deadline. The deadline counts the
@@ -338,7 +335,9 @@ impl BodyWatch {
     /// pass-through slot, if it holds one, which matters once the upstream has answered: the
     /// request path keeps the watch running then.
     pub async fn end(self, stall: Duration) -> BodyEnd {
-        let Self { events, progress } = self;
+        let Self {
+            events, progress, ..
+        } = self;
         let event = match progress {
             None => events.await,
             Some((progress, due)) => {
@@ -497,6 +496,7 @@ impl UpstreamBody {
                 (None, Some(i)) => Some((Arc::clone(&i.progress), None)),
                 (None, None) => None,
             },
+            guards_slot: false,
         };
         let body = Self {
             inner: Some(inner),
@@ -522,9 +522,9 @@ impl UpstreamBody {
     /// Holds a share of a pass-through request's `slot`, if it has one, until the body has been
     /// sent (or has failed, or been dropped), so that an upstream that answers before it has
     /// read the body still counts the request while it reads on; or, for a body with a read
-    /// bound, until its [`BodyWatch`] finds the upstream stalled. A body already complete holds
-    /// nothing.
-    pub(crate) fn hold(&mut self, slot: Option<&mut PassSlot>) {
+    /// bound, until its `watch` finds the upstream stalled (the watch is told it guards the
+    /// share). A body already complete holds nothing.
+    pub(crate) fn hold(&mut self, slot: Option<&mut PassSlot>, watch: Option<&mut BodyWatch>) {
         let Some(slot) = slot else { return };
         if self.events.is_none() {
             return;
@@ -533,6 +533,9 @@ impl UpstreamBody {
         match self.progress() {
             Some(progress) => {
                 *progress.slot.lock().unwrap_or_else(PoisonError::into_inner) = Some(share);
+                if let Some(watch) = watch {
+                    watch.guards_slot = true;
+                }
             }
             None => self.slot = Some(share),
         }
@@ -1363,6 +1366,7 @@ mod tests {
         let watch = BodyWatch {
             events: rx,
             progress: Some((Arc::clone(&progress), Some(now + Duration::from_secs(10)))),
+            guards_slot: false,
         };
         (watch, tx, progress)
     }
@@ -1377,6 +1381,7 @@ mod tests {
         let watch = BodyWatch {
             events: rx,
             progress: Some((Arc::clone(&progress), None)),
+            guards_slot: false,
         };
         let start = crate::time::now();
         let end = tokio::spawn(watch.end(STALL));
