@@ -264,7 +264,12 @@ pub(crate) fn all(kernels: Option<&[String]>) -> anyhow::Result<()> {
     }
     // The netns suite starts the `door` binary next to its own executable: the one the step
     // above built for door-daemon's integration tests (docs/decisions.md, "The netns suite runs
-    // the test build's door").
+    // the test build's door"). Checked up to date (at once, unless a test target failed to
+    // build above, which could have left an older binary there).
+    t.check(
+        "door's test build, for the netns suite (cargo test --no-run)",
+        cargo().args(["test", "--workspace", "--exclude", "door-tests", "--no-run"]),
+    );
     let mut privileged = cargo();
     privileged.args(["test", "--package", "door-tests", "--", "--test-threads=1"]);
     if setup::is_root() {
