@@ -162,8 +162,9 @@ async fn cached_health_answers_are_not_rejections() {
 
 /// A quiet door's groups and outcomes are on `/metrics` from the start, at 0: dashboards list
 /// their groups from `door_requests_total`, and `rate()` sees the first increment. So are the
-/// counters of things that have not happened yet: `door.evictions` per group, and
-/// `door.untrusted_xff`, `door.allowed`, `door.denied` and `door.escalations`.
+/// counters of things that have not happened yet: `door.evictions` per group,
+/// `door.untrusted_xff`, `door.allowed`, `door.denied` and `door.escalations`, and
+/// `door.passthrough_refused` per cap; `door.passthrough_inflight` is 0.
 #[tokio::test]
 async fn metrics_list_every_group_and_outcome_of_a_quiet_door() {
     let door = Door::start(&config(upstream().await, "")).await;
@@ -171,45 +172,41 @@ async fn metrics_list_every_group_and_outcome_of_a_quiet_door() {
     let (status, text) = request(admin, "GET", "/metrics", &[], "").await;
     assert_eq!(status, StatusCode::OK, "{text}");
     let samples = samples(&text);
-    for group in ["link", "health"] {
-        for outcome in Outcome::ALL {
-            let labels = [
-                ("door_group".to_owned(), group.to_owned()),
-                ("door_outcome".to_owned(), outcome.as_str().to_owned()),
-            ];
-            let found = samples
-                .iter()
-                .find(|s| s.name == "door_requests_total" && s.labels == labels);
-            assert_eq!(
-                found.map(|s| s.value.as_str()),
-                Some("0"),
-                "{group} {outcome}:\n{text}"
-            );
-        }
-        let labels = [("door_group".to_owned(), group.to_owned())];
+    // The sample `name` with exactly `labels` reads 0.
+    let at_zero = |name: &str, labels: &[(&str, &str)]| {
+        let labels: Vec<(String, String)> = labels
+            .iter()
+            .map(|&(k, v)| (k.to_owned(), v.to_owned()))
+            .collect();
         let found = samples
             .iter()
-            .find(|s| s.name == "door_evictions_total" && s.labels == labels);
+            .find(|s| s.name == name && s.labels == labels);
         assert_eq!(
             found.map(|s| s.value.as_str()),
             Some("0"),
-            "evictions {group}:\n{text}"
+            "{name} {labels:?}:\n{text}"
         );
+    };
+    for group in ["link", "health"] {
+        for outcome in Outcome::ALL {
+            at_zero(
+                "door_requests_total",
+                &[("door_group", group), ("door_outcome", outcome.as_str())],
+            );
+        }
+        at_zero("door_evictions_total", &[("door_group", group)]);
     }
     for name in [
         "door_untrusted_xff_total",
         "door_allowed_total",
         "door_denied_total",
         "door_escalations_total",
+        "door_passthrough_inflight",
     ] {
-        let found = samples
-            .iter()
-            .find(|s| s.name == name && s.labels.is_empty());
-        assert_eq!(
-            found.map(|s| s.value.as_str()),
-            Some("0"),
-            "{name}:\n{text}"
-        );
+        at_zero(name, &[]);
+    }
+    for reason in ["upstream_max_inflight", "upstream_max_inflight_per_client"] {
+        at_zero("door_passthrough_refused_total", &[("door_reason", reason)]);
     }
 }
 

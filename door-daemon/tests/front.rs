@@ -2624,7 +2624,7 @@ async fn door_counting(
     cfg: &Config,
 ) -> (
     Door,
-    impl Fn(&str, &str) -> u64,
+    impl Fn(&str, &str) -> u64 + use<>,
     opentelemetry_sdk::metrics::SdkMeterProvider,
 ) {
     door_counting_tls(cfg, None).await
@@ -2722,11 +2722,18 @@ async fn connections_past_max_connections_are_closed_at_accept_and_counted() {
 
 /// door with `top` in front of an upstream that never answers `/pass/slow`, and a connection
 /// from 127.0.0.1 whose request for it has reached the upstream (a pass-through request in
-/// flight until the connection is dropped).
-async fn holding_a_pass_through_request(top: &str) -> (Door, TcpStream) {
+/// flight until the connection is dropped); with door's counters ([`door_counting`]).
+async fn holding_a_pass_through_request(
+    top: &str,
+) -> (
+    Door,
+    TcpStream,
+    impl Fn(&str, &str) -> u64 + use<>,
+    opentelemetry_sdk::metrics::SdkMeterProvider,
+) {
     let (open, closed) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
     let up = upstream(slow_upstream(Arc::clone(&open), closed)).await;
-    let d = door(&config(up, top, "")).await;
+    let (d, counted, provider) = door_counting(&config(up, top, "")).await;
     let mut s = TcpStream::connect(d.addr).await.unwrap();
     s.write_all(b"GET /pass/slow HTTP/1.1\r\nHost: door.test\r\n\r\n")
         .await
@@ -2735,7 +2742,7 @@ async fn holding_a_pass_through_request(top: &str) -> (Door, TcpStream) {
         open.load(Ordering::SeqCst) == 1
     })
     .await;
-    (d, s)
+    (d, s, counted, provider)
 }
 
 /// Drops `held` (the request [`holding_a_pass_through_request`] made), waits for its slot to come
@@ -2752,26 +2759,48 @@ async fn let_go_and_pass_again(d: &Door, held: TcpStream) {
 
 #[tokio::test]
 async fn pass_through_requests_past_upstream_max_inflight_get_503_with_retry_after() {
-    let (d, s) = holding_a_pass_through_request("upstream_max_inflight = 1").await;
+    let (d, s, refused, _provider) =
+        holding_a_pass_through_request("upstream_max_inflight = 1").await;
     assert_eq!(d.app().passthrough_in_flight(), 1);
+    assert_eq!(refused("door.passthrough_inflight", ""), 1);
     let res = h1(d.addr).await.send_request(get("/pass/x")).await.unwrap();
     assert_eq!(res.status(), StatusCode::SERVICE_UNAVAILABLE);
     assert_eq!(res.headers()["retry-after"], "1");
     assert!(body_string(res).await.contains("upstream-busy"));
+    assert_eq!(
+        refused("door.passthrough_refused", "upstream_max_inflight"),
+        1
+    );
+    assert_eq!(
+        refused(
+            "door.passthrough_refused",
+            "upstream_max_inflight_per_client"
+        ),
+        0
+    );
     // Limited routes are not counted against it.
     let res = h1(d.addr).await.send_request(get("/api/x")).await.unwrap();
     assert_eq!(res.status(), StatusCode::OK);
     let_go_and_pass_again(&d, s).await;
+    assert_eq!(refused("door.passthrough_inflight", ""), 0);
 }
 
 /// One client cannot hold every pass-through slot: past `upstream_max_inflight_per_client` its
 /// requests get 429 while another client's still pass, and its slot comes back with its answer.
 #[tokio::test]
 async fn one_client_past_upstream_max_inflight_per_client_gets_429_and_others_still_pass() {
-    let (d, s) = holding_a_pass_through_request("upstream_max_inflight_per_client = 1").await;
+    let (d, s, refused, _provider) =
+        holding_a_pass_through_request("upstream_max_inflight_per_client = 1").await;
     // Another connection of the same peer, 127.0.0.1.
     let res = h1(d.addr).await.send_request(get("/pass/x")).await.unwrap();
     assert_eq!(res.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(
+        refused(
+            "door.passthrough_refused",
+            "upstream_max_inflight_per_client"
+        ),
+        1
+    );
     assert_eq!(res.headers()["retry-after"], "1");
     let body: serde_json::Value = serde_json::from_str(&body_string(res).await).unwrap();
     assert_eq!(body["code"], "upstream-busy");

@@ -87,6 +87,17 @@ pub(crate) enum PassRefusal {
     Client,
 }
 
+impl PassRefusal {
+    /// The `door.reason` value it is counted under in `door.passthrough_refused`: the name of
+    /// the cap.
+    pub(crate) const fn reason(self) -> &'static str {
+        match self {
+            Self::Door => "upstream_max_inflight",
+            Self::Client => "upstream_max_inflight_per_client",
+        }
+    }
+}
+
 /// Takes one of `count`'s `cap` places; whether there was one.
 fn take_one(count: &AtomicU32, cap: u32) -> bool {
     count

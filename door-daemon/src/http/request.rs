@@ -404,6 +404,8 @@ pub struct App {
     tunnels: std::sync::Mutex<JoinSet<()>>,
     /// Pass-through requests forwarded now, against `upstream_max_inflight`.
     passthrough: Arc<PassThrough>,
+    /// `door.passthrough_inflight`, read from `passthrough`: reports while kept.
+    _passthrough_gauge: opentelemetry::metrics::ObservableUpDownCounter<i64>,
     /// Verified credentials, for the session plane (kept across reloads).
     sessions: Sessions,
     health: CachedHealth,
@@ -545,6 +547,14 @@ impl App {
     ) -> Self {
         let policy = Policy::build(config, clock, metrics, blocklist.as_ref(), None);
         let draining = Arc::new(AtomicBool::new(false));
+        let passthrough = Arc::new(PassThrough::new(
+            config.upstream_max_inflight,
+            config.upstream_max_inflight_per_client,
+        ));
+        // Weak: the meter may outlive this door (a test's provider serving several).
+        let read = Arc::downgrade(&passthrough);
+        let passthrough_gauge =
+            metrics.observe_passthrough(move || read.upgrade().map_or(0, |p| p.open()));
         Self {
             policy: std::sync::RwLock::new(Arc::new(policy)),
             clock: Arc::clone(clock),
@@ -558,10 +568,8 @@ impl App {
             body_read_timeout: config.body_read_timeout,
             tunnels: std::sync::Mutex::new(JoinSet::new()),
             sessions: Sessions::new(session_capacity(config)),
-            passthrough: Arc::new(PassThrough::new(
-                config.upstream_max_inflight,
-                config.upstream_max_inflight_per_client,
-            )),
+            passthrough,
+            _passthrough_gauge: passthrough_gauge,
             health: CachedHealth::new(Arc::clone(clock), HEALTH_TTL, Arc::clone(&draining)),
             draining,
             active: Arc::default(),
@@ -768,6 +776,7 @@ impl App {
                     if let Some(held) = job.plane.take() {
                         held.refund();
                     }
+                    self.metrics.passthrough_refused(refusal.reason());
                     return answer::upstream_busy(refusal == PassRefusal::Client);
                 }
             };

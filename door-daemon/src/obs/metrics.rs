@@ -158,6 +158,11 @@ impl TlsFailure {
 /// - `door.escalations` (counter, `{prefix}`): client keys put on the XDP blocklist by
 ///   escalation (`[xdp] escalate_after` 429s within `escalate_window`; a block the blocklist's
 ///   writer dropped is not counted).
+/// - `door.passthrough_refused` (counter, `{request}`): requests on routes in no group refused
+///   at a pass-through cap, per `door.reason` (`upstream_max_inflight`, answered 503;
+///   `upstream_max_inflight_per_client`, answered 429); both reasons reported from the start.
+/// - `door.passthrough_inflight` (up-down counter, `{request}`): requests on routes in no group
+///   holding an `upstream_max_inflight` slot now ([`Metrics::observe_passthrough`]).
 /// - `door.tls_handshake_failures` (counter, `{connection}`): connections to a TLS listener
 ///   closed before the handshake completed, per `door.reason` ([`TlsFailure::as_str`]: `error`,
 ///   a handshake rustls refused or the client abandoned; `timeout`, none within
@@ -177,6 +182,7 @@ pub struct Metrics {
     proxy_protocol_rejected: Counter<u64>,
     connections_refused: Counter<u64>,
     requests_refused: Counter<u64>,
+    passthrough_refused: Counter<u64>,
     tls_handshake_failures: Counter<u64>,
     escalations: Counter<u64>,
     allowed: Counter<u64>,
@@ -352,6 +358,14 @@ impl Metrics {
                 )
                 .with_unit("{request}")
                 .build(),
+            passthrough_refused: meter
+                .u64_counter("door.passthrough_refused")
+                .with_description(
+                    "Requests on routes in no group refused at upstream_max_inflight (503) or \
+                     upstream_max_inflight_per_client (429), by reason",
+                )
+                .with_unit("{request}")
+                .build(),
             tls_handshake_failures: meter
                 .u64_counter("door.tls_handshake_failures")
                 .with_description(
@@ -391,7 +405,36 @@ impl Metrics {
         ] {
             counter.add(0, &[]);
         }
+        for reason in ["upstream_max_inflight", "upstream_max_inflight_per_client"] {
+            metrics
+                .passthrough_refused
+                .add(0, &[KeyValue::new(ATTR_REASON, reason)]);
+        }
         metrics
+    }
+
+    /// Registers `door.passthrough_inflight`, read from `open` (pass-through requests holding
+    /// a slot now) at each collection: the request path pays nothing for it. The instrument
+    /// reports for as long as the returned handle is kept.
+    pub fn observe_passthrough(
+        &self,
+        open: impl Fn() -> u32 + Send + Sync + 'static,
+    ) -> ObservableUpDownCounter<i64> {
+        self.meter
+            .i64_observable_up_down_counter("door.passthrough_inflight")
+            .with_description(
+                "Requests on routes in no group holding an upstream_max_inflight slot now",
+            )
+            .with_unit("{request}")
+            .with_callback(move |o| o.observe(i64::from(open()), &[]))
+            .build()
+    }
+
+    /// Counts one request on `door.passthrough_refused`, with `door.reason` = `reason` (the
+    /// cap's name: `upstream_max_inflight` or `upstream_max_inflight_per_client`).
+    pub fn passthrough_refused(&self, reason: &'static str) {
+        self.passthrough_refused
+            .add(1, &[KeyValue::new(ATTR_REASON, reason)]);
     }
 
     /// The meter these instruments were built from, for the instruments registered later (the

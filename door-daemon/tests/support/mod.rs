@@ -325,9 +325,14 @@ pub async fn read_head(s: &mut TcpStream) -> Option<Vec<u8>> {
     Some(head)
 }
 
-/// door's instruments on a meter provider whose reader exports to memory, and a reader of a `u64`
-/// counter's total: `(name, attribute value)`, the attribute value empty to add up every data
-/// point (a counter without attributes, or all of its reasons). The reader flushes the provider
+/// Whether data point `p` counts for attribute value `attr` (any point when `attr` is empty).
+fn has_attr<T>(p: &opentelemetry_sdk::metrics::data::SumDataPoint<T>, attr: &str) -> bool {
+    attr.is_empty() || p.attributes().any(|kv| kv.value.as_str() == attr)
+}
+
+/// door's instruments on a meter provider whose reader exports to memory, and a reader of a
+/// counter's total, or an up-down counter's value: `(name, attribute value)`, the attribute value
+/// empty to add up every data point (a counter without attributes, or all of its reasons). The reader flushes the provider
 /// first; keep the provider for as long as the instruments record.
 pub fn counting_metrics() -> (
     Metrics,
@@ -355,14 +360,23 @@ pub fn counting_metrics() -> (
             .flat_map(ScopeMetrics::metrics)
             .filter(|m| m.name() == name)
         {
-            if let AggregatedMetrics::U64(MetricData::Sum(sum)) = m.data() {
-                n += sum
-                    .data_points()
-                    .filter(|p| {
-                        attr.is_empty() || p.attributes().any(|kv| kv.value.as_str() == attr)
-                    })
-                    .map(SumDataPoint::value)
-                    .sum::<u64>();
+            match m.data() {
+                AggregatedMetrics::U64(MetricData::Sum(sum)) => {
+                    n += sum
+                        .data_points()
+                        .filter(|p| has_attr(p, attr))
+                        .map(SumDataPoint::value)
+                        .sum::<u64>();
+                }
+                // Up-down counters (gauges of what is held now): never below 0 here.
+                AggregatedMetrics::I64(MetricData::Sum(sum)) => {
+                    n += sum
+                        .data_points()
+                        .filter(|p| has_attr(p, attr))
+                        .map(|p| u64::try_from(p.value()).unwrap())
+                        .sum::<u64>();
+                }
+                _ => {}
             }
         }
         n
