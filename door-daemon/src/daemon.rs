@@ -138,16 +138,7 @@ pub async fn run(
         .transpose()?;
     let shield = start_shield(&config)?;
     forward_xdp_log(shield.as_ref());
-    let mut listeners = Vec::new();
-    for addr in &config.listen {
-        let l = crate::http::bind::tcp(*addr, config.binds_v6_only(*addr)).map_err(|source| {
-            ServeError::Bind {
-                addr: *addr,
-                source,
-            }
-        })?;
-        listeners.push((l, config.requires_proxy_protocol(*addr)));
-    }
+    let listeners = bind_listeners(&config)?;
     // A Unix socket's file is removed when `_admin_socket` drops, at the end of this function.
     let (admin, _admin_socket) = bind_admin(&config)?;
 
@@ -182,9 +173,10 @@ pub async fn run(
     }
     let admin_task = admin.map(|l| {
         tracing::info!(at = %l.describe(), "admin status (GET /status, /metrics, /clients, /blocks)");
-        let (limiters, unblocked) = admin_hooks(&app);
+        let (limiters, passthrough, unblocked) = admin_hooks(&app);
         let source = Arc::new(StatusSource {
             limiters,
+            passthrough,
             metrics: metrics.clone(),
             shield: shield.clone(),
             xdp_mode: config.xdp.mode.as_str(),
@@ -236,6 +228,27 @@ pub async fn run(
     Ok(())
 }
 
+/// Binds every `listen` address, each with whether it requires the PROXY protocol header.
+///
+/// # Errors
+/// [`ServeError::Bind`] naming the first address that could not be bound.
+fn bind_listeners(config: &Config) -> Result<Vec<(tokio::net::TcpListener, bool)>, ServeError> {
+    config
+        .listen
+        .iter()
+        .map(|addr| {
+            let l =
+                crate::http::bind::tcp(*addr, config.binds_v6_only(*addr)).map_err(|source| {
+                    ServeError::Bind {
+                        addr: *addr,
+                        source,
+                    }
+                })?;
+            Ok((l, config.requires_proxy_protocol(*addr)))
+        })
+        .collect()
+}
+
 /// The `STATUS=` door sends with `READY=1`, which `systemctl status` shows: the request
 /// listeners' bound addresses and the XDP state (`serving on 127.0.0.1:8443; XDP off`).
 fn status_line(bound: &[String], shield: Option<&Arc<Mutex<Shield>>>) -> String {
@@ -249,13 +262,21 @@ fn status_line(bound: &[String], shield: Option<&Arc<Mutex<Shield>>>) -> String 
     format!("serving on {}; {xdp_state}", bound.join(", "))
 }
 
-/// The admin API's two hooks into the request path: the groups in force (a reload replaces
-/// them), and the escalator to tell of an operator's unblock.
-fn admin_hooks(app: &Arc<App>) -> (crate::admin::LimiterSource, crate::admin::UnblockHook) {
+/// The admin API's three hooks into the request path: the groups in force (a reload replaces
+/// them), the pass-through caps, and the escalator to tell of an operator's unblock.
+fn admin_hooks(
+    app: &Arc<App>,
+) -> (
+    crate::admin::LimiterSource,
+    crate::admin::PassThroughSource,
+    crate::admin::UnblockHook,
+) {
     let for_status = Arc::clone(app);
+    let for_caps = Arc::clone(app);
     let for_unblock = Arc::clone(app);
     (
         Arc::new(move || for_status.limiters()),
+        Arc::new(move || for_caps.passthrough_status()),
         Arc::new(move |key| for_unblock.forget_escalation(key)),
     )
 }

@@ -21,7 +21,7 @@ use serde_json::Value;
 use support::{Door, FakeBlocklist, config, request, request_unix, samples, upstream};
 use tokio::{
     io::{AsyncReadExt as _, AsyncWriteExt as _},
-    net::TcpStream,
+    net::{TcpListener, TcpStream},
 };
 
 /// The label keys door's series may carry: bounded by construction, never a client.
@@ -208,6 +208,75 @@ async fn metrics_list_every_group_and_outcome_of_a_quiet_door() {
     for reason in ["upstream_max_inflight", "upstream_max_inflight_per_client"] {
         at_zero("door_passthrough_refused_total", &[("door_reason", reason)]);
     }
+}
+
+/// `/status` shows the pass-through caps (routes in no group): the caps, the requests holding a
+/// slot now, and the refusals per cap, which an operator who sees 503 `upstream-busy` reads to
+/// tell the door-wide cap from one client's.
+#[tokio::test]
+async fn status_shows_the_pass_through_caps_what_they_hold_and_what_they_refused() {
+    // An upstream that reads a request and never answers: the first request holds its slot.
+    let silent = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let up = silent.local_addr().unwrap();
+    let (reached, arrived) = tokio::sync::oneshot::channel();
+    tokio::spawn(async move {
+        let (mut s, _) = silent.accept().await.unwrap();
+        let mut buf = [0u8; 1024];
+        let _ = s.read(&mut buf).await;
+        let _ = reached.send(());
+        // Held open, unanswered, until the test ends.
+        let _ = s.read(&mut buf).await;
+    });
+    let mut cfg = config(up, "");
+    cfg.upstream_max_inflight = 1;
+    cfg.upstream_max_inflight_per_client = 1;
+    let door = Door::start(&cfg).await;
+    let admin = door.admin().await;
+    let status = || async {
+        let (status, body) = request(admin, "GET", "/status", &[], "").await;
+        assert_eq!(status, StatusCode::OK, "{body}");
+        json(&body)["passthrough"].clone()
+    };
+    let quiet = status().await;
+    assert_eq!(quiet["cap"], 1, "{quiet}");
+    assert_eq!(quiet["per_client_cap"], 1, "{quiet}");
+    assert_eq!(quiet["inflight"], 0, "{quiet}");
+    assert_eq!(quiet["refused"]["upstream_max_inflight"], 0, "{quiet}");
+
+    let front = door.addr;
+    let held = tokio::spawn(async move {
+        request(
+            front,
+            "GET",
+            "/pass/held",
+            &[("x-forwarded-for", "198.51.100.1")],
+            "",
+        )
+        .await
+    });
+    arrived.await.unwrap();
+    // The same client again: its own cap; another client: the door-wide cap.
+    assert_eq!(
+        door.get("/pass/again", "198.51.100.1").await,
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    assert_eq!(
+        door.get("/pass/other", "198.51.100.2").await,
+        StatusCode::SERVICE_UNAVAILABLE
+    );
+    assert_eq!(
+        door.get("/pass/other", "198.51.100.3").await,
+        StatusCode::SERVICE_UNAVAILABLE
+    );
+    let busy = status().await;
+    assert_eq!(busy["inflight"], 1, "{busy}");
+    assert_eq!(busy["named_clients"], 1, "{busy}");
+    assert_eq!(busy["refused"]["upstream_max_inflight"], 2, "{busy}");
+    assert_eq!(
+        busy["refused"]["upstream_max_inflight_per_client"], 1,
+        "{busy}"
+    );
+    held.abort();
 }
 
 #[tokio::test]

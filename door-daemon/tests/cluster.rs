@@ -1462,6 +1462,10 @@ fn forget(d: &Door, client: &str) {
     let app = Arc::clone(d.front.app());
     let source = StatusSource {
         limiters: Arc::new(move || app.limiters()),
+        passthrough: {
+            let caps = Arc::clone(d.front.app());
+            Arc::new(move || caps.passthrough_status())
+        },
         metrics: Metrics::noop(),
         shield: None,
         xdp_mode: "off",

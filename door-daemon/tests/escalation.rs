@@ -260,6 +260,10 @@ async fn an_unblocked_client_is_escalated_again() {
     let for_status = Arc::clone(&app);
     let source = StatusSource {
         limiters: Arc::new(move || for_status.limiters()),
+        passthrough: {
+            let caps = Arc::clone(&app);
+            Arc::new(move || caps.passthrough_status())
+        },
         metrics: Metrics::noop(),
         shield: None,
         xdp_mode: "off",

@@ -40,6 +40,7 @@ use crate::{
     http::{
         front::accept_failed,
         idle::{Activity, serve_watched},
+        inflight::PassThroughStatus,
     },
     limit::GroupLimiter,
     obs::{logging::RateLimitedWarn, metrics::Metrics, prometheus::Exposition},
@@ -52,6 +53,9 @@ pub const TOP_PREFIXES: usize = 10;
 /// The limit groups in force, read at each `/status` (a reload replaces them).
 pub type LimiterSource = Arc<dyn Fn() -> Vec<Arc<GroupLimiter>> + Send + Sync>;
 
+/// The pass-through caps' state, read at each `/status` ([`crate::http::App::passthrough_status`]).
+pub type PassThroughSource = Arc<dyn Fn() -> PassThroughStatus + Send + Sync>;
+
 /// Called with a prefix an operator took off the blocklist (`DELETE /blocks/{prefix}`): the
 /// escalator forgets it, so that it may be escalated again ([`crate::http::App::forget_escalation`]).
 pub type UnblockHook = Arc<dyn Fn(&PrefixKey) + Send + Sync>;
@@ -61,6 +65,8 @@ pub type UnblockHook = Arc<dyn Fn(&PrefixKey) + Send + Sync>;
 pub struct StatusSource {
     /// The limit groups in force.
     pub limiters: LimiterSource,
+    /// The caps on requests to routes in no group.
+    pub passthrough: PassThroughSource,
     /// The instruments, for the groups' outcome totals.
     pub metrics: Metrics,
     /// The flood shield, when loaded.
@@ -85,6 +91,22 @@ impl std::fmt::Debug for StatusSource {
             .field("blocklist", &self.blocklist.is_some())
             .finish_non_exhaustive()
     }
+}
+
+/// `/status`'s `passthrough`: the caps, the requests holding a slot now, the clients a trusted
+/// proxy named among them, and the refusals per cap since door started (by the cap's name, as
+/// `door.passthrough_refused` counts them).
+fn passthrough_json(p: &PassThroughStatus) -> Value {
+    json!({
+        "cap": p.cap,
+        "per_client_cap": p.per_client_cap,
+        "inflight": p.inflight,
+        "named_clients": p.named_clients,
+        "refused": {
+            "upstream_max_inflight": p.refused_door,
+            "upstream_max_inflight_per_client": p.refused_client,
+        },
+    })
 }
 
 impl StatusSource {
@@ -113,6 +135,7 @@ impl StatusSource {
         json!({
             "groups": groups,
             "requests": requests_json(&limiters, &self.metrics),
+            "passthrough": passthrough_json(&(self.passthrough)()),
             "xdp": self.xdp_json(),
             "cluster": self.cluster.json(),
         })

@@ -10,7 +10,7 @@ use std::{
     collections::{HashMap, hash_map::Entry},
     sync::{
         Arc, Mutex, PoisonError,
-        atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering},
+        atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering},
     },
     time::Duration,
 };
@@ -35,6 +35,10 @@ pub(crate) struct PassThrough {
     cap: u32,
     per_client: u32,
     open: AtomicU32,
+    /// Requests refused at `upstream_max_inflight` since door started.
+    refused_door: AtomicU64,
+    /// Requests refused at `upstream_max_inflight_per_client` since door started.
+    refused_client: AtomicU64,
     /// The requests in flight of each client a trusted proxy named ([`Whose::Named`]): an entry
     /// only while its count is above zero, so at most `cap` entries (each holds a door-wide
     /// place, or is about to give its count back).
@@ -88,6 +92,9 @@ pub(crate) enum PassRefusal {
 }
 
 impl PassRefusal {
+    /// Both caps.
+    pub(crate) const ALL: [Self; 2] = [Self::Door, Self::Client];
+
     /// The `door.reason` value it is counted under in `door.passthrough_refused`: the name of
     /// the cap.
     pub(crate) const fn reason(self) -> &'static str {
@@ -96,6 +103,23 @@ impl PassRefusal {
             Self::Client => "upstream_max_inflight_per_client",
         }
     }
+}
+
+/// What the pass-through caps hold now and have refused, for `GET /status` (`passthrough`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PassThroughStatus {
+    /// `upstream_max_inflight`, requests.
+    pub cap: u32,
+    /// `upstream_max_inflight_per_client`, requests.
+    pub per_client_cap: u32,
+    /// Pass-through requests holding a slot now.
+    pub inflight: u32,
+    /// Clients a trusted proxy named with pass-through requests in flight now.
+    pub named_clients: usize,
+    /// Requests refused at `upstream_max_inflight` (503) since door started.
+    pub refused_door: u64,
+    /// Requests refused at `upstream_max_inflight_per_client` (429) since door started.
+    pub refused_client: u64,
 }
 
 /// Takes one of `count`'s `cap` places; whether there was one.
@@ -115,7 +139,33 @@ impl PassThrough {
             cap,
             per_client,
             open: AtomicU32::new(0),
+            refused_door: AtomicU64::new(0),
+            refused_client: AtomicU64::new(0),
             named: Mutex::new(NamedCounts::default()),
+        }
+    }
+
+    /// Requests refused at the cap `why` since door started.
+    pub(crate) fn refused(&self, why: PassRefusal) -> u64 {
+        self.refusals(why).load(Ordering::Relaxed)
+    }
+
+    fn refusals(&self, why: PassRefusal) -> &AtomicU64 {
+        match why {
+            PassRefusal::Door => &self.refused_door,
+            PassRefusal::Client => &self.refused_client,
+        }
+    }
+
+    /// The caps, what they hold now and what they have refused.
+    pub(crate) fn status(&self) -> PassThroughStatus {
+        PassThroughStatus {
+            cap: self.cap,
+            per_client_cap: self.per_client,
+            inflight: self.open(),
+            named_clients: self.named_clients(),
+            refused_door: self.refused(PassRefusal::Door),
+            refused_client: self.refused(PassRefusal::Client),
         }
     }
 
@@ -160,9 +210,15 @@ impl PassThrough {
         }
     }
 
-    /// A slot for a request held against `whose` per-client count, or the cap that refused it;
-    /// a refused request holds nothing.
+    /// A slot for a request held against `whose` per-client count, or the cap that refused it,
+    /// counted ([`Self::refused`]); a refused request holds nothing.
     pub(crate) fn take(self: &Arc<Self>, whose: Whose<'_>) -> Result<PassSlot, PassRefusal> {
+        self.try_take(whose).inspect_err(|why| {
+            self.refusals(*why).fetch_add(1, Ordering::Relaxed);
+        })
+    }
+
+    fn try_take(self: &Arc<Self>, whose: Whose<'_>) -> Result<PassSlot, PassRefusal> {
         let client = match whose {
             Whose::Peer(peer) if !take_one(peer, self.per_client) => {
                 return Err(PassRefusal::Client);

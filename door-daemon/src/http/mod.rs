@@ -25,7 +25,7 @@ pub mod front;
 pub mod head;
 pub mod health;
 pub(crate) mod idle;
-pub(crate) mod inflight;
+pub mod inflight;
 pub mod plane;
 pub(crate) mod preface;
 pub mod request;

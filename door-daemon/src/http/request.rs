@@ -31,7 +31,9 @@ use crate::{
         conn::ConnInfo,
         head::{self, HeadError},
         health::{CachedHealth, HEALTH_TTL},
-        inflight::{Active, ActiveGuard, PassRefusal, PassSlot, PassThrough, Whose},
+        inflight::{
+            Active, ActiveGuard, PassRefusal, PassSlot, PassThrough, PassThroughStatus, Whose,
+        },
         plane::Sessions,
         route::{self, Router},
         settle::{self, End, Held},
@@ -404,8 +406,9 @@ pub struct App {
     tunnels: std::sync::Mutex<JoinSet<()>>,
     /// Pass-through requests forwarded now, against `upstream_max_inflight`.
     passthrough: Arc<PassThrough>,
-    /// `door.passthrough_inflight`, read from `passthrough`: reports while kept.
-    _passthrough_gauge: opentelemetry::metrics::ObservableUpDownCounter<i64>,
+    /// `door.passthrough_inflight` and `door.passthrough_refused`, read from `passthrough`:
+    /// they report while kept.
+    _passthrough_instruments: crate::obs::metrics::PassThroughInstruments,
     /// Verified credentials, for the session plane (kept across reloads).
     sessions: Sessions,
     health: CachedHealth,
@@ -552,9 +555,7 @@ impl App {
             config.upstream_max_inflight_per_client,
         ));
         // Weak: the meter may outlive this door (a test's provider serving several).
-        let read = Arc::downgrade(&passthrough);
-        let passthrough_gauge =
-            metrics.observe_passthrough(move || read.upgrade().map_or(0, |p| p.open()));
+        let passthrough_instruments = metrics.observe_passthrough(&Arc::downgrade(&passthrough));
         Self {
             policy: std::sync::RwLock::new(Arc::new(policy)),
             clock: Arc::clone(clock),
@@ -569,7 +570,7 @@ impl App {
             tunnels: std::sync::Mutex::new(JoinSet::new()),
             sessions: Sessions::new(session_capacity(config)),
             passthrough,
-            _passthrough_gauge: passthrough_gauge,
+            _passthrough_instruments: passthrough_instruments,
             health: CachedHealth::new(Arc::clone(clock), HEALTH_TTL, Arc::clone(&draining)),
             draining,
             active: Arc::default(),
@@ -641,6 +642,12 @@ impl App {
     /// answers).
     pub fn streams_open(&self, group: &str) -> u64 {
         self.metrics.streams(group)
+    }
+
+    /// The pass-through caps, what they hold now and what they have refused (`GET /status`,
+    /// `passthrough`).
+    pub fn passthrough_status(&self) -> PassThroughStatus {
+        self.passthrough.status()
     }
 
     /// Pass-through requests forwarded upstream now (≤ `upstream_max_inflight`).
@@ -776,7 +783,6 @@ impl App {
                     if let Some(held) = job.plane.take() {
                         held.refund();
                     }
-                    self.metrics.passthrough_refused(refusal.reason());
                     return answer::upstream_busy(refusal == PassRefusal::Client);
                 }
             };

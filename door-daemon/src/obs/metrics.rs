@@ -9,7 +9,7 @@
 use std::{
     collections::HashMap,
     sync::{
-        Arc, Mutex, PoisonError,
+        Arc, Mutex, PoisonError, Weak,
         atomic::{AtomicI64, AtomicU64, Ordering},
     },
 };
@@ -22,7 +22,10 @@ use opentelemetry::{
     },
 };
 
-use crate::limit::{GroupLimiter, InflightGauge};
+use crate::{
+    http::inflight::{PassRefusal, PassThrough},
+    limit::{GroupLimiter, InflightGauge},
+};
 
 /// The attribute naming a route group (`webhook`, `link`, `health`, ...).
 pub const ATTR_GROUP: &str = "door.group";
@@ -128,6 +131,14 @@ impl TlsFailure {
     }
 }
 
+/// The pass-through caps' instruments ([`Metrics::observe_passthrough`]): they report while
+/// this is kept.
+#[derive(Debug)]
+pub(crate) struct PassThroughInstruments {
+    _inflight: ObservableUpDownCounter<i64>,
+    _refused: ObservableCounter<u64>,
+}
+
 /// door's instruments (docs/design.md, "Observability"). Cheap to clone (the instruments are
 /// `Arc`s).
 ///
@@ -162,7 +173,10 @@ impl TlsFailure {
 ///   at a pass-through cap, per `door.reason` (`upstream_max_inflight`, answered 503;
 ///   `upstream_max_inflight_per_client`, answered 429); both reasons reported from the start.
 /// - `door.passthrough_inflight` (up-down counter, `{request}`): requests on routes in no group
-///   holding an `upstream_max_inflight` slot now ([`Metrics::observe_passthrough`]).
+///   holding an `upstream_max_inflight` slot now.
+///
+/// Both `door.passthrough_` instruments are read from the caps at collection
+/// ([`Metrics::observe_passthrough`]).
 /// - `door.tls_handshake_failures` (counter, `{connection}`): connections to a TLS listener
 ///   closed before the handshake completed, per `door.reason` ([`TlsFailure::as_str`]: `error`,
 ///   a handshake rustls refused or the client abandoned; `timeout`, none within
@@ -182,7 +196,6 @@ pub struct Metrics {
     proxy_protocol_rejected: Counter<u64>,
     connections_refused: Counter<u64>,
     requests_refused: Counter<u64>,
-    passthrough_refused: Counter<u64>,
     tls_handshake_failures: Counter<u64>,
     escalations: Counter<u64>,
     allowed: Counter<u64>,
@@ -358,14 +371,6 @@ impl Metrics {
                 )
                 .with_unit("{request}")
                 .build(),
-            passthrough_refused: meter
-                .u64_counter("door.passthrough_refused")
-                .with_description(
-                    "Requests on routes in no group refused at upstream_max_inflight (503) or \
-                     upstream_max_inflight_per_client (429), by reason",
-                )
-                .with_unit("{request}")
-                .build(),
             tls_handshake_failures: meter
                 .u64_counter("door.tls_handshake_failures")
                 .with_description(
@@ -405,36 +410,52 @@ impl Metrics {
         ] {
             counter.add(0, &[]);
         }
-        for reason in ["upstream_max_inflight", "upstream_max_inflight_per_client"] {
-            metrics
-                .passthrough_refused
-                .add(0, &[KeyValue::new(ATTR_REASON, reason)]);
-        }
         metrics
     }
 
-    /// Registers `door.passthrough_inflight`, read from `open` (pass-through requests holding
-    /// a slot now) at each collection: the request path pays nothing for it. The instrument
-    /// reports for as long as the returned handle is kept.
-    pub fn observe_passthrough(
-        &self,
-        open: impl Fn() -> u32 + Send + Sync + 'static,
-    ) -> ObservableUpDownCounter<i64> {
-        self.meter
+    /// Registers `door.passthrough_inflight` and `door.passthrough_refused`, read from `caps`
+    /// (its count of requests holding a slot, and of refusals per cap, both reasons from the
+    /// start, at 0) at each collection: the request path pays nothing for them. They report
+    /// for as long as the returned handles are kept, and nothing once `caps` is gone.
+    pub(crate) fn observe_passthrough(&self, caps: &Weak<PassThrough>) -> PassThroughInstruments {
+        let open = Weak::clone(caps);
+        let inflight = self
+            .meter
             .i64_observable_up_down_counter("door.passthrough_inflight")
             .with_description(
                 "Requests on routes in no group holding an upstream_max_inflight slot now",
             )
             .with_unit("{request}")
-            .with_callback(move |o| o.observe(i64::from(open()), &[]))
-            .build()
-    }
-
-    /// Counts one request on `door.passthrough_refused`, with `door.reason` = `reason` (the
-    /// cap's name: `upstream_max_inflight` or `upstream_max_inflight_per_client`).
-    pub fn passthrough_refused(&self, reason: &'static str) {
-        self.passthrough_refused
-            .add(1, &[KeyValue::new(ATTR_REASON, reason)]);
+            .with_callback(move |o| {
+                if let Some(caps) = open.upgrade() {
+                    o.observe(i64::from(caps.open()), &[]);
+                }
+            })
+            .build();
+        let refusals = Weak::clone(caps);
+        let refused = self
+            .meter
+            .u64_observable_counter("door.passthrough_refused")
+            .with_description(
+                "Requests on routes in no group refused at upstream_max_inflight (503) or \
+                 upstream_max_inflight_per_client (429), by reason",
+            )
+            .with_unit("{request}")
+            .with_callback(move |o| {
+                if let Some(caps) = refusals.upgrade() {
+                    for why in PassRefusal::ALL {
+                        o.observe(
+                            caps.refused(why),
+                            &[KeyValue::new(ATTR_REASON, why.reason())],
+                        );
+                    }
+                }
+            })
+            .build();
+        PassThroughInstruments {
+            _inflight: inflight,
+            _refused: refused,
+        }
     }
 
     /// The meter these instruments were built from, for the instruments registered later (the

@@ -92,6 +92,31 @@ impl Cluster {
     }
 }
 
+/// The pass-through caps (`GET /status`, `passthrough`): requests to routes in no group.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PassThrough {
+    /// Requests holding a slot now.
+    pub inflight: u64,
+    /// `upstream_max_inflight`; 0 when the status has no `passthrough` (an older door).
+    pub cap: u64,
+    /// Refused at `upstream_max_inflight` (503) since door started.
+    pub refused_door: u64,
+    /// Refused at `upstream_max_inflight_per_client` (429) since door started.
+    pub refused_client: u64,
+}
+
+impl PassThrough {
+    /// One line for the screen and the table, or `None` when the status has no `passthrough`.
+    pub fn line(&self) -> Option<String> {
+        (self.cap > 0).then(|| {
+            format!(
+                "pass-through: {} of {} in flight, refused {} door-wide, {} per client",
+                self.inflight, self.cap, self.refused_door, self.refused_client
+            )
+        })
+    }
+}
+
 /// One refresh's data.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Snapshot {
@@ -101,6 +126,8 @@ pub struct Snapshot {
     pub xdp: Xdp,
     /// The cluster sync.
     pub cluster: Cluster,
+    /// The pass-through caps.
+    pub passthrough: PassThrough,
 }
 
 fn u(v: &Value) -> u64 {
@@ -228,10 +255,19 @@ impl Snapshot {
             doors: u(&c["doors"]),
             last_sync_age_ms: c["last_sync_age_ms"].as_u64(),
         };
+        let p = &status["passthrough"];
+        let refused = &p["refused"];
+        let passthrough = PassThrough {
+            inflight: u(&p["inflight"]),
+            cap: u(&p["cap"]),
+            refused_door: u(&refused["upstream_max_inflight"]),
+            refused_client: u(&refused["upstream_max_inflight_per_client"]),
+        };
         Self {
             groups,
             xdp,
             cluster,
+            passthrough,
         }
     }
 }
@@ -514,6 +550,25 @@ mod tests {
         st["groups"].as_array_mut().unwrap().truncate(2);
         view.update(Snapshot::from_json(&st, &clients()), 2);
         assert_eq!(view.group().map(|g| g.name.as_str()), Some("health"));
+    }
+
+    #[test]
+    fn the_pass_through_line_shows_the_caps_of_a_door_that_reports_them() {
+        let mut st = status(1, 1);
+        assert_eq!(
+            Snapshot::from_json(&st, &clients()).passthrough.line(),
+            None
+        );
+        st["passthrough"] = json!({"cap": 64, "per_client_cap": 8, "inflight": 3,
+            "named_clients": 1,
+            "refused": {"upstream_max_inflight": 5, "upstream_max_inflight_per_client": 7}});
+        assert_eq!(
+            Snapshot::from_json(&st, &clients())
+                .passthrough
+                .line()
+                .as_deref(),
+            Some("pass-through: 3 of 64 in flight, refused 5 door-wide, 7 per client")
+        );
     }
 
     #[test]

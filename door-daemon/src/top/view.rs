@@ -42,10 +42,10 @@ pub fn draw(frame: &mut Frame<'_>, view: &View) {
     let state = match (&view.error, &view.snapshot) {
         (Some(e), _) => format!("  ERROR: {e}"),
         (None, None) => "  connecting…".to_owned(),
-        (None, Some(s)) => s
-            .cluster
-            .line()
-            .map_or_else(String::new, |c| format!("  {c}")),
+        (None, Some(s)) => [s.cluster.line(), s.passthrough.line()]
+            .into_iter()
+            .flatten()
+            .fold(String::new(), |line, part| format!("{line}  {part}")),
     };
     frame.render_widget(
         Paragraph::new(format!("door top — {}{state}", view.admin)).style(bold()),
@@ -222,8 +222,11 @@ pub fn plain(view: &View) -> String {
     };
     // Writing to a String cannot fail.
     let _ = writeln!(out, "door top — {}", view.admin);
-    if let Some(c) = s.cluster.line() {
-        let _ = writeln!(out, "{c}");
+    for line in [s.cluster.line(), s.passthrough.line()]
+        .into_iter()
+        .flatten()
+    {
+        let _ = writeln!(out, "{line}");
     }
     for g in &s.groups {
         let _ = writeln!(
@@ -288,7 +291,7 @@ mod tests {
     use ratatui::{Terminal, backend::TestBackend};
 
     use super::*;
-    use crate::top::model::{ClientRow, Cluster, Snapshot};
+    use crate::top::model::{ClientRow, Cluster, PassThrough, Snapshot};
 
     fn view() -> View {
         let mut v = View::new("127.0.0.1:9901".to_owned());
@@ -321,6 +324,12 @@ mod tests {
                     state: "synced".to_owned(),
                     doors: 3,
                     last_sync_age_ms: Some(120),
+                },
+                passthrough: PassThrough {
+                    inflight: 2,
+                    cap: 64,
+                    refused_door: 0,
+                    refused_client: 4,
                 },
             },
             1,
@@ -355,6 +364,7 @@ mod tests {
         assert!(big.contains("203.0.113.9/32"), "{big}");
         assert!(big.contains("drop/syn_budget"), "{big}");
         assert!(big.contains("cluster synced: 3 doors"), "{big}");
+        assert!(big.contains("pass-through: 2 of 64 in flight"), "{big}");
         let empty = screen(40, 5, &View::new("x".to_owned()));
         assert!(empty.contains("connecting"), "{empty}");
     }
@@ -364,6 +374,10 @@ mod tests {
         let text = plain(&view());
         assert!(
             text.contains("cluster synced: 3 doors, last sync 120 ms ago"),
+            "{text}"
+        );
+        assert!(
+            text.contains("pass-through: 2 of 64 in flight, refused 0 door-wide, 4 per client"),
             "{text}"
         );
         assert!(text.contains("== group link"), "{text}");

@@ -131,6 +131,10 @@ impl Door {
         let for_unblock = Arc::clone(&app);
         let source = Arc::new(StatusSource {
             limiters: Arc::new(move || for_status.limiters()),
+            passthrough: {
+                let caps = Arc::clone(&app);
+                Arc::new(move || caps.passthrough_status())
+            },
             metrics: metrics.clone(),
             shield: None,
             xdp_mode: "off",
