@@ -93,7 +93,13 @@ pub fn failure_response(f: &Failure) -> Response<ResponseBody> {
             // An upstream down fails every request: one line a minute, with the count skipped.
             static UPSTREAM_FAILED: RateLimitedWarn = RateLimitedWarn::new(Duration::from_mins(1));
             if let Some(suppressed) = UPSTREAM_FAILED.due() {
-                tracing::warn!(error = %e, refused = e.is_connect(), suppressed, "upstream request failed (at most one line a minute)");
+                tracing::warn!(
+                    error = %e,
+                    cause = %e.causes(),
+                    refused = e.is_connect(),
+                    suppressed,
+                    "upstream request failed (at most one line a minute)"
+                );
             }
             (
                 "bad-gateway",

@@ -638,6 +638,23 @@ impl ProxyError {
     pub fn is_connect(&self) -> bool {
         self.source.is_connect()
     }
+
+    /// What lies under the HTTP client's error, outermost first, each joined by `": "`
+    /// (`connection closed before message completed`, `Connection reset by peer (os error
+    /// 104)`): the client's own message names only the stage that failed (`client error
+    /// (SendRequest)`). Empty when it has no cause.
+    pub fn causes(&self) -> String {
+        let mut out = String::new();
+        let mut next = std::error::Error::source(&self.source);
+        while let Some(cause) = next {
+            if !out.is_empty() {
+                out.push_str(": ");
+            }
+            out.push_str(&cause.to_string());
+            next = cause.source();
+        }
+        out
+    }
 }
 
 /// Where the request came from, as far as the forwarding headers are concerned.
@@ -1330,6 +1347,34 @@ fn join_lines(headers: &HeaderMap, name: &HeaderName, room: usize) -> Option<Vec
 #[cfg(test)]
 mod tests {
     use proptest::prelude::*;
+
+    /// An upstream that closes a connection without answering fails the request with an error
+    /// whose causes say so: the log line of a 502 names what happened, not only the client's
+    /// stage (`client error (SendRequest)`).
+    #[tokio::test]
+    async fn a_failed_upstream_call_names_its_cause() {
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = l.local_addr().unwrap();
+        tokio::spawn(async move {
+            // Reads the head, then closes without a byte of answer.
+            let (mut s, _) = l.accept().await.unwrap();
+            let mut buf = [0u8; 1024];
+            let _ = tokio::io::AsyncReadExt::read(&mut s, &mut buf).await;
+        });
+        let upstream = Upstream::parse(&format!("http://{addr}")).unwrap();
+        let proxy = Proxy::new(upstream, Duration::from_secs(5));
+        let req = Request::get(format!("http://{addr}/x"))
+            .body(UpstreamBody::empty())
+            .unwrap();
+        let e = proxy.forward(req).await.unwrap_err();
+        assert!(!e.is_connect(), "{e}");
+        let causes = e.causes();
+        assert!(
+            causes.contains("connection closed before message completed"),
+            "{e}: {causes}"
+        );
+        assert!(!e.to_string().contains(&causes), "{e}");
+    }
 
     /// Several `Content-Length` values become one when they agree, and none when they do not
     /// (hyper checks them only where they frame a body: not for a HEAD, 204 or 304).
