@@ -312,6 +312,15 @@ fn cargo() -> Command {
     Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()))
 }
 
+/// `cargo test` over every crate but the privileged suites (`door-tests`): the unit, property
+/// and daemon tests. Building them builds `target/debug/door` too (door-daemon's integration
+/// tests need the binary), which the netns suite and the systemd unit's check run.
+pub(crate) fn daemon_tests() -> Command {
+    let mut c = cargo();
+    c.args(["test", "--workspace", "--exclude", "door-tests"]);
+    c
+}
+
 fn run(args: &[String]) -> anyhow::Result<()> {
     setup::toolchain()?;
     step("building door and the demo upstream");

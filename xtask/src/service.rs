@@ -5,7 +5,7 @@ use std::{path::Path, process::Command};
 
 use anyhow::{Context as _, bail};
 
-use crate::{cargo, setup, sh, step};
+use crate::{setup, sh, step};
 
 /// The unit, as shipped in the Debian package.
 pub(crate) const UNIT: &str = "packaging/door.service";
@@ -23,7 +23,7 @@ const MAX_EXPOSURE: &str = "20";
 pub(crate) fn check() -> anyhow::Result<()> {
     step("systemd unit: systemd-analyze verify and security (packaging/door.service)");
     setup::require_debian_packages(&["systemd"])?;
-    sh(cargo().args(["test", "--workspace", "--exclude", "door-tests", "--no-run"]))?;
+    sh(crate::daemon_tests().arg("--no-run"))?;
     let door = crate::target_dir().join("debug/door");
     let door = door
         .canonicalize()

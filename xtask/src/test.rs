@@ -256,7 +256,7 @@ pub(crate) fn all(kernels: Option<&[String]>) -> anyhow::Result<()> {
     static_checks(&mut t);
     t.suite(
         "unit, property and daemon tests",
-        cargo().args(["test", "--workspace", "--exclude", "door-tests"]),
+        &mut crate::daemon_tests(),
     )?;
     // With the guests, the fuzz targets are built beside them and run after them.
     if kernels.is_none() {
@@ -268,7 +268,7 @@ pub(crate) fn all(kernels: Option<&[String]>) -> anyhow::Result<()> {
     // build above, which could have left an older binary there).
     t.check(
         "door's test build, for the netns suite (cargo test --no-run)",
-        cargo().args(["test", "--workspace", "--exclude", "door-tests", "--no-run"]),
+        crate::daemon_tests().arg("--no-run"),
     );
     let mut privileged = cargo();
     privileged.args(["test", "--package", "door-tests", "--", "--test-threads=1"]);

@@ -329,15 +329,24 @@ pub async fn read_head(s: &mut TcpStream) -> Option<Vec<u8>> {
     Some(head)
 }
 
-/// Whether data point `p` counts for attribute value `attr` (any point when `attr` is empty).
-fn has_attr<T>(p: &opentelemetry_sdk::metrics::data::SumDataPoint<T>, attr: &str) -> bool {
-    attr.is_empty() || p.attributes().any(|kv| kv.value.as_str() == attr)
+/// The sum of `sum`'s data points that count for attribute value `attr` (every point when
+/// `attr` is empty), each read as a `u64` by `value`.
+fn total<T: Copy>(
+    sum: &opentelemetry_sdk::metrics::data::Sum<T>,
+    attr: &str,
+    value: fn(T) -> u64,
+) -> u64 {
+    sum.data_points()
+        .filter(|p| attr.is_empty() || p.attributes().any(|kv| kv.value.as_str() == attr))
+        .map(|p| value(p.value()))
+        .sum()
 }
 
 /// door's instruments on a meter provider whose reader exports to memory, and a reader of a
-/// counter's total, or an up-down counter's value: `(name, attribute value)`, the attribute value
-/// empty to add up every data point (a counter without attributes, or all of its reasons). The reader flushes the provider
-/// first; keep the provider for as long as the instruments record.
+/// counter's total, or an up-down counter's value: `(name, attribute value)`, the attribute
+/// value empty to add up every data point (a counter without attributes, or all of its
+/// reasons). The reader flushes the provider first; keep the provider for as long as the
+/// instruments record.
 pub fn counting_metrics() -> (
     Metrics,
     impl Fn(&str, &str) -> u64 + use<>,
@@ -346,7 +355,7 @@ pub fn counting_metrics() -> (
     use opentelemetry::metrics::MeterProvider as _;
     use opentelemetry_sdk::metrics::{
         InMemoryMetricExporter, PeriodicReader, SdkMeterProvider,
-        data::{AggregatedMetrics, MetricData, ScopeMetrics, SumDataPoint},
+        data::{AggregatedMetrics, MetricData, ScopeMetrics},
     };
     let exporter = InMemoryMetricExporter::default();
     let provider = SdkMeterProvider::builder()
@@ -364,24 +373,14 @@ pub fn counting_metrics() -> (
             .flat_map(ScopeMetrics::metrics)
             .filter(|m| m.name() == name)
         {
-            match m.data() {
-                AggregatedMetrics::U64(MetricData::Sum(sum)) => {
-                    n += sum
-                        .data_points()
-                        .filter(|p| has_attr(p, attr))
-                        .map(SumDataPoint::value)
-                        .sum::<u64>();
-                }
+            n += match m.data() {
+                AggregatedMetrics::U64(MetricData::Sum(sum)) => total(sum, attr, |v| v),
                 // Up-down counters (gauges of what is held now): never below 0 here.
                 AggregatedMetrics::I64(MetricData::Sum(sum)) => {
-                    n += sum
-                        .data_points()
-                        .filter(|p| has_attr(p, attr))
-                        .map(|p| u64::try_from(p.value()).unwrap())
-                        .sum::<u64>();
+                    total(sum, attr, |v| u64::try_from(v).unwrap())
                 }
-                _ => {}
-            }
+                _ => 0,
+            };
         }
         n
     };
