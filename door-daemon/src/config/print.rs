@@ -388,9 +388,34 @@ fn key_repr(key: &str) -> String {
     }
 }
 
-/// A duration as the configuration writes it (`"30s"`, `"1m"`, `"1s 500ms"`: humantime).
+/// A duration as the configuration writes it, in days at most (`"30s"`, `"1m"`, `"1s 500ms"`,
+/// `"365d"`): each unit's part, largest first, those that are zero left out. humantime's own
+/// printer counts months and years of 30.44 and 365.25 days, so `"365d"` came back as
+/// `"11months 30days 3h 50m 24s"`; both read as the same duration.
 fn duration(d: Duration) -> String {
-    humantime::format_duration(d).to_string()
+    const UNITS: [(&str, u128); 7] = [
+        ("d", 86_400_000_000_000),
+        ("h", 3_600_000_000_000),
+        ("m", 60_000_000_000),
+        ("s", 1_000_000_000),
+        ("ms", 1_000_000),
+        ("us", 1_000),
+        ("ns", 1),
+    ];
+    let mut left = d.as_nanos();
+    let mut parts = Vec::new();
+    for (unit, nanos) in UNITS {
+        let n = left / nanos;
+        left %= nanos;
+        if n > 0 {
+            parts.push(format!("{n}{unit}"));
+        }
+    }
+    if parts.is_empty() {
+        "0s".to_owned()
+    } else {
+        parts.join(" ")
+    }
 }
 
 fn strings<T: ToString>(items: &[T]) -> Vec<Value> {
@@ -444,6 +469,32 @@ escalate_after = 5
 escalate_window = "2m"
 block_for = "1h 30m"
 "#;
+
+    /// Durations print in the units an operator writes, never months, and read back as the
+    /// same duration.
+    #[test]
+    fn durations_print_in_days_at_most_and_read_back() {
+        for (d, text) in [
+            (Duration::from_hours(365 * 24), "365d"),
+            (Duration::from_secs(90), "1m 30s"),
+            (Duration::from_millis(1500), "1s 500ms"),
+            (Duration::from_hours(30 * 24 + 1), "30d 1h"),
+            (Duration::from_millis(1), "1ms"),
+            (Duration::from_nanos(1_001), "1us 1ns"),
+            (Duration::ZERO, "0s"),
+        ] {
+            assert_eq!(duration(d), text);
+            assert_eq!(humantime::parse_duration(text).unwrap(), d, "{text}");
+        }
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn every_duration_reads_back_as_printed(nanos in 0..=crate::config::durations::MAX_DURATION.as_nanos()) {
+            let d = Duration::from_nanos(u64::try_from(nanos).unwrap());
+            proptest::prop_assert_eq!(humantime::parse_duration(&duration(d)).unwrap(), d);
+        }
+    }
 
     fn round_trip(text: &str) {
         let first = Config::from_toml("door.toml", text).unwrap();
