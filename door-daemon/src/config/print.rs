@@ -152,19 +152,40 @@ impl Config {
 
 /// `max_connections` (a comment when it is derived at start), then `max_connections_per_client`,
 /// `upstream_max_inflight` and `upstream_max_inflight_per_client` (`caps`, in that order).
+/// The connection caps and the pass-through caps; a per-client cap above its total is noted
+/// (accepted, but then it never binds: one client can take everything).
 fn write_connection_limits(w: &mut TomlWriter, max_connections: Option<u32>, caps: [u32; 3]) {
     match max_connections {
         Some(n) => w.clear("max_connections", i64::from(n)),
         None => w.comment("max_connections: not set, derived at start from the open-file limit"),
     }
-    let keys = [
+    let [per_client, inflight, inflight_per_client] = caps;
+    let per_client_cap =
+        |w: &mut TomlWriter, key: &str, cap: u32, total: Option<u32>, of: &str| match total
+            .filter(|total| cap > *total)
+        {
+            Some(total) => w.clear_noted(
+                key,
+                i64::from(cap),
+                &format!("above {of} ({total}): one client can take all {total}"),
+            ),
+            None => w.clear(key, i64::from(cap)),
+        };
+    per_client_cap(
+        w,
         "max_connections_per_client",
-        "upstream_max_inflight",
+        per_client,
+        max_connections,
+        "max_connections",
+    );
+    w.clear("upstream_max_inflight", i64::from(inflight));
+    per_client_cap(
+        w,
         "upstream_max_inflight_per_client",
-    ];
-    for (key, cap) in keys.into_iter().zip(caps) {
-        w.clear(key, i64::from(cap));
-    }
+        inflight_per_client,
+        Some(inflight),
+        "upstream_max_inflight",
+    );
 }
 
 fn write_planes(w: &mut TomlWriter, p: &crate::config::PlanesConfig) {
@@ -469,6 +490,40 @@ escalate_after = 5
 escalate_window = "2m"
 block_for = "1h 30m"
 "#;
+
+    /// A per-client cap above its total is accepted, and `check-config` says it never binds.
+    #[test]
+    fn a_per_client_cap_above_its_total_is_noted() {
+        let text = "listen = [\"127.0.0.1:8443\"]\nupstream = \"http://127.0.0.1:3000\"\n\
+                    max_connections = 10\nmax_connections_per_client = 20\n\
+                    upstream_max_inflight = 5\nupstream_max_inflight_per_client = 6\n";
+        let printed = Config::from_toml("door.toml", text).unwrap().to_toml();
+        assert!(
+            printed.contains(
+                "max_connections_per_client = 20  # above max_connections (10): one client can \
+                 take all 10"
+            ),
+            "{printed}"
+        );
+        assert!(
+            printed.contains(
+                "upstream_max_inflight_per_client = 6  # above upstream_max_inflight (5): one \
+                 client can take all 5"
+            ),
+            "{printed}"
+        );
+        assert_eq!(
+            Config::from_toml("printed", &printed).unwrap(),
+            Config::from_toml("door.toml", text).unwrap()
+        );
+        let within = text.replace("= 20", "= 10").replace("= 6", "= 5");
+        assert!(
+            !Config::from_toml("door.toml", &within)
+                .unwrap()
+                .to_toml()
+                .contains("above")
+        );
+    }
 
     /// Durations print in the units an operator writes, never months, and read back as the
     /// same duration.
