@@ -625,7 +625,8 @@ async fn a_body_still_arriving_at_the_read_timeout_gets_408_and_frees_the_slot()
 async fn a_pass_through_body_that_stops_arriving_gets_408_at_the_body_read_timeout() {
     let seen = Arc::new(Mutex::new(Vec::new()));
     let up = upstream(aborted_upstream(Arc::clone(&seen))).await;
-    let d = door(&config(up, "body_read_timeout = \"30s\"", "")).await;
+    let (d, failed, _provider) =
+        door_counting(&config(up, "body_read_timeout = \"30s\"", "")).await;
 
     let start = door_daemon::time::now();
     let mut s = TcpStream::connect(d.addr).await.unwrap();
@@ -684,6 +685,9 @@ async fn a_pass_through_body_that_stops_arriving_gets_408_at_the_body_read_timeo
         .unwrap();
     answered_at(start, 30);
     assert_eq!(res.status(), StatusCode::REQUEST_TIMEOUT);
+    // Both 408s counted, on a route in no group: `door.requests` does not see them.
+    assert_eq!(failed("door.requests_failed", "body_timeout"), 2);
+    assert_eq!(failed("door.requests_failed", ""), 2);
     d.eventually("the upstream saw the second abort", |_| {
         seen.lock()
             .unwrap()
@@ -1185,7 +1189,7 @@ async fn upstream_timeout_is_504_and_refused_is_502_both_settled_as_server_error
         })
     });
     let up = upstream(hang).await;
-    let d = door(&config(up, "upstream_timeout = \"2s\"", "")).await;
+    let (d, failed, _provider) = door_counting(&config(up, "upstream_timeout = \"2s\"", "")).await;
     let start = door_daemon::time::now();
     let res = h1(d.addr)
         .await
@@ -1196,17 +1200,21 @@ async fn upstream_timeout_is_504_and_refused_is_502_both_settled_as_server_error
     assert!(start.elapsed() >= Duration::from_secs(2));
     assert_eq!(d.inflight("api"), 0);
     assert_eq!(d.count("api", Outcome::ServerError), 1);
+    assert_eq!(failed("door.requests_failed", "upstream_timeout"), 1);
+    assert_eq!(failed("door.requests_failed", ""), 1);
 
     // A port bound but not listening: connections to it are refused, and no other test can
     // take it while this one holds it.
     let held = tokio::net::TcpSocket::new_v4().unwrap();
     held.bind("127.0.0.1:0".parse().unwrap()).unwrap();
     let closed = held.local_addr().unwrap();
-    let d = door(&config(closed, "", "")).await;
+    let (d, failed, _provider) = door_counting(&config(closed, "", "")).await;
     let res = h1(d.addr).await.send_request(get("/api/x")).await.unwrap();
     assert_eq!(res.status(), StatusCode::BAD_GATEWAY);
     assert_eq!(d.inflight("api"), 0);
     assert_eq!(d.count("api", Outcome::ServerError), 1);
+    assert_eq!(failed("door.requests_failed", "upstream_error"), 1);
+    assert_eq!(failed("door.requests_failed", ""), 1);
 }
 
 // ---------------------------------------------------------------- 4. streaming

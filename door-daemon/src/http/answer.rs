@@ -41,6 +41,30 @@ pub enum Failure {
     ClientGone,
 }
 
+impl Failure {
+    /// Every value [`Failure::reason`] returns, in the order docs/operations.md lists them.
+    pub const REASONS: [&'static str; 6] = [
+        "body_timeout",
+        "client_gone",
+        "upstream_timeout",
+        "upstream_stalled",
+        "upstream_error",
+        "upstream_protocol",
+    ];
+
+    /// Its `door.reason` in `door.requests_failed`.
+    pub const fn reason(&self) -> &'static str {
+        match self {
+            Self::BodyTimeout => "body_timeout",
+            Self::ClientGone => "client_gone",
+            Self::UpstreamTimeout => "upstream_timeout",
+            Self::UpstreamStalled => "upstream_stalled",
+            Self::Upstream(_) => "upstream_error",
+            Self::Protocol(_) => "upstream_protocol",
+        }
+    }
+}
+
 /// A structured-field string (RFC 8941 §3.3.3) of `s`: quoted, `"` and `\` escaped; characters
 /// outside printable ASCII replaced by `?`.
 pub fn sf_string(s: &str) -> String {

@@ -997,6 +997,12 @@ impl App {
         }
     }
 
+    /// door's answer to `f` ([`answer::failure_response`]), counted in `door.requests_failed`.
+    fn failed(&self, f: &Failure) -> Response<ResponseBody> {
+        self.metrics.request_failed(f.reason());
+        answer::failure_response(f)
+    }
+
     /// Counts (and warns once about) forwarding headers ignored from `peer_ip`, an untrusted local
     /// peer: `door.untrusted_xff`.
     fn untrusted_forwarding(&self, peer_ip: std::net::IpAddr) {
@@ -1085,7 +1091,7 @@ impl App {
                 Ok(res) => res,
                 Err(f) => {
                     settle_unanswered(permit, deferred_plane, ending(&f));
-                    let res = answer::failure_response(&f);
+                    let res = self.failed(&f);
                     if feeds_cache
                         && !matches!(
                             f,
@@ -1102,7 +1108,7 @@ impl App {
             let streams = stream_route || is_event_stream(res.headers());
             if !switched && let Some(Err(e)) = upgrade.as_ref().map(|u| u.check_refusal(status)) {
                 settle_unanswered(permit, deferred_plane, End::Unanswered);
-                return answer::failure_response(&Failure::Protocol(e));
+                return self.failed(&Failure::Protocol(e));
             }
             // Only an answer the plane admitted verifies a credential.
             let admitted_by_plane =
@@ -1254,7 +1260,7 @@ impl App {
                 if let Some(permit) = permit {
                     permit.settle(End::Unanswered);
                 }
-                return answer::failure_response(&Failure::Protocol(e));
+                return self.failed(&Failure::Protocol(e));
             }
         };
         // A stream now: the request planes do not charge it.

@@ -166,6 +166,10 @@ pub(crate) struct PassThroughInstruments {
 ///   before routing (or, for `credential_copies`, at the request planes), per `door.reason`
 ///   ([`crate::http::head::HeadError::REASONS`]). hyper's own answers to a head it cannot parse
 ///   (400, 431) are not counted.
+/// - `door.requests_failed` (counter, `{request}`): requests door answered itself once it had
+///   begun to forward them, on any route, per `door.reason`
+///   ([`crate::http::answer::Failure::REASONS`]: the body timed out, 408, or broke off, 400;
+///   the upstream timed out or stopped reading, 504, or failed, 502).
 /// - `door.escalations` (counter, `{prefix}`): client keys put on the XDP blocklist by
 ///   escalation (`[xdp] escalate_after` 429s within `escalate_window`; a block the blocklist's
 ///   writer dropped is not counted).
@@ -196,6 +200,7 @@ pub struct Metrics {
     proxy_protocol_rejected: Counter<u64>,
     connections_refused: Counter<u64>,
     requests_refused: Counter<u64>,
+    requests_failed: Counter<u64>,
     tls_handshake_failures: Counter<u64>,
     escalations: Counter<u64>,
     allowed: Counter<u64>,
@@ -371,6 +376,15 @@ impl Metrics {
                 )
                 .with_unit("{request}")
                 .build(),
+            requests_failed: meter
+                .u64_counter("door.requests_failed")
+                .with_description(
+                    "Requests door answered itself after forwarding began: the request body \
+                     timed out (408) or broke off (400), the upstream timed out or stopped \
+                     reading (504) or failed (502), by reason",
+                )
+                .with_unit("{request}")
+                .build(),
             tls_handshake_failures: meter
                 .u64_counter("door.tls_handshake_failures")
                 .with_description(
@@ -409,6 +423,11 @@ impl Metrics {
             &metrics.escalations,
         ] {
             counter.add(0, &[]);
+        }
+        for reason in crate::http::answer::Failure::REASONS {
+            metrics
+                .requests_failed
+                .add(0, &[KeyValue::new(ATTR_REASON, reason)]);
         }
         metrics
     }
@@ -487,6 +506,13 @@ impl Metrics {
     /// [`crate::http::head::HeadError::REASONS`]).
     pub fn request_refused(&self, reason: &'static str) {
         self.requests_refused
+            .add(1, &[KeyValue::new(ATTR_REASON, reason)]);
+    }
+
+    /// Counts one request on `door.requests_failed`, with `door.reason` = `reason` (one of
+    /// [`crate::http::answer::Failure::REASONS`]).
+    pub fn request_failed(&self, reason: &'static str) {
+        self.requests_failed
             .add(1, &[KeyValue::new(ATTR_REASON, reason)]);
     }
 
