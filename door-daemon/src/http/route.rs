@@ -537,16 +537,17 @@ impl Router {
         let first = Self::matcher(method);
         let read = lenient(path);
         let text = read.as_deref().unwrap_or(path);
-        // As in the main readings, the first route the path or its suffix-cut reading matches.
-        let without_authority = || {
-            let rest = network_path(text)?;
-            let segments = normalise(rest);
+        // As in the main readings, the first route the path or its suffix-cut reading matches
+        // (a route that covers another by its format suffix, `/{x}/a` over `/{x}/a.b`, must
+        // come first in these readings too).
+        let either = |segments: Segments<'_>| {
             let plain = first(&self.routes, &segments, false);
             let cut =
                 without_format_suffix(segments).and_then(|read| first(&self.routes, &read, false));
             earliest(plain, cut)
         };
-        let keeping_dots = || first(&self.routes, &segments(text, true), false);
+        let without_authority = || either(normalise(network_path(text)?));
+        let keeping_dots = || either(segments(text, true));
         two_separators
             .then(without_authority)
             .flatten()
