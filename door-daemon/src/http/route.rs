@@ -1146,6 +1146,11 @@ mod tests {
         ] {
             assert_eq!(post(path), Some("login"), "{path}");
         }
+        // Kept dot segments too: an application that keeps them takes `.` for the wildcard.
+        let dotted = Router::new(vec![Route::new("g", &[], "/{x}/a").unwrap()]);
+        for path in ["/./a.b", "/%2e/a.json", "/../a.b"] {
+            assert_eq!(dotted.group_for(&Method::GET, path), Some("g"), "{path}");
+        }
         // A specific route listed before a wildcard one holds for the suffixed spelling too, as
         // for the lenient reading: the first route either reading matches wins.
         let lax = Router::new(vec![
