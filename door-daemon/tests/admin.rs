@@ -164,8 +164,8 @@ async fn cached_health_answers_are_not_rejections() {
 /// their groups from `door_requests_total`, and `rate()` sees the first increment. So are the
 /// counters of things that have not happened yet: `door.evictions` per group,
 /// `door.untrusted_xff`, `door.allowed`, `door.denied` and `door.escalations`, and
-/// `door.passthrough_refused` per cap and `door.requests_failed` per reason;
-/// `door.passthrough_inflight` is 0.
+/// `door.passthrough_refused` per cap, and `door.requests_failed` and `door.requests_refused` per
+/// reason; `door.passthrough_inflight` is 0.
 #[tokio::test]
 async fn metrics_list_every_group_and_outcome_of_a_quiet_door() {
     let door = Door::start(&config(upstream().await, "")).await;
@@ -211,6 +211,9 @@ async fn metrics_list_every_group_and_outcome_of_a_quiet_door() {
     }
     for reason in door_daemon::http::answer::Failure::REASONS {
         at_zero("door_requests_failed_total", &[("door_reason", reason)]);
+    }
+    for reason in door_daemon::http::head::HeadError::REASONS {
+        at_zero("door_requests_refused_total", &[("door_reason", reason)]);
     }
 }
 

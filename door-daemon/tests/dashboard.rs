@@ -290,6 +290,8 @@ async fn every_metric_and_label_the_dashboard_uses_is_one_door_exports() {
         "door_streams",
         "door_passthrough_inflight",
         "door_passthrough_refused_total",
+        "door_requests_failed_total",
+        "door_requests_refused_total",
         "door_xdp_packets_total",
         "door_xdp_tracked_prefixes",
         "door_xdp_cookie_mode_total",

@@ -164,8 +164,8 @@ pub(crate) struct PassThroughInstruments {
 ///   per `door.reason` (`max_connections`, `max_connections_per_client`).
 /// - `door.requests_refused` (counter, `{request}`): requests door answers 400 or 501 itself
 ///   before routing (or, for `credential_copies`, at the request planes), per `door.reason`
-///   ([`crate::http::head::HeadError::REASONS`]). hyper's own answers to a head it cannot parse
-///   (400, 431) are not counted.
+///   ([`crate::http::head::HeadError::REASONS`]), every reason from the start. hyper's own
+///   answers to a head it cannot parse (400, 431) are not counted.
 /// - `door.requests_failed` (counter, `{request}`): requests door answered itself once it had
 ///   begun to forward them, on any route, per `door.reason`
 ///   ([`crate::http::answer::Failure::REASONS`]: the body timed out, 408, or broke off, 400;
@@ -427,6 +427,11 @@ impl Metrics {
         for reason in crate::http::answer::Failure::REASONS {
             metrics
                 .requests_failed
+                .add(0, &[KeyValue::new(ATTR_REASON, reason)]);
+        }
+        for reason in crate::http::head::HeadError::REASONS {
+            metrics
+                .requests_refused
                 .add(0, &[KeyValue::new(ATTR_REASON, reason)]);
         }
         metrics
