@@ -249,6 +249,10 @@ async fn status_shows_the_pass_through_caps_what_they_hold_and_what_they_refused
     assert_eq!(quiet["per_client_cap"], 1, "{quiet}");
     assert_eq!(quiet["inflight"], 0, "{quiet}");
     assert_eq!(quiet["refused"]["upstream_max_inflight"], 0, "{quiet}");
+    assert_eq!(
+        quiet["refused"]["upstream_max_inflight_per_client"], 0,
+        "{quiet}"
+    );
 
     let front = door.addr;
     let held = tokio::spawn(async move {

@@ -69,6 +69,11 @@ async fn top_once_shows_the_limited_client() {
     assert!(stdout.contains("== group link"), "{stdout}");
     assert!(stdout.contains("rate_limited"), "{stdout}");
     assert!(stdout.contains("XDP not attached"), "{stdout}");
+    // The pass-through caps at their defaults, nothing held or refused.
+    assert!(
+        stdout.contains("pass-through: 0/4096 in flight, 0 × 503, 0 × 429"),
+        "{stdout}"
+    );
 
     // Over a Unix socket, and through the library.
     let dir = std::env::temp_dir().join(format!("door-top-{}", std::process::id()));

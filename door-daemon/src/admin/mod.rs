@@ -38,9 +38,9 @@ use tokio::sync::Semaphore;
 
 use crate::{
     http::{
+        PassThroughStatus,
         front::accept_failed,
         idle::{Activity, serve_watched},
-        inflight::PassThroughStatus,
     },
     limit::GroupLimiter,
     obs::{logging::RateLimitedWarn, metrics::Metrics, prometheus::Exposition},
@@ -102,10 +102,11 @@ fn passthrough_json(p: &PassThroughStatus) -> Value {
         "per_client_cap": p.per_client_cap,
         "inflight": p.inflight,
         "named_clients": p.named_clients,
-        "refused": {
-            "upstream_max_inflight": p.refused_door,
-            "upstream_max_inflight_per_client": p.refused_client,
-        },
+        "refused": p
+            .refused()
+            .into_iter()
+            .map(|(reason, n)| (reason.to_owned(), json!(n)))
+            .collect::<serde_json::Map<_, _>>(),
     })
 }
 

@@ -122,6 +122,19 @@ pub struct PassThroughStatus {
     pub refused_client: u64,
 }
 
+impl PassThroughStatus {
+    /// The refusals per cap, each under its `door.reason` in `door.passthrough_refused`.
+    pub fn refused(&self) -> [(&'static str, u64); 2] {
+        PassRefusal::ALL.map(|why| {
+            let n = match why {
+                PassRefusal::Door => self.refused_door,
+                PassRefusal::Client => self.refused_client,
+            };
+            (why.reason(), n)
+        })
+    }
+}
+
 /// Takes one of `count`'s `cap` places; whether there was one.
 fn take_one(count: &AtomicU32, cap: u32) -> bool {
     count
@@ -441,6 +454,14 @@ mod tests {
         drop(again);
         drop(second);
         assert_eq!((door.open(), door.named_clients()), (0, 0));
+        // Each refusal counted under its cap, as `/status` and `door.passthrough_refused` show.
+        assert_eq!(
+            door.status().refused(),
+            [
+                ("upstream_max_inflight", 1),
+                ("upstream_max_inflight_per_client", 1)
+            ]
+        );
     }
 
     /// With `upstream_max_inflight_per_client = 0` a named client is refused and leaves no entry.

@@ -25,7 +25,7 @@ pub mod front;
 pub mod head;
 pub mod health;
 pub(crate) mod idle;
-pub mod inflight;
+pub(crate) mod inflight;
 pub mod plane;
 pub(crate) mod preface;
 pub mod request;
@@ -39,4 +39,5 @@ pub mod worker;
 
 pub use conn::ConnInfo;
 pub use front::{ConnSettings, Front, MAX_CONCURRENT_STREAMS, MAX_HEADER_BYTES};
+pub use inflight::PassThroughStatus;
 pub use request::{App, HEALTH_GROUP};

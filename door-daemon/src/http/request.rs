@@ -406,9 +406,6 @@ pub struct App {
     tunnels: std::sync::Mutex<JoinSet<()>>,
     /// Pass-through requests forwarded now, against `upstream_max_inflight`.
     passthrough: Arc<PassThrough>,
-    /// `door.passthrough_inflight` and `door.passthrough_refused`, read from `passthrough`:
-    /// they report while kept.
-    _passthrough_instruments: crate::obs::metrics::PassThroughInstruments,
     /// Verified credentials, for the session plane (kept across reloads).
     sessions: Sessions,
     health: CachedHealth,
@@ -554,8 +551,8 @@ impl App {
             config.upstream_max_inflight,
             config.upstream_max_inflight_per_client,
         ));
-        // Weak: the meter may outlive this door (a test's provider serving several).
-        let passthrough_instruments = metrics.observe_passthrough(&Arc::downgrade(&passthrough));
+        // `door.passthrough_inflight` and `door.passthrough_refused`, read from the caps.
+        metrics.observe_passthrough(&passthrough);
         Self {
             policy: std::sync::RwLock::new(Arc::new(policy)),
             clock: Arc::clone(clock),
@@ -570,7 +567,6 @@ impl App {
             tunnels: std::sync::Mutex::new(JoinSet::new()),
             sessions: Sessions::new(session_capacity(config)),
             passthrough,
-            _passthrough_instruments: passthrough_instruments,
             health: CachedHealth::new(Arc::clone(clock), HEALTH_TTL, Arc::clone(&draining)),
             draining,
             active: Arc::default(),

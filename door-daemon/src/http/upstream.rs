@@ -640,9 +640,9 @@ impl ProxyError {
     }
 
     /// What lies under the HTTP client's error, outermost first, each joined by `": "`
-    /// (`connection closed before message completed`, `Connection reset by peer (os error
-    /// 104)`): the client's own message names only the stage that failed (`client error
-    /// (SendRequest)`). Empty when it has no cause.
+    /// (`connection closed before message completed`, `connection error: Connection reset by
+    /// peer (os error 104)`): the client's own message names only the stage that failed
+    /// (`client error (SendRequest)`). Empty when it has no cause.
     pub fn causes(&self) -> String {
         let mut out = String::new();
         let mut next = std::error::Error::source(&self.source);

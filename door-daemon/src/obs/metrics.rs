@@ -131,14 +131,6 @@ impl TlsFailure {
     }
 }
 
-/// The pass-through caps' instruments ([`Metrics::observe_passthrough`]): they report while
-/// this is kept.
-#[derive(Debug)]
-pub(crate) struct PassThroughInstruments {
-    _inflight: ObservableUpDownCounter<i64>,
-    _refused: ObservableCounter<u64>,
-}
-
 /// door's instruments (docs/design.md, "Observability"). Cheap to clone (the instruments are
 /// `Arc`s).
 ///
@@ -177,10 +169,8 @@ pub(crate) struct PassThroughInstruments {
 ///   at a pass-through cap, per `door.reason` (`upstream_max_inflight`, answered 503;
 ///   `upstream_max_inflight_per_client`, answered 429); both reasons reported from the start.
 /// - `door.passthrough_inflight` (up-down counter, `{request}`): requests on routes in no group
-///   holding an `upstream_max_inflight` slot now.
-///
-/// Both `door.passthrough_` instruments are read from the caps at collection
-/// ([`Metrics::observe_passthrough`]).
+///   holding an `upstream_max_inflight` slot now. Both `door.passthrough_` instruments are read
+///   from the caps at collection.
 /// - `door.tls_handshake_failures` (counter, `{connection}`): connections to a TLS listener
 ///   closed before the handshake completed, per `door.reason` ([`TlsFailure::as_str`]: `error`,
 ///   a handshake rustls refused or the client abandoned; `timeout`, none within
@@ -439,12 +429,14 @@ impl Metrics {
 
     /// Registers `door.passthrough_inflight` and `door.passthrough_refused`, read from `caps`
     /// (its count of requests holding a slot, and of refusals per cap, both reasons from the
-    /// start, at 0) at each collection: the request path pays nothing for them. They report
-    /// for as long as the returned handles are kept, and nothing once `caps` is gone.
-    pub(crate) fn observe_passthrough(&self, caps: &Weak<PassThrough>) -> PassThroughInstruments {
-        let open = Weak::clone(caps);
-        let inflight = self
-            .meter
+    /// start, at 0) at each collection: the request path pays nothing for them. The callbacks
+    /// stay registered for the meter provider's life (OpenTelemetry has no unregistering), and
+    /// hold `caps` weakly: once it is gone, a cumulative reader keeps its last values. One
+    /// door's caps per provider: a second's observations would replace the first's, not add.
+    pub(crate) fn observe_passthrough(&self, caps: &Arc<PassThrough>) {
+        let open = Arc::downgrade(caps);
+        let refusals = Weak::clone(&open);
+        self.meter
             .i64_observable_up_down_counter("door.passthrough_inflight")
             .with_description(
                 "Requests on routes in no group holding an upstream_max_inflight slot now",
@@ -456,9 +448,7 @@ impl Metrics {
                 }
             })
             .build();
-        let refusals = Weak::clone(caps);
-        let refused = self
-            .meter
+        self.meter
             .u64_observable_counter("door.passthrough_refused")
             .with_description(
                 "Requests on routes in no group refused at upstream_max_inflight (503) or \
@@ -476,10 +466,6 @@ impl Metrics {
                 }
             })
             .build();
-        PassThroughInstruments {
-            _inflight: inflight,
-            _refused: refused,
-        }
     }
 
     /// The meter these instruments were built from, for the instruments registered later (the

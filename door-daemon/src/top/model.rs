@@ -94,7 +94,7 @@ impl Cluster {
 
 /// The pass-through caps (`GET /status`, `passthrough`): requests to routes in no group.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct PassThrough {
+pub struct PassThroughCounts {
     /// Requests holding a slot now.
     pub inflight: u64,
     /// `upstream_max_inflight`; 0 when the status has no `passthrough` (an older door).
@@ -105,12 +105,14 @@ pub struct PassThrough {
     pub refused_client: u64,
 }
 
-impl PassThrough {
-    /// One line for the screen and the table, or `None` when the status has no `passthrough`.
+impl PassThroughCounts {
+    /// One line for the screen's header and the table, short enough for an 80-column header
+    /// (in flight of the cap; refused door-wide with 503, per client with 429), or `None` when
+    /// the status has no `passthrough`.
     pub fn line(&self) -> Option<String> {
         (self.cap > 0).then(|| {
             format!(
-                "pass-through: {} of {} in flight, refused {} door-wide, {} per client",
+                "pass-through: {}/{} in flight, {} × 503, {} × 429",
                 self.inflight, self.cap, self.refused_door, self.refused_client
             )
         })
@@ -127,7 +129,7 @@ pub struct Snapshot {
     /// The cluster sync.
     pub cluster: Cluster,
     /// The pass-through caps.
-    pub passthrough: PassThrough,
+    pub passthrough: PassThroughCounts,
 }
 
 fn u(v: &Value) -> u64 {
@@ -257,7 +259,7 @@ impl Snapshot {
         };
         let p = &status["passthrough"];
         let refused = &p["refused"];
-        let passthrough = PassThrough {
+        let passthrough = PassThroughCounts {
             inflight: u(&p["inflight"]),
             cap: u(&p["cap"]),
             refused_door: u(&refused["upstream_max_inflight"]),
@@ -567,7 +569,7 @@ mod tests {
                 .passthrough
                 .line()
                 .as_deref(),
-            Some("pass-through: 3 of 64 in flight, refused 5 door-wide, 7 per client")
+            Some("pass-through: 3/64 in flight, 5 × 503, 7 × 429")
         );
     }
 

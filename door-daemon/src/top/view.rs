@@ -42,10 +42,16 @@ pub fn draw(frame: &mut Frame<'_>, view: &View) {
     let state = match (&view.error, &view.snapshot) {
         (Some(e), _) => format!("  ERROR: {e}"),
         (None, None) => "  connecting…".to_owned(),
-        (None, Some(s)) => [s.cluster.line(), s.passthrough.line()]
+        // The pass-through counts first: every door has them, and an 80-column header keeps
+        // them whole.
+        (None, Some(s)) => [s.passthrough.line(), s.cluster.line()]
             .into_iter()
             .flatten()
-            .fold(String::new(), |line, part| format!("{line}  {part}")),
+            .fold(String::new(), |mut line, part| {
+                line.push_str("  ");
+                line.push_str(&part);
+                line
+            }),
     };
     frame.render_widget(
         Paragraph::new(format!("door top — {}{state}", view.admin)).style(bold()),
@@ -222,7 +228,7 @@ pub fn plain(view: &View) -> String {
     };
     // Writing to a String cannot fail.
     let _ = writeln!(out, "door top — {}", view.admin);
-    for line in [s.cluster.line(), s.passthrough.line()]
+    for line in [s.passthrough.line(), s.cluster.line()]
         .into_iter()
         .flatten()
     {
@@ -291,7 +297,7 @@ mod tests {
     use ratatui::{Terminal, backend::TestBackend};
 
     use super::*;
-    use crate::top::model::{ClientRow, Cluster, PassThrough, Snapshot};
+    use crate::top::model::{ClientRow, Cluster, PassThroughCounts, Snapshot};
 
     fn view() -> View {
         let mut v = View::new("127.0.0.1:9901".to_owned());
@@ -325,7 +331,7 @@ mod tests {
                     doors: 3,
                     last_sync_age_ms: Some(120),
                 },
-                passthrough: PassThrough {
+                passthrough: PassThroughCounts {
                     inflight: 2,
                     cap: 64,
                     refused_door: 0,
@@ -364,7 +370,14 @@ mod tests {
         assert!(big.contains("203.0.113.9/32"), "{big}");
         assert!(big.contains("drop/syn_budget"), "{big}");
         assert!(big.contains("cluster synced: 3 doors"), "{big}");
-        assert!(big.contains("pass-through: 2 of 64 in flight"), "{big}");
+        assert!(
+            big.contains("pass-through: 2/64 in flight, 0 × 503, 4 × 429"),
+            "{big}"
+        );
+        // An 80-column header keeps the pass-through counts whole.
+        let small = screen(80, 24, &v);
+        let header = small.lines().next().unwrap_or_default();
+        assert!(header.contains("0 × 503, 4 × 429"), "{header}");
         let empty = screen(40, 5, &View::new("x".to_owned()));
         assert!(empty.contains("connecting"), "{empty}");
     }
@@ -377,7 +390,7 @@ mod tests {
             "{text}"
         );
         assert!(
-            text.contains("pass-through: 2 of 64 in flight, refused 0 door-wide, 4 per client"),
+            text.contains("pass-through: 2/64 in flight, 0 × 503, 4 × 429"),
             "{text}"
         );
         assert!(text.contains("== group link"), "{text}");
