@@ -1374,6 +1374,22 @@ mod tests {
             "{e}: {causes}"
         );
         assert!(!e.to_string().contains(&causes), "{e}");
+        // The 502's log line carries it (the only upstream failure logged in these tests, so
+        // the once-a-minute limit lets it through).
+        let log = crate::obs::logging::capture::Capture::default();
+        let subscriber = tracing_subscriber::fmt()
+            .with_writer(log.clone())
+            .with_ansi(false)
+            .finish();
+        let res = tracing::subscriber::with_default(subscriber, || {
+            crate::http::answer::failure_response(&crate::http::answer::Failure::Upstream(e))
+        });
+        assert_eq!(res.status(), http::StatusCode::BAD_GATEWAY);
+        let text = log.text();
+        assert!(
+            text.contains("cause=connection closed before message completed"),
+            "{text}"
+        );
     }
 
     /// Several `Content-Length` values become one when they agree, and none when they do not
